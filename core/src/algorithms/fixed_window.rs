@@ -1,0 +1,153 @@
+//! Fixed window: at most `limit` units per window, counted from zero in each window.
+//!
+//! Vocabulary:
+//!
+//! - **window**: an interval of fixed length aligned to the Unix epoch, `[k × window,
+//!   (k + 1) × window)`. Every key rolls over at the same instants, which keeps the
+//!   state to one counter and makes `reset_after` the same for everyone.
+//! - **count**: the units allowed so far in the key's current window.
+//!
+//! The trade-off is the boundary: a client may spend `limit` at the end of one window
+//! and `limit` again at the start of the next, up to 2 × limit within a short span. The
+//! sliding window smooths that out.
+//!
+//! ```
+//! use weir_core::algorithms::fixed_window::FixedWindow;
+//!
+//! // 3 per minute.
+//! let window = FixedWindow::new(3, 60_000_000).unwrap();
+//! let now = 1_700_000_050_000_000; // 10 s into a minute
+//! let (d, state) = window.decide(None, now, 3);
+//! assert!(d.allowed);
+//! assert_eq!(d.reset_after_ns, 50_000_000_000);
+//! let (d, _) = window.decide(state, now, 1);
+//! assert!(!d.allowed);
+//! assert_eq!(d.retry_after_ns, Some(50_000_000_000)); // the next minute
+//! ```
+
+use super::{Decision, ParamError, Policy, SlotState, NS_PER_US};
+
+/// Fixed-window parameters, validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FixedWindow {
+    limit: u64,
+    window_us: u64,
+}
+
+/// The per-key state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct State {
+    /// Units allowed in the window starting at `window_start_us` (slot word `a`).
+    pub count: u64,
+    /// Start of the window counted, µs since the Unix epoch (slot word `b`).
+    pub window_start_us: u64,
+}
+
+impl State {
+    /// Any slot decodes: a count from another window is ignored, and a count beyond the
+    /// limit only denies until its window ends.
+    pub fn from_slot(s: SlotState) -> Self {
+        State {
+            count: s.a,
+            window_start_us: s.b,
+        }
+    }
+
+    pub fn to_slot(self) -> SlotState {
+        SlotState {
+            a: self.count,
+            b: self.window_start_us,
+        }
+    }
+}
+
+impl FixedWindow {
+    /// `limit` (≥ 1) units per `window_us` (≥ 1 µs).
+    pub fn new(limit: u64, window_us: u64) -> Result<Self, ParamError> {
+        if limit == 0 {
+            return Err(ParamError::new("limit", "must be at least 1"));
+        }
+        if window_us == 0 {
+            return Err(ParamError::new("window", "must be at least 1us"));
+        }
+        Ok(FixedWindow { limit, window_us })
+    }
+
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    pub fn window_us(&self) -> u64 {
+        self.window_us
+    }
+
+    /// Decides `cost` units at `now_us`. A state from a later window than now's (the
+    /// clock went back) is read as if no time had elapsed: its window is still current.
+    /// A state from any other window counts as 0.
+    pub fn decide(
+        &self,
+        state: Option<State>,
+        now_us: u64,
+        cost: u64,
+    ) -> (Decision, Option<State>) {
+        let start = now_us - now_us % self.window_us;
+        let current = match state {
+            Some(s)
+                if s.window_start_us == start || self.is_later_window(s.window_start_us, start) =>
+            {
+                s
+            }
+            _ => State {
+                count: 0,
+                window_start_us: start,
+            },
+        };
+        let allowed = u128::from(current.count) + u128::from(cost) <= u128::from(self.limit);
+        let count = if allowed {
+            current.count + cost
+        } else {
+            current.count
+        };
+        let until_end = until_ns(self.end_us(current.window_start_us), now_us);
+        let decision = Decision {
+            allowed,
+            limit: self.limit,
+            remaining: self.limit.saturating_sub(count),
+            retry_after_ns: (!allowed && cost <= self.limit).then_some(until_end),
+            reset_after_ns: until_end,
+        };
+        let new_state = (allowed && cost > 0).then_some(State {
+            count,
+            window_start_us: current.window_start_us,
+        });
+        (decision, new_state)
+    }
+
+    /// The end of the state's window.
+    pub fn idle_at_us(&self, state: &State) -> u64 {
+        self.end_us(state.window_start_us)
+    }
+
+    /// `limit` units per window.
+    pub fn policy(&self) -> Policy {
+        Policy {
+            quota: self.limit,
+            window_ns: self.window_us.saturating_mul(NS_PER_US),
+        }
+    }
+
+    /// A window that starts after now's: the clock went back. Misaligned starts (a state
+    /// written with another window length, or garbage) are not windows and count as 0.
+    fn is_later_window(&self, window_start_us: u64, start: u64) -> bool {
+        window_start_us > start && window_start_us % self.window_us == 0
+    }
+
+    fn end_us(&self, window_start_us: u64) -> u64 {
+        window_start_us.saturating_add(self.window_us)
+    }
+}
+
+/// ns from `now_us` until `at_us`, 0 if already past.
+fn until_ns(at_us: u64, now_us: u64) -> u64 {
+    at_us.saturating_sub(now_us).saturating_mul(NS_PER_US)
+}

@@ -1,0 +1,297 @@
+//! GCRA, the generic cell rate algorithm: exactly redis-cell's
+//! `CL.THROTTLE key burst rate period [quantity]`.
+//!
+//! Vocabulary (the names redis-cell uses):
+//!
+//! - **emission interval** `T = period / rate`: the spacing of requests at exactly the
+//!   sustained rate, in whole nanoseconds (rate 3 per second: `T = 333_333_333 ns`).
+//! - **burst**: how many requests beyond the first may arrive back to back.
+//!   **limit** `= burst + 1`.
+//! - **tolerance** (redis-cell's *delay variation tolerance*) `τ = T × (burst + 1)`: how
+//!   far ahead of the clock the schedule may run. Think of it as the bucket's size.
+//! - **TAT**, theoretical arrival time: the instant at which the key's schedule is empty
+//!   again. A request of `quantity` units pushes it `T × quantity` further; it is allowed
+//!   when the pushed TAT stays within `τ` of now. The TAT is the whole state.
+//!
+//! A quantity of 0 is a **peek**: it reports the state and changes nothing.
+//!
+//! ```
+//! use weir_core::algorithms::gcra::Gcra;
+//!
+//! // CL.THROTTLE user 4 1 1: 1 per second with a burst of 4.
+//! let gcra = Gcra::new(4, 1, 1_000_000).unwrap();
+//! let now = 1_700_000_000_000_000;
+//! let (reply, state) = gcra.throttle(None, now, 1);
+//! assert!(!reply.limited);
+//! assert_eq!((reply.limit, reply.remaining, reply.retry_after, reply.reset_after), (5, 4, -1, 1));
+//!
+//! // Five more units at the same instant do not fit: retry in 1 s, empty in 1 s.
+//! let (reply, _) = gcra.throttle(state, now, 5);
+//! assert!(reply.limited);
+//! assert_eq!((reply.remaining, reply.retry_after, reply.reset_after), (4, 1, 1));
+//! ```
+//!
+//! Why the arithmetic looks the way it does:
+//!
+//! - The TAT is kept in **nanoseconds** since the epoch, not microseconds: `T` is a whole
+//!   number of nanoseconds, and a TAT truncated to µs after every request would drift
+//!   away from redis-cell by up to 1 µs per request.
+//! - `T` is computed as redis-cell does, `(period_ns as f64 / rate as f64) as i64`. This
+//!   is the integer quotient `period_ns / rate` for every period up to 2^53 ns (104
+//!   days); beyond that the double rounds, and redis-cell and a Lua twin working in
+//!   doubles round the same way, so we do too.
+//! - `τ` is capped at 2^52 ns (about 52 days) so that every TAT and duration of a key
+//!   stays exact in the doubles of a Redis Lua script.
+//! - `remaining` is `(τ − ttl)` divided by `T`, both first truncated to whole
+//!   microseconds: redis-cell's rounding, kept so the numbers match. It may therefore
+//!   over-report by one unit when `T` is not a whole number of microseconds.
+
+use super::{Decision, ParamError, Policy, SlotState, NS_PER_US};
+
+/// The largest tolerance `τ = T × (burst + 1)` accepted, in ns: 2^52 ns, about 52 days.
+pub const MAX_TOLERANCE_NS: u64 = 1 << 52;
+
+const NS_PER_MS: i128 = 1_000_000;
+const NS_PER_S: i128 = 1_000_000_000;
+
+/// GCRA parameters, validated: `burst` extra units on top of a sustained `rate` per
+/// `period`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Gcra {
+    burst: u64,
+    rate: u64,
+    period_us: u64,
+    emission_interval_ns: u64,
+    tolerance_ns: u64,
+}
+
+/// The per-key state: the TAT.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct State {
+    /// Theoretical arrival time, ns since the Unix epoch (slot word `a`).
+    pub tat_ns: u64,
+}
+
+impl State {
+    /// Any slot decodes: a TAT in the past is an idle key, one in the future a key that
+    /// waits until then.
+    pub fn from_slot(s: SlotState) -> Self {
+        State { tat_ns: s.a }
+    }
+
+    pub fn to_slot(self) -> SlotState {
+        SlotState {
+            a: self.tat_ns,
+            b: 0,
+        }
+    }
+}
+
+/// The reply of `CL.THROTTLE`, integer for integer. Durations are in whole seconds,
+/// rounded as redis-cell rounds them (see [`Gcra::throttle`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ThrottleReply {
+    pub limited: bool,
+    /// `burst + 1`.
+    pub limit: i64,
+    pub remaining: i64,
+    /// Seconds until the same request would be allowed; `-1` when allowed, or when the
+    /// quantity is above the limit and never can be.
+    pub retry_after: i64,
+    /// Seconds until the key is back to an empty schedule. Negative when an oversized
+    /// quantity is refused on a key whose TAT is already in the past: redis-cell reports
+    /// `TAT − now` there, and so does this reply.
+    pub reset_after: i64,
+}
+
+/// What one evaluation found, at full precision. `decide` and `throttle` both read it.
+struct Outcome {
+    limited: bool,
+    /// `TAT − now` after the decision (before it when limited); may be negative.
+    ttl_ns: i128,
+    /// Only when limited and the quantity fits in `τ`.
+    retry_after_ns: Option<i128>,
+    remaining: i128,
+    new_state: Option<State>,
+}
+
+impl Gcra {
+    /// `burst` (≥ 0), `rate` (≥ 1) units per `period_us` (≥ 1 µs). The emission interval
+    /// must be at least 1 µs and the tolerance at most [`MAX_TOLERANCE_NS`].
+    pub fn new(burst: u64, rate: u64, period_us: u64) -> Result<Self, ParamError> {
+        if rate == 0 {
+            return Err(ParamError::new("rate", "must be at least 1"));
+        }
+        if period_us == 0 {
+            return Err(ParamError::new("period", "must be at least 1us"));
+        }
+        let period_ns = u128::from(period_us) * u128::from(NS_PER_US);
+        // redis-cell's `Rate::per_period`; `as` saturates, and the result is at most
+        // period_ns because rate >= 1.
+        let emission_interval_ns = (period_ns as f64 / rate as f64) as u64;
+        if emission_interval_ns < NS_PER_US {
+            return Err(ParamError::new(
+                "rate",
+                format!(
+                    "is too high for the period: {rate} per {period_us}us leaves less than \
+                     1us between requests"
+                ),
+            ));
+        }
+        let tolerance_ns = u128::from(emission_interval_ns) * (u128::from(burst) + 1);
+        if tolerance_ns > u128::from(MAX_TOLERANCE_NS) {
+            return Err(ParamError::new(
+                "burst",
+                "(burst + 1) × period / rate must be at most 2^52 ns (about 52 days)",
+            ));
+        }
+        Ok(Gcra {
+            burst,
+            rate,
+            period_us,
+            emission_interval_ns,
+            tolerance_ns: tolerance_ns as u64,
+        })
+    }
+
+    pub fn burst(&self) -> u64 {
+        self.burst
+    }
+
+    pub fn rate(&self) -> u64 {
+        self.rate
+    }
+
+    pub fn period_us(&self) -> u64 {
+        self.period_us
+    }
+
+    /// `T`, in ns.
+    pub fn emission_interval_ns(&self) -> u64 {
+        self.emission_interval_ns
+    }
+
+    /// `τ = T × (burst + 1)`, in ns.
+    pub fn tolerance_ns(&self) -> u64 {
+        self.tolerance_ns
+    }
+
+    /// `burst + 1`: the most units a key can be granted at once.
+    pub fn limit(&self) -> u64 {
+        self.burst.saturating_add(1)
+    }
+
+    /// Decides `cost` units at `now_us`. `remaining` is redis-cell's, kept within
+    /// `[0, limit]`; `reset_after_ns` is `TAT − now`, at least 0.
+    pub fn decide(
+        &self,
+        state: Option<State>,
+        now_us: u64,
+        cost: u64,
+    ) -> (Decision, Option<State>) {
+        let o = self.evaluate(state, now_us, cost);
+        let decision = Decision {
+            allowed: !o.limited,
+            limit: self.limit(),
+            remaining: clamp_u64(o.remaining).min(self.limit()),
+            retry_after_ns: o.retry_after_ns.map(clamp_u64),
+            reset_after_ns: clamp_u64(o.ttl_ns),
+        };
+        (decision, o.new_state)
+    }
+
+    /// `CL.THROTTLE key burst rate period quantity` against `state`: the five integers
+    /// redis-cell replies, and the state to store (`None`: nothing to write).
+    ///
+    /// Durations become whole seconds as redis-cell rounds them: truncated toward zero,
+    /// plus one if the sub-second part has at least one whole millisecond. So 1.002 s →
+    /// 2, 1.0004 s → 1, 0.0005 s → 0 (a limited reply may say "retry in 0 s"), and
+    /// −2.5 s → −2.
+    pub fn throttle(
+        &self,
+        state: Option<State>,
+        now_us: u64,
+        quantity: u64,
+    ) -> (ThrottleReply, Option<State>) {
+        let o = self.evaluate(state, now_us, quantity);
+        let reply = ThrottleReply {
+            limited: o.limited,
+            limit: i64::try_from(self.limit()).unwrap_or(i64::MAX),
+            remaining: clamp_i64(o.remaining),
+            retry_after: o.retry_after_ns.map_or(-1, reply_seconds),
+            reset_after: reply_seconds(o.ttl_ns),
+        };
+        (reply, o.new_state)
+    }
+
+    /// The TAT, rounded up to the µs: from then on the key behaves as if never seen.
+    pub fn idle_at_us(&self, state: &State) -> u64 {
+        state.tat_ns.div_ceil(NS_PER_US)
+    }
+
+    /// `burst + 1` units per `τ`: what a key may take at once, and the time it takes to
+    /// earn it all back.
+    pub fn policy(&self) -> Policy {
+        Policy {
+            quota: self.limit(),
+            window_ns: self.tolerance_ns,
+        }
+    }
+
+    /// redis-cell's `RateLimiter::rate_limit`, in i128 so no input can overflow.
+    fn evaluate(&self, state: Option<State>, now_us: u64, quantity: u64) -> Outcome {
+        let t = i128::from(self.emission_interval_ns);
+        let tau = i128::from(self.tolerance_ns);
+        let now = i128::from(now_us) * i128::from(NS_PER_US);
+        // A TAT ahead of now is the normal case (a clock that went back just makes the
+        // key wait longer); one behind now is an idle key.
+        let tat = state.map_or(now, |s| i128::from(s.tat_ns));
+        let increment = t * i128::from(quantity);
+        let new_tat = now.max(tat) + increment;
+        let allow_at = new_tat - tau;
+        let diff = now - allow_at;
+
+        let (limited, ttl, retry_after_ns, new_state) = if diff < 0 {
+            // An increment beyond τ can never fit: no retry time to give.
+            let retry = (increment <= tau).then_some(-diff);
+            (true, tat - now, retry, None)
+        } else {
+            // A peek would store max(now, TAT), which says the same as what is stored.
+            let new_state = (quantity > 0).then(|| State {
+                tat_ns: clamp_u64(new_tat),
+            });
+            (false, new_tat - now, None, new_state)
+        };
+
+        let next = tau - ttl;
+        let remaining = if next > -t {
+            (next / i128::from(NS_PER_US))
+                .checked_div(t / i128::from(NS_PER_US))
+                .unwrap_or(0)
+        } else {
+            0
+        };
+        Outcome {
+            limited,
+            ttl_ns: ttl,
+            retry_after_ns,
+            remaining,
+            new_state,
+        }
+    }
+}
+
+/// A duration as the whole seconds `CL.THROTTLE` replies (see [`Gcra::throttle`]).
+fn reply_seconds(ns: i128) -> i64 {
+    let whole = ns / NS_PER_S;
+    let subsec_ms = (ns % NS_PER_S) / NS_PER_MS;
+    clamp_i64(if subsec_ms > 0 { whole + 1 } else { whole })
+}
+
+fn clamp_u64(x: i128) -> u64 {
+    u64::try_from(x.max(0)).unwrap_or(u64::MAX)
+}
+
+fn clamp_i64(x: i128) -> i64 {
+    i64::try_from(x).unwrap_or(if x < 0 { i64::MIN } else { i64::MAX })
+}

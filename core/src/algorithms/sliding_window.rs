@@ -1,0 +1,229 @@
+//! Sliding window (counter): a fixed window whose boundary is smoothed by weighing in
+//! the previous window's count.
+//!
+//! Vocabulary:
+//!
+//! - **window** `W`: an interval aligned to the Unix epoch, as in the fixed window. The
+//!   key counts units in the **current** window and remembers the **previous** one's.
+//! - **elapsed** `e`: how far now is into the current window.
+//! - **estimate** `= previous × (W − e) / W + current`: the units taken over the last
+//!   `W`, assuming the previous window's were spread evenly. A request is allowed if the
+//!   estimate, with it, stays within the limit.
+//!
+//! All comparisons are done on `estimate × W` in u128 integers, so there is no rounding:
+//! `previous × (W − e) + (current + cost) × W ≤ limit × W`. Memory is two counters and a
+//! window start, whatever the limit; the price is that the estimate is an approximation
+//! of the true count over the last `W`.
+//!
+//! ```
+//! use weir_core::algorithms::sliding_window::SlidingWindow;
+//!
+//! // 10 per minute.
+//! let window = SlidingWindow::new(10, 60_000_000).unwrap();
+//! let minute = 1_700_000_040_000_000; // a minute boundary
+//! let (_, state) = window.decide(None, minute - 1_000_000, 10);
+//!
+//! // 15 s into the next minute the previous 10 still weigh 10 × 45/60 = 7.5.
+//! let (d, _) = window.decide(state, minute + 15_000_000, 2);
+//! assert!(d.allowed);
+//! assert_eq!(d.remaining, 0);
+//! ```
+
+use super::{Decision, ParamError, Policy, SlotState, NS_PER_US};
+
+/// Sliding-window parameters, validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlidingWindow {
+    limit: u64,
+    window_us: u64,
+}
+
+/// The per-key state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct State {
+    /// Units allowed in the window before `window_start_us` (high half of slot word `a`).
+    pub prev: u32,
+    /// Units allowed in the window starting at `window_start_us` (low half of `a`).
+    pub curr: u32,
+    /// Start of the current window, µs since the Unix epoch (slot word `b`).
+    pub window_start_us: u64,
+}
+
+impl State {
+    /// Any slot decodes: each half of `a` is a count of at most `u32::MAX`, and counts
+    /// from windows other than now's and the one before are ignored.
+    pub fn from_slot(s: SlotState) -> Self {
+        State {
+            prev: (s.a >> 32) as u32,
+            curr: s.a as u32,
+            window_start_us: s.b,
+        }
+    }
+
+    pub fn to_slot(self) -> SlotState {
+        SlotState {
+            a: (u64::from(self.prev) << 32) | u64::from(self.curr),
+            b: self.window_start_us,
+        }
+    }
+}
+
+impl SlidingWindow {
+    /// `limit` units (1 to `u32::MAX`, so that both counts fit one slot word) per
+    /// `window_us` (≥ 1 µs).
+    pub fn new(limit: u64, window_us: u64) -> Result<Self, ParamError> {
+        if limit == 0 {
+            return Err(ParamError::new("limit", "must be at least 1"));
+        }
+        if limit > u64::from(u32::MAX) {
+            return Err(ParamError::new(
+                "limit",
+                format!("must be at most {}", u32::MAX),
+            ));
+        }
+        if window_us == 0 {
+            return Err(ParamError::new("window", "must be at least 1us"));
+        }
+        Ok(SlidingWindow { limit, window_us })
+    }
+
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    pub fn window_us(&self) -> u64 {
+        self.window_us
+    }
+
+    /// Decides `cost` units at `now_us`. A state from a later window than now's (the
+    /// clock went back) is read as if no time had elapsed: at the start of its window.
+    pub fn decide(
+        &self,
+        state: Option<State>,
+        now_us: u64,
+        cost: u64,
+    ) -> (Decision, Option<State>) {
+        let w = self.window_us;
+        let aligned = now_us - now_us % w;
+        let (prev, curr, start) = match state {
+            Some(s)
+                if s.window_start_us == aligned
+                    || self.is_later_window(s.window_start_us, aligned) =>
+            {
+                (s.prev, s.curr, s.window_start_us)
+            }
+            Some(s) if s.window_start_us.checked_add(w) == Some(aligned) => (s.curr, 0, aligned),
+            _ => (0, 0, aligned),
+        };
+        let elapsed = now_us.max(start) - start;
+
+        let w128 = u128::from(w);
+        let budget = u128::from(self.limit) * w128;
+        let prev_weight = u128::from(prev) * u128::from(w - elapsed);
+        // A cost near u64::MAX would overflow even u128 here: such a request does not fit.
+        let fits = |curr: u128| {
+            curr.checked_mul(w128)
+                .and_then(|c| c.checked_add(prev_weight))
+                .is_some_and(|x| x <= budget)
+        };
+
+        let allowed = fits(u128::from(curr) + u128::from(cost));
+        // Allowed means curr + cost ≤ limit ≤ u32::MAX.
+        let curr_after = if allowed {
+            u32::try_from(u64::from(curr) + cost).unwrap_or(u32::MAX)
+        } else {
+            curr
+        };
+        let remaining = budget.saturating_sub(prev_weight + u128::from(curr_after) * w128) / w128;
+
+        let retry_after_ns = if allowed || cost > self.limit {
+            None
+        } else {
+            Some(until_ns(
+                self.allowed_again_at_us(prev, curr, start, cost),
+                now_us,
+            ))
+        };
+        let reset_at = if curr_after > 0 {
+            add(start, 2 * w128)
+        } else if prev > 0 {
+            add(start, w128)
+        } else {
+            now_us
+        };
+        let decision = Decision {
+            allowed,
+            limit: self.limit,
+            remaining: sat_u64(remaining),
+            retry_after_ns,
+            reset_after_ns: until_ns(reset_at, now_us),
+        };
+        let new_state = (allowed && cost > 0).then_some(State {
+            prev,
+            curr: curr_after,
+            window_start_us: start,
+        });
+        (decision, new_state)
+    }
+
+    /// When the estimate drops to 0: two windows after the start of the current one if
+    /// it counted anything, the end of the current one if only the previous did.
+    pub fn idle_at_us(&self, state: &State) -> u64 {
+        let w = u128::from(self.window_us);
+        if state.curr > 0 {
+            add(state.window_start_us, 2 * w)
+        } else if state.prev > 0 {
+            add(state.window_start_us, w)
+        } else {
+            state.window_start_us
+        }
+    }
+
+    /// `limit` units per window.
+    pub fn policy(&self) -> Policy {
+        Policy {
+            quota: self.limit,
+            window_ns: self.window_us.saturating_mul(NS_PER_US),
+        }
+    }
+
+    /// The first instant (µs) at which `cost` units are allowed, for a request denied
+    /// now with counts `prev`/`curr` in the window at `start`, and `cost ≤ limit`.
+    fn allowed_again_at_us(&self, prev: u32, curr: u32, start: u64, cost: u64) -> u64 {
+        let w = u128::from(self.window_us);
+        let limit = u128::from(self.limit);
+        let (prev, curr, cost) = (u128::from(prev), u128::from(curr), u128::from(cost));
+        if curr + cost <= limit {
+            // The previous window's weight blocks: wait until it has faded enough,
+            // prev × (W − e) ≤ (limit − curr − cost) × W, within this window (or at its
+            // end, where the previous window weighs nothing).
+            let slack = (limit - curr - cost) * w;
+            let fade = slack.checked_div(prev).unwrap_or(w).min(w);
+            add(start, w - fade)
+        } else {
+            // This window is full: in the next one, this window's count fades instead,
+            // curr × (W − e) ≤ (limit − cost) × W.
+            let fade = ((limit - cost) * w).checked_div(curr).unwrap_or(w).min(w);
+            add(start, w + (w - fade))
+        }
+    }
+
+    /// A window that starts after now's: the clock went back. Misaligned starts (a state
+    /// written with another window length, or garbage) are not windows and count as 0.
+    fn is_later_window(&self, window_start_us: u64, aligned: u64) -> bool {
+        window_start_us > aligned && window_start_us % self.window_us == 0
+    }
+}
+
+fn add(at_us: u64, d_us: u128) -> u64 {
+    sat_u64(u128::from(at_us) + d_us)
+}
+
+/// ns from `now_us` until `at_us`, 0 if already past.
+fn until_ns(at_us: u64, now_us: u64) -> u64 {
+    at_us.saturating_sub(now_us).saturating_mul(NS_PER_US)
+}
+
+fn sat_u64(x: u128) -> u64 {
+    u64::try_from(x).unwrap_or(u64::MAX)
+}

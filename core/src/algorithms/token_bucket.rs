@@ -1,0 +1,185 @@
+//! Token bucket with discrete refills, the model of Envoy's `local_ratelimit` filter.
+//!
+//! Vocabulary:
+//!
+//! - **capacity**: the most tokens the bucket holds; a request of `cost` takes `cost`
+//!   tokens, and is allowed only if they are all there. The **limit** users see.
+//! - **refill**: tokens added at the end of every full **period** since the last refill,
+//!   never beyond the capacity.
+//! - **last refill**: the instant of the last refill; refills happen at `last refill +
+//!   k × period`, so their phase is set by the key's first request.
+//!
+//! There is no timer: refills owed since the last refill are applied when the next
+//! request arrives. A key never seen starts with a full bucket.
+//!
+//! ```
+//! use weir_core::algorithms::token_bucket::TokenBucket;
+//!
+//! // 10 tokens, 2 more every second.
+//! let bucket = TokenBucket::new(10, 2, 1_000_000).unwrap();
+//! let now = 1_700_000_000_000_000;
+//! let (d, state) = bucket.decide(None, now, 10);
+//! assert!(d.allowed);
+//! assert_eq!(d.remaining, 0);
+//! assert_eq!(d.reset_after_ns, 5_000_000_000); // 5 refills to be full again
+//!
+//! // 3 tokens need 2 refills: retry at the second one.
+//! let (d, _) = bucket.decide(state, now + 400_000, 3);
+//! assert!(!d.allowed);
+//! assert_eq!(d.retry_after_ns, Some(1_600_000_000));
+//! ```
+
+use super::{Decision, ParamError, Policy, SlotState, NS_PER_US};
+
+/// Token-bucket parameters, validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenBucket {
+    capacity: u64,
+    refill: u64,
+    period_us: u64,
+}
+
+/// The per-key state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct State {
+    /// Tokens in the bucket at `last_refill_us` (slot word `a`).
+    pub tokens: u64,
+    /// The instant of the last refill, µs since the Unix epoch (slot word `b`).
+    pub last_refill_us: u64,
+}
+
+impl State {
+    /// Any slot decodes: tokens beyond the capacity are capped when used, and a last
+    /// refill in the future only delays the next refill.
+    pub fn from_slot(s: SlotState) -> Self {
+        State {
+            tokens: s.a,
+            last_refill_us: s.b,
+        }
+    }
+
+    pub fn to_slot(self) -> SlotState {
+        SlotState {
+            a: self.tokens,
+            b: self.last_refill_us,
+        }
+    }
+}
+
+impl TokenBucket {
+    /// `capacity` (≥ 1) tokens, `refill` (≥ 1) more every `period_us` (≥ 1 µs). A refill
+    /// above the capacity is allowed: it just fills the bucket.
+    pub fn new(capacity: u64, refill: u64, period_us: u64) -> Result<Self, ParamError> {
+        if capacity == 0 {
+            return Err(ParamError::new("capacity", "must be at least 1"));
+        }
+        if refill == 0 {
+            return Err(ParamError::new("refill", "must be at least 1"));
+        }
+        if period_us == 0 {
+            return Err(ParamError::new("period", "must be at least 1us"));
+        }
+        Ok(TokenBucket {
+            capacity,
+            refill,
+            period_us,
+        })
+    }
+
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    pub fn refill(&self) -> u64 {
+        self.refill
+    }
+
+    pub fn period_us(&self) -> u64 {
+        self.period_us
+    }
+
+    /// Decides `cost` tokens at `now_us`. A clock earlier than the last refill counts as
+    /// no time elapsed.
+    pub fn decide(
+        &self,
+        state: Option<State>,
+        now_us: u64,
+        cost: u64,
+    ) -> (Decision, Option<State>) {
+        let s = self.refilled(
+            state.unwrap_or(State {
+                tokens: self.capacity,
+                last_refill_us: now_us,
+            }),
+            now_us,
+        );
+        let allowed = cost <= s.tokens;
+        let after = if allowed {
+            State {
+                tokens: s.tokens - cost,
+                last_refill_us: s.last_refill_us,
+            }
+        } else {
+            s
+        };
+        let retry_after_ns = if allowed || cost > self.capacity {
+            None
+        } else {
+            Some(until_ns(self.refilled_at_us(&s, cost), now_us))
+        };
+        let decision = Decision {
+            allowed,
+            limit: self.capacity,
+            remaining: after.tokens,
+            retry_after_ns,
+            reset_after_ns: until_ns(self.refilled_at_us(&after, self.capacity), now_us),
+        };
+        let new_state = (allowed && cost > 0).then_some(after);
+        (decision, new_state)
+    }
+
+    /// The refill at which the bucket is full again.
+    pub fn idle_at_us(&self, state: &State) -> u64 {
+        self.refilled_at_us(state, self.capacity)
+    }
+
+    /// `capacity` tokens per the time it takes to refill them all from empty.
+    pub fn policy(&self) -> Policy {
+        let refills = self.capacity.div_ceil(self.refill);
+        let window_us = u128::from(self.period_us) * u128::from(refills);
+        Policy {
+            quota: self.capacity,
+            window_ns: sat_u64(window_us.saturating_mul(u128::from(NS_PER_US))),
+        }
+    }
+
+    /// `state` with the refills owed at `now_us` applied.
+    fn refilled(&self, state: State, now_us: u64) -> State {
+        let periods = now_us.saturating_sub(state.last_refill_us) / self.period_us;
+        let tokens = u128::from(state.tokens) + u128::from(periods) * u128::from(self.refill);
+        State {
+            tokens: sat_u64(tokens).min(self.capacity),
+            // periods × period ≤ now − last refill: no overflow.
+            last_refill_us: state.last_refill_us + periods * self.period_us,
+        }
+    }
+
+    /// The first refill instant (µs) at which `state` holds at least `want` tokens
+    /// (`last_refill_us` itself if it already does).
+    fn refilled_at_us(&self, state: &State, want: u64) -> u64 {
+        let missing = want.saturating_sub(state.tokens);
+        let refills = missing.div_ceil(self.refill);
+        let at =
+            u128::from(state.last_refill_us) + u128::from(refills) * u128::from(self.period_us);
+        sat_u64(at)
+    }
+}
+
+/// ns from `now_us` until `at_us`, 0 if already past.
+fn until_ns(at_us: u64, now_us: u64) -> u64 {
+    sat_u64(u128::from(at_us.saturating_sub(now_us)) * u128::from(NS_PER_US))
+}
+
+fn sat_u64(x: u128) -> u64 {
+    u64::try_from(x).unwrap_or(u64::MAX)
+}

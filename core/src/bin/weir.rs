@@ -1,0 +1,84 @@
+//! `weir check-config FILE`: the filter's own configuration compiler, offline.
+//!
+//! Runs exactly what `on_configure` runs, so a file that passes here is accepted by
+//! the filter, and a file that fails prints the same error the filter would log.
+//!
+//! Exit status: 0 valid, 1 invalid (or unreadable), 2 bad usage.
+
+use std::io::{Read, Write};
+use std::process::ExitCode;
+use weir_core::config::{self, Config};
+
+const USAGE: &str = "\
+usage: weir check-config FILE
+       weir --help
+
+Checks a weir plugin configuration (the JSON given to the filter as its
+`configuration`) and prints a summary of its rules. FILE may be - for stdin.
+
+exit status: 0 valid, 1 invalid or unreadable, 2 bad usage
+";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    match args.as_slice() {
+        ["--help" | "-h" | "help"] => {
+            print!("{USAGE}");
+            ExitCode::SUCCESS
+        }
+        ["check-config", file] => check_config(file),
+        _ => {
+            eprint!("{USAGE}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn check_config(file: &str) -> ExitCode {
+    let json = match read(file) {
+        Ok(json) => json,
+        Err(err) => {
+            eprintln!("error: cannot read {file}: {err}");
+            return ExitCode::from(1);
+        }
+    };
+    match config::parse(&json) {
+        Ok(config) => {
+            // A closed stdout (`| head`) is not a reason to panic.
+            let _ = writeln!(std::io::stdout(), "{}", summary(&config));
+            ExitCode::SUCCESS
+        }
+        Err(err) => {
+            eprintln!("error: {err}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn read(file: &str) -> std::io::Result<Vec<u8>> {
+    if file == "-" {
+        let mut json = Vec::new();
+        std::io::stdin().read_to_end(&mut json)?;
+        Ok(json)
+    } else {
+        std::fs::read(file)
+    }
+}
+
+/// `ok: 2 rules: per-user (gcra, local), login (fixed_window, local, shadow)`.
+fn summary(config: &Config) -> String {
+    let rules: Vec<String> = config
+        .rules
+        .iter()
+        .map(|rule| {
+            let scope = match rule.scope {
+                weir_core::rules::Scope::Local => "local",
+            };
+            let shadow = if rule.shadow { ", shadow" } else { "" };
+            format!("{} ({}, {scope}{shadow})", rule.name, rule.limit.kind())
+        })
+        .collect();
+    let noun = if rules.len() == 1 { "rule" } else { "rules" };
+    format!("ok: {} {noun}: {}", rules.len(), rules.join(", "))
+}

@@ -1,0 +1,32 @@
+//! The plugin configuration: JSON in, [`Config`] out.
+//!
+//! Parse, then compile: `raw` holds serde structs that mirror the JSON exactly
+//! (`deny_unknown_fields` everywhere); `compile` turns them into the runtime types of
+//! [`crate::rules`] and [`crate::response`], which cannot be invalid. Every error names
+//! the JSON path of the field and the value that was wrong. The same function runs in
+//! the filter's `on_configure` and in the offline checker (`weir check-config FILE`).
+
+mod compile;
+pub mod duration;
+mod error;
+mod raw;
+
+pub use error::ConfigError;
+
+use crate::response::ResponseSettings;
+use crate::rules::{FactTable, Rule};
+
+/// A compiled, valid configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    pub rules: Vec<Rule>,
+    /// Every request fact the rules can ask for.
+    pub facts: FactTable,
+    pub response: ResponseSettings,
+}
+
+/// Parses and compiles the plugin configuration.
+pub fn parse(json: &[u8]) -> Result<Config, ConfigError> {
+    let raw = raw::parse(json)?;
+    compile::compile(raw)
+}

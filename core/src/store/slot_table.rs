@@ -1,0 +1,393 @@
+//! A fixed-size, set-associative table of per-key state in shared data.
+//!
+//! Layout: a rule's table is `sets` shared-data keys named
+//! `weir/v1/<rule>/<algorithm>/<set index>`, each holding [`WAYS`] slots of
+//! [`SLOT_BYTES`] bytes: an 8-byte key fingerprint (0 = empty) and the algorithm's
+//! 16-byte [`SlotState`]. `sets = ceil(max_keys / WAYS)`, so the table holds
+//! `max_keys` rounded up to a multiple of [`WAYS`] keys and its memory never grows.
+//!
+//! A key is hashed with SipHash-1-3 under a secret 128-bit [`Seed`] that every worker
+//! shares: 64 bits pick the set, 64 others are the fingerprint. Without the seed a
+//! client cannot aim its keys at a victim's set, and two keys share state only if they
+//! agree on all 128 bits. Parts are framed (origin byte, length, bytes), so
+//! `["a:b", "c"]` and `["a", "b:c"]` hash apart.
+//!
+//! Finding a slot for a key: its own slot (same fingerprint); else an empty one; else
+//! one whose state carries no information any more (*takeover*: e.g. a bucket that is
+//! full again); else, when every slot of the set is live, the one closest to idle is
+//! *evicted* — its key restarts fresh later, which can only give that key more
+//! quota, never charge another key's. Evictions mean `max_keys` is too small; they
+//! are counted.
+//!
+//! Updates are get → decide → CAS-set, re-run on contention ([`MAX_CAS_ATTEMPTS`]).
+//! The algorithm is decided again on every attempt, so N workers racing admit exactly
+//! what one would.
+//!
+//! [`MAX_CAS_ATTEMPTS`]: super::MAX_CAS_ATTEMPTS
+
+use super::{SharedStore, StoreError, UpdateError};
+use crate::algorithms::{AlgorithmKind, SlotState};
+use crate::rules::PartOrigin;
+use siphasher::sip128::{Hasher128, SipHasher13};
+use std::hash::Hasher;
+
+/// Slots per set.
+pub const WAYS: usize = 4;
+/// Bytes per slot: fingerprint, then the two state words, little-endian.
+pub const SLOT_BYTES: usize = 24;
+/// Bytes of one set's value.
+pub const SET_BYTES: usize = WAYS * SLOT_BYTES;
+
+/// The shared-data key holding the hashing seed.
+pub const SEED_KEY: &str = "weir/v1/seed";
+
+/// The secret that keys the slot hash; one per Envoy process, shared by all workers.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Seed(pub [u8; 16]);
+
+impl std::fmt::Debug for Seed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Seed(..)")
+    }
+}
+
+impl Seed {
+    /// Returns the seed stored in `store`, storing `fresh` first if there is none.
+    /// Whatever a race between workers leaves stored is what every caller returns.
+    pub fn load_or_create<S: SharedStore>(store: &S, fresh: [u8; 16]) -> Result<Seed, StoreError> {
+        for _ in 0..super::MAX_CAS_ATTEMPTS {
+            let (value, cas) = store.get(SEED_KEY)?;
+            if let Some(seed) = value.as_deref().and_then(|v| <[u8; 16]>::try_from(v).ok()) {
+                return Ok(Seed(seed));
+            }
+            match store.set(SEED_KEY, &fresh, cas) {
+                Ok(()) | Err(StoreError::CasMismatch) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(StoreError::CasMismatch)
+    }
+}
+
+/// Where a key lives in its table: the set and the fingerprint (never 0).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct KeyHash {
+    pub set_hash: u64,
+    pub fingerprint: u64,
+}
+
+/// Hashes the parts of one key under the seed.
+pub struct KeyHasher(SipHasher13);
+
+impl KeyHasher {
+    pub fn new(seed: &Seed) -> Self {
+        KeyHasher(SipHasher13::new_with_key(&seed.0))
+    }
+
+    pub fn part(&mut self, origin: PartOrigin, bytes: &[u8]) {
+        let tag: u8 = match origin {
+            PartOrigin::Request => 1,
+            PartOrigin::Default => 2,
+            PartOrigin::Static => 3,
+        };
+        self.0.write_u8(tag);
+        self.0.write_u64(bytes.len() as u64);
+        self.0.write(bytes);
+    }
+
+    pub fn finish(&self) -> KeyHash {
+        let (set_hash, fingerprint) = self.0.finish128().as_u64();
+        KeyHash {
+            set_hash,
+            fingerprint: fingerprint.max(1),
+        }
+    }
+}
+
+/// How the key's slot was found in its set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    /// The key already had a slot.
+    Existing,
+    /// The key took an empty slot (the table has one more key in use).
+    Empty,
+    /// The key reused a slot whose state carried no information.
+    Takeover,
+    /// Every slot was live; the one closest to idle was given to this key.
+    Eviction,
+}
+
+/// The result of a successful update.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Updated<R> {
+    pub result: R,
+    /// `None` when nothing was written (a denial or a peek).
+    pub placement: Option<Placement>,
+    /// CAS attempts lost before this one succeeded.
+    pub cas_retries: u32,
+}
+
+/// One rule's table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlotTable {
+    prefix: String,
+    sets: u32,
+}
+
+impl SlotTable {
+    pub fn new(rule: &str, algorithm: AlgorithmKind, max_keys: u32) -> Self {
+        let sets = max_keys.div_ceil(WAYS as u32).max(1);
+        SlotTable {
+            prefix: format!("weir/v1/{rule}/{algorithm}/"),
+            sets,
+        }
+    }
+
+    pub fn sets(&self) -> u32 {
+        self.sets
+    }
+
+    /// Keys the table can hold at once.
+    pub fn capacity(&self) -> u64 {
+        u64::from(self.sets) * WAYS as u64
+    }
+
+    pub fn set_key(&self, index: u32) -> String {
+        format!("{}{index}", self.prefix)
+    }
+
+    pub fn set_index(&self, hash: &KeyHash) -> u32 {
+        // `sets` ≥ 1, and the remainder is below it, so it fits in u32.
+        (hash.set_hash % u64::from(self.sets)) as u32
+    }
+
+    /// Creates every set that does not exist yet, so that every later write is a CAS.
+    /// Sets that exist (from an earlier config, another worker or a reload) keep their
+    /// state. Returns how many were created.
+    pub fn create_missing<S: SharedStore>(&self, store: &S) -> Result<u32, StoreError> {
+        let ready_key = format!("{}ready", self.prefix);
+        let (ready, _) = store.get(&ready_key)?;
+        if ready.as_deref() == Some(self.sets.to_le_bytes().as_slice()) {
+            return Ok(0);
+        }
+        let empty = [0u8; SET_BYTES];
+        let mut created = 0;
+        for index in 0..self.sets {
+            let key = self.set_key(index);
+            if let (_, None) = store.get(&key)? {
+                match store.set(&key, &empty, None) {
+                    Ok(()) => created += 1,
+                    Err(StoreError::CasMismatch) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        store.set(&ready_key, &self.sets.to_le_bytes(), None)?;
+        Ok(created)
+    }
+
+    /// Counts the slots in use (non-empty) in the whole table: for tests and tooling,
+    /// not the request path (it reads every set).
+    pub fn slots_in_use<S: SharedStore>(&self, store: &S) -> Result<u64, StoreError> {
+        let mut used = 0;
+        for index in 0..self.sets {
+            let (value, _) = store.get(&self.set_key(index))?;
+            let set = SlotSet::decode(value.as_deref());
+            used += set.slots.iter().filter(|s| s.fingerprint != 0).count() as u64;
+        }
+        Ok(used)
+    }
+
+    /// Runs `decide` on the key's state and stores what it returns, with CAS.
+    ///
+    /// `decide` gets the key's state (`None` for a key without one) and returns its
+    /// result and the state to store (`None`: write nothing). `idle_at_us` tells from
+    /// when a slot's state carries no information, for takeover and eviction.
+    pub fn update<S, R>(
+        &self,
+        store: &S,
+        hash: &KeyHash,
+        now_us: u64,
+        idle_at_us: impl Fn(SlotState) -> u64,
+        mut decide: impl FnMut(Option<SlotState>) -> (R, Option<SlotState>),
+    ) -> Result<Updated<R>, UpdateError>
+    where
+        S: SharedStore,
+    {
+        let key = self.set_key(self.set_index(hash));
+        for attempt in 0..super::MAX_CAS_ATTEMPTS {
+            let (value, cas) = store.get(&key)?;
+            let mut set = SlotSet::decode(value.as_deref());
+            let (way, placement) = set.locate(hash.fingerprint, now_us, &idle_at_us);
+            let current = match placement {
+                Placement::Existing => set.slots.get(way).map(|s| s.state),
+                _ => None,
+            };
+            let (result, next) = decide(current);
+            let Some(next) = next else {
+                return Ok(Updated {
+                    result,
+                    placement: None,
+                    cas_retries: attempt,
+                });
+            };
+            if let Some(slot) = set.slots.get_mut(way) {
+                *slot = Slot {
+                    fingerprint: hash.fingerprint,
+                    state: next,
+                };
+            }
+            match store.set(&key, &set.encode(), cas) {
+                Ok(()) => {
+                    return Ok(Updated {
+                        result,
+                        placement: Some(placement),
+                        cas_retries: attempt,
+                    })
+                }
+                Err(StoreError::CasMismatch) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(UpdateError::GaveUp {
+            attempts: super::MAX_CAS_ATTEMPTS,
+        })
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+struct Slot {
+    fingerprint: u64,
+    state: SlotState,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+struct SlotSet {
+    slots: [Slot; WAYS],
+}
+
+impl SlotSet {
+    /// Anything that is not exactly one set's bytes (never written, truncated, from a
+    /// future layout) reads as empty: state is lost, nothing is misattributed.
+    fn decode(bytes: Option<&[u8]>) -> SlotSet {
+        let mut set = SlotSet::default();
+        let Some(bytes) = bytes.filter(|b| b.len() == SET_BYTES) else {
+            return set;
+        };
+        for (slot, chunk) in set.slots.iter_mut().zip(bytes.chunks_exact(SLOT_BYTES)) {
+            let word = |i: usize| {
+                chunk
+                    .get(i * 8..i * 8 + 8)
+                    .and_then(|b| <[u8; 8]>::try_from(b).ok())
+                    .map_or(0, u64::from_le_bytes)
+            };
+            *slot = Slot {
+                fingerprint: word(0),
+                state: SlotState {
+                    a: word(1),
+                    b: word(2),
+                },
+            };
+        }
+        set
+    }
+
+    fn encode(&self) -> [u8; SET_BYTES] {
+        let mut out = [0u8; SET_BYTES];
+        for (slot, chunk) in self.slots.iter().zip(out.chunks_exact_mut(SLOT_BYTES)) {
+            let words = [slot.fingerprint, slot.state.a, slot.state.b];
+            for (word, dst) in words.iter().zip(chunk.chunks_exact_mut(8)) {
+                dst.copy_from_slice(&word.to_le_bytes());
+            }
+        }
+        out
+    }
+
+    fn locate(
+        &self,
+        fingerprint: u64,
+        now_us: u64,
+        idle_at_us: &impl Fn(SlotState) -> u64,
+    ) -> (usize, Placement) {
+        if let Some(way) = self.slots.iter().position(|s| s.fingerprint == fingerprint) {
+            return (way, Placement::Existing);
+        }
+        if let Some(way) = self.slots.iter().position(|s| s.fingerprint == 0) {
+            return (way, Placement::Empty);
+        }
+        let (way, idle_at) = self
+            .slots
+            .iter()
+            .enumerate()
+            .map(|(way, s)| (way, idle_at_us(s.state)))
+            .min_by_key(|&(_, idle_at)| idle_at)
+            .unwrap_or((0, 0));
+        if idle_at <= now_us {
+            (way, Placement::Takeover)
+        } else {
+            (way, Placement::Eviction)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+    use super::*;
+
+    #[test]
+    fn set_bytes_round_trip() {
+        let mut set = SlotSet::default();
+        set.slots[2] = Slot {
+            fingerprint: 7,
+            state: SlotState { a: u64::MAX, b: 3 },
+        };
+        assert_eq!(SlotSet::decode(Some(&set.encode())), set);
+        assert_eq!(SlotSet::decode(Some(&[1, 2, 3])), SlotSet::default());
+        assert_eq!(SlotSet::decode(None), SlotSet::default());
+    }
+
+    #[test]
+    fn framing_keeps_parts_apart() {
+        let seed = Seed([9; 16]);
+        let hash = |parts: &[&[u8]]| {
+            let mut h = KeyHasher::new(&seed);
+            for p in parts {
+                h.part(PartOrigin::Request, p);
+            }
+            h.finish()
+        };
+        assert_ne!(hash(&[b"a:b", b"c"]), hash(&[b"a", b"b:c"]));
+        assert_ne!(hash(&[b"ab"]), hash(&[b"a", b"b"]));
+        assert_ne!(hash(&[b""]), hash(&[]));
+        let mut d = KeyHasher::new(&seed);
+        d.part(PartOrigin::Default, b"anonymous");
+        assert_ne!(d.finish(), hash(&[b"anonymous"]));
+    }
+
+    #[test]
+    fn seeds_change_every_hash() {
+        let a = {
+            let mut h = KeyHasher::new(&Seed([1; 16]));
+            h.part(PartOrigin::Request, b"alice");
+            h.finish()
+        };
+        let b = {
+            let mut h = KeyHasher::new(&Seed([2; 16]));
+            h.part(PartOrigin::Request, b"alice");
+            h.finish()
+        };
+        assert_ne!(a.set_hash, b.set_hash);
+        assert_ne!(a.fingerprint, b.fingerprint);
+    }
+
+    #[test]
+    fn tables_round_max_keys_up_to_whole_sets() {
+        let t = SlotTable::new("r", AlgorithmKind::Gcra, 1000);
+        assert_eq!((t.sets(), t.capacity()), (250, 1000));
+        let t = SlotTable::new("r", AlgorithmKind::Gcra, 1001);
+        assert_eq!((t.sets(), t.capacity()), (251, 1004));
+        assert_eq!(t.set_key(3), "weir/v1/r/gcra/3");
+    }
+}

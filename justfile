@@ -1,0 +1,48 @@
+# weir's recipes. `./dev.sh <recipe>` installs what is missing first; CI runs `./dev.sh test`.
+
+set shell := ["bash", "-euo", "pipefail", "-c"]
+
+envoy := env_var_or_default("ENVOY_BIN", justfile_directory() / ".tools/venv/bin/envoy")
+wasm := justfile_directory() / "target/wasm32-wasip1/wasm/weir.wasm"
+
+# List the recipes.
+default:
+    @just --list
+
+# Build weir.wasm (target/wasm32-wasip1/wasm/weir.wasm).
+build:
+    cargo build -p weir --target wasm32-wasip1 --profile wasm
+    @ls -l {{wasm}} | awk '{print "weir.wasm: " $5 " bytes"}'
+
+# Start the demo: Envoy with weir on 127.0.0.1:10000 (admin :9901), show limiting, keep serving.
+run: build
+    ENVOY_BIN={{envoy}} bash scripts/demo.sh
+
+# Check a plugin configuration file offline, with the filter's own validation.
+check-config FILE:
+    cargo run -q -p weir-core --bin weir -- check-config {{FILE}}
+
+# Every Envoy YAML we ship, through `envoy --mode validate`.
+validate-yaml: build
+    for f in envoy/*.yaml; do echo "validate $f"; {{envoy}} --mode validate -c "$f" -l warn >/dev/null; done
+
+# Formatting and lints (clippy denies unwrap/expect/panic/indexing outside tests).
+lint:
+    cargo fmt --all -- --check
+    cargo clippy --workspace --all-targets -- -D warnings
+    cargo clippy -p weir --target wasm32-wasip1 -- -D warnings
+
+# The core's tests, natively (unit, scenario tables, properties, config fixtures, doc tests).
+test-core:
+    cargo test -p weir-core
+
+# The same core tests compiled to wasm32 and run with wasm-bindgen-test under Node.js.
+test-wasm:
+    bash scripts/test-core-wasm.sh
+
+# End-to-end tests: real Envoy (and Redis Cluster, bridge) started on free loopback ports.
+test-e2e: build
+    ENVOY_BIN={{envoy}} WEIR_WASM={{wasm}} cargo test -p weir-e2e -- --test-threads 2
+
+# The whole suite, as CI runs it.
+test: lint test-core test-wasm validate-yaml test-e2e

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Runs weir-core's tests compiled to wasm32-unknown-unknown, under Node.js, with
+# wasm-bindgen-test: what is tested natively is what runs inside Envoy.
+#
+# Usage: scripts/test-core-wasm.sh [cargo test args...]   (default: --tests)
+#
+# Installs wasm-bindgen-test-runner (crate wasm-bindgen-cli) into .tools/cargo at exactly
+# the version of the wasm-bindgen crate in Cargo.lock (the runner refuses test binaries
+# built by another version); from scratch that is a few minutes of compiling, once.
+# Doc tests cannot run under wasm, hence --tests. Needs node on PATH.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+say() { printf 'test-core-wasm: %s\n' "$*" >&2; }
+
+command -v node >/dev/null || { say "node is needed to run wasm tests (apt-get install nodejs)"; exit 1; }
+
+rustup target list --installed | grep -qx wasm32-unknown-unknown || rustup target add wasm32-unknown-unknown
+
+[ -f Cargo.lock ] || cargo generate-lockfile
+version=$(awk '
+  $0 == "name = \"wasm-bindgen\"" { found = 1; next }
+  found && /^version = / { gsub(/"/, "", $3); print $3; exit }
+' Cargo.lock)
+[ -n "$version" ] || { say "no wasm-bindgen in Cargo.lock (is wasm-bindgen-test a wasm32 dev-dependency of core?)"; exit 1; }
+
+tools="$PWD/.tools/cargo"
+export PATH="$tools/bin:$PATH"
+have=$(wasm-bindgen-test-runner --version 2>/dev/null | awk '{ print $2 }' || true)
+if [ "$have" != "$version" ]; then
+  say "installing wasm-bindgen-cli $version into .tools/cargo (found: ${have:-none})"
+  started=$SECONDS
+  # --locked builds the CLI with the dependencies its release was tested with; if the
+  # registry no longer (or not yet) serves one of them, fall back to a fresh resolution.
+  if ! cargo install --locked --quiet --root "$tools" --version "$version" wasm-bindgen-cli; then
+    say "--locked install failed; retrying without --locked"
+    cargo install --quiet --root "$tools" --version "$version" wasm-bindgen-cli
+  fi
+  say "installed in $((SECONDS - started)) s"
+fi
+
+[ $# -gt 0 ] || set -- --tests
+export CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER=wasm-bindgen-test-runner
+exec cargo test -p weir-core --target wasm32-unknown-unknown "$@"

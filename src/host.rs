@@ -1,0 +1,379 @@
+//! The only module that talks to the host.
+//!
+//! These are the proxy-wasm ABI calls weir uses, declared here rather than taken from
+//! the SDK's `hostcalls`, because those `panic!` on any status they do not expect and a
+//! panic traps the VM for every request on the worker. Every status maps to a
+//! [`HostError`]; callers decide what an error means (usually: log, count, fail open).
+//!
+//! Memory the host returns was allocated through the SDK's `proxy_on_memory_allocate`
+//! (a `Vec<u8>` of exactly the requested size), so it is taken back with
+//! `Vec::from_raw_parts(ptr, len, len)`.
+
+use std::fmt;
+use std::ptr::{null, null_mut};
+
+/// A status other than `Ok` from the host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostError(pub u32);
+
+pub const NOT_FOUND: u32 = 1;
+pub const CAS_MISMATCH: u32 = 8;
+
+impl fmt::Display for HostError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let name = match self.0 {
+            1 => "NotFound",
+            2 => "BadArgument",
+            3 => "SerializationFailure",
+            4 => "ParseFailure",
+            6 => "Unimplemented",
+            7 => "Empty",
+            8 => "CasMismatch",
+            10 => "InternalFailure",
+            _ => "Unknown",
+        };
+        write!(f, "{name} ({})", self.0)
+    }
+}
+
+pub type HostResult<T> = Result<T, HostError>;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum LogLevel {
+    Debug = 1,
+    Info = 2,
+    Warn = 3,
+    Error = 4,
+    Critical = 5,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum MetricType {
+    Counter = 0,
+    Gauge = 1,
+    Histogram = 2,
+}
+
+const MAP_REQUEST_HEADERS: u32 = 0;
+const MAP_RESPONSE_HEADERS: u32 = 2;
+const MAP_HTTP_CALL_RESPONSE_HEADERS: u32 = 6;
+const BUFFER_HTTP_CALL_RESPONSE_BODY: u32 = 4;
+const BUFFER_PLUGIN_CONFIGURATION: u32 = 7;
+const STREAM_HTTP_REQUEST: u32 = 0;
+
+#[link(wasm_import_module = "env")]
+extern "C" {
+    fn proxy_log(level: u32, message_data: *const u8, message_size: usize) -> u32;
+    fn proxy_get_log_level(return_level: *mut u32) -> u32;
+    fn proxy_get_current_time_nanoseconds(return_time: *mut u64) -> u32;
+    fn proxy_set_tick_period_milliseconds(period: u32) -> u32;
+    fn proxy_get_buffer_bytes(
+        buffer_type: u32,
+        start: usize,
+        max_size: usize,
+        return_buffer_data: *mut *mut u8,
+        return_buffer_size: *mut usize,
+    ) -> u32;
+    fn proxy_get_header_map_value(
+        map_type: u32,
+        key_data: *const u8,
+        key_size: usize,
+        return_value_data: *mut *mut u8,
+        return_value_size: *mut usize,
+    ) -> u32;
+    fn proxy_add_header_map_value(
+        map_type: u32,
+        key_data: *const u8,
+        key_size: usize,
+        value_data: *const u8,
+        value_size: usize,
+    ) -> u32;
+    fn proxy_get_property(
+        path_data: *const u8,
+        path_size: usize,
+        return_value_data: *mut *mut u8,
+        return_value_size: *mut usize,
+    ) -> u32;
+    fn proxy_get_shared_data(
+        key_data: *const u8,
+        key_size: usize,
+        return_value_data: *mut *mut u8,
+        return_value_size: *mut usize,
+        return_cas: *mut u32,
+    ) -> u32;
+    fn proxy_set_shared_data(
+        key_data: *const u8,
+        key_size: usize,
+        value_data: *const u8,
+        value_size: usize,
+        cas: u32,
+    ) -> u32;
+    fn proxy_send_local_response(
+        status_code: u32,
+        status_code_details_data: *const u8,
+        status_code_details_size: usize,
+        body_data: *const u8,
+        body_size: usize,
+        headers_data: *const u8,
+        headers_size: usize,
+        grpc_status: i32,
+    ) -> u32;
+    fn proxy_http_call(
+        upstream_data: *const u8,
+        upstream_size: usize,
+        headers_data: *const u8,
+        headers_size: usize,
+        body_data: *const u8,
+        body_size: usize,
+        trailers_data: *const u8,
+        trailers_size: usize,
+        timeout: u32,
+        return_token: *mut u32,
+    ) -> u32;
+    fn proxy_continue_stream(stream_type: u32) -> u32;
+    fn proxy_define_metric(
+        metric_type: u32,
+        name_data: *const u8,
+        name_size: usize,
+        return_id: *mut u32,
+    ) -> u32;
+    fn proxy_increment_metric(metric_id: u32, offset: i64) -> u32;
+    fn proxy_record_metric(metric_id: u32, value: u64) -> u32;
+}
+
+fn ok(status: u32) -> HostResult<()> {
+    if status == 0 {
+        Ok(())
+    } else {
+        Err(HostError(status))
+    }
+}
+
+/// Takes ownership of bytes the host allocated for us.
+///
+/// # Safety
+/// `data` must be null or a pointer the host obtained from `proxy_on_memory_allocate`
+/// for exactly `size` bytes.
+unsafe fn take_bytes(data: *mut u8, size: usize) -> Vec<u8> {
+    if data.is_null() {
+        Vec::new()
+    } else {
+        Vec::from_raw_parts(data, size, size)
+    }
+}
+
+/// Value or `None` for `NotFound`.
+fn found(status: u32, data: *mut u8, size: usize) -> HostResult<Option<Vec<u8>>> {
+    match status {
+        0 => Ok(Some(unsafe { take_bytes(data, size) })),
+        NOT_FOUND => Ok(None),
+        other => Err(HostError(other)),
+    }
+}
+
+pub fn log(level: LogLevel, message: &str) {
+    // Nothing sensible to do if logging itself fails.
+    let _ = unsafe { proxy_log(level as u32, message.as_ptr(), message.len()) };
+}
+
+/// Whether the host would print messages at `level` (so callers can skip formatting).
+pub fn log_enabled(level: LogLevel) -> bool {
+    let mut current = 0u32;
+    match unsafe { proxy_get_log_level(&mut current) } {
+        0 => current <= level as u32,
+        _ => true,
+    }
+}
+
+/// Microseconds since the Unix epoch.
+pub fn now_us() -> HostResult<u64> {
+    let mut ns = 0u64;
+    ok(unsafe { proxy_get_current_time_nanoseconds(&mut ns) })?;
+    Ok(ns / 1_000)
+}
+
+pub fn set_tick_period_ms(period: u32) -> HostResult<()> {
+    ok(unsafe { proxy_set_tick_period_milliseconds(period) })
+}
+
+fn buffer(buffer_type: u32, max_size: usize) -> HostResult<Option<Vec<u8>>> {
+    let mut data = null_mut();
+    let mut size = 0;
+    let status = unsafe { proxy_get_buffer_bytes(buffer_type, 0, max_size, &mut data, &mut size) };
+    found(status, data, size)
+}
+
+pub fn plugin_configuration(max_size: usize) -> HostResult<Option<Vec<u8>>> {
+    buffer(BUFFER_PLUGIN_CONFIGURATION, max_size)
+}
+
+pub fn http_call_response_body(max_size: usize) -> HostResult<Option<Vec<u8>>> {
+    buffer(BUFFER_HTTP_CALL_RESPONSE_BODY, max_size)
+}
+
+fn map_value(map_type: u32, name: &str) -> HostResult<Option<Vec<u8>>> {
+    let mut data = null_mut();
+    let mut size = 0;
+    let status = unsafe {
+        proxy_get_header_map_value(map_type, name.as_ptr(), name.len(), &mut data, &mut size)
+    };
+    found(status, data, size)
+}
+
+pub fn request_header(name: &str) -> HostResult<Option<Vec<u8>>> {
+    map_value(MAP_REQUEST_HEADERS, name)
+}
+
+pub fn http_call_response_header(name: &str) -> HostResult<Option<Vec<u8>>> {
+    map_value(MAP_HTTP_CALL_RESPONSE_HEADERS, name)
+}
+
+pub fn add_response_header(name: &str, value: &str) -> HostResult<()> {
+    ok(unsafe {
+        proxy_add_header_map_value(
+            MAP_RESPONSE_HEADERS,
+            name.as_ptr(),
+            name.len(),
+            value.as_ptr(),
+            value.len(),
+        )
+    })
+}
+
+/// An Envoy attribute by path, e.g. `["source", "address"]`.
+pub fn property(path: &[String]) -> HostResult<Option<Vec<u8>>> {
+    let mut serialized = Vec::with_capacity(path.iter().map(|p| p.len() + 1).sum());
+    for (i, part) in path.iter().enumerate() {
+        if i > 0 {
+            serialized.push(0);
+        }
+        serialized.extend_from_slice(part.as_bytes());
+    }
+    let mut data = null_mut();
+    let mut size = 0;
+    let status =
+        unsafe { proxy_get_property(serialized.as_ptr(), serialized.len(), &mut data, &mut size) };
+    found(status, data, size)
+}
+
+/// The value and version of a shared-data key (`(None, None)` when it does not exist).
+pub fn shared_get(key: &str) -> HostResult<(Option<Vec<u8>>, Option<u32>)> {
+    let mut data = null_mut();
+    let mut size = 0;
+    let mut cas = 0u32;
+    let status =
+        unsafe { proxy_get_shared_data(key.as_ptr(), key.len(), &mut data, &mut size, &mut cas) };
+    match status {
+        0 => {
+            let value = (!data.is_null()).then(|| unsafe { take_bytes(data, size) });
+            Ok((value, (cas != 0).then_some(cas)))
+        }
+        NOT_FOUND => Ok((None, None)),
+        other => Err(HostError(other)),
+    }
+}
+
+pub fn shared_set(key: &str, value: &[u8], cas: Option<u32>) -> HostResult<()> {
+    ok(unsafe {
+        proxy_set_shared_data(
+            key.as_ptr(),
+            key.len(),
+            value.as_ptr(),
+            value.len(),
+            cas.unwrap_or(0),
+        )
+    })
+}
+
+/// proxy-wasm's header map wire format: count, (name len, value len)*, then each name
+/// and value NUL-terminated.
+fn serialize_headers<V: AsRef<[u8]>>(headers: &[(&str, V)]) -> Vec<u8> {
+    let size = 4 + headers
+        .iter()
+        .map(|(n, v)| 10 + n.len() + v.as_ref().len())
+        .sum::<usize>();
+    let mut out = Vec::with_capacity(size);
+    out.extend_from_slice(&(headers.len() as u32).to_le_bytes());
+    for (name, value) in headers {
+        out.extend_from_slice(&(name.len() as u32).to_le_bytes());
+        out.extend_from_slice(&(value.as_ref().len() as u32).to_le_bytes());
+    }
+    for (name, value) in headers {
+        out.extend_from_slice(name.as_bytes());
+        out.push(0);
+        out.extend_from_slice(value.as_ref());
+        out.push(0);
+    }
+    out
+}
+
+/// Answers the request locally. `grpc_status` ≥ 0 makes Envoy send a gRPC
+/// trailers-only response with that status (HTTP 200) and `body` as `grpc-message`.
+pub fn send_local_response<V: AsRef<[u8]>>(
+    status: u32,
+    headers: &[(&str, V)],
+    body: &[u8],
+    grpc_status: i32,
+) -> HostResult<()> {
+    let details = b"weir_rate_limited";
+    let headers = serialize_headers(headers);
+    ok(unsafe {
+        proxy_send_local_response(
+            status,
+            details.as_ptr(),
+            details.len(),
+            body.as_ptr(),
+            body.len(),
+            headers.as_ptr(),
+            headers.len(),
+            grpc_status,
+        )
+    })
+}
+
+/// Starts an HTTP call to Envoy cluster `upstream`; returns its token. The answer
+/// (or a 503/504 made up by Envoy) arrives in `on_http_call_response`.
+pub fn http_call(
+    upstream: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+    timeout_ms: u32,
+) -> HostResult<u32> {
+    let headers = serialize_headers(headers);
+    let mut token = 0u32;
+    ok(unsafe {
+        proxy_http_call(
+            upstream.as_ptr(),
+            upstream.len(),
+            headers.as_ptr(),
+            headers.len(),
+            body.as_ptr(),
+            body.len(),
+            null(),
+            0,
+            timeout_ms,
+            &mut token,
+        )
+    })?;
+    Ok(token)
+}
+
+pub fn resume_http_request() -> HostResult<()> {
+    ok(unsafe { proxy_continue_stream(STREAM_HTTP_REQUEST) })
+}
+
+pub fn define_metric(metric_type: MetricType, name: &str) -> HostResult<u32> {
+    let mut id = 0u32;
+    ok(unsafe { proxy_define_metric(metric_type as u32, name.as_ptr(), name.len(), &mut id) })?;
+    Ok(id)
+}
+
+pub fn increment_metric(id: u32, offset: i64) -> HostResult<()> {
+    ok(unsafe { proxy_increment_metric(id, offset) })
+}
+
+pub fn record_metric(id: u32, value: u64) -> HostResult<()> {
+    ok(unsafe { proxy_record_metric(id, value) })
+}

@@ -1,0 +1,41 @@
+//! The core's contracts implemented over the host: shared data as a [`SharedStore`],
+//! request headers and attributes as a [`FactSource`].
+
+use crate::host::{self, HostError};
+use weir_core::rules::{Fact, FactSource};
+use weir_core::store::{SharedStore, StoreError};
+
+/// Envoy shared data (per process and `vm_id`, seen by every worker).
+pub struct SharedData;
+
+fn store_error(e: HostError) -> StoreError {
+    if e.0 == host::CAS_MISMATCH {
+        StoreError::CasMismatch
+    } else {
+        StoreError::Host(e.0)
+    }
+}
+
+impl SharedStore for SharedData {
+    fn get(&self, key: &str) -> Result<(Option<Vec<u8>>, Option<u32>), StoreError> {
+        host::shared_get(key).map_err(store_error)
+    }
+
+    fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), StoreError> {
+        host::shared_set(key, value, cas).map_err(store_error)
+    }
+}
+
+/// The current request, read from the host on demand. A fact the host cannot read is
+/// treated as absent: the rule's documented missing-key behaviour applies.
+pub struct RequestFacts;
+
+impl FactSource for RequestFacts {
+    fn fetch(&mut self, fact: &Fact) -> Option<Vec<u8>> {
+        let found = match fact {
+            Fact::Header(name) => host::request_header(name),
+            Fact::Property(path) => host::property(path),
+        };
+        found.ok().flatten()
+    }
+}

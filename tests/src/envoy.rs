@@ -1,0 +1,476 @@
+//! A real Envoy on 127.0.0.1: bootstrap rendering, start/ready, stats, validation.
+//!
+//! The bootstrap is rendered by plain Rust string building: one listener with an HTTP connection
+//! manager, caller-supplied HTTP filters (raw YAML) before the router, a catch-all
+//! `direct_response` route unless the caller supplies routes, and optional extra clusters (the
+//! bridge, later). Raw snippets are written at column 0 and indented here.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use crate::http::{self, Request, Response};
+use crate::ports::free_port;
+use crate::prereq::envoy_bin;
+use crate::process::{wait_for, Child, TestDir};
+
+/// How long Envoy gets to become LIVE (or, in `start_expect_failure`, to exit).
+pub const START_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Body of the default catch-all route.
+pub const DEFAULT_BODY: &str = "weir-e2e ok\n";
+
+/// A bootstrap to render. Ports default to fresh free ports.
+#[derive(Clone, Debug)]
+pub struct Bootstrap {
+    pub admin_port: u16,
+    pub http_port: u16,
+    /// HTTP filter list items (each starting with `- name: ...` at column 0), before the router.
+    pub http_filters: Vec<String>,
+    /// Route list items for the single virtual host (`domains: ["*"]`); `None` = catch-all
+    /// `direct_response` 200 with [`DEFAULT_BODY`].
+    pub routes: Option<String>,
+    /// Cluster list items (`- name: ...` at column 0) for `static_resources.clusters`.
+    pub clusters: Vec<String>,
+    /// HCM `max_request_headers_kb`. Envoy's default is 60 (KiB for the whole header block), so a
+    /// single 60 KB value gets 431; we default to 96 so tests can send 60 KB values.
+    pub max_request_headers_kb: u32,
+}
+
+impl Default for Bootstrap {
+    fn default() -> Self {
+        Bootstrap::new()
+    }
+}
+
+impl Bootstrap {
+    pub fn new() -> Bootstrap {
+        Bootstrap {
+            admin_port: free_port(),
+            http_port: free_port(),
+            http_filters: Vec::new(),
+            routes: None,
+            clusters: Vec::new(),
+            max_request_headers_kb: 96,
+        }
+    }
+
+    /// Adds an HTTP filter (raw YAML list item) before the router.
+    pub fn http_filter(mut self, yaml: impl Into<String>) -> Bootstrap {
+        self.http_filters.push(yaml.into());
+        self
+    }
+
+    /// Adds a cluster (raw YAML list item).
+    pub fn cluster(mut self, yaml: impl Into<String>) -> Bootstrap {
+        self.clusters.push(yaml.into());
+        self
+    }
+
+    /// Replaces the catch-all route with these route list items (raw YAML).
+    pub fn routes(mut self, yaml: impl Into<String>) -> Bootstrap {
+        self.routes = Some(yaml.into());
+        self
+    }
+
+    pub fn max_request_headers_kb(mut self, kb: u32) -> Bootstrap {
+        self.max_request_headers_kb = kb;
+        self
+    }
+
+    /// The bootstrap YAML.
+    pub fn render(&self) -> String {
+        let default_routes = format!(
+            "- match: {{ prefix: \"/\" }}\n  direct_response:\n    status: 200\n    body: {{ inline_string: {} }}\n",
+            yaml_quote(DEFAULT_BODY)
+        );
+        let routes = indent(self.routes.as_deref().unwrap_or(&default_routes), 14);
+        let mut filters = String::new();
+        for f in &self.http_filters {
+            filters.push_str(&indent(f, 10));
+        }
+        let clusters = if self.clusters.is_empty() {
+            "  clusters: []\n".to_string()
+        } else {
+            let mut c = "  clusters:\n".to_string();
+            for cl in &self.clusters {
+                c.push_str(&indent(cl, 2));
+            }
+            c
+        };
+        format!(
+            r#"# Rendered by weir-e2e (tests/src/envoy.rs).
+admin:
+  address:
+    socket_address: {{ address: 127.0.0.1, port_value: {admin} }}
+static_resources:
+  listeners:
+  - name: ingress
+    address:
+      socket_address: {{ address: 127.0.0.1, port_value: {http} }}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: ingress
+          # The client address is the TCP peer, never X-Forwarded-For.
+          use_remote_address: true
+          max_request_headers_kb: {kb}
+          route_config:
+            name: local
+            virtual_hosts:
+            - name: all
+              domains: ["*"]
+              routes:
+{routes}          http_filters:
+{filters}          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+{clusters}"#,
+            admin = self.admin_port,
+            http = self.http_port,
+            kb = self.max_request_headers_kb,
+        )
+    }
+}
+
+/// The weir filter as an HTTP filter list item, per docs ENVOY_NOTES: name/root_id/vm_id `weir`,
+/// V8, `FAIL_RELOAD`, the plugin JSON as a `google.protobuf.StringValue`.
+pub fn wasm_filter_yaml(plugin_config_json: &str, wasm_path: &Path) -> String {
+    format!(
+        r#"- name: envoy.filters.http.wasm
+  typed_config:
+    "@type": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm
+    config:
+      name: weir
+      root_id: weir
+      failure_policy: FAIL_RELOAD
+      configuration:
+        "@type": type.googleapis.com/google.protobuf.StringValue
+        value: {json}
+      vm_config:
+        vm_id: weir
+        runtime: envoy.wasm.runtime.v8
+        code:
+          local:
+            filename: {path}
+"#,
+        json = yaml_quote(plugin_config_json),
+        path = yaml_quote(&wasm_path.to_string_lossy()),
+    )
+}
+
+/// A YAML double-quoted scalar holding exactly `s` (JSON string escaping, which YAML accepts).
+pub fn yaml_quote(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if u32::from(c) < 0x20 || c == '\u{7f}' => {
+                out.push_str(&format!("\\u{:04x}", u32::from(c)))
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// Indents every non-empty line of `yaml` by `n` spaces; ensures a trailing newline.
+pub fn indent(yaml: &str, n: usize) -> String {
+    let pad = " ".repeat(n);
+    let mut out = String::with_capacity(yaml.len() + 16);
+    for line in yaml.lines() {
+        if !line.trim().is_empty() {
+            out.push_str(&pad);
+            out.push_str(line);
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// A running Envoy, killed by PID when dropped.
+#[derive(Debug)]
+pub struct Envoy {
+    pub http_port: u16,
+    pub admin_port: u16,
+    // Field order matters: the process dies before its directory is removed.
+    child: Child,
+    dir: TestDir,
+    /// Time from spawn to admin `/ready` = LIVE.
+    pub startup: Duration,
+}
+
+fn args(config: &Path, concurrency: u32, base_id: u16, extra: &[&str]) -> Vec<String> {
+    let mut a: Vec<String> = vec![
+        "-c".into(),
+        config.to_string_lossy().into_owned(),
+        "--concurrency".into(),
+        concurrency.to_string(),
+        "--disable-hot-restart".into(),
+        // Unique while this Envoy runs: the admin port is bound by it.
+        "--base-id".into(),
+        base_id.to_string(),
+        "-l".into(),
+        "info".into(),
+    ];
+    a.extend(extra.iter().map(|s| s.to_string()));
+    a
+}
+
+impl Envoy {
+    /// Renders `bootstrap`, starts Envoy with `concurrency` workers and waits until admin
+    /// `/ready` answers LIVE. Panics with the log tail if Envoy exits or is not LIVE in 20 s.
+    pub fn start(bootstrap: &Bootstrap, concurrency: u32) -> Envoy {
+        Envoy::start_yaml(
+            &bootstrap.render(),
+            bootstrap.admin_port,
+            bootstrap.http_port,
+            concurrency,
+        )
+    }
+
+    /// Like [`start`](Self::start) with a bootstrap written elsewhere (e.g. `envoy/*.yaml` with
+    /// its ports substituted); the caller says which ports it uses.
+    pub fn start_yaml(yaml: &str, admin_port: u16, http_port: u16, concurrency: u32) -> Envoy {
+        let bin = envoy_bin(); // before the dir: a missing Envoy leaves nothing behind
+        let dir = TestDir::new("envoy");
+        let config = dir.write("envoy.yaml", yaml);
+        let started = Instant::now();
+        let mut child = Child::spawn(
+            "envoy",
+            bin,
+            args(&config, concurrency, admin_port, &[]),
+            &[],
+            &dir.join("envoy.log"),
+        );
+        let live = wait_for(START_TIMEOUT, Duration::from_millis(50), || {
+            if let Some(status) = child.try_wait() {
+                return Some(Err(status));
+            }
+            match http::get(admin_port, "/ready", &[]) {
+                Ok(r) if r.status == 200 && r.text().trim() == "LIVE" => Some(Ok(())),
+                _ => None,
+            }
+        });
+        match live {
+            Some(Ok(())) => {}
+            Some(Err(status)) => panic!(
+                "Envoy exited with {status} before becoming ready; config {}; log tail:\n{}",
+                config.display(),
+                child.log_tail(40)
+            ),
+            None => panic!(
+                "Envoy not LIVE on admin port {admin_port} after {START_TIMEOUT:?}; log tail:\n{}",
+                child.log_tail(40)
+            ),
+        }
+        Envoy {
+            http_port,
+            admin_port,
+            startup: started.elapsed(),
+            child,
+            dir,
+        }
+    }
+
+    /// Starts Envoy on a bootstrap that must be rejected: returns the log once Envoy exits
+    /// non-zero. Panics if it exits 0, becomes LIVE, or is still up after 20 s.
+    pub fn start_expect_failure(bootstrap: &Bootstrap) -> String {
+        let bin = envoy_bin();
+        let dir = TestDir::new("envoy-fail");
+        let config = dir.write("envoy.yaml", bootstrap.render());
+        let mut child = Child::spawn(
+            "envoy",
+            bin,
+            args(&config, 1, bootstrap.admin_port, &[]),
+            &[],
+            &dir.join("envoy.log"),
+        );
+        let exit = wait_for(START_TIMEOUT, Duration::from_millis(50), || {
+            if let Some(status) = child.try_wait() {
+                return Some(Ok(status));
+            }
+            match http::get(bootstrap.admin_port, "/ready", &[]) {
+                Ok(r) if r.status == 200 => Some(Err(())),
+                _ => None,
+            }
+        });
+        match exit {
+            Some(Ok(status)) if !status.success() => child.log(),
+            Some(Ok(status)) => panic!(
+                "Envoy exited with {status}, expected a failure; log tail:\n{}",
+                child.log_tail(40)
+            ),
+            Some(Err(())) => panic!(
+                "Envoy became LIVE, expected it to reject the config; log tail:\n{}",
+                child.log_tail(40)
+            ),
+            None => panic!(
+                "Envoy still running after {START_TIMEOUT:?}, expected it to fail; log tail:\n{}",
+                child.log_tail(40)
+            ),
+        }
+    }
+
+    /// `envoy --mode validate -c FILE`: `Err(output)` if Envoy rejects it.
+    pub fn validate(bootstrap_path: &Path) -> Result<(), String> {
+        let out = Command::new(envoy_bin())
+            .args([
+                "--mode",
+                "validate",
+                "-l",
+                "warning",
+                "--disable-hot-restart",
+                "-c",
+            ])
+            .arg(bootstrap_path)
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run envoy --mode validate: {e}"));
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!("{}: {text}", out.status))
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.pid()
+    }
+
+    /// The per-run directory (config and log).
+    pub fn dir(&self) -> &TestDir {
+        &self.dir
+    }
+
+    /// The whole log (stdout + stderr) so far.
+    pub fn log(&self) -> String {
+        self.child.log()
+    }
+
+    pub fn log_tail(&self, n: usize) -> String {
+        self.child.log_tail(n)
+    }
+
+    /// A request to the admin interface (panics on I/O errors).
+    pub fn admin(&self, method: &str, path: &str) -> Response {
+        http::send(self.admin_port, Request::new(method, path))
+            .unwrap_or_else(|e| panic!("admin {method} {path}: {e}"))
+    }
+
+    /// Every counter and gauge from admin `/stats` (histograms are skipped).
+    pub fn stats(&self) -> BTreeMap<String, u64> {
+        let r = self.admin("GET", "/stats");
+        assert_eq!(
+            r.status,
+            200,
+            "admin /stats answered {}: {}",
+            r.status,
+            r.text()
+        );
+        parse_stats(&r.text())
+    }
+
+    /// One counter or gauge, `None` if Envoy does not have it (yet).
+    pub fn stat(&self, name: &str) -> Option<u64> {
+        let filter = pct_encode(&format!("^{}$", regex_escape(name)));
+        let r = self.admin("GET", &format!("/stats?filter={filter}"));
+        assert_eq!(
+            r.status,
+            200,
+            "admin /stats answered {}: {}",
+            r.status,
+            r.text()
+        );
+        parse_stats(&r.text()).get(name).copied()
+    }
+
+    /// Resident set size from `/proc/<pid>/status` (bytes).
+    pub fn memory_rss(&self) -> u64 {
+        let path = format!("/proc/{}/status", self.pid());
+        let status =
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("cannot read {path}: {e}"));
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().strip_suffix("kB"))
+            .and_then(|kb| kb.trim().parse::<u64>().ok())
+            .map(|kb| kb * 1024)
+            .unwrap_or_else(|| panic!("no VmRSS in {path}"))
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        self.child.is_running()
+    }
+
+    /// SIGTERM (then SIGKILL after 5 s) and reap. The log stays readable until drop.
+    pub fn kill(&mut self) {
+        self.child.kill();
+    }
+}
+
+/// Parses admin text stats: `name: value` lines with integer values.
+pub fn parse_stats(text: &str) -> BTreeMap<String, u64> {
+    text.lines()
+        .filter_map(|l| {
+            let (name, value) = l.rsplit_once(": ")?;
+            Some((name.to_string(), value.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+fn regex_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        if "\\.+*?()|[]{}^$".contains(c) {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+fn pct_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() * 3);
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b == b'_' || b == b'-' {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn yaml_quote_round_trips_through_json_escapes() {
+        assert_eq!(yaml_quote("it's \"x\"\n\\"), r#""it's \"x\"\n\\""#);
+    }
+
+    #[test]
+    fn parse_stats_keeps_integers_and_skips_histograms() {
+        let s = parse_stats(
+            "http.ingress.downstream_rq_2xx: 3\nserver.live: 1\n\
+             http.ingress.downstream_rq_time: P0(nan,0) P25(nan,0)\n",
+        );
+        assert_eq!(s.len(), 2);
+        assert_eq!(s["http.ingress.downstream_rq_2xx"], 3);
+    }
+}

@@ -1,0 +1,37 @@
+//! weir's end-to-end harness: real Envoy, the built `weir.wasm` and a real Redis Cluster, all on
+//! 127.0.0.1 ephemeral ports.
+//!
+//! Vocabulary:
+//! - **guard** — a value that owns a child process ([`Child`], [`Envoy`], [`RedisCluster`],
+//!   [`Process`]) and kills exactly that PID when dropped; never anything by name.
+//! - **test dir** — a [`TestDir`] holding configs and logs; removed after a passing test, kept
+//!   (path printed) after a failing one or with `WEIR_E2E_KEEP=1`.
+//! - **prerequisite** — an external binary or the built filter; missing ones panic with the
+//!   command that fixes it ([`envoy_bin`], [`weir_wasm`]).
+//!
+//! ```no_run
+//! use weir_e2e::{get, Bootstrap, Envoy};
+//!
+//! let envoy = Envoy::start(&Bootstrap::new(), 1);
+//! let r = get(envoy.http_port, "/", &[("x-user", "alice")]).unwrap();
+//! assert_eq!(r.status, 200);
+//! assert!(envoy.stat("http.ingress.downstream_rq_2xx").unwrap() >= 1);
+//! ```
+//!
+//! Everything is blocking std code (no async runtime): tests are sequences of real requests.
+
+pub mod envoy;
+pub mod http;
+pub mod load;
+pub mod ports;
+pub mod prereq;
+pub mod process;
+pub mod redis;
+
+pub use envoy::{parse_stats, wasm_filter_yaml, Bootstrap, Envoy};
+pub use http::{get, send, Client, Request, Response};
+pub use load::{run_clients, LoadReport, Outcome};
+pub use ports::{free_port, free_ports};
+pub use prereq::{envoy_bin, redis_cli_bin, redis_server_bin, repo_root, weir_wasm};
+pub use process::{pid_exists, wait_for, wait_until, Child, Process, TestDir};
+pub use redis::{key_slot, redis_cli_at, RedisCluster};

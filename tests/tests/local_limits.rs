@@ -1,0 +1,516 @@
+//! Local limits in a real Envoy: exactness across workers, what clients see, shadow mode,
+//! gRPC, bad configs, key isolation, bounded memory and hostile input.
+//!
+//! Every test starts its own Envoy with `weir.wasm` on free loopback ports.
+
+use std::collections::BTreeMap;
+use weir_e2e::{
+    get, run_clients, send, wasm_filter_yaml, weir_wasm, Bootstrap, Client, Envoy, Request,
+};
+
+fn weir(config: &str) -> Bootstrap {
+    Bootstrap::new().http_filter(wasm_filter_yaml(config, &weir_wasm()))
+}
+
+/// A weir counter or gauge (`wasmcustom.weir.…`), 0 when absent.
+fn stat(envoy: &Envoy, name: &str) -> u64 {
+    envoy.stat(&format!("wasmcustom.weir.{name}")).unwrap_or(0)
+}
+
+fn assert_no_panic(envoy: &Envoy) {
+    let log = envoy.log();
+    assert!(
+        !log.contains("panic"),
+        "weir panicked:\n{}",
+        envoy.log_tail(40)
+    );
+    assert!(
+        !log.contains("Wasm VM failed"),
+        "a VM failed:\n{}",
+        envoy.log_tail(40)
+    );
+}
+
+/// Parses a structured-field list of strings with integer parameters, as the IETF
+/// RateLimit headers use: `"a";q=10;w=60, "b";q=5;w=1`. Panics on anything else.
+fn parse_sf_list(value: &str) -> Vec<(String, BTreeMap<String, u64>)> {
+    value
+        .split(", ")
+        .map(|member| {
+            let mut parts = member.split(';');
+            let name = parts.next().unwrap();
+            assert!(
+                name.len() >= 2 && name.starts_with('"') && name.ends_with('"'),
+                "member {member:?} of {value:?} is not a quoted string"
+            );
+            let params = parts
+                .map(|p| {
+                    let (k, v) = p
+                        .split_once('=')
+                        .unwrap_or_else(|| panic!("bad param {p:?} in {value:?}"));
+                    assert!(k.chars().all(|c| c.is_ascii_lowercase()), "bad key {k:?}");
+                    (
+                        k.to_string(),
+                        v.parse::<u64>()
+                            .unwrap_or_else(|_| panic!("bad integer {v:?} in {value:?}")),
+                    )
+                })
+                .collect();
+            (name.trim_matches('"').to_string(), params)
+        })
+        .collect()
+}
+
+fn count_admitted(envoy: &Envoy, clients: usize, total: usize, user: &str) -> (usize, usize) {
+    let user = user.to_string();
+    let report = run_clients(clients, total, envoy.http_port, move |_, _| {
+        Request::get("/api/items").header("x-user", &user)
+    });
+    report.assert_no_errors();
+    (report.count(200), report.count(429))
+}
+
+/// N workers racing on one key must admit exactly what one thread would. The refill is
+/// so slow (1 per 10 minutes or slower) that what one thread admits during the test is the burst; half
+/// the requests are admitted, so most of them race to write the same slot.
+fn exact_across_workers(limit: &str, expected: usize) {
+    let config = format!(
+        r#"{{"rules":[{{"name":"per-user","key":[{{"header":"x-user"}}],"limit":{limit}}}]}}"#
+    );
+    let envoy = Envoy::start(&weir(&config), 4);
+    let total = 2 * expected;
+    let (admitted, limited) = count_admitted(&envoy, 16, total, "alice");
+    assert_eq!(admitted, expected, "admitted across 4 workers");
+    assert_eq!(limited, total - expected);
+    assert_eq!(stat(&envoy, "rule.per-user.allowed"), expected as u64);
+    assert_eq!(
+        stat(&envoy, "rule.per-user.limited"),
+        (total - expected) as u64
+    );
+    assert_eq!(stat(&envoy, "store.cas_give_ups"), 0);
+    eprintln!(
+        "{limit}: {admitted} admitted, {limited} limited, {} CAS retries",
+        stat(&envoy, "store.cas_retries")
+    );
+    assert_no_panic(&envoy);
+}
+
+#[test]
+fn gcra_is_exact_across_four_workers() {
+    exact_across_workers(
+        r#"{"algorithm":"gcra","rate":1,"period":"10m","burst":1999}"#,
+        2000,
+    );
+}
+
+#[test]
+fn token_bucket_is_exact_across_four_workers() {
+    exact_across_workers(
+        r#"{"algorithm":"token_bucket","capacity":2000,"refill":1,"period":"1h"}"#,
+        2000,
+    );
+}
+
+#[test]
+fn ietf_headers_on_denials_and_allowed_responses() {
+    // GCRA 2 per 10 s, burst 2: limit 3, T = 5 s, τ = 15 s.
+    let config = r#"{
+      "response": {"headers_on_allowed": true},
+      "rules": [{"name":"per-user","key":[{"header":"x-user"}],
+                 "limit":{"algorithm":"gcra","rate":2,"period":"10s","burst":2}}]}"#;
+    let envoy = Envoy::start(&weir(config), 2);
+    let mut client = Client::connect(envoy.http_port).unwrap();
+    let mut remaining_seen = Vec::new();
+    for _ in 0..3 {
+        let r = client
+            .request(Request::get("/").header("x-user", "alice"))
+            .unwrap();
+        assert_eq!(r.status, 200);
+        let policy = parse_sf_list(
+            r.header("ratelimit-policy")
+                .expect("RateLimit-Policy on allowed"),
+        );
+        assert_eq!(
+            policy,
+            vec![(
+                "per-user".into(),
+                [("q".into(), 3), ("w".into(), 15)].into()
+            )]
+        );
+        let state = parse_sf_list(r.header("ratelimit").expect("RateLimit on allowed"));
+        assert_eq!(state.len(), 1);
+        let (name, params) = &state[0];
+        assert_eq!(name, "per-user");
+        remaining_seen.push(params["r"]);
+        // After n requests the TAT is n × 5 s ahead: reset within (5n − 1, 5n] s.
+        let n = remaining_seen.len() as u64;
+        assert!(
+            (5 * n - 1..=5 * n).contains(&params["t"]),
+            "t={} after {n}",
+            params["t"]
+        );
+        assert!(r.header("retry-after").is_none());
+    }
+    assert_eq!(remaining_seen, vec![2, 1, 0]);
+
+    let denied = client
+        .request(Request::get("/").header("x-user", "alice"))
+        .unwrap();
+    assert_eq!(denied.status, 429);
+    // The next conforming instant is 5 s after the first request: 4 < retry ≤ 5.
+    let retry: u64 = denied.header("retry-after").unwrap().parse().unwrap();
+    assert!((4..=5).contains(&retry), "Retry-After {retry}");
+    let state = parse_sf_list(denied.header("ratelimit").unwrap());
+    assert_eq!(state[0].1["r"], 0);
+    assert!((14..=15).contains(&state[0].1["t"]));
+    assert_eq!(
+        parse_sf_list(denied.header("ratelimit-policy").unwrap())[0].1["q"],
+        3
+    );
+    assert_eq!(denied.header("content-type"), Some("application/json"));
+    assert_eq!(
+        denied.text(),
+        format!(r#"{{"error":"rate_limited","rule":"per-user","retry_after":{retry}}}"#)
+    );
+    assert_no_panic(&envoy);
+}
+
+#[test]
+fn legacy_headers_and_custom_status_and_body() {
+    let config = r#"{
+      "response": {"status": 503, "header_style": "legacy", "headers_on_allowed": true,
+                   "body": {"content_type": "text/plain", "text": "slow down"}},
+      "rules": [{"name":"per-ip","key":[{"client_ip":{}}],
+                 "limit":{"algorithm":"fixed_window","limit":2,"window":"1h"}}]}"#;
+    let envoy = Envoy::start(&weir(config), 1);
+    let first = get(envoy.http_port, "/", &[]).unwrap();
+    assert_eq!(first.header("x-ratelimit-limit"), Some("2"));
+    assert_eq!(first.header("x-ratelimit-remaining"), Some("1"));
+    let reset: u64 = first.header("x-ratelimit-reset").unwrap().parse().unwrap();
+    assert!((1..=3600).contains(&reset));
+    assert!(first.header("ratelimit").is_none());
+    get(envoy.http_port, "/", &[]).unwrap();
+    let denied = get(envoy.http_port, "/", &[]).unwrap();
+    assert_eq!(denied.status, 503);
+    assert_eq!(denied.text(), "slow down");
+    assert_eq!(denied.header("x-ratelimit-remaining"), Some("0"));
+    // A fixed window is retried at its end, which is also its reset.
+    assert_eq!(
+        denied.header("retry-after"),
+        denied.header("x-ratelimit-reset")
+    );
+}
+
+#[test]
+fn shadow_rules_count_and_log_but_never_deny() {
+    let config = r#"{
+      "response": {"shadow_header": "x-weir-shadow"},
+      "rules": [{"name":"trial","shadow":true,"key":[{"header":"x-user"}],
+                 "limit":{"algorithm":"fixed_window","limit":2,"window":"1h"}}]}"#;
+    let envoy = Envoy::start(&weir(config), 2);
+    let mut client = Client::connect(envoy.http_port).unwrap();
+    let mut flagged = 0;
+    for _ in 0..10 {
+        let r = client
+            .request(Request::get("/").header("x-user", "carol"))
+            .unwrap();
+        assert_eq!(r.status, 200, "a shadow rule denied");
+        assert!(
+            r.header("ratelimit").is_none(),
+            "shadow rules stay out of RateLimit headers"
+        );
+        if r.header("x-weir-shadow") == Some("trial") {
+            flagged += 1;
+        }
+    }
+    assert_eq!(flagged, 8);
+    assert_eq!(stat(&envoy, "rule.trial.allowed"), 2);
+    assert_eq!(stat(&envoy, "rule.trial.shadow_limited"), 8);
+    assert_eq!(stat(&envoy, "rule.trial.limited"), 0);
+    let log = envoy.log();
+    assert_eq!(
+        log.matches("shadow rule(s) trial would have limited this request")
+            .count(),
+        8
+    );
+}
+
+#[test]
+fn grpc_requests_get_resource_exhausted() {
+    let config = r#"{"rules":[{"name":"calls","limit":{"algorithm":"token_bucket","capacity":1,"refill":1,"period":"1h"}}]}"#;
+    let envoy = Envoy::start(&weir(config), 1);
+    let grpc = || {
+        Request::post("/pkg.Service/Method", b"\0\0\0\0\0".to_vec())
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+    };
+    assert_eq!(send(envoy.http_port, grpc()).unwrap().status, 200);
+    let denied = send(envoy.http_port, grpc()).unwrap();
+    assert_eq!(denied.status, 200, "gRPC denials are HTTP 200");
+    assert_eq!(
+        denied.header("grpc-status"),
+        Some("8"),
+        "{:?}",
+        denied.headers
+    );
+    assert_eq!(
+        denied.header("grpc-message"),
+        Some("rate limited by rule calls")
+    );
+    assert_eq!(denied.header("content-type"), Some("application/grpc"));
+    assert!(denied.header("retry-after").is_some());
+    // A plain HTTP request under the same rule gets the 429.
+    assert_eq!(get(envoy.http_port, "/", &[]).unwrap().status, 429);
+}
+
+#[test]
+fn envoy_refuses_a_bad_config_and_says_which_field() {
+    let config = r#"{"rules":[{"name":"per-user","key":[{"header":"x-user"}],
+                     "limit":{"algorithm":"gcra","rate":10,"period":"5x"}}]}"#;
+    let log = Envoy::start_expect_failure(&weir(config));
+    assert!(
+        log.contains(
+            r#"weir: invalid configuration: rules[0].limit.period: invalid duration "5x""#
+        ),
+        "log does not carry weir's message:\n{log}"
+    );
+}
+
+#[test]
+fn users_never_share_a_bucket_and_parts_cannot_be_spliced() {
+    let config = r#"{"rules":[
+      {"name":"per-user","match":{"path":{"prefix":"/u"}},"key":[{"header":"x-user"}],
+       "limit":{"algorithm":"fixed_window","limit":3,"window":"1h"}},
+      {"name":"pair","match":{"path":{"prefix":"/pair"}},"key":[{"header":"x-a"},{"header":"x-b"}],
+       "limit":{"algorithm":"fixed_window","limit":1,"window":"1h"}},
+      {"name":"anon","match":{"path":{"prefix":"/anon"}},"key":[{"header":"x-user","default":"anonymous"}],
+       "limit":{"algorithm":"fixed_window","limit":1,"window":"1h"}}]}"#;
+    let envoy = Envoy::start(&weir(config), 2);
+    let status =
+        |path: &str, headers: &[(&str, &str)]| get(envoy.http_port, path, headers).unwrap().status;
+
+    for _ in 0..3 {
+        assert_eq!(status("/u", &[("x-user", "alice")]), 200);
+    }
+    assert_eq!(status("/u", &[("x-user", "alice")]), 429);
+    for _ in 0..3 {
+        assert_eq!(
+            status("/u", &[("x-user", "bob")]),
+            200,
+            "bob pays for alice"
+        );
+    }
+    assert_eq!(
+        status("/u", &[("x-user", "alice ")]),
+        429,
+        "Envoy trims header whitespace"
+    );
+    assert_eq!(
+        status("/u", &[("x-user", "Alice")]),
+        200,
+        "values are case-sensitive"
+    );
+
+    assert_eq!(status("/pair", &[("x-a", "a:b"), ("x-b", "c")]), 200);
+    assert_eq!(status("/pair", &[("x-a", "a:b"), ("x-b", "c")]), 429);
+    assert_eq!(
+        status("/pair", &[("x-a", "a"), ("x-b", "b:c")]),
+        200,
+        "spliced parts collided"
+    );
+    assert_eq!(
+        status("/pair", &[("x-a", "a:b:c"), ("x-b", "")]),
+        200,
+        "empty part is missing"
+    );
+
+    assert_eq!(status("/anon", &[]), 200);
+    assert_eq!(
+        status("/anon", &[]),
+        429,
+        "clients without x-user share the default bucket"
+    );
+    assert_eq!(
+        status("/anon", &[("x-user", "anonymous")]),
+        200,
+        "a client forged the default"
+    );
+    assert_no_panic(&envoy);
+}
+
+#[test]
+fn a_denial_spends_earlier_rules_but_not_later_ones() {
+    let config = r#"{"rules":[
+      {"name":"route-before","limit":{"algorithm":"fixed_window","limit":1000,"window":"1h"}},
+      {"name":"per-user","key":[{"header":"x-user"}],"limit":{"algorithm":"fixed_window","limit":2,"window":"1h"}},
+      {"name":"route-after","limit":{"algorithm":"fixed_window","limit":1000,"window":"1h"}}]}"#;
+    let envoy = Envoy::start(&weir(config), 1);
+    for _ in 0..5 {
+        get(envoy.http_port, "/", &[("x-user", "dave")]).unwrap();
+    }
+    assert_eq!(stat(&envoy, "rule.per-user.allowed"), 2);
+    assert_eq!(stat(&envoy, "rule.per-user.limited"), 3);
+    assert_eq!(
+        stat(&envoy, "rule.route-before.allowed"),
+        5,
+        "rules before the denial are spent"
+    );
+    assert_eq!(
+        stat(&envoy, "rule.route-after.allowed"),
+        2,
+        "rules after the denial are not charged"
+    );
+    let r = get(envoy.http_port, "/", &[("x-user", "dave")]).unwrap();
+    let policy = parse_sf_list(r.header("ratelimit-policy").unwrap());
+    let names: Vec<_> = policy.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["route-before", "per-user"]);
+}
+
+#[test]
+fn cost_from_a_header_is_bounded() {
+    let config = r#"{"rules":[{"name":"bytes","key":[{"header":"x-user"}],
+        "cost":{"header":"x-cost","default":1,"max":4},
+        "limit":{"algorithm":"token_bucket","capacity":10,"refill":10,"period":"1h"}}]}"#;
+    let envoy = Envoy::start(&weir(config), 1);
+    let remaining = |cost: &str| {
+        let r = get(
+            envoy.http_port,
+            "/",
+            &[("x-user", "erin"), ("x-cost", cost)],
+        )
+        .unwrap();
+        (
+            r.status,
+            r.header("ratelimit").map(|v| parse_sf_list(v)[0].1["r"]),
+        )
+    };
+    assert_eq!(remaining("3").0, 200); // 7 left
+    assert_eq!(remaining("1000").0, 200); // clamped to 4: 3 left
+    assert_eq!(remaining("abc").0, 200); // default 1: 2 left
+    assert_eq!(remaining("-2").0, 200); // default 1: 1 left
+    let (status, r) = remaining("2");
+    assert_eq!((status, r), (429, Some(1)));
+}
+
+#[test]
+fn hostile_input_never_panics_and_missing_keys_skip_the_rule() {
+    let config = r#"{"rules":[
+      {"name":"per-user","key":[{"header":"x-user"}],"limit":{"algorithm":"gcra","rate":1,"period":"1h","burst":1}},
+      {"name":"by-query","key":[{"query_param":"tenant"}],"limit":{"algorithm":"sliding_window","limit":1,"window":"1h"}}]}"#;
+    let envoy = Envoy::start(&weir(config), 2);
+    let big = "u".repeat(60 * 1024);
+    let binary: Vec<u8> = (0x80u8..=0xff).collect();
+    let mut client = Client::connect(envoy.http_port).unwrap();
+    let mut go = |req: Request| client.request(req).unwrap().status;
+
+    // Big and non-UTF-8 values are keys like any other: two requests pass, the third is limited.
+    assert_eq!(go(Request::get("/").header("x-user", &big)), 200);
+    assert_eq!(go(Request::get("/").header("x-user", &big)), 200);
+    assert_eq!(go(Request::get("/").header("x-user", &big)), 429);
+    assert_eq!(go(Request::get("/").header("x-user", &binary)), 200);
+    assert_eq!(go(Request::get("/").header("x-user", &binary)), 200);
+    assert_eq!(go(Request::get("/").header("x-user", &binary)), 429);
+
+    // Missing and empty sources: the rule does not apply (counted as key_missing).
+    for _ in 0..3 {
+        assert_eq!(go(Request::get("/")), 200);
+        assert_eq!(go(Request::get("/").header("x-user", "")), 200);
+    }
+    assert_eq!(stat(&envoy, "rule.per-user.key_missing"), 6);
+
+    // Malformed query strings.
+    for path in [
+        "/?tenant=%zz%",
+        "/?tenant",
+        "/?&&=&tenant=",
+        "/?tenant=%FF%FE",
+        "/?tenant=a&tenant=b",
+    ] {
+        go(Request::get(path));
+    }
+    assert_eq!(
+        go(Request::get("/?tenant=%61%62")),
+        200,
+        "percent-decoded 'ab' is a new key"
+    );
+    assert_eq!(
+        go(Request::get("/?tenant=ab")),
+        429,
+        "'ab' and '%61%62' are the same tenant"
+    );
+    assert_no_panic(&envoy);
+    assert_eq!(
+        go(Request::get("/").header("x-user", "frank")),
+        200,
+        "still serving"
+    );
+}
+
+#[test]
+fn memory_stays_bounded_by_max_keys() {
+    let config = r#"{"rules":[{"name":"per-user","key":[{"header":"x-user"}],"max_keys":1000,
+        "limit":{"algorithm":"gcra","rate":1,"period":"1h","burst":4}}]}"#;
+    let envoy = Envoy::start(&weir(config), 2);
+    assert_eq!(stat(&envoy, "rule.per-user.slots_capacity"), 1000);
+    let send_users = |from: usize, to: usize| {
+        let report = run_clients(4, to - from, envoy.http_port, move |_, i| {
+            Request::get("/").header("x-user", format!("user-{}", from + i))
+        });
+        report.assert_no_errors();
+        assert_eq!(report.count(200), to - from, "a fresh user was limited");
+    };
+    send_users(0, 10_000);
+    let rss_warm = envoy.memory_rss();
+    send_users(10_000, 100_000);
+    let rss_end = envoy.memory_rss();
+    let in_use = stat(&envoy, "rule.per-user.slots_in_use");
+    eprintln!(
+        "100k keys: slots_in_use {in_use}, takeovers {}, evictions {}, RSS {} → {} KiB",
+        stat(&envoy, "store.slot_takeovers"),
+        stat(&envoy, "store.slot_evictions"),
+        rss_warm >> 10,
+        rss_end >> 10
+    );
+    assert!(in_use <= 1000, "slots in use {in_use} > max_keys");
+    assert_eq!(in_use, 1000, "every slot gets used by 100k keys");
+    // One shared-data key per distinct client would cost ~140 bytes × 90k ≈ 12 MiB here.
+    let growth = rss_end.saturating_sub(rss_warm);
+    assert!(
+        growth < 4 << 20,
+        "Envoy RSS grew {} KiB over 90k new keys",
+        growth >> 10
+    );
+    assert_no_panic(&envoy);
+}
+
+#[test]
+fn the_demo_config_limits_per_user() {
+    let yaml = std::fs::read_to_string(weir_e2e::repo_root().join("envoy/envoy.yaml")).unwrap();
+    let (admin, http) = (weir_e2e::free_port(), weir_e2e::free_port());
+    let yaml = yaml
+        .replace("port_value: 9901", &format!("port_value: {admin}"))
+        .replace("port_value: 10000", &format!("port_value: {http}"))
+        .replace(
+            "target/wasm32-wasip1/wasm/weir.wasm",
+            weir_wasm().to_str().unwrap(),
+        );
+    let _envoy = Envoy::start_yaml(&yaml, admin, http, 2);
+    let statuses: Vec<u16> = (0..7)
+        .map(|_| {
+            get(http, "/api/orders", &[("x-user", "alice")])
+                .unwrap()
+                .status
+        })
+        .collect();
+    assert_eq!(statuses, [200, 200, 200, 200, 200, 429, 429]);
+    assert_eq!(
+        get(http, "/api/orders", &[("x-user", "bob")])
+            .unwrap()
+            .status,
+        200
+    );
+    let login: Vec<u16> = (0..4)
+        .map(|_| send(http, Request::post("/login", "")).unwrap().status)
+        .collect();
+    assert_eq!(login, [200, 200, 200, 429]);
+}
