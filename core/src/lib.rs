@@ -17,3 +17,4 @@ pub mod engine;
 pub mod response;
 pub mod rules;
 pub mod store;
+pub mod wire;

@@ -205,9 +205,9 @@ pub fn is_grpc(content_type: Option<&[u8]>) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
-    use super::*;
 
     fn verdict(rule: &str, remaining: u64, retry: Option<u64>) -> RuleVerdict<'_> {
         RuleVerdict {

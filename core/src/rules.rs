@@ -439,9 +439,9 @@ pub fn parse_decimal(bytes: &[u8]) -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
-    use super::*;
 
     #[test]
     fn query_params_are_decoded_and_first_wins() {

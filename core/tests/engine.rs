@@ -1,7 +1,12 @@
 //! The whole local pipeline on the in-memory store: rules, keys, slot tables and the CAS
 //! loop, natively (threads racing) and under wasm32 (single-threaded parts).
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
 
 use std::collections::HashMap;
 use weir_core::config;
@@ -22,7 +27,8 @@ struct FakeRequest(HashMap<Fact, Vec<u8>>);
 
 impl FakeRequest {
     fn header(mut self, name: &str, value: impl AsRef<[u8]>) -> Self {
-        self.0.insert(Fact::Header(name.to_string()), value.as_ref().to_vec());
+        self.0
+            .insert(Fact::Header(name.to_string()), value.as_ref().to_vec());
         self
     }
 }
@@ -45,7 +51,9 @@ fn run(engine: &Engine, store: &MemoryStore, req: &FakeRequest, now: u64) -> (bo
 }
 
 fn user(name: &str) -> FakeRequest {
-    FakeRequest::default().header(":path", "/").header("x-user", name)
+    FakeRequest::default()
+        .header(":path", "/")
+        .header("x-user", name)
 }
 
 #[test]
@@ -61,7 +69,10 @@ fn keys_are_isolated_and_parts_cannot_be_spliced() {
     assert!(!run(&e, &store, &req("a:b", "c"), T0).0);
     assert!(run(&e, &store, &req("a", "b:c"), T0).0);
     assert!(run(&e, &store, &req("a:b:", "c"), T0).0);
-    assert_eq!(run(&e, &store, &req("", "c"), T0).1, RuleOutcome::KeyMissing);
+    assert_eq!(
+        run(&e, &store, &req("", "c"), T0).1,
+        RuleOutcome::KeyMissing
+    );
 }
 
 #[test]
@@ -74,9 +85,16 @@ fn tables_stay_bounded_and_reuse_idle_slots() {
     e.prepare(&store).unwrap();
     let keys_after_prepare = store.key_count();
     for i in 0..10_000 {
-        assert!(run(&e, &store, &user(&format!("u{i}")), T0).0, "fresh key limited");
+        assert!(
+            run(&e, &store, &user(&format!("u{i}")), T0).0,
+            "fresh key limited"
+        );
     }
-    assert_eq!(store.key_count(), keys_after_prepare, "a client got a key of its own");
+    assert_eq!(
+        store.key_count(),
+        keys_after_prepare,
+        "a client got a key of its own"
+    );
     let table = e.table(0).unwrap();
     assert_eq!(table.slots_in_use(&store).unwrap(), 100);
 
@@ -106,7 +124,10 @@ fn a_live_key_is_never_charged_by_another() {
         let eval = e.evaluate(&store, &SEED, &mut facts, T0);
         // Either still limited (its slot survived) or fresh (evicted): never "1 left".
         let remaining = eval.verdicts[0].decision.remaining;
-        assert!(remaining == 0 || remaining == 2, "victim saw remaining {remaining}");
+        assert!(
+            remaining == 0 || remaining == 2,
+            "victim saw remaining {remaining}"
+        );
     }
 }
 
@@ -121,7 +142,10 @@ impl SharedStore for Contended {
         self.inner.get(key)
     }
     fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), StoreError> {
-        if self.flip.fetch_xor(true, std::sync::atomic::Ordering::SeqCst) {
+        if self
+            .flip
+            .fetch_xor(true, std::sync::atomic::Ordering::SeqCst)
+        {
             // Another worker wins this round with the same decision.
             let (current, version) = self.inner.get(key)?;
             self.inner.set(key, &current.unwrap_or_default(), version)?;
@@ -135,7 +159,10 @@ fn cas_conflicts_are_retried_and_counted() {
     let e = engine(
         r#"{"rules":[{"name":"r","limit":{"algorithm":"token_bucket","capacity":5,"refill":1,"period":"1h"}}]}"#,
     );
-    let store = Contended { inner: MemoryStore::new(), flip: false.into() };
+    let store = Contended {
+        inner: MemoryStore::new(),
+        flip: false.into(),
+    };
     e.prepare(&store.inner).unwrap();
     let mut retries = 0;
     let mut allowed = 0;
@@ -162,7 +189,9 @@ fn threads_racing_admit_exactly_what_one_would() {
         .map(|_| {
             let (e, store) = (e.clone(), store.clone());
             std::thread::spawn(move || {
-                (0..500).filter(|_| run(&e, &store, &user("alice"), T0).0).count()
+                (0..500)
+                    .filter(|_| run(&e, &store, &user("alice"), T0).0)
+                    .count()
             })
         })
         .collect();

@@ -36,6 +36,7 @@
 
 pub mod fixed_window;
 pub mod gcra;
+pub mod sliding_log;
 pub mod sliding_window;
 pub mod token_bucket;
 
@@ -193,6 +194,42 @@ impl Limit {
             Limit::FixedWindow(p) => p.idle_at_us(&fixed_window::State::from_slot(state)),
             Limit::SlidingWindow(p) => p.idle_at_us(&sliding_window::State::from_slot(state)),
         }
+    }
+
+    /// Like [`Limit::decide`], but grants as much as it can up to `want` (≥ `cost`):
+    /// the largest `g` in `cost..=want` that [`Limit::decide`] would allow at once, so
+    /// a lease of `g` units is exactly `g` requests decided in a row. Returns the
+    /// decision for `g` units (or for `cost` units when even those are denied), `g`
+    /// (0 when denied), and the state to store.
+    ///
+    /// This is the reference the Redis scripts are checked against: they compute `g`
+    /// in closed form, this searches for it over `decide`, which is monotone in the
+    /// cost (if `g` units fit, so do `g − 1`).
+    pub fn acquire(
+        &self,
+        state: Option<SlotState>,
+        now_us: u64,
+        cost: u64,
+        want: u64,
+    ) -> (Decision, u64, Option<SlotState>) {
+        let (decision, next) = self.decide(state, now_us, cost);
+        if !decision.allowed {
+            return (decision, 0, next);
+        }
+        let mut best = (cost, decision, next);
+        let (mut low, mut high) = (cost, want.min(self.max_cost()));
+        while low < high {
+            let mid = low + (high - low).div_ceil(2);
+            let (d, s) = self.decide(state, now_us, mid);
+            if d.allowed {
+                best = (mid, d, s);
+                low = mid;
+            } else {
+                high = mid - 1;
+            }
+        }
+        let (granted, decision, next) = best;
+        (decision, granted, next)
     }
 
     /// The largest cost a single request can ever be granted.

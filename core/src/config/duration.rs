@@ -75,9 +75,9 @@ pub fn parse_duration(text: &str) -> Result<u64, String> {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
-    use super::*;
 
     #[test]
     fn every_unit() {

@@ -63,7 +63,7 @@ impl fmt::Display for ConfigError {
 impl std::error::Error for ConfigError {}
 
 /// `rules[0].limit.period`; empty for the document itself (where the crate prints ".").
-fn json_path(path: &serde_path_to_error::Path) -> String {
+pub(crate) fn json_path(path: &serde_path_to_error::Path) -> String {
     if path.iter().len() == 0 {
         String::new()
     } else {
@@ -71,7 +71,7 @@ fn json_path(path: &serde_path_to_error::Path) -> String {
     }
 }
 
-fn strip_position(err: &serde_json::Error) -> String {
+pub(crate) fn strip_position(err: &serde_json::Error) -> String {
     let full = err.to_string();
     let suffix = format!(" at line {} column {}", err.line(), err.column());
     match full.strip_suffix(&suffix) {
@@ -100,9 +100,9 @@ pub(crate) fn quoted(text: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
-    use super::*;
 
     #[test]
     fn display_omits_an_empty_path() {

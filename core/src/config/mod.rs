@@ -12,6 +12,7 @@ mod error;
 mod raw;
 
 pub use error::ConfigError;
+pub(crate) use error::{json_path, strip_position};
 
 use crate::response::ResponseSettings;
 use crate::rules::{FactTable, Rule};
