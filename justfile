@@ -14,8 +14,9 @@ build:
     cargo build -p weir --target wasm32-wasip1 --profile wasm
     @ls -l {{wasm}} | awk '{print "weir.wasm: " $5 " bytes"}'
 
-# Start the demo: Envoy with weir on 127.0.0.1:10000 (admin :9901), show limiting, keep serving.
+# The demo: Redis Cluster, weir-bridge and two Envoys with weir; shows local and global limits.
 run: build
+    cargo build -p weir-bridge
     ENVOY_BIN={{envoy}} bash scripts/demo.sh
 
 # Check a plugin configuration file offline, with the filter's own validation.
@@ -40,9 +41,15 @@ test-core:
 test-wasm:
     bash scripts/test-core-wasm.sh
 
-# End-to-end tests: real Envoy (and Redis Cluster, bridge) started on free loopback ports.
+# weir-bridge: HTTP and classification tests, then its Lua scripts against a real Redis Cluster
+# (the core's scenario tables and randomized steps: Lua and Rust must agree), failover, shutdown.
+test-bridge:
+    cargo test -p weir-bridge -- --test-threads 2
+
+# End-to-end tests: real Envoy, Redis Cluster and weir-bridge started on free loopback ports.
 test-e2e: build
+    cargo build -p weir-bridge
     ENVOY_BIN={{envoy}} WEIR_WASM={{wasm}} cargo test -p weir-e2e -- --test-threads 2
 
 # The whole suite, as CI runs it.
-test: lint test-core test-wasm validate-yaml test-e2e
+test: lint test-core test-wasm test-bridge validate-yaml test-e2e

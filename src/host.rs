@@ -10,7 +10,7 @@
 //! `Vec::from_raw_parts(ptr, len, len)`.
 
 use std::fmt;
-use std::ptr::{null, null_mut};
+use std::ptr::null_mut;
 
 /// A status other than `Ok` from the host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -119,18 +119,6 @@ extern "C" {
         headers_data: *const u8,
         headers_size: usize,
         grpc_status: i32,
-    ) -> u32;
-    fn proxy_http_call(
-        upstream_data: *const u8,
-        upstream_size: usize,
-        headers_data: *const u8,
-        headers_size: usize,
-        body_data: *const u8,
-        body_size: usize,
-        trailers_data: *const u8,
-        trailers_size: usize,
-        timeout: u32,
-        return_token: *mut u32,
     ) -> u32;
     fn proxy_continue_stream(stream_type: u32) -> u32;
     fn proxy_define_metric(
@@ -335,29 +323,19 @@ pub fn send_local_response<V: AsRef<[u8]>>(
 
 /// Starts an HTTP call to Envoy cluster `upstream`; returns its token. The answer
 /// (or a 503/504 made up by Envoy) arrives in `on_http_call_response`.
+///
+/// This one goes through the SDK: only its `dispatch_http_call` registers the token
+/// with the SDK's dispatcher, which routes the response to the calling context. It
+/// panics only on statuses Envoy does not return for this call.
 pub fn http_call(
     upstream: &str,
-    headers: &[(&str, &str)],
+    headers: Vec<(&str, &str)>,
     body: &[u8],
-    timeout_ms: u32,
+    timeout_ms: u64,
 ) -> HostResult<u32> {
-    let headers = serialize_headers(headers);
-    let mut token = 0u32;
-    ok(unsafe {
-        proxy_http_call(
-            upstream.as_ptr(),
-            upstream.len(),
-            headers.as_ptr(),
-            headers.len(),
-            body.as_ptr(),
-            body.len(),
-            null(),
-            0,
-            timeout_ms,
-            &mut token,
-        )
-    })?;
-    Ok(token)
+    let timeout = std::time::Duration::from_millis(timeout_ms);
+    proxy_wasm::hostcalls::dispatch_http_call(upstream, headers, Some(body), Vec::new(), timeout)
+        .map_err(|status| HostError(status as u32))
 }
 
 pub fn resume_http_request() -> HostResult<()> {

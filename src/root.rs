@@ -95,7 +95,13 @@ impl RootContext for Root {
                         .rules
                         .iter()
                         .map(|r| {
-                            format!("{} ({}, max_keys {})", r.name, r.limit.kind(), r.max_keys)
+                            format!(
+                                "{} ({} {}, max_keys {})",
+                                r.name,
+                                if r.is_global() { "global" } else { "local" },
+                                r.kind(),
+                                r.max_keys
+                            )
                         })
                         .collect();
                     host::log(

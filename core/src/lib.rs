@@ -14,6 +14,7 @@
 pub mod algorithms;
 pub mod config;
 pub mod engine;
+pub mod lease;
 pub mod response;
 pub mod rules;
 pub mod store;

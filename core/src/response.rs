@@ -74,6 +74,7 @@ pub struct Denial {
 }
 
 pub const GRPC_RESOURCE_EXHAUSTED: u32 = 8;
+pub const GRPC_UNAVAILABLE: u32 = 14;
 
 /// Whole seconds, rounded up.
 pub fn ceil_seconds(ns: u64) -> u64 {
@@ -176,6 +177,31 @@ pub fn denial(
         status: settings.status,
         headers,
         body,
+        grpc_status: None,
+        grpc_message: None,
+    }
+}
+
+/// The reply when a global rule with `failure_mode: deny` cannot reach the bridge:
+/// 503 (gRPC UNAVAILABLE), `Retry-After: 1`, and a JSON body naming the rule. It is not
+/// a 429: no limit was found exceeded, the limiter could not tell.
+pub fn unavailable(rule: &str, grpc: bool) -> Denial {
+    let mut headers = vec![("retry-after", "1".to_string())];
+    if grpc {
+        return Denial {
+            status: 200,
+            headers,
+            body: Vec::new(),
+            grpc_status: Some(GRPC_UNAVAILABLE),
+            grpc_message: Some(format!("rate limit of rule {rule} unavailable")),
+        };
+    }
+    headers.push(("content-type", "application/json".to_string()));
+    let body = format!("{{\"error\":\"rate_limit_unavailable\",\"rule\":\"{rule}\"}}");
+    Denial {
+        status: 503,
+        headers,
+        body: body.into_bytes(),
         grpc_status: None,
         grpc_message: None,
     }

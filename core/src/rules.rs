@@ -13,7 +13,8 @@
 //! to the bridge, so `["a:b", "c"]` and `["a", "b:c"]` are different keys, and a
 //! default can never be forged by sending its text (see [`crate::store::KeyHasher`]).
 
-use crate::algorithms::Limit;
+use crate::algorithms::{AlgorithmKind, Limit, Policy};
+use crate::wire::GlobalLimit;
 
 /// Index of a fact in the [`FactTable`] of a compiled config.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -107,19 +108,65 @@ pub struct Rule {
     pub name: String,
     pub matcher: RequestMatch,
     pub key: Vec<KeyPart>,
-    pub limit: Limit,
     pub cost: Cost,
+    /// Where the rule is decided, with its limit.
     pub scope: Scope,
     /// Decide and count, but never deny.
     pub shadow: bool,
-    /// How many distinct keys the rule tracks at once in this Envoy (its slot table).
+    /// How many distinct keys the rule tracks at once in this Envoy (its slot table;
+    /// for global rules, its leases and cached denials).
     pub max_keys: u32,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Scope {
     /// Decided inside this Envoy process, shared by its workers.
-    Local,
+    Local(Limit),
+    /// One quota across every Envoy, kept in Redis by weir-bridge.
+    Global(GlobalRule),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GlobalRule {
+    pub limit: GlobalLimit,
+    /// Most units asked for at once; 1 = exact (every request asks Redis).
+    pub lease_max: u64,
+    /// Longest a leased unit may wait to be spent.
+    pub lease_ttl_us: u64,
+    /// What to do when the bridge or Redis cannot answer.
+    pub failure_mode: FailureMode,
+    /// How many Envoys share the quota (sizes the local fallback and leases).
+    pub expected_instances: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FailureMode {
+    /// Let the request through.
+    Allow,
+    /// Answer 503.
+    Deny,
+    /// Decide with this local limit (the global one divided by the expected instances).
+    Local(Limit),
+}
+
+impl Rule {
+    pub fn kind(&self) -> AlgorithmKind {
+        match &self.scope {
+            Scope::Local(limit) => limit.kind(),
+            Scope::Global(global) => global.limit.kind(),
+        }
+    }
+
+    pub fn policy(&self) -> Policy {
+        match &self.scope {
+            Scope::Local(limit) => limit.policy(),
+            Scope::Global(global) => global.limit.policy(),
+        }
+    }
+
+    pub fn is_global(&self) -> bool {
+        matches!(self.scope, Scope::Global(_))
+    }
 }
 
 /// All conditions must hold; an absent condition always holds.

@@ -150,6 +150,38 @@ impl GlobalLimit {
         }
     }
 
+    /// The share of this limit that one of `instances` Envoys enforces on its own when
+    /// the bridge cannot answer (`failure_mode: local`): the quota divided evenly (at
+    /// least 1), at the same pace. A sliding log becomes a sliding-window counter,
+    /// which needs no log.
+    pub fn local_share(&self, instances: u64) -> Result<Limit, ParamError> {
+        let n = instances.max(1);
+        let share = |quota: u64| (quota / n).max(1);
+        match self {
+            GlobalLimit::Slot(Limit::TokenBucket(p)) => TokenBucket::new(
+                share(p.capacity()),
+                p.refill(),
+                p.period_us().saturating_mul(n),
+            )
+            .map(Limit::TokenBucket),
+            GlobalLimit::Slot(Limit::Gcra(p)) => Gcra::new(
+                share(p.burst().saturating_add(1)) - 1,
+                p.rate(),
+                p.period_us().saturating_mul(n),
+            )
+            .map(Limit::Gcra),
+            GlobalLimit::Slot(Limit::FixedWindow(p)) => {
+                FixedWindow::new(share(p.limit()), p.window_us()).map(Limit::FixedWindow)
+            }
+            GlobalLimit::Slot(Limit::SlidingWindow(p)) => {
+                SlidingWindow::new(share(p.limit()), p.window_us()).map(Limit::SlidingWindow)
+            }
+            GlobalLimit::Log(p) => {
+                SlidingWindow::new(share(p.limit()), p.window_us()).map(Limit::SlidingWindow)
+            }
+        }
+    }
+
     /// How long units leased at `now_us` may be spent: window algorithms until the
     /// window ends (spent later they would count against the next window), the log for
     /// one window (its events leave then). Token bucket and GCRA: no bound of their own.
@@ -489,6 +521,27 @@ mod tests {
         // A golden value (also computed with Python's hashlib): changing the derivation
         // strands every key in Redis.
         assert_eq!(spliced(&["=alice"]), "97faf72bcf3817fffd093677ded2178f");
+    }
+
+    #[test]
+    fn local_shares_divide_the_quota() {
+        let tb = GlobalLimit::Slot(Limit::TokenBucket(
+            TokenBucket::new(100, 10, 1_000_000).unwrap(),
+        ));
+        assert_eq!(
+            tb.local_share(4).unwrap(),
+            Limit::TokenBucket(TokenBucket::new(25, 10, 4_000_000).unwrap())
+        );
+        let gcra = GlobalLimit::Slot(Limit::Gcra(Gcra::new(99, 100, 1_000_000).unwrap()));
+        assert_eq!(
+            gcra.local_share(3).unwrap(),
+            Limit::Gcra(Gcra::new(32, 100, 3_000_000).unwrap())
+        );
+        let log = GlobalLimit::Log(SlidingLog::new(10, 1_000_000).unwrap());
+        assert_eq!(
+            log.local_share(20).unwrap(),
+            Limit::SlidingWindow(SlidingWindow::new(1, 1_000_000).unwrap())
+        );
     }
 
     #[test]

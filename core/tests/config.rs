@@ -195,44 +195,50 @@ fn defaults() {
     assert_eq!(rule.matcher, RequestMatch::default());
     assert!(rule.key.is_empty());
     assert_eq!(rule.cost, Cost::Fixed(1));
-    assert_eq!(rule.scope, Scope::Local);
+    assert!(matches!(rule.scope, Scope::Local(_)));
     assert!(!rule.shadow);
     assert_eq!(rule.max_keys, 10_000);
-    assert_eq!(rule.limit.kind(), AlgorithmKind::FixedWindow);
-    assert_eq!(rule.limit.max_cost(), 1000);
+    assert_eq!(local(rule).kind(), AlgorithmKind::FixedWindow);
+    assert_eq!(local(rule).max_cost(), 1000);
     assert!(
         config.facts.is_empty(),
         "a rule without match or key needs no facts"
     );
 }
 
+/// The limit of a local rule.
+fn local(rule: &weir_core::rules::Rule) -> &Limit {
+    match &rule.scope {
+        Scope::Local(limit) => limit,
+        Scope::Global(_) => panic!("{} is global", rule.name),
+    }
+}
+
 #[test]
 fn algorithms_get_their_parameters() {
     let config = parse_fixture("algorithm_gcra");
-    let Limit::Gcra(g) = &config.rules[0].limit else {
+    let Limit::Gcra(g) = local(&config.rules[0]) else {
         panic!("gcra")
     };
     assert_eq!((g.burst(), g.rate()), (5, 10));
-    assert_eq!(config.rules[0].limit.max_cost(), 6);
-    let Limit::Gcra(g) = &config.rules[1].limit else {
+    assert_eq!(local(&config.rules[0]).max_cost(), 6);
+    let Limit::Gcra(g) = local(&config.rules[1]) else {
         panic!("gcra")
     };
     assert_eq!(g.burst(), 0, "burst defaults to 0");
     let config = parse_fixture("algorithm_token_bucket");
-    let Limit::TokenBucket(t) = &config.rules[0].limit else {
+    let Limit::TokenBucket(t) = local(&config.rules[0]) else {
         panic!("token bucket")
     };
     assert_eq!(t.capacity(), 100);
     assert_eq!(
-        parse_fixture("algorithm_sliding_window").rules[0]
-            .limit
-            .kind(),
+        local(&parse_fixture("algorithm_sliding_window").rules[0]).kind(),
         AlgorithmKind::SlidingWindow
     );
     let windows: Vec<u64> = parse_fixture("durations")
         .rules
         .iter()
-        .map(|r| r.limit.policy().window_ns / 1_000)
+        .map(|r| r.policy().window_ns / 1_000)
         .collect();
     assert_eq!(
         windows,

@@ -20,6 +20,7 @@
 //!
 //! Everything is blocking std code (no async runtime): tests are sequences of real requests.
 
+pub mod bridge;
 pub mod envoy;
 pub mod http;
 pub mod load;
@@ -28,6 +29,7 @@ pub mod prereq;
 pub mod process;
 pub mod redis;
 
+pub use bridge::{bridge_bin, bridge_cluster_yaml, prometheus_sum, Bridge};
 pub use envoy::{parse_stats, wasm_filter_yaml, Bootstrap, Envoy};
 pub use http::{get, send, Client, Request, Response};
 pub use load::{run_clients, LoadReport, Outcome};

@@ -290,6 +290,23 @@ impl RedisCluster {
         }
     }
 
+    /// A master's `INFO replication`: every replica online and at the master's offset.
+    fn replicas_caught_up(repl: &str) -> bool {
+        let master_offset =
+            info_field(repl, "master_repl_offset").and_then(|v| v.parse::<u64>().ok());
+        let replicas: Vec<&str> = repl
+            .lines()
+            .filter(|l| l.starts_with("slave") && l.contains("ip="))
+            .collect();
+        replicas.iter().all(|line| {
+            let offset = line
+                .split(',')
+                .find_map(|kv| kv.strip_prefix("offset="))
+                .and_then(|v| v.parse::<u64>().ok());
+            line.contains("state=online") && offset.is_some() && offset == master_offset
+        })
+    }
+
     /// Every live node sees `cluster_state:ok` and `total` known nodes; `masters` masters own
     /// slots; every replica's link is up.
     fn is_healthy(&self, total: usize, masters: usize) -> bool {
@@ -307,7 +324,15 @@ impl RedisCluster {
                 return false;
             };
             match info_field(&repl, "role") {
-                Some("master") => n_masters += 1,
+                Some("master") => {
+                    // After a full sync, Redis 7.0 holds writes back from a replica until
+                    // its first acknowledgement (up to a second): a master killed then
+                    // loses every write. Ready means every replica has acknowledged all.
+                    if !Self::replicas_caught_up(&repl) {
+                        return false;
+                    }
+                    n_masters += 1
+                }
                 Some("slave") => {
                     if info_field(&repl, "master_link_status") != Some("up")
                         || info_field(&repl, "master_sync_in_progress") == Some("1")

@@ -483,18 +483,23 @@ fn memory_stays_bounded_by_max_keys() {
     assert_no_panic(&envoy);
 }
 
+/// envoy/envoy.yaml as shipped (ports rewritten), with a Redis Cluster and weir-bridge:
+/// the local per-user and login limits, and the global per-tenant quota.
 #[test]
-fn the_demo_config_limits_per_user() {
+fn the_demo_config_limits_per_user_and_per_tenant() {
+    let redis = weir_e2e::RedisCluster::start(3, 1);
+    let bridge = weir_e2e::Bridge::start(&redis, &[]);
     let yaml = std::fs::read_to_string(weir_e2e::repo_root().join("envoy/envoy.yaml")).unwrap();
     let (admin, http) = (weir_e2e::free_port(), weir_e2e::free_port());
     let yaml = yaml
         .replace("port_value: 9901", &format!("port_value: {admin}"))
         .replace("port_value: 10000", &format!("port_value: {http}"))
+        .replace("port_value: 8081", &format!("port_value: {}", bridge.port))
         .replace(
             "target/wasm32-wasip1/wasm/weir.wasm",
             weir_wasm().to_str().unwrap(),
         );
-    let _envoy = Envoy::start_yaml(&yaml, admin, http, 2);
+    let envoy = Envoy::start_yaml(&yaml, admin, http, 2);
     let statuses: Vec<u16> = (0..7)
         .map(|_| {
             get(http, "/api/orders", &[("x-user", "alice")])
@@ -513,4 +518,19 @@ fn the_demo_config_limits_per_user() {
         .map(|_| send(http, Request::post("/login", "")).unwrap().status)
         .collect();
     assert_eq!(login, [200, 200, 200, 429]);
+    // GCRA 20/min, burst 9: 10 at once (one Envoy here, so leases strand nothing).
+    let tenant: Vec<u16> = (0..12)
+        .map(|_| {
+            get(http, "/tenant/reports", &[("x-tenant", "acme")])
+                .unwrap()
+                .status
+        })
+        .collect();
+    assert_eq!(
+        tenant.iter().filter(|&&s| s == 200).count(),
+        10,
+        "{tenant:?}"
+    );
+    assert_eq!(stat(&envoy, "rule.per-tenant.failure_local"), 0);
+    assert!(stat(&envoy, "rule.per-tenant.bridge_decisions") >= 1);
 }

@@ -139,7 +139,7 @@ impl FixedWindow {
     /// A window that starts after now's: the clock went back. Misaligned starts (a state
     /// written with another window length, or garbage) are not windows and count as 0.
     fn is_later_window(&self, window_start_us: u64, start: u64) -> bool {
-        window_start_us > start && window_start_us % self.window_us == 0
+        window_start_us > start && window_start_us.is_multiple_of(self.window_us)
     }
 
     fn end_us(&self, window_start_us: u64) -> u64 {

@@ -186,7 +186,9 @@ impl Limit {
     }
 
     /// The instant (µs since the epoch) from which `state` carries no information: a
-    /// fresh key would be decided exactly the same. Slots idle at `now` may be reused.
+    /// fresh key would be decided the same — exactly for GCRA and the windows; for the
+    /// token bucket the bucket is full but a fresh one starts its refill period anew.
+    /// Slots idle at `now` may be reused.
     pub fn idle_at_us(&self, state: SlotState) -> u64 {
         match self {
             Limit::TokenBucket(p) => p.idle_at_us(&token_bucket::State::from_slot(state)),

@@ -211,7 +211,7 @@ impl SlidingWindow {
     /// A window that starts after now's: the clock went back. Misaligned starts (a state
     /// written with another window length, or garbage) are not windows and count as 0.
     fn is_later_window(&self, window_start_us: u64, aligned: u64) -> bool {
-        window_start_us > aligned && window_start_us % self.window_us == 0
+        window_start_us > aligned && window_start_us.is_multiple_of(self.window_us)
     }
 }
 

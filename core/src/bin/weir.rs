@@ -72,11 +72,9 @@ fn summary(config: &Config) -> String {
         .rules
         .iter()
         .map(|rule| {
-            let scope = match rule.scope {
-                weir_core::rules::Scope::Local => "local",
-            };
+            let scope = if rule.is_global() { "global" } else { "local" };
             let shadow = if rule.shadow { ", shadow" } else { "" };
-            format!("{} ({}, {scope}{shadow})", rule.name, rule.limit.kind())
+            format!("{} ({}, {scope}{shadow})", rule.name, rule.kind())
         })
         .collect();
     let noun = if rules.len() == 1 { "rule" } else { "rules" };

@@ -7,20 +7,22 @@
 
 use super::error::{quoted, ConfigError};
 use super::raw::{
-    RawBody, RawConfig, RawCost, RawHeaderMatch, RawHeaderStyle, RawLimit, RawMatch, RawPart,
-    RawResponse, RawRule, RawScope, RawStringMatch,
+    RawBody, RawBridge, RawConfig, RawCost, RawFailureMode, RawGlobal, RawHeaderMatch,
+    RawHeaderStyle, RawLimit, RawMatch, RawPart, RawResponse, RawRule, RawScope, RawStringMatch,
 };
-use super::Config;
+use super::{BridgeSettings, Config};
 use crate::algorithms::fixed_window::FixedWindow;
 use crate::algorithms::gcra::Gcra;
+use crate::algorithms::sliding_log::SlidingLog;
 use crate::algorithms::sliding_window::SlidingWindow;
 use crate::algorithms::token_bucket::TokenBucket;
 use crate::algorithms::{AlgorithmKind, Limit, ParamError};
 use crate::response::{CustomBody, HeaderStyle, ResponseSettings};
 use crate::rules::{
-    Cost, Fact, FactId, FactTable, HeaderMatch, HeaderTest, KeyPart, KeySource, RequestMatch, Rule,
-    Scope, StringMatch,
+    Cost, Fact, FactId, FactTable, FailureMode, GlobalRule, HeaderMatch, HeaderTest, KeyPart,
+    KeySource, RequestMatch, Rule, Scope, StringMatch,
 };
+use crate::wire::{GlobalLimit, MAX_WANT};
 
 /// Rules in one config: each costs a match and possibly a slot table per request.
 pub const MAX_RULES: usize = 64;
@@ -38,6 +40,14 @@ pub const DEFAULT_STATUS: u16 = 429;
 /// Where Envoy's `jwt_authn` filter puts verified payloads (`payload_in_metadata`).
 pub const JWT_AUTHN_FILTER: &str = "envoy.filters.http.jwt_authn";
 pub const DEFAULT_JWT_METADATA_KEY: &str = "jwt_payload";
+pub const DEFAULT_BRIDGE_TIMEOUT_US: u64 = 50_000;
+pub const MAX_BRIDGE_TIMEOUT_US: u64 = 10_000_000;
+pub const DEFAULT_DOMAIN: &str = "weir";
+pub const DEFAULT_LEASE_TTL_US: u64 = 1_000_000;
+pub const MAX_LEASE_TTL_US: u64 = 3_600_000_000;
+pub const MAX_EXPECTED_INSTANCES: u64 = 10_000;
+/// For the bridge's cluster name, authority and secret.
+pub const MAX_BRIDGE_TEXT_BYTES: usize = 256;
 
 const NAME_RULE: &str = "use A-Z, a-z, 0-9, \"_\" and \"-\"";
 const KEY_SOURCES: [&str; 8] = [
@@ -73,6 +83,7 @@ pub(super) fn compile(raw: RawConfig) -> Result<Config> {
     let mut facts = Interner {
         table: FactTable::default(),
     };
+    let has_bridge = raw.bridge.is_some();
     let mut rules: Vec<Rule> = Vec::with_capacity(raw.rules.len());
     for (i, raw_rule) in raw.rules.into_iter().enumerate() {
         let at = format!("rules[{i}]");
@@ -86,13 +97,15 @@ pub(super) fn compile(raw: RawConfig) -> Result<Config> {
                 ),
             ));
         }
-        rules.push(compile_rule(name, raw_rule, &at, &mut facts)?);
+        rules.push(compile_rule(name, raw_rule, &at, has_bridge, &mut facts)?);
     }
     let response = compile_response(raw.response)?;
+    let bridge = raw.bridge.map(compile_bridge).transpose()?;
     Ok(Config {
         rules,
         facts: facts.table,
         response,
+        bridge,
     })
 }
 
@@ -110,8 +123,13 @@ impl Interner {
 }
 
 fn rule_name(name: &str, at: &str) -> Result<String> {
+    checked_name(name, at, "rule name")
+}
+
+/// A name that goes into stat names and keys: `[A-Za-z0-9_-]{1,64}`.
+fn checked_name(name: &str, at: &str, what: &str) -> Result<String> {
     if name.is_empty() {
-        return Err(error(at, format!("the rule name is empty; {NAME_RULE}")));
+        return Err(error(at, format!("the {what} is empty; {NAME_RULE}")));
     }
     if let Some(bad) = name
         .chars()
@@ -120,7 +138,7 @@ fn rule_name(name: &str, at: &str) -> Result<String> {
         return Err(error(
             at,
             format!(
-                "invalid rule name {}: {} is not allowed; {NAME_RULE}",
+                "invalid {what} {}: {} is not allowed; {NAME_RULE}",
                 quoted(name),
                 quoted(&bad.to_string())
             ),
@@ -130,7 +148,7 @@ fn rule_name(name: &str, at: &str) -> Result<String> {
         return Err(error(
             at,
             format!(
-                "rule name {} is {} characters long; at most {MAX_RULE_NAME_CHARS} are allowed",
+                "{what} {} is {} characters long; at most {MAX_RULE_NAME_CHARS} are allowed",
                 quoted(name),
                 name.len()
             ),
@@ -139,15 +157,31 @@ fn rule_name(name: &str, at: &str) -> Result<String> {
     Ok(name.to_string())
 }
 
-fn compile_rule(name: String, raw: RawRule, at: &str, facts: &mut Interner) -> Result<Rule> {
+fn compile_rule(
+    name: String,
+    raw: RawRule,
+    at: &str,
+    has_bridge: bool,
+    facts: &mut Interner,
+) -> Result<Rule> {
     let matcher = match raw.matcher {
         Some(m) => compile_match(m, &format!("{at}.match"), facts)?,
         None => RequestMatch::default(),
     };
     let key = compile_key(raw.key.unwrap_or_default(), &format!("{at}.key"), facts)?;
     let spec = compile_limit(&raw.limit, &format!("{at}.limit"))?;
-    let (limit, scope) = runnable(spec, raw.scope.unwrap_or(RawScope::Local), at)?;
-    let cost = compile_cost(raw.cost, &limit, &format!("{at}.cost"), facts)?;
+    let scope = compile_scope(
+        spec,
+        raw.scope.unwrap_or(RawScope::Local),
+        raw.global,
+        has_bridge,
+        at,
+    )?;
+    let max_cost = match &scope {
+        Scope::Local(limit) => limit.max_cost(),
+        Scope::Global(global) => global.limit.max_cost(),
+    };
+    let cost = compile_cost(raw.cost, max_cost, &format!("{at}.cost"), facts)?;
     let max_keys = match raw.max_keys {
         None => DEFAULT_MAX_KEYS,
         Some(n) => u32::try_from(n)
@@ -164,7 +198,6 @@ fn compile_rule(name: String, raw: RawRule, at: &str, facts: &mut Interner) -> R
         name,
         matcher,
         key,
-        limit,
         cost,
         scope,
         shadow: raw.shadow.unwrap_or(false),
@@ -174,29 +207,158 @@ fn compile_rule(name: String, raw: RawRule, at: &str, facts: &mut Interner) -> R
 
 /// What a rule counts with, before the scope decides where it can run.
 enum LimitSpec {
-    /// Fixed-size state: runs in shared data (and, with a bridge, in Redis).
+    /// Fixed-size state: runs in shared data, and in Redis for global rules.
     Slot(Limit),
     /// One entry per event: Redis only.
-    SlidingLog,
+    SlidingLog(SlidingLog),
 }
 
-/// Which scopes this build can run. The one place to change when weir-bridge lands:
-/// a global rule will then be accepted here, and a sliding log with it.
-fn runnable(spec: LimitSpec, scope: RawScope, at: &str) -> Result<(Limit, Scope)> {
+fn compile_scope(
+    spec: LimitSpec,
+    scope: RawScope,
+    global: Option<RawGlobal>,
+    has_bridge: bool,
+    at: &str,
+) -> Result<Scope> {
     match scope {
-        RawScope::Global => Err(error(
-            format!("{at}.scope"),
-            "global rules need weir-bridge, which this build does not have yet; use \"local\"",
-        )),
-        RawScope::Local => match spec {
-            LimitSpec::Slot(limit) => Ok((limit, Scope::Local)),
-            LimitSpec::SlidingLog => Err(error(
-                format!("{at}.limit.algorithm"),
-                "sliding_log keeps one entry per event and runs only in Redis; use it with \
-                 \"scope\": \"global\", or use sliding_window locally",
-            )),
-        },
+        RawScope::Local => {
+            if global.is_some() {
+                return Err(error(
+                    format!("{at}.global"),
+                    "only rules with \"scope\": \"global\" take global settings",
+                ));
+            }
+            match spec {
+                LimitSpec::Slot(limit) => Ok(Scope::Local(limit)),
+                LimitSpec::SlidingLog(_) => Err(error(
+                    format!("{at}.limit.algorithm"),
+                    "sliding_log keeps one entry per event and runs only in Redis; use it with \
+                     \"scope\": \"global\", or use sliding_window locally",
+                )),
+            }
+        }
+        RawScope::Global => {
+            if !has_bridge {
+                return Err(error(
+                    format!("{at}.scope"),
+                    "global rules need the top-level \"bridge\" settings (the Envoy cluster \
+                     of weir-bridge)",
+                ));
+            }
+            let limit = match spec {
+                LimitSpec::Slot(limit) => GlobalLimit::Slot(limit),
+                LimitSpec::SlidingLog(log) => GlobalLimit::Log(log),
+            };
+            compile_global(limit, global, &format!("{at}.global")).map(Scope::Global)
+        }
     }
+}
+
+fn compile_global(limit: GlobalLimit, raw: Option<RawGlobal>, at: &str) -> Result<GlobalRule> {
+    let (lease, failure_mode, instances) = match raw {
+        Some(g) => (g.lease, g.failure_mode, g.expected_instances),
+        None => (None, None, None),
+    };
+    let expected_instances = match instances {
+        None => 1,
+        Some(n) if (1..=MAX_EXPECTED_INSTANCES).contains(&n) => n,
+        Some(n) => {
+            return Err(error(
+                format!("{at}.expected_instances"),
+                format!("{n} is out of range: expected 1 to {MAX_EXPECTED_INSTANCES}"),
+            ))
+        }
+    };
+    let (lease_max, lease_ttl_us) = match lease {
+        None => (1, DEFAULT_LEASE_TTL_US),
+        Some(lease) => {
+            let max = lease.max.unwrap_or(1);
+            let most = limit.max_cost().min(MAX_WANT);
+            if max == 0 || max > most {
+                return Err(error(
+                    format!("{at}.lease.max"),
+                    format!("{max} is out of range: expected 1 to {most} (what the limit admits at once)"),
+                ));
+            }
+            let ttl = match lease.ttl {
+                None => DEFAULT_LEASE_TTL_US,
+                Some(ttl) if ttl.us <= MAX_LEASE_TTL_US => ttl.us,
+                Some(ttl) => {
+                    return Err(error(
+                        format!("{at}.lease.ttl"),
+                        format!("{} is longer than 1h", quoted(&ttl.text)),
+                    ))
+                }
+            };
+            (max, ttl)
+        }
+    };
+    let failure_mode = match failure_mode.unwrap_or(RawFailureMode::Allow) {
+        RawFailureMode::Allow => FailureMode::Allow,
+        RawFailureMode::Deny => FailureMode::Deny,
+        RawFailureMode::Local => {
+            let share = limit.local_share(expected_instances).map_err(|e| {
+                error(
+                    format!("{at}.expected_instances"),
+                    format!("the limit cannot be divided by {expected_instances}: {e}"),
+                )
+            })?;
+            FailureMode::Local(share)
+        }
+    };
+    Ok(GlobalRule {
+        limit,
+        lease_max,
+        lease_ttl_us,
+        failure_mode,
+        expected_instances,
+    })
+}
+
+fn compile_bridge(raw: RawBridge) -> Result<BridgeSettings> {
+    let text = |value: String, at: &str, what: &str| -> Result<String> {
+        let printable = value.bytes().all(|b| (0x21..0x7f).contains(&b));
+        if value.is_empty() || value.len() > MAX_BRIDGE_TEXT_BYTES || !printable {
+            return Err(error(
+                at,
+                format!(
+                    "invalid {what} {}: expected 1 to {MAX_BRIDGE_TEXT_BYTES} printable ASCII characters without spaces",
+                    quoted(&value)
+                ),
+            ));
+        }
+        Ok(value)
+    };
+    let cluster = text(raw.cluster, "bridge.cluster", "cluster name")?;
+    let authority = match raw.authority {
+        Some(authority) => text(authority, "bridge.authority", "authority")?,
+        None => cluster.clone(),
+    };
+    let secret = raw
+        .secret
+        .map(|s| text(s, "bridge.secret", "secret"))
+        .transpose()?;
+    let timeout_us = match raw.timeout {
+        None => DEFAULT_BRIDGE_TIMEOUT_US,
+        Some(t) if t.us >= 1_000 && t.us <= MAX_BRIDGE_TIMEOUT_US => t.us,
+        Some(t) => {
+            return Err(error(
+                "bridge.timeout",
+                format!("{} is out of range: expected 1ms to 10s", quoted(&t.text)),
+            ))
+        }
+    };
+    let domain = match raw.domain {
+        None => DEFAULT_DOMAIN.to_string(),
+        Some(domain) => checked_name(&domain, "bridge.domain", "domain")?,
+    };
+    Ok(BridgeSettings {
+        cluster,
+        authority,
+        timeout_ms: timeout_us / 1_000,
+        secret,
+        domain,
+    })
 }
 
 /// The parameters each algorithm takes: required ones, then optional ones.
@@ -289,11 +451,10 @@ fn compile_limit(raw: &RawLimit, at: &str) -> Result<LimitSpec> {
         }
         AlgorithmKind::SlidingLog => {
             let limit = need(raw.limit, "limit")?;
-            need_us(&raw.window, "window")?;
-            if limit == 0 {
-                return Err(param(ParamError::new("limit", "must be at least 1")));
-            }
-            return Ok(LimitSpec::SlidingLog);
+            let window_us = need_us(&raw.window, "window")?;
+            return Ok(LimitSpec::SlidingLog(
+                SlidingLog::new(limit, window_us).map_err(param)?,
+            ));
         }
     };
     Ok(LimitSpec::Slot(limit))
@@ -723,11 +884,10 @@ fn segments(path: Vec<String>, at: &str, what: &str) -> Result<Vec<String>> {
 
 fn compile_cost(
     raw: Option<RawCost>,
-    limit: &Limit,
+    max_cost: u64,
     at: &str,
     facts: &mut Interner,
 ) -> Result<Cost> {
-    let max_cost = limit.max_cost();
     let never = |cost: u64| {
         format!("{cost} can never be admitted: the limit allows at most {max_cost} at once")
     };

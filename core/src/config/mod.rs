@@ -24,6 +24,23 @@ pub struct Config {
     /// Every request fact the rules can ask for.
     pub facts: FactTable,
     pub response: ResponseSettings,
+    /// How to reach weir-bridge; present whenever a rule is global.
+    pub bridge: Option<BridgeSettings>,
+}
+
+/// The filter's side of the bridge connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BridgeSettings {
+    /// The Envoy cluster that routes to weir-bridge.
+    pub cluster: String,
+    /// `:authority` of the calls (default: the cluster name).
+    pub authority: String,
+    /// Longest a request waits for the bridge; then the rule's failure mode applies.
+    pub timeout_ms: u64,
+    /// Sent as `x-weir-secret` when set.
+    pub secret: Option<String>,
+    /// Namespace of every global key, so several deployments can share one Redis.
+    pub domain: String,
 }
 
 /// Parses and compiles the plugin configuration.

@@ -80,12 +80,51 @@ object_only!(RawLimit, "a limit object");
 object_only!(RawHeaderCost, "a header cost object");
 object_only!(RawResponse, "a response object");
 object_only!(RawBody, "a body object");
+object_only!(RawBridge, "a bridge object");
+object_only!(RawGlobal, "a global settings object");
+object_only!(RawLease, "a lease object");
 
 #[derive(Debug, Deserialize)]
 #[serde(remote = "Self", deny_unknown_fields)]
 pub(crate) struct RawConfig {
     pub rules: Vec<RawRule>,
     pub response: Option<RawResponse>,
+    pub bridge: Option<RawBridge>,
+}
+
+/// How the filter reaches weir-bridge (needed by global rules).
+#[derive(Debug, Deserialize)]
+#[serde(remote = "Self", deny_unknown_fields)]
+pub(crate) struct RawBridge {
+    pub cluster: String,
+    pub authority: Option<String>,
+    pub timeout: Option<RawDuration>,
+    pub secret: Option<String>,
+    pub domain: Option<String>,
+}
+
+/// A global rule's settings.
+#[derive(Debug, Deserialize)]
+#[serde(remote = "Self", deny_unknown_fields)]
+pub(crate) struct RawGlobal {
+    pub lease: Option<RawLease>,
+    pub failure_mode: Option<RawFailureMode>,
+    pub expected_instances: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(remote = "Self", deny_unknown_fields)]
+pub(crate) struct RawLease {
+    pub max: Option<u64>,
+    pub ttl: Option<RawDuration>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum RawFailureMode {
+    Allow,
+    Deny,
+    Local,
 }
 
 #[derive(Debug, Deserialize)]
@@ -98,6 +137,7 @@ pub(crate) struct RawRule {
     pub limit: RawLimit,
     pub cost: Option<RawCost>,
     pub scope: Option<RawScope>,
+    pub global: Option<RawGlobal>,
     pub shadow: Option<bool>,
     pub max_keys: Option<u64>,
 }

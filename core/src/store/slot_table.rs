@@ -1,7 +1,8 @@
 //! A fixed-size, set-associative table of per-key state in shared data.
 //!
 //! Layout: a rule's table is `sets` shared-data keys named
-//! `weir/v1/<rule>/<algorithm>/<set index>`, each holding [`WAYS`] slots of
+//! `weir/v1/<rule>/<label>/<set index>` (the label is the algorithm, or `lease` for the
+//! leases of a global rule), each holding [`WAYS`] slots of
 //! [`SLOT_BYTES`] bytes: an 8-byte key fingerprint (0 = empty) and the algorithm's
 //! 16-byte [`SlotState`]. `sets = ceil(max_keys / WAYS)`, so the table holds
 //! `max_keys` rounded up to a multiple of [`WAYS`] keys and its memory never grows.
@@ -26,7 +27,7 @@
 //! [`MAX_CAS_ATTEMPTS`]: super::MAX_CAS_ATTEMPTS
 
 use super::{SharedStore, StoreError, UpdateError};
-use crate::algorithms::{AlgorithmKind, SlotState};
+use crate::algorithms::SlotState;
 use crate::rules::PartOrigin;
 use siphasher::sip128::{Hasher128, SipHasher13};
 use std::hash::Hasher;
@@ -135,10 +136,12 @@ pub struct SlotTable {
 }
 
 impl SlotTable {
-    pub fn new(rule: &str, algorithm: AlgorithmKind, max_keys: u32) -> Self {
+    /// The table of `rule` for what `label` names (an algorithm, `lease`, …): tables with
+    /// other labels never share state, so changing a rule's algorithm starts afresh.
+    pub fn new(rule: &str, label: &str, max_keys: u32) -> Self {
         let sets = max_keys.div_ceil(WAYS as u32).max(1);
         SlotTable {
-            prefix: format!("weir/v1/{rule}/{algorithm}/"),
+            prefix: format!("weir/v1/{rule}/{label}/"),
             sets,
         }
     }
@@ -384,9 +387,9 @@ mod tests {
 
     #[test]
     fn tables_round_max_keys_up_to_whole_sets() {
-        let t = SlotTable::new("r", AlgorithmKind::Gcra, 1000);
+        let t = SlotTable::new("r", "gcra", 1000);
         assert_eq!((t.sets(), t.capacity()), (250, 1000));
-        let t = SlotTable::new("r", AlgorithmKind::Gcra, 1001);
+        let t = SlotTable::new("r", "gcra", 1001);
         assert_eq!((t.sets(), t.capacity()), (251, 1004));
         assert_eq!(t.set_key(3), "weir/v1/r/gcra/3");
     }

@@ -1,0 +1,126 @@
+//! Loopback numbers for the bridge: script latency per algorithm (sequential calls
+//! through the cluster client) and `POST /v1/acquire` end to end through the bridge
+//! binary, one item, N keep-alive clients.
+//!
+//! `cargo run --release -p weir-bridge --example bench` (starts its own 6-node cluster and
+//! bridge; prints numbers, asserts nothing).
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use weir_bridge::scripts::Invocation;
+use weir_bridge::{Metrics, RedisStore};
+use weir_core::wire::WireLimit;
+use weir_e2e::{wait_until, Process, RedisCluster};
+
+const CALLS: usize = 20_000;
+
+fn percentiles(mut v: Vec<Duration>) -> String {
+    v.sort();
+    let at = |p: f64| v[((v.len() as f64 - 1.0) * p) as usize];
+    format!(
+        "p50 {:>6.1} µs  p99 {:>6.1} µs  max {:>7.1} µs",
+        at(0.5).as_secs_f64() * 1e6,
+        at(0.99).as_secs_f64() * 1e6,
+        at(1.0).as_secs_f64() * 1e6
+    )
+}
+
+fn main() {
+    let cluster = RedisCluster::start(3, 1);
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(scripts(&cluster));
+    http(&cluster);
+}
+
+async fn scripts(cluster: &RedisCluster) {
+    let client = redis::cluster::ClusterClient::new(cluster.seed_urls()).unwrap();
+    let conn = client.get_async_connection().await.unwrap();
+    let store = RedisStore::new(conn, Duration::from_secs(1), Arc::new(Metrics::default()));
+    let limits = [
+        WireLimit::TokenBucket {
+            capacity: 1_000_000_000,
+            refill: 1,
+            period_us: 1_000_000,
+        },
+        WireLimit::Gcra {
+            burst: 1_000_000,
+            rate: 1_000_000,
+            period_us: 1_000_000,
+        },
+        WireLimit::FixedWindow {
+            limit: 1_000_000_000,
+            window_us: 3_600_000_000,
+        },
+        WireLimit::SlidingWindow {
+            limit: 1_000_000_000,
+            window_us: 3_600_000_000,
+        },
+        WireLimit::SlidingLog {
+            limit: 100_000,
+            window_us: 1_000_000,
+        },
+    ];
+    println!("script calls, sequential, {CALLS} per algorithm, 100 keys:");
+    for wire in limits {
+        let limit = wire.compile().unwrap();
+        let mut times = Vec::with_capacity(CALLS);
+        let started = Instant::now();
+        for i in 0..CALLS {
+            let key = format!("=bench-{}", i % 100);
+            let inv = Invocation::for_limit(&limit, "bench", "r", &[key], 0, 1, 1);
+            let t = Instant::now();
+            store.run(&inv).await.unwrap();
+            times.push(t.elapsed());
+        }
+        let rate = CALLS as f64 / started.elapsed().as_secs_f64();
+        println!(
+            "  {:<15} {}  ({rate:.0} calls/s)",
+            wire.kind().name(),
+            percentiles(times)
+        );
+    }
+}
+
+fn http(cluster: &RedisCluster) {
+    let port = weir_e2e::free_port();
+    let bin = std::env::current_exe()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("weir-bridge");
+    let nodes = cluster.seed_nodes().join(",");
+    let _bridge = Process::spawn(
+        &bin,
+        ["--listen", &format!("127.0.0.1:{port}")],
+        &[
+            ("WEIR_BRIDGE_REDIS_NODES", nodes.as_str()),
+            ("WEIR_BRIDGE_LOG", "warn"),
+        ],
+    );
+    assert!(wait_until(
+        Duration::from_secs(20),
+        Duration::from_millis(50),
+        || { weir_e2e::get(port, "/healthz", &[]).is_ok_and(|r| r.status == 200) }
+    ));
+    let body = r#"{"domain":"bench","items":[{"rule":"r","descriptor":["=k"],"limit":{"algorithm":"gcra","burst":1000000,"rate":1000000,"period_us":1000000},"cost":1,"want":1}]}"#;
+    for clients in [1, 8] {
+        let total = 20_000;
+        let report = weir_e2e::run_clients(clients, total, port, |_, _| {
+            weir_e2e::Request::post("/v1/acquire", body)
+        });
+        report.assert_no_errors();
+        println!(
+            "POST /v1/acquire, {clients} clients: {:.0} requests/s ({:?})",
+            total as f64 / report.elapsed.as_secs_f64(),
+            report.status_counts()
+        );
+    }
+}

@@ -1,0 +1,93 @@
+-- weir fixed window: acquire `cost` to `want` units from one key, atomically.
+--
+-- Mirrors weir_core::algorithms::fixed_window::FixedWindow::decide and Limit::acquire:
+-- windows [k × window, (k + 1) × window) aligned to the Unix epoch, one counter each.
+--
+-- KEYS[1]  state key weir:{<tag>}:fixed_window, a string "<count> <window_start_us>"
+--          (absent = nothing counted in the current window).
+-- ARGV[1]  now_us override: 0 = Redis TIME (production); > 0 pins the clock (tests).
+--          Key deadlines (PXAT) are absolute instants of this clock, so a pinned
+--          clock behind Redis's real one writes keys that are already expired.
+-- ARGV[2]  cost    units the request needs (0 = peek).
+-- ARGV[3]  want    units it would like (>= cost): the lease.
+-- ARGV[4]  limit   units per window.
+-- ARGV[5]  window_us
+--
+-- Reply {allowed 0/1, granted, limit, remaining, retry_after_ns, reset_after_ns, now_us}:
+-- the two durations as decimal strings of ns ("-1" = no retry time), now_us in µs.
+--
+-- Exactness: counts and instants in µs, all below 2^53 (the bridge bounds the limit and
+-- the window).
+--
+-- Why atomic: read-compare-increment; two requests seeing count = limit − 1 must not
+-- both pass. The TTL is the end of the counted window: after it the count means nothing.
+-- A count from a later window (the clock went back, e.g. after a failover to a node
+-- whose clock is behind) stays current, as in the core.
+
+local function clock_us()
+  local pinned = tonumber(ARGV[1])
+  if pinned and pinned > 0 then return pinned end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+local function idiv(a, b)
+  local q = math.floor(a / b)
+  local r = a - q * b
+  if r < 0 then return q - 1 elseif r >= b then return q + 1 end
+  return q
+end
+
+local function ns_of_us(us)
+  if us <= 0 then return '0' end
+  return string.format('%.0f', us) .. '000'
+end
+
+local function int(x) return string.format('%.0f', x) end
+
+-- The key's deadline (ms since the epoch, for PXAT/PEXPIREAT) when its state stops
+-- carrying information at idle_at_us: Redis keeps a key while its ms clock reads at most
+-- the deadline, so rounding up keeps it for every instant before idle_at_us.
+local function expire_at_ms(idle_at_us)
+  return idiv(idle_at_us + 999, 1000)
+end
+
+local key = KEYS[1]
+local now = clock_us()
+local cost = tonumber(ARGV[2])
+local want = tonumber(ARGV[3])
+local limit = tonumber(ARGV[4])
+local window = tonumber(ARGV[5])
+
+local start = idiv(now, window) * window
+local count, window_start = 0, start
+local stored = redis.call('GET', key)
+if stored then
+  local c, s = string.match(stored, '^(%d+) (%d+)$')
+  if c then
+    c, s = tonumber(c), tonumber(s)
+    -- The current window, or a later aligned one; anything else counts as 0.
+    if s == start or (s > start and s - idiv(s, window) * window == 0) then
+      count, window_start = c, s
+    end
+  end
+end
+
+local until_end = ns_of_us(window_start + window - now)
+
+if count + cost > limit then
+  local retry = '-1'
+  if cost <= limit then retry = until_end end
+  local remaining = limit - count
+  if remaining < 0 then remaining = 0 end
+  return {0, 0, limit, remaining, retry, until_end, now}
+end
+
+local granted = limit - count
+if granted > want then granted = want end
+local after = count + granted
+if granted > 0 then
+  redis.call('SET', key, int(after) .. ' ' .. int(window_start), 'PXAT',
+    expire_at_ms(window_start + window))
+end
+return {1, granted, limit, limit - after, '-1', until_end, now}

@@ -1,0 +1,104 @@
+-- weir GCRA: acquire `cost` to `want` units from one key, atomically; redis-cell's
+-- CL.THROTTLE arithmetic, in nanoseconds.
+--
+-- Mirrors weir_core::algorithms::gcra::Gcra::decide and Limit::acquire integer for
+-- integer. The emission interval T and the tolerance tau = T × (burst + 1) come from the
+-- caller, computed once by the core (T = trunc(period_ns / rate) in doubles, exactly as
+-- redis-cell), so the script has a single source for them.
+--
+-- KEYS[1]  state key weir:{<tag>}:gcra, a string "<tat_us> <tat_ns_rem>": the TAT in
+--          ns since the Unix epoch is tat_us × 1000 + tat_ns_rem (0..999). ns since the
+--          epoch (~1.7e18) do not fit a double exactly; µs do, so the TAT is kept split.
+--          Absent = an idle key (TAT in the past).
+-- ARGV[1]  now_us override: 0 = Redis TIME (production); > 0 pins the clock (tests).
+--          Key deadlines (PXAT) are absolute instants of this clock, so a pinned
+--          clock behind Redis's real one writes keys that are already expired.
+-- ARGV[2]  cost    units the request needs (0 = peek).
+-- ARGV[3]  want    units it would like (>= cost): the lease.
+-- ARGV[4]  limit   burst + 1.
+-- ARGV[5]  T       emission interval, ns (>= 1000, <= 2^52).
+-- ARGV[6]  tau     tolerance, ns (<= 2^52).
+--
+-- Reply {allowed 0/1, granted, limit, remaining, retry_after_ns, reset_after_ns, now_us}:
+-- the two durations as decimal strings of ns ("-1" = no retry time), now_us in µs.
+--
+-- Exactness: the script works relative to now. base = max(TAT, now) − now is below
+-- tau + clock skew, every sum compared is below 2^53, and the TAT is written back as
+-- whole µs plus a ns remainder.
+--
+-- Why atomic: two requests reading the same TAT would both be admitted against it. The
+-- TTL is the TAT (rounded up to the µs): from then on the key decides like a fresh one.
+
+local function clock_us()
+  local pinned = tonumber(ARGV[1])
+  if pinned and pinned > 0 then return pinned end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+local function idiv(a, b)
+  local q = math.floor(a / b)
+  local r = a - q * b
+  if r < 0 then return q - 1 elseif r >= b then return q + 1 end
+  return q
+end
+
+local function int(x) return string.format('%.0f', x) end
+
+-- The key's deadline (ms since the epoch, for PXAT/PEXPIREAT) when its state stops
+-- carrying information at idle_at_us: Redis keeps a key while its ms clock reads at most
+-- the deadline, so rounding up keeps it for every instant before idle_at_us.
+local function expire_at_ms(idle_at_us)
+  return idiv(idle_at_us + 999, 1000)
+end
+
+local key = KEYS[1]
+local now = clock_us()
+local cost = tonumber(ARGV[2])
+local want = tonumber(ARGV[3])
+local limit = tonumber(ARGV[4])
+local t = tonumber(ARGV[5])
+local tau = tonumber(ARGV[6])
+local t_us = idiv(t, 1000)
+
+-- base = max(TAT, now) − now, in ns.
+local base = 0
+local stored = redis.call('GET', key)
+if stored then
+  local us, rem = string.match(stored, '^(%d+) (%d+)$')
+  if us then
+    us, rem = tonumber(us), tonumber(rem)
+    if us >= now then base = (us - now) * 1000 + rem end
+  end
+end
+
+-- redis-cell's remaining: (tau − ttl) and T both truncated to µs, then divided; at most
+-- the limit. A TAT behind now (only seen when refusing an oversized cost) reads as base
+-- 0, which gives the same clamped value.
+local function remaining_for(ttl)
+  local slack = tau - ttl
+  if slack <= 0 then return 0 end
+  local r = idiv(idiv(slack, 1000), t_us)
+  if r > limit then r = limit end
+  return r
+end
+
+if cost * t > tau - base then
+  local retry = '-1'
+  if cost * t <= tau then retry = int(base + cost * t - tau) end
+  return {0, 0, limit, remaining_for(base), retry, int(base), now}
+end
+
+-- The largest g with base + g × T <= tau, within cost..want and the limit.
+local granted = idiv(tau - base, t)
+if granted > want then granted = want end
+if granted > limit then granted = limit end
+local ttl = base + granted * t
+if granted > 0 then
+  local tat_us = now + idiv(ttl, 1000)
+  local rem = ttl - idiv(ttl, 1000) * 1000
+  local idle_at = tat_us
+  if rem > 0 then idle_at = tat_us + 1 end
+  redis.call('SET', key, int(tat_us) .. ' ' .. int(rem), 'PXAT', expire_at_ms(idle_at))
+end
+return {1, granted, limit, remaining_for(ttl), '-1', int(ttl), now}

@@ -1,0 +1,113 @@
+-- weir token bucket: acquire `cost` to `want` tokens from one key, atomically.
+--
+-- Mirrors weir_core::algorithms::token_bucket::TokenBucket::decide and Limit::acquire
+-- integer for integer (discrete refills of `refill` tokens at last_refill + k × period).
+--
+-- KEYS[1]  state key weir:{<tag>}:token_bucket, a string "<tokens> <last_refill_us>"
+--          (absent = a full bucket whose refills are phased from now).
+-- ARGV[1]  now_us override: 0 = Redis TIME (production); > 0 pins the clock (tests).
+--          Key deadlines (PXAT) are absolute instants of this clock, so a pinned
+--          clock behind Redis's real one writes keys that are already expired.
+-- ARGV[2]  cost    units the request needs (0 = peek).
+-- ARGV[3]  want    units it would like (>= cost): the lease.
+-- ARGV[4]  capacity
+-- ARGV[5]  refill  tokens per period, already capped at the capacity by the caller (a
+--                  refill above the capacity only fills the bucket, so this is exact).
+-- ARGV[6]  period_us
+--
+-- Reply {allowed 0/1, granted, limit, remaining, retry_after_ns, reset_after_ns, now_us}:
+-- counts in tokens, the two durations as decimal strings of ns ("-1" = no retry time),
+-- now_us in µs since the Unix epoch.
+--
+-- Units and exactness: every value is an integer below 2^53 (instants in µs, the
+-- bridge rejects parameters whose products could pass it), so Lua's doubles are exact;
+-- ns are only ever printed, never computed, as "<µs>000".
+--
+-- Why atomic: read, refill, compare and write must see no other request in between, or
+-- two requests that both see the last token would both take it. The TTL is the instant
+-- the bucket is full again: from then on the key decides like a fresh one (only the
+-- phase of the next refill differs, as in the core's slot takeover).
+
+local function clock_us()
+  local pinned = tonumber(ARGV[1])
+  if pinned and pinned > 0 then return pinned end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+-- floor(a / b) for integers a >= 0, b > 0, a + b < 2^53: the double quotient may round
+-- up across an integer; the remainder puts it back.
+local function idiv(a, b)
+  local q = math.floor(a / b)
+  local r = a - q * b
+  if r < 0 then return q - 1 elseif r >= b then return q + 1 end
+  return q
+end
+
+local function ns_of_us(us)
+  if us <= 0 then return '0' end
+  return string.format('%.0f', us) .. '000'
+end
+
+local function int(x) return string.format('%.0f', x) end
+
+-- The key's deadline (ms since the epoch, for PXAT/PEXPIREAT) when its state stops
+-- carrying information at idle_at_us: Redis keeps a key while its ms clock reads at most
+-- the deadline, so rounding up keeps it for every instant before idle_at_us.
+local function expire_at_ms(idle_at_us)
+  return idiv(idle_at_us + 999, 1000)
+end
+
+local key = KEYS[1]
+local now = clock_us()
+local cost = tonumber(ARGV[2])
+local want = tonumber(ARGV[3])
+local capacity = tonumber(ARGV[4])
+local refill = tonumber(ARGV[5])
+local period = tonumber(ARGV[6])
+
+local tokens, last = capacity, now
+local stored = redis.call('GET', key)
+if stored then
+  local t, l = string.match(stored, '^(%d+) (%d+)$')
+  if t then tokens, last = tonumber(t), tonumber(l) end
+end
+if tokens > capacity then tokens = capacity end
+
+-- Refills owed since the last one (none if the clock went back).
+local periods = 0
+if now > last then periods = idiv(now - last, period) end
+if periods > 0 and tokens < capacity then
+  local needed = idiv(capacity - tokens + refill - 1, refill)
+  if periods >= needed then
+    tokens = capacity
+  else
+    tokens = tokens + periods * refill
+  end
+end
+last = last + periods * period
+
+-- The first refill instant at which `have` tokens have become `need`.
+local function refilled_at(have, need)
+  if need <= have then return last end
+  return last + idiv(need - have + refill - 1, refill) * period
+end
+
+local function until_ns(at)
+  return ns_of_us(at - now)
+end
+
+if cost > tokens then
+  local retry = '-1'
+  if cost <= capacity then retry = until_ns(refilled_at(tokens, cost)) end
+  return {0, 0, capacity, tokens, retry, until_ns(refilled_at(tokens, capacity)), now}
+end
+
+local granted = want
+if granted > tokens then granted = tokens end
+local after = tokens - granted
+local full_at = refilled_at(after, capacity)
+if granted > 0 then
+  redis.call('SET', key, int(after) .. ' ' .. int(last), 'PXAT', expire_at_ms(full_at))
+end
+return {1, granted, capacity, after, '-1', until_ns(full_at), now}

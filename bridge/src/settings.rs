@@ -1,0 +1,258 @@
+//! Settings, from flags or `WEIR_BRIDGE_*` environment variables (flags win).
+
+use clap::{Parser, ValueEnum};
+use redis::cluster::{ClusterClient, ClusterClientBuilder};
+use redis::{ClientTlsConfig, TlsCertificates, TlsMode};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// weir-bridge: global rate-limit quotas on a Redis Cluster for the weir Envoy filter.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "weir-bridge", version, about)]
+pub struct Settings {
+    /// Address to serve HTTP on.
+    #[arg(long, env = "WEIR_BRIDGE_LISTEN", default_value = "127.0.0.1:8081")]
+    pub listen: SocketAddr,
+
+    /// Redis Cluster seed nodes, comma-separated: `host:port` or `redis[s]://host:port`.
+    /// The rest of the cluster is discovered from them.
+    #[arg(
+        long,
+        env = "WEIR_BRIDGE_REDIS_NODES",
+        value_delimiter = ',',
+        required = true
+    )]
+    pub redis_nodes: Vec<String>,
+
+    /// Redis ACL user name (AUTH username password).
+    #[arg(long, env = "WEIR_BRIDGE_REDIS_USERNAME")]
+    pub redis_username: Option<String>,
+
+    /// Redis password. Prefer the environment variable to the flag (visible in `ps`).
+    #[arg(long, env = "WEIR_BRIDGE_REDIS_PASSWORD", hide_env_values = true)]
+    pub redis_password: Option<String>,
+
+    /// Connect to Redis over TLS (rustls; server certificate and host name verified).
+    #[arg(long, env = "WEIR_BRIDGE_REDIS_TLS")]
+    pub redis_tls: bool,
+
+    /// PEM file of the CA(s) that sign the Redis certificates, instead of the system's
+    /// trust store. Implies --redis-tls.
+    #[arg(long, env = "WEIR_BRIDGE_REDIS_CA_FILE")]
+    pub redis_ca_file: Option<PathBuf>,
+
+    /// PEM client certificate for mutual TLS (with --redis-client-key).
+    #[arg(
+        long,
+        env = "WEIR_BRIDGE_REDIS_CLIENT_CERT",
+        requires = "redis_client_key"
+    )]
+    pub redis_client_cert: Option<PathBuf>,
+
+    /// PEM private key for mutual TLS (with --redis-client-cert).
+    #[arg(
+        long,
+        env = "WEIR_BRIDGE_REDIS_CLIENT_KEY",
+        requires = "redis_client_cert"
+    )]
+    pub redis_client_key: Option<PathBuf>,
+
+    /// Longest wait for one Redis call, retries and redirects included; past it the
+    /// request fails with 503.
+    #[arg(long, env = "WEIR_BRIDGE_REDIS_TIMEOUT", default_value = "100ms", value_parser = duration)]
+    pub redis_timeout: Duration,
+
+    /// Longest wait to open a connection to one Redis node.
+    #[arg(long, env = "WEIR_BRIDGE_REDIS_CONNECT_TIMEOUT", default_value = "1s", value_parser = duration)]
+    pub redis_connect_timeout: Duration,
+
+    /// Shared secret every /v1/acquire must carry in `x-weir-secret`.
+    #[arg(
+        long,
+        env = "WEIR_BRIDGE_SECRET",
+        hide_env_values = true,
+        conflicts_with = "secret_file"
+    )]
+    pub secret: Option<String>,
+
+    /// File holding the shared secret (one line; surrounding whitespace ignored).
+    #[arg(long, env = "WEIR_BRIDGE_SECRET_FILE")]
+    pub secret_file: Option<PathBuf>,
+
+    /// After SIGTERM/SIGINT, how long in-flight requests may take before the process
+    /// exits anyway.
+    #[arg(long, env = "WEIR_BRIDGE_SHUTDOWN_GRACE", default_value = "10s", value_parser = duration)]
+    pub shutdown_grace: Duration,
+
+    /// Log format.
+    #[arg(
+        long,
+        env = "WEIR_BRIDGE_LOG_FORMAT",
+        value_enum,
+        default_value = "text"
+    )]
+    pub log_format: LogFormat,
+
+    /// Log filter (tracing-subscriber `EnvFilter` syntax).
+    #[arg(long, env = "WEIR_BRIDGE_LOG", default_value = "info")]
+    pub log: String,
+}
+
+/// "100ms", "2s": the config's duration syntax.
+fn duration(text: &str) -> Result<Duration, String> {
+    weir_core::config::duration::parse_duration(text).map(Duration::from_micros)
+}
+
+impl Settings {
+    fn tls(&self) -> bool {
+        self.redis_tls || self.redis_ca_file.is_some() || self.redis_client_cert.is_some()
+    }
+
+    /// The seed URLs: a bare `host:port` gets `redis://` (or `rediss://` with TLS).
+    pub fn seed_urls(&self) -> Result<Vec<String>, String> {
+        let tls = self.tls();
+        let urls: Vec<String> = self
+            .redis_nodes
+            .iter()
+            .map(|n| n.trim())
+            .filter(|n| !n.is_empty())
+            .map(|n| {
+                if let Some(rest) = n.strip_prefix("redis://").filter(|_| tls) {
+                    format!("rediss://{rest}")
+                } else if n.contains("://") {
+                    n.to_string()
+                } else if tls {
+                    format!("rediss://{n}")
+                } else {
+                    format!("redis://{n}")
+                }
+            })
+            .collect();
+        if urls.is_empty() {
+            return Err("--redis-nodes: at least one seed node is required".into());
+        }
+        Ok(urls)
+    }
+
+    /// The seeds as they may be logged: any `user:password@` in a URL is dropped.
+    pub fn seeds_for_log(&self) -> Vec<String> {
+        self.seed_urls()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|url| match (url.split_once("://"), url.rsplit_once('@')) {
+                (Some((scheme, _)), Some((_, host))) => format!("{scheme}://{host}"),
+                _ => url,
+            })
+            .collect()
+    }
+
+    /// The shared secret, from the flag, the environment or the file.
+    pub fn load_secret(&self) -> Result<Option<String>, String> {
+        let secret = match (&self.secret, &self.secret_file) {
+            (Some(s), _) => s.clone(),
+            (None, Some(path)) => std::fs::read_to_string(path)
+                .map_err(|e| format!("--secret-file {}: {e}", path.display()))?
+                .trim()
+                .to_string(),
+            (None, None) => return Ok(None),
+        };
+        if secret.is_empty() {
+            return Err("the shared secret is empty".into());
+        }
+        Ok(Some(secret))
+    }
+
+    /// The cluster client: timeouts, credentials and TLS. Nothing connects yet.
+    pub fn cluster_client(&self) -> Result<ClusterClient, String> {
+        let mut builder = ClusterClientBuilder::new(self.seed_urls()?)
+            .connection_timeout(self.redis_connect_timeout)
+            .response_timeout(self.redis_timeout)
+            // Retries (MOVED, TRYAGAIN, reconnects) run inside the same bound.
+            .overall_response_timeout(Some(self.redis_timeout))
+            .min_retry_wait(5)
+            .max_retry_wait(50);
+        if let Some(user) = &self.redis_username {
+            builder = builder.username(user);
+        }
+        if let Some(password) = &self.redis_password {
+            builder = builder.password(password);
+        }
+        if self.tls() {
+            builder = builder.tls(TlsMode::Secure);
+            let read = |p: &PathBuf| {
+                std::fs::read(p).map_err(|e| format!("cannot read {}: {e}", p.display()))
+            };
+            let client_tls = match (&self.redis_client_cert, &self.redis_client_key) {
+                (Some(cert), Some(key)) => Some(ClientTlsConfig {
+                    client_cert: read(cert)?,
+                    client_key: read(key)?,
+                }),
+                _ => None,
+            };
+            let root_cert = self.redis_ca_file.as_ref().map(read).transpose()?;
+            if client_tls.is_some() || root_cert.is_some() {
+                builder = builder.certs(TlsCertificates {
+                    client_tls,
+                    root_cert,
+                });
+            }
+        }
+        builder
+            .build()
+            .map_err(|e| format!("Redis client settings: {e}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Settings, clap::Error> {
+        Settings::try_parse_from(std::iter::once("weir-bridge").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn defaults_and_seed_urls() {
+        let s = parse(&["--redis-nodes", "127.0.0.1:7000, redis://127.0.0.1:7001"]).unwrap();
+        assert_eq!(s.listen, "127.0.0.1:8081".parse().unwrap());
+        assert_eq!(s.redis_timeout, Duration::from_millis(100));
+        assert_eq!(
+            s.seed_urls().unwrap(),
+            ["redis://127.0.0.1:7000", "redis://127.0.0.1:7001"]
+        );
+        assert_eq!(s.load_secret(), Ok(None));
+        assert!(s.cluster_client().is_ok());
+
+        let tls = parse(&["--redis-nodes", "a:1,redis://b:2", "--redis-tls"]).unwrap();
+        assert_eq!(tls.seed_urls().unwrap(), ["rediss://a:1", "rediss://b:2"]);
+
+        let secret = parse(&["--redis-nodes", "redis://u:p@w@a:1,b:2"]).unwrap();
+        assert_eq!(secret.seeds_for_log(), ["redis://a:1", "redis://b:2"]);
+    }
+
+    #[test]
+    fn bad_settings_are_refused() {
+        assert!(parse(&[]).is_err(), "seed nodes are required");
+        assert!(parse(&["--redis-nodes", "a:1", "--redis-timeout", "1.5s"]).is_err());
+        assert!(parse(&[
+            "--redis-nodes",
+            "a:1",
+            "--secret",
+            "x",
+            "--secret-file",
+            "f"
+        ])
+        .is_err());
+        let empty = parse(&["--redis-nodes", "a:1", "--secret", ""]).unwrap();
+        assert!(empty.load_secret().is_err());
+        let missing_ca = parse(&["--redis-nodes", "a:1", "--redis-ca-file", "/nonexistent"]);
+        assert!(missing_ca.unwrap().cluster_client().is_err());
+    }
+}

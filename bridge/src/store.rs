@@ -1,0 +1,108 @@
+//! Running the scripts on the Redis Cluster.
+//!
+//! Each call is `EVALSHA` routed by its first key's slot; on `NOSCRIPT` it is sent again as
+//! `EVAL` with the source, to the same slot, which also caches the script on that node.
+//! `SCRIPT LOAD` and `EVAL` are not replicated, so a replica promoted by a failover (or a
+//! node that restarted or ran `SCRIPT FLUSH`) answers NOSCRIPT once.
+//!
+//! The crate's `ScriptInvocation::invoke_async` recovers too (checked on a real cluster
+//! after a promotion), but differently: `SCRIPT LOAD` fanned out to every master the client
+//! is connected to, all of which must answer, then `EVALSHA` again — two more round trips
+//! and a dependency on the whole cluster, during the failover that caused the NOSCRIPT.
+//! Ours is one round trip to the one node that needs the script.
+//!
+//! Every call is bounded by the command timeout, whatever the client's own retries do.
+
+use crate::metrics::Metrics;
+use crate::scripts::{decode_reply, Invocation, ScriptReply, Scripts};
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Why a script call gave no decision.
+#[derive(Debug)]
+pub enum CallError {
+    /// No answer within the command timeout.
+    Timeout,
+    Redis(RedisError),
+    /// An answer the decoder refused (a script bug).
+    BadReply(String),
+}
+
+/// The cluster connection and the scripts. Cheap to clone (the connection multiplexes).
+#[derive(Clone)]
+pub struct RedisStore {
+    conn: ClusterConnection,
+    scripts: Arc<Scripts>,
+    timeout: Duration,
+    metrics: Arc<Metrics>,
+}
+
+impl RedisStore {
+    /// `conn` may still be connecting (a pending connection): nothing is sent until the
+    /// first call.
+    pub fn new(conn: ClusterConnection, timeout: Duration, metrics: Arc<Metrics>) -> Self {
+        RedisStore {
+            conn,
+            scripts: Arc::new(Scripts::default()),
+            timeout,
+            metrics,
+        }
+    }
+
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Runs one script call and decodes its reply.
+    pub async fn run(&self, inv: &Invocation) -> Result<ScriptReply, CallError> {
+        let started = Instant::now();
+        let result = tokio::time::timeout(self.timeout, self.eval(inv)).await;
+        self.metrics
+            .observe_redis(inv.kind.name(), started.elapsed().as_secs_f64());
+        match result {
+            Err(_) => Err(CallError::Timeout),
+            Ok(Err(err)) => Err(CallError::Redis(err)),
+            Ok(Ok(value)) => decode_reply(&value).map_err(CallError::BadReply),
+        }
+    }
+
+    async fn eval(&self, inv: &Invocation) -> Result<Value, RedisError> {
+        let script = self.scripts.get(inv.kind);
+        let mut conn = self.conn.clone();
+        let sha = command("EVALSHA", &script.sha1, inv);
+        match sha.query_async::<Value>(&mut conn).await {
+            Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                self.metrics.script_fallback(inv.kind.name());
+                tracing::info!(algorithm = %inv.kind, "NOSCRIPT: sending the script with EVAL");
+                command("EVAL", script.source, inv)
+                    .query_async::<Value>(&mut conn)
+                    .await
+            }
+            other => other,
+        }
+    }
+
+    /// `PING` to every master, within the timeout.
+    pub async fn ping(&self) -> Result<(), CallError> {
+        let mut conn = self.conn.clone();
+        let ping = redis::cmd("PING");
+        match tokio::time::timeout(self.timeout, ping.query_async::<Value>(&mut conn)).await {
+            Err(_) => Err(CallError::Timeout),
+            Ok(Err(err)) => Err(CallError::Redis(err)),
+            Ok(Ok(_)) => Ok(()),
+        }
+    }
+}
+
+/// `EVALSHA <sha> n keys... args...` or `EVAL <source> n keys... args...`: the cluster
+/// client routes both by the first key.
+fn command(verb: &str, script: &str, inv: &Invocation) -> Cmd {
+    let mut cmd = redis::cmd(verb);
+    cmd.arg(script).arg(inv.keys.len()).arg(&inv.keys);
+    for a in &inv.args {
+        cmd.arg(*a);
+    }
+    cmd
+}

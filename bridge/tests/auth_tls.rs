@@ -1,0 +1,239 @@
+//! Redis credentials and TLS, through the bridge binary: a password-protected cluster (with
+//! an ACL user too), and a TLS-only cluster node with its own CA.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+use std::process::Command;
+use std::time::Duration;
+use weir_core::wire::ACQUIRE_PATH;
+use weir_e2e::{redis_cli_at, wait_until, Child, Process, RedisCluster, TestDir};
+
+const BODY: &str = r#"{"domain":"weir","items":[{"rule":"r","descriptor":["=alice"],
+    "limit":{"algorithm":"gcra","burst":9,"rate":10,"period_us":1000000},"cost":1,"want":3}]}"#;
+
+/// Starts the bridge binary with `args` and `env`; waits until it serves HTTP (healthy or
+/// not). Returns it and the status of `/healthz` and of one acquire.
+fn bridge_outcome(args: &[&str], env: &[(&str, &str)]) -> (Process, u16, u16) {
+    let port = weir_e2e::free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut all = vec!["--listen", listen.as_str(), "--redis-timeout", "500ms"];
+    all.extend_from_slice(args);
+    let bridge = Process::spawn(env!("CARGO_BIN_EXE_weir-bridge"), all, env);
+    // Healthy within a few seconds, or settle on what it answers.
+    let mut health = 0;
+    wait_until(Duration::from_secs(5), Duration::from_millis(50), || {
+        health = weir_e2e::get(port, "/healthz", &[]).map_or(0, |r| r.status);
+        health == 200
+    });
+    let acquire =
+        weir_e2e::send(port, weir_e2e::Request::post(ACQUIRE_PATH, BODY)).map_or(0, |r| r.status);
+    (bridge, health, acquire)
+}
+
+#[test]
+fn passwords_and_acl_users() {
+    let cluster = RedisCluster::start(3, 1);
+    let ports: Vec<u16> = cluster.nodes().iter().map(|n| n.port).collect();
+    for &p in &ports {
+        // Replicas authenticate to their masters with masterauth.
+        redis_cli_at(p, ["CONFIG", "SET", "masterauth", "cluster-pw"]).unwrap();
+        let ok = redis_cli_at(
+            p,
+            [
+                "ACL", "SETUSER", "weir", "on", ">user-pw", "~*", "&*", "+@all",
+            ],
+        )
+        .unwrap();
+        assert_eq!(ok, "OK");
+    }
+    for &p in &ports {
+        redis_cli_at(p, ["CONFIG", "SET", "requirepass", "cluster-pw"]).unwrap();
+    }
+    let nodes = cluster.seed_nodes().join(",");
+    let seeds = ("WEIR_BRIDGE_REDIS_NODES", nodes.as_str());
+
+    let (_b, health, acquire) =
+        bridge_outcome(&[], &[seeds, ("WEIR_BRIDGE_REDIS_PASSWORD", "cluster-pw")]);
+    assert_eq!((health, acquire), (200, 200), "the default user's password");
+
+    let (_b, health, acquire) = bridge_outcome(
+        &["--redis-username", "weir"],
+        &[seeds, ("WEIR_BRIDGE_REDIS_PASSWORD", "user-pw")],
+    );
+    assert_eq!((health, acquire), (200, 200), "an ACL user");
+
+    // A wrong password: the client never connects, which looks like an unreachable
+    // cluster (503); the log says why.
+    let (b, health, acquire) =
+        bridge_outcome(&[], &[seeds, ("WEIR_BRIDGE_REDIS_PASSWORD", "wrong")]);
+    assert_eq!((health, acquire), (503, 503));
+    let log = b.log();
+    assert!(
+        log.contains("WRONGPASS") || log.contains("AuthenticationFailed") || log.contains("auth"),
+        "{log}"
+    );
+    assert!(!log.contains("cluster-pw"), "the password is never logged");
+}
+
+/// `openssl` in `dir`: a CA, and a server certificate for 127.0.0.1 signed by it.
+fn make_certs(dir: &TestDir) {
+    let run = |args: &[&str]| {
+        let out = Command::new("openssl")
+            .args(args)
+            .current_dir(dir.path())
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run openssl ({e}): apt-get install -y openssl"));
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    dir.write(
+        "san.ext",
+        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n",
+    );
+    run(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=weir test CA",
+    ]);
+    run(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+        "-subj",
+        "/CN=127.0.0.1",
+    ]);
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.pem",
+        "-days",
+        "2",
+        "-extfile",
+        "san.ext",
+    ]);
+}
+
+#[test]
+fn tls_with_a_private_ca() {
+    let dir = TestDir::new("bridge-tls");
+    make_certs(&dir);
+    let path = |name: &str| dir.join(name).to_string_lossy().into_owned();
+    let port = weir_e2e::free_port();
+    let p = port.to_string();
+    // One TLS-only node owning every slot: a cluster as far as the client can tell.
+    let _node = Child::spawn(
+        "redis-tls",
+        weir_e2e::redis_server_bin(),
+        [
+            "--port",
+            "0",
+            "--tls-port",
+            &p,
+            "--bind",
+            "127.0.0.1",
+            "--tls-cert-file",
+            &path("server.pem"),
+            "--tls-key-file",
+            &path("server.key"),
+            "--tls-ca-cert-file",
+            &path("ca.pem"),
+            "--tls-auth-clients",
+            "no",
+            "--tls-cluster",
+            "yes",
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            &path("nodes.conf"),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            &path(""),
+        ],
+        &[],
+        &dir.join("redis.log"),
+    )
+    .with_grace(Duration::ZERO);
+    let cli = |args: &[&str]| {
+        Command::new(weir_e2e::redis_cli_bin())
+            .args([
+                "--tls",
+                "--cacert",
+                &path("ca.pem"),
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &p,
+            ])
+            .args(args)
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default()
+    };
+    assert!(wait_until(
+        Duration::from_secs(10),
+        Duration::from_millis(50),
+        || cli(&["PING"]).trim() == "PONG"
+    ));
+    assert_eq!(
+        cli(&["CLUSTER", "ADDSLOTSRANGE", "0", "16383"]).trim(),
+        "OK"
+    );
+    assert!(wait_until(
+        Duration::from_secs(10),
+        Duration::from_millis(50),
+        || { cli(&["CLUSTER", "INFO"]).contains("cluster_state:ok") }
+    ));
+
+    let seed = format!("127.0.0.1:{port}");
+    let ca = path("ca.pem");
+    let (_b, health, acquire) = bridge_outcome(
+        &["--redis-ca-file", &ca],
+        &[("WEIR_BRIDGE_REDIS_NODES", seed.as_str())],
+    );
+    assert_eq!((health, acquire), (200, 200), "TLS with our CA");
+
+    // Without the CA the server's certificate is not trusted: never connected.
+    let (b, health, acquire) = bridge_outcome(
+        &["--redis-tls"],
+        &[("WEIR_BRIDGE_REDIS_NODES", seed.as_str())],
+    );
+    assert_eq!((health, acquire), (503, 503));
+    assert!(b.log().contains("certificate"), "{}", b.log());
+
+    // And plain TCP to a TLS port does not work either.
+    let (_b, health, _) = bridge_outcome(&[], &[("WEIR_BRIDGE_REDIS_NODES", seed.as_str())]);
+    assert_eq!(health, 503);
+}

@@ -1,0 +1,554 @@
+//! The differential check: the Lua scripts on a real 6-node Redis Cluster against the core's
+//! pure functions, with the clock pinned.
+//!
+//! - every row of the core's scenario tables (`want = cost`), GCRA rows by their Decision;
+//! - lease rows (`want > cost`);
+//! - a seeded random walk per algorithm, thousands of steps, every field compared and the
+//!   stored state compared word for word with the core's (so the GCRA TAT, kept in Redis
+//!   as whole µs + a ns remainder, is shown to be exact);
+//! - the sliding log's set: equal timestamps, denials not recorded;
+//! - TTLs: deadlines where the core says the state stops carrying information, and keys
+//!   that really expired decide like their state would have.
+//!
+//! Pinned instants are moved a day into the future (see `common::future_base`): key
+//! deadlines are absolute instants of the pinned clock, so nothing expires under a test
+//! that does not wait for it.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+#[path = "../../core/tests/scenarios/mod.rs"]
+mod scenarios;
+
+mod common;
+
+use common::{future_base, invocation, Redis, Rng};
+use scenarios::{Algo, Scenario, Step, T0};
+use std::time::Duration;
+use weir_bridge::scripts::{log_seq_key, ScriptReply};
+use weir_core::algorithms::fixed_window::FixedWindow;
+use weir_core::algorithms::gcra::Gcra;
+use weir_core::algorithms::sliding_log::SlidingLog;
+use weir_core::algorithms::sliding_window::SlidingWindow;
+use weir_core::algorithms::token_bucket::TokenBucket;
+use weir_core::algorithms::{AlgorithmKind, Decision, Limit, SlotState};
+use weir_core::wire::GlobalLimit;
+
+fn limit_of(algo: Algo) -> Limit {
+    match algo {
+        Algo::Gcra {
+            burst,
+            rate,
+            period_us,
+        } => Limit::Gcra(Gcra::new(burst, rate, period_us).unwrap()),
+        Algo::TokenBucket {
+            capacity,
+            refill,
+            period_us,
+        } => Limit::TokenBucket(TokenBucket::new(capacity, refill, period_us).unwrap()),
+        Algo::FixedWindow { limit, window_us } => {
+            Limit::FixedWindow(FixedWindow::new(limit, window_us).unwrap())
+        }
+        Algo::SlidingWindow { limit, window_us } => {
+            Limit::SlidingWindow(SlidingWindow::new(limit, window_us).unwrap())
+        }
+    }
+}
+
+fn decision_of(reply: &ScriptReply) -> Decision {
+    Decision {
+        allowed: reply.allowed,
+        limit: reply.limit,
+        remaining: reply.remaining,
+        retry_after_ns: reply.retry_after_ns,
+        reset_after_ns: reply.reset_after_ns,
+    }
+}
+
+fn expected(step: &Step) -> Decision {
+    Decision {
+        allowed: step.allowed,
+        limit: step.limit,
+        remaining: step.remaining,
+        retry_after_ns: step.retry_after_ns,
+        reset_after_ns: step.reset_after_ns,
+    }
+}
+
+/// One key of a slot algorithm, decided by Rust and by Lua side by side.
+struct SlotPair<'a> {
+    redis: &'a Redis,
+    limit: Limit,
+    global: GlobalLimit,
+    descriptor: String,
+    state: Option<SlotState>,
+}
+
+impl<'a> SlotPair<'a> {
+    fn new(redis: &'a Redis, limit: Limit, descriptor: String) -> Self {
+        SlotPair {
+            redis,
+            global: GlobalLimit::Slot(limit.clone()),
+            limit,
+            descriptor,
+            state: None,
+        }
+    }
+
+    /// Decides one request both ways, asserts they agree on every field and on the state
+    /// written, and returns the decision.
+    async fn step(&mut self, ctx: &str, now: u64, cost: u64, want: u64) -> (Decision, u64) {
+        let (decision, granted, next) = self.limit.acquire(self.state, now, cost, want);
+        let inv = invocation(&self.global, &self.descriptor, now, cost, want);
+        let reply = self.redis.run(&inv).await;
+        assert_eq!(
+            (decision_of(&reply), reply.granted),
+            (decision, granted),
+            "{ctx}: Lua (left) and Rust (right) disagree at now={now} cost={cost} want={want}, state {:?}",
+            self.state
+        );
+        assert_eq!(reply.now_us, now, "{ctx}: the script used the pinned clock");
+        if let Some(next) = next {
+            self.state = Some(next);
+        }
+        let stored = self.redis.slot_state(self.limit.kind(), &inv.keys[0]).await;
+        assert_eq!(
+            stored, self.state,
+            "{ctx}: Redis holds (left), the core stores (right)"
+        );
+        (decision, granted)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scenario_tables_agree() {
+    let redis = Redis::start().await;
+    let base = future_base(T0);
+    let all: Vec<&Scenario> = scenarios::all().collect();
+    assert!(all.len() >= 10, "the tables are all there");
+    for (n, scenario) in all.iter().enumerate() {
+        let mut pair = SlotPair::new(&redis, limit_of(scenario.algo), format!("scenario-{n}"));
+        for (i, step) in scenario.steps.iter().enumerate() {
+            let ctx = format!("{} step {i}", scenario.name);
+            let now = step.now_us - T0 + base;
+            let (decision, granted) = pair.step(&ctx, now, step.cost, step.cost).await;
+            // GCRA rows are compared by their Decision, not the CL.THROTTLE reply.
+            assert_eq!(decision, expected(step), "{ctx}: the core and the table");
+            assert_eq!(granted, if step.allowed { step.cost } else { 0 }, "{ctx}");
+        }
+    }
+}
+
+fn global(limit: Limit) -> GlobalLimit {
+    GlobalLimit::Slot(limit)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_rows_agree() {
+    let redis = Redis::start().await;
+    let base = future_base(T0);
+    let s = 1_000_000;
+    // (limit, steps of (µs after base, cost, want, granted, remaining)).
+    type Row = (u64, u64, u64, u64, u64);
+    let tables: Vec<(Limit, Vec<Row>)> = vec![
+        (
+            // 10 per second, burst 9: a lease of at most 10 at once, then 1 per 100 ms.
+            Limit::Gcra(Gcra::new(9, 10, s).unwrap()),
+            vec![
+                (0, 1, 16, 10, 0),
+                (0, 1, 16, 0, 0),
+                (250_000, 1, 16, 2, 0),
+                (250_000, 0, 16, 0, 0),
+                (2 * s, 3, 4, 4, 6),
+            ],
+        ),
+        (
+            // T = 333_333_333 ns: leases must add T exactly, never a rounded µs.
+            Limit::Gcra(Gcra::new(5, 3, s).unwrap()),
+            vec![
+                (0, 2, 5, 5, 1),
+                (333_334, 1, 9, 2, 0),
+                (1_000_000, 1, 9, 2, 0),
+            ],
+        ),
+        (
+            Limit::TokenBucket(TokenBucket::new(10, 3, s).unwrap()),
+            vec![(0, 2, 5, 5, 5), (0, 1, 100, 5, 0), (1_500_000, 2, 8, 3, 0)],
+        ),
+        (
+            Limit::FixedWindow(FixedWindow::new(10, 10 * s).unwrap()),
+            vec![
+                (0, 1, 8, 8, 2),
+                (s, 1, 8, 2, 0),
+                (2 * s, 1, 8, 0, 0),
+                (10 * s, 1, 8, 8, 2),
+            ],
+        ),
+        (
+            Limit::SlidingWindow(SlidingWindow::new(10, 10 * s).unwrap()),
+            vec![
+                (9 * s, 1, 10, 10, 0),
+                (15 * s, 1, 10, 5, 0),
+                (19 * s, 1, 10, 4, 0),
+            ],
+        ),
+    ];
+    for (n, (limit, rows)) in tables.into_iter().enumerate() {
+        let mut pair = SlotPair::new(&redis, limit, format!("lease-{n}"));
+        for (i, (dt, cost, want, granted, remaining)) in rows.into_iter().enumerate() {
+            let ctx = format!("lease table {n} row {i}");
+            let (d, g) = pair.step(&ctx, base + dt, cost, want).await;
+            assert_eq!((g, d.remaining), (granted, remaining), "{ctx}");
+        }
+    }
+
+    // The log: a lease takes what is free, a denial takes nothing.
+    let log = SlidingLog::new(10, 10 * s).unwrap();
+    let mut events = Vec::new();
+    for (i, (dt, cost, want, granted)) in [
+        (0, 1, 4, 4),
+        (s, 2, 50, 6),
+        (2 * s, 1, 1, 0),
+        (10 * s, 1, 3, 3),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let (d, g) = log_step(
+            &redis,
+            &log,
+            "lease-log",
+            &mut events,
+            base + dt,
+            cost,
+            want,
+        )
+        .await;
+        assert_eq!(g, granted, "log row {i}: {d:?}");
+    }
+}
+
+/// One request to a sliding log both ways; `events` is the core's view of the set.
+async fn log_step(
+    redis: &Redis,
+    log: &SlidingLog,
+    descriptor: &str,
+    events: &mut Vec<u64>,
+    now: u64,
+    cost: u64,
+    want: u64,
+) -> (Decision, u64) {
+    let (decision, granted) = log.acquire(events, now, cost, want);
+    let inv = invocation(&GlobalLimit::Log(*log), descriptor, now, cost, want);
+    let reply = redis.run(&inv).await;
+    assert_eq!(
+        (decision_of(&reply), reply.granted),
+        (decision, granted),
+        "sliding log: Lua (left) and Rust (right) disagree at now={now} cost={cost} want={want}, events {events:?}"
+    );
+    assert_eq!(reply.now_us, now);
+    // Keep the core's log sorted (the clock may go back) and trimmed like Redis's.
+    let at = events.partition_point(|&t| t <= now);
+    events.splice(at..at, std::iter::repeat_n(now, granted as usize));
+    if now >= log.window_us() {
+        events.retain(|&t| t > now - log.window_us());
+    }
+    let card = redis.int(&["ZCARD", &inv.keys[0]]).await;
+    assert_eq!(card as usize, events.len(), "the set holds the live events");
+    (decision, granted)
+}
+
+/// Random limits within what the scripts accept, with small and large numbers.
+fn random_limit(rng: &mut Rng, kind: AlgorithmKind) -> GlobalLimit {
+    let durations = [
+        1,
+        7,
+        1_000,
+        333_333,
+        1_000_000,
+        7_000_001,
+        60_000_000,
+        86_400_000_000,
+        30 * 86_400_000_000,
+    ];
+    let duration = |rng: &mut Rng| rng.pick(&durations) * rng.range(1, 3);
+    loop {
+        let limit = match kind {
+            AlgorithmKind::TokenBucket => TokenBucket::new(
+                rng.range(1, 40),
+                rng.range(1, 50),
+                rng.pick(&durations[..7]),
+            )
+            .map(|l| global(Limit::TokenBucket(l))),
+            AlgorithmKind::Gcra => Gcra::new(rng.range(0, 30), rng.range(1, 12), duration(rng))
+                .map(|l| global(Limit::Gcra(l))),
+            AlgorithmKind::FixedWindow => FixedWindow::new(rng.range(1, 40), duration(rng))
+                .map(|l| global(Limit::FixedWindow(l))),
+            AlgorithmKind::SlidingWindow => {
+                // Large limits and long windows push prev × (W − e) far past 2^53.
+                let limit = if rng.chance(30) {
+                    rng.range(1 << 20, u64::from(u32::MAX))
+                } else {
+                    rng.range(1, 40)
+                };
+                SlidingWindow::new(limit, duration(rng)).map(|l| global(Limit::SlidingWindow(l)))
+            }
+            AlgorithmKind::SlidingLog => {
+                SlidingLog::new(rng.range(1, 30), duration(rng)).map(GlobalLimit::Log)
+            }
+        };
+        if let Ok(limit) = limit {
+            if weir_bridge::scripts::check_exact(&limit).is_ok() {
+                return limit;
+            }
+        }
+    }
+}
+
+/// The scale of time steps for a limit: its period or window.
+fn scale_of(limit: &GlobalLimit) -> u64 {
+    match limit {
+        GlobalLimit::Slot(Limit::TokenBucket(p)) => p.period_us(),
+        GlobalLimit::Slot(Limit::Gcra(p)) => p.emission_interval_ns() / 1000,
+        GlobalLimit::Slot(Limit::FixedWindow(p)) => p.window_us(),
+        GlobalLimit::Slot(Limit::SlidingWindow(p)) => p.window_us(),
+        GlobalLimit::Log(p) => p.window_us(),
+    }
+}
+
+async fn random_walk(redis: &Redis, kind: AlgorithmKind, seed: u64, steps: usize) {
+    let mut rng = Rng(seed);
+    let base = future_base(T0) + rng.range(0, 86_400_000_000);
+    let mut done = 0;
+    let mut key_no = 0;
+    while done < steps {
+        // A fresh key and limit every few hundred steps.
+        let limit = random_limit(&mut rng, kind);
+        let scale = scale_of(&limit).max(1);
+        let max_cost = limit.max_cost();
+        let descriptor = format!("random-{kind}-{seed}-{key_no}");
+        key_no += 1;
+        let mut now = base + rng.range(0, scale * 3);
+        let mut pair = match &limit {
+            GlobalLimit::Slot(l) => Some(SlotPair::new(redis, l.clone(), descriptor.clone())),
+            GlobalLimit::Log(_) => None,
+        };
+        let mut events = Vec::new();
+        for _ in 0..rng.range(50, 400) {
+            // Mostly small steps (a few per period), sometimes none, sometimes long
+            // idle spells, sometimes the clock goes back a little.
+            let r = rng.range(0, 99);
+            if r < 20 {
+            } else if r < 85 {
+                now += scale * rng.range(0, 64) / 64 + rng.range(0, 3);
+            } else if r < 95 {
+                now += scale * rng.range(1, 5);
+            } else {
+                now -= (scale * rng.range(0, 16) / 64).min(now - base);
+            }
+            let cost = if rng.chance(5) {
+                0
+            } else if rng.chance(3) {
+                max_cost + rng.range(1, 3)
+            } else {
+                rng.range(1, max_cost.min(12))
+            };
+            let want = if rng.chance(40) {
+                cost
+            } else {
+                cost + rng.range(0, 20)
+            };
+            let ctx = format!("{kind} seed {seed} step {done} limit {limit:?}");
+            match (&mut pair, &limit) {
+                (Some(pair), _) => {
+                    pair.step(&ctx, now, cost, want).await;
+                }
+                (None, GlobalLimit::Log(log)) => {
+                    log_step(redis, log, &descriptor, &mut events, now, cost, want).await;
+                }
+                _ => unreachable!(),
+            }
+            done += 1;
+        }
+    }
+}
+
+const RANDOM_STEPS: usize = 3000;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn random_walks_agree() {
+    let redis = Redis::start().await;
+    let mut walks = Vec::new();
+    for (i, kind) in AlgorithmKind::ALL.into_iter().enumerate() {
+        let redis = &redis;
+        walks.push(
+            async move { random_walk(redis, kind, 0x5eed_0000 + i as u64, RANDOM_STEPS).await },
+        );
+    }
+    futures_join_all(walks).await;
+}
+
+/// Runs the futures concurrently on this task (no extra dependency for join_all).
+async fn futures_join_all<F: std::future::Future<Output = ()>>(futures: Vec<F>) {
+    let mut futures: Vec<_> = futures.into_iter().map(Box::pin).collect();
+    std::future::poll_fn(|cx| {
+        futures.retain_mut(|f| f.as_mut().poll(cx).is_pending());
+        if futures.is_empty() {
+            std::task::Poll::Ready(())
+        } else {
+            std::task::Poll::Pending
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sliding_log_keeps_equal_timestamps_and_drops_denials() {
+    let redis = Redis::start().await;
+    let base = future_base(T0);
+    let log = SlidingLog::new(3, 1_000_000).unwrap();
+    let mut events = Vec::new();
+    let key = invocation(&GlobalLimit::Log(log), "log-set", base, 1, 1).keys[0].clone();
+
+    // Two events at the same µs: both recorded, as distinct members.
+    log_step(&redis, &log, "log-set", &mut events, base, 1, 1).await;
+    log_step(&redis, &log, "log-set", &mut events, base, 1, 1).await;
+    assert_eq!(redis.int(&["ZCARD", &key]).await, 2);
+    assert_eq!(
+        redis
+            .int(&["ZCOUNT", &key, &base.to_string(), &base.to_string()])
+            .await,
+        2
+    );
+
+    // A denied request adds nothing.
+    let (d, _) = log_step(&redis, &log, "log-set", &mut events, base + 10, 2, 2).await;
+    assert!(!d.allowed);
+    assert_eq!(redis.int(&["ZCARD", &key]).await, 2);
+    log_step(&redis, &log, "log-set", &mut events, base + 10, 1, 1).await;
+    let (d, _) = log_step(&redis, &log, "log-set", &mut events, base + 20, 1, 1).await;
+    assert!(!d.allowed);
+    assert_eq!(redis.int(&["ZCARD", &key]).await, 3);
+    // The first two leave together exactly one window after they were admitted.
+    assert_eq!(d.retry_after_ns, Some(999_980_000));
+    let (d, g) = log_step(&redis, &log, "log-set", &mut events, base + 1_000_000, 2, 5).await;
+    assert!(d.allowed && g == 2);
+    assert_eq!(redis.int(&["ZCARD", &key]).await, 3);
+    // Members are unique sequence numbers.
+    assert_eq!(redis.get(&log_seq_key(&key)).await.as_deref(), Some("5"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_carry_deadlines_where_their_state_stops_mattering() {
+    let redis = Redis::start().await;
+    let base = future_base(T0) + 123_456;
+    let s = 1_000_000;
+    let limits = [
+        Limit::TokenBucket(TokenBucket::new(5, 2, s).unwrap()),
+        Limit::Gcra(Gcra::new(2, 3, s).unwrap()),
+        Limit::FixedWindow(FixedWindow::new(5, 10 * s).unwrap()),
+        Limit::SlidingWindow(SlidingWindow::new(5, 10 * s).unwrap()),
+    ];
+    for (n, limit) in limits.into_iter().enumerate() {
+        let mut pair = SlotPair::new(&redis, limit.clone(), format!("ttl-{n}"));
+        for (dt, cost) in [(0, 1), (333_333, 2)] {
+            pair.step(&format!("ttl {n}"), base + dt, cost, cost).await;
+            let key = invocation(&pair.global, &pair.descriptor, 0, 0, 0).keys[0].clone();
+            let state = pair.state.unwrap();
+            let deadline_ms = limit.idle_at_us(state).div_ceil(1000);
+            assert_eq!(
+                redis.int(&["PEXPIRETIME", &key]).await,
+                deadline_ms as i64,
+                "{limit:?}: the key lives until its state carries no information"
+            );
+        }
+    }
+    // The log: newest event + window, on both keys.
+    let log = SlidingLog::new(5, 10 * s).unwrap();
+    let mut events = Vec::new();
+    log_step(&redis, &log, "ttl-log", &mut events, base, 1, 1).await;
+    log_step(&redis, &log, "ttl-log", &mut events, base + 7, 1, 1).await;
+    let keys = invocation(&GlobalLimit::Log(log), "ttl-log", 0, 0, 0).keys;
+    for key in &keys {
+        assert_eq!(
+            redis.int(&["PEXPIRETIME", key]).await,
+            (base + 7 + 10 * s).div_ceil(1000) as i64
+        );
+    }
+    // A denial or a peek writes nothing, not even a deadline.
+    let mut pair = SlotPair::new(
+        &redis,
+        Limit::FixedWindow(FixedWindow::new(1, 10 * s).unwrap()),
+        "ttl-peek".into(),
+    );
+    pair.step("peek", base, 0, 0).await;
+    assert_eq!(
+        redis
+            .get(&invocation(&pair.global, "ttl-peek", 0, 0, 0).keys[0])
+            .await,
+        None
+    );
+}
+
+/// With Redis's own clock: write, wait until the key is really gone, and check that the
+/// next decision is the one the stored state would have given.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_keys_decide_like_their_state_would_have() {
+    let redis = Redis::start().await;
+    let ms = 1_000;
+    let limits = [
+        Limit::TokenBucket(TokenBucket::new(3, 1, 100 * ms).unwrap()),
+        Limit::Gcra(Gcra::new(1, 10, 1_000 * ms).unwrap()),
+        Limit::FixedWindow(FixedWindow::new(3, 150 * ms).unwrap()),
+        Limit::SlidingWindow(SlidingWindow::new(3, 100 * ms).unwrap()),
+    ];
+    for (n, limit) in limits.into_iter().enumerate() {
+        let g = GlobalLimit::Slot(limit.clone());
+        let descriptor = format!("expiry-{n}");
+        let inv = invocation(&g, &descriptor, 0, 2, 2);
+        let first = redis.run(&inv).await;
+        assert!(first.allowed);
+        let state = redis
+            .slot_state(limit.kind(), &inv.keys[0])
+            .await
+            .expect("written");
+        let gone = weir_e2e::wait_until(Duration::from_secs(3), Duration::from_millis(5), || {
+            futures_block(redis.int(&["EXISTS", &inv.keys[0]])) == 0
+        });
+        assert!(gone, "{limit:?}: the key expires");
+        let again = redis.run(&invocation(&g, &descriptor, 0, 2, 2)).await;
+        let (with_state, _) = limit.decide(Some(state), again.now_us, 2);
+        assert!(
+            again.now_us >= limit.idle_at_us(state),
+            "expired no earlier than the core's idle instant"
+        );
+        if let Limit::TokenBucket(_) = limit {
+            // Full either way; only the phase of the next refill differs (as in the core).
+            assert_eq!(
+                (again.allowed, again.remaining),
+                (with_state.allowed, with_state.remaining)
+            );
+        } else {
+            assert_eq!(decision_of(&again), with_state, "{limit:?}");
+        }
+    }
+    let log = SlidingLog::new(2, 100 * ms).unwrap();
+    let inv = invocation(&GlobalLimit::Log(log), "expiry-log", 0, 2, 2);
+    let first = redis.run(&inv).await;
+    assert!(first.allowed);
+    let gone = weir_e2e::wait_until(Duration::from_secs(3), Duration::from_millis(5), || {
+        futures_block(redis.int(&["EXISTS", &inv.keys[0], &inv.keys[1]])) == 0
+    });
+    assert!(gone, "both keys of the log expire");
+    let again = redis.run(&inv).await;
+    let (with_events, _) = log.acquire(&[first.now_us, first.now_us], again.now_us, 2, 2);
+    assert_eq!(decision_of(&again), with_events);
+}
+
+/// Runs a future to completion from synchronous code inside the multi-thread runtime.
+fn futures_block<F: std::future::Future>(f: F) -> F::Output {
+    tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(f))
+}

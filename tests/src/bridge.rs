@@ -1,0 +1,127 @@
+//! weir-bridge as a child process, and the Envoy cluster that reaches it.
+
+use std::env;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::http::get;
+use crate::ports::free_port;
+use crate::prereq::repo_root;
+use crate::process::{wait_until, Process};
+use crate::redis::RedisCluster;
+
+/// The built bridge: `$WEIR_BRIDGE_BIN`, else `<target>/debug/weir-bridge`.
+pub fn bridge_bin() -> PathBuf {
+    if let Some(p) = env::var_os("WEIR_BRIDGE_BIN") {
+        return PathBuf::from(p);
+    }
+    let target = env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("target"));
+    let p = target.join("debug/weir-bridge");
+    assert!(
+        p.is_file(),
+        "weir-bridge not found at {}: build it with `cargo build -p weir-bridge`, or set WEIR_BRIDGE_BIN",
+        p.display()
+    );
+    p
+}
+
+/// A running weir-bridge; killed by PID on drop.
+#[derive(Debug)]
+pub struct Bridge {
+    pub port: u16,
+    process: Process,
+}
+
+impl Bridge {
+    /// Starts the bridge against `redis` on a free port and waits until `/healthz` is
+    /// 200. `extra` are more flags (e.g. `["--secret", "s"]`).
+    pub fn start(redis: &RedisCluster, extra: &[&str]) -> Bridge {
+        let port = free_port();
+        let listen = format!("127.0.0.1:{port}");
+        let nodes = redis.seed_nodes().join(",");
+        let mut args = vec!["--listen", &listen, "--redis-nodes", &nodes];
+        args.extend_from_slice(extra);
+        let mut process = Process::spawn(bridge_bin(), &args, &[("WEIR_BRIDGE_LOG", "info")]);
+        let healthy = wait_until(Duration::from_secs(20), Duration::from_millis(50), || {
+            get(port, "/healthz", &[]).is_ok_and(|r| r.status == 200)
+        });
+        if !healthy {
+            let running = process.is_running();
+            panic!(
+                "weir-bridge not healthy after 20 s (running: {running}); log:\n{}",
+                process.log()
+            );
+        }
+        Bridge { port, process }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.process.pid()
+    }
+
+    pub fn log(&self) -> String {
+        self.process.log()
+    }
+
+    /// Kills the bridge now (SIGKILL: it gets no chance to answer anything more).
+    pub fn kill_hard(&mut self) {
+        self.process.child().kill_hard();
+    }
+
+    /// The Prometheus text of `/metrics`.
+    pub fn metrics(&self) -> String {
+        get(self.port, "/metrics", &[])
+            .map(|r| r.text())
+            .unwrap_or_default()
+    }
+
+    /// Sum of every sample of metric `name` whose labels contain all of `labels`
+    /// (e.g. `("rule", "per-tenant")`).
+    pub fn metric_sum(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        prometheus_sum(&self.metrics(), name, labels)
+    }
+}
+
+/// Sums the samples of `name` in Prometheus text whose labels include `labels`.
+pub fn prometheus_sum(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|line| {
+            let (series, value) = line.rsplit_once(' ')?;
+            let (metric, label_text) = match series.split_once('{') {
+                Some((m, rest)) => (m, rest.trim_end_matches('}')),
+                None => (series, ""),
+            };
+            if metric != name {
+                return None;
+            }
+            let all = labels
+                .iter()
+                .all(|(k, v)| label_text.contains(&format!("{k}=\"{v}\"")));
+            if !all {
+                return None;
+            }
+            value.parse::<f64>().ok()
+        })
+        .sum()
+}
+
+/// The Envoy cluster `weir_bridge` pointing at `port` on 127.0.0.1 (HTTP/1.1), as a
+/// list item for [`crate::Bootstrap::cluster`].
+pub fn bridge_cluster_yaml(port: u16) -> String {
+    format!(
+        "- name: weir_bridge
+  type: STATIC
+  connect_timeout: 0.25s
+  load_assignment:
+    cluster_name: weir_bridge
+    endpoints:
+    - lb_endpoints:
+      - endpoint:
+          address:
+            socket_address: {{ address: 127.0.0.1, port_value: {port} }}
+"
+    )
+}
