@@ -19,10 +19,16 @@ struct Stack {
 }
 
 fn stack(config: &str) -> Stack {
+    stack_with(&[config, config], &[])
+}
+
+/// One Envoy per config, and a bridge started with `bridge_args`.
+fn stack_with(configs: &[&str], bridge_args: &[&str]) -> Stack {
     let redis = RedisCluster::start(3, 1);
-    let bridge = Bridge::start(&redis, &[]);
-    let envoys = (0..2)
-        .map(|_| {
+    let bridge = Bridge::start(&redis, bridge_args);
+    let envoys = configs
+        .iter()
+        .map(|config| {
             let bootstrap = Bootstrap::new()
                 .http_filter(wasm_filter_yaml(config, &weir_wasm()))
                 .cluster(bridge_cluster_yaml(bridge.port));
@@ -269,6 +275,38 @@ fn failure_modes_when_the_bridge_dies_or_hangs() {
     check(&s, "bridge hung", 200 + 150);
     assert!(s.stat("bridge.errors_timeout") >= 1);
     unsafe { libc::kill(pid, libc::SIGCONT) };
+}
+
+/// The bridge refuses calls without its secret (401): for the filter that is a failure
+/// like any other, so the rule's failure mode applies — never a free pass.
+#[test]
+fn a_wrong_secret_gets_the_failure_mode() {
+    let config = |secret: &str| {
+        format!(
+            r#"{{"bridge": {{"cluster": "weir_bridge", "secret": "{secret}"}}, "rules": [
+              {{"name":"quota","scope":"global","limit":{{"algorithm":"fixed_window","limit":100,"window":"1d"}},
+                "global":{{"failure_mode":"deny"}}}}]}}"#
+        )
+    };
+    let (right, wrong) = (config("s3cret"), config("guess"));
+    let s = stack_with(&[&right, &wrong], &["--secret", "s3cret"]);
+    assert_eq!(get(s.envoys[0].http_port, "/", &[]).unwrap().status, 200);
+    let denied = get(s.envoys[1].http_port, "/", &[]).unwrap();
+    assert_eq!(denied.status, 503, "{}", denied.text());
+    let status_errors = s.envoys[1]
+        .stat("wasmcustom.weir.bridge.errors_status")
+        .unwrap_or(0);
+    assert_eq!(status_errors, 1);
+    assert_eq!(
+        s.bridge
+            .metric_sum("weir_bridge_errors_total", &[("class", "unauthorized")]),
+        1.0
+    );
+    assert_eq!(
+        s.bridge
+            .metric_sum("weir_bridge_decisions_total", &[("rule", "quota")]),
+        1.0
+    );
 }
 
 /// A Redis master killed by PID while requests flow: nothing hangs past the timeout, the

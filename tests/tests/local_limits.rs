@@ -534,3 +534,128 @@ fn the_demo_config_limits_per_user_and_per_tenant() {
     assert_eq!(stat(&envoy, "rule.per-tenant.failure_local"), 0);
     assert!(stat(&envoy, "rule.per-tenant.bridge_decisions") >= 1);
 }
+
+/// Base64url without padding, as JWTs use it.
+fn b64url(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, &b)| n | u32::from(b) << (16 - 8 * i));
+        for i in 0..=chunk.len() {
+            out.push(ALPHABET[(n >> (18 - 6 * i) & 63) as usize] as char);
+        }
+    }
+    out
+}
+
+/// An HS256 JWT (HMAC-SHA256 written out, so the test needs no JWT library).
+fn hs256(secret: &[u8], payload: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let signing_input = format!(
+        "{}.{}",
+        b64url(br#"{"alg":"HS256","typ":"JWT"}"#),
+        b64url(payload.as_bytes())
+    );
+    let mut key = [0u8; 64];
+    key[..secret.len()].copy_from_slice(secret);
+    let pad = |byte: u8| key.iter().map(|k| k ^ byte).collect::<Vec<u8>>();
+    let inner = Sha256::new()
+        .chain_update(pad(0x36))
+        .chain_update(signing_input.as_bytes())
+        .finalize();
+    let mac = Sha256::new()
+        .chain_update(pad(0x5c))
+        .chain_update(inner)
+        .finalize();
+    format!("{signing_input}.{}", b64url(&mac))
+}
+
+/// Keys from JWT claims that Envoy's jwt_authn verified and put in dynamic metadata, and
+/// from any attribute by path.
+#[test]
+fn keys_from_jwt_claims_and_attributes() {
+    let secret = b"weir-test-secret-of-32-bytes!!!!";
+    let jwks = format!(
+        r#"{{"keys":[{{"kty":"oct","alg":"HS256","k":"{}"}}]}}"#,
+        b64url(secret)
+    );
+    let jwt_authn = format!(
+        r#"- name: envoy.filters.http.jwt_authn
+  typed_config:
+    "@type": type.googleapis.com/envoy.extensions.filters.http.jwt_authn.v3.JwtAuthentication
+    providers:
+      test:
+        issuer: weir-test
+        local_jwks: {{ inline_string: '{jwks}' }}
+        payload_in_metadata: jwt_payload
+    rules:
+    - match: {{ prefix: "/" }}
+      requires: {{ requires_any: {{ requirements: [ {{ provider_name: test }}, {{ allow_missing: {{}} }} ] }} }}
+"#
+    );
+    let config = r#"{"rules":[
+      {"name":"per-sub","match":{"path":{"prefix":"/sub"}},"key":[{"jwt_claim":"sub"}],
+       "limit":{"algorithm":"fixed_window","limit":2,"window":"1h"}},
+      {"name":"per-org","match":{"path":{"prefix":"/org"}},"key":[{"jwt_claim":["org","id"]}],
+       "limit":{"algorithm":"fixed_window","limit":2,"window":"1h"}},
+      {"name":"per-host","match":{"path":{"prefix":"/host"}},"key":[{"attribute":["request","host"]}],
+       "limit":{"algorithm":"fixed_window","limit":1,"window":"1h"}}]}"#;
+    let bootstrap = Bootstrap::new()
+        .http_filter(jwt_authn)
+        .http_filter(wasm_filter_yaml(config, &weir_wasm()));
+    let envoy = Envoy::start(&bootstrap, 1);
+    let token = |sub: &str, org: &str| {
+        let payload = format!(
+            r#"{{"iss":"weir-test","sub":"{sub}","org":{{"id":"{org}"}},"exp":4102444800}}"#
+        );
+        format!("Bearer {}", hs256(secret, &payload))
+    };
+    let status = |path: &str, auth: Option<&str>| {
+        let mut request = Request::get(path);
+        if let Some(auth) = auth {
+            request = request.header("authorization", auth);
+        }
+        send(envoy.http_port, request).unwrap().status
+    };
+    let (alice, bob) = (token("alice", "acme"), token("bob", "acme"));
+    assert_eq!(status("/sub", Some(&alice)), 200);
+    assert_eq!(status("/sub", Some(&alice)), 200);
+    assert_eq!(
+        status("/sub", Some(&alice)),
+        429,
+        "the sub claim is the key"
+    );
+    assert_eq!(
+        status("/sub", Some(&bob)),
+        200,
+        "bob has a bucket of his own"
+    );
+    assert_eq!(
+        status("/sub", None),
+        200,
+        "no token: no claim, the rule does not apply"
+    );
+    assert_eq!(stat(&envoy, "rule.per-sub.key_missing"), 1);
+    let forged = format!("{}x", token("alice", "acme"));
+    assert_eq!(
+        status("/sub", Some(&forged)),
+        401,
+        "jwt_authn rejects a bad signature"
+    );
+
+    assert_eq!(status("/org", Some(&alice)), 200);
+    assert_eq!(status("/org", Some(&bob)), 200);
+    assert_eq!(
+        status("/org", Some(&token("carol", "acme"))),
+        429,
+        "a nested claim is the key"
+    );
+    assert_eq!(status("/org", Some(&token("carol", "other"))), 200);
+
+    assert_eq!(status("/host", None), 200);
+    assert_eq!(status("/host", None), 429, "request.host is the key");
+    assert_no_panic(&envoy);
+}
