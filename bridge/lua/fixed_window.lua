@@ -1,5 +1,7 @@
 -- weir fixed window: acquire `cost` to `want` units from one key, atomically.
 --
+-- Runs after common.lua (clock_us, idiv, ns_of_us, int, expire_at_ms), in one chunk.
+--
 -- Mirrors weir_core::algorithms::fixed_window::FixedWindow::decide and Limit::acquire:
 -- windows [k × window, (k + 1) × window) aligned to the Unix epoch, one counter each.
 --
@@ -23,34 +25,6 @@
 -- both pass. The TTL is the end of the counted window: after it the count means nothing.
 -- A count from a later window (the clock went back, e.g. after a failover to a node
 -- whose clock is behind) stays current, as in the core.
-
-local function clock_us()
-  local pinned = tonumber(ARGV[1])
-  if pinned and pinned > 0 then return pinned end
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
-
-local function idiv(a, b)
-  local q = math.floor(a / b)
-  local r = a - q * b
-  if r < 0 then return q - 1 elseif r >= b then return q + 1 end
-  return q
-end
-
-local function ns_of_us(us)
-  if us <= 0 then return '0' end
-  return string.format('%.0f', us) .. '000'
-end
-
-local function int(x) return string.format('%.0f', x) end
-
--- The key's deadline (ms since the epoch, for PXAT/PEXPIREAT) when its state stops
--- carrying information at idle_at_us: Redis keeps a key while its ms clock reads at most
--- the deadline, so rounding up keeps it for every instant before idle_at_us.
-local function expire_at_ms(idle_at_us)
-  return idiv(idle_at_us + 999, 1000)
-end
 
 local key = KEYS[1]
 local now = clock_us()

@@ -1,6 +1,8 @@
 -- weir GCRA: acquire `cost` to `want` units from one key, atomically; redis-cell's
 -- CL.THROTTLE arithmetic, in nanoseconds.
 --
+-- Runs after common.lua (clock_us, idiv, ns_of_us, int, expire_at_ms), in one chunk.
+--
 -- Mirrors weir_core::algorithms::gcra::Gcra::decide and Limit::acquire integer for
 -- integer. The emission interval T and the tolerance tau = T × (burst + 1) come from the
 -- caller, computed once by the core (T = trunc(period_ns / rate) in doubles, exactly as
@@ -28,29 +30,6 @@
 --
 -- Why atomic: two requests reading the same TAT would both be admitted against it. The
 -- TTL is the TAT (rounded up to the µs): from then on the key decides like a fresh one.
-
-local function clock_us()
-  local pinned = tonumber(ARGV[1])
-  if pinned and pinned > 0 then return pinned end
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
-
-local function idiv(a, b)
-  local q = math.floor(a / b)
-  local r = a - q * b
-  if r < 0 then return q - 1 elseif r >= b then return q + 1 end
-  return q
-end
-
-local function int(x) return string.format('%.0f', x) end
-
--- The key's deadline (ms since the epoch, for PXAT/PEXPIREAT) when its state stops
--- carrying information at idle_at_us: Redis keeps a key while its ms clock reads at most
--- the deadline, so rounding up keeps it for every instant before idle_at_us.
-local function expire_at_ms(idle_at_us)
-  return idiv(idle_at_us + 999, 1000)
-end
 
 local key = KEYS[1]
 local now = clock_us()

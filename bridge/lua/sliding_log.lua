@@ -1,5 +1,7 @@
 -- weir sliding-window log: acquire `cost` to `want` units from one key, atomically.
 --
+-- Runs after common.lua (clock_us, idiv, ns_of_us, int, expire_at_ms), in one chunk.
+--
 -- Mirrors weir_core::algorithms::sliding_log::SlidingLog::acquire: every admitted unit
 -- is one event; an event at t counts while now − window < t.
 --
@@ -24,34 +26,6 @@
 -- requests that both count limit − 1 events would both be added. The count is taken
 -- before adding, and a denied request adds nothing (hammering a limited key does not
 -- extend its ban). The TTL is the newest event + window: then every event has left.
-
-local function clock_us()
-  local pinned = tonumber(ARGV[1])
-  if pinned and pinned > 0 then return pinned end
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
-
-local function idiv(a, b)
-  local q = math.floor(a / b)
-  local r = a - q * b
-  if r < 0 then return q - 1 elseif r >= b then return q + 1 end
-  return q
-end
-
-local function ns_of_us(us)
-  if us <= 0 then return '0' end
-  return string.format('%.0f', us) .. '000'
-end
-
-local function int(x) return string.format('%.0f', x) end
-
--- The key's deadline (ms since the epoch, for PXAT/PEXPIREAT) when its state stops
--- carrying information at idle_at_us: Redis keeps a key while its ms clock reads at most
--- the deadline, so rounding up keeps it for every instant before idle_at_us.
-local function expire_at_ms(idle_at_us)
-  return idiv(idle_at_us + 999, 1000)
-end
 
 local log, seq = KEYS[1], KEYS[2]
 local now = clock_us()

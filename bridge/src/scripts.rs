@@ -38,6 +38,18 @@ impl LuaScript {
     }
 }
 
+/// An algorithm's script as Redis runs it: the shared prelude (`lua/common.lua`), then
+/// the algorithm's own file, as one chunk.
+macro_rules! script {
+    ($name:literal) => {
+        concat!(
+            include_str!("../lua/common.lua"),
+            "\n",
+            include_str!(concat!("../lua/", $name, ".lua"))
+        )
+    };
+}
+
 /// The five scripts, loaded at compile time.
 #[derive(Debug)]
 pub struct Scripts {
@@ -53,20 +65,20 @@ impl Default for Scripts {
         Scripts {
             token_bucket: LuaScript::new(
                 AlgorithmKind::TokenBucket,
-                include_str!("../lua/token_bucket.lua"),
+                script!("token_bucket"),
             ),
-            gcra: LuaScript::new(AlgorithmKind::Gcra, include_str!("../lua/gcra.lua")),
+            gcra: LuaScript::new(AlgorithmKind::Gcra, script!("gcra")),
             fixed_window: LuaScript::new(
                 AlgorithmKind::FixedWindow,
-                include_str!("../lua/fixed_window.lua"),
+                script!("fixed_window"),
             ),
             sliding_window: LuaScript::new(
                 AlgorithmKind::SlidingWindow,
-                include_str!("../lua/sliding_window.lua"),
+                script!("sliding_window"),
             ),
             sliding_log: LuaScript::new(
                 AlgorithmKind::SlidingLog,
-                include_str!("../lua/sliding_log.lua"),
+                script!("sliding_log"),
             ),
         }
     }

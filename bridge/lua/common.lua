@@ -1,0 +1,36 @@
+-- Helpers shared by every weir script. The bridge sends each script as this prelude
+-- followed by the algorithm's own file (one chunk, so these locals are in scope); the
+-- scripts are never run without it.
+--
+-- ARGV[1] of every script is the now_us override: 0 = Redis TIME (production); > 0 pins
+-- the clock (tests).
+
+local function clock_us()
+  local pinned = tonumber(ARGV[1])
+  if pinned and pinned > 0 then return pinned end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+-- floor(a / b) for integers a >= 0, b > 0, a + b < 2^53: the double quotient may round
+-- up across an integer; the remainder puts it back.
+local function idiv(a, b)
+  local q = math.floor(a / b)
+  local r = a - q * b
+  if r < 0 then return q - 1 elseif r >= b then return q + 1 end
+  return q
+end
+
+local function ns_of_us(us)
+  if us <= 0 then return '0' end
+  return string.format('%.0f', us) .. '000'
+end
+
+local function int(x) return string.format('%.0f', x) end
+
+-- The key's deadline (ms since the epoch, for PXAT/PEXPIREAT) when its state stops
+-- carrying information at idle_at_us: Redis keeps a key while its ms clock reads at most
+-- the deadline, so rounding up keeps it for every instant before idle_at_us.
+local function expire_at_ms(idle_at_us)
+  return idiv(idle_at_us + 999, 1000)
+end
