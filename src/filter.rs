@@ -206,7 +206,7 @@ impl Context for Filter {
         }
         plugin
             .engine
-            .complete(&mut eval, &SharedData, now_us, reply);
+            .complete(&mut eval, &SharedData, sent_at, now_us, reply);
         if self.finish(&plugin, &eval) {
             if let Err(e) = host::resume_http_request() {
                 self.log(LogLevel::Error, || {
@@ -238,7 +238,7 @@ impl HttpContext for Filter {
                 }
                 Err(error) => {
                     plugin.metrics.bridge_error(&error);
-                    engine.complete(&mut eval, &SharedData, now_us, Err(error));
+                    engine.complete(&mut eval, &SharedData, now_us, now_us, Err(error));
                 }
             }
         }

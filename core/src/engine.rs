@@ -363,11 +363,14 @@ impl Engine {
         serde_json::to_vec(&request).unwrap_or_default()
     }
 
-    /// Finishes an evaluation with the bridge's reply (or its failure), at `now_us`.
+    /// Finishes an evaluation with the bridge's reply (or its failure), at `now_us`. Lease
+    /// expiries and cached denials count from `sent_at_us`, when the call left: Redis
+    /// decided after that, so no leased unit outlives its bound.
     pub fn complete<S: SharedStore>(
         &self,
         eval: &mut Evaluation,
         store: &S,
+        sent_at_us: u64,
         now_us: u64,
         reply: Result<AcquireResponse, ReplyError>,
     ) {
@@ -385,6 +388,7 @@ impl Engine {
                 return;
             }
         };
+        let base = sent_at_us.min(now_us);
         let pending = std::mem::take(&mut eval.pending);
         for (item, result) in pending.iter().zip(&reply.items) {
             let (Some(rule), Some(table)) =
@@ -402,46 +406,48 @@ impl Engine {
                 retry_after_ns: result.retry_after_ns,
                 reset_after_ns: result.reset_after_ns,
             };
-            let write = if result.allowed {
-                let leftover = result.granted.saturating_sub(item.cost);
-                (global.lease_max > 1).then(|| {
-                    let next = lease::next_want(
+            // A denial is cached; an allowed lease keeps what it did not spend.
+            let write = if !result.allowed {
+                let retry = result.retry_after_ns.unwrap_or(result.reset_after_ns);
+                Some(LeaseWrite::Deny(lease::deny(
+                    base,
+                    retry,
+                    result.reset_after_ns,
+                )))
+            } else if global.lease_max > 1 {
+                let ttl_us = result.lease_ttl_ns.map_or(global.lease_ttl_us, |ns| {
+                    global.lease_ttl_us.min(ns / NS_PER_US)
+                });
+                Some(LeaseWrite::Merge {
+                    leftover: result.granted.saturating_sub(item.cost),
+                    expires_us: base.saturating_add(ttl_us),
+                    next_want: lease::next_want(
                         item.want,
                         result.granted,
                         result.remaining,
                         global.expected_instances,
                         global.lease_max,
-                    );
-                    let ttl_us = result.lease_ttl_ns.map_or(global.lease_ttl_us, |ns| {
-                        global.lease_ttl_us.min(ns / NS_PER_US)
-                    });
-                    (leftover, now_us.saturating_add(ttl_us), next)
+                    ),
                 })
             } else {
                 None
             };
-            let stored = if let Some((leftover, expires_us, next)) = write {
+            let stored = write.map(|write| {
                 table.update(store, &item.hash, now_us, lease::idle_at_us, |state| {
-                    (
-                        (),
-                        Some(lease::merge(state, now_us, leftover, expires_us, next)),
-                    )
+                    let next = match write {
+                        LeaseWrite::Deny(denied) => denied,
+                        LeaseWrite::Merge {
+                            leftover,
+                            expires_us,
+                            next_want,
+                        } => lease::merge(state, now_us, leftover, expires_us, next_want),
+                    };
+                    ((), Some(next))
                 })
-            } else if !result.allowed {
-                let retry = result.retry_after_ns.unwrap_or(result.reset_after_ns);
-                table.update(store, &item.hash, now_us, lease::idle_at_us, |_| {
-                    ((), Some(lease::deny(now_us, retry, result.reset_after_ns)))
-                })
-            } else {
-                Ok(crate::store::Updated {
-                    result: (),
-                    placement: None,
-                    cas_retries: 0,
-                })
-            };
+            });
             let mut report = RuleReport::new(item.rule);
             report.source = Some(Source::Bridge);
-            if let Ok(u) = stored {
+            if let Some(Ok(u)) = stored {
                 report.placement = u.placement;
                 report.cas_retries = u.cas_retries;
             }
@@ -545,6 +551,17 @@ impl Engine {
     pub fn rule_name(&self, rule: usize) -> &str {
         self.config.rules.get(rule).map_or("", |r| r.name.as_str())
     }
+}
+
+/// What a bridge reply writes to a global rule's slot.
+#[derive(Debug, Clone, Copy)]
+enum LeaseWrite {
+    Deny(SlotState),
+    Merge {
+        leftover: u64,
+        expires_us: u64,
+        next_want: u64,
+    },
 }
 
 /// Records a decided rule: its report, and for enforcing rules the verdict (stopping

@@ -260,7 +260,7 @@ fn exact_global_rules_ask_the_bridge_every_time() {
         let body = String::from_utf8(e.bridge_request(&eval.pending)).unwrap();
         assert!(body.contains(r#""descriptor":["=acme"]"#), "{body}");
         assert!(body.contains(r#""algorithm":"token_bucket""#), "{body}");
-        e.complete(&mut eval, &store, T0, Ok(granted(1, 50)));
+        e.complete(&mut eval, &store, T0, T0, Ok(granted(1, 50)));
         assert!(!eval.denied());
         assert_eq!(eval.verdicts[0].decision.remaining, 50);
         assert_eq!(eval.reports[0].source, Some(Source::Bridge));
@@ -280,7 +280,7 @@ fn leases_grow_and_serve_requests_locally() {
             wants.push(item.want);
             bridge_calls += 1;
             let want = item.want;
-            e.complete(&mut eval, &store, T0 + i, Ok(granted(want, 1000)));
+            e.complete(&mut eval, &store, T0 + i, T0 + i, Ok(granted(want, 1000)));
         } else {
             assert_eq!(eval.reports[0].source, Some(Source::Lease));
         }
@@ -300,7 +300,7 @@ fn a_denial_is_cached_until_retry_after() {
     let store = MemoryStore::new();
     e.prepare(&store).unwrap();
     let mut eval = eval_at(&e, &store, T0);
-    e.complete(&mut eval, &store, T0, Ok(denied(5_000_000_000)));
+    e.complete(&mut eval, &store, T0, T0, Ok(denied(5_000_000_000)));
     assert!(eval.denied());
     for t in [1, 1_000_000, 4_999_999] {
         let eval = eval_at(&e, &store, T0 + t);
@@ -326,7 +326,7 @@ fn failure_modes_apply_and_the_bridge_is_left_alone_for_a_while() {
         let store = MemoryStore::new();
         e.prepare(&store).unwrap();
         let mut eval = eval_at(&e, &store, T0);
-        e.complete(&mut eval, &store, T0, Err(ReplyError::Timeout));
+        e.complete(&mut eval, &store, T0, T0, Err(ReplyError::Timeout));
         assert_eq!(eval.denied_by.is_some(), expect_denied, "{mode}");
         assert_eq!(eval.unavailable.is_some(), expect_unavailable, "{mode}");
         assert!(store.get(BRIDGE_DOWN_KEY).unwrap().0.is_some());
@@ -365,7 +365,13 @@ fn the_local_fallback_enforces_a_share_of_the_quota() {
     for i in 0..5 {
         let mut eval = eval_at(&e, &store, T0 + i);
         if !eval.pending.is_empty() {
-            e.complete(&mut eval, &store, T0 + i, Err(ReplyError::Unavailable));
+            e.complete(
+                &mut eval,
+                &store,
+                T0 + i,
+                T0 + i,
+                Err(ReplyError::Unavailable),
+            );
         }
         allowed += usize::from(!eval.denied());
     }
@@ -384,7 +390,7 @@ fn rules_after_a_bridge_denial_are_not_charged() {
     let mut facts = Facts::new(&e.config.facts, FakeRequest::default());
     let mut eval = e.evaluate(&store, &SEED, &mut facts, T0);
     assert_eq!(eval.pending.len(), 2, "both rules go in one call");
-    e.complete(&mut eval, &store, T0, Ok(denied(1_000)));
+    e.complete(&mut eval, &store, T0, T0, Ok(denied(1_000)));
     assert!(eval.denied());
     assert_eq!(eval.reports.len(), 1, "the second rule was not evaluated");
 }
