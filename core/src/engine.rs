@@ -170,6 +170,20 @@ pub struct Engine {
 
 impl Engine {
     pub fn new(config: Config) -> Self {
+        Self::with_namespace(config, "")
+    }
+
+    /// An engine whose tables are prefixed by `namespace` (the filter uses Envoy's
+    /// plugin name), so that two plugins sharing one Wasm VM's shared data — Istio gives
+    /// every WasmPlugin the same `vm_id` — never share counters, even with equal rule names.
+    pub fn with_namespace(config: Config, namespace: &str) -> Self {
+        let owner = |rule: &Rule| {
+            if namespace.is_empty() {
+                rule.name.clone()
+            } else {
+                format!("{namespace}/{}", rule.name)
+            }
+        };
         let tables = config
             .rules
             .iter()
@@ -178,7 +192,7 @@ impl Engine {
                     Scope::Local(limit) => limit.kind().name().to_string(),
                     Scope::Global(global) => format!("lease-{}", global.limit.kind()),
                 };
-                SlotTable::new(&rule.name, &label, rule.max_keys)
+                SlotTable::new(&owner(rule), &label, rule.max_keys)
             })
             .collect();
         let fallbacks = config
@@ -190,7 +204,7 @@ impl Engine {
                     ..
                 }) => {
                     let label = format!("fallback-{}", limit.kind());
-                    Some(SlotTable::new(&rule.name, &label, rule.max_keys))
+                    Some(SlotTable::new(&owner(rule), &label, rule.max_keys))
                 }
                 _ => None,
             })

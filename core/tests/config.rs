@@ -534,3 +534,19 @@ fn cli_usage() {
         "{stderr}"
     );
 }
+
+#[test]
+fn the_bridge_authority_defaults_to_the_istio_host() {
+    let config = parse_fixture("bridge_istio_cluster");
+    let bridge = config.bridge.expect("bridge settings");
+    assert_eq!(
+        bridge.authority,
+        "weir-bridge.weir-system.svc.cluster.local:8081"
+    );
+    assert_eq!(bridge.secret_env.as_deref(), Some("WEIR_BRIDGE_SECRET"));
+    assert_eq!(bridge.timeout_ms, 50);
+    let plain = parse_fixture("global_rules")
+        .bridge
+        .expect("bridge settings");
+    assert_eq!(plain.authority, "bridge.internal");
+}

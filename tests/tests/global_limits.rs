@@ -24,13 +24,22 @@ fn stack(config: &str) -> Stack {
 
 /// One Envoy per config, and a bridge started with `bridge_args`.
 fn stack_with(configs: &[&str], bridge_args: &[&str]) -> Stack {
+    let filters: Vec<String> = configs
+        .iter()
+        .map(|c| wasm_filter_yaml(c, &weir_wasm()))
+        .collect();
+    stack_with_filters(&filters, bridge_args)
+}
+
+/// One Envoy per filter (YAML list item), and a bridge started with `bridge_args`.
+fn stack_with_filters(filters: &[String], bridge_args: &[&str]) -> Stack {
     let redis = RedisCluster::start(3, 1);
     let bridge = Bridge::start(&redis, bridge_args);
-    let envoys = configs
+    let envoys = filters
         .iter()
-        .map(|config| {
+        .map(|filter| {
             let bootstrap = Bootstrap::new()
-                .http_filter(wasm_filter_yaml(config, &weir_wasm()))
+                .http_filter(filter.clone())
                 .cluster(bridge_cluster_yaml(bridge.port));
             Envoy::start(&bootstrap, 2)
         })
@@ -278,18 +287,24 @@ fn failure_modes_when_the_bridge_dies_or_hangs() {
 }
 
 /// The bridge refuses calls without its secret (401): for the filter that is a failure
-/// like any other, so the rule's failure mode applies — never a free pass.
+/// like any other, so the rule's failure mode applies — never a free pass. The right
+/// secret comes from the Wasm VM's environment (`secret_env`).
 #[test]
 fn a_wrong_secret_gets_the_failure_mode() {
     let config = |secret: &str| {
         format!(
-            r#"{{"bridge": {{"cluster": "weir_bridge", "secret": "{secret}"}}, "rules": [
+            r#"{{"bridge": {{"cluster": "weir_bridge", {secret}}}, "rules": [
               {{"name":"quota","scope":"global","limit":{{"algorithm":"fixed_window","limit":100,"window":"1d"}},
                 "global":{{"failure_mode":"deny"}}}}]}}"#
         )
     };
-    let (right, wrong) = (config("s3cret"), config("guess"));
-    let s = stack_with(&[&right, &wrong], &["--secret", "s3cret"]);
+    let right = wasm_filter_yaml(&config(r#""secret_env": "WEIR_BRIDGE_SECRET""#), &weir_wasm()).replace(
+        "runtime: envoy.wasm.runtime.v8\n",
+        "runtime: envoy.wasm.runtime.v8\n        environment_variables: { key_values: { WEIR_BRIDGE_SECRET: s3cret } }\n",
+    );
+    assert!(right.contains("environment_variables"));
+    let wrong = wasm_filter_yaml(&config(r#""secret": "guess""#), &weir_wasm());
+    let s = stack_with_filters(&[right, wrong], &["--secret", "s3cret"]);
     assert_eq!(get(s.envoys[0].http_port, "/", &[]).unwrap().status, 200);
     let denied = get(s.envoys[1].http_port, "/", &[]).unwrap();
     assert_eq!(denied.status, 503, "{}", denied.text());

@@ -274,6 +274,16 @@ fn envoy_refuses_a_bad_config_and_says_which_field() {
         ),
         "log does not carry weir's message:\n{log}"
     );
+    // A secret that should come from the VM's environment, which does not have it.
+    let config = r#"{"bridge":{"cluster":"weir_bridge","secret_env":"WEIR_BRIDGE_SECRET"},
+        "rules":[{"name":"quota","scope":"global","limit":{"algorithm":"fixed_window","limit":10,"window":"1m"}}]}"#;
+    let log = Envoy::start_expect_failure(&weir(config));
+    assert!(
+        log.contains(
+            r#"bridge.secret_env: the environment variable "WEIR_BRIDGE_SECRET" is not set"#
+        ),
+        "log does not carry weir's message:\n{log}"
+    );
 }
 
 #[test]

@@ -331,13 +331,38 @@ fn compile_bridge(raw: RawBridge) -> Result<BridgeSettings> {
     };
     let cluster = text(raw.cluster, "bridge.cluster", "cluster name")?;
     let authority = match raw.authority {
-        Some(authority) => text(authority, "bridge.authority", "authority")?,
-        None => cluster.clone(),
+        Some(authority) => {
+            let authority = text(authority, "bridge.authority", "authority")?;
+            let host_chars = |c: char| {
+                c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':' | '[' | ']')
+            };
+            if !authority.chars().all(host_chars) {
+                return Err(error(
+                    "bridge.authority",
+                    format!(
+                        "invalid authority {}: expected a host name, with an optional :port",
+                        quoted(&authority)
+                    ),
+                ));
+            }
+            authority
+        }
+        None => default_authority(&cluster),
     };
     let secret = raw
         .secret
         .map(|s| text(s, "bridge.secret", "secret"))
         .transpose()?;
+    let secret_env = raw
+        .secret_env
+        .map(|s| text(s, "bridge.secret_env", "environment variable name"))
+        .transpose()?;
+    if secret.is_some() && secret_env.is_some() {
+        return Err(error(
+            "bridge.secret_env",
+            "give the secret either inline (`secret`) or from the environment (`secret_env`), not both",
+        ));
+    }
     let timeout_us = match raw.timeout {
         None => DEFAULT_BRIDGE_TIMEOUT_US,
         Some(t) if t.us >= 1_000 && t.us <= MAX_BRIDGE_TIMEOUT_US => t.us,
@@ -357,8 +382,22 @@ fn compile_bridge(raw: RawBridge) -> Result<BridgeSettings> {
         authority,
         timeout_ms: timeout_us / 1_000,
         secret,
+        secret_env,
         domain,
     })
+}
+
+/// The `:authority` of bridge calls when none is configured: the host of an Istio
+/// outbound cluster name (`outbound|8081||weir-bridge.weir.svc.cluster.local`), else the
+/// cluster name itself. (`|` is not valid in an authority: Envoy would answer 400.)
+fn default_authority(cluster: &str) -> String {
+    let parts: Vec<&str> = cluster.split('|').collect();
+    match parts.as_slice() {
+        ["outbound" | "inbound", port, _subset, host] if !host.is_empty() => {
+            format!("{host}:{port}")
+        }
+        _ => cluster.to_string(),
+    }
 }
 
 /// The parameters each algorithm takes: required ones, then optional ones.

@@ -33,12 +33,17 @@ pub struct Config {
 pub struct BridgeSettings {
     /// The Envoy cluster that routes to weir-bridge.
     pub cluster: String,
-    /// `:authority` of the calls (default: the cluster name).
+    /// `:authority` of the calls (default: the host of an Istio `outbound|PORT||HOST`
+    /// cluster name, else the cluster name).
     pub authority: String,
     /// Longest a request waits for the bridge; then the rule's failure mode applies.
     pub timeout_ms: u64,
     /// Sent as `x-weir-secret` when set.
     pub secret: Option<String>,
+    /// The name of an environment variable of the Wasm VM (Envoy's
+    /// `vm_config.environment_variables`) holding the secret; read by the filter when it
+    /// is configured, so the secret need not be written in the plugin configuration.
+    pub secret_env: Option<String>,
     /// Namespace of every global key, so several deployments can share one Redis.
     pub domain: String,
 }

@@ -100,6 +100,7 @@ pub(crate) struct RawBridge {
     pub authority: Option<String>,
     pub timeout: Option<RawDuration>,
     pub secret: Option<String>,
+    pub secret_env: Option<String>,
     pub domain: Option<String>,
 }
 

@@ -1,8 +1,9 @@
 //! A fixed-size, set-associative table of per-key state in shared data.
 //!
 //! Layout: a rule's table is `sets` shared-data keys named
-//! `weir/v1/<rule>/<label>/<set index>` (the label is the algorithm, or `lease` for the
-//! leases of a global rule), each holding [`WAYS`] slots of
+//! `weir/v1/<plugin>/<rule>/<label>/<set index>` (the plugin is Envoy's plugin name; the
+//! label is the algorithm, `lease-<algorithm>` for the leases of a global rule, or
+//! `fallback-<algorithm>` for its local share), each holding [`WAYS`] slots of
 //! [`SLOT_BYTES`] bytes: an 8-byte key fingerprint (0 = empty) and the algorithm's
 //! 16-byte [`SlotState`]. `sets = ceil(max_keys / WAYS)`, so the table holds
 //! `max_keys` rounded up to a multiple of [`WAYS`] keys and its memory never grows.
