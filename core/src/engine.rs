@@ -449,7 +449,7 @@ impl Engine {
             let stored = write.map(|write| {
                 table.update(store, &item.hash, now_us, lease::idle_at_us, |state| {
                     let next = match write {
-                        LeaseWrite::Deny(denied) => denied,
+                        LeaseWrite::Deny(denied) => lease::after_denial(state, now_us, denied),
                         LeaseWrite::Merge {
                             leftover,
                             expires_us,

@@ -218,6 +218,18 @@ pub fn merge(
     merged.to_slot()
 }
 
+/// What a denial from Redis leaves in the slot at `now_us`: a live lease with units left
+/// is kept (they are already paid for in Redis; throwing them away would under-admit),
+/// anything else becomes the cached denial.
+pub fn after_denial(state: Option<SlotState>, now_us: u64, denial: SlotState) -> SlotState {
+    match state.map(LeaseState::from_slot) {
+        Some(LeaseState::Lease {
+            tokens, expires_us, ..
+        }) if tokens > 0 && now_us < expires_us => state.unwrap_or(denial),
+        _ => denial,
+    }
+}
+
 /// Remembers a denial: deny locally until `now + retry_after`.
 pub fn deny(now_us: u64, retry_after_ns: u64, reset_after_ns: u64) -> SlotState {
     let at = |ns: u64| now_us.saturating_add(ns.div_ceil(NS_PER_US));
@@ -304,6 +316,31 @@ mod tests {
             spend(Some(denied), NOW + 2, 1).0,
             Spend::Miss { want_hint: 1 }
         );
+    }
+
+    #[test]
+    fn a_denial_never_drops_units_already_leased() {
+        let denial = deny(NOW, 1_000, 1_000);
+        let held = LeaseState::Lease {
+            tokens: 3,
+            expires_us: NOW + 10,
+            next_want: 4,
+        }
+        .to_slot();
+        assert_eq!(after_denial(Some(held), NOW, denial), held);
+        assert_eq!(
+            after_denial(Some(held), NOW + 10, denial),
+            denial,
+            "expired: cache the denial"
+        );
+        let drained = LeaseState::Lease {
+            tokens: 0,
+            expires_us: NOW + 10,
+            next_want: 4,
+        }
+        .to_slot();
+        assert_eq!(after_denial(Some(drained), NOW, denial), denial);
+        assert_eq!(after_denial(None, NOW, denial), denial);
     }
 
     #[test]
