@@ -78,8 +78,8 @@ impl Filter {
 
     /// Carries out a finished evaluation: metrics, logs, then the denial or the headers
     /// for the upstream's response. Returns whether the request may go on.
-    fn finish(&mut self, plugin: &Plugin, eval: &Evaluation) -> bool {
-        plugin.metrics.record(eval);
+    fn finish(&mut self, plugin: &Plugin, eval: &Evaluation, now_us: u64) -> bool {
+        plugin.metrics.record(eval, now_us);
         let engine = &plugin.engine;
         let settings = &engine.config.response;
         if !eval.shadow_limited.is_empty() {
@@ -207,7 +207,7 @@ impl Context for Filter {
         plugin
             .engine
             .complete(&mut eval, &SharedData, sent_at, now_us, reply);
-        if self.finish(&plugin, &eval) {
+        if self.finish(&plugin, &eval, now_us) {
             if let Err(e) = host::resume_http_request() {
                 self.log(LogLevel::Error, || {
                     format!("cannot resume the request: {e}")
@@ -242,7 +242,7 @@ impl HttpContext for Filter {
                 }
             }
         }
-        if self.finish(&plugin, &eval) {
+        if self.finish(&plugin, &eval, now_us) {
             Action::Continue
         } else {
             Action::Pause

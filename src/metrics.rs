@@ -15,103 +15,164 @@
 //! `slot_evictions`. For the bridge (`weir.bridge.<counter>`): `calls`, `skipped` (not
 //! called: it failed less than a second ago), `errors_timeout`, `errors_unavailable`,
 //! `errors_status`, `errors_bad_body`, and the histogram `latency_us`.
+//!
+//! Counting a request costs no host call: increments are kept in the VM and sent every
+//! [`FLUSH_INTERVAL_US`] — by the next request after that, or by the root context's tick
+//! when the worker is idle — so stats lag traffic by at most about a tenth of a second.
 
 use crate::host::{self, HostResult, MetricType};
+use std::cell::Cell;
 use weir_core::engine::{BridgeError, Evaluation, FailureOutcome, RuleOutcome, Source};
 use weir_core::store::{Placement, UpdateError};
 use weir_core::wire::ReplyError;
 
-#[derive(Debug, Default)]
+/// How often increments kept in the VM are sent to Envoy.
+pub const FLUSH_INTERVAL_US: u64 = 100_000;
+
+/// A counter or gauge: its index among the VM's pending increments.
+#[derive(Debug, Clone, Copy)]
+struct Stat(usize);
+
+#[derive(Debug)]
 struct RuleMetrics {
-    allowed: u32,
-    limited: u32,
-    shadow_limited: u32,
-    key_missing: u32,
-    store_errors: u32,
-    slots_in_use: u32,
-    lease_hits: u32,
-    denial_cache_hits: u32,
-    bridge_decisions: u32,
-    failure_allowed: u32,
-    failure_denied: u32,
-    failure_local: u32,
+    allowed: Stat,
+    limited: Stat,
+    shadow_limited: Stat,
+    key_missing: Stat,
+    store_errors: Stat,
+    slots_in_use: Stat,
+    lease_hits: Stat,
+    denial_cache_hits: Stat,
+    bridge_decisions: Stat,
+    failure_allowed: Stat,
+    failure_denied: Stat,
+    failure_local: Stat,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Metrics {
+    /// Host metric id and the increment not yet sent, per stat.
+    pending: Vec<(u32, Cell<i64>)>,
+    last_flush_us: Cell<u64>,
     rules: Vec<RuleMetrics>,
-    cas_retries: u32,
-    cas_give_ups: u32,
-    slot_takeovers: u32,
-    slot_evictions: u32,
-    bridge_calls: u32,
-    bridge_skipped: u32,
-    bridge_timeouts: u32,
-    bridge_unavailable: u32,
-    bridge_bad_status: u32,
-    bridge_bad_body: u32,
+    cas_retries: Stat,
+    cas_give_ups: Stat,
+    slot_takeovers: Stat,
+    slot_evictions: Stat,
+    bridge_calls: Stat,
+    bridge_skipped: Stat,
+    bridge_timeouts: Stat,
+    bridge_unavailable: Stat,
+    bridge_bad_status: Stat,
+    bridge_bad_body: Stat,
     bridge_latency_us: u32,
 }
 
-fn counter(name: &str) -> HostResult<u32> {
-    host::define_metric(MetricType::Counter, name)
+/// Defines host metrics and hands out their [`Stat`]s.
+#[derive(Default)]
+struct Registry {
+    pending: Vec<(u32, Cell<i64>)>,
 }
 
-fn bump(id: u32, by: i64) {
-    // A stat that cannot be incremented is not worth failing a request for.
-    let _ = host::increment_metric(id, by);
+impl Registry {
+    fn define(&mut self, metric_type: MetricType, name: &str) -> HostResult<Stat> {
+        let id = host::define_metric(metric_type, name)?;
+        self.pending.push((id, Cell::new(0)));
+        Ok(Stat(self.pending.len() - 1))
+    }
+
+    fn counter(&mut self, name: &str) -> HostResult<Stat> {
+        self.define(MetricType::Counter, name)
+    }
 }
 
 impl Metrics {
     /// Defines every metric. `tables` gives, per rule, the table capacity and the slots
     /// already in use (tables survive config reloads).
     pub fn define(rule_names: &[&str], tables: &[(u64, u64)]) -> HostResult<Metrics> {
+        let mut r = Registry::default();
         let mut rules = Vec::with_capacity(rule_names.len());
         for (i, name) in rule_names.iter().enumerate() {
             let prefix = format!("weir.rule.{name}");
-            let slots_in_use =
-                host::define_metric(MetricType::Gauge, &format!("{prefix}.slots_in_use"))?;
-            let slots_capacity =
+            let slots_in_use = r.define(MetricType::Gauge, &format!("{prefix}.slots_in_use"))?;
+            let capacity_id =
                 host::define_metric(MetricType::Gauge, &format!("{prefix}.slots_capacity"))?;
             let (capacity, in_use) = tables.get(i).copied().unwrap_or((0, 0));
-            host::record_metric(slots_capacity, capacity)?;
-            host::record_metric(slots_in_use, in_use)?;
+            host::record_metric(capacity_id, capacity)?;
+            if let Some((id, _)) = r.pending.get(slots_in_use.0) {
+                host::record_metric(*id, in_use)?;
+            }
             rules.push(RuleMetrics {
-                allowed: counter(&format!("{prefix}.allowed"))?,
-                limited: counter(&format!("{prefix}.limited"))?,
-                shadow_limited: counter(&format!("{prefix}.shadow_limited"))?,
-                key_missing: counter(&format!("{prefix}.key_missing"))?,
-                store_errors: counter(&format!("{prefix}.store_errors"))?,
+                allowed: r.counter(&format!("{prefix}.allowed"))?,
+                limited: r.counter(&format!("{prefix}.limited"))?,
+                shadow_limited: r.counter(&format!("{prefix}.shadow_limited"))?,
+                key_missing: r.counter(&format!("{prefix}.key_missing"))?,
+                store_errors: r.counter(&format!("{prefix}.store_errors"))?,
                 slots_in_use,
-                lease_hits: counter(&format!("{prefix}.lease_hits"))?,
-                denial_cache_hits: counter(&format!("{prefix}.denial_cache_hits"))?,
-                bridge_decisions: counter(&format!("{prefix}.bridge_decisions"))?,
-                failure_allowed: counter(&format!("{prefix}.failure_allowed"))?,
-                failure_denied: counter(&format!("{prefix}.failure_denied"))?,
-                failure_local: counter(&format!("{prefix}.failure_local"))?,
+                lease_hits: r.counter(&format!("{prefix}.lease_hits"))?,
+                denial_cache_hits: r.counter(&format!("{prefix}.denial_cache_hits"))?,
+                bridge_decisions: r.counter(&format!("{prefix}.bridge_decisions"))?,
+                failure_allowed: r.counter(&format!("{prefix}.failure_allowed"))?,
+                failure_denied: r.counter(&format!("{prefix}.failure_denied"))?,
+                failure_local: r.counter(&format!("{prefix}.failure_local"))?,
             });
         }
+        let cas_retries = r.counter("weir.store.cas_retries")?;
+        let cas_give_ups = r.counter("weir.store.cas_give_ups")?;
+        let slot_takeovers = r.counter("weir.store.slot_takeovers")?;
+        let slot_evictions = r.counter("weir.store.slot_evictions")?;
+        let bridge_calls = r.counter("weir.bridge.calls")?;
+        let bridge_skipped = r.counter("weir.bridge.skipped")?;
+        let bridge_timeouts = r.counter("weir.bridge.errors_timeout")?;
+        let bridge_unavailable = r.counter("weir.bridge.errors_unavailable")?;
+        let bridge_bad_status = r.counter("weir.bridge.errors_status")?;
+        let bridge_bad_body = r.counter("weir.bridge.errors_bad_body")?;
+        let bridge_latency_us =
+            host::define_metric(MetricType::Histogram, "weir.bridge.latency_us")?;
         Ok(Metrics {
+            pending: r.pending,
+            last_flush_us: Cell::new(0),
             rules,
-            cas_retries: counter("weir.store.cas_retries")?,
-            cas_give_ups: counter("weir.store.cas_give_ups")?,
-            slot_takeovers: counter("weir.store.slot_takeovers")?,
-            slot_evictions: counter("weir.store.slot_evictions")?,
-            bridge_calls: counter("weir.bridge.calls")?,
-            bridge_skipped: counter("weir.bridge.skipped")?,
-            bridge_timeouts: counter("weir.bridge.errors_timeout")?,
-            bridge_unavailable: counter("weir.bridge.errors_unavailable")?,
-            bridge_bad_status: counter("weir.bridge.errors_status")?,
-            bridge_bad_body: counter("weir.bridge.errors_bad_body")?,
-            bridge_latency_us: host::define_metric(
-                MetricType::Histogram,
-                "weir.bridge.latency_us",
-            )?,
+            cas_retries,
+            cas_give_ups,
+            slot_takeovers,
+            slot_evictions,
+            bridge_calls,
+            bridge_skipped,
+            bridge_timeouts,
+            bridge_unavailable,
+            bridge_bad_status,
+            bridge_bad_body,
+            bridge_latency_us,
         })
     }
 
+    fn bump(&self, stat: Stat, by: i64) {
+        if let Some((_, delta)) = self.pending.get(stat.0) {
+            delta.set(delta.get().saturating_add(by));
+        }
+    }
+
+    /// Sends the increments kept since the last flush.
+    pub fn flush(&self, now_us: u64) {
+        self.last_flush_us.set(now_us);
+        for (id, delta) in &self.pending {
+            let by = delta.replace(0);
+            if by != 0 {
+                // A stat that cannot be incremented is not worth failing anything for.
+                let _ = host::increment_metric(*id, by);
+            }
+        }
+    }
+
+    fn flush_if_due(&self, now_us: u64) {
+        if now_us.saturating_sub(self.last_flush_us.get()) >= FLUSH_INTERVAL_US {
+            self.flush(now_us);
+        }
+    }
+
     pub fn bridge_call(&self) {
-        bump(self.bridge_calls, 1);
+        self.bump(self.bridge_calls, 1);
     }
 
     pub fn bridge_latency(&self, us: u64) {
@@ -119,18 +180,19 @@ impl Metrics {
     }
 
     pub fn bridge_error(&self, error: &ReplyError) {
-        let id = match error {
+        let stat = match error {
             ReplyError::Timeout => self.bridge_timeouts,
             ReplyError::Unavailable => self.bridge_unavailable,
             ReplyError::Status(_) => self.bridge_bad_status,
             ReplyError::BadBody(_) => self.bridge_bad_body,
         };
-        bump(id, 1);
+        self.bump(stat, 1);
     }
 
-    pub fn record(&self, eval: &Evaluation) {
+    /// Counts one request's evaluation, finished at `now_us`.
+    pub fn record(&self, eval: &Evaluation, now_us: u64) {
         if eval.bridge_error == Some(BridgeError::Skipped) {
-            bump(self.bridge_skipped, 1);
+            self.bump(self.bridge_skipped, 1);
         }
         for report in &eval.reports {
             let Some(rule) = self.rules.get(report.rule) else {
@@ -138,38 +200,43 @@ impl Metrics {
             };
             match report.outcome {
                 RuleOutcome::NotMatched | RuleOutcome::Pending => continue,
-                RuleOutcome::KeyMissing => bump(rule.key_missing, 1),
-                RuleOutcome::Allowed => bump(rule.allowed, 1),
-                RuleOutcome::Limited => bump(rule.limited, 1),
-                RuleOutcome::ShadowLimited => bump(rule.shadow_limited, 1),
+                RuleOutcome::KeyMissing => self.bump(rule.key_missing, 1),
+                RuleOutcome::Allowed => self.bump(rule.allowed, 1),
+                RuleOutcome::Limited => self.bump(rule.limited, 1),
+                RuleOutcome::ShadowLimited => self.bump(rule.shadow_limited, 1),
                 RuleOutcome::StoreFailed(error) => {
-                    bump(rule.store_errors, 1);
+                    self.bump(rule.store_errors, 1);
                     if let UpdateError::GaveUp { .. } = error {
-                        bump(self.cas_give_ups, 1);
+                        self.bump(self.cas_give_ups, 1);
                     }
                 }
-                RuleOutcome::BridgeFailed(FailureOutcome::Allowed) => bump(rule.failure_allowed, 1),
-                RuleOutcome::BridgeFailed(FailureOutcome::Denied) => bump(rule.failure_denied, 1),
+                RuleOutcome::BridgeFailed(FailureOutcome::Allowed) => {
+                    self.bump(rule.failure_allowed, 1)
+                }
+                RuleOutcome::BridgeFailed(FailureOutcome::Denied) => {
+                    self.bump(rule.failure_denied, 1)
+                }
                 RuleOutcome::BridgeFailed(FailureOutcome::Local { allowed }) => {
-                    bump(rule.failure_local, 1);
-                    bump(if allowed { rule.allowed } else { rule.limited }, 1);
+                    self.bump(rule.failure_local, 1);
+                    self.bump(if allowed { rule.allowed } else { rule.limited }, 1);
                 }
             }
             match report.source {
-                Some(Source::Lease) => bump(rule.lease_hits, 1),
-                Some(Source::DenialCache) => bump(rule.denial_cache_hits, 1),
-                Some(Source::Bridge) => bump(rule.bridge_decisions, 1),
+                Some(Source::Lease) => self.bump(rule.lease_hits, 1),
+                Some(Source::DenialCache) => self.bump(rule.denial_cache_hits, 1),
+                Some(Source::Bridge) => self.bump(rule.bridge_decisions, 1),
                 Some(Source::Slot | Source::Fallback) | None => {}
             }
             if report.cas_retries > 0 {
-                bump(self.cas_retries, i64::from(report.cas_retries));
+                self.bump(self.cas_retries, i64::from(report.cas_retries));
             }
             match report.placement {
-                Some(Placement::Empty) => bump(rule.slots_in_use, 1),
-                Some(Placement::Takeover) => bump(self.slot_takeovers, 1),
-                Some(Placement::Eviction) => bump(self.slot_evictions, 1),
+                Some(Placement::Empty) => self.bump(rule.slots_in_use, 1),
+                Some(Placement::Takeover) => self.bump(self.slot_takeovers, 1),
+                Some(Placement::Eviction) => self.bump(self.slot_evictions, 1),
                 Some(Placement::Existing) | None => {}
             }
         }
+        self.flush_if_due(now_us);
     }
 }

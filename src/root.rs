@@ -136,12 +136,26 @@ impl RootContext for Root {
                     );
                 }
                 self.plugin = Some(Rc::new(plugin));
+                // Idle workers send their pending metric increments on the tick.
+                let period = (crate::metrics::FLUSH_INTERVAL_US / 1_000) as u32;
+                if let Err(e) = host::set_tick_period_ms(period) {
+                    host::log(
+                        LogLevel::Warn,
+                        &format!("weir: no tick ({e}); idle workers report stats late"),
+                    );
+                }
                 true
             }
             Err(message) => {
                 host::log(LogLevel::Error, &format!("weir: {message}"));
                 false
             }
+        }
+    }
+
+    fn on_tick(&mut self) {
+        if let (Some(plugin), Ok(now_us)) = (&self.plugin, host::now_us()) {
+            plugin.metrics.flush(now_us);
         }
     }
 

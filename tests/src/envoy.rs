@@ -21,6 +21,9 @@ pub const START_TIMEOUT: Duration = Duration::from_secs(20);
 /// Body of the default catch-all route.
 pub const DEFAULT_BODY: &str = "weir-e2e ok\n";
 
+/// How long weir's stats may lag the requests they count (its flush interval, plus margin).
+pub const WEIR_STATS_LAG: std::time::Duration = std::time::Duration::from_millis(250);
+
 /// A bootstrap to render. Ports default to fresh free ports.
 #[derive(Clone, Debug)]
 pub struct Bootstrap {
@@ -396,6 +399,13 @@ impl Envoy {
             r.text()
         );
         parse_stats(&r.text()).get(name).copied()
+    }
+
+    /// A weir stat (`wasmcustom.weir.<name>`), 0 when absent. weir keeps increments in each
+    /// worker's VM and sends them every 100 ms, so this first waits for them to land.
+    pub fn weir_stat(&self, name: &str) -> u64 {
+        std::thread::sleep(WEIR_STATS_LAG);
+        self.stat(&format!("wasmcustom.weir.{name}")).unwrap_or(0)
     }
 
     /// Resident set size from `/proc/<pid>/status` (bytes).

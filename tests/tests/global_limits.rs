@@ -54,10 +54,7 @@ fn stack_with_filters(filters: &[String], bridge_args: &[&str]) -> Stack {
 impl Stack {
     /// A weir stat summed over both Envoys.
     fn stat(&self, name: &str) -> u64 {
-        self.envoys
-            .iter()
-            .map(|e| e.stat(&format!("wasmcustom.weir.{name}")).unwrap_or(0))
-            .sum()
+        self.envoys.iter().map(|e| e.weir_stat(name)).sum()
     }
 
     /// `per_envoy` requests to each Envoy, 4 client threads each, all at once; returns
@@ -308,9 +305,7 @@ fn a_wrong_secret_gets_the_failure_mode() {
     assert_eq!(get(s.envoys[0].http_port, "/", &[]).unwrap().status, 200);
     let denied = get(s.envoys[1].http_port, "/", &[]).unwrap();
     assert_eq!(denied.status, 503, "{}", denied.text());
-    let status_errors = s.envoys[1]
-        .stat("wasmcustom.weir.bridge.errors_status")
-        .unwrap_or(0);
+    let status_errors = s.envoys[1].weir_stat("bridge.errors_status");
     assert_eq!(status_errors, 1);
     assert_eq!(
         s.bridge

@@ -895,7 +895,7 @@ fn shipped_plugin(file: &str, kind: &str) -> (Plugin, Mesh) {
 }
 
 fn stat(envoy: &Envoy, name: &str) -> u64 {
-    envoy.stat(&format!("wasmcustom.weir.{name}")).unwrap_or(0)
+    envoy.weir_stat(name)
 }
 
 fn assert_no_panic(envoy: &Envoy) {

@@ -12,9 +12,9 @@ fn weir(config: &str) -> Bootstrap {
     Bootstrap::new().http_filter(wasm_filter_yaml(config, &weir_wasm()))
 }
 
-/// A weir counter or gauge (`wasmcustom.weir.…`), 0 when absent.
+/// A weir counter or gauge (`wasmcustom.weir.…`), 0 when absent, once it has landed.
 fn stat(envoy: &Envoy, name: &str) -> u64 {
-    envoy.stat(&format!("wasmcustom.weir.{name}")).unwrap_or(0)
+    envoy.weir_stat(name)
 }
 
 fn assert_no_panic(envoy: &Envoy) {
