@@ -31,7 +31,7 @@ validate-yaml: build
 lint:
     cargo fmt --all -- --check
     cargo clippy --workspace --all-targets -- -D warnings
-    cargo clippy -p weir --target wasm32-wasip1 -- -D warnings
+    cargo clippy -p weir -p weir-empty-filter --target wasm32-wasip1 -- -D warnings
 
 # The core's tests, natively (unit, scenario tables, properties, config fixtures, doc tests).
 test-core:
@@ -51,5 +51,17 @@ test-e2e: build
     cargo build -p weir-bridge
     ENVOY_BIN={{envoy}} WEIR_WASM={{wasm}} cargo test -p weir-e2e -- --test-threads 2
 
+# Benchmarks (~5 min): weir vs no filter, native local_ratelimit, empty wasm; accuracy at 5x; rewrites docs/benchmarks.md.
+bench: build
+    cargo build -p weir-empty-filter --target wasm32-wasip1 --profile wasm
+    cargo build -p weir-bridge --release
+    ENVOY_BIN={{envoy}} WEIR_WASM={{wasm}} cargo run --release -q -p weir-bench
+
+# Every part of the benchmark for a second or two, into a temp dir: checks that numbers come out, asserts no performance.
+bench-smoke: build
+    cargo build -p weir-empty-filter --target wasm32-wasip1 --profile wasm
+    cargo build -p weir-bridge --release
+    ENVOY_BIN={{envoy}} WEIR_WASM={{wasm}} cargo run --release -q -p weir-bench -- --smoke
+
 # The whole suite, as CI runs it.
-test: lint test-core test-wasm test-bridge validate-yaml test-e2e
+test: lint test-core test-wasm test-bridge validate-yaml test-e2e bench-smoke

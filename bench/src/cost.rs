@@ -1,0 +1,215 @@
+//! Cost per request: every scenario's Envoy (1 worker, pinned to the Envoy core) runs at
+//! once; wrk drives them in turn, interleaved and repeated, and each run is measured
+//! from `/proc`, Envoy's stats and Redis `INFO commandstats`.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use weir_e2e::{parse_stats, redis_cli_at, Envoy};
+
+use crate::scenario::Scenario;
+use crate::sys::{self, ENVOY_CORE};
+use crate::wrk::{self, WrkReport};
+
+/// One measured wrk run of one scenario.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Sample {
+    pub round: usize,
+    /// Position of the scenario in its round (the order rotates every round).
+    pub position: usize,
+    pub wrk: WrkReport,
+    /// Requests Envoy counted (`http.ingress.downstream_rq_total`) over the interval.
+    pub requests: u64,
+    /// utime + stime of the Envoy process over the interval.
+    pub envoy_cpu_us: u64,
+    pub interval_us: u64,
+    pub cpu_us_per_request: f64,
+    /// The same from the scheduler's ns run time (`schedstat`), as a cross-check.
+    pub runtime_us_per_request: f64,
+    pub bridge_calls: u64,
+    /// Bridge calls that failed, and requests that skipped the bridge after a failure.
+    pub bridge_failures: u64,
+    /// Every command on the Redis masters (commands run by scripts included).
+    pub redis_commands: u64,
+    /// EVALSHA/EVAL calls on the Redis masters: one per global decision.
+    pub redis_scripts: u64,
+    /// Busy time of the Envoy core that was not Envoy's (softirq, other processes), % of
+    /// the interval: high values mean the run was disturbed.
+    pub envoy_core_other_pct: f64,
+    /// Disturbed measurements of this sample that were thrown away and run again.
+    pub retries: u32,
+}
+
+impl Sample {
+    pub fn per_request(&self, n: u64) -> f64 {
+        if self.requests == 0 {
+            0.0
+        } else {
+            n as f64 / self.requests as f64
+        }
+    }
+
+    pub fn limited_fraction(&self) -> f64 {
+        if self.wrk.requests == 0 {
+            0.0
+        } else {
+            self.wrk.status_errors as f64 / self.wrk.requests as f64
+        }
+    }
+}
+
+/// One Envoy per scenario, all pinned to the Envoy core.
+pub struct Fleet {
+    pub envoys: Vec<(Scenario, Envoy)>,
+}
+
+impl Fleet {
+    pub fn envoy(&self, s: Scenario) -> &Envoy {
+        self.envoys
+            .iter()
+            .find(|(x, _)| *x == s)
+            .map(|(_, e)| e)
+            .unwrap_or_else(|| panic!("no Envoy for {}", s.id()))
+    }
+}
+
+/// Counters read from one Envoy.
+#[derive(Clone, Copy, Debug, Default)]
+struct EnvoyCounters {
+    requests: u64,
+    bridge_calls: u64,
+    bridge_failures: u64,
+}
+
+fn envoy_counters(envoy: &Envoy) -> EnvoyCounters {
+    let r = envoy.admin(
+        "GET",
+        "/stats?filter=%5E%28http%5C.ingress%5C.downstream_rq_total%7Cwasmcustom%5C.weir%5C.bridge%5C..%2A%29%24",
+    );
+    let stats = parse_stats(&r.text());
+    let get = |name: &str| stats.get(name).copied().unwrap_or(0);
+    EnvoyCounters {
+        requests: get("http.ingress.downstream_rq_total"),
+        bridge_calls: get("wasmcustom.weir.bridge.calls"),
+        bridge_failures: get("wasmcustom.weir.bridge.skipped")
+            + get("wasmcustom.weir.bridge.errors_timeout")
+            + get("wasmcustom.weir.bridge.errors_unavailable")
+            + get("wasmcustom.weir.bridge.errors_status")
+            + get("wasmcustom.weir.bridge.errors_bad_body"),
+    }
+}
+
+/// Redis commands so far, summed over `masters` (ports): (all but our own INFO, scripts).
+pub fn redis_commands(masters: &[u16]) -> (u64, u64) {
+    let mut all = 0;
+    let mut scripts = 0;
+    for &port in masters {
+        let text = redis_cli_at(port, ["INFO", "commandstats"])
+            .unwrap_or_else(|e| panic!("INFO commandstats on port {port}: {e}"));
+        for line in text.lines() {
+            let Some((name, rest)) = line.trim().split_once(':') else {
+                continue;
+            };
+            let Some(cmd) = name.strip_prefix("cmdstat_") else {
+                continue;
+            };
+            let calls: u64 = rest
+                .split(',')
+                .find_map(|kv| kv.strip_prefix("calls="))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            if cmd == "info" {
+                continue;
+            }
+            all += calls;
+            if matches!(cmd, "evalsha" | "eval" | "evalsha_ro" | "eval_ro" | "fcall") {
+                scripts += calls;
+            }
+        }
+    }
+    (all, scripts)
+}
+
+/// Drives `scenario` with wrk for `duration` and measures it. Envoy's counters are read
+/// before its CPU time at the start and after it at the end, so the admin requests stay
+/// outside the measured interval.
+#[allow(clippy::too_many_arguments)]
+pub fn measure(
+    fleet: &Fleet,
+    scenario: Scenario,
+    script: &std::path::Path,
+    connections: u32,
+    duration: Duration,
+    masters: &[u16],
+    round: usize,
+    position: usize,
+) -> Sample {
+    let envoy = fleet.envoy(scenario);
+    let pid = envoy.pid();
+    let (r0_all, r0_scripts) = redis_commands(masters);
+    let c0 = envoy_counters(envoy);
+    let core0 = sys::core_time(ENVOY_CORE);
+    let cpu0 = sys::process_cpu_us(pid);
+    let run0 = sys::process_runtime_us(pid);
+    let t0 = Instant::now();
+    let nonce = format!("r{round}");
+    let wrk = wrk::run(
+        script,
+        envoy.http_port,
+        connections,
+        duration,
+        scenario.traffic(),
+        &nonce,
+    );
+    let run1 = sys::process_runtime_us(pid);
+    let cpu1 = sys::process_cpu_us(pid);
+    let interval_us = t0.elapsed().as_micros() as u64;
+    let core1 = sys::core_time(ENVOY_CORE);
+    let c1 = envoy_counters(envoy);
+    let (r1_all, r1_scripts) = redis_commands(masters);
+    let envoy_cpu_us = cpu1.saturating_sub(cpu0);
+    let core_busy = core1.busy_us.saturating_sub(core0.busy_us);
+    let core_total = core1.total_us.saturating_sub(core0.total_us).max(1);
+    let requests = c1.requests.saturating_sub(c0.requests);
+    let per_request = |us: u64| {
+        if requests == 0 {
+            0.0
+        } else {
+            us as f64 / requests as f64
+        }
+    };
+    Sample {
+        round,
+        position,
+        wrk,
+        requests,
+        envoy_cpu_us,
+        interval_us,
+        cpu_us_per_request: per_request(envoy_cpu_us),
+        runtime_us_per_request: per_request(run1.saturating_sub(run0)),
+        bridge_calls: c1.bridge_calls.saturating_sub(c0.bridge_calls),
+        bridge_failures: c1.bridge_failures.saturating_sub(c0.bridge_failures),
+        redis_commands: r1_all.saturating_sub(r0_all),
+        redis_scripts: r1_scripts.saturating_sub(r0_scripts),
+        envoy_core_other_pct: core_busy.saturating_sub(envoy_cpu_us) as f64 * 100.0
+            / core_total as f64,
+        retries: 0,
+    }
+}
+
+/// A sample in which more than this share of the Envoy core went to something else
+/// (another engineer's build, say) is disturbed: it is measured again.
+pub const DISTURBED_PCT: f64 = 5.0;
+/// Re-measurements per sample, and per run (keeps the run bounded in time).
+pub const RETRIES_PER_SAMPLE: u32 = 2;
+pub const RETRIES_PER_RUN: u32 = 12;
+
+/// The order of the scenarios in round `round`: the list rotated by the round number, so
+/// no scenario is always first (or always right after a heavy one).
+pub fn round_order(scenarios: &[Scenario], round: usize) -> Vec<Scenario> {
+    let n = scenarios.len();
+    (0..n).map(|i| scenarios[(i + round) % n]).collect()
+}
+
+/// Samples per scenario, in the order of [`Scenario::ALL`].
+pub type Samples = BTreeMap<Scenario, Vec<Sample>>;

@@ -1,0 +1,717 @@
+//! `weir-bench`: what weir costs per request and how close it holds a limit, next to
+//! what people would use instead, in one run on one machine.
+//!
+//! ```text
+//! weir-bench [--rounds 8] [--duration 3] [--warmup 2] [--connections 16]
+//!            [--accuracy-secs 20] [--out docs] [--only ID,ID] [--no-accuracy] [--no-plot]
+//! weir-bench --smoke        # one short round into a temp dir; checks that numbers came out
+//! ```
+//!
+//! 1. **Cost** ([`cost`]): a Redis Cluster and weir-bridge, then one Envoy per
+//!    [`Scenario`] (1 worker, pinned to core 0; wrk, the bridge and Redis on core 1);
+//!    warm-up; the scenarios interleaved, `--rounds` times.
+//! 2. **Accuracy** ([`accuracy`]): a global limit of 1,000/s on two Envoys (exact and
+//!    leased) and a local one on a 4-worker Envoy, offered 5× that by a paced generator.
+//! 3. **Report** ([`report`]): `OUT/bench/results.json`, `OUT/benchmarks.md`, and
+//!    `OUT/benchmarks-accuracy.png` drawn by `bench/plot.py` (matplotlib in `.tools/venv`).
+//!
+//! Prerequisites (`just bench` builds them): `weir.wasm` and the empty filter
+//! (`--profile wasm`), `weir-bridge --release`, Envoy, wrk, redis-server.
+
+mod accuracy;
+mod cost;
+mod report;
+mod scenario;
+mod sys;
+mod wrk;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use weir_e2e::{
+    bridge_cluster_yaml, envoy_bin, repo_root, wasm_filter_yaml, Bootstrap, Bridge, Envoy,
+    RedisCluster, Request, TestDir,
+};
+
+use accuracy::{Mode, PacedRun};
+use cost::{Fleet, Samples};
+use report::{AccuracyResults, Results, Settings};
+use scenario::{Scenario, Wasm};
+use sys::{ENVOY_CORE, LOAD_CORE};
+
+const PNG: &str = "benchmarks-accuracy.png";
+
+#[derive(Clone, Debug)]
+struct Opts {
+    rounds: usize,
+    duration: u64,
+    warmup: u64,
+    connections: u32,
+    accuracy_secs: u64,
+    out: Option<PathBuf>,
+    only: Option<Vec<Scenario>>,
+    accuracy: bool,
+    plot: bool,
+    smoke: bool,
+}
+
+const USAGE: &str = "usage: weir-bench [--rounds N] [--duration SECS] [--warmup SECS] \
+[--connections N] [--accuracy-secs SECS] [--out DIR] [--only ID,ID] [--no-accuracy] [--no-plot] [--smoke]";
+
+impl Opts {
+    fn parse(args: &[String]) -> Opts {
+        let mut o = Opts {
+            rounds: 8,
+            duration: 3,
+            warmup: 2,
+            connections: 16,
+            accuracy_secs: 20,
+            out: None,
+            only: None,
+            accuracy: true,
+            plot: true,
+            smoke: false,
+        };
+        if args.iter().any(|a| a == "--smoke") {
+            o.smoke = true;
+            o.rounds = 1;
+            o.duration = 1;
+            o.warmup = 1;
+            o.accuracy_secs = 2;
+            o.plot = false;
+        }
+        let mut it = args.iter();
+        while let Some(a) = it.next() {
+            let mut value = || {
+                it.next()
+                    .cloned()
+                    .unwrap_or_else(|| fail(&format!("{a} needs a value\n{USAGE}")))
+            };
+            let number = |v: String| -> u64 {
+                v.parse().ok().filter(|&n| n > 0).unwrap_or_else(|| {
+                    fail(&format!("{a}: expected a positive whole number, got {v:?}"))
+                })
+            };
+            match a.as_str() {
+                "--rounds" => o.rounds = number(value()) as usize,
+                "--duration" => o.duration = number(value()),
+                "--warmup" => o.warmup = number(value()),
+                "--connections" => o.connections = number(value()) as u32,
+                "--accuracy-secs" => o.accuracy_secs = number(value()),
+                "--out" => o.out = Some(PathBuf::from(value())),
+                "--only" => {
+                    let ids = value();
+                    o.only = Some(
+                        ids.split(',')
+                            .map(|id| {
+                                Scenario::from_id(id.trim()).unwrap_or_else(|| {
+                                    let known: Vec<&str> = Scenario::ALL
+                                        .iter()
+                                        .chain(&Scenario::DIAGNOSTIC)
+                                        .map(|s| s.id())
+                                        .collect();
+                                    fail(&format!(
+                                        "unknown scenario {id:?}; known: {}",
+                                        known.join(", ")
+                                    ))
+                                })
+                            })
+                            .collect(),
+                    )
+                }
+                "--no-accuracy" => o.accuracy = false,
+                "--no-plot" => o.plot = false,
+                "--smoke" => {}
+                "-h" | "--help" => {
+                    println!("{USAGE}");
+                    std::process::exit(0);
+                }
+                other => fail(&format!("unknown argument {other:?}\n{USAGE}")),
+            }
+        }
+        o
+    }
+
+    fn scenarios(&self) -> Vec<Scenario> {
+        self.only.clone().unwrap_or_else(|| Scenario::ALL.to_vec())
+    }
+}
+
+fn fail(msg: &str) -> ! {
+    eprintln!("weir-bench: {msg}");
+    std::process::exit(2)
+}
+
+fn log(msg: impl AsRef<str>) {
+    eprintln!("[weir-bench] {}", msg.as_ref());
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let opts = Opts::parse(&args);
+    let started = Instant::now();
+    let command = if args.is_empty() {
+        "weir-bench".to_string()
+    } else {
+        format!("weir-bench {}", args.join(" "))
+    };
+
+    // Prerequisites first: a missing one must say so before anything starts.
+    let envoy = envoy_bin();
+    let wasm = Wasm::locate();
+    let bridge_bin = release_bridge();
+    std::env::set_var("WEIR_BRIDGE_BIN", &bridge_bin);
+    if sys::cores() < 2 {
+        fail("needs at least 2 CPUs: Envoy on one, the load generator on another");
+    }
+    // The smoke run writes into a temp dir, removed after a passing run.
+    let smoke_dir = opts.smoke.then(|| TestDir::new("bench-smoke"));
+    let out = match (&opts.out, &smoke_dir) {
+        (Some(o), _) => o.clone(),
+        (None, Some(d)) => d.path().to_path_buf(),
+        (None, None) => repo_root().join("docs"),
+    };
+    let machine = sys::Machine::probe(&envoy);
+    log(format!(
+        "{} × {}, kernel {}, Envoy {}; writing to {}",
+        machine.cores,
+        machine.cpu_model,
+        machine.kernel,
+        machine.envoy,
+        out.display()
+    ));
+
+    // Everything started from here inherits the load core; Envoys are moved to theirs.
+    sys::pin_self(&[LOAD_CORE]);
+    let work = TestDir::new("bench");
+    let script = wrk::write_script(work.path());
+    let scenarios = opts.scenarios();
+    let needs_bridge = opts.accuracy || scenarios.iter().any(|s| s.is_global());
+
+    let (redis, bridge, masters) = if needs_bridge {
+        log("starting a Redis Cluster (3 masters, 3 replicas) and weir-bridge (release)");
+        let redis = RedisCluster::start(3, 1);
+        let bridge = Bridge::start(&redis, &[]);
+        let masters: Vec<u16> = redis
+            .masters()
+            .iter()
+            .filter_map(|a| a.rsplit_once(':').and_then(|(_, p)| p.parse().ok()))
+            .collect();
+        (Some(redis), Some(bridge), masters)
+    } else {
+        (None, None, Vec::new())
+    };
+
+    let (samples, envoy_cpus_allowed) =
+        run_cost(&opts, &scenarios, &wasm, &bridge, &script, &masters);
+
+    let accuracy_runs = match (&bridge, &redis) {
+        (Some(bridge), Some(redis)) if opts.accuracy => {
+            run_accuracy(&opts, &wasm, bridge, redis, &masters)
+        }
+        _ => Vec::new(),
+    };
+    drop(bridge);
+    drop(redis);
+
+    let summaries = report::summarize(&samples);
+    let targets = report::targets(&summaries, &accuracy_runs);
+    let results = Results {
+        generated_utc: report::utc_now(),
+        command,
+        machine,
+        settings: Settings {
+            rounds: opts.rounds,
+            duration_s: opts.duration,
+            warmup_s: opts.warmup,
+            connections: opts.connections,
+            accuracy_s: opts.accuracy_secs,
+            envoy_core: ENVOY_CORE,
+            load_core: LOAD_CORE,
+            envoy_cpus_allowed,
+            wall_s: started.elapsed().as_secs_f64(),
+        },
+        scenarios: summaries,
+        targets,
+        accuracy: AccuracyResults::new(accuracy_runs),
+        samples: samples
+            .into_iter()
+            .map(|(s, v)| (s.id().to_string(), v))
+            .collect(),
+    };
+    write_outputs(&opts, &out, &results);
+    print_summary(&results, !opts.smoke);
+    if opts.smoke {
+        check_smoke(&out, &results, &scenarios);
+    }
+    drop(smoke_dir);
+}
+
+/// `$WEIR_BRIDGE_BIN`, else the release build: the bridge is benchmarked as it ships.
+fn release_bridge() -> PathBuf {
+    if let Some(p) = std::env::var_os("WEIR_BRIDGE_BIN") {
+        return PathBuf::from(p);
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("target"));
+    let p = target.join("release/weir-bridge");
+    if !p.is_file() {
+        fail(&format!(
+            "weir-bridge not found at {}: build it with `cargo build -p weir-bridge --release`, \
+             or set WEIR_BRIDGE_BIN",
+            p.display()
+        ));
+    }
+    p
+}
+
+/// Starts Envoys from `bootstraps` at once (each waits for LIVE on its own thread).
+fn start_envoys(bootstraps: Vec<(Bootstrap, u32)>) -> Vec<Envoy> {
+    thread::scope(|s| {
+        let handles: Vec<_> = bootstraps
+            .iter()
+            .map(|(b, c)| s.spawn(move || Envoy::start(b, *c)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| panic!("an Envoy failed to start"))
+            })
+            .collect()
+    })
+}
+
+fn run_cost(
+    opts: &Opts,
+    scenarios: &[Scenario],
+    wasm: &Wasm,
+    bridge: &Option<Bridge>,
+    script: &Path,
+    masters: &[u16],
+) -> (Samples, Vec<String>) {
+    let bridge_port = bridge.as_ref().map(|b| b.port);
+    log(format!(
+        "starting {} Envoys (1 worker each)",
+        scenarios.len()
+    ));
+    let envoys = start_envoys(
+        scenarios
+            .iter()
+            .map(|s| (s.bootstrap(wasm, bridge_port), 1))
+            .collect(),
+    );
+    let fleet = Fleet {
+        envoys: scenarios.iter().copied().zip(envoys).collect(),
+    };
+    let mut allowed = Vec::new();
+    for (_, e) in &fleet.envoys {
+        sys::pin_process(e.pid(), &[ENVOY_CORE]);
+        let a = sys::allowed_cpus(e.pid());
+        if !allowed.contains(&a) {
+            allowed.push(a);
+        }
+    }
+    if let Some(b) = bridge {
+        log(format!(
+            "pinned: Envoys to CPU {}, wrk/bridge/Redis to {} (bridge allows {})",
+            allowed.join(";"),
+            LOAD_CORE,
+            sys::allowed_cpus(b.pid())
+        ));
+    }
+
+    for &s in scenarios {
+        log(format!("warm-up {} ({} s)", s.id(), opts.warmup));
+        let e = fleet.envoy(s);
+        let r = wrk::run(
+            script,
+            e.http_port,
+            opts.connections,
+            Duration::from_secs(opts.warmup),
+            s.traffic(),
+            "warm",
+        );
+        assert!(r.requests > 0, "warm-up of {} sent no request", s.id());
+    }
+
+    let mut samples = Samples::new();
+    let mut retries_left = cost::RETRIES_PER_RUN;
+    for round in 0..opts.rounds {
+        for (position, s) in cost::round_order(scenarios, round).into_iter().enumerate() {
+            let measure = || {
+                cost::measure(
+                    &fleet,
+                    s,
+                    script,
+                    opts.connections,
+                    Duration::from_secs(opts.duration),
+                    masters,
+                    round,
+                    position,
+                )
+            };
+            let mut sample = measure();
+            // Something else took the Envoy core: measure again (bounded), keep the
+            // least disturbed of the attempts.
+            let mut retries = 0;
+            while sample.envoy_core_other_pct > cost::DISTURBED_PCT
+                && retries < cost::RETRIES_PER_SAMPLE
+                && retries_left > 0
+            {
+                retries += 1;
+                retries_left -= 1;
+                log(format!(
+                    "round {}/{} {}: {:.1} % of the Envoy core went elsewhere; measuring again",
+                    round + 1,
+                    opts.rounds,
+                    s.id(),
+                    sample.envoy_core_other_pct
+                ));
+                let again = measure();
+                if again.envoy_core_other_pct < sample.envoy_core_other_pct {
+                    sample = again;
+                }
+            }
+            sample.retries = retries;
+            log(format!(
+                "round {}/{} {:<24} {:>8.0} req/s  p50 {:>5.0} µs  p99 {:>6.0} µs  {:>6.2} µs CPU/req ({:.2} schedstat)  {:.4} bridge calls/req  {:.3} Redis cmds/req",
+                round + 1,
+                opts.rounds,
+                s.id(),
+                sample.wrk.rps(),
+                sample.wrk.p50_us,
+                sample.wrk.p99_us,
+                sample.cpu_us_per_request,
+                sample.runtime_us_per_request,
+                sample.per_request(sample.bridge_calls),
+                sample.per_request(sample.redis_commands),
+            ));
+            samples.entry(s).or_default().push(sample);
+        }
+    }
+    (samples, allowed)
+}
+
+/// A weir stat summed over `envoys`.
+fn weir_stat(envoys: &[&Envoy], name: &str) -> u64 {
+    envoys.iter().map(|e| e.weir_stat(name)).sum()
+}
+
+/// weir's counters of rule `rule` (`wasmcustom.weir.rule.RULE.*`), summed over `envoys`.
+fn rule_stats(envoys: &[&Envoy], rule: &str) -> std::collections::BTreeMap<String, u64> {
+    let prefix = format!("wasmcustom.weir.rule.{rule}.");
+    // weir sends its counters every 100 ms.
+    std::thread::sleep(weir_e2e::envoy::WEIR_STATS_LAG);
+    let mut out = std::collections::BTreeMap::new();
+    for e in envoys {
+        for (name, v) in e.stats() {
+            if let Some(short) = name.strip_prefix(&prefix) {
+                if !short.starts_with("slots_") {
+                    *out.entry(short.to_string()).or_insert(0) += v;
+                }
+            }
+        }
+    }
+    out
+}
+
+fn run_accuracy(
+    opts: &Opts,
+    wasm: &Wasm,
+    bridge: &Bridge,
+    redis: &RedisCluster,
+    masters: &[u16],
+) -> Vec<PacedRun> {
+    // Nothing is pinned here: four Envoy workers, the bridge, Redis and the generator
+    // share both cores.
+    let all: Vec<usize> = (0..sys::cores()).collect();
+    sys::pin_self(&all);
+    sys::pin_process(bridge.pid(), &all);
+    for n in redis.nodes() {
+        sys::pin_process(n.pid(), &all);
+    }
+    log("accuracy: starting 2 Envoys × 2 workers (global) and 1 Envoy × 4 workers (local)");
+    let global = Bootstrap::new()
+        .http_filter(wasm_filter_yaml(&accuracy::global_config(), &wasm.weir))
+        .cluster(bridge_cluster_yaml(bridge.port));
+    let global2 = Bootstrap::new()
+        .http_filter(wasm_filter_yaml(&accuracy::global_config(), &wasm.weir))
+        .cluster(bridge_cluster_yaml(bridge.port));
+    let local =
+        Bootstrap::new().http_filter(wasm_filter_yaml(&accuracy::local_config(), &wasm.weir));
+    let mut envoys = start_envoys(vec![(global, 2), (global2, 2), (local, 4)]);
+    let local = envoys.pop().unwrap_or_else(|| unreachable!());
+    let globals: Vec<&Envoy> = envoys.iter().collect();
+
+    // Open the bridge connections and the VMs' paths on a key of their own.
+    for e in globals.iter().chain(std::iter::once(&&local)) {
+        for path in ["/exact", "/leased", "/local"] {
+            for _ in 0..4 {
+                let _ = weir_e2e::send(e.http_port, Request::get(path).header("x-key", "warm-up"));
+            }
+        }
+    }
+
+    let nonce = std::process::id();
+    let mut runs = Vec::new();
+    for mode in Mode::ALL {
+        let (ports, rule): (Vec<u16>, &str) = match mode {
+            Mode::GlobalExact => (globals.iter().map(|e| e.http_port).collect(), "acc-exact"),
+            Mode::GlobalLeased => (globals.iter().map(|e| e.http_port).collect(), "acc-leased"),
+            Mode::Local => (vec![local.http_port], "acc-local"),
+        };
+        let envoys_of_mode: Vec<&Envoy> = match mode {
+            Mode::Local => vec![&local],
+            _ => globals.clone(),
+        };
+        let rule0 = rule_stats(&envoys_of_mode, rule);
+        let calls0 = weir_stat(&globals, "bridge.calls");
+        let (_, scripts0) = cost::redis_commands(masters);
+        let granted0 = bridge.metric_sum("weir_bridge_units_granted_total", &[("rule", rule)]);
+        log(format!(
+            "accuracy: {} for {} s",
+            mode.title(),
+            opts.accuracy_secs
+        ));
+        let groups: Vec<(&str, Vec<u32>)> = vec![
+            ("envoys", envoys_of_mode.iter().map(|e| e.pid()).collect()),
+            ("bridge", vec![bridge.pid()]),
+            ("redis", redis.nodes().iter().map(|n| n.pid()).collect()),
+            ("generator", vec![std::process::id()]),
+        ];
+        let cpu = |pids: &[u32]| -> u64 { pids.iter().map(|&p| sys::process_cpu_us(p)).sum() };
+        let cpu0: Vec<u64> = groups.iter().map(|(_, p)| cpu(p)).collect();
+        let t0 = Instant::now();
+        let mut run = accuracy::paced(mode, &ports, opts.accuracy_secs, &format!("key-{nonce}"));
+        let wall_us = t0.elapsed().as_micros().max(1) as f64;
+        run.cpu_pct = groups
+            .iter()
+            .zip(&cpu0)
+            .map(|((name, pids), c0)| {
+                (
+                    name.to_string(),
+                    cpu(pids).saturating_sub(*c0) as f64 * 100.0 / wall_us,
+                )
+            })
+            .collect();
+        // Let leases expire and late answers land before reading the counters.
+        thread::sleep(Duration::from_millis(300));
+        let rule1 = rule_stats(&envoys_of_mode, rule);
+        run.rule_stats = rule1
+            .iter()
+            .map(|(k, v)| {
+                (
+                    k.clone(),
+                    v.saturating_sub(rule0.get(k).copied().unwrap_or(0)),
+                )
+            })
+            .collect();
+        if mode != Mode::Local {
+            run.bridge_calls = weir_stat(&globals, "bridge.calls").saturating_sub(calls0);
+            run.redis_scripts = cost::redis_commands(masters).1.saturating_sub(scripts0);
+            let granted = bridge.metric_sum("weir_bridge_units_granted_total", &[("rule", rule)]);
+            run.redis_granted = (granted - granted0).max(0.0) as u64;
+        }
+        log(format!(
+            "accuracy: {}: sent {:.0}/s, admitted {} of bound {:.0} (over {:.2} %, under {:.2} %), {} bridge calls, Redis granted {}, max lag {:.1} ms",
+            mode.label(),
+            run.sent_rps,
+            run.admitted,
+            run.exact_bound,
+            run.over_pct,
+            run.under_pct,
+            run.bridge_calls,
+            run.redis_granted,
+            run.max_lag_ms
+        ));
+        log(format!(
+            "accuracy: {}: weir counters {:?}; CPU % of a core {:?}",
+            mode.label(),
+            run.rule_stats,
+            run.cpu_pct
+        ));
+        runs.push(run);
+        thread::sleep(Duration::from_millis(700));
+    }
+    runs
+}
+
+fn write_outputs(opts: &Opts, out: &Path, results: &Results) {
+    let raw_dir = out.join("bench");
+    std::fs::create_dir_all(&raw_dir)
+        .unwrap_or_else(|e| panic!("cannot create {}: {e}", raw_dir.display()));
+    let json_path = raw_dir.join("results.json");
+    let json = serde_json::to_string_pretty(results)
+        .unwrap_or_else(|e| panic!("cannot serialize the results: {e}"));
+    std::fs::write(&json_path, json + "\n")
+        .unwrap_or_else(|e| panic!("cannot write {}: {e}", json_path.display()));
+    let png = out.join(PNG);
+    let drew = opts.plot && !results.accuracy.runs.is_empty() && plot(&json_path, &png);
+    let md = report::markdown(results, drew.then_some(PNG));
+    let md_path = out.join("benchmarks.md");
+    std::fs::write(&md_path, md)
+        .unwrap_or_else(|e| panic!("cannot write {}: {e}", md_path.display()));
+    log(format!(
+        "wrote {}, {}{}",
+        md_path.display(),
+        json_path.display(),
+        if drew {
+            format!(", {}", png.display())
+        } else {
+            String::new()
+        }
+    ));
+}
+
+/// Draws the accuracy picture with `bench/plot.py`, installing matplotlib into
+/// `.tools/venv` first when it is missing. Returns whether the PNG was written.
+fn plot(json: &Path, png: &Path) -> bool {
+    let root = repo_root();
+    let venv = root.join(".tools/venv");
+    let python = venv.join("bin/python");
+    let run = |cmd: &mut Command| cmd.status().map(|s| s.success()).unwrap_or(false);
+    if !python.is_file() && !run(Command::new("python3").args(["-m", "venv"]).arg(&venv)) {
+        log("cannot create .tools/venv: no picture");
+        return false;
+    }
+    let has_mpl = || {
+        Command::new(&python)
+            .args(["-c", "import matplotlib"])
+            .output()
+            .map(|o| o.status.success())
+            .unwrap_or(false)
+    };
+    if !has_mpl() {
+        log("installing matplotlib into .tools/venv");
+        if !run(Command::new(venv.join("bin/pip")).args(["install", "-q", "matplotlib"])) {
+            log("pip install matplotlib failed: no picture");
+            return false;
+        }
+    }
+    let ok = run(Command::new(&python)
+        .arg(root.join("bench/plot.py"))
+        .arg(json)
+        .arg(png));
+    if !ok {
+        log("bench/plot.py failed: no picture");
+    }
+    ok && png.is_file()
+}
+
+/// The tables on stdout; the targets only for a real run (a smoke run's seconds of load are
+/// no measurement, and its log should not read like one).
+fn print_summary(r: &Results, with_targets: bool) {
+    println!(
+        "{:<26} {:>22} {:>22} {:>8} {:>8} {:>12} {:>10}",
+        "scenario", "req/s", "CPU µs/req", "×native", "×empty", "bridge/req", "Redis/req"
+    );
+    for x in &r.scenarios {
+        println!(
+            "{:<26} {:>22} {:>22} {:>8} {:>8} {:>12.4} {:>10.3}",
+            x.id,
+            x.rps.show(0),
+            x.cpu_us_per_request.show(2),
+            x.cpu_vs_native
+                .map(|v| format!("{v:.2}"))
+                .unwrap_or_default(),
+            x.cpu_vs_empty_wasm
+                .map(|v| format!("{v:.2}"))
+                .unwrap_or_default(),
+            x.bridge_calls_per_request.median,
+            x.redis_commands_per_request.median
+        );
+    }
+    for a in &r.accuracy.runs {
+        println!(
+            "accuracy {:<18} sent {:>6.0}/s admitted {:>6} bound {:>8.0} over {:>5.2} % under {:>5.2} %",
+            a.mode.label(),
+            a.sent_rps,
+            a.admitted,
+            a.exact_bound,
+            a.over_pct,
+            a.under_pct
+        );
+    }
+    for t in r.targets.iter().filter(|_| with_targets) {
+        let verdict = match t.met {
+            Some(true) => "met",
+            Some(false) => "MISSED",
+            None => "not measured",
+        };
+        println!("target: {} — {} — {verdict}", t.target, t.measured);
+    }
+}
+
+/// A number that came out of a measurement (not 0, not NaN).
+fn positive(v: f64) -> bool {
+    v > 0.0
+}
+
+/// The smoke run's checks: the harness ran every part and produced numbers. Never a
+/// performance threshold.
+fn check_smoke(out: &Path, r: &Results, scenarios: &[Scenario]) {
+    let mut problems = Vec::new();
+    for s in scenarios {
+        match r.scenarios.iter().find(|x| x.id == s.id()) {
+            None => problems.push(format!("{}: no samples", s.id())),
+            Some(x) => {
+                if !positive(x.rps.median) {
+                    problems.push(format!("{}: no requests/s", s.id()));
+                }
+                if !positive(x.cpu_us_per_request.median) {
+                    problems.push(format!("{}: no CPU per request", s.id()));
+                }
+                if !positive(x.p50_us.median) {
+                    problems.push(format!("{}: no latency", s.id()));
+                }
+                if s.is_global() && !positive(x.bridge_calls_per_request.median) {
+                    problems.push(format!("{}: no bridge call counted", s.id()));
+                }
+                if s.is_global() && !positive(x.redis_commands_per_request.median) {
+                    problems.push(format!("{}: no Redis command counted", s.id()));
+                }
+            }
+        }
+    }
+    if r.accuracy.runs.len() != Mode::ALL.len() {
+        problems.push(format!(
+            "accuracy: {} of {} modes ran",
+            r.accuracy.runs.len(),
+            Mode::ALL.len()
+        ));
+    }
+    for a in &r.accuracy.runs {
+        if a.sent == 0 || a.admitted == 0 {
+            problems.push(format!(
+                "accuracy {}: sent {}, admitted {}",
+                a.mode.label(),
+                a.sent,
+                a.admitted
+            ));
+        }
+    }
+    for f in ["benchmarks.md", "bench/results.json"] {
+        if !out.join(f).is_file() {
+            problems.push(format!("{} was not written", out.join(f).display()));
+        }
+    }
+    if problems.is_empty() {
+        println!(
+            "bench-smoke: ok ({} scenarios, {} accuracy modes; output in {}, removed unless \
+             WEIR_E2E_KEEP=1 or --out)",
+            scenarios.len(),
+            r.accuracy.runs.len(),
+            out.display()
+        );
+    } else {
+        eprintln!("bench-smoke: FAILED");
+        for p in &problems {
+            eprintln!("  - {p}");
+        }
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,211 @@
+//! The cost scenarios: one listener and route (a `direct_response` 200), and the HTTP
+//! filters in front of the router that each scenario measures.
+
+use std::path::{Path, PathBuf};
+
+use weir_e2e::{bridge_cluster_yaml, wasm_filter_yaml, Bootstrap};
+
+use crate::wrk::Traffic;
+
+/// One way of serving the same requests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Scenario {
+    NoFilter,
+    Native,
+    EmptyWasm,
+    WeirLocal,
+    WeirLocalHalf,
+    WeirGlobalExact,
+    WeirGlobalLeases,
+    /// Diagnostic (`--only`): weir with one rule whose match never holds.
+    WeirNoMatch,
+    /// Diagnostic (`--only`): weir with one local rule without a key (one bucket).
+    WeirUnkeyed,
+}
+
+/// The bridge cluster's timeout in the global scenarios: long enough that a busy load core
+/// never turns a slow answer into a failure (failures are counted and reported anyway).
+const BRIDGE: &str = r#""bridge": {"cluster": "weir_bridge", "timeout": "250ms"}"#;
+
+/// Global scenarios: one key per tenant, a limit far above the offered load.
+const GLOBAL_LIMIT: &str =
+    r#""limit": {"algorithm": "gcra", "rate": 1000000, "period": "1s", "burst": 999999}"#;
+
+impl Scenario {
+    pub const ALL: [Scenario; 7] = [
+        Scenario::NoFilter,
+        Scenario::Native,
+        Scenario::EmptyWasm,
+        Scenario::WeirLocal,
+        Scenario::WeirLocalHalf,
+        Scenario::WeirGlobalExact,
+        Scenario::WeirGlobalLeases,
+    ];
+
+    /// Not in the default run: they split weir's cost for whoever profiles the filter.
+    pub const DIAGNOSTIC: [Scenario; 2] = [Scenario::WeirNoMatch, Scenario::WeirUnkeyed];
+
+    pub fn id(self) -> &'static str {
+        match self {
+            Scenario::NoFilter => "no-filter",
+            Scenario::Native => "native-local-ratelimit",
+            Scenario::EmptyWasm => "empty-wasm",
+            Scenario::WeirLocal => "weir-local",
+            Scenario::WeirLocalHalf => "weir-local-half-limited",
+            Scenario::WeirGlobalExact => "weir-global-exact",
+            Scenario::WeirGlobalLeases => "weir-global-leases",
+            Scenario::WeirNoMatch => "weir-no-match",
+            Scenario::WeirUnkeyed => "weir-unkeyed",
+        }
+    }
+
+    pub fn from_id(id: &str) -> Option<Scenario> {
+        Scenario::ALL
+            .into_iter()
+            .chain(Scenario::DIAGNOSTIC)
+            .find(|s| s.id() == id)
+    }
+
+    /// What the scenario is, for the report.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Scenario::NoFilter => "no HTTP filter but the router",
+            Scenario::Native => {
+                "`envoy.filters.http.local_ratelimit`, one bucket of 10⁹ tokens refilled every second (never limits), enabled and enforced at 100 %"
+            }
+            Scenario::EmptyWasm => {
+                "`weir-empty-filter` (bench/empty-filter): root + HTTP context that do nothing, same `vm_config` as weir (V8)"
+            }
+            Scenario::WeirLocal => {
+                "weir, one local GCRA rule keyed by `x-user` (1,000 users), 1,000/s per user with burst 100: nothing is limited"
+            }
+            Scenario::WeirLocalHalf => {
+                "weir, one local GCRA rule keyed by `x-user`, 1 per day, burst 0, `max_keys` 10⁶; every other request is one of 1,000 users (limited since the warm-up), the others are users never seen before (allowed): half the requests get 429"
+            }
+            Scenario::WeirGlobalExact => {
+                "weir, one global GCRA rule keyed by `x-tenant` (10 tenants), 10⁶/s: every request asks weir-bridge (`lease.max` 1)"
+            }
+            Scenario::WeirGlobalLeases => {
+                "the same global rule with `lease.max` 1000, `lease.ttl` 1s: requests are served from leases in shared data"
+            }
+            Scenario::WeirNoMatch => {
+                "diagnostic: weir with one local rule whose `match` (path prefix `/never/`) never holds: the filter's fixed cost"
+            }
+            Scenario::WeirUnkeyed => {
+                "diagnostic: weir with one local GCRA rule without a key (one bucket for all), never limited: no header read"
+            }
+        }
+    }
+
+    pub fn traffic(self) -> Traffic {
+        match self {
+            Scenario::WeirLocalHalf => Traffic::HalfNew,
+            _ => Traffic::Users,
+        }
+    }
+
+    pub fn is_global(self) -> bool {
+        matches!(self, Scenario::WeirGlobalExact | Scenario::WeirGlobalLeases)
+    }
+
+    /// weir's plugin configuration, for the weir scenarios.
+    pub fn plugin_config(self) -> Option<String> {
+        let json = match self {
+            Scenario::WeirLocal => {
+                r#"{"rules": [{"name": "per-user", "key": [{"header": "x-user"}],
+  "limit": {"algorithm": "gcra", "rate": 1000, "period": "1s", "burst": 100}, "max_keys": 10000}]}"#
+                    .to_string()
+            }
+            Scenario::WeirLocalHalf => {
+                r#"{"rules": [{"name": "per-user", "key": [{"header": "x-user"}],
+  "limit": {"algorithm": "gcra", "rate": 1, "period": "1d", "burst": 0}, "max_keys": 1000000}]}"#
+                    .to_string()
+            }
+            Scenario::WeirNoMatch => r#"{"rules": [{"name": "never", "match": {"path": {"prefix": "/never/"}},
+  "key": [{"header": "x-user"}], "limit": {"algorithm": "gcra", "rate": 1000, "period": "1s", "burst": 100}}]}"#
+                .to_string(),
+            Scenario::WeirUnkeyed => r#"{"rules": [{"name": "all",
+  "limit": {"algorithm": "gcra", "rate": 1000000, "period": "1s", "burst": 1000000}}]}"#
+                .to_string(),
+            Scenario::WeirGlobalExact => format!(
+                r#"{{{BRIDGE}, "rules": [{{"name": "per-tenant", "key": [{{"header": "x-tenant"}}],
+  "scope": "global", {GLOBAL_LIMIT}}}]}}"#
+            ),
+            Scenario::WeirGlobalLeases => format!(
+                r#"{{{BRIDGE}, "rules": [{{"name": "per-tenant", "key": [{{"header": "x-tenant"}}],
+  "scope": "global", {GLOBAL_LIMIT}, "global": {{"lease": {{"max": 1000, "ttl": "1s"}}}}}}]}}"#
+            ),
+            _ => return None,
+        };
+        Some(json)
+    }
+
+    /// The bootstrap of this scenario's Envoy.
+    pub fn bootstrap(self, wasm: &Wasm, bridge_port: Option<u16>) -> Bootstrap {
+        let mut b = Bootstrap::new();
+        match self {
+            Scenario::NoFilter => {}
+            Scenario::Native => b = b.http_filter(NATIVE_LOCAL_RATELIMIT),
+            Scenario::EmptyWasm => b = b.http_filter(wasm_filter_yaml("{}", &wasm.empty)),
+            _ => {
+                let config = self.plugin_config().unwrap_or_default();
+                b = b.http_filter(wasm_filter_yaml(&config, &wasm.weir));
+            }
+        }
+        if self.is_global() {
+            let port = bridge_port.unwrap_or_else(|| panic!("{} needs a bridge", self.id()));
+            b = b.cluster(bridge_cluster_yaml(port));
+        }
+        b
+    }
+}
+
+/// Envoy's own local rate limit (Envoy 1.40 fields), with a bucket nothing can empty:
+/// 10⁹ tokens, refilled every second, on every request (enabled and enforced at 100 %).
+pub const NATIVE_LOCAL_RATELIMIT: &str = r#"- name: envoy.filters.http.local_ratelimit
+  typed_config:
+    "@type": type.googleapis.com/envoy.extensions.filters.http.local_ratelimit.v3.LocalRateLimit
+    stat_prefix: bench_local_rate_limit
+    token_bucket:
+      max_tokens: 1000000000
+      tokens_per_fill: 1000000000
+      fill_interval: 1s
+    filter_enabled:
+      runtime_key: bench_local_rate_limit_enabled
+      default_value: { numerator: 100, denominator: HUNDRED }
+    filter_enforced:
+      runtime_key: bench_local_rate_limit_enforced
+      default_value: { numerator: 100, denominator: HUNDRED }
+"#;
+
+/// The two filters under test.
+#[derive(Clone, Debug)]
+pub struct Wasm {
+    pub weir: PathBuf,
+    pub empty: PathBuf,
+}
+
+impl Wasm {
+    /// `weir.wasm` as weir-e2e finds it, and the empty filter next to it (or
+    /// `$WEIR_EMPTY_WASM`).
+    pub fn locate() -> Wasm {
+        let weir = weir_e2e::weir_wasm();
+        let empty = std::env::var_os("WEIR_EMPTY_WASM")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| sibling(&weir, "weir_empty_filter.wasm"));
+        assert!(
+            empty.is_file(),
+            "the empty filter is not at {}: build it with \
+             `cargo build -p weir-empty-filter --target wasm32-wasip1 --profile wasm`, \
+             or set WEIR_EMPTY_WASM",
+            empty.display()
+        );
+        Wasm { weir, empty }
+    }
+}
+
+fn sibling(path: &Path, name: &str) -> PathBuf {
+    path.parent()
+        .map(|d| d.join(name))
+        .unwrap_or_else(|| PathBuf::from(name))
+}
