@@ -63,5 +63,9 @@ bench-smoke: build
     cargo build -p weir-bridge --release
     ENVOY_BIN={{envoy}} WEIR_WASM={{wasm}} cargo run --release -q -p weir-bench -- --smoke
 
+# The benchmark harness's own unit tests (report formatting, the empty filter's steps).
+test-bench:
+    cargo test -p weir-bench -p weir-empty-filter
+
 # The whole suite, as CI runs it.
-test: lint test-core test-wasm test-bridge validate-yaml test-e2e bench-smoke
+test: lint test-core test-wasm test-bridge test-bench validate-yaml test-e2e bench-smoke

@@ -162,12 +162,22 @@ pub struct Target {
 pub fn targets(summaries: &[Summary], accuracy: &[PacedRun]) -> Vec<Target> {
     let get = |s: Scenario| summaries.iter().find(|x| x.id == s.id());
     let mut t = Vec::new();
+    let floor = get(Scenario::HostCallFloor).and_then(|x| x.cpu_over_empty_wasm_us);
+    // "empty wasm +X µs", and how much of it the host calls alone cost in this run.
+    let over_empty = |d: Option<f64>| {
+        match (d, floor) {
+        (Some(d), Some(f)) => format!(
+            "empty wasm {d:+.1} µs, of which the same host calls alone (host-call-floor) {f:+.1} µs and the rest {:+.1} µs",
+            d - f
+        ),
+        (Some(d), None) => format!("empty wasm {d:+.1} µs"),
+        (None, _) => "not measured".into(),
+    }
+    };
     let local = get(Scenario::WeirLocal).and_then(|x| x.cpu_over_empty_wasm_us);
     t.push(Target {
         target: "weir local, one keyed rule: ≤ empty wasm + 4 µs per request".into(),
-        measured: local
-            .map(|d| format!("empty wasm {:+.1} µs", d))
-            .unwrap_or_else(|| "not measured".into()),
+        measured: over_empty(local),
         met: local.map(|d| d <= 4.0),
     });
     let leases = get(Scenario::WeirGlobalLeases);
@@ -175,9 +185,7 @@ pub fn targets(summaries: &[Summary], accuracy: &[PacedRun]) -> Vec<Target> {
     t.push(Target {
         target: "weir global with leases, far from the limit: ≤ empty wasm + 6 µs per request"
             .into(),
-        measured: d
-            .map(|d| format!("empty wasm {:+.1} µs", d))
-            .unwrap_or_else(|| "not measured".into()),
+        measured: over_empty(d),
         met: d.map(|d| d <= 6.0),
     });
     let calls = leases.map(|x| x.bridge_calls_per_request.median);
@@ -606,6 +614,17 @@ pub fn markdown(r: &Results, png_name: Option<&str>) -> String {
     );
 
     let _ = writeln!(w, "## What limits these figures\n");
+    let _ = writeln!(
+        w,
+        "- **Host calls.** A proxy-wasm filter pays for every call into Envoy, and more for \
+         those that return data (Envoy calls back into the VM to allocate the copy). A local \
+         decision kept in shared data needs at least four: the clock, the key's header, the \
+         shared-data get and the CAS set. The `host-call-floor` scenario makes exactly weir-local's \
+         four calls from the empty filter and nothing else: what it costs over the empty filter \
+         is the price of the design in this Envoy, before any rate-limiting code runs \
+         (the targets table splits weir's figures this way). weir makes no other host call \
+         on an allowed request: its counters are kept in the VM and handed to Envoy every \
+         100 ms, and its headers are only added on denials unless `headers_on_allowed` is set.");
     let _ = writeln!(
         w,
         "- **{} vCPUs for everything.** In the cost runs Envoy has core {} to itself, but wrk, \

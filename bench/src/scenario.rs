@@ -13,6 +13,8 @@ pub enum Scenario {
     NoFilter,
     Native,
     EmptyWasm,
+    /// The empty filter making weir-local's host calls and nothing else.
+    HostCallFloor,
     WeirLocal,
     WeirLocalHalf,
     WeirGlobalExact,
@@ -32,10 +34,11 @@ const GLOBAL_LIMIT: &str =
     r#""limit": {"algorithm": "gcra", "rate": 1000000, "period": "1s", "burst": 999999}"#;
 
 impl Scenario {
-    pub const ALL: [Scenario; 7] = [
+    pub const ALL: [Scenario; 8] = [
         Scenario::NoFilter,
         Scenario::Native,
         Scenario::EmptyWasm,
+        Scenario::HostCallFloor,
         Scenario::WeirLocal,
         Scenario::WeirLocalHalf,
         Scenario::WeirGlobalExact,
@@ -50,6 +53,7 @@ impl Scenario {
             Scenario::NoFilter => "no-filter",
             Scenario::Native => "native-local-ratelimit",
             Scenario::EmptyWasm => "empty-wasm",
+            Scenario::HostCallFloor => "host-call-floor",
             Scenario::WeirLocal => "weir-local",
             Scenario::WeirLocalHalf => "weir-local-half-limited",
             Scenario::WeirGlobalExact => "weir-global-exact",
@@ -75,6 +79,9 @@ impl Scenario {
             }
             Scenario::EmptyWasm => {
                 "`weir-empty-filter` (bench/empty-filter): root + HTTP context that do nothing, same `vm_config` as weir (V8)"
+            }
+            Scenario::HostCallFloor => {
+                "the empty filter configured to make, per request, the host calls weir-local makes and nothing else: read the clock, read `x-user`, get one of 2,500 shared-data keys of 96 bytes (weir-local's slot sets) and write it back with its CAS version"
             }
             Scenario::WeirLocal => {
                 "weir, one local GCRA rule keyed by `x-user` (1,000 users), 1,000/s per user with burst 100: nothing is limited"
@@ -147,6 +154,9 @@ impl Scenario {
             Scenario::NoFilter => {}
             Scenario::Native => b = b.http_filter(NATIVE_LOCAL_RATELIMIT),
             Scenario::EmptyWasm => b = b.http_filter(wasm_filter_yaml("{}", &wasm.empty)),
+            Scenario::HostCallFloor => {
+                b = b.http_filter(wasm_filter_yaml(HOST_CALL_FLOOR, &wasm.empty))
+            }
             _ => {
                 let config = self.plugin_config().unwrap_or_default();
                 b = b.http_filter(wasm_filter_yaml(&config, &wasm.weir));
@@ -159,6 +169,10 @@ impl Scenario {
         b
     }
 }
+
+/// The empty filter's steps for [`Scenario::HostCallFloor`]: weir-local's rule has
+/// `max_keys` 10,000, so 2,500 sets of 4 slots.
+const HOST_CALL_FLOOR: &str = "time, header:x-user, shared_cas:2500";
 
 /// Envoy's own local rate limit (Envoy 1.40 fields), with a bucket nothing can empty:
 /// 10⁹ tokens, refilled every second, on every request (enabled and enforced at 100 %).
