@@ -143,6 +143,7 @@ pub fn measure(
     masters: &[u16],
     round: usize,
     position: usize,
+    attempt: usize,
 ) -> Sample {
     let envoy = fleet.envoy(scenario);
     let pid = envoy.pid();
@@ -152,7 +153,9 @@ pub fn measure(
     let cpu0 = sys::process_cpu_us(pid);
     let run0 = sys::process_runtime_us(pid);
     let t0 = Instant::now();
-    let nonce = format!("r{round}");
+    // New users must be new in every attempt: a sample measured again with the users of
+    // the first attempt would find them limited already.
+    let nonce = format!("r{round}a{attempt}");
     let wrk = wrk::run(
         script,
         envoy.http_port,

@@ -342,7 +342,7 @@ fn run_cost(
     let mut retries_left = cost::RETRIES_PER_RUN;
     for round in 0..opts.rounds {
         for (position, s) in cost::round_order(scenarios, round).into_iter().enumerate() {
-            let measure = || {
+            let measure = |attempt| {
                 cost::measure(
                     &fleet,
                     s,
@@ -352,9 +352,10 @@ fn run_cost(
                     masters,
                     round,
                     position,
+                    attempt,
                 )
             };
-            let mut sample = measure();
+            let mut sample = measure(0);
             // Something else took the Envoy core: measure again (bounded), keep the
             // least disturbed of the attempts.
             let mut retries = 0;
@@ -371,7 +372,7 @@ fn run_cost(
                     s.id(),
                     sample.envoy_core_other_pct
                 ));
-                let again = measure();
+                let again = measure(retries as usize);
                 if again.envoy_core_other_pct < sample.envoy_core_other_pct {
                     sample = again;
                 }
