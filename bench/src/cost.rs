@@ -168,6 +168,9 @@ pub fn measure(
     let cpu1 = sys::process_cpu_us(pid);
     let interval_us = t0.elapsed().as_micros() as u64;
     let core1 = sys::core_time(ENVOY_CORE);
+    // weir hands its counters to Envoy every 100 ms: wait for the last increments before
+    // reading them (Envoy's own request counter does not lag; nothing is sent meanwhile).
+    std::thread::sleep(weir_e2e::WEIR_STATS_LAG);
     let c1 = envoy_counters(envoy);
     let (r1_all, r1_scripts) = redis_commands(masters);
     let envoy_cpu_us = cpu1.saturating_sub(cpu0);

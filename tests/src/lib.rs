@@ -30,7 +30,7 @@ pub mod process;
 pub mod redis;
 
 pub use bridge::{bridge_bin, bridge_cluster_yaml, prometheus_sum, Bridge};
-pub use envoy::{parse_stats, wasm_filter_yaml, Bootstrap, Envoy};
+pub use envoy::{parse_stats, wasm_filter_yaml, Bootstrap, Envoy, WEIR_STATS_LAG};
 pub use http::{get, send, Client, Request, Response};
 pub use load::{run_clients, LoadReport, Outcome};
 pub use ports::{free_port, free_ports};
