@@ -22,11 +22,14 @@
 
 #[path = "../../core/tests/scenarios/mod.rs"]
 mod scenarios;
+#[path = "../../core/tests/scenarios/in_core.rs"]
+mod scenarios_in_core;
 
 mod common;
 
 use common::{future_base, invocation, Redis, Rng};
-use scenarios::{Algo, Scenario, Step, T0};
+use scenarios::{Scenario, T0};
+use scenarios_in_core::{expected, limit_of};
 use std::time::Duration;
 use weir_bridge::scripts::{log_seq_key, ScriptReply};
 use weir_core::algorithms::fixed_window::FixedWindow;
@@ -37,27 +40,6 @@ use weir_core::algorithms::token_bucket::TokenBucket;
 use weir_core::algorithms::{AlgorithmKind, Decision, Limit, SlotState};
 use weir_core::wire::GlobalLimit;
 
-fn limit_of(algo: Algo) -> Limit {
-    match algo {
-        Algo::Gcra {
-            burst,
-            rate,
-            period_us,
-        } => Limit::Gcra(Gcra::new(burst, rate, period_us).unwrap()),
-        Algo::TokenBucket {
-            capacity,
-            refill,
-            period_us,
-        } => Limit::TokenBucket(TokenBucket::new(capacity, refill, period_us).unwrap()),
-        Algo::FixedWindow { limit, window_us } => {
-            Limit::FixedWindow(FixedWindow::new(limit, window_us).unwrap())
-        }
-        Algo::SlidingWindow { limit, window_us } => {
-            Limit::SlidingWindow(SlidingWindow::new(limit, window_us).unwrap())
-        }
-    }
-}
-
 fn decision_of(reply: &ScriptReply) -> Decision {
     Decision {
         allowed: reply.allowed,
@@ -65,16 +47,6 @@ fn decision_of(reply: &ScriptReply) -> Decision {
         remaining: reply.remaining,
         retry_after_ns: reply.retry_after_ns,
         reset_after_ns: reply.reset_after_ns,
-    }
-}
-
-fn expected(step: &Step) -> Decision {
-    Decision {
-        allowed: step.allowed,
-        limit: step.limit,
-        remaining: step.remaining,
-        retry_after_ns: step.retry_after_ns,
-        reset_after_ns: step.reset_after_ns,
     }
 }
 

@@ -5,47 +5,18 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod scenarios;
+#[path = "scenarios/in_core.rs"]
+mod scenarios_in_core;
 
-use scenarios::{Algo, Scenario, Step, Throttle, MS_US, S_NS, S_US, T0};
+use scenarios::{Scenario, Throttle, MS_US, S_NS, S_US, T0};
+use scenarios_in_core::{expected, limit_of};
 use weir_core::algorithms::{
     fixed_window::{self, FixedWindow},
     gcra::{self, Gcra, ThrottleReply},
     sliding_window::{self, SlidingWindow},
     token_bucket::{self, TokenBucket},
-    Decision, Limit, ParamError, Policy, SlotState,
+    Limit, ParamError, Policy, SlotState,
 };
-
-fn limit_of(algo: Algo) -> Limit {
-    let limit = match algo {
-        Algo::Gcra {
-            burst,
-            rate,
-            period_us,
-        } => Gcra::new(burst, rate, period_us).map(Limit::Gcra),
-        Algo::TokenBucket {
-            capacity,
-            refill,
-            period_us,
-        } => TokenBucket::new(capacity, refill, period_us).map(Limit::TokenBucket),
-        Algo::FixedWindow { limit, window_us } => {
-            FixedWindow::new(limit, window_us).map(Limit::FixedWindow)
-        }
-        Algo::SlidingWindow { limit, window_us } => {
-            SlidingWindow::new(limit, window_us).map(Limit::SlidingWindow)
-        }
-    };
-    limit.unwrap_or_else(|e| panic!("{algo:?}: {e}"))
-}
-
-fn expected(step: &Step) -> Decision {
-    Decision {
-        allowed: step.allowed,
-        limit: step.limit,
-        remaining: step.remaining,
-        retry_after_ns: step.retry_after_ns,
-        reset_after_ns: step.reset_after_ns,
-    }
-}
 
 fn reply(t: &Throttle) -> ThrottleReply {
     ThrottleReply {

@@ -23,6 +23,7 @@
 pub mod bridge;
 pub mod envoy;
 pub mod http;
+pub mod jwt;
 pub mod load;
 pub mod ports;
 pub mod prereq;

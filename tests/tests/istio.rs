@@ -39,6 +39,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Map, Value};
+use weir_e2e::jwt::{hs256, hs256_jwks};
 use weir_e2e::{
     free_port, prometheus_sum, repo_root, send, weir_wasm, Bridge, Client, Envoy, RedisCluster,
     Request, TestDir,
@@ -565,42 +566,9 @@ pub fn check_istio_conventions(plugin: &Plugin, mesh: &Mesh) {
 // ---------------------------------------------------------------------------------------
 // Rendering a bootstrap
 
-/// base64url without padding.
-pub fn b64url(bytes: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
-    let mut out = String::new();
-    for chunk in bytes.chunks(3) {
-        let n = chunk
-            .iter()
-            .enumerate()
-            .fold(0u32, |n, (i, &b)| n | u32::from(b) << (16 - 8 * i));
-        for i in 0..=chunk.len() {
-            out.push(ALPHABET[(n >> (18 - 6 * i) & 63) as usize] as char);
-        }
-    }
-    out
-}
-
-/// An HS256 JWT signed with [`TEST_JWT_SECRET`] (HMAC-SHA256 written out).
+/// An HS256 JWT signed with [`TEST_JWT_SECRET`].
 pub fn test_token(payload: &Value) -> String {
-    use sha2::{Digest, Sha256};
-    let signing_input = format!(
-        "{}.{}",
-        b64url(br#"{"alg":"HS256","typ":"JWT"}"#),
-        b64url(payload.to_string().as_bytes())
-    );
-    let mut key = [0u8; 64];
-    key[..TEST_JWT_SECRET.len()].copy_from_slice(TEST_JWT_SECRET);
-    let pad = |byte: u8| key.iter().map(|k| k ^ byte).collect::<Vec<u8>>();
-    let inner = Sha256::new()
-        .chain_update(pad(0x36))
-        .chain_update(signing_input.as_bytes())
-        .finalize();
-    let mac = Sha256::new()
-        .chain_update(pad(0x5c))
-        .chain_update(inner)
-        .finalize();
-    format!("{signing_input}.{}", b64url(&mac))
+    hs256(TEST_JWT_SECRET, &payload.to_string())
 }
 
 /// Istio's jwt_authn filter for these RequestAuthentications (`convertToEnvoyJwtConfig`):
@@ -613,9 +581,7 @@ fn jwt_authn(auths: &[&Resource]) -> Option<Value> {
     if rules.is_empty() {
         return None;
     }
-    let jwks =
-        json!({ "keys": [ { "kty": "oct", "alg": "HS256", "k": b64url(TEST_JWT_SECRET) } ] })
-            .to_string();
+    let jwks = hs256_jwks(TEST_JWT_SECRET);
     let mut providers = Map::new();
     let mut requirements = Vec::new();
     for (i, rule) in rules.iter().enumerate() {

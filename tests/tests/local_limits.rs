@@ -4,6 +4,7 @@
 //! Every test starts its own Envoy with `weir.wasm` on free loopback ports.
 
 use std::collections::BTreeMap;
+use weir_e2e::jwt::{hs256, hs256_jwks};
 use weir_e2e::{
     get, run_clients, send, wasm_filter_yaml, weir_wasm, Bootstrap, Client, Envoy, Request,
 };
@@ -545,53 +546,12 @@ fn the_demo_config_limits_per_user_and_per_tenant() {
     assert!(stat(&envoy, "rule.per-tenant.bridge_decisions") >= 1);
 }
 
-/// Base64url without padding, as JWTs use it.
-fn b64url(bytes: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
-    let mut out = String::new();
-    for chunk in bytes.chunks(3) {
-        let n = chunk
-            .iter()
-            .enumerate()
-            .fold(0u32, |n, (i, &b)| n | u32::from(b) << (16 - 8 * i));
-        for i in 0..=chunk.len() {
-            out.push(ALPHABET[(n >> (18 - 6 * i) & 63) as usize] as char);
-        }
-    }
-    out
-}
-
-/// An HS256 JWT (HMAC-SHA256 written out, so the test needs no JWT library).
-fn hs256(secret: &[u8], payload: &str) -> String {
-    use sha2::{Digest, Sha256};
-    let signing_input = format!(
-        "{}.{}",
-        b64url(br#"{"alg":"HS256","typ":"JWT"}"#),
-        b64url(payload.as_bytes())
-    );
-    let mut key = [0u8; 64];
-    key[..secret.len()].copy_from_slice(secret);
-    let pad = |byte: u8| key.iter().map(|k| k ^ byte).collect::<Vec<u8>>();
-    let inner = Sha256::new()
-        .chain_update(pad(0x36))
-        .chain_update(signing_input.as_bytes())
-        .finalize();
-    let mac = Sha256::new()
-        .chain_update(pad(0x5c))
-        .chain_update(inner)
-        .finalize();
-    format!("{signing_input}.{}", b64url(&mac))
-}
-
 /// Keys from JWT claims that Envoy's jwt_authn verified and put in dynamic metadata, and
 /// from any attribute by path.
 #[test]
 fn keys_from_jwt_claims_and_attributes() {
     let secret = b"weir-test-secret-of-32-bytes!!!!";
-    let jwks = format!(
-        r#"{{"keys":[{{"kty":"oct","alg":"HS256","k":"{}"}}]}}"#,
-        b64url(secret)
-    );
+    let jwks = hs256_jwks(secret);
     let jwt_authn = format!(
         r#"- name: envoy.filters.http.jwt_authn
   typed_config:
