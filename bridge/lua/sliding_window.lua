@@ -25,8 +25,8 @@
 -- (`muldiv_floor`) are a double estimate corrected by exact comparisons.
 --
 -- Why atomic: read-estimate-increment; concurrent requests must not both pass on the
--- same estimate. The TTL is two windows after the start of the counted one (one if only
--- the previous window counted): then the estimate is 0 whatever the state says.
+-- same estimate. The TTL is two windows after the start of the current window: then the
+-- estimate is 0 whatever the state says.
 
 -- Exact products of integers in [0, 2^53): six base-2^24 limbs, least significant first.
 -- Every partial sum stays below 2^51, so each step is exact in doubles.

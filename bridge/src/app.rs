@@ -122,20 +122,20 @@ async fn decide(
             item.cost,
             item.want,
         );
-        let reply = state.store.run(&inv).await.map_err(|err| match err {
-            CallError::Timeout => {
-                tracing::warn!(rule = %item.rule, algorithm = %inv.kind, "redis call timed out");
-                ApiError::Unavailable { class: "timeout" }
+        let reply = state.store.run(&inv).await.map_err(|err| {
+            let api = ApiError::from_call(&err);
+            match &err {
+                CallError::Timeout => {
+                    tracing::warn!(rule = %item.rule, algorithm = %inv.kind, "redis call timed out")
+                }
+                CallError::Redis(err) => {
+                    tracing::warn!(rule = %item.rule, algorithm = %inv.kind, error = %err, status = %api.status(), "redis call failed")
+                }
+                CallError::BadReply(why) => {
+                    tracing::error!(rule = %item.rule, algorithm = %inv.kind, why, "bad script reply")
+                }
             }
-            CallError::Redis(err) => {
-                let api = ApiError::from_redis(&err);
-                tracing::warn!(rule = %item.rule, algorithm = %inv.kind, error = %err, status = %api.status(), "redis call failed");
-                api
-            }
-            CallError::BadReply(why) => {
-                tracing::error!(rule = %item.rule, algorithm = %inv.kind, why, "bad script reply");
-                ApiError::Internal { class: "bad_reply" }
-            }
+            api
         })?;
         now_us.get_or_insert(reply.now_us);
         state
@@ -169,11 +169,7 @@ async fn healthz(State(state): State<AppState>) -> Response {
     match state.store.ping().await {
         Ok(()) => (StatusCode::OK, "ok").into_response(),
         Err(err) => {
-            let class = match &err {
-                CallError::Timeout => "timeout",
-                CallError::Redis(e) => crate::error::class_name(e),
-                CallError::BadReply(_) => "bad_reply",
-            };
+            let class = ApiError::from_call(&err).metric_class();
             tracing::warn!(class, "health check: redis did not answer PING");
             (
                 StatusCode::SERVICE_UNAVAILABLE,

@@ -4,6 +4,7 @@
 //! the class of a Redis failure (`"redis unavailable (timeout)"`), never a Redis error
 //! text, a node address or a key. The details go to the log.
 
+use crate::store::CallError;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -22,60 +23,48 @@ pub enum ErrorClass {
 
 /// Classifies a Redis error. Pure: decided from the error's kind and code only.
 pub fn classify(err: &RedisError) -> ErrorClass {
+    describe(err).0
+}
+
+/// An error's class, and a short, stable name for it (a metric label and the reply's
+/// words), from one match so that the two cannot drift apart.
+fn describe(err: &RedisError) -> (ErrorClass, &'static str) {
     use ErrorClass::{Permanent, Transient};
     match err.kind() {
-        ErrorKind::Io | ErrorKind::ClusterConnectionNotFound => Transient,
+        ErrorKind::Io => (Transient, "io"),
+        ErrorKind::ClusterConnectionNotFound => (Transient, "no_connection"),
         ErrorKind::Server(kind) => match kind {
-            ServerErrorKind::BusyLoading
-            | ServerErrorKind::Moved
-            | ServerErrorKind::Ask
-            | ServerErrorKind::TryAgain
-            | ServerErrorKind::ClusterDown
-            | ServerErrorKind::MasterDown
+            ServerErrorKind::BusyLoading => (Transient, "loading"),
+            ServerErrorKind::Moved | ServerErrorKind::Ask => (Transient, "moved"),
+            ServerErrorKind::TryAgain => (Transient, "tryagain"),
+            ServerErrorKind::ClusterDown => (Transient, "clusterdown"),
+            ServerErrorKind::MasterDown => (Transient, "masterdown"),
             // A write on a master just demoted by a failover.
-            | ServerErrorKind::ReadOnly => Transient,
-            // NOSCRIPT is handled (EVAL fallback) before it gets here; seen here it means
-            // the script vanished twice in a row: a node flushing scripts, i.e. moving.
-            ServerErrorKind::NoScript => Transient,
-            _ => Permanent,
+            ServerErrorKind::ReadOnly => (Transient, "readonly"),
+            // The store answers NOSCRIPT by sending the script itself (EVAL), which
+            // cannot answer NOSCRIPT; should one get here all the same, the node lost its
+            // scripts, as a node does when it is replaced.
+            ServerErrorKind::NoScript => (Transient, "noscript"),
+            ServerErrorKind::NoPerm => (Permanent, "noperm"),
+            _ => (Permanent, "server"),
         },
-        // Codes the crate has no kind for.
+        ErrorKind::AuthenticationFailed => (Permanent, "auth"),
+        // Codes the crate has no kind for. BUSY: another script runs too long on that
+        // node; NOREPLICAS: min-replicas not met during a failover; UNBLOCKED: a blocked
+        // client released by a role change.
         ErrorKind::Extension => match err.code() {
-            // BUSY: another script runs too long on that node; NOREPLICAS: min-replicas
-            // not met during a failover.
-            Some("BUSY" | "NOREPLICAS" | "UNBLOCKED" | "CLUSTERDOWN" | "LOADING") => Transient,
-            _ => Permanent,
+            Some("BUSY") => (Transient, "busy"),
+            Some("NOREPLICAS") => (Transient, "noreplicas"),
+            Some("UNBLOCKED") => (Transient, "unblocked"),
+            _ => (Permanent, "server"),
         },
         _ => {
             if err.is_timeout() || err.is_connection_dropped() || err.is_connection_refusal() {
-                Transient
+                (Transient, "client")
             } else {
-                Permanent
+                (Permanent, "client")
             }
         }
-    }
-}
-
-/// A short, stable name for an error, used as a metric label and in the reply.
-pub fn class_name(err: &RedisError) -> &'static str {
-    match err.kind() {
-        ErrorKind::Io => "io",
-        ErrorKind::ClusterConnectionNotFound => "no_connection",
-        ErrorKind::Server(ServerErrorKind::BusyLoading) => "loading",
-        ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::Ask) => "moved",
-        ErrorKind::Server(ServerErrorKind::TryAgain) => "tryagain",
-        ErrorKind::Server(ServerErrorKind::ClusterDown) => "clusterdown",
-        ErrorKind::Server(ServerErrorKind::MasterDown) => "masterdown",
-        ErrorKind::Server(ServerErrorKind::ReadOnly) => "readonly",
-        ErrorKind::Server(ServerErrorKind::NoScript) => "noscript",
-        ErrorKind::Server(ServerErrorKind::NoPerm) => "noperm",
-        ErrorKind::Server(_) => "server",
-        ErrorKind::AuthenticationFailed => "auth",
-        ErrorKind::Extension => match err.code() {
-            Some("BUSY") => "busy",
-            _ => "server",
-        },
-        _ => "client",
     }
 }
 
@@ -96,10 +85,18 @@ pub enum ApiError {
 
 impl ApiError {
     pub fn from_redis(err: &RedisError) -> ApiError {
-        let class = class_name(err);
-        match classify(err) {
-            ErrorClass::Transient => ApiError::Unavailable { class },
-            ErrorClass::Permanent => ApiError::Internal { class },
+        match describe(err) {
+            (ErrorClass::Transient, class) => ApiError::Unavailable { class },
+            (ErrorClass::Permanent, class) => ApiError::Internal { class },
+        }
+    }
+
+    /// What a failed script call or PING tells the client.
+    pub fn from_call(err: &CallError) -> ApiError {
+        match err {
+            CallError::Timeout => ApiError::Unavailable { class: "timeout" },
+            CallError::Redis(err) => ApiError::from_redis(err),
+            CallError::BadReply(_) => ApiError::Internal { class: "bad_reply" },
         }
     }
 

@@ -17,6 +17,7 @@
 //! Everything here is pure: building an invocation and decoding a reply need no Redis.
 
 use redis::Value;
+use weir_core::algorithms::token_bucket::TokenBucket;
 use weir_core::algorithms::{AlgorithmKind, Limit};
 use weir_core::wire::{redis_key_tag, redis_state_key, GlobalLimit};
 
@@ -117,13 +118,9 @@ impl Invocation {
         let tag = redis_key_tag(domain, rule, kind, descriptor);
         let state_key = redis_state_key(&tag, kind);
         let params: Vec<u64> = match limit {
-            GlobalLimit::Slot(Limit::TokenBucket(p)) => vec![
-                p.capacity(),
-                // A refill above the capacity only ever fills the bucket: capping it
-                // changes no decision and keeps the script's products small.
-                p.refill().min(p.capacity()),
-                p.period_us(),
-            ],
+            GlobalLimit::Slot(Limit::TokenBucket(p)) => {
+                vec![p.capacity(), capped_refill(p), p.period_us()]
+            }
             GlobalLimit::Slot(Limit::Gcra(p)) => {
                 vec![p.limit(), p.emission_interval_ns(), p.tolerance_ns()]
             }
@@ -143,6 +140,12 @@ impl Invocation {
     }
 }
 
+/// The refill the token-bucket script gets. A refill above the capacity only ever fills
+/// the bucket: capping it changes no decision and keeps the script's products small.
+fn capped_refill(p: &TokenBucket) -> u64 {
+    p.refill().min(p.capacity())
+}
+
 /// The largest count or duration (µs) the scripts accept: 2^48, about 8.9 years in µs.
 /// With instants below 2^52 µs (year 2112), every sum the scripts form stays below 2^53,
 /// where doubles are exact.
@@ -152,52 +155,37 @@ pub const MAX_EXACT: u64 = 1 << 48;
 /// (`field` as in the wire's `limit` object). The core accepts any u64; the config never
 /// produces such values (durations ≤ 30 days), so only a hand-made request is refused.
 pub fn check_exact(limit: &GlobalLimit) -> Result<(), (&'static str, String)> {
-    let too_big = |field: &'static str, what: &str| {
-        Err((
-            field,
-            format!("{what} must be at most 2^48 for exact arithmetic in Redis"),
-        ))
+    // `what` is the quantity that must fit, reported under the wire field `field`.
+    let at_most_max = |field: &'static str, what: &str, value: u128| {
+        if value > u128::from(MAX_EXACT) {
+            Err((
+                field,
+                format!("{what} must be at most 2^48 for exact arithmetic in Redis"),
+            ))
+        } else {
+            Ok(())
+        }
     };
     match limit {
         GlobalLimit::Slot(Limit::TokenBucket(p)) => {
-            if p.capacity() > MAX_EXACT {
-                return too_big("capacity", "capacity");
-            }
-            if p.period_us() > MAX_EXACT {
-                return too_big("period_us", "period_us");
-            }
+            at_most_max("capacity", "capacity", p.capacity().into())?;
+            at_most_max("period_us", "period_us", p.period_us().into())?;
             // The time to refill an empty bucket bounds every instant the script forms.
-            let refill = p.refill().min(p.capacity());
-            let fill_us = u128::from(p.capacity().div_ceil(refill)) * u128::from(p.period_us());
-            if fill_us > u128::from(MAX_EXACT) {
-                return too_big("period_us", "period_us × ceil(capacity / refill)");
-            }
-            Ok(())
+            let fill_us =
+                u128::from(p.capacity().div_ceil(capped_refill(p))) * u128::from(p.period_us());
+            at_most_max("period_us", "period_us × ceil(capacity / refill)", fill_us)
         }
         // The core bounds τ by 2^52 ns already.
         GlobalLimit::Slot(Limit::Gcra(_)) => Ok(()),
         GlobalLimit::Slot(Limit::FixedWindow(p)) => {
-            if p.limit() > MAX_EXACT {
-                return too_big("limit", "limit");
-            }
-            if p.window_us() > MAX_EXACT {
-                return too_big("window_us", "window_us");
-            }
-            Ok(())
+            at_most_max("limit", "limit", p.limit().into())?;
+            at_most_max("window_us", "window_us", p.window_us().into())
         }
-        // The limit is below 2^32 already (core).
+        // Their limits are below 2^32 already (core).
         GlobalLimit::Slot(Limit::SlidingWindow(p)) => {
-            if p.window_us() > MAX_EXACT {
-                return too_big("window_us", "window_us");
-            }
-            Ok(())
+            at_most_max("window_us", "window_us", p.window_us().into())
         }
-        GlobalLimit::Log(p) => {
-            if p.window_us() > MAX_EXACT {
-                return too_big("window_us", "window_us");
-            }
-            Ok(())
-        }
+        GlobalLimit::Log(p) => at_most_max("window_us", "window_us", p.window_us().into()),
     }
 }
 

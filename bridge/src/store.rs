@@ -51,10 +51,6 @@ impl RedisStore {
         }
     }
 
-    pub fn timeout(&self) -> Duration {
-        self.timeout
-    }
-
     /// Runs one script call and decodes its reply.
     pub async fn run(&self, inv: &Invocation) -> Result<ScriptReply, CallError> {
         let started = Instant::now();

@@ -17,7 +17,6 @@ use weir_e2e::RedisCluster;
 /// connection for inspecting keys.
 pub struct Redis {
     pub cluster: RedisCluster,
-    pub client: ClusterClient,
     pub conn: ClusterConnection,
     pub store: RedisStore,
     pub metrics: Arc<Metrics>,
@@ -36,14 +35,13 @@ impl Redis {
         let store = RedisStore::new(conn.clone(), Duration::from_secs(5), metrics.clone());
         Redis {
             cluster,
-            client,
             conn,
             store,
             metrics,
         }
     }
 
-    /// Runs one script call with the clock pinned at `now_us` and `want = cost`.
+    /// Runs one script call as given; panics, naming the call, if it fails.
     pub async fn run(&self, inv: &Invocation) -> ScriptReply {
         match self.store.run(inv).await {
             Ok(reply) => reply,
