@@ -101,8 +101,9 @@ impl Filter {
                 format!("bridge: {error:?}; failure modes applied")
             });
         }
-        let verdicts = engine.rule_verdicts(eval);
+        // The verdicts (rule names and policies) are only built when headers need them.
         let denial = if let Some(denied_by) = eval.denied_by {
+            let verdicts = engine.rule_verdicts(eval);
             let grpc = is_grpc_request();
             let rule = verdicts.get(denied_by).map_or("", |v| v.rule);
             self.log(LogLevel::Debug, || format!("limited by rule {rule}"));
@@ -120,6 +121,7 @@ impl Filter {
             return !self.send(&denial);
         }
         if settings.headers_on_allowed && settings.header_style != HeaderStyle::None {
+            let verdicts = engine.rule_verdicts(eval);
             for (name, value) in
                 response::rate_limit_headers(settings.header_style, &verdicts, None)
             {
@@ -201,7 +203,6 @@ impl Context for Filter {
             wire::decode_reply(status, &body, eval.pending.len())
         };
         if let Err(error) = &reply {
-            plugin.metrics.bridge_error(error);
             self.log(LogLevel::Warn, || format!("{error}"));
         }
         plugin
@@ -237,7 +238,6 @@ impl HttpContext for Filter {
                     return Action::Pause;
                 }
                 Err(error) => {
-                    plugin.metrics.bridge_error(&error);
                     engine.complete(&mut eval, &SharedData, now_us, now_us, Err(error));
                 }
             }

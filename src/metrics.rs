@@ -179,7 +179,7 @@ impl Metrics {
         let _ = host::record_metric(self.bridge_latency_us, us);
     }
 
-    pub fn bridge_error(&self, error: &ReplyError) {
+    fn bridge_error(&self, error: &ReplyError) {
         let stat = match error {
             ReplyError::Timeout => self.bridge_timeouts,
             ReplyError::Unavailable => self.bridge_unavailable,
@@ -191,25 +191,22 @@ impl Metrics {
 
     /// Counts one request's evaluation, finished at `now_us`.
     pub fn record(&self, eval: &Evaluation, now_us: u64) {
-        if eval.bridge_error == Some(BridgeError::Skipped) {
-            self.bump(self.bridge_skipped, 1);
+        match &eval.bridge_error {
+            Some(BridgeError::Skipped) => self.bump(self.bridge_skipped, 1),
+            Some(BridgeError::Reply(error)) => self.bridge_error(error),
+            None => {}
         }
         for report in &eval.reports {
             let Some(rule) = self.rules.get(report.rule) else {
                 continue;
             };
             match report.outcome {
-                RuleOutcome::NotMatched | RuleOutcome::Pending => continue,
+                RuleOutcome::NotMatched => continue,
                 RuleOutcome::KeyMissing => self.bump(rule.key_missing, 1),
                 RuleOutcome::Allowed => self.bump(rule.allowed, 1),
                 RuleOutcome::Limited => self.bump(rule.limited, 1),
                 RuleOutcome::ShadowLimited => self.bump(rule.shadow_limited, 1),
-                RuleOutcome::StoreFailed(error) => {
-                    self.bump(rule.store_errors, 1);
-                    if let UpdateError::GaveUp { .. } = error {
-                        self.bump(self.cas_give_ups, 1);
-                    }
-                }
+                RuleOutcome::StoreFailed(_) => {}
                 RuleOutcome::BridgeFailed(FailureOutcome::Allowed) => {
                     self.bump(rule.failure_allowed, 1)
                 }
@@ -219,6 +216,16 @@ impl Metrics {
                 RuleOutcome::BridgeFailed(FailureOutcome::Local { allowed }) => {
                     self.bump(rule.failure_local, 1);
                     self.bump(if allowed { rule.allowed } else { rule.limited }, 1);
+                }
+            }
+            let store_error = match report.outcome {
+                RuleOutcome::StoreFailed(error) => Some(error),
+                _ => report.lease_store_error,
+            };
+            if let Some(error) = store_error {
+                self.bump(rule.store_errors, 1);
+                if let UpdateError::GaveUp { .. } = error {
+                    self.bump(self.cas_give_ups, 1);
                 }
             }
             match report.source {

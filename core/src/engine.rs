@@ -49,8 +49,6 @@ pub enum RuleOutcome {
     ShadowLimited,
     /// The store failed; the local rule let the request through.
     StoreFailed(UpdateError),
-    /// A global rule waiting for the bridge.
-    Pending,
     /// The bridge could not answer; the rule's failure mode decided.
     BridgeFailed(FailureOutcome),
 }
@@ -88,7 +86,10 @@ pub struct RuleReport {
     pub outcome: RuleOutcome,
     pub source: Option<Source>,
     pub placement: Option<Placement>,
+    /// CAS attempts lost, over every table update the rule made.
     pub cas_retries: u32,
+    /// A global rule's lease table failed (the bridge or the failure mode decided).
+    pub lease_store_error: Option<UpdateError>,
 }
 
 impl RuleReport {
@@ -99,6 +100,7 @@ impl RuleReport {
             source: None,
             placement: None,
             cas_retries: 0,
+            lease_store_error: None,
         }
     }
 }
@@ -118,6 +120,9 @@ pub struct PendingItem {
     pub descriptor: Vec<String>,
     pub cost: u64,
     pub want: u64,
+    /// What the lease lookup found (placement, CAS retries, a store error): the rule's
+    /// final report starts from it.
+    pub lookup: RuleReport,
 }
 
 /// The state of one request's evaluation. It owns everything, so the filter can keep
@@ -130,7 +135,9 @@ pub struct Evaluation {
     pub denied_by: Option<usize>,
     /// A rule whose bridge failed with `failure_mode: deny`.
     pub unavailable: Option<usize>,
-    /// One per rule looked at (rules after a denial are not looked at).
+    /// One per rule decided or skipped, in the order they were settled (rules after a
+    /// denial are not looked at; a rule waiting for the bridge gets its report with the
+    /// reply, from its [`PendingItem::lookup`]).
     pub reports: Vec<RuleReport>,
     /// The shadow rules that would have denied.
     pub shadow_limited: Vec<usize>,
@@ -250,14 +257,7 @@ impl Engine {
                 continue;
             }
             let mut hasher = KeyHasher::new(seed);
-            let mut descriptor = Vec::new();
-            let global = rule.is_global();
-            let complete = rule.visit_key(facts, |origin, bytes| {
-                hasher.part(origin, bytes);
-                if global {
-                    descriptor.push(encode_part(origin, bytes));
-                }
-            });
+            let complete = rule.visit_key(facts, |origin, bytes| hasher.part(origin, bytes));
             if !complete {
                 report.outcome = RuleOutcome::KeyMissing;
                 eval.reports.push(report);
@@ -287,7 +287,10 @@ impl Engine {
                     let (spend, placement, retries) = match spent {
                         Ok(u) => (u.result, u.placement, u.cas_retries),
                         // Shared data failed: Redis can still decide.
-                        Err(e) => (Spend::Miss { want_hint: 1 }, None, gave_up_attempts(e)),
+                        Err(e) => {
+                            report.lease_store_error = Some(e);
+                            (Spend::Miss { want_hint: 1 }, None, gave_up_attempts(e))
+                        }
                     };
                     report.placement = placement;
                     report.cas_retries = retries;
@@ -323,14 +326,19 @@ impl Engine {
                             } else {
                                 want_hint.min(global.lease_max).max(cost)
                             };
-                            report.outcome = RuleOutcome::Pending;
-                            eval.reports.push(report);
+                            // Only the bridge needs the descriptor; facts are cached, so
+                            // visiting the key again costs no host call.
+                            let mut descriptor = Vec::new();
+                            rule.visit_key(facts, |origin, bytes| {
+                                descriptor.push(encode_part(origin, bytes))
+                            });
                             eval.pending.push(PendingItem {
                                 rule: index,
                                 hash,
                                 descriptor,
                                 cost,
                                 want,
+                                lookup: report,
                             });
                         }
                     }
@@ -340,7 +348,6 @@ impl Engine {
         if eval.denied() {
             // The request is denied anyway: nobody asks the bridge.
             eval.pending.clear();
-            eval.reports.retain(|r| r.outcome != RuleOutcome::Pending);
         } else if !eval.pending.is_empty() && bridge_down(store, now_us) {
             self.fail_pending(&mut eval, store, now_us, BridgeError::Skipped);
         }
@@ -459,20 +466,25 @@ impl Engine {
                     ((), Some(next))
                 })
             });
-            let mut report = RuleReport::new(item.rule);
+            let mut report = item.lookup;
             report.source = Some(Source::Bridge);
-            if let Some(Ok(u)) = stored {
-                report.placement = u.placement;
-                report.cas_retries = u.cas_retries;
+            match stored {
+                Some(Ok(u)) => {
+                    report.placement = report.placement.or(u.placement);
+                    report.cas_retries = report.cas_retries.saturating_add(u.cas_retries);
+                }
+                Some(Err(e)) => {
+                    report.lease_store_error.get_or_insert(e);
+                    report.cas_retries = report.cas_retries.saturating_add(gave_up_attempts(e));
+                }
+                None => {}
             }
-            self.replace_report(eval, report.rule);
             record(eval, report, rule, decision);
+            // Items the bridge did not evaluate (after a denial) were not charged.
             if eval.denied() {
                 break;
             }
         }
-        // Items the bridge did not evaluate (after a denial) were not charged.
-        eval.reports.retain(|r| r.outcome != RuleOutcome::Pending);
     }
 
     /// Applies each pending rule's failure mode.
@@ -495,8 +507,7 @@ impl Engine {
             let Scope::Global(global) = &rule.scope else {
                 continue;
             };
-            self.replace_report(eval, item.rule);
-            let mut report = RuleReport::new(item.rule);
+            let mut report = item.lookup;
             match &global.failure_mode {
                 FailureMode::Allow => {
                     report.outcome = RuleOutcome::BridgeFailed(FailureOutcome::Allowed);
@@ -538,13 +549,6 @@ impl Engine {
                 }
             }
         }
-        eval.reports.retain(|r| r.outcome != RuleOutcome::Pending);
-    }
-
-    /// Drops the `Pending` report of `rule` (a final one replaces it).
-    fn replace_report(&self, eval: &mut Evaluation, rule: usize) {
-        eval.reports
-            .retain(|r| !(r.rule == rule && r.outcome == RuleOutcome::Pending));
     }
 
     /// The verdicts as the response headers name them.
@@ -629,12 +633,12 @@ fn decide_locally<S: SharedStore>(
     match updated {
         Ok(updated) => {
             report.placement = updated.placement;
-            report.cas_retries = updated.cas_retries;
+            report.cas_retries = report.cas_retries.saturating_add(updated.cas_retries);
             record(eval, report, rule, updated.result);
         }
         Err(error) => {
             report.outcome = RuleOutcome::StoreFailed(error);
-            report.cas_retries = gave_up_attempts(error);
+            report.cas_retries = report.cas_retries.saturating_add(gave_up_attempts(error));
             eval.reports.push(report);
         }
     }
