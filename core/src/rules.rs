@@ -94,10 +94,6 @@ impl<'t, S: FactSource> Facts<'t, S> {
         }
         slot.as_ref().and_then(|v| v.as_deref())
     }
-
-    pub fn source_mut(&mut self) -> &mut S {
-        &mut self.source
-    }
 }
 
 /// A compiled rule.

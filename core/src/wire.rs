@@ -16,7 +16,7 @@
 //!   "remaining":84,"retry_after_ns":null,"reset_after_ns":160000000,"lease_ttl_ns":null}]}
 //! ```
 //!
-//! `want ≥ cost` asks for a lease: Redis consumes `granted` (between `cost` and `want`)
+//! `want > cost` asks for a lease (`want` is never below `cost`): Redis consumes `granted` (between `cost` and `want`)
 //! units at once and the filter spends the rest locally. `lease_ttl_ns`, when set, is
 //! how long those units stay valid (window algorithms: until the window ends).
 //!
@@ -42,6 +42,7 @@ pub const SECRET_HEADER: &str = "x-weir-secret";
 
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
 pub const MAX_ITEMS: usize = 16;
+/// Rule and domain names, here and in the config: 1 to 64 bytes of [`is_name_byte`].
 pub const MAX_NAME_BYTES: usize = 64;
 pub const MAX_PARTS: usize = 16;
 pub const MAX_PART_BYTES: usize = 256;
@@ -283,6 +284,12 @@ fn wire_error(path: impl Into<String>, message: impl Into<String>) -> WireError 
     }
 }
 
+/// The bytes a rule name may use: `A-Z a-z 0-9 _ -` (they also go into shared-data keys,
+/// metric names and Redis hash tags' inputs).
+pub fn is_name_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b == b'_' || b == b'-'
+}
+
 fn check_name(path: &str, name: &str) -> Result<(), WireError> {
     if name.is_empty() || name.len() > MAX_NAME_BYTES {
         return Err(wire_error(
@@ -290,10 +297,7 @@ fn check_name(path: &str, name: &str) -> Result<(), WireError> {
             format!("must be 1 to {MAX_NAME_BYTES} bytes"),
         ));
     }
-    if !name
-        .bytes()
-        .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-    {
+    if !name.bytes().all(is_name_byte) {
         return Err(wire_error(
             path,
             format!("{name:?} may only use A-Z, a-z, 0-9, _ and -"),

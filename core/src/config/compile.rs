@@ -26,7 +26,7 @@ use crate::wire::{GlobalLimit, MAX_WANT};
 
 /// Rules in one config: each costs a match and possibly a slot table per request.
 pub const MAX_RULES: usize = 64;
-pub const MAX_RULE_NAME_CHARS: usize = 64;
+pub const MAX_RULE_NAME_CHARS: usize = crate::wire::MAX_NAME_BYTES;
 pub const MAX_KEY_PARTS: usize = 16;
 pub const MAX_HEADER_MATCHES: usize = 16;
 /// For `default` and `static` key values.
@@ -133,7 +133,7 @@ fn checked_name(name: &str, at: &str, what: &str) -> Result<String> {
     }
     if let Some(bad) = name
         .chars()
-        .find(|c| !(c.is_ascii_alphanumeric() || *c == '_' || *c == '-'))
+        .find(|&c| !u8::try_from(c).is_ok_and(crate::wire::is_name_byte))
     {
         return Err(error(
             at,
