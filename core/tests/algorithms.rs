@@ -630,3 +630,30 @@ mod properties {
         }
     }
 }
+
+/// docs/algorithms.md: a full burst at the very end of a window, then requests as fast as
+/// the fading weight lets them through, put nearly twice the limit in one window-long span
+/// (never more than twice).
+#[test]
+fn sliding_window_worst_case_span_holds_nearly_twice_the_limit() {
+    let window_us = 60 * S_US;
+    let limit = Limit::SlidingWindow(SlidingWindow::new(100, window_us).unwrap());
+    let burst_at = T0 - T0 % window_us + window_us - 1;
+    let mut state = None;
+    let mut admitted = 0;
+    let mut t = burst_at;
+    while t < burst_at + window_us {
+        // The burst: everything it takes at the last µs of the window.
+        let attempts = if t == burst_at { 100 } else { 1 };
+        for _ in 0..attempts {
+            let (decision, next) = limit.decide(state, t, 1);
+            if decision.allowed {
+                admitted += 1;
+                state = next.or(state);
+            }
+        }
+        t += if t == burst_at { 1 } else { MS_US };
+    }
+    println!("admitted in one window-long span: {admitted} for a limit of 100");
+    assert_eq!(admitted, 199);
+}

@@ -11,7 +11,7 @@
 //! A key is hashed with SipHash-1-3 under a secret 128-bit [`Seed`] that every worker
 //! shares: 64 bits pick the set, 64 others are the fingerprint. Without the seed a
 //! client cannot aim its keys at a victim's set, and two keys share state only if they
-//! agree on all 128 bits. Parts are framed (origin byte, length, bytes), so
+//! land in the same set and agree on the 64-bit fingerprint. Parts are framed (origin byte, length, bytes), so
 //! `["a:b", "c"]` and `["a", "b:c"]` hash apart.
 //!
 //! Finding a slot for a key: its own slot (same fingerprint); else an empty one; else
