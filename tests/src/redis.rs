@@ -4,7 +4,8 @@
 //! `redis-cli --cluster create` and is only handed out once every node reports
 //! `cluster_state:ok` and every replica's link to its master is up. `cluster-node-timeout 1000`
 //! keeps failover at ~2–3 s, and `cluster-require-full-coverage no` keeps the other masters
-//! serving while one shard fails over.
+//! serving while one shard fails over. Both ports of a node, the client port and the
+//! cluster bus (`cluster-port`), come from [`free_port`].
 
 use std::collections::HashSet;
 use std::ffi::OsStr;
@@ -196,10 +197,15 @@ impl RedisCluster {
             std::fs::create_dir(&node_dir)
                 .unwrap_or_else(|e| panic!("cannot create {}: {e}", node_dir.display()));
             let p = port.to_string();
+            // The cluster bus defaults to `port + 10000`, a port nobody checked: it can be
+            // some other socket's ephemeral port ("Address already in use"). Pick it too.
+            let bus = free_port().to_string();
             let conf = format!("nodes-{port}.conf");
             let mut args: Vec<std::ffi::OsString> = [
                 "--port",
                 &p,
+                "--cluster-port",
+                &bus,
                 "--bind",
                 "127.0.0.1",
                 "--cluster-enabled",
