@@ -21,7 +21,7 @@ run: build
 
 # Check a plugin configuration file offline, with the filter's own validation.
 check-config FILE:
-    cargo run -q -p weir-core --bin weir -- check-config {{FILE}}
+    cargo run -q -p weir-core --bin weir-check -- check-config {{FILE}}
 
 # Every Envoy YAML we ship, through `envoy --mode validate`.
 validate-yaml: build

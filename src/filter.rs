@@ -8,11 +8,12 @@
 //! configured timeout (a timed-out call arrives as a 504).
 
 use crate::host::{self, LogLevel};
-use crate::root::Plugin;
+use crate::plugin::Plugin;
 use crate::store::{RequestFacts, SharedData};
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
 use std::rc::Rc;
+use weir_core::bounds::MAX_BODY_BYTES;
 use weir_core::engine::Evaluation;
 use weir_core::response::{self, Denial, HeaderStyle};
 use weir_core::rules::Facts;
@@ -43,7 +44,7 @@ impl Filter {
 
     fn log(&self, level: LogLevel, message: impl FnOnce() -> String) {
         if host::log_enabled(level) {
-            host::log(level, &format!("weir #{}: {}", self.context_id, message()));
+            host::log(level, &format!("#{}: {}", self.context_id, message()));
         }
     }
 
@@ -105,9 +106,9 @@ impl Filter {
         let denial = if let Some(denied_by) = eval.denied_by {
             let verdicts = engine.rule_verdicts(eval);
             let grpc = is_grpc_request();
-            let rule = verdicts.get(denied_by).map_or("", |v| v.rule);
+            let rule = engine.rule_name(denied_by);
             self.log(LogLevel::Debug, || format!("limited by rule {rule}"));
-            Some(response::denial(settings, &verdicts, denied_by, grpc))
+            Some(response::denial(settings, &verdicts, grpc))
         } else if let Some(rule) = eval.unavailable {
             let rule = engine.rule_name(rule);
             self.log(LogLevel::Warn, || {
@@ -122,9 +123,7 @@ impl Filter {
         }
         if settings.headers_on_allowed && settings.header_style != HeaderStyle::None {
             let verdicts = engine.rule_verdicts(eval);
-            for (name, value) in
-                response::rate_limit_headers(settings.header_style, &verdicts, None)
-            {
+            for (name, value) in response::rate_limit_headers(settings.header_style, &verdicts) {
                 self.response_headers.push((name.to_string(), value));
             }
         }
@@ -193,7 +192,7 @@ impl Context for Filter {
                     .and_then(|s| s.parse::<u16>().ok())
             })
             .unwrap_or(0);
-        let reply = if body_size > wire::MAX_BODY_BYTES {
+        let reply = if body_size > MAX_BODY_BYTES {
             Err(ReplyError::BadBody(format!("{body_size} bytes")))
         } else {
             let body = host::http_call_response_body(body_size)
@@ -230,7 +229,7 @@ impl HttpContext for Filter {
         };
         let engine = &plugin.engine;
         let mut facts = Facts::new(&engine.config.facts, RequestFacts);
-        let mut eval = engine.evaluate(&SharedData, &plugin.seed, &mut facts, now_us);
+        let mut eval = engine.evaluate(&SharedData, &plugin.seed.get(), &mut facts, now_us);
         if !eval.pending.is_empty() {
             match self.call_bridge(&plugin, &eval) {
                 Ok(()) => {

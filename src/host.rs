@@ -21,15 +21,20 @@ pub const CAS_MISMATCH: u32 = 8;
 
 impl fmt::Display for HostError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // proxy-wasm's status codes (proxy_status_t).
         let name = match self.0 {
             1 => "NotFound",
             2 => "BadArgument",
             3 => "SerializationFailure",
             4 => "ParseFailure",
-            6 => "Unimplemented",
+            5 => "BadExpression",
+            6 => "InvalidMemoryAccess",
             7 => "Empty",
             8 => "CasMismatch",
+            9 => "ResultMismatch",
             10 => "InternalFailure",
+            11 => "BrokenConnection",
+            12 => "Unimplemented",
             _ => "Unknown",
         };
         write!(f, "{name} ({})", self.0)

@@ -87,17 +87,17 @@ impl Registry {
 }
 
 impl Metrics {
-    /// Defines every metric. `tables` gives, per rule, the table capacity and the slots
-    /// already in use (tables survive config reloads).
-    pub fn define(rule_names: &[&str], tables: &[(u64, u64)]) -> HostResult<Metrics> {
+    /// Defines every metric. `rules` gives, per rule in config order, its name, its
+    /// table's capacity and the slots already in use (tables survive config reloads; an
+    /// estimate for large tables).
+    pub fn define(rules_and_tables: &[(&str, u64, u64)]) -> HostResult<Metrics> {
         let mut r = Registry::default();
-        let mut rules = Vec::with_capacity(rule_names.len());
-        for (i, name) in rule_names.iter().enumerate() {
+        let mut rules = Vec::with_capacity(rules_and_tables.len());
+        for &(name, capacity, in_use) in rules_and_tables {
             let prefix = format!("weir.rule.{name}");
             let slots_in_use = r.define(MetricType::Gauge, &format!("{prefix}.slots_in_use"))?;
             let capacity_id =
                 host::define_metric(MetricType::Gauge, &format!("{prefix}.slots_capacity"))?;
-            let (capacity, in_use) = tables.get(i).copied().unwrap_or((0, 0));
             host::record_metric(capacity_id, capacity)?;
             if let Some((id, _)) = r.pending.get(slots_in_use.0) {
                 host::record_metric(*id, in_use)?;
@@ -197,7 +197,7 @@ impl Metrics {
             None => {}
         }
         for report in &eval.reports {
-            let Some(rule) = self.rules.get(report.rule) else {
+            let Some(rule) = self.rules.get(report.rule.index()) else {
                 continue;
             };
             match report.outcome {

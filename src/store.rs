@@ -21,8 +21,17 @@ impl SharedStore for SharedData {
         host::shared_get(key).map_err(store_error)
     }
 
-    fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), StoreError> {
-        host::shared_set(key, value, cas).map_err(store_error)
+    fn compare_and_set(&self, key: &str, value: &[u8], version: u32) -> Result<(), StoreError> {
+        // A version of 0 would be an unconditional write: never pass one (a `get` never
+        // returns it).
+        if version == 0 {
+            return Err(StoreError::CasMismatch);
+        }
+        host::shared_set(key, value, Some(version)).map_err(store_error)
+    }
+
+    fn create(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
+        host::shared_set(key, value, None).map_err(store_error)
     }
 }
 

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use weir_bridge::scripts::Invocation;
 use weir_bridge::{Metrics, RedisStore};
-use weir_core::wire::WireLimit;
+use weir_core::algorithms::{AlgorithmKind, GlobalLimit};
 use weir_e2e::{wait_until, Process, RedisCluster};
 
 const CALLS: usize = 20_000;
@@ -42,33 +42,21 @@ async fn scripts(cluster: &RedisCluster) {
     let client = redis::cluster::ClusterClient::new(cluster.seed_urls()).unwrap();
     let conn = client.get_async_connection().await.unwrap();
     let store = RedisStore::new(conn, Duration::from_secs(1), Arc::new(Metrics::default()));
-    let limits = [
-        WireLimit::TokenBucket {
-            capacity: 1_000_000_000,
-            refill: 1,
-            period_us: 1_000_000,
-        },
-        WireLimit::Gcra {
-            burst: 1_000_000,
-            rate: 1_000_000,
-            period_us: 1_000_000,
-        },
-        WireLimit::FixedWindow {
-            limit: 1_000_000_000,
-            window_us: 3_600_000_000,
-        },
-        WireLimit::SlidingWindow {
-            limit: 1_000_000_000,
-            window_us: 3_600_000_000,
-        },
-        WireLimit::SlidingLog {
-            limit: 100_000,
-            window_us: 1_000_000,
-        },
+    // Limits large enough that every call is allowed, in each algorithm's parameter
+    // order (see its `AlgorithmSpec`).
+    let limits: [(AlgorithmKind, &[u64]); 5] = [
+        (AlgorithmKind::TokenBucket, &[1_000_000_000, 1, 1_000_000]),
+        (AlgorithmKind::Gcra, &[1_000_000, 1_000_000, 1_000_000]),
+        (AlgorithmKind::FixedWindow, &[1_000_000_000, 3_600_000_000]),
+        (
+            AlgorithmKind::SlidingWindow,
+            &[1_000_000_000, 3_600_000_000],
+        ),
+        (AlgorithmKind::SlidingLog, &[100_000, 1_000_000]),
     ];
     println!("script calls, sequential, {CALLS} per algorithm, 100 keys:");
-    for wire in limits {
-        let limit = wire.compile().unwrap();
+    for (kind, values) in limits {
+        let limit = GlobalLimit::build(kind, values).unwrap();
         let mut times = Vec::with_capacity(CALLS);
         let started = Instant::now();
         for i in 0..CALLS {
@@ -81,7 +69,7 @@ async fn scripts(cluster: &RedisCluster) {
         let rate = CALLS as f64 / started.elapsed().as_secs_f64();
         println!(
             "  {:<15} {}  ({rate:.0} calls/s)",
-            wire.kind().name(),
+            kind.name(),
             percentiles(times)
         );
     }

@@ -2,7 +2,7 @@
 
 use crate::error::ApiError;
 use crate::metrics::Metrics;
-use crate::scripts::{check_exact, Invocation};
+use crate::scripts::Invocation;
 use crate::store::{CallError, RedisStore};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -15,9 +15,8 @@ use axum::{Json, Router};
 use sha2::{Digest, Sha256};
 use std::sync::Arc;
 use subtle::ConstantTimeEq;
-use weir_core::wire::{
-    AcquireRequest, AcquireResponse, ItemResult, ACQUIRE_PATH, MAX_BODY_BYTES, SECRET_HEADER,
-};
+use weir_core::bounds::MAX_BODY_BYTES;
+use weir_core::wire::{AcquireRequest, AcquireResponse, ItemResult, ACQUIRE_PATH, SECRET_HEADER};
 
 /// The shared secret, kept as its SHA-256 so that the comparison takes the same time
 /// whatever the length or content of what a client sends.
@@ -101,13 +100,10 @@ async fn decide(
             ApiError::BadRequest(format!("cannot read the body: {}", rejection.body_text()))
         }
     })?;
+    // Validation includes what the Lua scripts cannot compute exactly: the config
+    // checker refuses the same (one definition, in the core).
     let (request, limits) =
         AcquireRequest::parse(&body).map_err(|e| ApiError::BadRequest(e.to_string()))?;
-    for (i, limit) in limits.iter().enumerate() {
-        check_exact(limit).map_err(|(field, reason)| {
-            ApiError::BadRequest(format!("items[{i}].limit.{field}: {reason}"))
-        })?;
-    }
 
     let mut now_us = None;
     let mut items = Vec::with_capacity(request.items.len());
@@ -138,23 +134,19 @@ async fn decide(
             api
         })?;
         now_us.get_or_insert(reply.now_us);
+        let result = reply.item;
         state
             .metrics
-            .decision(&item.rule, reply.allowed, reply.granted);
+            .decision(&item.rule, result.allowed, result.granted);
         items.push(ItemResult {
-            allowed: reply.allowed,
-            granted: reply.granted,
-            limit: reply.limit,
-            remaining: reply.remaining,
-            retry_after_ns: reply.retry_after_ns,
-            reset_after_ns: reply.reset_after_ns,
-            lease_ttl_ns: if reply.allowed && reply.granted > 0 {
+            lease_ttl_ns: if result.allowed && result.granted > 0 {
                 limit.lease_ttl_ns(reply.now_us)
             } else {
                 None
             },
+            ..result
         });
-        if !reply.allowed {
+        if !result.allowed {
             break;
         }
     }

@@ -130,7 +130,7 @@ impl fmt::Display for ApiError {
             ApiError::PayloadTooLarge => write!(
                 f,
                 "body larger than {} bytes",
-                weir_core::wire::MAX_BODY_BYTES
+                weir_core::bounds::MAX_BODY_BYTES
             ),
             ApiError::BadRequest(message) => f.write_str(message),
             ApiError::Unavailable { class } => write!(f, "redis unavailable ({class})"),

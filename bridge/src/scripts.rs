@@ -8,7 +8,7 @@
 //! | 1 | `now_us` override: 0 = Redis `TIME` (what the HTTP API always sends); tests pin time |
 //! | 2 | `cost` |
 //! | 3 | `want` (≥ cost) |
-//! | 4.. | the algorithm's parameters ([`Invocation::for_limit`]) |
+//! | 4.. | the algorithm's script arguments (`Algorithm::script_args` in the core) |
 //!
 //! and all reply `{allowed 0/1, granted, limit, remaining, retry_after_ns, reset_after_ns,
 //! now_us}`, the durations as decimal strings (`"-1"`: no retry time) because a ns
@@ -17,9 +17,11 @@
 //! Everything here is pure: building an invocation and decoding a reply need no Redis.
 
 use redis::Value;
-use weir_core::algorithms::token_bucket::TokenBucket;
-use weir_core::algorithms::{AlgorithmKind, Limit};
-use weir_core::wire::{redis_key_tag, redis_state_key, GlobalLimit};
+use weir_core::algorithms::{AlgorithmKind, GlobalLimit};
+use weir_core::key::{redis_key_tag, redis_state_key};
+use weir_core::wire::ItemResult;
+
+include!(concat!(env!("OUT_DIR"), "/lua_scripts.rs"));
 
 /// A Lua script with its SHA-1 (what `EVALSHA` names it by).
 #[derive(Debug)]
@@ -29,63 +31,38 @@ pub struct LuaScript {
     pub sha1: String,
 }
 
-impl LuaScript {
-    fn new(kind: AlgorithmKind, source: &'static str) -> Self {
-        LuaScript {
-            kind,
-            source,
-            sha1: redis::Script::new(source).get_hash().to_string(),
-        }
-    }
-}
-
-/// An algorithm's script as Redis runs it: the shared prelude (`lua/common.lua`), then
-/// the algorithm's own file, as one chunk.
-macro_rules! script {
-    ($name:literal) => {
-        concat!(
-            include_str!("../lua/common.lua"),
-            "\n",
-            include_str!(concat!("../lua/", $name, ".lua"))
-        )
-    };
-}
-
-/// The five scripts, loaded at compile time.
+/// Every algorithm's script: the file `lua/<spec.script>.lua` after the shared prelude
+/// (`lua/common.lua`), as one chunk, loaded at compile time.
 #[derive(Debug)]
 pub struct Scripts {
-    token_bucket: LuaScript,
-    gcra: LuaScript,
-    fixed_window: LuaScript,
-    sliding_window: LuaScript,
-    sliding_log: LuaScript,
-}
-
-impl Default for Scripts {
-    fn default() -> Self {
-        Scripts {
-            token_bucket: LuaScript::new(AlgorithmKind::TokenBucket, script!("token_bucket")),
-            gcra: LuaScript::new(AlgorithmKind::Gcra, script!("gcra")),
-            fixed_window: LuaScript::new(AlgorithmKind::FixedWindow, script!("fixed_window")),
-            sliding_window: LuaScript::new(AlgorithmKind::SlidingWindow, script!("sliding_window")),
-            sliding_log: LuaScript::new(AlgorithmKind::SlidingLog, script!("sliding_log")),
-        }
-    }
+    by_kind: Vec<LuaScript>,
 }
 
 impl Scripts {
-    pub fn get(&self, kind: AlgorithmKind) -> &LuaScript {
-        match kind {
-            AlgorithmKind::TokenBucket => &self.token_bucket,
-            AlgorithmKind::Gcra => &self.gcra,
-            AlgorithmKind::FixedWindow => &self.fixed_window,
-            AlgorithmKind::SlidingWindow => &self.sliding_window,
-            AlgorithmKind::SlidingLog => &self.sliding_log,
-        }
+    /// The script of every algorithm that has its file (a test checks that all do).
+    pub fn load() -> Scripts {
+        let by_kind = AlgorithmKind::ALL
+            .into_iter()
+            .filter_map(|kind| {
+                let name = kind.spec().script;
+                let (_, source) = LUA_SCRIPTS.iter().find(|(file, _)| *file == name)?;
+                Some(LuaScript {
+                    kind,
+                    source,
+                    sha1: redis::Script::new(source).get_hash().to_string(),
+                })
+            })
+            .collect();
+        Scripts { by_kind }
     }
 
-    pub fn all(&self) -> [&LuaScript; 5] {
-        AlgorithmKind::ALL.map(|kind| self.get(kind))
+    /// The script of `kind`; `None` only if `lua/<spec.script>.lua` was not shipped.
+    pub fn get(&self, kind: AlgorithmKind) -> Option<&LuaScript> {
+        self.by_kind.iter().find(|s| s.kind == kind)
+    }
+
+    pub fn all(&self) -> &[LuaScript] {
+        &self.by_kind
     }
 }
 
@@ -99,12 +76,17 @@ pub struct Invocation {
 
 /// The sequence key of a sliding log: `<state key>:seq`, in the same hash slot.
 pub fn log_seq_key(state_key: &str) -> String {
-    format!("{state_key}:seq")
+    format!(
+        "{state_key}{}",
+        weir_core::algorithms::sliding_log::SEQ_KEY_SUFFIX
+    )
 }
 
 impl Invocation {
     /// The call deciding `cost` (up to `want`) units of `limit` for one descriptor.
-    /// `now_us` 0 lets the script read Redis `TIME`.
+    /// `now_us` 0 lets the script read Redis `TIME`. KEYS are the state key, then the
+    /// algorithm's extra keys in the same hash slot; ARGV is `now_us, cost, want`, then
+    /// the algorithm's script arguments.
     pub fn for_limit(
         limit: &GlobalLimit,
         domain: &str,
@@ -117,87 +99,25 @@ impl Invocation {
         let kind = limit.kind();
         let tag = redis_key_tag(domain, rule, kind, descriptor);
         let state_key = redis_state_key(&tag, kind);
-        let params: Vec<u64> = match limit {
-            GlobalLimit::Slot(Limit::TokenBucket(p)) => {
-                vec![p.capacity(), capped_refill(p), p.period_us()]
-            }
-            GlobalLimit::Slot(Limit::Gcra(p)) => {
-                vec![p.limit(), p.emission_interval_ns(), p.tolerance_ns()]
-            }
-            GlobalLimit::Slot(Limit::FixedWindow(p)) => vec![p.limit(), p.window_us()],
-            GlobalLimit::Slot(Limit::SlidingWindow(p)) => vec![p.limit(), p.window_us()],
-            GlobalLimit::Log(p) => vec![p.limit(), p.window_us()],
-        };
-        let keys = if kind == AlgorithmKind::SlidingLog {
-            let seq = log_seq_key(&state_key);
-            vec![state_key, seq]
-        } else {
-            vec![state_key]
-        };
+        let keys = std::iter::once(state_key.clone())
+            .chain(
+                kind.spec()
+                    .extra_script_keys
+                    .iter()
+                    .map(|suffix| format!("{state_key}{suffix}")),
+            )
+            .collect();
         let mut args = vec![now_us, cost, want];
-        args.extend(params);
+        args.extend(limit.algorithm().script_args());
         Invocation { kind, keys, args }
     }
 }
 
-/// The refill the token-bucket script gets. A refill above the capacity only ever fills
-/// the bucket: capping it changes no decision and keeps the script's products small.
-fn capped_refill(p: &TokenBucket) -> u64 {
-    p.refill().min(p.capacity())
-}
-
-/// The largest count or duration (µs) the scripts accept: 2^48, about 8.9 years in µs.
-/// With instants below 2^52 µs (year 2112), every sum the scripts form stays below 2^53,
-/// where doubles are exact.
-pub const MAX_EXACT: u64 = 1 << 48;
-
-/// Parameters the scripts cannot decide exactly with Lua's doubles, as `(field, reason)`
-/// (`field` as in the wire's `limit` object). The core accepts any u64; the config never
-/// produces such values (durations ≤ 30 days), so only a hand-made request is refused.
-pub fn check_exact(limit: &GlobalLimit) -> Result<(), (&'static str, String)> {
-    // `what` is the quantity that must fit, reported under the wire field `field`.
-    let at_most_max = |field: &'static str, what: &str, value: u128| {
-        if value > u128::from(MAX_EXACT) {
-            Err((
-                field,
-                format!("{what} must be at most 2^48 for exact arithmetic in Redis"),
-            ))
-        } else {
-            Ok(())
-        }
-    };
-    match limit {
-        GlobalLimit::Slot(Limit::TokenBucket(p)) => {
-            at_most_max("capacity", "capacity", p.capacity().into())?;
-            at_most_max("period_us", "period_us", p.period_us().into())?;
-            // The time to refill an empty bucket bounds every instant the script forms.
-            let fill_us =
-                u128::from(p.capacity().div_ceil(capped_refill(p))) * u128::from(p.period_us());
-            at_most_max("period_us", "period_us × ceil(capacity / refill)", fill_us)
-        }
-        // The core bounds τ by 2^52 ns already.
-        GlobalLimit::Slot(Limit::Gcra(_)) => Ok(()),
-        GlobalLimit::Slot(Limit::FixedWindow(p)) => {
-            at_most_max("limit", "limit", p.limit().into())?;
-            at_most_max("window_us", "window_us", p.window_us().into())
-        }
-        // Their limits are below 2^32 already (core).
-        GlobalLimit::Slot(Limit::SlidingWindow(p)) => {
-            at_most_max("window_us", "window_us", p.window_us().into())
-        }
-        GlobalLimit::Log(p) => at_most_max("window_us", "window_us", p.window_us().into()),
-    }
-}
-
-/// A script's reply, decoded.
+/// A script's reply, decoded: the item's result as the wire carries it (without a lease
+/// lifetime, which the bridge adds) and the Redis time the script decided at.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ScriptReply {
-    pub allowed: bool,
-    pub granted: u64,
-    pub limit: u64,
-    pub remaining: u64,
-    pub retry_after_ns: Option<u64>,
-    pub reset_after_ns: u64,
+    pub item: ItemResult,
     pub now_us: u64,
 }
 
@@ -232,12 +152,15 @@ pub fn decode_reply(value: &Value) -> Result<ScriptReply, String> {
         n => return Err(format!("retry_after_ns: negative ({n})")),
     };
     Ok(ScriptReply {
-        allowed,
-        granted: count("granted", granted)?,
-        limit: count("limit", limit)?,
-        remaining: count("remaining", remaining)?,
-        retry_after_ns,
-        reset_after_ns: count("reset_after_ns", reset)?,
+        item: ItemResult {
+            allowed,
+            granted: count("granted", granted)?,
+            limit: count("limit", limit)?,
+            remaining: count("remaining", remaining)?,
+            retry_after_ns,
+            reset_after_ns: count("reset_after_ns", reset)?,
+            lease_ttl_ns: None,
+        },
         now_us: count("now_us", now)?,
     })
 }
@@ -288,42 +211,38 @@ mod tests {
     use super::*;
     use weir_core::wire::WireLimit;
 
-    fn compile(w: WireLimit) -> GlobalLimit {
-        w.compile().unwrap()
+    fn compile(kind: AlgorithmKind, values: &[u64]) -> GlobalLimit {
+        WireLimit {
+            kind,
+            values: values.to_vec(),
+        }
+        .compile()
+        .unwrap()
     }
 
     #[test]
     fn invocations_carry_keys_in_one_slot_and_the_documented_argv() {
-        let gcra = compile(WireLimit::Gcra {
-            burst: 2,
-            rate: 3,
-            period_us: 1_000_000,
-        });
+        // GCRA: rate 3 per second, burst 2.
+        let gcra = compile(AlgorithmKind::Gcra, &[3, 1_000_000, 2]);
         let inv = Invocation::for_limit(&gcra, "weir", "r", &["=alice".into()], 0, 1, 4);
         let tag = redis_key_tag("weir", "r", AlgorithmKind::Gcra, &["=alice".into()]);
         assert_eq!(inv.keys, vec![format!("weir:{{{tag}}}:gcra")]);
         assert_eq!(inv.args, vec![0, 1, 4, 3, 333_333_333, 999_999_999]);
 
-        let log = compile(WireLimit::SlidingLog {
-            limit: 5,
-            window_us: 10,
-        });
+        let log = compile(AlgorithmKind::SlidingLog, &[5, 10]);
         let inv = Invocation::for_limit(&log, "weir", "r", &[], 7, 0, 0);
         let tag = redis_key_tag("weir", "r", AlgorithmKind::SlidingLog, &[]);
         assert_eq!(
             inv.keys,
             vec![
                 format!("weir:{{{tag}}}:sliding_log"),
-                format!("weir:{{{tag}}}:sliding_log:seq")
+                log_seq_key(&format!("weir:{{{tag}}}:sliding_log"))
             ]
         );
         assert_eq!(inv.args, vec![7, 0, 0, 5, 10]);
 
-        let bucket = compile(WireLimit::TokenBucket {
-            capacity: 5,
-            refill: 100,
-            period_us: 9,
-        });
+        // Token bucket: capacity 5, refill 100 every 9 µs.
+        let bucket = compile(AlgorithmKind::TokenBucket, &[5, 100, 9]);
         let inv = Invocation::for_limit(&bucket, "weir", "r", &[], 0, 1, 1);
         assert_eq!(
             inv.args,
@@ -333,51 +252,18 @@ mod tests {
     }
 
     #[test]
-    fn scripts_are_distinct_and_named_by_sha1() {
-        let scripts = Scripts::default();
+    fn every_algorithm_has_its_script_distinct_and_named_by_sha1() {
+        let scripts = Scripts::load();
+        assert_eq!(scripts.all().len(), AlgorithmKind::ALL.len());
         let shas: std::collections::HashSet<_> =
             scripts.all().iter().map(|s| s.sha1.clone()).collect();
-        assert_eq!(shas.len(), 5);
-        for s in scripts.all() {
+        assert_eq!(shas.len(), AlgorithmKind::ALL.len());
+        for kind in AlgorithmKind::ALL {
+            let s = scripts.get(kind).unwrap();
             assert_eq!(s.sha1.len(), 40);
             assert!(s.source.contains("KEYS[1]") && s.source.contains("ARGV[1]"));
             assert!(s.source.contains("Why atomic"), "{} header", s.kind);
         }
-    }
-
-    #[test]
-    fn inexact_parameters_are_refused() {
-        let err = |w: WireLimit| check_exact(&compile(w)).unwrap_err().0;
-        assert_eq!(
-            err(WireLimit::FixedWindow {
-                limit: 1,
-                window_us: MAX_EXACT + 1
-            }),
-            "window_us"
-        );
-        assert_eq!(
-            err(WireLimit::TokenBucket {
-                capacity: 1 << 40,
-                refill: 1,
-                period_us: 1 << 10
-            }),
-            "period_us"
-        );
-        assert_eq!(
-            err(WireLimit::TokenBucket {
-                capacity: MAX_EXACT + 1,
-                refill: 1,
-                period_us: 1
-            }),
-            "capacity"
-        );
-        // A day-long sliding window with a large limit is fine: the script multiplies
-        // exactly.
-        assert!(check_exact(&compile(WireLimit::SlidingWindow {
-            limit: u64::from(u32::MAX),
-            window_us: 86_400_000_000
-        }))
-        .is_ok());
     }
 
     #[test]
@@ -394,12 +280,15 @@ mod tests {
         assert_eq!(
             decode_reply(&reply),
             Ok(ScriptReply {
-                allowed: false,
-                granted: 0,
-                limit: 5,
-                remaining: 2,
-                retry_after_ns: Some(1000),
-                reset_after_ns: u64::MAX,
+                item: ItemResult {
+                    allowed: false,
+                    granted: 0,
+                    limit: 5,
+                    remaining: 2,
+                    retry_after_ns: Some(1000),
+                    reset_after_ns: u64::MAX,
+                    lease_ttl_ns: None,
+                },
                 now_us: 1_700_000_000_000_000,
             })
         );
@@ -407,7 +296,7 @@ mod tests {
         if let Value::Array(items) = &mut none {
             items[4] = Value::BulkString(b"-1".to_vec());
         }
-        assert_eq!(decode_reply(&none).unwrap().retry_after_ns, None);
+        assert_eq!(decode_reply(&none).unwrap().item.retry_after_ns, None);
         assert!(decode_reply(&Value::Int(1)).is_err());
         assert!(decode_reply(&Value::Array(vec![Value::Int(1)])).is_err());
         let mut bad = reply;

@@ -45,7 +45,7 @@ impl RedisStore {
     pub fn new(conn: ClusterConnection, timeout: Duration, metrics: Arc<Metrics>) -> Self {
         RedisStore {
             conn,
-            scripts: Arc::new(Scripts::default()),
+            scripts: Arc::new(Scripts::load()),
             timeout,
             metrics,
         }
@@ -65,7 +65,13 @@ impl RedisStore {
     }
 
     async fn eval(&self, inv: &Invocation) -> Result<Value, RedisError> {
-        let script = self.scripts.get(inv.kind);
+        let Some(script) = self.scripts.get(inv.kind) else {
+            return Err(RedisError::from((
+                ErrorKind::Client,
+                "no Lua script shipped for the algorithm",
+                inv.kind.to_string(),
+            )));
+        };
         let mut conn = self.conn.clone();
         let sha = command("EVALSHA", &script.sha1, inv);
         match sha.query_async::<Value>(&mut conn).await {

@@ -20,16 +20,9 @@
     clippy::indexing_slicing
 )]
 
-#[path = "../../core/tests/scenarios/mod.rs"]
-mod scenarios;
-#[path = "../../core/tests/scenarios/in_core.rs"]
-mod scenarios_in_core;
-
 mod common;
 
 use common::{future_base, invocation, Redis, Rng};
-use scenarios::{Scenario, T0};
-use scenarios_in_core::{expected, limit_of};
 use std::time::Duration;
 use weir_bridge::scripts::{log_seq_key, ScriptReply};
 use weir_core::algorithms::fixed_window::FixedWindow;
@@ -37,16 +30,18 @@ use weir_core::algorithms::gcra::Gcra;
 use weir_core::algorithms::sliding_log::SlidingLog;
 use weir_core::algorithms::sliding_window::SlidingWindow;
 use weir_core::algorithms::token_bucket::TokenBucket;
+use weir_core::algorithms::GlobalLimit;
 use weir_core::algorithms::{AlgorithmKind, Decision, Limit, SlotState};
-use weir_core::wire::GlobalLimit;
+use weir_core::scenarios::{self, expected, limit_of, Scenario, T0};
 
 fn decision_of(reply: &ScriptReply) -> Decision {
+    let r = reply.item;
     Decision {
-        allowed: reply.allowed,
-        limit: reply.limit,
-        remaining: reply.remaining,
-        retry_after_ns: reply.retry_after_ns,
-        reset_after_ns: reply.reset_after_ns,
+        allowed: r.allowed,
+        limit: r.limit,
+        remaining: r.remaining,
+        retry_after_ns: r.retry_after_ns,
+        reset_after_ns: r.reset_after_ns,
     }
 }
 
@@ -77,7 +72,7 @@ impl<'a> SlotPair<'a> {
         let inv = invocation(&self.global, &self.descriptor, now, cost, want);
         let reply = self.redis.run(&inv).await;
         assert_eq!(
-            (decision_of(&reply), reply.granted),
+            (decision_of(&reply), reply.item.granted),
             (decision, granted),
             "{ctx}: Lua (left) and Rust (right) disagree at now={now} cost={cost} want={want}, state {:?}",
             self.state
@@ -214,10 +209,10 @@ async fn log_step(
     want: u64,
 ) -> (Decision, u64) {
     let (decision, granted) = log.acquire(events, now, cost, want);
-    let inv = invocation(&GlobalLimit::Log(*log), descriptor, now, cost, want);
+    let inv = invocation(&GlobalLimit::SlidingLog(*log), descriptor, now, cost, want);
     let reply = redis.run(&inv).await;
     assert_eq!(
-        (decision_of(&reply), reply.granted),
+        (decision_of(&reply), reply.item.granted),
         (decision, granted),
         "sliding log: Lua (left) and Rust (right) disagree at now={now} cost={cost} want={want}, events {events:?}"
     );
@@ -269,11 +264,11 @@ fn random_limit(rng: &mut Rng, kind: AlgorithmKind) -> GlobalLimit {
                 SlidingWindow::new(limit, duration(rng)).map(|l| global(Limit::SlidingWindow(l)))
             }
             AlgorithmKind::SlidingLog => {
-                SlidingLog::new(rng.range(1, 30), duration(rng)).map(GlobalLimit::Log)
+                SlidingLog::new(rng.range(1, 30), duration(rng)).map(GlobalLimit::SlidingLog)
             }
         };
         if let Ok(limit) = limit {
-            if weir_bridge::scripts::check_exact(&limit).is_ok() {
+            if limit.algorithm().check_script_exact().is_ok() {
                 return limit;
             }
         }
@@ -287,7 +282,7 @@ fn scale_of(limit: &GlobalLimit) -> u64 {
         GlobalLimit::Slot(Limit::Gcra(p)) => p.emission_interval_ns() / 1000,
         GlobalLimit::Slot(Limit::FixedWindow(p)) => p.window_us(),
         GlobalLimit::Slot(Limit::SlidingWindow(p)) => p.window_us(),
-        GlobalLimit::Log(p) => p.window_us(),
+        GlobalLimit::SlidingLog(p) => p.window_us(),
     }
 }
 
@@ -306,7 +301,7 @@ async fn random_walk(redis: &Redis, kind: AlgorithmKind, seed: u64, steps: usize
         let mut now = base + rng.range(0, scale * 3);
         let mut pair = match &limit {
             GlobalLimit::Slot(l) => Some(SlotPair::new(redis, l.clone(), descriptor.clone())),
-            GlobalLimit::Log(_) => None,
+            GlobalLimit::SlidingLog(_) => None,
         };
         let mut events = Vec::new();
         for _ in 0..rng.range(50, 400) {
@@ -338,7 +333,7 @@ async fn random_walk(redis: &Redis, kind: AlgorithmKind, seed: u64, steps: usize
                 (Some(pair), _) => {
                     pair.step(&ctx, now, cost, want).await;
                 }
-                (None, GlobalLimit::Log(log)) => {
+                (None, GlobalLimit::SlidingLog(log)) => {
                     log_step(redis, log, &descriptor, &mut events, now, cost, want).await;
                 }
                 _ => unreachable!(),
@@ -383,7 +378,7 @@ async fn sliding_log_keeps_equal_timestamps_and_drops_denials() {
     let base = future_base(T0);
     let log = SlidingLog::new(3, 1_000_000).unwrap();
     let mut events = Vec::new();
-    let key = invocation(&GlobalLimit::Log(log), "log-set", base, 1, 1).keys[0].clone();
+    let key = invocation(&GlobalLimit::SlidingLog(log), "log-set", base, 1, 1).keys[0].clone();
 
     // Two events at the same µs: both recorded, as distinct members.
     log_step(&redis, &log, "log-set", &mut events, base, 1, 1).await;
@@ -443,7 +438,7 @@ async fn keys_carry_deadlines_where_their_state_stops_mattering() {
     let mut events = Vec::new();
     log_step(&redis, &log, "ttl-log", &mut events, base, 1, 1).await;
     log_step(&redis, &log, "ttl-log", &mut events, base + 7, 1, 1).await;
-    let keys = invocation(&GlobalLimit::Log(log), "ttl-log", 0, 0, 0).keys;
+    let keys = invocation(&GlobalLimit::SlidingLog(log), "ttl-log", 0, 0, 0).keys;
     for key in &keys {
         assert_eq!(
             redis.int(&["PEXPIRETIME", key]).await,
@@ -482,7 +477,7 @@ async fn expired_keys_decide_like_their_state_would_have() {
         let descriptor = format!("expiry-{n}");
         let inv = invocation(&g, &descriptor, 0, 2, 2);
         let first = redis.run(&inv).await;
-        assert!(first.allowed);
+        assert!(first.item.allowed);
         let state = redis
             .slot_state(limit.kind(), &inv.keys[0])
             .await
@@ -500,7 +495,7 @@ async fn expired_keys_decide_like_their_state_would_have() {
         if let Limit::TokenBucket(_) = limit {
             // Full either way; only the phase of the next refill differs (as in the core).
             assert_eq!(
-                (again.allowed, again.remaining),
+                (again.item.allowed, again.item.remaining),
                 (with_state.allowed, with_state.remaining)
             );
         } else {
@@ -508,9 +503,9 @@ async fn expired_keys_decide_like_their_state_would_have() {
         }
     }
     let log = SlidingLog::new(2, 100 * ms).unwrap();
-    let inv = invocation(&GlobalLimit::Log(log), "expiry-log", 0, 2, 2);
+    let inv = invocation(&GlobalLimit::SlidingLog(log), "expiry-log", 0, 2, 2);
     let first = redis.run(&inv).await;
-    assert!(first.allowed);
+    assert!(first.item.allowed);
     let gone = weir_e2e::wait_until(Duration::from_secs(3), Duration::from_millis(5), || {
         futures_block(redis.int(&["EXISTS", &inv.keys[0], &inv.keys[1]])) == 0
     });

@@ -14,7 +14,8 @@ use http_body_util::BodyExt;
 use std::time::{Duration, Instant};
 use tower::ServiceExt;
 use weir_bridge::{app, state_from_client, AppState};
-use weir_core::wire::{ACQUIRE_PATH, MAX_BODY_BYTES, SECRET_HEADER};
+use weir_core::bounds::MAX_BODY_BYTES;
+use weir_core::wire::{ACQUIRE_PATH, SECRET_HEADER};
 
 const SECRET: &str = "s3cret-for-tests";
 const TIMEOUT: Duration = Duration::from_millis(100);
@@ -75,7 +76,10 @@ async fn an_oversized_body_is_413() {
     let big = format!("{GOOD}{}", " ".repeat(MAX_BODY_BYTES + 1 - GOOD.len()));
     let (status, body) = call(&s, acquire(big, Some(SECRET))).await;
     assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
-    assert_eq!(error_of(&body), "body larger than 65536 bytes");
+    assert_eq!(
+        error_of(&body),
+        format!("body larger than {MAX_BODY_BYTES} bytes")
+    );
     // Exactly the limit is read (and then parsed).
     let fits = format!("{GOOD}{}", " ".repeat(MAX_BODY_BYTES - GOOD.len()));
     let (status, _) = call(&s, acquire(fits, Some(SECRET))).await;
@@ -95,7 +99,7 @@ async fn bad_requests_are_400_naming_the_field() {
         ),
         (
             r#"{"domain":"weir","items":[{"rule":"r","descriptor":[],"limit":{"algorithm":"gcra","burst":1,"period_us":1000},"cost":1,"want":1}]}"#,
-            "items[0].limit: missing field `rate`",
+            "items[0].limit: missing field `rate` of gcra",
         ),
         (
             r#"{"domain":"weir","items":[{"rule":"r","descriptor":[],"limit":{"algorithm":"fixed_window","limit":10,"window_us":1},"cost":1}]}"#,
@@ -106,12 +110,16 @@ async fn bad_requests_are_400_naming_the_field() {
             "items[0].want: 0 must be between cost (1) and 1000000",
         ),
         (
+            r#"{"domain":"weir","items":[{"rule":"r","descriptor":[],"limit":{"algorithm":"fixed_window","limit":10,"window_us":1},"cost":0,"want":1}]}"#,
+            "items[0].cost: 0 is out of range: expected 1 to what the limit can ever admit (10)",
+        ),
+        (
             r#"{"domain":"weir","items":[]}"#,
-            "items: must hold 1 to 16 items",
+            "items: must hold 1 to 64 items",
         ),
         (
             r#"{"domain":"weir","items":[{"rule":"r","descriptor":[],"limit":{"algorithm":"fixed_window","limit":10,"window_us":1000000000000000},"cost":1,"want":1}]}"#,
-            "items[0].limit.window_us: window_us must be at most 2^48 for exact arithmetic in Redis",
+            "items[0].limit.window_us: must be at most 2^48 us for exact arithmetic in Redis",
         ),
     ];
     for (body, message) in cases {

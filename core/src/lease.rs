@@ -2,9 +2,11 @@
 //!
 //! A **lease** is a batch of units that Redis already consumed for this Envoy: the
 //! filter spends them locally (CAS on a slot, like local rules) without asking the
-//! bridge. Because every unit is consumed in Redis before it is spent, leases never let
-//! the global limit be exceeded; what they cost is *under*-admission: units leased but
-//! not spent before the lease expires are lost. A **cached denial** remembers that Redis
+//! bridge. Every unit is consumed in Redis before it is spent, so over any span the
+//! units spent never exceed the units Redis granted; units leased but not spent before
+//! the lease expires are lost (*under*-admission). That is a bound on totals only: a
+//! unit spent later than Redis counted it can exceed the algorithm's own bound in a
+//! shorter interval (docs/global.md, "What the limit guarantees"). A **cached denial** remembers that Redis
 //! said "limited until T", so that requests for the key are denied locally until T and
 //! an attacker cannot turn 429s into Redis load.
 //!

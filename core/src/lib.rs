@@ -4,18 +4,43 @@
 //! the seam: the filter crate is glue that feeds request facts and the clock in, and
 //! carries decisions out.
 //!
+//! Modules are layered: each uses only the ones listed before it (a test,
+//! `core/tests/layers.rs`, fails on an import that breaks the order).
+//!
+//! - [`field_error`]: the one error type of parsed JSON (a path and a message).
+//! - [`bounds`]: every size limit the config, the wire and the bridge share.
 //! - [`algorithms`]: the rate-limit algorithms, pure functions of
-//!   `(params, state, now, cost)`.
+//!   `(params, state, now, cost)`, each with everything weir knows about it.
+//! - [`key`]: key parts, their hashing to slots, their names on the wire and in Redis.
+//! - [`rules`]: request matching, key building and costs.
 //! - [`config`]: the plugin JSON, parsed and compiled into types that cannot be invalid.
-//! - [`rules`]: request matching and key building from request facts.
-//! - [`store`]: the shared-data contract, the bounded CAS loop and the slot table.
+//! - [`wire`]: the filter ⇄ bridge format.
+//! - [`store`]: the shared-data contract, the seed, the bounded CAS loop and slot tables.
+//! - [`lease`]: leases and cached denials of global rules.
 //! - [`response`]: what a client sees (status, RateLimit headers, body).
+//! - [`engine`]: one request through every rule.
+
+pub mod field_error;
+
+pub mod bounds;
 
 pub mod algorithms;
-pub mod config;
-pub mod engine;
-pub mod lease;
-pub mod response;
+
+pub mod key;
+
 pub mod rules;
-pub mod store;
+
+pub mod config;
+
 pub mod wire;
+
+pub mod store;
+
+pub mod lease;
+
+pub mod response;
+
+pub mod engine;
+
+#[cfg(feature = "scenarios")]
+pub mod scenarios;

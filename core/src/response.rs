@@ -81,11 +81,16 @@ pub fn ceil_seconds(ns: u64) -> u64 {
     ns.div_ceil(1_000_000_000)
 }
 
+/// The verdict that denied the request: evaluation stops at the first enforcing denial,
+/// so there is at most one.
+fn denying<'v, 'a>(verdicts: &'v [RuleVerdict<'a>]) -> Option<&'v RuleVerdict<'a>> {
+    verdicts.iter().find(|v| !v.decision.allowed)
+}
+
 /// The RateLimit headers for `verdicts` in `style` (empty for `None` or no verdicts).
 pub fn rate_limit_headers(
     style: HeaderStyle,
     verdicts: &[RuleVerdict<'_>],
-    denied_by: Option<usize>,
 ) -> Vec<(&'static str, String)> {
     if verdicts.is_empty() {
         return Vec::new();
@@ -115,9 +120,8 @@ pub fn rate_limit_headers(
             vec![("ratelimit-policy", policy), ("ratelimit", state)]
         }
         HeaderStyle::Legacy => {
-            let chosen = denied_by
-                .and_then(|i| verdicts.get(i))
-                .or_else(|| verdicts.iter().min_by_key(|v| v.decision.remaining));
+            let chosen =
+                denying(verdicts).or_else(|| verdicts.iter().min_by_key(|v| v.decision.remaining));
             match chosen {
                 Some(v) => vec![
                     ("x-ratelimit-limit", v.decision.limit.to_string()),
@@ -133,27 +137,18 @@ pub fn rate_limit_headers(
     }
 }
 
-/// The reply for a request denied by `verdicts[denied_by]`.
-pub fn denial(
-    settings: &ResponseSettings,
-    verdicts: &[RuleVerdict<'_>],
-    denied_by: usize,
-    grpc: bool,
-) -> Denial {
-    let rule = verdicts.get(denied_by).map_or("", |v| v.rule);
-    let retry_after = verdicts
-        .get(denied_by)
+/// The reply for a request denied by the one denying verdict among `verdicts`.
+pub fn denial(settings: &ResponseSettings, verdicts: &[RuleVerdict<'_>], grpc: bool) -> Denial {
+    let denied_by = denying(verdicts);
+    let rule = denied_by.map_or("", |v| v.rule);
+    let retry_after = denied_by
         .and_then(|v| v.decision.retry_after_ns)
         .map(ceil_seconds);
     let mut headers = Vec::new();
     if let Some(seconds) = retry_after {
         headers.push(("retry-after", seconds.to_string()));
     }
-    headers.extend(rate_limit_headers(
-        settings.header_style,
-        verdicts,
-        Some(denied_by),
-    ));
+    headers.extend(rate_limit_headers(settings.header_style, verdicts));
     if grpc {
         return Denial {
             status: 200,
@@ -258,7 +253,7 @@ mod tests {
             verdict("per-user", 3, None),
             verdict("per-ip", 0, Some(200_000_000)),
         ];
-        let headers = rate_limit_headers(HeaderStyle::Ietf, &v, Some(1));
+        let headers = rate_limit_headers(HeaderStyle::Ietf, &v);
         assert_eq!(
             headers,
             vec![
@@ -277,23 +272,24 @@ mod tests {
     #[test]
     fn denial_names_the_rule_and_rounds_retry_up() {
         let v = [verdict("per-user", 0, Some(200_000_000))];
-        let d = denial(&ResponseSettings::default(), &v, 0, false);
+        let d = denial(&ResponseSettings::default(), &v, false);
         assert_eq!(d.status, 429);
         assert_eq!(d.headers.first(), Some(&("retry-after", "1".to_string())));
         assert_eq!(
             String::from_utf8(d.body).unwrap(),
             r#"{"error":"rate_limited","rule":"per-user","retry_after":1}"#
         );
-        let g = denial(&ResponseSettings::default(), &v, 0, true);
+        let g = denial(&ResponseSettings::default(), &v, true);
         assert_eq!((g.status, g.grpc_status), (200, Some(8)));
     }
 
     #[test]
     fn legacy_headers_follow_the_denying_rule() {
         let v = [verdict("a", 5, None), verdict("b", 7, Some(1))];
-        let h = rate_limit_headers(HeaderStyle::Legacy, &v, Some(1));
+        let h = rate_limit_headers(HeaderStyle::Legacy, &v);
         assert_eq!(h.get(1), Some(&("x-ratelimit-remaining", "7".to_string())));
-        let h = rate_limit_headers(HeaderStyle::Legacy, &v, None);
+        let v = [verdict("a", 5, None), verdict("b", 7, None)];
+        let h = rate_limit_headers(HeaderStyle::Legacy, &v);
         assert_eq!(h.get(1), Some(&("x-ratelimit-remaining", "5".to_string())));
     }
 

@@ -11,10 +11,10 @@
 //! part's `default` if it has one; otherwise the rule does not apply to the request
 //! (it is *skipped*, and counted). Parts are framed unambiguously when hashed or sent
 //! to the bridge, so `["a:b", "c"]` and `["a", "b:c"]` are different keys, and a
-//! default can never be forged by sending its text (see [`crate::store::KeyHasher`]).
+//! default can never be forged by sending its text (see [`crate::key`]).
 
-use crate::algorithms::{AlgorithmKind, Limit, Policy};
-use crate::wire::GlobalLimit;
+use crate::algorithms::{AlgorithmKind, GlobalLimit, Limit, Policy};
+use crate::key::PartOrigin;
 
 /// Index of a fact in the [`FactTable`] of a compiled config.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -96,9 +96,21 @@ impl<'t, S: FactSource> Facts<'t, S> {
     }
 }
 
+/// A rule of a compiled config: its position in the config, which is also the order of
+/// evaluation. Reports, verdicts and bridge items name rules by id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RuleId(pub u16);
+
+impl RuleId {
+    pub fn index(self) -> usize {
+        usize::from(self.0)
+    }
+}
+
 /// A compiled rule.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rule {
+    pub id: RuleId,
     /// `[A-Za-z0-9_-]{1,64}`; unique in a config; names the rule in metrics, headers,
     /// logs, shared-data keys and the JSON body of a denial.
     pub name: String,
@@ -252,25 +264,20 @@ pub enum KeySource {
     },
 }
 
+/// What one request costs under a rule: never 0 (a request of cost 0 would only peek at
+/// its key and always pass), never more than the limit can admit at once.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Cost {
     Fixed(u64),
-    /// Read from a request header as a decimal integer. Absent or unparsable → `default`;
-    /// above `max` → `max`.
+    /// Read from a request header as a decimal integer (spaces around it allowed).
+    /// Absent, empty, negative or not a whole number → `default`; below `min` → `min`;
+    /// above `max` → `max`. `1 ≤ min ≤ default ≤ max`.
     Header {
         fact: FactId,
         default: u64,
+        min: u64,
         max: u64,
     },
-}
-
-/// Where a key part's bytes came from: hashed with the bytes so that a default can
-/// never equal a value a client sent.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PartOrigin {
-    Request,
-    Default,
-    Static,
 }
 
 impl Rule {
@@ -307,10 +314,15 @@ impl Rule {
     pub fn cost<S: FactSource>(&self, facts: &mut Facts<'_, S>) -> u64 {
         match self.cost {
             Cost::Fixed(cost) => cost,
-            Cost::Header { fact, default, max } => facts
+            Cost::Header {
+                fact,
+                default,
+                min,
+                max,
+            } => facts
                 .get(fact)
                 .and_then(parse_decimal)
-                .map_or(default, |cost| cost.min(max)),
+                .map_or(default, |cost| cost.clamp(min, max)),
         }
     }
 }

@@ -4,7 +4,7 @@
 //!
 //! ```json
 //! {"domain":"weir","items":[{"rule":"per-tenant","descriptor":["=acme"],
-//!   "limit":{"algorithm":"gcra","burst":99,"rate":100,"period_us":1000000},
+//!   "limit":{"algorithm":"gcra","rate":100,"period_us":1000000,"burst":99},
 //!   "cost":1,"want":16}]}
 //! ```
 //!
@@ -16,39 +16,34 @@
 //!   "remaining":84,"retry_after_ns":null,"reset_after_ns":160000000,"lease_ttl_ns":null}]}
 //! ```
 //!
-//! `want > cost` asks for a lease (`want` is never below `cost`): Redis consumes `granted` (between `cost` and `want`)
-//! units at once and the filter spends the rest locally. `lease_ttl_ns`, when set, is
-//! how long those units stay valid (window algorithms: until the window ends).
+//! `want > cost` asks for a lease (`want` is never below `cost`): Redis consumes
+//! `granted` (between `cost` and `want`) units at once and the filter spends the rest
+//! locally. `lease_ttl_ns`, when set, is how long those units stay valid (window
+//! algorithms: until the window ends).
 //!
-//! **Descriptor parts** are strings with a one-character origin prefix, so that no
-//! value can pass for another kind: `=` a request value (UTF-8, at most
-//! [`MAX_PLAIN_PART_BYTES`] bytes), `!` the SHA-256 (hex) of a longer or non-UTF-8
-//! request value, `~` a configured default, `#` a static value. The bridge never puts
-//! them in a Redis key: it hashes `(domain, rule, algorithm, parts)` into the key's
-//! hash tag ([`redis_key_tag`]).
+//! A `limit` is an algorithm's name and every one of its parameters, under their wire
+//! names: durations in whole µs with a `_us` suffix (see
+//! [`crate::algorithms::Parameter::wire_name`]); which parameters an algorithm takes is
+//! its [`crate::algorithms::AlgorithmSpec`].
+//!
+//! **Descriptor parts** are strings with a one-character origin prefix
+//! ([`crate::key::encode_part`]). The bridge never puts them in a Redis key: it hashes
+//! `(domain, rule, algorithm, parts)` into the key's hash tag
+//! ([`crate::key::redis_key_tag`]). Sizes are bounded by [`crate::bounds`].
 
-use crate::algorithms::{
-    fixed_window::FixedWindow, gcra::Gcra, sliding_log::SlidingLog, sliding_window::SlidingWindow,
-    token_bucket::TokenBucket, AlgorithmKind, Limit, ParamError, NS_PER_US,
+use crate::algorithms::{AlgorithmKind, GlobalLimit, ParamError};
+use crate::bounds::{
+    check_name, MAX_BODY_BYTES, MAX_ITEMS, MAX_KEY_PARTS, MAX_PART_BYTES, MAX_WANT,
 };
-use crate::rules::PartOrigin;
+use crate::field_error::{strip_position, FieldError};
+use serde::de::{self, Deserializer, MapAccess, Visitor};
+use serde::ser::{SerializeMap, Serializer};
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
-use std::fmt::{self, Write as _};
+use std::fmt;
 
 pub const ACQUIRE_PATH: &str = "/v1/acquire";
 /// The header carrying the shared secret, when the bridge requires one.
 pub const SECRET_HEADER: &str = "x-weir-secret";
-
-pub const MAX_BODY_BYTES: usize = 64 * 1024;
-pub const MAX_ITEMS: usize = 16;
-/// Rule and domain names, here and in the config: 1 to 64 bytes of [`is_name_byte`].
-pub const MAX_NAME_BYTES: usize = 64;
-pub const MAX_PARTS: usize = 16;
-pub const MAX_PART_BYTES: usize = 256;
-/// Request values up to this size travel as they are; longer ones as their SHA-256.
-pub const MAX_PLAIN_PART_BYTES: usize = 128;
-pub const MAX_WANT: u64 = 1_000_000;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -67,175 +62,129 @@ pub struct AcquireItem {
     pub want: u64,
 }
 
-/// An algorithm and its parameters, durations in µs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "algorithm", rename_all = "snake_case", deny_unknown_fields)]
-pub enum WireLimit {
-    TokenBucket {
-        capacity: u64,
-        refill: u64,
-        period_us: u64,
-    },
-    Gcra {
-        burst: u64,
-        rate: u64,
-        period_us: u64,
-    },
-    FixedWindow {
-        limit: u64,
-        window_us: u64,
-    },
-    SlidingWindow {
-        limit: u64,
-        window_us: u64,
-    },
-    SlidingLog {
-        limit: u64,
-        window_us: u64,
-    },
-}
-
-/// A validated global limit: one of the slot algorithms, or the sliding log.
+/// An algorithm and all its parameter values, in the order of its parameter table.
+/// Serialized as one flat object: `{"algorithm":"gcra","rate":100,"period_us":…}`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum GlobalLimit {
-    Slot(Limit),
-    Log(SlidingLog),
-}
-
-impl GlobalLimit {
-    pub fn kind(&self) -> AlgorithmKind {
-        match self {
-            GlobalLimit::Slot(limit) => limit.kind(),
-            GlobalLimit::Log(_) => AlgorithmKind::SlidingLog,
-        }
-    }
-
-    pub fn max_cost(&self) -> u64 {
-        match self {
-            GlobalLimit::Slot(limit) => limit.max_cost(),
-            GlobalLimit::Log(log) => log.limit(),
-        }
-    }
-
-    pub fn policy(&self) -> crate::algorithms::Policy {
-        match self {
-            GlobalLimit::Slot(limit) => limit.policy(),
-            GlobalLimit::Log(log) => log.policy(),
-        }
-    }
-
-    pub fn to_wire(&self) -> WireLimit {
-        match self {
-            GlobalLimit::Slot(Limit::TokenBucket(p)) => WireLimit::TokenBucket {
-                capacity: p.capacity(),
-                refill: p.refill(),
-                period_us: p.period_us(),
-            },
-            GlobalLimit::Slot(Limit::Gcra(p)) => WireLimit::Gcra {
-                burst: p.burst(),
-                rate: p.rate(),
-                period_us: p.period_us(),
-            },
-            GlobalLimit::Slot(Limit::FixedWindow(p)) => WireLimit::FixedWindow {
-                limit: p.limit(),
-                window_us: p.window_us(),
-            },
-            GlobalLimit::Slot(Limit::SlidingWindow(p)) => WireLimit::SlidingWindow {
-                limit: p.limit(),
-                window_us: p.window_us(),
-            },
-            GlobalLimit::Log(p) => WireLimit::SlidingLog {
-                limit: p.limit(),
-                window_us: p.window_us(),
-            },
-        }
-    }
-
-    /// The share of this limit that one of `instances` Envoys enforces on its own when
-    /// the bridge cannot answer (`failure_mode: local`): the quota divided evenly (at
-    /// least 1), at the same pace. A sliding log becomes a sliding-window counter,
-    /// which needs no log.
-    pub fn local_share(&self, instances: u64) -> Result<Limit, ParamError> {
-        let n = instances.max(1);
-        let share = |quota: u64| (quota / n).max(1);
-        match self {
-            GlobalLimit::Slot(Limit::TokenBucket(p)) => TokenBucket::new(
-                share(p.capacity()),
-                p.refill(),
-                p.period_us().saturating_mul(n),
-            )
-            .map(Limit::TokenBucket),
-            GlobalLimit::Slot(Limit::Gcra(p)) => Gcra::new(
-                share(p.burst().saturating_add(1)) - 1,
-                p.rate(),
-                p.period_us().saturating_mul(n),
-            )
-            .map(Limit::Gcra),
-            GlobalLimit::Slot(Limit::FixedWindow(p)) => {
-                FixedWindow::new(share(p.limit()), p.window_us()).map(Limit::FixedWindow)
-            }
-            GlobalLimit::Slot(Limit::SlidingWindow(p)) => {
-                SlidingWindow::new(share(p.limit()), p.window_us()).map(Limit::SlidingWindow)
-            }
-            GlobalLimit::Log(p) => {
-                SlidingWindow::new(share(p.limit()), p.window_us()).map(Limit::SlidingWindow)
-            }
-        }
-    }
-
-    /// How long units leased at `now_us` may be spent: window algorithms until the
-    /// window ends (spent later they would count against the next window), the log for
-    /// one window (its events leave then). Token bucket and GCRA: no bound of their own.
-    pub fn lease_ttl_ns(&self, now_us: u64) -> Option<u64> {
-        let until_window_end = |window_us: u64| {
-            let w = window_us.max(1);
-            (w - now_us % w).saturating_mul(NS_PER_US)
-        };
-        match self {
-            GlobalLimit::Slot(Limit::FixedWindow(p)) => Some(until_window_end(p.window_us())),
-            GlobalLimit::Slot(Limit::SlidingWindow(p)) => Some(until_window_end(p.window_us())),
-            GlobalLimit::Log(p) => Some(p.window_us().saturating_mul(NS_PER_US)),
-            GlobalLimit::Slot(Limit::TokenBucket(_) | Limit::Gcra(_)) => None,
-        }
-    }
+pub struct WireLimit {
+    pub kind: AlgorithmKind,
+    pub values: Vec<u64>,
 }
 
 impl WireLimit {
-    pub fn kind(&self) -> AlgorithmKind {
-        match self {
-            WireLimit::TokenBucket { .. } => AlgorithmKind::TokenBucket,
-            WireLimit::Gcra { .. } => AlgorithmKind::Gcra,
-            WireLimit::FixedWindow { .. } => AlgorithmKind::FixedWindow,
-            WireLimit::SlidingWindow { .. } => AlgorithmKind::SlidingWindow,
-            WireLimit::SlidingLog { .. } => AlgorithmKind::SlidingLog,
+    /// Validates the parameters and builds the limit; the error names the parameter.
+    pub fn compile(&self) -> Result<GlobalLimit, ParamError> {
+        GlobalLimit::build(self.kind, &self.values)
+    }
+}
+
+impl From<&GlobalLimit> for WireLimit {
+    fn from(limit: &GlobalLimit) -> Self {
+        WireLimit {
+            kind: limit.kind(),
+            values: limit.algorithm().parameters(),
         }
     }
+}
 
-    /// Validates the parameters with the same constructors as the config.
-    pub fn compile(&self) -> Result<GlobalLimit, ParamError> {
-        Ok(match *self {
-            WireLimit::TokenBucket {
-                capacity,
-                refill,
-                period_us,
-            } => GlobalLimit::Slot(Limit::TokenBucket(TokenBucket::new(
-                capacity, refill, period_us,
-            )?)),
-            WireLimit::Gcra {
-                burst,
-                rate,
-                period_us,
-            } => GlobalLimit::Slot(Limit::Gcra(Gcra::new(burst, rate, period_us)?)),
-            WireLimit::FixedWindow { limit, window_us } => {
-                GlobalLimit::Slot(Limit::FixedWindow(FixedWindow::new(limit, window_us)?))
+impl Serialize for WireLimit {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let parameters = self.kind.spec().parameters;
+        let mut map = serializer.serialize_map(Some(1 + parameters.len()))?;
+        map.serialize_entry("algorithm", self.kind.name())?;
+        for (p, value) in parameters.iter().zip(&self.values) {
+            map.serialize_entry(&p.wire_name(), value)?;
+        }
+        map.end()
+    }
+}
+
+impl<'de> Deserialize<'de> for WireLimit {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_map(WireLimitVisitor)
+    }
+}
+
+struct WireLimitVisitor;
+
+impl<'de> Visitor<'de> for WireLimitVisitor {
+    type Value = WireLimit;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a limit object with \"algorithm\" and its parameters")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<WireLimit, A::Error> {
+        let all = AlgorithmKind::all_parameters();
+        let mut kind = None;
+        let mut found: Vec<(&'static str, u64)> = Vec::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if key == "algorithm" {
+                if kind.is_some() {
+                    return Err(de::Error::duplicate_field("algorithm"));
+                }
+                kind = Some(map.next_value::<AlgorithmName>()?.0);
+                continue;
             }
-            WireLimit::SlidingWindow { limit, window_us } => {
-                GlobalLimit::Slot(Limit::SlidingWindow(SlidingWindow::new(limit, window_us)?))
+            let Some(p) = all.iter().find(|p| p.wire_name() == key) else {
+                let names: Vec<String> =
+                    all.iter().map(|p| format!("`{}`", p.wire_name())).collect();
+                return Err(de::Error::custom(format!(
+                    "unknown field `{key}`, expected `algorithm` or one of {}",
+                    names.join(", ")
+                )));
+            };
+            if found.iter().any(|(name, _)| *name == p.name) {
+                return Err(de::Error::custom(format!("duplicate field `{key}`")));
             }
-            WireLimit::SlidingLog { limit, window_us } => {
-                GlobalLimit::Log(SlidingLog::new(limit, window_us)?)
+            found.push((p.name, map.next_value::<u64>()?));
+        }
+        let kind = kind.ok_or_else(|| de::Error::missing_field("algorithm"))?;
+        let spec = kind.spec();
+        if let Some((name, _)) = found
+            .iter()
+            .find(|(name, _)| spec.parameter(name).is_none())
+        {
+            return Err(de::Error::custom(format!(
+                "`{}` is not a parameter of {kind}",
+                all.iter()
+                    .find(|p| p.name == *name)
+                    .map_or_else(|| name.to_string(), |p| p.wire_name())
+            )));
+        }
+        let mut values = Vec::with_capacity(spec.parameters.len());
+        for p in spec.parameters {
+            match found.iter().find(|(name, _)| *name == p.name) {
+                Some((_, value)) => values.push(*value),
+                None => {
+                    return Err(de::Error::custom(format!(
+                        "missing field `{}` of {kind}",
+                        p.wire_name()
+                    )))
+                }
             }
-        })
+        }
+        Ok(WireLimit { kind, values })
+    }
+}
+
+/// An algorithm's name on the wire.
+struct AlgorithmName(AlgorithmKind);
+
+impl<'de> Deserialize<'de> for AlgorithmName {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(deserializer)?;
+        AlgorithmKind::from_name(&name)
+            .map(AlgorithmName)
+            .ok_or_else(|| {
+                let names: Vec<String> = AlgorithmKind::ALL
+                    .iter()
+                    .map(|k| format!("`{}`", k.name()))
+                    .collect();
+                de::Error::custom(format!(
+                    "unknown variant `{name}`, expected one of {}",
+                    names.join(", ")
+                ))
+            })
     }
 }
 
@@ -260,176 +209,94 @@ pub struct ItemResult {
     pub lease_ttl_ns: Option<u64>,
 }
 
-/// A request the bridge must refuse, naming the field.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct WireError {
-    pub path: String,
-    pub message: String,
-}
-
-impl fmt::Display for WireError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.path.is_empty() {
-            f.write_str(&self.message)
-        } else {
-            write!(f, "{}: {}", self.path, self.message)
-        }
-    }
-}
-
-fn wire_error(path: impl Into<String>, message: impl Into<String>) -> WireError {
-    WireError {
-        path: path.into(),
-        message: message.into(),
-    }
-}
-
-/// The bytes a rule name may use: `A-Z a-z 0-9 _ -` (they also go into shared-data keys,
-/// metric names and Redis hash tags' inputs).
-pub fn is_name_byte(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || b == b'_' || b == b'-'
-}
-
-fn check_name(path: &str, name: &str) -> Result<(), WireError> {
-    if name.is_empty() || name.len() > MAX_NAME_BYTES {
-        return Err(wire_error(
-            path,
-            format!("must be 1 to {MAX_NAME_BYTES} bytes"),
-        ));
-    }
-    if !name.bytes().all(is_name_byte) {
-        return Err(wire_error(
-            path,
-            format!("{name:?} may only use A-Z, a-z, 0-9, _ and -"),
-        ));
-    }
-    Ok(())
-}
-
 impl AcquireRequest {
     /// Parses and validates a request body; every error names the field.
-    pub fn parse(body: &[u8]) -> Result<(AcquireRequest, Vec<GlobalLimit>), WireError> {
+    pub fn parse(body: &[u8]) -> Result<(AcquireRequest, Vec<GlobalLimit>), FieldError> {
         if body.len() > MAX_BODY_BYTES {
-            return Err(wire_error(
+            return Err(FieldError::new(
                 "",
                 format!("body larger than {MAX_BODY_BYTES} bytes"),
             ));
         }
         let de = &mut serde_json::Deserializer::from_slice(body);
-        let request: AcquireRequest = serde_path_to_error::deserialize(de).map_err(|e| {
-            wire_error(
-                crate::config::json_path(e.path()),
-                crate::config::strip_position(e.inner()),
-            )
-        })?;
+        let request: AcquireRequest =
+            serde_path_to_error::deserialize(de).map_err(FieldError::from_serde)?;
         let limits = request.validate()?;
         Ok((request, limits))
     }
 
-    /// Checks sizes and parameters; returns each item's compiled limit.
-    pub fn validate(&self) -> Result<Vec<GlobalLimit>, WireError> {
-        check_name("domain", &self.domain)?;
+    /// Checks sizes and parameters (including what Lua cannot compute exactly); returns
+    /// each item's compiled limit.
+    pub fn validate(&self) -> Result<Vec<GlobalLimit>, FieldError> {
+        check_name("domain", &self.domain).map_err(|e| FieldError::new("domain", e))?;
         if self.items.is_empty() || self.items.len() > MAX_ITEMS {
-            return Err(wire_error(
+            return Err(FieldError::new(
                 "items",
                 format!("must hold 1 to {MAX_ITEMS} items"),
             ));
         }
-        let mut limits = Vec::with_capacity(self.items.len());
-        for (i, item) in self.items.iter().enumerate() {
-            check_name(&format!("items[{i}].rule"), &item.rule)?;
-            if item.descriptor.len() > MAX_PARTS {
-                return Err(wire_error(
-                    format!("items[{i}].descriptor"),
-                    format!("has more than {MAX_PARTS} parts"),
-                ));
-            }
-            for (j, part) in item.descriptor.iter().enumerate() {
-                let ok_prefix = matches!(part.as_bytes().first(), Some(b'=' | b'!' | b'~' | b'#'));
-                if !ok_prefix || part.len() > MAX_PART_BYTES {
-                    return Err(wire_error(
-                        format!("items[{i}].descriptor[{j}]"),
-                        format!(
-                            "must start with one of = ! ~ # and be at most {MAX_PART_BYTES} bytes"
-                        ),
-                    ));
-                }
-            }
-            let limit = item.limit.compile().map_err(|e| {
-                wire_error(format!("items[{i}].limit.{}", e.field), e.reason.clone())
-            })?;
-            if item.cost > limit.max_cost() {
-                return Err(wire_error(
-                    format!("items[{i}].cost"),
-                    format!(
-                        "{} is above what the limit can ever admit ({})",
-                        item.cost,
-                        limit.max_cost()
-                    ),
-                ));
-            }
-            if item.want < item.cost || item.want > MAX_WANT {
-                return Err(wire_error(
-                    format!("items[{i}].want"),
-                    format!(
-                        "{} must be between cost ({}) and {MAX_WANT}",
-                        item.want, item.cost
-                    ),
-                ));
-            }
-            limits.push(limit);
+        self.items
+            .iter()
+            .enumerate()
+            .map(|(i, item)| item.validate(&format!("items[{i}]")))
+            .collect()
+    }
+}
+
+impl AcquireItem {
+    fn validate(&self, at: &str) -> Result<GlobalLimit, FieldError> {
+        check_name("rule name", &self.rule)
+            .map_err(|e| FieldError::new(format!("{at}.rule"), e))?;
+        if self.descriptor.len() > MAX_KEY_PARTS {
+            return Err(FieldError::new(
+                format!("{at}.descriptor"),
+                format!("has more than {MAX_KEY_PARTS} parts"),
+            ));
         }
-        Ok(limits)
+        for (j, part) in self.descriptor.iter().enumerate() {
+            let ok_prefix = matches!(part.as_bytes().first(), Some(b'=' | b'!' | b'~' | b'#'));
+            if !ok_prefix || part.len() > MAX_PART_BYTES {
+                return Err(FieldError::new(
+                    format!("{at}.descriptor[{j}]"),
+                    format!("must start with one of = ! ~ # and be at most {MAX_PART_BYTES} bytes"),
+                ));
+            }
+        }
+        let param_error = |e: ParamError| {
+            let field = self
+                .limit
+                .kind
+                .spec()
+                .parameter(e.field)
+                .map_or_else(|| e.field.to_string(), |p| p.wire_name());
+            FieldError::new(format!("{at}.limit.{field}"), e.reason)
+        };
+        let limit = self.limit.compile().map_err(param_error)?;
+        limit
+            .algorithm()
+            .check_script_exact()
+            .map_err(param_error)?;
+        if self.cost == 0 || self.cost > limit.max_cost() {
+            return Err(FieldError::new(
+                format!("{at}.cost"),
+                format!(
+                    "{} is out of range: expected 1 to what the limit can ever admit ({})",
+                    self.cost,
+                    limit.max_cost()
+                ),
+            ));
+        }
+        if self.want < self.cost || self.want > MAX_WANT {
+            return Err(FieldError::new(
+                format!("{at}.want"),
+                format!(
+                    "{} must be between cost ({}) and {MAX_WANT}",
+                    self.want, self.cost
+                ),
+            ));
+        }
+        Ok(limit)
     }
-}
-
-/// Encodes one key part for the wire (see the module docs).
-pub fn encode_part(origin: PartOrigin, bytes: &[u8]) -> String {
-    match origin {
-        PartOrigin::Default => format!("~{}", String::from_utf8_lossy(bytes)),
-        PartOrigin::Static => format!("#{}", String::from_utf8_lossy(bytes)),
-        PartOrigin::Request => match std::str::from_utf8(bytes) {
-            Ok(text) if bytes.len() <= MAX_PLAIN_PART_BYTES => format!("={text}"),
-            _ => format!("!{}", hex(&Sha256::digest(bytes))),
-        },
-    }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    let mut out = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        let _ = write!(out, "{b:02x}");
-    }
-    out
-}
-
-/// The hash tag of a descriptor's Redis keys: 32 hex digits of
-/// SHA-256(domain, rule, algorithm, parts), each framed by its length. Nothing a client
-/// sends appears in a key, and every key of one descriptor lands in one hash slot.
-pub fn redis_key_tag(
-    domain: &str,
-    rule: &str,
-    algorithm: AlgorithmKind,
-    descriptor: &[String],
-) -> String {
-    let mut hasher = Sha256::new();
-    let mut frame = |bytes: &[u8]| {
-        hasher.update((bytes.len() as u64).to_le_bytes());
-        hasher.update(bytes);
-    };
-    frame(domain.as_bytes());
-    frame(rule.as_bytes());
-    frame(algorithm.name().as_bytes());
-    for part in descriptor {
-        frame(part.as_bytes());
-    }
-    let digest = hasher.finalize();
-    hex(digest.get(..16).unwrap_or(&[]))
-}
-
-/// The state key of a descriptor: `weir:{<tag>}:<algorithm>`.
-pub fn redis_state_key(tag: &str, algorithm: AlgorithmKind) -> String {
-    format!("weir:{{{tag}}}:{algorithm}")
 }
 
 /// Why a bridge reply could not be used.
@@ -467,8 +334,8 @@ pub fn decode_reply(status: u16, body: &[u8], items: usize) -> Result<AcquireRes
     if body.len() > MAX_BODY_BYTES {
         return Err(ReplyError::BadBody(format!("{} bytes", body.len())));
     }
-    let reply: AcquireResponse = serde_json::from_slice(body)
-        .map_err(|e| ReplyError::BadBody(crate::config::strip_position(&e)))?;
+    let reply: AcquireResponse =
+        serde_json::from_slice(body).map_err(|e| ReplyError::BadBody(strip_position(&e)))?;
     if reply.items.is_empty() || reply.items.len() > items {
         return Err(ReplyError::BadBody(format!(
             "{} results for {items} items",
@@ -493,74 +360,24 @@ mod tests {
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
     use super::*;
+    use crate::algorithms::gcra::Gcra;
+    use crate::algorithms::Limit;
 
     #[test]
-    fn key_format_is_pinned() {
-        let tag = redis_key_tag(
-            "weir",
-            "per-tenant",
-            AlgorithmKind::Gcra,
-            &["=acme".to_string()],
-        );
-        assert_eq!(tag.len(), 32);
+    fn limits_travel_as_flat_objects_with_us_durations() {
+        let limit = GlobalLimit::Slot(Limit::Gcra(Gcra::new(99, 100, 1_000_000).unwrap()));
+        let wire = WireLimit::from(&limit);
+        let json = serde_json::to_string(&wire).unwrap();
         assert_eq!(
-            redis_state_key(&tag, AlgorithmKind::Gcra),
-            format!("weir:{{{tag}}}:gcra")
+            json,
+            r#"{"algorithm":"gcra","rate":100,"period_us":1000000,"burst":99}"#
         );
-        assert_eq!(
-            tag,
-            redis_key_tag(
-                "weir",
-                "per-tenant",
-                AlgorithmKind::Gcra,
-                &["=acme".to_string()]
-            )
-        );
-        let spliced = |parts: &[&str]| {
-            let parts: Vec<String> = parts.iter().map(|p| p.to_string()).collect();
-            redis_key_tag("weir", "r", AlgorithmKind::Gcra, &parts)
-        };
-        assert_ne!(spliced(&["=a:b", "=c"]), spliced(&["=a", "=b:c"]));
-        assert_ne!(spliced(&["=ab"]), spliced(&["=a", "=b"]));
-        // A golden value (also computed with Python's hashlib): changing the derivation
-        // strands every key in Redis.
-        assert_eq!(spliced(&["=alice"]), "97faf72bcf3817fffd093677ded2178f");
-    }
-
-    #[test]
-    fn local_shares_divide_the_quota() {
-        let tb = GlobalLimit::Slot(Limit::TokenBucket(
-            TokenBucket::new(100, 10, 1_000_000).unwrap(),
-        ));
-        assert_eq!(
-            tb.local_share(4).unwrap(),
-            Limit::TokenBucket(TokenBucket::new(25, 10, 4_000_000).unwrap())
-        );
-        let gcra = GlobalLimit::Slot(Limit::Gcra(Gcra::new(99, 100, 1_000_000).unwrap()));
-        assert_eq!(
-            gcra.local_share(3).unwrap(),
-            Limit::Gcra(Gcra::new(32, 100, 3_000_000).unwrap())
-        );
-        let log = GlobalLimit::Log(SlidingLog::new(10, 1_000_000).unwrap());
-        assert_eq!(
-            log.local_share(20).unwrap(),
-            Limit::SlidingWindow(SlidingWindow::new(1, 1_000_000).unwrap())
-        );
-    }
-
-    #[test]
-    fn parts_say_where_they_come_from() {
-        assert_eq!(encode_part(PartOrigin::Request, b"alice"), "=alice");
-        assert_eq!(encode_part(PartOrigin::Default, b"anonymous"), "~anonymous");
-        assert_eq!(encode_part(PartOrigin::Static, b"v1"), "#v1");
-        let binary = encode_part(PartOrigin::Request, b"\xff\xfe");
-        assert!(binary.starts_with('!') && binary.len() == 65);
-        let long = encode_part(PartOrigin::Request, "x".repeat(200).as_bytes());
-        assert!(long.starts_with('!') && long.len() == 65);
-        assert_ne!(
-            encode_part(PartOrigin::Request, b"~anonymous"),
-            encode_part(PartOrigin::Default, b"anonymous")
-        );
+        let back: WireLimit = serde_json::from_str(
+            r#"{"burst":99,"period_us":1000000,"algorithm":"gcra","rate":100}"#,
+        )
+        .unwrap();
+        assert_eq!(back, wire);
+        assert_eq!(back.compile().unwrap(), limit);
     }
 
     #[test]
@@ -568,37 +385,71 @@ mod tests {
         let ok = br#"{"domain":"weir","items":[{"rule":"r","descriptor":["=a"],
             "limit":{"algorithm":"fixed_window","limit":10,"window_us":1000000},"cost":1,"want":5}]}"#;
         assert!(AcquireRequest::parse(ok).is_ok());
-        let bad = |body: &str| {
+        let bad = |items: &str| {
+            let body = format!(r#"{{"domain":"weir","items":[{items}]}}"#);
             AcquireRequest::parse(body.as_bytes())
                 .unwrap_err()
                 .to_string()
         };
+        let fw = r#""limit":{"algorithm":"fixed_window","limit":10,"window_us":1}"#;
         assert_eq!(
-            bad(
-                r#"{"domain":"weir","items":[{"rule":"r","descriptor":["a"],"limit":{"algorithm":"fixed_window","limit":10,"window_us":1},"cost":1,"want":1}]}"#
-            ),
-            "items[0].descriptor[0]: must start with one of = ! ~ # and be at most 256 bytes"
+            bad(&format!(
+                r#"{{"rule":"r","descriptor":["a"],{fw},"cost":1,"want":1}}"#
+            )),
+            "items[0].descriptor[0]: must start with one of = ! ~ # and be at most 257 bytes"
         );
         assert_eq!(
-            bad(r#"{"domain":"weir","items":[{"rule":"r","descriptor":[],"limit":{"algorithm":"leaky","limit":10},"cost":1,"want":1}]}"#),
+            bad(r#"{"rule":"r","descriptor":[],"limit":{"algorithm":"leaky","limit":10},"cost":1,"want":1}"#),
             "items[0].limit.algorithm: unknown variant `leaky`, expected one of `token_bucket`, `gcra`, `fixed_window`, `sliding_window`, `sliding_log`"
         );
         assert_eq!(
             bad(
-                r#"{"domain":"weir","items":[{"rule":"r","descriptor":[],"limit":{"algorithm":"gcra","burst":0,"rate":0,"period_us":1},"cost":1,"want":1}]}"#
+                r#"{"rule":"r","descriptor":[],"limit":{"algorithm":"gcra","burst":0,"rate":0,"period_us":1},"cost":1,"want":1}"#
             ),
             "items[0].limit.rate: must be at least 1"
         );
         assert_eq!(
             bad(
-                r#"{"domain":"weir","items":[{"rule":"r","descriptor":[],"limit":{"algorithm":"fixed_window","limit":10,"window_us":1},"cost":11,"want":11}]}"#
+                r#"{"rule":"r","descriptor":[],"limit":{"algorithm":"gcra","rate":1,"period_us":1},"cost":1,"want":1}"#
             ),
-            "items[0].cost: 11 is above what the limit can ever admit (10)"
+            "items[0].limit: missing field `burst` of gcra"
         );
-        assert_eq!(bad(r#"{"domain":"weir"}"#), "missing field `items`");
         assert_eq!(
-            bad(r#"{"domain":"we ir","items":[]}"#),
-            "domain: \"we ir\" may only use A-Z, a-z, 0-9, _ and -"
+            bad(
+                r#"{"rule":"r","descriptor":[],"limit":{"algorithm":"gcra","rate":1,"period_us":1,"burst":0,"window_us":5},"cost":1,"want":1}"#
+            ),
+            "items[0].limit: `window_us` is not a parameter of gcra"
+        );
+        assert_eq!(
+            bad(&format!(
+                r#"{{"rule":"r","descriptor":[],{fw},"cost":11,"want":11}}"#
+            )),
+            "items[0].cost: 11 is out of range: expected 1 to what the limit can ever admit (10)"
+        );
+        assert_eq!(
+            bad(&format!(
+                r#"{{"rule":"r","descriptor":[],{fw},"cost":0,"want":1}}"#
+            )),
+            "items[0].cost: 0 is out of range: expected 1 to what the limit can ever admit (10)"
+        );
+        // What Lua cannot compute exactly is refused here, so the config checker can too.
+        assert_eq!(
+            bad(
+                r#"{"rule":"r","descriptor":[],"limit":{"algorithm":"fixed_window","limit":281474976710657,"window_us":1},"cost":1,"want":1}"#
+            ),
+            "items[0].limit.limit: must be at most 2^48 for exact arithmetic in Redis"
+        );
+        assert_eq!(
+            AcquireRequest::parse(br#"{"domain":"weir"}"#)
+                .unwrap_err()
+                .to_string(),
+            "missing field `items`"
+        );
+        assert_eq!(
+            AcquireRequest::parse(br#"{"domain":"we ir","items":[]}"#)
+                .unwrap_err()
+                .to_string(),
+            "domain: invalid domain \"we ir\": \" \" is not allowed; use A-Z, a-z, 0-9, \"_\" and \"-\""
         );
     }
 

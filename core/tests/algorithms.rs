@@ -1,15 +1,10 @@
-//! The algorithms against the scenario tables (natively and under wasm32), then their
+//! The algorithms against the scenario tables (natively and under wasm32) — through the
+//! pure functions and through a slot table on the in-memory store — then their
 //! properties (natively, with proptest).
 
 // Test code: a failed expectation is meant to panic, helpers included.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod scenarios;
-#[path = "scenarios/in_core.rs"]
-mod scenarios_in_core;
-
-use scenarios::{Scenario, Throttle, MS_US, S_NS, S_US, T0};
-use scenarios_in_core::{expected, limit_of};
 use weir_core::algorithms::{
     fixed_window::{self, FixedWindow},
     gcra::{self, Gcra, ThrottleReply},
@@ -17,6 +12,10 @@ use weir_core::algorithms::{
     token_bucket::{self, TokenBucket},
     Limit, ParamError, Policy, SlotState,
 };
+use weir_core::key::KeyHash;
+use weir_core::scenarios::{self, expected, limit_of, Scenario, Throttle, MS_US, S_NS, S_US, T0};
+use weir_core::store::memory::MemoryStore;
+use weir_core::store::{Placement, SlotTable};
 
 fn reply(t: &Throttle) -> ThrottleReply {
     ThrottleReply {
@@ -62,10 +61,49 @@ fn run(scenario: &Scenario) {
     }
 }
 
+/// Runs one scenario through a slot table in the in-memory store, as the filter stores
+/// local rules: the same decisions, and the key keeps its one slot.
+fn run_in_slot_table(scenario: &Scenario) {
+    let limit = limit_of(scenario.algo);
+    let store = MemoryStore::new();
+    let table = SlotTable::new("scenario", limit.kind().name(), 4);
+    table.create_missing(&store).unwrap();
+    let key = KeyHash {
+        set_hash: 7,
+        fingerprint: 42,
+    };
+    let mut placed = false;
+    for (i, step) in scenario.steps.iter().enumerate() {
+        let at = format!("{} / slot table step {i} ({step:?})", scenario.name);
+        let updated = table
+            .update(
+                &store,
+                &key,
+                step.now_us,
+                |s| limit.idle_at_us(s),
+                |state| limit.decide(state, step.now_us, step.cost),
+            )
+            .unwrap();
+        assert_eq!(updated.result, expected(step), "{at}");
+        assert_eq!(updated.cas_retries, 0, "{at}");
+        match updated.placement {
+            None => assert!(!step.allowed || step.cost == 0, "{at}: nothing written"),
+            Some(Placement::Empty) => {
+                assert!(!placed, "{at}: the key found a new slot twice");
+                placed = true;
+            }
+            Some(Placement::Existing) => assert!(placed, "{at}"),
+            Some(other) => panic!("{at}: one key alone was placed by {other:?}"),
+        }
+    }
+    assert_eq!(table.slots_in_use(&store).unwrap(), u64::from(placed));
+}
+
 fn run_all(scenarios: &[Scenario]) {
     assert!(!scenarios.is_empty());
     for scenario in scenarios {
         run(scenario);
+        run_in_slot_table(scenario);
     }
 }
 

@@ -3,7 +3,7 @@
 //! sibling `.expected` file. Adding a fixture adds a case.
 //!
 //! Then a few compiled configs are inspected field by field (defaults, lowercasing,
-//! facts), and the `weir check-config` binary is run on a good and a bad fixture.
+//! facts), and the `weir-check check-config` binary is run on a good and a bad fixture.
 
 // Reads fixtures from disk and runs the CLI: native only (the e2e suite runs the same
 // parser inside Envoy). A test harness reports by panicking, helpers included.
@@ -18,7 +18,8 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use weir_core::algorithms::{AlgorithmKind, Limit};
-use weir_core::config::{self, Config, ConfigError};
+use weir_core::config::{self, Config};
+use weir_core::field_error::FieldError;
 use weir_core::response::{CustomBody, HeaderStyle, ResponseSettings};
 use weir_core::rules::{
     Cost, Fact, FactId, HeaderTest, KeySource, RequestMatch, Scope, StringMatch,
@@ -49,7 +50,7 @@ fn parse_fixture(name: &str) -> Config {
     config::parse(&json).unwrap_or_else(|e| panic!("{name}: {e}"))
 }
 
-fn parse_str(json: &str) -> Result<Config, ConfigError> {
+fn parse_str(json: &str) -> Result<Config, FieldError> {
     config::parse(json.as_bytes())
 }
 
@@ -385,33 +386,28 @@ fn methods_are_deduplicated() {
 fn costs() {
     let config = parse_fixture("cost_fixed");
     assert_eq!(config.rules[0].cost, Cost::Fixed(10));
-    assert_eq!(config.rules[1].cost, Cost::Fixed(0));
+    assert_eq!(config.rules[1].cost, Cost::Fixed(1));
     let config = parse_fixture("cost_header");
-    let Cost::Header {
-        fact: id,
-        default,
-        max,
-    } = config.rules[0].cost
-    else {
-        panic!("header cost")
+    let header_cost = |i: usize| match config.rules[i].cost {
+        Cost::Header {
+            fact,
+            default,
+            min,
+            max,
+        } => (fact, default, min, max),
+        Cost::Fixed(_) => panic!("header cost"),
     };
+    let (id, default, min, max) = header_cost(0);
     assert_eq!(
-        (fact(&config, id), default, max),
-        (&header("x-cost"), 1, 10)
+        (fact(&config, id), default, min, max),
+        (&header("x-cost"), 1, 1, 10)
     );
-    let Cost::Header {
-        fact: id2,
-        default,
-        max,
-    } = config.rules[1].cost
-    else {
-        panic!("header cost")
-    };
     assert_eq!(
-        (id2, default, max),
-        (id, 1, 50),
-        "max defaults to what the limit can admit"
+        header_cost(1),
+        (id, 1, 1, 50),
+        "min defaults to 1, max to what the limit can admit"
     );
+    assert_eq!(header_cost(2), (id, 5, 5, 20), "default defaults to min");
 }
 
 #[test]
@@ -451,9 +447,9 @@ fn shadow_and_max_keys() {
     assert_eq!(max_keys, [1, 1_000_000]);
 }
 
-fn weir(args: &[&str], stdin: Option<&[u8]>) -> (i32, String, String) {
+fn weir_check(args: &[&str], stdin: Option<&[u8]>) -> (i32, String, String) {
     use std::io::Write;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_weir"))
+    let mut child = Command::new(env!("CARGO_BIN_EXE_weir-check"))
         .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -474,7 +470,7 @@ fn weir(args: &[&str], stdin: Option<&[u8]>) -> (i32, String, String) {
 #[test]
 fn cli_accepts_a_good_file() {
     let path = fixture("good", "algorithm_gcra");
-    let (code, stdout, stderr) = weir(&["check-config", path.to_str().unwrap()], None);
+    let (code, stdout, stderr) = weir_check(&["check-config", path.to_str().unwrap()], None);
     assert_eq!((code, stderr.as_str()), (0, ""));
     assert_eq!(
         stdout,
@@ -486,7 +482,7 @@ fn cli_accepts_a_good_file() {
 fn cli_rejects_a_bad_file_with_its_message() {
     let path = fixture("bad", "duration_unknown_unit");
     let expected = std::fs::read_to_string(path.with_extension("expected")).unwrap();
-    let (code, stdout, stderr) = weir(&["check-config", path.to_str().unwrap()], None);
+    let (code, stdout, stderr) = weir_check(&["check-config", path.to_str().unwrap()], None);
     assert_eq!((code, stdout.as_str()), (1, ""));
     assert_eq!(stderr, format!("error: {expected}"));
 }
@@ -494,12 +490,12 @@ fn cli_rejects_a_bad_file_with_its_message() {
 #[test]
 fn cli_reads_stdin() {
     let json = std::fs::read(fixture("good", "shadow")).unwrap();
-    let (code, stdout, _) = weir(&["check-config", "-"], Some(&json));
+    let (code, stdout, _) = weir_check(&["check-config", "-"], Some(&json));
     assert_eq!(
         (code, stdout.as_str()),
         (0, "ok: 1 rule: trial (sliding_window, local, shadow)\n")
     );
-    let (code, _, stderr) = weir(&["check-config", "-"], Some(b"{"));
+    let (code, _, stderr) = weir_check(&["check-config", "-"], Some(b"{"));
     assert_eq!(
         (code, stderr.as_str()),
         (
@@ -511,10 +507,10 @@ fn cli_reads_stdin() {
 
 #[test]
 fn cli_usage() {
-    let (code, stdout, _) = weir(&["--help"], None);
+    let (code, stdout, _) = weir_check(&["--help"], None);
     assert_eq!(code, 0);
     assert!(
-        stdout.starts_with("usage: weir check-config FILE"),
+        stdout.starts_with("usage: weir-check check-config FILE"),
         "{stdout}"
     );
     for args in [
@@ -523,11 +519,11 @@ fn cli_usage() {
         &["check-config"],
         &["check-config", "a", "b"],
     ] {
-        let (code, stdout, stderr) = weir(args, None);
+        let (code, stdout, stderr) = weir_check(args, None);
         assert_eq!((code, stdout.as_str()), (2, ""), "{args:?}");
         assert!(stderr.starts_with("usage:"), "{args:?}: {stderr}");
     }
-    let (code, _, stderr) = weir(&["check-config", "/nonexistent/weir.json"], None);
+    let (code, _, stderr) = weir_check(&["check-config", "/nonexistent/weir.json"], None);
     assert_eq!(code, 1);
     assert!(
         stderr.starts_with("error: cannot read /nonexistent/weir.json: "),

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use weir_core::algorithms::AlgorithmKind;
-use weir_core::wire::redis_key_tag;
+use weir_core::key::redis_key_tag;
 use weir_e2e::{
     bridge_cluster_yaml, get, key_slot, run_clients, wasm_filter_yaml, weir_wasm, Bootstrap,
     Bridge, Envoy, RedisCluster, Request,

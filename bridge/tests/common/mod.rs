@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use weir_bridge::scripts::{Invocation, ScriptReply};
 use weir_bridge::{Metrics, RedisStore};
+use weir_core::algorithms::GlobalLimit;
 use weir_core::algorithms::{AlgorithmKind, SlotState};
-use weir_core::wire::GlobalLimit;
 use weir_e2e::RedisCluster;
 
 /// A 6-node cluster (3 masters, 3 replicas), a store with a generous timeout, and a raw

@@ -25,13 +25,30 @@
 //! assert_eq!(d.retry_after_ns, Some(50_000_000_000)); // the next minute
 //! ```
 
-use super::{Decision, ParamError, Policy, SlotState, NS_PER_US};
+use super::time::until_ns;
+use super::window::{self, Window, Windowed};
+use super::{
+    values_of, AlgorithmKind, AlgorithmSpec, Decision, GlobalLimit, Limit, ParamError, Policy,
+    SlotState,
+};
+
+pub const SPEC: AlgorithmSpec = AlgorithmSpec {
+    kind: AlgorithmKind::FixedWindow,
+    name: "fixed_window",
+    parameters: window::PARAMETERS,
+    global_only: None,
+    script: "fixed_window",
+    extra_script_keys: &[],
+    build: |values| {
+        let [limit, window_us] = values_of(values, window::PARAMETERS)?;
+        FixedWindow::new(limit, window_us).map(|w| GlobalLimit::Slot(Limit::FixedWindow(w)))
+    },
+};
 
 /// Fixed-window parameters, validated.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FixedWindow {
-    limit: u64,
-    window_us: u64,
+    window: Window,
 }
 
 /// The per-key state.
@@ -64,21 +81,15 @@ impl State {
 impl FixedWindow {
     /// `limit` (≥ 1) units per `window_us` (≥ 1 µs).
     pub fn new(limit: u64, window_us: u64) -> Result<Self, ParamError> {
-        if limit == 0 {
-            return Err(ParamError::new("limit", "must be at least 1"));
-        }
-        if window_us == 0 {
-            return Err(ParamError::new("window", "must be at least 1us"));
-        }
-        Ok(FixedWindow { limit, window_us })
+        Window::new(limit, window_us, None).map(|window| FixedWindow { window })
     }
 
     pub fn limit(&self) -> u64 {
-        self.limit
+        self.window.limit
     }
 
     pub fn window_us(&self) -> u64 {
-        self.window_us
+        self.window.window_us
     }
 
     /// Decides `cost` units at `now_us`. A state from a later window than now's (the
@@ -90,10 +101,12 @@ impl FixedWindow {
         now_us: u64,
         cost: u64,
     ) -> (Decision, Option<State>) {
-        let start = now_us - now_us % self.window_us;
+        let limit = self.window.limit;
+        let start = self.window.start_of(now_us);
         let current = match state {
             Some(s)
-                if s.window_start_us == start || self.is_later_window(s.window_start_us, start) =>
+                if s.window_start_us == start
+                    || self.window.is_later_window(s.window_start_us, start) =>
             {
                 s
             }
@@ -102,18 +115,18 @@ impl FixedWindow {
                 window_start_us: start,
             },
         };
-        let allowed = u128::from(current.count) + u128::from(cost) <= u128::from(self.limit);
+        let allowed = u128::from(current.count) + u128::from(cost) <= u128::from(limit);
         let count = if allowed {
             current.count + cost
         } else {
             current.count
         };
-        let until_end = until_ns(self.end_us(current.window_start_us), now_us);
+        let until_end = until_ns(self.window.end_of(current.window_start_us), now_us);
         let decision = Decision {
             allowed,
-            limit: self.limit,
-            remaining: self.limit.saturating_sub(count),
-            retry_after_ns: (!allowed && cost <= self.limit).then_some(until_end),
+            limit,
+            remaining: limit.saturating_sub(count),
+            retry_after_ns: (!allowed && cost <= limit).then_some(until_end),
             reset_after_ns: until_end,
         };
         let new_state = (allowed && cost > 0).then_some(State {
@@ -125,29 +138,31 @@ impl FixedWindow {
 
     /// The end of the state's window.
     pub fn idle_at_us(&self, state: &State) -> u64 {
-        self.end_us(state.window_start_us)
+        self.window.end_of(state.window_start_us)
     }
 
     /// `limit` units per window.
     pub fn policy(&self) -> Policy {
-        Policy {
-            quota: self.limit,
-            window_ns: self.window_us.saturating_mul(NS_PER_US),
-        }
-    }
-
-    /// A window that starts after now's: the clock went back. Misaligned starts (a state
-    /// written with another window length, or garbage) are not windows and count as 0.
-    fn is_later_window(&self, window_start_us: u64, start: u64) -> bool {
-        window_start_us > start && window_start_us.is_multiple_of(self.window_us)
-    }
-
-    fn end_us(&self, window_start_us: u64) -> u64 {
-        window_start_us.saturating_add(self.window_us)
+        self.window.policy()
     }
 }
 
-/// ns from `now_us` until `at_us`, 0 if already past.
-fn until_ns(at_us: u64, now_us: u64) -> u64 {
-    at_us.saturating_sub(now_us).saturating_mul(NS_PER_US)
+impl Windowed for FixedWindow {
+    const SPEC: &'static AlgorithmSpec = &SPEC;
+
+    fn window(&self) -> &Window {
+        &self.window
+    }
+
+    fn local_share(&self, instances: u64) -> Result<Limit, ParamError> {
+        FixedWindow::new(self.window.share(instances), self.window.window_us)
+            .map(Limit::FixedWindow)
+    }
+
+    /// Until the window ends: spent later, a unit would count against the next window.
+    fn lease_ttl_ns(&self, now_us: u64) -> Option<u64> {
+        Some(self.window.until_window_end_ns(now_us))
+    }
 }
+
+super::slot_algorithm!(FixedWindow);

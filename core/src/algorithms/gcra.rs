@@ -46,7 +46,29 @@
 //!   microseconds: redis-cell's rounding, kept so the numbers match. It may therefore
 //!   over-report by one unit when `T` is not a whole number of microseconds.
 
-use super::{Decision, ParamError, Policy, SlotState, NS_PER_US};
+use super::{
+    values_of, Algorithm, AlgorithmKind, AlgorithmSpec, Decision, GlobalLimit, Limit, ParamError,
+    Parameter, Policy, SlotState, Unit, NS_PER_US,
+};
+
+const PARAMETERS: &[Parameter] = &[
+    Parameter::required("rate", Unit::Count),
+    Parameter::required("period", Unit::Duration),
+    Parameter::optional("burst", Unit::Count, 0),
+];
+
+pub const SPEC: AlgorithmSpec = AlgorithmSpec {
+    kind: AlgorithmKind::Gcra,
+    name: "gcra",
+    parameters: PARAMETERS,
+    global_only: None,
+    script: "gcra",
+    extra_script_keys: &[],
+    build: |values| {
+        let [rate, period_us, burst] = values_of(values, PARAMETERS)?;
+        Gcra::new(burst, rate, period_us).map(|g| GlobalLimit::Slot(Limit::Gcra(g)))
+    },
+};
 
 /// The largest tolerance `τ = T × (burst + 1)` accepted, in ns: 2^52 ns, about 52 days.
 pub const MAX_TOLERANCE_NS: u64 = 1 << 52;
@@ -280,6 +302,45 @@ impl Gcra {
         }
     }
 }
+
+impl Algorithm for Gcra {
+    fn spec(&self) -> &'static AlgorithmSpec {
+        &SPEC
+    }
+
+    fn parameters(&self) -> Vec<u64> {
+        vec![self.rate, self.period_us, self.burst]
+    }
+
+    fn policy(&self) -> Policy {
+        Gcra::policy(self)
+    }
+
+    /// An even share of `burst + 1` (at least 1), at an even share of the rate (the same
+    /// rate per `instances` periods).
+    fn local_share(&self, instances: u64) -> Result<Limit, ParamError> {
+        let n = instances.max(1);
+        let share = (self.limit() / n).max(1);
+        Gcra::new(share - 1, self.rate, self.period_us.saturating_mul(n)).map(Limit::Gcra)
+    }
+
+    fn lease_ttl_ns(&self, _now_us: u64) -> Option<u64> {
+        None
+    }
+
+    /// `[burst + 1, T (ns), τ (ns)]`: the script works on the schedule, not the rate.
+    fn script_args(&self) -> Vec<u64> {
+        vec![self.limit(), self.emission_interval_ns, self.tolerance_ns]
+    }
+
+    /// τ is at most 2^52 ns already ([`MAX_TOLERANCE_NS`]): every TAT and duration of a
+    /// key stays exact in Lua's doubles.
+    fn check_script_exact(&self) -> Result<(), ParamError> {
+        Ok(())
+    }
+}
+
+super::slot_algorithm!(Gcra);
 
 /// A duration as the whole seconds `CL.THROTTLE` replies (see [`Gcra::throttle`]).
 fn reply_seconds(ns: i128) -> i64 {

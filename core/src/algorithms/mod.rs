@@ -17,6 +17,18 @@
 //! (microseconds since the Unix epoch) and every decision returns the new state to
 //! store, or `None` when nothing must be written (a denial or a peek).
 //!
+//! ## One home per algorithm
+//!
+//! Each algorithm lives in its own module, which holds everything weir knows about it:
+//! its [`AlgorithmSpec`] (name, parameter table, Lua script name, builder), parameter
+//! validation, its state and the state's slot codec, the decision, and its
+//! [`Algorithm`] implementation (policy, local share, lease lifetime, the Lua script's
+//! arguments and the limits of exact arithmetic in Lua). The config, the wire format and
+//! the bridge read all of that through the spec and the traits; the only list of
+//! algorithms is [`AlgorithmKind`] with [`AlgorithmKind::spec`], and the only dispatch is
+//! [`Limit::algorithm`] / [`GlobalLimit::algorithm`]. docs/algorithms.md ("Adding an
+//! algorithm") lists the files a new one needs.
+//!
 //! ```
 //! use weir_core::algorithms::{gcra::Gcra, Limit};
 //!
@@ -38,12 +50,20 @@ pub mod fixed_window;
 pub mod gcra;
 pub mod sliding_log;
 pub mod sliding_window;
+mod time;
 pub mod token_bucket;
+mod window;
 
 use std::fmt;
 
 /// Nanoseconds in a microsecond.
 pub const NS_PER_US: u64 = 1_000;
+
+/// The largest count or duration (µs) a Lua script is given: 2^48 (about 8.9 years in
+/// µs). With instants below 2^52 µs (year 2112) every sum the scripts form stays below
+/// 2^53, where Lua's doubles are exact. [`Algorithm::check_script_exact`] refuses
+/// parameters that would break it, for the config checker and the bridge alike.
+pub const MAX_SCRIPT_EXACT: u64 = 1 << 48;
 
 /// The outcome of one decision, named as clients see it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,53 +76,13 @@ pub struct Decision {
     pub reset_after_ns: u64,
 }
 
-/// The 16 bytes of per-key state every algorithm fits in, stored in a shared-data slot
-/// (and mirrored by the Redis scripts). What `a` and `b` mean is the algorithm's
+/// The 16 bytes of per-key state every slot algorithm fits in, stored in a shared-data
+/// slot (and mirrored by the Redis scripts). What `a` and `b` mean is the algorithm's
 /// business; `from_slot`/`to_slot` on each state type are the only translators.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct SlotState {
     pub a: u64,
     pub b: u64,
-}
-
-/// The algorithm names, as written in the config and on the wire.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum AlgorithmKind {
-    TokenBucket,
-    Gcra,
-    FixedWindow,
-    SlidingWindow,
-    SlidingLog,
-}
-
-impl AlgorithmKind {
-    pub const ALL: [AlgorithmKind; 5] = [
-        AlgorithmKind::TokenBucket,
-        AlgorithmKind::Gcra,
-        AlgorithmKind::FixedWindow,
-        AlgorithmKind::SlidingWindow,
-        AlgorithmKind::SlidingLog,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            AlgorithmKind::TokenBucket => "token_bucket",
-            AlgorithmKind::Gcra => "gcra",
-            AlgorithmKind::FixedWindow => "fixed_window",
-            AlgorithmKind::SlidingWindow => "sliding_window",
-            AlgorithmKind::SlidingLog => "sliding_log",
-        }
-    }
-
-    pub fn from_name(name: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|kind| kind.name() == name)
-    }
-}
-
-impl fmt::Display for AlgorithmKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
 }
 
 /// What the `RateLimit-Policy` header advertises: `quota` units per `window`.
@@ -112,7 +92,8 @@ pub struct Policy {
     pub window_ns: u64,
 }
 
-/// A parameter an algorithm cannot work with. `field` is the parameter's config name.
+/// A parameter an algorithm cannot work with. `field` is the parameter's name in its
+/// algorithm's [`AlgorithmSpec::parameters`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ParamError {
     pub field: &'static str,
@@ -134,10 +115,219 @@ impl fmt::Display for ParamError {
     }
 }
 
-/// A compiled limit: one algorithm with parameters that are known to be valid.
-///
-/// The sliding-window log keeps one entry per admitted event, so it has no
-/// fixed-size state and runs only in Redis (global rules); it is not a `Limit` here.
+/// How a parameter's value is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unit {
+    /// A whole number of units (requests, tokens).
+    Count,
+    /// A duration: `"500ms"` in the config, whole µs on the wire (`<name>_us`).
+    Duration,
+}
+
+/// One parameter of an algorithm, as the config and the wire name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Parameter {
+    /// The config's name (`period`); the wire's is [`Parameter::wire_name`].
+    pub name: &'static str,
+    pub unit: Unit,
+    /// The value when the config leaves it out; `None`: required.
+    pub default: Option<u64>,
+}
+
+impl Parameter {
+    pub const fn required(name: &'static str, unit: Unit) -> Parameter {
+        Parameter {
+            name,
+            unit,
+            default: None,
+        }
+    }
+
+    pub const fn optional(name: &'static str, unit: Unit, default: u64) -> Parameter {
+        Parameter {
+            name,
+            unit,
+            default: Some(default),
+        }
+    }
+
+    /// `period` → `period_us`: on the wire every duration is whole µs.
+    pub fn wire_name(&self) -> String {
+        match self.unit {
+            Unit::Count => self.name.to_string(),
+            Unit::Duration => format!("{}_us", self.name),
+        }
+    }
+}
+
+/// Everything the config, the wire and the bridge need to know about an algorithm
+/// before they hold one: its name, its parameters, where it can run and how to build it.
+#[derive(Debug)]
+pub struct AlgorithmSpec {
+    pub kind: AlgorithmKind,
+    /// As written in the config and on the wire.
+    pub name: &'static str,
+    /// Required parameters first; values are passed to `build` in this order, with
+    /// defaults applied.
+    pub parameters: &'static [Parameter],
+    /// Why the algorithm cannot keep its state in a shared-data slot (and so runs only in
+    /// Redis, for global rules); `None` when it can run locally.
+    pub global_only: Option<&'static str>,
+    /// Its Lua script's file name in `bridge/lua/`, without `.lua`.
+    pub script: &'static str,
+    /// The script's KEYS after the state key, as suffixes of it (same hash slot).
+    pub extra_script_keys: &'static [&'static str],
+    /// Validates the values (in the order of `parameters`) and builds the limit.
+    pub build: fn(&[u64]) -> Result<GlobalLimit, ParamError>,
+}
+
+impl AlgorithmSpec {
+    /// The parameter called `name`, if the algorithm takes one.
+    pub fn parameter(&self, name: &str) -> Option<&'static Parameter> {
+        self.parameters.iter().find(|p| p.name == name)
+    }
+}
+
+/// Values in the order of `params`, or the error naming the first one missing.
+fn values_of<const N: usize>(values: &[u64], params: &[Parameter]) -> Result<[u64; N], ParamError> {
+    <[u64; N]>::try_from(values).map_err(|_| {
+        let missing = params.get(values.len()).map_or("parameters", |p| p.name);
+        ParamError::new(missing, format!("expected {N} parameter values"))
+    })
+}
+
+/// The algorithms, as named in the config and on the wire. This enum and
+/// [`AlgorithmKind::spec`] are the one list of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum AlgorithmKind {
+    TokenBucket,
+    Gcra,
+    FixedWindow,
+    SlidingWindow,
+    SlidingLog,
+}
+
+impl AlgorithmKind {
+    pub const ALL: [AlgorithmKind; 5] = [
+        AlgorithmKind::TokenBucket,
+        AlgorithmKind::Gcra,
+        AlgorithmKind::FixedWindow,
+        AlgorithmKind::SlidingWindow,
+        AlgorithmKind::SlidingLog,
+    ];
+
+    pub fn spec(self) -> &'static AlgorithmSpec {
+        match self {
+            AlgorithmKind::TokenBucket => &token_bucket::SPEC,
+            AlgorithmKind::Gcra => &gcra::SPEC,
+            AlgorithmKind::FixedWindow => &fixed_window::SPEC,
+            AlgorithmKind::SlidingWindow => &sliding_window::SPEC,
+            AlgorithmKind::SlidingLog => &sliding_log::SPEC,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        self.spec().name
+    }
+
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|kind| kind.name() == name)
+    }
+
+    /// Every parameter name any algorithm takes, once each, in the order of
+    /// [`AlgorithmKind::ALL`] and then of each table: what a parser of limits may meet.
+    pub fn all_parameters() -> Vec<&'static Parameter> {
+        let mut all: Vec<&'static Parameter> = Vec::new();
+        for kind in Self::ALL {
+            for p in kind.spec().parameters {
+                if !all.iter().any(|seen| seen.name == p.name) {
+                    all.push(p);
+                }
+            }
+        }
+        all
+    }
+}
+
+impl fmt::Display for AlgorithmKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What every algorithm knows about itself, whatever its state.
+pub trait Algorithm {
+    fn spec(&self) -> &'static AlgorithmSpec;
+
+    /// Its parameter values, in the order of `spec().parameters`.
+    fn parameters(&self) -> Vec<u64>;
+
+    /// What the `RateLimit-Policy` header advertises.
+    fn policy(&self) -> Policy;
+
+    /// The share of this limit that one of `instances` Envoys enforces on its own when
+    /// the bridge cannot answer (`failure_mode: local`).
+    fn local_share(&self, instances: u64) -> Result<Limit, ParamError>;
+
+    /// How long units leased at `now_us` may be spent; `None`: no bound of the
+    /// algorithm's own (the rule's lease ttl applies).
+    fn lease_ttl_ns(&self, now_us: u64) -> Option<u64>;
+
+    /// The Lua script's parameters (ARGV 4 onwards; see `bridge/lua/`).
+    fn script_args(&self) -> Vec<u64>;
+
+    /// Refuses parameters the Lua script cannot decide exactly with doubles (see
+    /// [`MAX_SCRIPT_EXACT`]), naming the parameter.
+    fn check_script_exact(&self) -> Result<(), ParamError>;
+}
+
+/// An algorithm whose per-key state fits one [`SlotState`]: it runs in shared data
+/// (local rules, fallbacks) as well as in Redis.
+pub trait SlotAlgorithm: Algorithm {
+    /// Decides `cost` units at `now_us` against `state` (`None`: a key never seen, or
+    /// one whose state carries no information). Returns the decision and the state to
+    /// store, or `None` when the store must not be written.
+    fn decide_slot(
+        &self,
+        state: Option<SlotState>,
+        now_us: u64,
+        cost: u64,
+    ) -> (Decision, Option<SlotState>);
+
+    /// The instant (µs) from which `state` carries no information.
+    fn idle_at_slot(&self, state: SlotState) -> u64;
+}
+
+/// Implements [`SlotAlgorithm`] for an algorithm whose module has a `State` with
+/// `from_slot`/`to_slot`, and whose type has inherent `decide` and `idle_at_us` over it:
+/// the codec between the algorithm's own state and the slot's two words.
+macro_rules! slot_algorithm {
+    ($algorithm:ty) => {
+        impl $crate::algorithms::SlotAlgorithm for $algorithm {
+            fn decide_slot(
+                &self,
+                state: Option<$crate::algorithms::SlotState>,
+                now_us: u64,
+                cost: u64,
+            ) -> (
+                $crate::algorithms::Decision,
+                Option<$crate::algorithms::SlotState>,
+            ) {
+                let (decision, next) = self.decide(state.map(State::from_slot), now_us, cost);
+                (decision, next.map(State::to_slot))
+            }
+
+            fn idle_at_slot(&self, state: $crate::algorithms::SlotState) -> u64 {
+                self.idle_at_us(&State::from_slot(state))
+            }
+        }
+    };
+}
+use slot_algorithm;
+
+/// A compiled limit whose state fits a slot: local rules and fallbacks, and most global
+/// rules. The sliding-window log keeps one entry per admitted event, so it has no
+/// fixed-size state and runs only in Redis: it is a [`GlobalLimit`], never a `Limit`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Limit {
     TokenBucket(token_bucket::TokenBucket),
@@ -147,42 +337,28 @@ pub enum Limit {
 }
 
 impl Limit {
-    pub fn kind(&self) -> AlgorithmKind {
+    /// The algorithm behind the limit: every other method goes through it.
+    pub fn algorithm(&self) -> &dyn SlotAlgorithm {
         match self {
-            Limit::TokenBucket(_) => AlgorithmKind::TokenBucket,
-            Limit::Gcra(_) => AlgorithmKind::Gcra,
-            Limit::FixedWindow(_) => AlgorithmKind::FixedWindow,
-            Limit::SlidingWindow(_) => AlgorithmKind::SlidingWindow,
+            Limit::TokenBucket(a) => a,
+            Limit::Gcra(a) => a,
+            Limit::FixedWindow(a) => a,
+            Limit::SlidingWindow(a) => a,
         }
     }
 
-    /// Decides one request of `cost` units at `now_us` against `state` (`None`: a key
-    /// never seen, or one whose state carries no information). Returns the decision and
-    /// the state to store, or `None` when the store must not be written.
+    pub fn kind(&self) -> AlgorithmKind {
+        self.algorithm().spec().kind
+    }
+
+    /// See [`SlotAlgorithm::decide_slot`].
     pub fn decide(
         &self,
         state: Option<SlotState>,
         now_us: u64,
         cost: u64,
     ) -> (Decision, Option<SlotState>) {
-        match self {
-            Limit::TokenBucket(p) => {
-                let (d, s) = p.decide(state.map(token_bucket::State::from_slot), now_us, cost);
-                (d, s.map(|s| s.to_slot()))
-            }
-            Limit::Gcra(p) => {
-                let (d, s) = p.decide(state.map(gcra::State::from_slot), now_us, cost);
-                (d, s.map(|s| s.to_slot()))
-            }
-            Limit::FixedWindow(p) => {
-                let (d, s) = p.decide(state.map(fixed_window::State::from_slot), now_us, cost);
-                (d, s.map(|s| s.to_slot()))
-            }
-            Limit::SlidingWindow(p) => {
-                let (d, s) = p.decide(state.map(sliding_window::State::from_slot), now_us, cost);
-                (d, s.map(|s| s.to_slot()))
-            }
-        }
+        self.algorithm().decide_slot(state, now_us, cost)
     }
 
     /// The instant (µs since the epoch) from which `state` carries no information: a
@@ -190,12 +366,7 @@ impl Limit {
     /// token bucket the bucket is full but a fresh one starts its refill period anew.
     /// Slots idle at `now` may be reused.
     pub fn idle_at_us(&self, state: SlotState) -> u64 {
-        match self {
-            Limit::TokenBucket(p) => p.idle_at_us(&token_bucket::State::from_slot(state)),
-            Limit::Gcra(p) => p.idle_at_us(&gcra::State::from_slot(state)),
-            Limit::FixedWindow(p) => p.idle_at_us(&fixed_window::State::from_slot(state)),
-            Limit::SlidingWindow(p) => p.idle_at_us(&sliding_window::State::from_slot(state)),
-        }
+        self.algorithm().idle_at_slot(state)
     }
 
     /// Like [`Limit::decide`], but grants as much as it can up to `want` (≥ `cost`):
@@ -240,11 +411,150 @@ impl Limit {
     }
 
     pub fn policy(&self) -> Policy {
+        self.algorithm().policy()
+    }
+}
+
+/// A compiled limit of any algorithm: what a global rule counts with in Redis.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GlobalLimit {
+    /// An algorithm with slot state (it can also run locally).
+    Slot(Limit),
+    SlidingLog(sliding_log::SlidingLog),
+}
+
+impl GlobalLimit {
+    /// The algorithm behind the limit.
+    pub fn algorithm(&self) -> &dyn Algorithm {
         match self {
-            Limit::TokenBucket(p) => p.policy(),
-            Limit::Gcra(p) => p.policy(),
-            Limit::FixedWindow(p) => p.policy(),
-            Limit::SlidingWindow(p) => p.policy(),
+            GlobalLimit::Slot(limit) => limit.algorithm(),
+            GlobalLimit::SlidingLog(a) => a,
         }
+    }
+
+    /// Builds a limit of `kind` from values in the order of its parameter table.
+    pub fn build(kind: AlgorithmKind, values: &[u64]) -> Result<GlobalLimit, ParamError> {
+        (kind.spec().build)(values)
+    }
+
+    pub fn kind(&self) -> AlgorithmKind {
+        self.algorithm().spec().kind
+    }
+
+    /// The limit, if its state fits a slot (it can run locally).
+    pub fn as_slot(&self) -> Option<&Limit> {
+        match self {
+            GlobalLimit::Slot(limit) => Some(limit),
+            GlobalLimit::SlidingLog(_) => None,
+        }
+    }
+
+    pub fn max_cost(&self) -> u64 {
+        self.policy().quota
+    }
+
+    pub fn policy(&self) -> Policy {
+        self.algorithm().policy()
+    }
+
+    /// See [`Algorithm::local_share`]: the quota divided evenly (at least 1), at the
+    /// same pace. A sliding log becomes a sliding-window counter, which needs no log.
+    pub fn local_share(&self, instances: u64) -> Result<Limit, ParamError> {
+        self.algorithm().local_share(instances)
+    }
+
+    /// See [`Algorithm::lease_ttl_ns`].
+    pub fn lease_ttl_ns(&self, now_us: u64) -> Option<u64> {
+        self.algorithm().lease_ttl_ns(now_us)
+    }
+}
+
+impl From<Limit> for GlobalLimit {
+    fn from(limit: Limit) -> Self {
+        GlobalLimit::Slot(limit)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    use super::*;
+
+    #[test]
+    fn every_kind_has_its_own_spec_and_name() {
+        for kind in AlgorithmKind::ALL {
+            let spec = kind.spec();
+            assert_eq!(spec.kind, kind);
+            assert_eq!(AlgorithmKind::from_name(spec.name), Some(kind));
+            // Required parameters come first, so messages can list them in order.
+            let first_optional = spec.parameters.iter().position(|p| p.default.is_some());
+            if let Some(at) = first_optional {
+                assert!(spec.parameters.iter().skip(at).all(|p| p.default.is_some()));
+            }
+        }
+        assert_eq!(AlgorithmKind::from_name("leaky"), None);
+    }
+
+    #[test]
+    fn a_parameter_name_means_the_same_unit_in_every_algorithm() {
+        // The config and the wire parse a value by its name before they know the
+        // algorithm; that needs one unit per name.
+        for kind in AlgorithmKind::ALL {
+            for p in kind.spec().parameters {
+                let seen = AlgorithmKind::all_parameters()
+                    .into_iter()
+                    .find(|q| q.name == p.name)
+                    .map(|q| q.unit);
+                assert_eq!(seen, Some(p.unit), "{kind}: {}", p.name);
+            }
+        }
+    }
+
+    #[test]
+    fn limits_round_trip_through_their_parameters() {
+        let samples: [(AlgorithmKind, &[u64]); 5] = [
+            (AlgorithmKind::TokenBucket, &[10, 2, 1_000_000]),
+            (AlgorithmKind::Gcra, &[100, 1_000_000, 9]),
+            (AlgorithmKind::FixedWindow, &[5, 60_000_000]),
+            (AlgorithmKind::SlidingWindow, &[5, 60_000_000]),
+            (AlgorithmKind::SlidingLog, &[5, 60_000_000]),
+        ];
+        for (kind, values) in samples {
+            let limit = GlobalLimit::build(kind, values).unwrap();
+            assert_eq!(limit.kind(), kind);
+            assert_eq!(limit.algorithm().parameters(), values.to_vec());
+            assert_eq!(limit.as_slot().is_none(), kind.spec().global_only.is_some());
+            assert!(limit.algorithm().check_script_exact().is_ok());
+        }
+        let short = GlobalLimit::build(AlgorithmKind::Gcra, &[1]).unwrap_err();
+        assert_eq!(short.field, "period");
+    }
+
+    #[test]
+    fn local_shares_divide_the_quota() {
+        let share = |kind, values: &[u64], n| {
+            GlobalLimit::build(kind, values)
+                .unwrap()
+                .local_share(n)
+                .unwrap()
+        };
+        let limit = |kind, values: &[u64]| GlobalLimit::build(kind, values).unwrap();
+        // Token bucket 100, 10 per second over 4: 25, 10 every 4 seconds.
+        assert_eq!(
+            GlobalLimit::Slot(share(AlgorithmKind::TokenBucket, &[100, 10, 1_000_000], 4)),
+            limit(AlgorithmKind::TokenBucket, &[25, 10, 4_000_000])
+        );
+        // GCRA 100 per second, burst 99, over 3: limit 33 (burst 32) at 100 per 3 s.
+        assert_eq!(
+            GlobalLimit::Slot(share(AlgorithmKind::Gcra, &[100, 1_000_000, 99], 3)),
+            limit(AlgorithmKind::Gcra, &[100, 3_000_000, 32])
+        );
+        // A log of 10 per second over 20: a sliding window of 1 (never 0).
+        assert_eq!(
+            GlobalLimit::Slot(share(AlgorithmKind::SlidingLog, &[10, 1_000_000], 20)),
+            limit(AlgorithmKind::SlidingWindow, &[1, 1_000_000])
+        );
     }
 }

@@ -21,12 +21,36 @@
 //! assert_eq!(denied.retry_after_ns, Some(500_000_000));
 //! ```
 
-use super::{Decision, ParamError, Policy, NS_PER_US};
+use super::sliding_window::SlidingWindow;
+use super::window::{self, Window, Windowed};
+use super::{
+    values_of, AlgorithmKind, AlgorithmSpec, Decision, GlobalLimit, Limit, ParamError, Policy,
+    NS_PER_US,
+};
+
+pub const SPEC: AlgorithmSpec = AlgorithmSpec {
+    kind: AlgorithmKind::SlidingLog,
+    name: "sliding_log",
+    parameters: window::PARAMETERS,
+    global_only: Some(
+        "sliding_log keeps one entry per event and runs only in Redis; use it with \
+         \"scope\": \"global\", or use sliding_window locally",
+    ),
+    script: "sliding_log",
+    extra_script_keys: &[SEQ_KEY_SUFFIX],
+    build: |values| {
+        let [limit, window_us] = values_of(values, window::PARAMETERS)?;
+        SlidingLog::new(limit, window_us).map(GlobalLimit::SlidingLog)
+    },
+};
+
+/// The log's second Redis key, `<state key>:seq`: a counter that keeps members unique
+/// when events share a timestamp.
+pub const SEQ_KEY_SUFFIX: &str = ":seq";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SlidingLog {
-    limit: u64,
-    window_us: u64,
+    window: Window,
 }
 
 /// The most events one key's log may hold: bounds the sorted set in Redis.
@@ -35,34 +59,20 @@ pub const MAX_LOG_LIMIT: u64 = 100_000;
 impl SlidingLog {
     /// `limit` (1..=[`MAX_LOG_LIMIT`]) units per `window_us` (≥ 1 µs).
     pub fn new(limit: u64, window_us: u64) -> Result<Self, ParamError> {
-        if limit == 0 {
-            return Err(ParamError::new("limit", "must be at least 1"));
-        }
-        if limit > MAX_LOG_LIMIT {
-            return Err(ParamError::new(
-                "limit",
-                format!("must be at most {MAX_LOG_LIMIT} (the log keeps one entry per unit)"),
-            ));
-        }
-        if window_us == 0 {
-            return Err(ParamError::new("window", "must be at least 1us"));
-        }
-        Ok(SlidingLog { limit, window_us })
+        let max = (MAX_LOG_LIMIT, " (the log keeps one entry per unit)");
+        Window::new(limit, window_us, Some(max)).map(|window| SlidingLog { window })
     }
 
     pub fn limit(&self) -> u64 {
-        self.limit
+        self.window.limit
     }
 
     pub fn window_us(&self) -> u64 {
-        self.window_us
+        self.window.window_us
     }
 
     pub fn policy(&self) -> Policy {
-        Policy {
-            quota: self.limit,
-            window_ns: self.window_us.saturating_mul(NS_PER_US),
-        }
+        self.window.policy()
     }
 
     /// Decides `cost` units at `now_us`, granting up to `want` (≥ `cost`) when allowed.
@@ -70,29 +80,30 @@ impl SlidingLog {
     /// window are ignored. Returns the decision for what was granted and the number of
     /// events to add at `now_us` (0 when denied).
     pub fn acquire(&self, events: &[u64], now_us: u64, cost: u64, want: u64) -> (Decision, u64) {
-        let horizon = now_us.saturating_sub(self.window_us);
+        let Window { limit, window_us } = self.window;
+        let horizon = now_us.saturating_sub(window_us);
         let live: &[u64] = {
-            let first = events.partition_point(|&t| t <= horizon && now_us >= self.window_us);
+            let first = events.partition_point(|&t| t <= horizon && now_us >= window_us);
             events.get(first..).unwrap_or(&[])
         };
         let count = live.len() as u64;
-        let free = self.limit.saturating_sub(count);
+        let free = limit.saturating_sub(count);
         let ns = |us: u64| us.saturating_mul(NS_PER_US);
         if cost > free {
             // When the oldest `count + cost − limit` events have left, `cost` fits.
-            let retry_after_ns = (cost <= self.limit)
+            let retry_after_ns = (cost <= limit)
                 .then(|| {
-                    let leaving = usize::try_from(count + cost - self.limit).ok()?;
+                    let leaving = usize::try_from(count + cost - limit).ok()?;
                     let last_to_leave = *live.get(leaving.checked_sub(1)?)?;
-                    Some(ns((last_to_leave + self.window_us).saturating_sub(now_us)))
+                    Some(ns((last_to_leave + window_us).saturating_sub(now_us)))
                 })
                 .flatten();
             let reset_after_ns = live
                 .last()
-                .map_or(0, |&t| ns((t + self.window_us).saturating_sub(now_us)));
+                .map_or(0, |&t| ns((t + window_us).saturating_sub(now_us)));
             let decision = Decision {
                 allowed: false,
-                limit: self.limit,
+                limit,
                 remaining: free,
                 retry_after_ns,
                 reset_after_ns,
@@ -102,17 +113,36 @@ impl SlidingLog {
         let granted = want.max(cost).min(free);
         let decision = Decision {
             allowed: true,
-            limit: self.limit,
+            limit,
             remaining: free - granted,
             retry_after_ns: None,
             reset_after_ns: if granted > 0 {
-                ns(self.window_us)
+                ns(window_us)
             } else {
                 live.last()
-                    .map_or(0, |&t| ns((t + self.window_us).saturating_sub(now_us)))
+                    .map_or(0, |&t| ns((t + window_us).saturating_sub(now_us)))
             },
         };
         (decision, granted)
+    }
+}
+
+impl Windowed for SlidingLog {
+    const SPEC: &'static AlgorithmSpec = &SPEC;
+
+    fn window(&self) -> &Window {
+        &self.window
+    }
+
+    /// A sliding-window counter's share of the same limit: it needs no log.
+    fn local_share(&self, instances: u64) -> Result<Limit, ParamError> {
+        let counter = SlidingWindow::new(self.window.limit, self.window.window_us)?;
+        Windowed::local_share(&counter, instances)
+    }
+
+    /// One window: logged units leave the log then.
+    fn lease_ttl_ns(&self, _now_us: u64) -> Option<u64> {
+        Some(self.window.window_us.saturating_mul(NS_PER_US))
     }
 }
 

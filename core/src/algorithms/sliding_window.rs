@@ -29,13 +29,30 @@
 //! assert_eq!(d.remaining, 0);
 //! ```
 
-use super::{Decision, ParamError, Policy, SlotState, NS_PER_US};
+use super::time::{add_us, sat_u64, until_ns};
+use super::window::{self, Window, Windowed};
+use super::{
+    values_of, AlgorithmKind, AlgorithmSpec, Decision, GlobalLimit, Limit, ParamError, Policy,
+    SlotState,
+};
+
+pub const SPEC: AlgorithmSpec = AlgorithmSpec {
+    kind: AlgorithmKind::SlidingWindow,
+    name: "sliding_window",
+    parameters: window::PARAMETERS,
+    global_only: None,
+    script: "sliding_window",
+    extra_script_keys: &[],
+    build: |values| {
+        let [limit, window_us] = values_of(values, window::PARAMETERS)?;
+        SlidingWindow::new(limit, window_us).map(|w| GlobalLimit::Slot(Limit::SlidingWindow(w)))
+    },
+};
 
 /// Sliding-window parameters, validated.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SlidingWindow {
-    limit: u64,
-    window_us: u64,
+    window: Window,
 }
 
 /// The per-key state.
@@ -72,27 +89,16 @@ impl SlidingWindow {
     /// `limit` units (1 to `u32::MAX`, so that both counts fit one slot word) per
     /// `window_us` (≥ 1 µs).
     pub fn new(limit: u64, window_us: u64) -> Result<Self, ParamError> {
-        if limit == 0 {
-            return Err(ParamError::new("limit", "must be at least 1"));
-        }
-        if limit > u64::from(u32::MAX) {
-            return Err(ParamError::new(
-                "limit",
-                format!("must be at most {}", u32::MAX),
-            ));
-        }
-        if window_us == 0 {
-            return Err(ParamError::new("window", "must be at least 1us"));
-        }
-        Ok(SlidingWindow { limit, window_us })
+        Window::new(limit, window_us, Some((u64::from(u32::MAX), "")))
+            .map(|window| SlidingWindow { window })
     }
 
     pub fn limit(&self) -> u64 {
-        self.limit
+        self.window.limit
     }
 
     pub fn window_us(&self) -> u64 {
-        self.window_us
+        self.window.window_us
     }
 
     /// Decides `cost` units at `now_us`. A state from a later window than now's (the
@@ -103,12 +109,12 @@ impl SlidingWindow {
         now_us: u64,
         cost: u64,
     ) -> (Decision, Option<State>) {
-        let w = self.window_us;
-        let aligned = now_us - now_us % w;
+        let w = self.window.window_us;
+        let aligned = self.window.start_of(now_us);
         let (prev, curr, start) = match state {
             Some(s)
                 if s.window_start_us == aligned
-                    || self.is_later_window(s.window_start_us, aligned) =>
+                    || self.window.is_later_window(s.window_start_us, aligned) =>
             {
                 (s.prev, s.curr, s.window_start_us)
             }
@@ -118,7 +124,7 @@ impl SlidingWindow {
         let elapsed = now_us.max(start) - start;
 
         let w128 = u128::from(w);
-        let budget = u128::from(self.limit) * w128;
+        let budget = u128::from(self.window.limit) * w128;
         let prev_weight = u128::from(prev) * u128::from(w - elapsed);
         // A cost near u64::MAX would overflow even u128 here: such a request does not fit.
         let fits = |curr: u128| {
@@ -136,7 +142,7 @@ impl SlidingWindow {
         };
         let remaining = budget.saturating_sub(prev_weight + u128::from(curr_after) * w128) / w128;
 
-        let retry_after_ns = if allowed || cost > self.limit {
+        let retry_after_ns = if allowed || cost > self.window.limit {
             None
         } else {
             Some(until_ns(
@@ -145,15 +151,15 @@ impl SlidingWindow {
             ))
         };
         let reset_at = if curr_after > 0 {
-            add(start, 2 * w128)
+            add_us(start, 2 * w128)
         } else if prev > 0 {
-            add(start, w128)
+            add_us(start, w128)
         } else {
             now_us
         };
         let decision = Decision {
             allowed,
-            limit: self.limit,
+            limit: self.window.limit,
             remaining: sat_u64(remaining),
             retry_after_ns,
             reset_after_ns: until_ns(reset_at, now_us),
@@ -169,11 +175,11 @@ impl SlidingWindow {
     /// When the estimate drops to 0: two windows after the start of the current one if
     /// it counted anything, the end of the current one if only the previous did.
     pub fn idle_at_us(&self, state: &State) -> u64 {
-        let w = u128::from(self.window_us);
+        let w = u128::from(self.window.window_us);
         if state.curr > 0 {
-            add(state.window_start_us, 2 * w)
+            add_us(state.window_start_us, 2 * w)
         } else if state.prev > 0 {
-            add(state.window_start_us, w)
+            add_us(state.window_start_us, w)
         } else {
             state.window_start_us
         }
@@ -181,17 +187,14 @@ impl SlidingWindow {
 
     /// `limit` units per window.
     pub fn policy(&self) -> Policy {
-        Policy {
-            quota: self.limit,
-            window_ns: self.window_us.saturating_mul(NS_PER_US),
-        }
+        self.window.policy()
     }
 
     /// The first instant (µs) at which `cost` units are allowed, for a request denied
     /// now with counts `prev`/`curr` in the window at `start`, and `cost ≤ limit`.
     fn allowed_again_at_us(&self, prev: u32, curr: u32, start: u64, cost: u64) -> u64 {
-        let w = u128::from(self.window_us);
-        let limit = u128::from(self.limit);
+        let w = u128::from(self.window.window_us);
+        let limit = u128::from(self.window.limit);
         let (prev, curr, cost) = (u128::from(prev), u128::from(curr), u128::from(cost));
         if curr + cost <= limit {
             // The previous window's weight blocks: wait until it has faded enough,
@@ -199,31 +202,33 @@ impl SlidingWindow {
             // end, where the previous window weighs nothing).
             let slack = (limit - curr - cost) * w;
             let fade = slack.checked_div(prev).unwrap_or(w).min(w);
-            add(start, w - fade)
+            add_us(start, w - fade)
         } else {
             // This window is full: in the next one, this window's count fades instead,
             // curr × (W − e) ≤ (limit − cost) × W.
             let fade = ((limit - cost) * w).checked_div(curr).unwrap_or(w).min(w);
-            add(start, w + (w - fade))
+            add_us(start, w + (w - fade))
         }
     }
+}
 
-    /// A window that starts after now's: the clock went back. Misaligned starts (a state
-    /// written with another window length, or garbage) are not windows and count as 0.
-    fn is_later_window(&self, window_start_us: u64, aligned: u64) -> bool {
-        window_start_us > aligned && window_start_us.is_multiple_of(self.window_us)
+impl Windowed for SlidingWindow {
+    const SPEC: &'static AlgorithmSpec = &SPEC;
+
+    fn window(&self) -> &Window {
+        &self.window
+    }
+
+    fn local_share(&self, instances: u64) -> Result<Limit, ParamError> {
+        SlidingWindow::new(self.window.share(instances), self.window.window_us)
+            .map(Limit::SlidingWindow)
+    }
+
+    /// Until the window ends: a unit spent in the next window would be counted in the
+    /// window it was granted in, as part of the previous window's weight, not in full.
+    fn lease_ttl_ns(&self, now_us: u64) -> Option<u64> {
+        Some(self.window.until_window_end_ns(now_us))
     }
 }
 
-fn add(at_us: u64, d_us: u128) -> u64 {
-    sat_u64(u128::from(at_us) + d_us)
-}
-
-/// ns from `now_us` until `at_us`, 0 if already past.
-fn until_ns(at_us: u64, now_us: u64) -> u64 {
-    at_us.saturating_sub(now_us).saturating_mul(NS_PER_US)
-}
-
-fn sat_u64(x: u128) -> u64 {
-    u64::try_from(x).unwrap_or(u64::MAX)
-}
+super::slot_algorithm!(SlidingWindow);

@@ -29,7 +29,31 @@
 //! assert_eq!(d.retry_after_ns, Some(1_600_000_000));
 //! ```
 
-use super::{Decision, ParamError, Policy, SlotState, NS_PER_US};
+use super::time::{sat_u64, until_ns};
+use super::{
+    values_of, Algorithm, AlgorithmKind, AlgorithmSpec, Decision, GlobalLimit, Limit, ParamError,
+    Parameter, Policy, SlotState, Unit, MAX_SCRIPT_EXACT, NS_PER_US,
+};
+
+const PARAMETERS: &[Parameter] = &[
+    Parameter::required("capacity", Unit::Count),
+    Parameter::required("refill", Unit::Count),
+    Parameter::required("period", Unit::Duration),
+];
+
+pub const SPEC: AlgorithmSpec = AlgorithmSpec {
+    kind: AlgorithmKind::TokenBucket,
+    name: "token_bucket",
+    parameters: PARAMETERS,
+    global_only: None,
+    script: "token_bucket",
+    extra_script_keys: &[],
+    build: |values| {
+        let [capacity, refill, period_us] = values_of(values, PARAMETERS)?;
+        TokenBucket::new(capacity, refill, period_us)
+            .map(|b| GlobalLimit::Slot(Limit::TokenBucket(b)))
+    },
+};
 
 /// Token-bucket parameters, validated.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -145,12 +169,21 @@ impl TokenBucket {
 
     /// `capacity` tokens per the time it takes to refill them all from empty.
     pub fn policy(&self) -> Policy {
-        let refills = self.capacity.div_ceil(self.refill);
-        let window_us = u128::from(self.period_us) * u128::from(refills);
         Policy {
             quota: self.capacity,
-            window_ns: sat_u64(window_us.saturating_mul(u128::from(NS_PER_US))),
+            window_ns: sat_u64(self.fill_us().saturating_mul(u128::from(NS_PER_US))),
         }
+    }
+
+    /// µs to refill an empty bucket: `period × ⌈capacity / refill⌉`.
+    fn fill_us(&self) -> u128 {
+        u128::from(self.period_us) * u128::from(self.capacity.div_ceil(self.refill))
+    }
+
+    /// The refill the Lua script gets. A refill above the capacity only ever fills the
+    /// bucket: capping it changes no decision and keeps the script's products small.
+    fn script_refill(&self) -> u64 {
+        self.refill.min(self.capacity)
     }
 
     /// `state` with the refills owed at `now_us` applied.
@@ -175,11 +208,59 @@ impl TokenBucket {
     }
 }
 
-/// ns from `now_us` until `at_us`, 0 if already past.
-fn until_ns(at_us: u64, now_us: u64) -> u64 {
-    sat_u64(u128::from(at_us.saturating_sub(now_us)) * u128::from(NS_PER_US))
+impl Algorithm for TokenBucket {
+    fn spec(&self) -> &'static AlgorithmSpec {
+        &SPEC
+    }
+
+    fn parameters(&self) -> Vec<u64> {
+        vec![self.capacity, self.refill, self.period_us]
+    }
+
+    fn policy(&self) -> Policy {
+        TokenBucket::policy(self)
+    }
+
+    /// An even share of the capacity, refilled at an even share of the pace (the same
+    /// refill every `instances` periods).
+    fn local_share(&self, instances: u64) -> Result<Limit, ParamError> {
+        let n = instances.max(1);
+        TokenBucket::new(
+            (self.capacity / n).max(1),
+            self.refill,
+            self.period_us.saturating_mul(n),
+        )
+        .map(Limit::TokenBucket)
+    }
+
+    fn lease_ttl_ns(&self, _now_us: u64) -> Option<u64> {
+        None
+    }
+
+    /// `[capacity, min(refill, capacity), period_us]`.
+    fn script_args(&self) -> Vec<u64> {
+        vec![self.capacity, self.script_refill(), self.period_us]
+    }
+
+    fn check_script_exact(&self) -> Result<(), ParamError> {
+        if self.capacity > MAX_SCRIPT_EXACT {
+            return Err(ParamError::new(
+                "capacity",
+                "must be at most 2^48 for exact arithmetic in Redis",
+            ));
+        }
+        // The time to refill an empty bucket bounds every instant the script forms.
+        let fill_us =
+            u128::from(self.period_us) * u128::from(self.capacity.div_ceil(self.script_refill()));
+        if fill_us > u128::from(MAX_SCRIPT_EXACT) {
+            return Err(ParamError::new(
+                "period",
+                "period × ⌈capacity / refill⌉ must be at most 2^48 us (about 8.9 years) for \
+                 exact arithmetic in Redis",
+            ));
+        }
+        Ok(())
+    }
 }
 
-fn sat_u64(x: u128) -> u64 {
-    u64::try_from(x).unwrap_or(u64::MAX)
-}
+super::slot_algorithm!(TokenBucket);

@@ -15,7 +15,7 @@
 //! assert!(parse_duration("1.5s").is_err());
 //! ```
 
-use super::error::quoted;
+use crate::field_error::quoted;
 
 /// 30 days, in microseconds.
 pub const MAX_DURATION_US: u64 = 30 * DAY_US;

@@ -4,18 +4,17 @@
 //! (`deny_unknown_fields` everywhere); `compile` turns them into the runtime types of
 //! [`crate::rules`] and [`crate::response`], which cannot be invalid. Every error names
 //! the JSON path of the field and the value that was wrong. The same function runs in
-//! the filter's `on_configure` and in the offline checker (`weir check-config FILE`).
+//! the filter's `on_configure` and in the offline checker (`weir-check check-config FILE`).
 
 mod compile;
 pub mod duration;
-mod error;
 mod raw;
 
-pub use error::ConfigError;
-pub(crate) use error::{json_path, strip_position};
+pub use compile::{DEFAULT_MAX_KEYS, MAX_MAX_KEYS};
 
+use crate::field_error::FieldError;
 use crate::response::ResponseSettings;
-use crate::rules::{FactTable, Rule};
+use crate::rules::{FactTable, Rule, RuleId};
 
 /// A compiled, valid configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,8 +47,15 @@ pub struct BridgeSettings {
     pub domain: String,
 }
 
+impl Config {
+    /// The rule with id `id` (ids come from this config, so it is always there).
+    pub fn rule(&self, id: RuleId) -> Option<&Rule> {
+        self.rules.get(id.index())
+    }
+}
+
 /// Parses and compiles the plugin configuration.
-pub fn parse(json: &[u8]) -> Result<Config, ConfigError> {
+pub fn parse(json: &[u8]) -> Result<Config, FieldError> {
     let raw = raw::parse(json)?;
     compile::compile(raw)
 }

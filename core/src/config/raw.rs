@@ -7,18 +7,16 @@
 //! lives in `compile`.
 
 use super::duration::parse_duration;
-use super::error::ConfigError;
-use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
+use crate::algorithms::{AlgorithmKind, Parameter, Unit};
+use crate::bounds::MAX_CONFIG_BYTES;
+use crate::field_error::FieldError;
+use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 use std::fmt;
 
-/// Configurations past this size are refused before parsing: a rate-limit config is a
-/// few kilobytes, and the parser runs inside every worker's VM.
-pub const MAX_CONFIG_BYTES: usize = 1 << 20;
-
-pub(crate) fn parse(json: &[u8]) -> Result<RawConfig, ConfigError> {
+pub(crate) fn parse(json: &[u8]) -> Result<RawConfig, FieldError> {
     if json.len() > MAX_CONFIG_BYTES {
-        return Err(ConfigError::new(
+        return Err(FieldError::new(
             "",
             format!(
                 "the configuration is {} bytes; at most {MAX_CONFIG_BYTES} (1 MiB) are allowed",
@@ -27,17 +25,17 @@ pub(crate) fn parse(json: &[u8]) -> Result<RawConfig, ConfigError> {
         ));
     }
     if json.iter().all(u8::is_ascii_whitespace) {
-        return Err(ConfigError::new(
+        return Err(FieldError::new(
             "",
             "the configuration is empty: expected a JSON object with \"rules\"",
         ));
     }
     let mut de = serde_json::Deserializer::from_slice(json);
     let raw: RawConfig =
-        serde_path_to_error::deserialize(&mut de).map_err(ConfigError::from_serde)?;
+        serde_path_to_error::deserialize(&mut de).map_err(FieldError::from_serde)?;
     // Trailing characters after the object.
     de.end()
-        .map_err(|err| ConfigError::from_json(String::new(), &err))?;
+        .map_err(|err| FieldError::from_json(String::new(), &err))?;
     Ok(raw)
 }
 
@@ -76,7 +74,6 @@ object_only!(
 );
 object_only!(RawHeaderMatch, "a header match object");
 object_only!(RawPart, "a key part object");
-object_only!(RawLimit, "a limit object");
 object_only!(RawHeaderCost, "a header cost object");
 object_only!(RawResponse, "a response object");
 object_only!(RawBody, "a body object");
@@ -196,6 +193,23 @@ pub(crate) struct RawPart {
     pub default: Option<String>,
 }
 
+impl RawPart {
+    /// Each key source by its config name, and whether this part sets it: the one list
+    /// of sources, which the compiler checks "exactly one" against.
+    pub fn sources(&self) -> [(&'static str, bool); 8] {
+        [
+            ("header", self.header.is_some()),
+            ("client_ip", self.client_ip.is_some()),
+            ("path", self.path.is_some()),
+            ("method", self.method.is_some()),
+            ("query_param", self.query_param.is_some()),
+            ("jwt_claim", self.jwt_claim.is_some()),
+            ("attribute", self.attribute.is_some()),
+            ("static", self.static_value.is_some()),
+        ]
+    }
+}
+
 /// `{}` and nothing else: the value of a source that takes no parameters.
 #[derive(Debug)]
 pub(crate) struct Empty;
@@ -248,19 +262,92 @@ impl<'de> Deserialize<'de> for ClaimPath {
     }
 }
 
-/// Every parameter of every algorithm; which ones belong to the named algorithm is
-/// checked by `compile`, so that a misplaced one gets a message naming the right ones.
-#[derive(Debug, Deserialize)]
-#[serde(remote = "Self", deny_unknown_fields)]
+/// A limit as written: the algorithm's name and parameter values by name, in document
+/// order. Which parameters belong to the named algorithm is checked by `compile`, so
+/// that a misplaced one gets a message naming the right ones; here a value is only
+/// parsed, by the unit its name has in every algorithm (durations as strings).
+#[derive(Debug)]
 pub(crate) struct RawLimit {
     pub algorithm: String,
-    pub rate: Option<u64>,
-    pub period: Option<RawDuration>,
-    pub burst: Option<u64>,
-    pub capacity: Option<u64>,
-    pub refill: Option<u64>,
-    pub limit: Option<u64>,
-    pub window: Option<RawDuration>,
+    pub values: Vec<(&'static Parameter, RawValue)>,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) enum RawValue {
+    Count(u64),
+    Duration(RawDuration),
+}
+
+impl RawLimit {
+    pub fn value(&self, name: &str) -> Option<&RawValue> {
+        self.values
+            .iter()
+            .find(|(p, _)| p.name == name)
+            .map(|(_, value)| value)
+    }
+}
+
+impl<'de> Deserialize<'de> for RawLimit {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_map(RawLimitVisitor)
+    }
+}
+
+struct RawLimitVisitor;
+
+impl<'de> Visitor<'de> for RawLimitVisitor {
+    type Value = RawLimit;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a limit object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RawLimit, A::Error> {
+        let parameters = AlgorithmKind::all_parameters();
+        let mut algorithm = None;
+        let mut values: Vec<(&'static Parameter, RawValue)> = Vec::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if key == "algorithm" {
+                if algorithm.is_some() {
+                    return Err(de::Error::duplicate_field("algorithm"));
+                }
+                algorithm = Some(map.next_value::<String>()?);
+                continue;
+            }
+            let Some(&parameter) = parameters.iter().find(|p| p.name == key) else {
+                let names: Vec<String> = std::iter::once("algorithm")
+                    .chain(parameters.iter().map(|p| p.name))
+                    .map(|name| format!("`{name}`"))
+                    .collect();
+                // Through the value, so that the error's path ends with the field.
+                return map.next_value_seed(Refuse(format!(
+                    "unknown field `{key}`, expected one of {}",
+                    names.join(", ")
+                )));
+            };
+            if values.iter().any(|(p, _)| p.name == parameter.name) {
+                return Err(de::Error::duplicate_field(parameter.name));
+            }
+            let value = match parameter.unit {
+                Unit::Count => RawValue::Count(map.next_value()?),
+                Unit::Duration => RawValue::Duration(map.next_value()?),
+            };
+            values.push((parameter, value));
+        }
+        let algorithm = algorithm.ok_or_else(|| de::Error::missing_field("algorithm"))?;
+        Ok(RawLimit { algorithm, values })
+    }
+}
+
+/// A value that is refused whatever it is, with `self.0` as the message.
+struct Refuse(String);
+
+impl<'de> DeserializeSeed<'de> for Refuse {
+    type Value = RawLimit;
+
+    fn deserialize<D: Deserializer<'de>>(self, _deserializer: D) -> Result<RawLimit, D::Error> {
+        Err(de::Error::custom(self.0))
+    }
 }
 
 /// A duration string, parsed; `text` is kept for messages.
@@ -290,7 +377,7 @@ impl<'de> Deserialize<'de> for RawDuration {
     }
 }
 
-/// `5` or `{"header": "x-cost", "default": 1, "max": 10}`.
+/// `5` or `{"header": "x-cost", "default": 1, "min": 1, "max": 10}`.
 #[derive(Debug)]
 pub(crate) enum RawCost {
     Fixed(u64),
@@ -302,6 +389,7 @@ pub(crate) enum RawCost {
 pub(crate) struct RawHeaderCost {
     pub header: String,
     pub default: Option<u64>,
+    pub min: Option<u64>,
     pub max: Option<u64>,
 }
 
@@ -312,7 +400,7 @@ impl<'de> Deserialize<'de> for RawCost {
             type Value = RawCost;
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str(
-                    "a whole number ≥ 0 or {\"header\": ..., \"default\": ..., \"max\": ...}",
+                    "a whole number ≥ 1 or {\"header\": ..., \"default\": ..., \"min\": ..., \"max\": ...}",
                 )
             }
             fn visit_u64<E: de::Error>(self, cost: u64) -> Result<RawCost, E> {

@@ -1,7 +1,7 @@
 //! An in-memory [`SharedStore`] with Envoy's semantics, for tests and tools.
 //!
-//! Like Envoy: a missing key has no version, `set(.., None)` always writes, every
-//! write bumps the key's version, and a stale `cas` fails with `CasMismatch`.
+//! Like Envoy: a missing key has no version, `create` always writes, every write bumps
+//! the key's version, and a stale version fails with `CasMismatch`.
 
 use super::{SharedStore, StoreError};
 use std::collections::HashMap;
@@ -34,25 +34,29 @@ impl SharedStore for MemoryStore {
     fn get(&self, key: &str) -> Result<(Option<Vec<u8>>, Option<u32>), StoreError> {
         let entries = self.entries.lock().map_err(|_| StoreError::Host(0))?;
         Ok(match entries.get(key) {
-            Some((value, cas)) => (Some(value.clone()), Some(*cas)),
+            Some((value, version)) => (Some(value.clone()), Some(*version)),
             None => (None, None),
         })
     }
 
-    fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), StoreError> {
+    fn compare_and_set(&self, key: &str, value: &[u8], version: u32) -> Result<(), StoreError> {
         let mut entries = self.entries.lock().map_err(|_| StoreError::Host(0))?;
-        match entries.get_mut(key) {
-            Some((stored, version)) => {
-                if cas.is_some_and(|c| c != *version) {
-                    return Err(StoreError::CasMismatch);
-                }
-                *stored = value.to_vec();
-                *version = version.wrapping_add(1).max(1);
-            }
-            None => {
-                entries.insert(key.to_string(), (value.to_vec(), 1));
-            }
+        // Envoy would create a missing key here; weir only ever passes a version that a
+        // `get` returned, and keys are never deleted, so a missing key is a bug to see.
+        let (stored, current) = entries.get_mut(key).ok_or(StoreError::Missing)?;
+        if *current != version {
+            return Err(StoreError::CasMismatch);
         }
+        *stored = value.to_vec();
+        *current = current.wrapping_add(1).max(1);
+        Ok(())
+    }
+
+    fn create(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
+        let mut entries = self.entries.lock().map_err(|_| StoreError::Host(0))?;
+        let entry = entries.entry(key.to_string()).or_insert((Vec::new(), 0));
+        entry.0 = value.to_vec();
+        entry.1 = entry.1.wrapping_add(1).max(1);
         Ok(())
     }
 }

@@ -1,18 +1,27 @@
-//! The store contract and the bounded slot table that keeps per-key state in it.
+//! The store contract, the hashing seed every worker shares, and the bounded slot table
+//! that keeps per-key state in the store.
 //!
 //! Envoy's shared data is a process-wide map of byte strings with a version per key:
-//! `get` returns `(value, cas)` and `set(key, value, Some(cas))` fails with a CAS
-//! mismatch when another worker wrote first. [`SharedStore`] is that contract; the
-//! filter implements it over proxy-wasm shared data and tests use [`memory::MemoryStore`].
+//! `get` returns `(value, version)`, and a write with a version fails with a CAS mismatch
+//! when another worker wrote first. A write *without* a version always succeeds, and it
+//! is also the only way to create a key: the host has no atomic create-if-absent
+//! (proxy-wasm's `set_shared_data` ignores the version of a key that does not exist yet).
+//! [`SharedStore`] names the two writes apart — [`SharedStore::compare_and_set`] and
+//! [`SharedStore::create`] — so that an unconditional write can only be a creation
+//! after a `get` found the key missing; weir makes one for the seed ([`seed`]) and for
+//! each set of a table when it is created ([`SlotTable::create_missing`]), and nowhere
+//! else. The filter implements the contract over proxy-wasm shared data and tests use
+//! [`memory::MemoryStore`].
 //!
 //! Shared-data keys can never be deleted (proxy-wasm/spec#32), so per-client state never
 //! gets a key of its own: each rule owns a fixed [`SlotTable`] whose size comes from
 //! `max_keys`, whatever clients send. See [`slot_table`] for the layout.
 
 pub mod memory;
+pub mod seed;
 pub mod slot_table;
 
-pub use slot_table::{KeyHash, KeyHasher, Placement, Seed, SlotTable, Updated};
+pub use slot_table::{Placement, SlotTable, Updated};
 
 use std::fmt;
 
@@ -21,6 +30,8 @@ use std::fmt;
 pub enum StoreError {
     /// Another writer changed the key since it was read.
     CasMismatch,
+    /// A key that should exist (a set of a table created at configure time) does not.
+    Missing,
     /// The host refused the operation; the number is its status code.
     Host(u32),
 }
@@ -29,6 +40,7 @@ impl fmt::Display for StoreError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             StoreError::CasMismatch => f.write_str("compare-and-swap mismatch"),
+            StoreError::Missing => f.write_str("a key that should exist is missing"),
             StoreError::Host(status) => write!(f, "host status {status}"),
         }
     }
@@ -40,10 +52,14 @@ pub trait SharedStore {
     /// does not exist).
     fn get(&self, key: &str) -> Result<(Option<Vec<u8>>, Option<u32>), StoreError>;
 
-    /// Writes `value` if the version of `key` is still `cas`. `cas: None` writes
-    /// unconditionally: there is no atomic create-if-absent, which is why slot tables
-    /// are created before they serve.
-    fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), StoreError>;
+    /// Writes `value` if the version of `key` is still `version` (as `get` returned it);
+    /// [`StoreError::CasMismatch`] if another writer came first.
+    fn compare_and_set(&self, key: &str, value: &[u8], version: u32) -> Result<(), StoreError>;
+
+    /// Writes `value` unconditionally: the only way to create a key. Call it only after
+    /// `get` found `key` missing, knowing that a racing creator may overwrite (or be
+    /// overwritten by) this write.
+    fn create(&self, key: &str, value: &[u8]) -> Result<(), StoreError>;
 }
 
 /// How many times a contended update re-reads and re-decides before giving up.
@@ -59,6 +75,16 @@ pub enum UpdateError {
         attempts: u32,
     },
     Store(StoreError),
+}
+
+impl UpdateError {
+    /// CAS attempts this failure lost (0 for a store error).
+    pub fn lost_attempts(self) -> u32 {
+        match self {
+            UpdateError::GaveUp { attempts } => attempts,
+            UpdateError::Store(_) => 0,
+        }
+    }
 }
 
 impl fmt::Display for UpdateError {

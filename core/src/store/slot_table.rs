@@ -8,11 +8,11 @@
 //! 16-byte [`SlotState`]. `sets = ceil(max_keys / WAYS)`, so the table holds
 //! `max_keys` rounded up to a multiple of [`WAYS`] keys and its memory never grows.
 //!
-//! A key is hashed with SipHash-1-3 under a secret 128-bit [`Seed`] that every worker
-//! shares: 64 bits pick the set, 64 others are the fingerprint. Without the seed a
-//! client cannot aim its keys at a victim's set, and two keys share state only if they
-//! land in the same set and agree on the 64-bit fingerprint. Parts are framed (origin byte, length, bytes), so
-//! `["a:b", "c"]` and `["a", "b:c"]` hash apart.
+//! A key is hashed with SipHash-1-3 under a secret 128-bit seed that every worker
+//! shares ([`crate::key::KeyHasher`], [`super::seed`]): 64 bits pick the set, 64 others
+//! are the fingerprint. Without the seed a client cannot aim its keys at a victim's
+//! set, and two keys share state only if they land in the same set and agree on the
+//! 64-bit fingerprint.
 //!
 //! Finding a slot for a key: its own slot (same fingerprint); else an empty one; else
 //! one whose state carries no information any more (*takeover*: e.g. a bucket that is
@@ -23,15 +23,15 @@
 //!
 //! Updates are get → decide → CAS-set, re-run on contention ([`MAX_CAS_ATTEMPTS`]).
 //! The algorithm is decided again on every attempt, so N workers racing admit exactly
-//! what one would.
+//! what one would. Every set is created when the table is ([`SlotTable::create_missing`],
+//! at configure time), so an update only ever writes with a version; a set found missing
+//! is an error, never overwritten.
 //!
 //! [`MAX_CAS_ATTEMPTS`]: super::MAX_CAS_ATTEMPTS
 
 use super::{SharedStore, StoreError, UpdateError};
 use crate::algorithms::SlotState;
-use crate::rules::PartOrigin;
-use siphasher::sip128::{Hasher128, SipHasher13};
-use std::hash::Hasher;
+use crate::key::KeyHash;
 
 /// Slots per set.
 pub const WAYS: usize = 4;
@@ -39,72 +39,6 @@ pub const WAYS: usize = 4;
 pub const SLOT_BYTES: usize = 24;
 /// Bytes of one set's value.
 pub const SET_BYTES: usize = WAYS * SLOT_BYTES;
-
-/// The shared-data key holding the hashing seed.
-pub const SEED_KEY: &str = "weir/v1/seed";
-
-/// The secret that keys the slot hash; one per Envoy process, shared by all workers.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub struct Seed(pub [u8; 16]);
-
-impl std::fmt::Debug for Seed {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Seed(..)")
-    }
-}
-
-impl Seed {
-    /// Returns the seed stored in `store`, storing `fresh` first if there is none.
-    /// Whatever a race between workers leaves stored is what every caller returns.
-    pub fn load_or_create<S: SharedStore>(store: &S, fresh: [u8; 16]) -> Result<Seed, StoreError> {
-        for _ in 0..super::MAX_CAS_ATTEMPTS {
-            let (value, cas) = store.get(SEED_KEY)?;
-            if let Some(seed) = value.as_deref().and_then(|v| <[u8; 16]>::try_from(v).ok()) {
-                return Ok(Seed(seed));
-            }
-            match store.set(SEED_KEY, &fresh, cas) {
-                Ok(()) | Err(StoreError::CasMismatch) => continue,
-                Err(e) => return Err(e),
-            }
-        }
-        Err(StoreError::CasMismatch)
-    }
-}
-
-/// Where a key lives in its table: the set and the fingerprint (never 0).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct KeyHash {
-    pub set_hash: u64,
-    pub fingerprint: u64,
-}
-
-/// Hashes the parts of one key under the seed.
-pub struct KeyHasher(SipHasher13);
-
-impl KeyHasher {
-    pub fn new(seed: &Seed) -> Self {
-        KeyHasher(SipHasher13::new_with_key(&seed.0))
-    }
-
-    pub fn part(&mut self, origin: PartOrigin, bytes: &[u8]) {
-        let tag: u8 = match origin {
-            PartOrigin::Request => 1,
-            PartOrigin::Default => 2,
-            PartOrigin::Static => 3,
-        };
-        self.0.write_u8(tag);
-        self.0.write_u64(bytes.len() as u64);
-        self.0.write(bytes);
-    }
-
-    pub fn finish(&self) -> KeyHash {
-        let (set_hash, fingerprint) = self.0.finish128().as_u64();
-        KeyHash {
-            set_hash,
-            fingerprint: fingerprint.max(1),
-        }
-    }
-}
 
 /// How the key's slot was found in its set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -168,9 +102,14 @@ impl SlotTable {
     /// Creates every set that does not exist yet, so that every later write is a CAS.
     /// Sets that exist (from an earlier config, another worker or a reload) keep their
     /// state. Returns how many were created.
+    ///
+    /// A set is created only after a `get` found it missing, but two VMs creating the
+    /// same table at once can still both find it missing, and the later creation then
+    /// empties a set the other may already have written to: those keys restart fresh,
+    /// once. A `ready` marker, written last, lets every later configure skip the scan.
     pub fn create_missing<S: SharedStore>(&self, store: &S) -> Result<u32, StoreError> {
         let ready_key = format!("{}ready", self.prefix);
-        let (ready, _) = store.get(&ready_key)?;
+        let (ready, ready_version) = store.get(&ready_key)?;
         if ready.as_deref() == Some(self.sets.to_le_bytes().as_slice()) {
             return Ok(0);
         }
@@ -179,22 +118,52 @@ impl SlotTable {
         for index in 0..self.sets {
             let key = self.set_key(index);
             if let (_, None) = store.get(&key)? {
-                match store.set(&key, &empty, None) {
-                    Ok(()) => created += 1,
-                    Err(StoreError::CasMismatch) => {}
-                    Err(e) => return Err(e),
-                }
+                store.create(&key, &empty)?;
+                created += 1;
             }
         }
-        store.set(&ready_key, &self.sets.to_le_bytes(), None)?;
+        let marker = self.sets.to_le_bytes();
+        match ready_version {
+            // Another VM may mark it first; either way the sets exist.
+            Some(version) => match store.compare_and_set(&ready_key, &marker, version) {
+                Ok(()) | Err(StoreError::CasMismatch) => {}
+                Err(e) => return Err(e),
+            },
+            None => store.create(&ready_key, &marker)?,
+        }
         Ok(created)
     }
 
-    /// Counts the slots in use (non-empty) in the whole table: for tests and tooling,
-    /// not the request path (it reads every set).
+    /// Counts the slots in use (non-empty) in the whole table by reading every set: one
+    /// host call per set, so for tests and offline tools, never for a configure of a
+    /// large table (see [`SlotTable::estimate_slots_in_use`]).
     pub fn slots_in_use<S: SharedStore>(&self, store: &S) -> Result<u64, StoreError> {
+        self.count_in_use(store, 0..self.sets)
+    }
+
+    /// The slots in use, read from at most `max_sets_read` sets spread evenly over the
+    /// table and scaled to its size: exact when the table has that few sets. This is what
+    /// `on_configure` reports as the starting value of the `slots_in_use` gauge, so that
+    /// configuring a table of a million keys costs a bounded number of host calls.
+    pub fn estimate_slots_in_use<S: SharedStore>(
+        &self,
+        store: &S,
+        max_sets_read: u32,
+    ) -> Result<u64, StoreError> {
+        let read = self.sets.min(max_sets_read.max(1));
+        let stride = self.sets / read;
+        let sample = (0..read).map(|i| i * stride);
+        let used = self.count_in_use(store, sample)?;
+        Ok(used * u64::from(self.sets) / u64::from(read))
+    }
+
+    fn count_in_use<S: SharedStore>(
+        &self,
+        store: &S,
+        sets: impl Iterator<Item = u32>,
+    ) -> Result<u64, StoreError> {
         let mut used = 0;
-        for index in 0..self.sets {
+        for index in sets {
             let (value, _) = store.get(&self.set_key(index))?;
             let set = SlotSet::decode(value.as_deref());
             used += set.slots.iter().filter(|s| s.fingerprint != 0).count() as u64;
@@ -220,7 +189,10 @@ impl SlotTable {
     {
         let key = self.set_key(self.set_index(hash));
         for attempt in 0..super::MAX_CAS_ATTEMPTS {
-            let (value, cas) = store.get(&key)?;
+            let (value, version) = store.get(&key)?;
+            // Created at configure time and never deleted: a missing set is not ours to
+            // create here (a blind write could empty a set another worker just filled).
+            let version = version.ok_or(StoreError::Missing)?;
             let mut set = SlotSet::decode(value.as_deref());
             let (way, placement) = set.locate(hash.fingerprint, now_us, &idle_at_us);
             let current = match placement {
@@ -241,7 +213,7 @@ impl SlotTable {
                     state: next,
                 };
             }
-            match store.set(&key, &set.encode(), cas) {
+            match store.compare_and_set(&key, &set.encode(), version) {
                 Ok(()) => {
                     return Ok(Updated {
                         result,
@@ -350,40 +322,6 @@ mod tests {
         assert_eq!(SlotSet::decode(Some(&set.encode())), set);
         assert_eq!(SlotSet::decode(Some(&[1, 2, 3])), SlotSet::default());
         assert_eq!(SlotSet::decode(None), SlotSet::default());
-    }
-
-    #[test]
-    fn framing_keeps_parts_apart() {
-        let seed = Seed([9; 16]);
-        let hash = |parts: &[&[u8]]| {
-            let mut h = KeyHasher::new(&seed);
-            for p in parts {
-                h.part(PartOrigin::Request, p);
-            }
-            h.finish()
-        };
-        assert_ne!(hash(&[b"a:b", b"c"]), hash(&[b"a", b"b:c"]));
-        assert_ne!(hash(&[b"ab"]), hash(&[b"a", b"b"]));
-        assert_ne!(hash(&[b""]), hash(&[]));
-        let mut d = KeyHasher::new(&seed);
-        d.part(PartOrigin::Default, b"anonymous");
-        assert_ne!(d.finish(), hash(&[b"anonymous"]));
-    }
-
-    #[test]
-    fn seeds_change_every_hash() {
-        let a = {
-            let mut h = KeyHasher::new(&Seed([1; 16]));
-            h.part(PartOrigin::Request, b"alice");
-            h.finish()
-        };
-        let b = {
-            let mut h = KeyHasher::new(&Seed([2; 16]));
-            h.part(PartOrigin::Request, b"alice");
-            h.finish()
-        };
-        assert_ne!(a.set_hash, b.set_hash);
-        assert_ne!(a.fingerprint, b.fingerprint);
     }
 
     #[test]

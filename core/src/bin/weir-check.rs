@@ -1,7 +1,11 @@
-//! `weir check-config FILE`: the filter's own configuration compiler, offline.
+//! `weir-check check-config FILE`: the filter's own configuration compiler, offline.
 //!
-//! Runs exactly what `on_configure` runs, so a file that passes here is accepted by
-//! the filter, and a file that fails prints the same error the filter would log.
+//! Runs the parser and compiler that `on_configure` runs, so a file that fails here
+//! prints the same error the filter would log, and the filter refuses it. A file that
+//! passes can still be refused by the filter for what only the running Envoy knows:
+//! the environment variable named by `bridge.secret_env` (checked in the Wasm VM's
+//! environment, not here: the checker prints a reminder), or shared data that cannot be
+//! allocated.
 //!
 //! Exit status: 0 valid, 1 invalid (or unreadable), 2 bad usage.
 
@@ -10,8 +14,8 @@ use std::process::ExitCode;
 use weir_core::config::{self, Config};
 
 const USAGE: &str = "\
-usage: weir check-config FILE
-       weir --help
+usage: weir-check check-config FILE
+       weir-check --help
 
 Checks a weir plugin configuration (the JSON given to the filter as its
 `configuration`) and prints a summary of its rules. FILE may be - for stdin.
@@ -46,7 +50,16 @@ fn check_config(file: &str) -> ExitCode {
     match config::parse(&json) {
         Ok(config) => {
             // A closed stdout (`| head`) is not a reason to panic.
-            let _ = writeln!(std::io::stdout(), "{}", summary(&config));
+            let mut out = std::io::stdout();
+            let _ = writeln!(out, "{}", summary(&config));
+            if let Some(name) = config.bridge.as_ref().and_then(|b| b.secret_env.as_ref()) {
+                let _ = writeln!(
+                    out,
+                    "note: bridge.secret_env: the filter reads {name:?} from the Wasm VM's \
+                     environment (vm_config.environment_variables) and refuses the \
+                     configuration if it is not set there; that is not checked here"
+                );
+            }
             ExitCode::SUCCESS
         }
         Err(err) => {

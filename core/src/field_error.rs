@@ -1,19 +1,20 @@
-//! The one error type of configuration: where (a JSON path) and what.
+//! The one error type of everything weir parses from JSON — the plugin configuration and
+//! the bridge's requests: where (a JSON path) and what.
 
 use std::fmt;
 
-/// A configuration the filter refuses, with the JSON path of the offending field
-/// (`rules[0].limit.period`, `response.status`; empty when the whole document is at
-/// fault, e.g. invalid JSON) and a message that quotes the offending value.
+/// A document weir refuses (a configuration, a bridge request), with the JSON path of
+/// the offending field (`rules[0].limit.period`, `items[2].cost`; empty when the whole
+/// document is at fault, e.g. invalid JSON) and a message that quotes the offending value.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigError {
+pub struct FieldError {
     pub path: String,
     pub message: String,
 }
 
-impl ConfigError {
+impl FieldError {
     pub fn new(path: impl Into<String>, message: impl Into<String>) -> Self {
-        ConfigError {
+        FieldError {
             path: path.into(),
             message: message.into(),
         }
@@ -23,18 +24,18 @@ impl ConfigError {
     /// field, wrong type, missing field) lose `serde_json`'s " at line L column C": the
     /// path already says where, and a message must not depend on the document's
     /// formatting. Syntax errors have no path, so they keep the position.
-    pub(crate) fn from_serde(err: serde_path_to_error::Error<serde_json::Error>) -> Self {
+    pub fn from_serde(err: serde_path_to_error::Error<serde_json::Error>) -> Self {
         let path = json_path(err.path());
         Self::from_json(path, &err.into_inner())
     }
 
     /// A `serde_json` error found at `path`.
-    pub(crate) fn from_json(path: String, inner: &serde_json::Error) -> Self {
+    pub fn from_json(path: String, inner: &serde_json::Error) -> Self {
         let message = strip_position(inner);
         match inner.classify() {
-            serde_json::error::Category::Data => ConfigError::new(path, message),
+            serde_json::error::Category::Data => FieldError::new(path, message),
             serde_json::error::Category::Syntax | serde_json::error::Category::Eof => {
-                ConfigError::new(
+                FieldError::new(
                     "",
                     format!(
                         "invalid JSON at line {} column {}: {message}",
@@ -44,13 +45,13 @@ impl ConfigError {
                 )
             }
             serde_json::error::Category::Io => {
-                ConfigError::new("", format!("cannot read JSON: {message}"))
+                FieldError::new("", format!("cannot read JSON: {message}"))
             }
         }
     }
 }
 
-impl fmt::Display for ConfigError {
+impl fmt::Display for FieldError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.path.is_empty() {
             f.write_str(&self.message)
@@ -60,10 +61,10 @@ impl fmt::Display for ConfigError {
     }
 }
 
-impl std::error::Error for ConfigError {}
+impl std::error::Error for FieldError {}
 
 /// `rules[0].limit.period`; empty for the document itself (where the crate prints ".").
-pub(crate) fn json_path(path: &serde_path_to_error::Path) -> String {
+pub fn json_path(path: &serde_path_to_error::Path) -> String {
     if path.iter().len() == 0 {
         String::new()
     } else {
@@ -71,7 +72,7 @@ pub(crate) fn json_path(path: &serde_path_to_error::Path) -> String {
     }
 }
 
-pub(crate) fn strip_position(err: &serde_json::Error) -> String {
+pub fn strip_position(err: &serde_json::Error) -> String {
     let full = err.to_string();
     let suffix = format!(" at line {} column {}", err.line(), err.column());
     match full.strip_suffix(&suffix) {
@@ -85,7 +86,7 @@ pub(crate) fn strip_position(err: &serde_json::Error) -> String {
 const QUOTE_MAX_CHARS: usize = 128;
 
 /// `text` as a JSON string literal, as the user wrote it in the config.
-pub(crate) fn quoted(text: &str) -> String {
+pub fn quoted(text: &str) -> String {
     let cut = match text.char_indices().nth(QUOTE_MAX_CHARS) {
         Some((at, _)) => text.get(..at).unwrap_or(text),
         None => text,
@@ -106,8 +107,8 @@ mod tests {
 
     #[test]
     fn display_omits_an_empty_path() {
-        assert_eq!(ConfigError::new("", "m").to_string(), "m");
-        assert_eq!(ConfigError::new("rules[0]", "m").to_string(), "rules[0]: m");
+        assert_eq!(FieldError::new("", "m").to_string(), "m");
+        assert_eq!(FieldError::new("rules[0]", "m").to_string(), "rules[0]: m");
     }
 
     #[test]

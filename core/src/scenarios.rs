@@ -1,17 +1,19 @@
 //! The behavioural scenario tables: one key, a sequence of requests at explicit instants,
-//! and what each must be told. Every backend (the pure functions, the stores, the Redis
-//! Lua scripts) runs the same rows.
+//! and what each must be told. Every backend runs the same rows: the pure functions and
+//! the slot table on the in-memory store (`core/tests/algorithms.rs`), and the Redis Lua
+//! scripts on a real cluster (weir-bridge's `tests/conformance.rs`).
 //!
-//! This file is plain data with no dependency on `weir_core`, so any suite can include
-//! it (`#[path = "…/core/tests/scenarios/mod.rs"] mod scenarios;`). How to run a
-//! scenario: start with no state for the key; for each step decide `cost` at `now_us`,
-//! compare the outcome with the step, and store the new state if there is one (there is
-//! none after a denial or a peek, cost 0).
+//! Compiled only with the `scenarios` feature, which the test suites turn on.
+//!
+//! How to run a scenario: start with no state for the key; for each step decide `cost`
+//! at `now_us`, compare the outcome with [`expected`], and store the new state if there
+//! is one (there is none after a denial or a peek, cost 0).
 //!
 //! Units: instants (`now_us`) are µs since the Unix epoch; durations in the expected
 //! outcome are ns (`retry_after_ns`, `reset_after_ns`); `throttle` is redis-cell's
 //! `CL.THROTTLE` reply, in whole seconds.
-#![allow(dead_code)]
+
+use crate::algorithms::{AlgorithmKind, Decision, GlobalLimit, Limit};
 
 /// An instant: 2023-11-14T22:13:20Z, on a 10 s boundary (20 s into its minute).
 pub const T0: u64 = 1_700_000_000_000_000;
@@ -22,27 +24,70 @@ pub const S_US: u64 = 1_000_000;
 pub const MS_NS: u64 = 1_000_000;
 pub const S_NS: u64 = 1_000_000_000;
 
-/// An algorithm and its parameters, as in the config.
+/// An algorithm and its parameter values, in the order of its parameter table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Algo {
-    Gcra {
-        burst: u64,
-        rate: u64,
-        period_us: u64,
-    },
-    TokenBucket {
-        capacity: u64,
-        refill: u64,
-        period_us: u64,
-    },
-    FixedWindow {
-        limit: u64,
-        window_us: u64,
-    },
-    SlidingWindow {
-        limit: u64,
-        window_us: u64,
-    },
+pub struct Algo {
+    pub kind: AlgorithmKind,
+    values: [u64; 3],
+    len: usize,
+}
+
+impl Algo {
+    pub const fn gcra(burst: u64, rate: u64, period_us: u64) -> Algo {
+        Algo {
+            kind: AlgorithmKind::Gcra,
+            values: [rate, period_us, burst],
+            len: 3,
+        }
+    }
+
+    pub const fn token_bucket(capacity: u64, refill: u64, period_us: u64) -> Algo {
+        Algo {
+            kind: AlgorithmKind::TokenBucket,
+            values: [capacity, refill, period_us],
+            len: 3,
+        }
+    }
+
+    pub const fn fixed_window(limit: u64, window_us: u64) -> Algo {
+        Algo {
+            kind: AlgorithmKind::FixedWindow,
+            values: [limit, window_us, 0],
+            len: 2,
+        }
+    }
+
+    pub const fn sliding_window(limit: u64, window_us: u64) -> Algo {
+        Algo {
+            kind: AlgorithmKind::SlidingWindow,
+            values: [limit, window_us, 0],
+            len: 2,
+        }
+    }
+
+    pub fn values(&self) -> &[u64] {
+        self.values.get(..self.len).unwrap_or(&self.values)
+    }
+}
+
+/// The core's limit for a table's algorithm (the tables hold only valid parameters of
+/// algorithms with slot state).
+pub fn limit_of(algo: Algo) -> Limit {
+    match GlobalLimit::build(algo.kind, algo.values()) {
+        Ok(GlobalLimit::Slot(limit)) => limit,
+        other => unreachable!("{algo:?} is not a valid slot limit: {other:?}"),
+    }
+}
+
+/// The decision a step must get.
+pub fn expected(step: &Step) -> Decision {
+    Decision {
+        allowed: step.allowed,
+        limit: step.limit,
+        remaining: step.remaining,
+        retry_after_ns: step.retry_after_ns,
+        reset_after_ns: step.reset_after_ns,
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -139,7 +184,7 @@ pub static GCRA: &[Scenario] = &[
     Scenario {
         // redis-cell's own `it_rate_limits` table (redis-cell-impl/src/lib.rs), rows 0–14.
         name: "gcra: redis-cell it_rate_limits, burst 4, 1 per second",
-        algo: Algo::Gcra { burst: 4, rate: 1, period_us: S_US },
+        algo: Algo::gcra(4, 1, S_US),
         steps: &[
             // You can never make a request larger than the maximum.
             deny(T0, 6, 5, 5, None, 0).cl([1, 5, 5, -1, 0]),
@@ -167,7 +212,7 @@ pub static GCRA: &[Scenario] = &[
     Scenario {
         // T = 333_333_333 ns, τ = 999_999_999 ns. A TAT truncated to µs would drift here.
         name: "gcra: 3 per second (T not a whole µs), burst 2",
-        algo: Algo::Gcra { burst: 2, rate: 3, period_us: S_US },
+        algo: Algo::gcra(2, 3, S_US),
         steps: &[
             allow(T0, 1, 3, 2, 333_333_333).cl([0, 3, 2, -1, 1]),
             allow(T0, 1, 3, 1, 666_666_666).cl([0, 3, 1, -1, 1]),
@@ -189,7 +234,7 @@ pub static GCRA: &[Scenario] = &[
     Scenario {
         // T = 60 s / 7 = 8_571_428_571 ns, τ = 10 T = 85_714_285_710 ns.
         name: "gcra: 7 per minute (T not a whole µs), burst 9",
-        algo: Algo::Gcra { burst: 9, rate: 7, period_us: 60 * S_US },
+        algo: Algo::gcra(9, 7, 60 * S_US),
         steps: &[
             allow(T0, 1, 10, 9, 8_571_428_571).cl([0, 10, 9, -1, 9]),
             deny(T0, 10, 10, 9, Some(8_571_428_571), 8_571_428_571).cl([1, 10, 9, 9, 9]),
@@ -201,7 +246,7 @@ pub static GCRA: &[Scenario] = &[
     },
     Scenario {
         name: "gcra: reply rounding of sub-second durations, burst 0",
-        algo: Algo::Gcra { burst: 0, rate: 1, period_us: S_US },
+        algo: Algo::gcra(0, 1, S_US),
         steps: &[
             allow(T0, 1, 1, 0, S_NS).cl([0, 1, 0, -1, 1]),
             // 0.0005 s: below a millisecond, both round to 0 although limited.
@@ -211,7 +256,7 @@ pub static GCRA: &[Scenario] = &[
     },
     Scenario {
         name: "gcra: reply rounding around whole seconds, burst 1",
-        algo: Algo::Gcra { burst: 1, rate: 1, period_us: S_US },
+        algo: Algo::gcra(1, 1, S_US),
         steps: &[
             allow(T0, 2, 2, 0, 2 * S_NS).cl([0, 2, 0, -1, 2]),
             // retry 0.002 s → 1, reset 1.002 s → 2.
@@ -223,7 +268,7 @@ pub static GCRA: &[Scenario] = &[
     },
     Scenario {
         name: "gcra: oversized quantity on a key idle for 2.5 s, burst 4",
-        algo: Algo::Gcra { burst: 4, rate: 1, period_us: S_US },
+        algo: Algo::gcra(4, 1, S_US),
         steps: &[
             allow(T0, 1, 5, 4, S_NS).cl([0, 5, 4, -1, 1]),
             // TAT − now = −2.5 s → −2; remaining (5 s + 2.5 s) / 1 s = 7 in the reply.
@@ -233,7 +278,7 @@ pub static GCRA: &[Scenario] = &[
     },
     Scenario {
         name: "gcra: peeks (quantity 0) never change the state",
-        algo: Algo::Gcra { burst: 4, rate: 1, period_us: S_US },
+        algo: Algo::gcra(4, 1, S_US),
         steps: &[
             allow(T0, 0, 5, 5, 0).cl([0, 5, 5, -1, 0]),
             allow(T0, 0, 5, 5, 0).cl([0, 5, 5, -1, 0]),
@@ -247,7 +292,7 @@ pub static GCRA: &[Scenario] = &[
         // period 22_260_000_000_001 µs (≈ 258 days) / 7: the exact quotient is
         // 3_180_000_000_000_142.86 ns. redis-cell divides in doubles and gets …143; so do we.
         name: "gcra: T rounds as redis-cell's double division for periods beyond 2^53 ns",
-        algo: Algo::Gcra { burst: 0, rate: 7, period_us: 22_260_000_000_001 },
+        algo: Algo::gcra(0, 7, 22_260_000_000_001),
         steps: &[
             allow(T0, 1, 1, 0, 3_180_000_000_000_143).cl([0, 1, 0, -1, 3_180_000]),
             deny(T0, 1, 1, 0, Some(3_180_000_000_000_143), 3_180_000_000_000_143)
@@ -260,7 +305,7 @@ pub static GCRA: &[Scenario] = &[
 pub static TOKEN_BUCKET: &[Scenario] = &[
     Scenario {
         name: "token_bucket: 5 tokens, 2 more every second",
-        algo: Algo::TokenBucket { capacity: 5, refill: 2, period_us: S_US },
+        algo: Algo::token_bucket(5, 2, S_US),
         steps: &[
             // A new key starts full; refills happen at T0 + k s from now on.
             allow(T0, 1, 5, 4, S_NS),
@@ -283,7 +328,7 @@ pub static TOKEN_BUCKET: &[Scenario] = &[
     },
     Scenario {
         name: "token_bucket: a refill larger than the capacity fills the bucket",
-        algo: Algo::TokenBucket { capacity: 2, refill: 10, period_us: 100 * MS_US },
+        algo: Algo::token_bucket(2, 10, 100 * MS_US),
         steps: &[
             allow(T0, 2, 2, 0, 100 * MS_NS),
             allow(T0 + 100 * MS_US, 2, 2, 0, 100 * MS_NS),
@@ -298,7 +343,7 @@ pub static FIXED_WINDOW: &[Scenario] = &[
     Scenario {
         // T0 is on a 10 s boundary.
         name: "fixed_window: 3 per 10 s",
-        algo: Algo::FixedWindow { limit: 3, window_us: 10 * S_US },
+        algo: Algo::fixed_window(3, 10 * S_US),
         steps: &[
             allow(T0 + 2 * S_US, 1, 3, 2, 8 * S_NS),
             allow(T0 + 3 * S_US, 2, 3, 0, 7 * S_NS),
@@ -319,7 +364,7 @@ pub static FIXED_WINDOW: &[Scenario] = &[
     Scenario {
         // T0 is 20 s into its minute: windows are aligned to the epoch, not the first request.
         name: "fixed_window: 100 per minute",
-        algo: Algo::FixedWindow { limit: 100, window_us: 60 * S_US },
+        algo: Algo::fixed_window(100, 60 * S_US),
         steps: &[
             allow(T0, 100, 100, 0, 40 * S_NS),
             deny(T0 + 39 * S_US, 1, 100, 0, Some(S_NS), S_NS),
@@ -333,7 +378,7 @@ pub static SLIDING_WINDOW: &[Scenario] = &[
     Scenario {
         // T0 is on a 10 s boundary. Estimate = prev × (10 s − e) / 10 s + curr.
         name: "sliding_window: 10 per 10 s",
-        algo: Algo::SlidingWindow { limit: 10, window_us: 10 * S_US },
+        algo: Algo::sliding_window(10, 10 * S_US),
         steps: &[
             allow(T0 + 5 * S_US, 4, 10, 6, 15 * S_NS),
             allow(T0 + 9 * S_US, 6, 10, 0, 11 * S_NS),

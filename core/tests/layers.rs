@@ -1,0 +1,149 @@
+//! The module graph has no cycles: each module of the core, and of the filter's glue,
+//! uses only modules listed before it. A new `use crate::…` that points up a layer, or a
+//! new module that is not placed in a layer, fails here.
+//!
+//! Uses are read from the sources (`crate::<module>` outside comments), so the test sees
+//! what the compiler resolves, without a dependency on a parser.
+#![cfg(not(target_arch = "wasm32"))]
+#![allow(clippy::unwrap_used, clippy::panic, clippy::indexing_slicing)]
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+/// The core's modules, lowest first (lib.rs says what each is).
+const CORE_LAYERS: &[&str] = &[
+    "field_error",
+    "bounds",
+    "algorithms",
+    "key",
+    "store",
+    "lease",
+    "response",
+    "rules",
+    "config",
+    "wire",
+    "engine",
+    "scenarios",
+];
+
+/// The filter's glue modules, lowest first.
+const FILTER_LAYERS: &[&str] = &["host", "store", "metrics", "plugin", "filter", "root"];
+
+/// Every `.rs` file under `dir`, with the top-level module it belongs to (`lib.rs` and
+/// binaries belong to none).
+fn module_files(dir: &Path) -> Vec<(String, PathBuf)> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+                continue;
+            }
+            if path.extension().is_none_or(|e| e != "rs") {
+                continue;
+            }
+            let rel = path.strip_prefix(dir).unwrap();
+            let first = rel
+                .components()
+                .next()
+                .unwrap()
+                .as_os_str()
+                .to_string_lossy();
+            let module = first.trim_end_matches(".rs").to_string();
+            if module != "lib" && module != "bin" && module != "main" {
+                out.push((module, path));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// The top-level modules a source file names as `crate::<module>`, comments ignored.
+fn uses(source: &str) -> BTreeSet<String> {
+    let mut found = BTreeSet::new();
+    for line in source.lines() {
+        let code = match line.find("//") {
+            Some(at) => &line[..at],
+            None => line,
+        };
+        let mut rest = code;
+        while let Some(at) = rest.find("crate::") {
+            let after = &rest[at + "crate::".len()..];
+            let name: String = after
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            // `use crate::{a, b}` names several.
+            if name.is_empty() && after.starts_with('{') {
+                let inside = &after[1..after.find('}').unwrap_or(after.len())];
+                for part in inside.split(',') {
+                    let top = part.trim().split("::").next().unwrap_or("").trim();
+                    if !top.is_empty() {
+                        found.insert(top.to_string());
+                    }
+                }
+            } else if !name.is_empty() {
+                found.insert(name);
+            }
+            rest = after;
+        }
+    }
+    found
+}
+
+/// Every use between two modules of `dir`, checked against `layers`.
+fn check_layers(dir: &Path, layers: &[&str]) {
+    let rank = |m: &str| layers.iter().position(|l| *l == m);
+    let mut problems = Vec::new();
+    let files = module_files(dir);
+    assert!(!files.is_empty(), "no sources under {}", dir.display());
+    for (module, path) in &files {
+        let Some(own) = rank(module) else {
+            problems.push(format!(
+                "{}: module `{module}` is in no layer; add it to the list in core/tests/layers.rs",
+                path.display()
+            ));
+            continue;
+        };
+        let source = std::fs::read_to_string(path).unwrap();
+        for used in uses(&source) {
+            if used == *module {
+                continue;
+            }
+            match rank(&used) {
+                Some(r) if r < own => {}
+                Some(_) => problems.push(format!(
+                    "{}: `{module}` uses `{used}`, which is not below it",
+                    path.display()
+                )),
+                // Items of the crate root (macros, re-exports) are not modules.
+                None => {}
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+#[test]
+fn core_modules_only_use_lower_layers() {
+    check_layers(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
+        CORE_LAYERS,
+    );
+}
+
+#[test]
+fn filter_modules_only_use_lower_layers() {
+    let filter = Path::new(env!("CARGO_MANIFEST_DIR")).join("../src");
+    check_layers(&filter, FILTER_LAYERS);
+}
+
+#[test]
+fn the_checker_sees_uses_and_ignores_comments() {
+    let source = "use crate::{key::Seed, rules};\n// crate::engine in a comment\nlet x = crate::store::MAX; // crate::wire\n";
+    let found: Vec<String> = uses(source).into_iter().collect();
+    assert_eq!(found, ["key", "rules", "store"]);
+}
