@@ -7,7 +7,7 @@ wasm := justfile_directory() / "target/wasm32-wasip1/wasm/weir.wasm"
 
 # List the recipes.
 default:
-    @just --list
+    @{{just_executable()}} --list
 
 # Build weir.wasm (target/wasm32-wasip1/wasm/weir.wasm).
 build:
@@ -19,9 +19,9 @@ run: build
     cargo build -p weir-bridge
     ENVOY_BIN={{envoy}} bash scripts/demo.sh
 
-# Check a plugin configuration file offline, with the filter's own validation.
+# Check a plugin configuration file offline, with the filter's own validation (FILE relative to where you stand, or - for stdin).
 check-config FILE:
-    cargo run -q -p weir-core --bin weir-check -- check-config {{FILE}}
+    cargo run -q -p weir-core --bin weir-check -- check-config {{ if FILE == "-" { "-" } else { quote(join(invocation_directory(), FILE)) } }}
 
 # Every Envoy YAML we ship, through `envoy --mode validate`.
 validate-yaml: build

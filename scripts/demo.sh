@@ -11,6 +11,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 envoy=${ENVOY_BIN:-.tools/venv/bin/envoy}
 bridge=${WEIR_BRIDGE_BIN:-target/debug/weir-bridge}
+# The same overrides as the test harness (tests/src/prereq.rs), e.g. for a newer Redis.
+redis_server=${REDIS_SERVER_BIN:-redis-server}
+redis_cli=${REDIS_CLI_BIN:-redis-cli}
 work=$(mktemp -d -t weir-demo.XXXXXX)
 pids=()
 cleanup() {
@@ -36,16 +39,16 @@ wait_for() { # what, command...
 echo "Starting a Redis Cluster (ports 7100-7105) in $work ..."
 for port in 7100 7101 7102 7103 7104 7105; do
   mkdir -p "$work/redis-$port"
-  redis-server --port "$port" --bind 127.0.0.1 --cluster-enabled yes \
+  "$redis_server" --port "$port" --bind 127.0.0.1 --cluster-enabled yes \
     --cluster-config-file "nodes-$port.conf" --cluster-node-timeout 1000 \
     --cluster-require-full-coverage no --save "" --appendonly no \
     --dir "$work/redis-$port" --protected-mode no >"$work/redis-$port.log" 2>&1 &
   pids+=($!)
 done
-for port in 7100 7101 7102 7103 7104 7105; do wait_for "redis :$port" redis-cli -p "$port" ping; done
-redis-cli --cluster create 127.0.0.1:7100 127.0.0.1:7101 127.0.0.1:7102 \
+for port in 7100 7101 7102 7103 7104 7105; do wait_for "redis :$port" "$redis_cli" -p "$port" ping; done
+"$redis_cli" --cluster create 127.0.0.1:7100 127.0.0.1:7101 127.0.0.1:7102 \
   127.0.0.1:7103 127.0.0.1:7104 127.0.0.1:7105 --cluster-replicas 1 --cluster-yes >"$work/create.log" 2>&1
-wait_for "the cluster" bash -c 'redis-cli -p 7100 cluster info | grep -q cluster_state:ok'
+wait_for "the cluster" bash -c '"$0" -p 7100 cluster info | grep -q cluster_state:ok' "$redis_cli"
 
 echo "Starting weir-bridge on 127.0.0.1:8081 ..."
 "$bridge" --listen 127.0.0.1:8081 --redis-nodes 127.0.0.1:7100,127.0.0.1:7101,127.0.0.1:7102 \

