@@ -269,12 +269,16 @@ fn envoy_refuses_a_bad_config_and_says_which_field() {
     let config = r#"{"rules":[{"name":"per-user","key":[{"header":"x-user"}],
                      "limit":{"algorithm":"gcra","rate":10,"period":"5x"}}]}"#;
     let log = Envoy::start_expect_failure(&weir(config));
+    let line = log
+        .lines()
+        .find(|l| l.contains("invalid configuration:"))
+        .unwrap_or_else(|| panic!("log does not carry weir's message:\n{log}"));
     assert!(
-        log.contains(
-            r#"weir: invalid configuration: rules[0].limit.period: invalid duration "5x""#
-        ),
-        "log does not carry weir's message:\n{log}"
+        line.ends_with(r#": invalid configuration: rules[0].limit.period: invalid duration "5x": expected a whole number followed by us, ms, s, m, h or d (e.g. "500ms")"#),
+        "{line}"
     );
+    // Envoy names the plugin; weir does not repeat it.
+    assert!(!line.contains("weir: weir:") && !line.contains(": weir: "), "{line}");
     // A secret that should come from the VM's environment, which does not have it.
     let config = r#"{"bridge":{"cluster":"weir_bridge","secret_env":"WEIR_BRIDGE_SECRET"},
         "rules":[{"name":"quota","scope":"global","limit":{"algorithm":"fixed_window","limit":10,"window":"1m"}}]}"#;
