@@ -17,7 +17,8 @@ use weir_core::bounds::MAX_BODY_BYTES;
 use weir_core::engine::Evaluation;
 use weir_core::response::{self, Denial, HeaderStyle};
 use weir_core::rules::Facts;
-use weir_core::wire::{self, ReplyError, ACQUIRE_PATH, SECRET_HEADER};
+use weir_core::wire::v2;
+use weir_core::wire::{ReplyError, SECRET_HEADER};
 
 pub struct Filter {
     context_id: u32,
@@ -56,7 +57,7 @@ impl Filter {
         let body = plugin.engine.bridge_request(&eval.pending);
         let mut headers = vec![
             (":method", "POST"),
-            (":path", ACQUIRE_PATH),
+            (":path", v2::ACQUIRE_PATH),
             (":authority", bridge.authority.as_str()),
             ("content-type", "application/json"),
         ];
@@ -191,6 +192,7 @@ impl Context for Filter {
                     .ok()
                     .and_then(|s| s.parse::<u16>().ok())
             })
+            // No `:status` at all: the connection failed before a response.
             .unwrap_or(0);
         let reply = if body_size > MAX_BODY_BYTES {
             Err(ReplyError::BadBody(format!("{body_size} bytes")))
@@ -199,7 +201,7 @@ impl Context for Filter {
                 .ok()
                 .flatten()
                 .unwrap_or_default();
-            wire::decode_reply(status, &body, eval.pending.len())
+            v2::decode_reply(status, &body, &plugin.engine.sent(&eval.pending))
         };
         if let Err(error) = &reply {
             self.log(LogLevel::Warn, || format!("{error}"));

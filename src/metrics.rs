@@ -182,8 +182,8 @@ impl Metrics {
     fn bridge_error(&self, error: &ReplyError) {
         let stat = match error {
             ReplyError::Timeout => self.bridge_timeouts,
-            ReplyError::Unavailable => self.bridge_unavailable,
-            ReplyError::Status(_) => self.bridge_bad_status,
+            ReplyError::Unavailable | ReplyError::NoResponse => self.bridge_unavailable,
+            ReplyError::Status(..) => self.bridge_bad_status,
             ReplyError::BadBody(_) => self.bridge_bad_body,
         };
         self.bump(stat, 1);

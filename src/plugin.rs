@@ -70,13 +70,10 @@ impl Plugin {
             .rules
             .iter()
             .map(|rule| {
-                let (capacity, in_use) = engine.table(rule.id).map_or((0, 0), |table| {
-                    let in_use = table
-                        .estimate_slots_in_use(&SharedData, GAUGE_SAMPLE_SETS)
-                        .unwrap_or(0);
-                    (table.capacity(), in_use)
-                });
-                (rule.name.as_str(), capacity, in_use)
+                let in_use = engine
+                    .estimate_slots_in_use(rule.id, &SharedData, GAUGE_SAMPLE_SETS)
+                    .unwrap_or(0);
+                (rule.name.as_str(), engine.capacity(rule.id), in_use)
             })
             .collect();
         let metrics = Metrics::define(&rules).map_err(|e| format!("cannot define metrics: {e}"))?;

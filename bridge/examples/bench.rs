@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use weir_bridge::scripts::Invocation;
 use weir_bridge::{Metrics, RedisStore};
-use weir_core::algorithms::{AlgorithmKind, GlobalLimit};
+use weir_core::algorithms::{AlgorithmKind, Ask, GlobalLimit};
 use weir_e2e::{wait_until, Process, RedisCluster};
 
 const CALLS: usize = 20_000;
@@ -61,7 +61,7 @@ async fn scripts(cluster: &RedisCluster) {
         let started = Instant::now();
         for i in 0..CALLS {
             let key = format!("=bench-{}", i % 100);
-            let inv = Invocation::for_limit(&limit, "bench", "r", &[key], 0, 1, 1);
+            let inv = Invocation::for_limit(&limit, "bench", "r", &[key], 0, Ask::exact(1));
             let t = Instant::now();
             store.run(&inv).await.unwrap();
             times.push(t.elapsed());

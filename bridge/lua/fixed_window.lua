@@ -11,11 +11,16 @@
 --          Key deadlines (PXAT) are absolute instants of this clock, so a pinned
 --          clock behind Redis's real one writes keys that are already expired.
 -- ARGV[2]  cost    units the request needs (0 = peek).
--- ARGV[3]  want    units it would like (>= cost): the lease.
--- ARGV[4]  limit   units per window.
--- ARGV[5]  window_us
+-- ARGV[3]  want    units it would like now (>= cost): a lease.
+-- ARGV[4]  reserve (unused: no schedule to reserve)
+-- ARGV[5]  hold_us how long a granted unit may be spent.
+-- ARGV[6]  horizon_us (unused)
+-- ARGV[7]  limit   units per window.
+-- ARGV[8]  window_us
 --
--- Reply {allowed 0/1, granted, limit, remaining, retry_after_ns, reset_after_ns, now_us}:
+-- Reply {allowed 0/1, granted, limit, remaining, retry_after_ns, reset_after_ns, now_us,
+-- due_ns, spacing_ns, valid_ns}: granted units are due now ('0', '0') and valid for
+-- valid_ns;
 -- the two durations as decimal strings of ns ("-1" = no retry time), now_us in µs.
 --
 -- Exactness: counts and instants in µs, all below 2^53 (the bridge bounds the limit and
@@ -30,8 +35,9 @@ local key = KEYS[1]
 local now = clock_us()
 local cost = tonumber(ARGV[2])
 local want = tonumber(ARGV[3])
-local limit = tonumber(ARGV[4])
-local window = tonumber(ARGV[5])
+local hold = tonumber(ARGV[5])
+local limit = tonumber(ARGV[7])
+local window = tonumber(ARGV[8])
 
 local start = idiv(now, window) * window
 local count, window_start = 0, start
@@ -54,7 +60,7 @@ if count + cost > limit then
   if cost <= limit then retry = until_end end
   local remaining = limit - count
   if remaining < 0 then remaining = 0 end
-  return {0, 0, limit, remaining, retry, until_end, now}
+  return {0, 0, limit, remaining, retry, until_end, now, '0', '0', '0'}
 end
 
 local granted = limit - count
@@ -64,4 +70,8 @@ if granted > 0 then
   redis.call('SET', key, int(after) .. ' ' .. int(window_start), 'PXAT',
     expire_at_ms(window_start + window))
 end
-return {1, granted, limit, limit - after, '-1', until_end, now}
+-- Granted units may be spent until the window ends at most.
+local valid = window_start + window - now
+if valid > hold then valid = hold end
+if granted == 0 then valid = 0 end
+return {1, granted, limit, limit - after, '-1', until_end, now, '0', '0', ns_of_us(valid)}

@@ -16,17 +16,26 @@
 --          Key deadlines (PXAT) are absolute instants of this clock, so a pinned
 --          clock behind Redis's real one writes keys that are already expired.
 -- ARGV[2]  cost    units the request needs (0 = peek).
--- ARGV[3]  want    units it would like (>= cost): the lease.
--- ARGV[4]  limit   burst + 1.
--- ARGV[5]  T       emission interval, ns (>= 1000, <= 2^52).
--- ARGV[6]  tau     tolerance, ns (<= 2^52).
+-- ARGV[3]  want    units it would like now (>= cost): a lease.
+-- ARGV[4]  reserve units to reserve from the schedule when cost does not fit now (0: none).
+-- ARGV[5]  hold_us how long a unit may be spent after it is due (the caller paid for it
+--                  with burst: the limit here is already reduced).
+-- ARGV[6]  horizon_us  how far ahead reserved units may be due.
+-- ARGV[7]  limit   burst + 1.
+-- ARGV[8]  T       emission interval, ns (>= 1000, <= 2^52).
+-- ARGV[9]  tau     tolerance, ns (<= 2^52).
 --
--- Reply {allowed 0/1, granted, limit, remaining, retry_after_ns, reset_after_ns, now_us}:
--- the two durations as decimal strings of ns ("-1" = no retry time), now_us in µs.
+-- Reply {allowed 0/1, granted, limit, remaining, retry_after_ns, reset_after_ns, now_us,
+-- due_ns, spacing_ns, valid_ns}: the durations as decimal strings of ns ("-1" = no
+-- retry time), now_us in µs. Granted units are due at due_ns + i × spacing_ns from now
+-- and may be spent for valid_ns after that. A reservation (cost does not fit, reserve
+-- > 0) answers allowed 0 with the units of the schedule due within the horizon: the
+-- i-th (from 1) is due when a central limiter would first admit it, base + i × T − tau.
 --
 -- Exactness: the script works relative to now. base = max(TAT, now) − now is below
--- tau + clock skew, every sum compared is below 2^53, and the TAT is written back as
--- whole µs plus a ns remainder.
+-- tau + clock skew, every sum compared is below 2^53 (the horizon is at most 10 s, tau at
+-- most 2^52 ns), and the TAT is written back as whole µs plus a ns remainder. due_ns may
+-- be negative (units already due), printed as a signed integer.
 --
 -- Why atomic: two requests reading the same TAT would both be admitted against it. The
 -- TTL is the TAT (rounded up to the µs): from then on the key decides like a fresh one.
@@ -35,9 +44,12 @@ local key = KEYS[1]
 local now = clock_us()
 local cost = tonumber(ARGV[2])
 local want = tonumber(ARGV[3])
-local limit = tonumber(ARGV[4])
-local t = tonumber(ARGV[5])
-local tau = tonumber(ARGV[6])
+local reserve = tonumber(ARGV[4])
+local hold = tonumber(ARGV[5])
+local horizon = tonumber(ARGV[6])
+local limit = tonumber(ARGV[7])
+local t = tonumber(ARGV[8])
+local tau = tonumber(ARGV[9])
 local t_us = idiv(t, 1000)
 
 -- base = max(TAT, now) − now, in ns.
@@ -62,10 +74,32 @@ local function remaining_for(ttl)
   return r
 end
 
+local function write_tat(ttl)
+  local tat_us = now + idiv(ttl, 1000)
+  local rem = ttl - idiv(ttl, 1000) * 1000
+  local idle_at = tat_us
+  if rem > 0 then idle_at = tat_us + 1 end
+  redis.call('SET', key, int(tat_us) .. ' ' .. int(rem), 'PXAT', expire_at_ms(idle_at))
+end
+
 if cost * t > tau - base then
-  local retry = '-1'
-  if cost * t <= tau then retry = int(base + cost * t - tau) end
-  return {0, 0, limit, remaining_for(base), retry, int(base), now}
+  if cost * t > tau then
+    return {0, 0, limit, remaining_for(base), '-1', int(base), now, '0', '0', '0'}
+  end
+  local retry = int(base + cost * t - tau)
+  -- Reserve the next slots: as many as are due within the horizon, at most `reserve`.
+  local units = 0
+  if reserve > 0 and horizon > 0 then
+    units = idiv(horizon * 1000 + tau - base, t)
+    if units > reserve then units = reserve end
+  end
+  if units < 1 then
+    return {0, 0, limit, remaining_for(base), retry, int(base), now, '0', '0', '0'}
+  end
+  local ttl = base + units * t
+  write_tat(ttl)
+  return {0, units, limit, remaining_for(base), retry, int(base), now,
+    int(base + t - tau), int(t), ns_of_us(hold)}
 end
 
 -- The largest g with base + g × T <= tau, within cost..want and the limit.
@@ -73,11 +107,7 @@ local granted = idiv(tau - base, t)
 if granted > want then granted = want end
 if granted > limit then granted = limit end
 local ttl = base + granted * t
-if granted > 0 then
-  local tat_us = now + idiv(ttl, 1000)
-  local rem = ttl - idiv(ttl, 1000) * 1000
-  local idle_at = tat_us
-  if rem > 0 then idle_at = tat_us + 1 end
-  redis.call('SET', key, int(tat_us) .. ' ' .. int(rem), 'PXAT', expire_at_ms(idle_at))
-end
-return {1, granted, limit, remaining_for(ttl), '-1', int(ttl), now}
+if granted > 0 then write_tat(ttl) end
+local valid = hold
+if granted == 0 then valid = 0 end
+return {1, granted, limit, remaining_for(ttl), '-1', int(ttl), now, '0', '0', ns_of_us(valid)}

@@ -13,11 +13,17 @@
 --          Key deadlines (PXAT) are absolute instants of this clock, so a pinned
 --          clock behind Redis's real one writes keys that are already expired.
 -- ARGV[2]  cost    units the request needs (0 = peek).
--- ARGV[3]  want    units it would like (>= cost): the lease.
--- ARGV[4]  limit   events per window (<= 100000: the log holds at most that many).
--- ARGV[5]  window_us
+-- ARGV[3]  want    units it would like now (>= cost): a lease.
+-- ARGV[4]  reserve (unused)
+-- ARGV[5]  hold_us how long a granted unit may wait to be spent: every unit is logged
+--                  at now + hold_us, the latest instant it may be spent, so the log
+--                  counts it in every window that can contain its real spend.
+-- ARGV[6]  horizon_us (unused)
+-- ARGV[7]  limit   events per window (<= 100000: the log holds at most that many).
+-- ARGV[8]  window_us
 --
--- Reply {allowed 0/1, granted, limit, remaining, retry_after_ns, reset_after_ns, now_us}:
+-- Reply {allowed 0/1, granted, limit, remaining, retry_after_ns, reset_after_ns, now_us,
+-- due_ns, spacing_ns, valid_ns}: granted units are due now and valid for hold_us;
 -- the two durations as decimal strings of ns ("-1" = no retry time), now_us in µs.
 --
 -- Exactness: scores are µs since the epoch, exact in the set's doubles.
@@ -31,8 +37,9 @@ local log, seq = KEYS[1], KEYS[2]
 local now = clock_us()
 local cost = tonumber(ARGV[2])
 local want = tonumber(ARGV[3])
-local limit = tonumber(ARGV[4])
-local window = tonumber(ARGV[5])
+local hold = tonumber(ARGV[5])
+local limit = tonumber(ARGV[7])
+local window = tonumber(ARGV[8])
 
 -- Events at or before now − window have left (inclusive bound).
 if now >= window then
@@ -57,18 +64,18 @@ if cost > free then
   -- `cost` fits once the oldest count + cost − limit events have left.
   local retry = '-1'
   if cost <= limit then retry = leaves_ns(count + cost - limit - 1) end
-  return {0, 0, limit, free, retry, idle_ns(), now}
+  return {0, 0, limit, free, retry, idle_ns(), now, '0', '0', '0'}
 end
 
 local granted = want
 if granted < cost then granted = cost end
 if granted > free then granted = free end
 if granted == 0 then
-  return {1, 0, limit, free, '-1', idle_ns(), now}
+  return {1, 0, limit, free, '-1', idle_ns(), now, '0', '0', '0'}
 end
 
 local last = redis.call('INCRBY', seq, granted)
-local score = int(now)
+local score = int(now + hold)
 local args = {}
 for member = last - granted + 1, last do
   args[#args + 1] = score
@@ -81,11 +88,12 @@ for member = last - granted + 1, last do
 end
 if #args > 0 then redis.call('ZADD', log, unpack(args)) end
 
--- The newest event is now, or a later one if the clock went back.
-local newest = now
+-- The newest event is now + hold, or a later one if the clock went back.
+local newest = now + hold
 local top = redis.call('ZRANGE', log, -1, -1, 'WITHSCORES')
 if top[2] and tonumber(top[2]) > newest then newest = tonumber(top[2]) end
 local deadline = expire_at_ms(newest + window)
 redis.call('PEXPIREAT', log, deadline)
 redis.call('PEXPIREAT', seq, deadline)
-return {1, granted, limit, free - granted, '-1', ns_of_us(window), now}
+return {1, granted, limit, free - granted, '-1', ns_of_us(hold + window), now, '0', '0',
+  ns_of_us(hold)}

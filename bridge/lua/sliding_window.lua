@@ -12,11 +12,16 @@
 --          Key deadlines (PXAT) are absolute instants of this clock, so a pinned
 --          clock behind Redis's real one writes keys that are already expired.
 -- ARGV[2]  cost    units the request needs (0 = peek).
--- ARGV[3]  want    units it would like (>= cost): the lease.
--- ARGV[4]  limit   units per window (<= 2^32 − 1).
--- ARGV[5]  window_us
+-- ARGV[3]  want    units it would like now (>= cost): a lease.
+-- ARGV[4]  reserve (unused: no schedule to reserve)
+-- ARGV[5]  hold_us how long a granted unit may be spent.
+-- ARGV[6]  horizon_us (unused)
+-- ARGV[7]  limit   units per window (<= 2^32 − 1).
+-- ARGV[8]  window_us
 --
--- Reply {allowed 0/1, granted, limit, remaining, retry_after_ns, reset_after_ns, now_us}:
+-- Reply {allowed 0/1, granted, limit, remaining, retry_after_ns, reset_after_ns, now_us,
+-- due_ns, spacing_ns, valid_ns}: granted units are due now ('0', '0') and valid for
+-- valid_ns;
 -- the two durations as decimal strings of ns ("-1" = no retry time), now_us in µs.
 --
 -- Exactness: the core compares prev × (W − e) with (limit − curr − cost) × W in u128;
@@ -79,8 +84,9 @@ local key = KEYS[1]
 local now = clock_us()
 local cost = tonumber(ARGV[2])
 local want = tonumber(ARGV[3])
-local limit = tonumber(ARGV[4])
-local w = tonumber(ARGV[5])
+local hold = tonumber(ARGV[5])
+local limit = tonumber(ARGV[7])
+local w = tonumber(ARGV[8])
 
 local aligned = idiv(now, w) * w
 local prev, curr, start = 0, 0, aligned
@@ -133,7 +139,7 @@ if curr + cost + weight > limit then
   end
   local remaining = limit - curr - weight
   if remaining < 0 then remaining = 0 end
-  return {0, 0, limit, remaining, retry, reset_ns(curr), now}
+  return {0, 0, limit, remaining, retry, reset_ns(curr), now, '0', '0', '0'}
 end
 
 local granted = limit - curr - weight
@@ -143,4 +149,9 @@ if granted > 0 then
   redis.call('SET', key, int(prev) .. ' ' .. int(after) .. ' ' .. int(start), 'PXAT',
     expire_at_ms(start + 2 * w))
 end
-return {1, granted, limit, limit - after - weight, '-1', reset_ns(after), now}
+-- Granted units may be spent until the window ends at most.
+local valid = start + w - now
+if valid > hold then valid = hold end
+if granted == 0 then valid = 0 end
+return {1, granted, limit, limit - after - weight, '-1', reset_ns(after), now, '0', '0',
+  ns_of_us(valid)}

@@ -11,13 +11,18 @@
 --          Key deadlines (PXAT) are absolute instants of this clock, so a pinned
 --          clock behind Redis's real one writes keys that are already expired.
 -- ARGV[2]  cost    units the request needs (0 = peek).
--- ARGV[3]  want    units it would like (>= cost): the lease.
--- ARGV[4]  capacity
--- ARGV[5]  refill  tokens per period, already capped at the capacity by the caller (a
+-- ARGV[3]  want    units it would like now (>= cost): a lease.
+-- ARGV[4]  reserve (unused: no schedule to reserve)
+-- ARGV[5]  hold_us how long a granted unit may be spent.
+-- ARGV[6]  horizon_us (unused)
+-- ARGV[7]  capacity
+-- ARGV[8]  refill  tokens per period, already capped at the capacity by the caller (a
 --                  refill above the capacity only fills the bucket, so this is exact).
--- ARGV[6]  period_us
+-- ARGV[9]  period_us
 --
--- Reply {allowed 0/1, granted, limit, remaining, retry_after_ns, reset_after_ns, now_us}:
+-- Reply {allowed 0/1, granted, limit, remaining, retry_after_ns, reset_after_ns, now_us,
+-- due_ns, spacing_ns, valid_ns}: granted units are due now ('0', '0') and valid for
+-- valid_ns;
 -- counts in tokens, the two durations as decimal strings of ns ("-1" = no retry time),
 -- now_us in µs since the Unix epoch.
 --
@@ -34,9 +39,10 @@ local key = KEYS[1]
 local now = clock_us()
 local cost = tonumber(ARGV[2])
 local want = tonumber(ARGV[3])
-local capacity = tonumber(ARGV[4])
-local refill = tonumber(ARGV[5])
-local period = tonumber(ARGV[6])
+local hold = tonumber(ARGV[5])
+local capacity = tonumber(ARGV[7])
+local refill = tonumber(ARGV[8])
+local period = tonumber(ARGV[9])
 
 local tokens, last = capacity, now
 local stored = redis.call('GET', key)
@@ -72,7 +78,8 @@ end
 if cost > tokens then
   local retry = '-1'
   if cost <= capacity then retry = until_ns(refilled_at(tokens, cost)) end
-  return {0, 0, capacity, tokens, retry, until_ns(refilled_at(tokens, capacity)), now}
+  return {0, 0, capacity, tokens, retry, until_ns(refilled_at(tokens, capacity)), now,
+    '0', '0', '0'}
 end
 
 local granted = want
@@ -82,4 +89,9 @@ local full_at = refilled_at(after, capacity)
 if granted > 0 then
   redis.call('SET', key, int(after) .. ' ' .. int(last), 'PXAT', expire_at_ms(full_at))
 end
-return {1, granted, capacity, after, '-1', until_ns(full_at), now}
+-- Granted units may be spent until the next refill at most: spent in the next refill
+-- period, a unit counted in this one would let both periods' refills be spent together.
+local valid = last + period - now
+if valid > hold then valid = hold end
+if granted == 0 then valid = 0 end
+return {1, granted, capacity, after, '-1', until_ns(full_at), now, '0', '0', ns_of_us(valid)}

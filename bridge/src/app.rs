@@ -2,7 +2,7 @@
 
 use crate::error::ApiError;
 use crate::metrics::Metrics;
-use crate::scripts::Invocation;
+use crate::scripts::{Invocation, ScriptReply};
 use crate::store::{CallError, RedisStore};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -15,8 +15,9 @@ use axum::{Json, Router};
 use sha2::{Digest, Sha256};
 use std::sync::Arc;
 use subtle::ConstantTimeEq;
+use weir_core::algorithms::{Ask, GlobalLimit};
 use weir_core::bounds::MAX_BODY_BYTES;
-use weir_core::wire::{AcquireRequest, AcquireResponse, ItemResult, ACQUIRE_PATH, SECRET_HEADER};
+use weir_core::wire::{v1, v2, SECRET_HEADER};
 
 /// The shared secret, kept as its SHA-256 so that the comparison takes the same time
 /// whatever the length or content of what a client sends.
@@ -52,8 +53,12 @@ pub struct AppState {
 pub fn app(state: AppState) -> Router {
     Router::new()
         .route(
-            ACQUIRE_PATH,
-            post(acquire).layer(DefaultBodyLimit::max(MAX_BODY_BYTES)),
+            v2::ACQUIRE_PATH,
+            post(acquire_v2).layer(DefaultBodyLimit::max(MAX_BODY_BYTES)),
+        )
+        .route(
+            v1::ACQUIRE_PATH,
+            post(acquire_v1).layer(DefaultBodyLimit::max(MAX_BODY_BYTES)),
         )
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
@@ -70,91 +75,159 @@ async fn count_requests(State(state): State<AppState>, request: Request, next: N
     response
 }
 
-async fn acquire(
+/// `POST /v2/acquire`: every item decided in order, up to the first denied item that is
+/// not shadow.
+async fn acquire_v2(
     State(state): State<AppState>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
-) -> Result<Json<AcquireResponse>, ApiError> {
-    let result = decide(&state, &headers, body).await;
+) -> Result<Json<v2::Reply>, ApiError> {
+    counted(&state, decide_v2(&state, &headers, body).await)
+}
+
+async fn decide_v2(
+    state: &AppState,
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<v2::Reply, ApiError> {
+    let body = authorized_body(state, headers, body)?;
+    let (request, limits) =
+        v2::Request::parse(&body).map_err(|e| ApiError::BadRequest(e.to_string()))?;
+    let mut items = Vec::with_capacity(request.items.len());
+    for (item, limit) in request.items.iter().zip(&limits) {
+        let reply = run_item(
+            state,
+            limit,
+            &request.domain,
+            &item.rule,
+            &item.descriptor,
+            item.ask(),
+        )
+        .await?;
+        items.push(v2::Granted::new(item.id, &reply.grant, reply.now_us));
+        if !reply.grant.decision.allowed && !item.shadow {
+            break;
+        }
+    }
+    Ok(v2::Reply { items })
+}
+
+/// `POST /v1/acquire`, for filters before v2: in order, stopping after the first denial;
+/// leases as v1 knew them (no hold, `lease_ttl_ns` from the algorithm's windows).
+async fn acquire_v1(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<v1::AcquireResponse>, ApiError> {
+    counted(&state, decide_v1(&state, &headers, body).await)
+}
+
+async fn decide_v1(
+    state: &AppState,
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<v1::AcquireResponse, ApiError> {
+    let body = authorized_body(state, headers, body)?;
+    let (request, limits) =
+        v1::AcquireRequest::parse(&body).map_err(|e| ApiError::BadRequest(e.to_string()))?;
+    let mut now_us = None;
+    let mut items = Vec::with_capacity(request.items.len());
+    for (item, limit) in request.items.iter().zip(&limits) {
+        let ask = Ask::exact(item.cost).with_want(item.want);
+        let reply = run_item(
+            state,
+            limit,
+            &request.domain,
+            &item.rule,
+            &item.descriptor,
+            ask,
+        )
+        .await?;
+        now_us.get_or_insert(reply.now_us);
+        let d = reply.grant.decision;
+        items.push(v1::ItemResult {
+            allowed: d.allowed,
+            granted: reply.grant.granted,
+            limit: d.limit,
+            remaining: d.remaining,
+            retry_after_ns: d.retry_after_ns,
+            reset_after_ns: d.reset_after_ns,
+            lease_ttl_ns: if d.allowed && reply.grant.granted > 0 {
+                limit.lease_ttl_ns(reply.now_us)
+            } else {
+                None
+            },
+        });
+        if !d.allowed {
+            break;
+        }
+    }
+    Ok(v1::AcquireResponse {
+        // The Redis time of the first item (each item's node reads its own clock).
+        now_us: now_us.unwrap_or(0),
+        items,
+    })
+}
+
+/// Counts a failed call by its class, and turns the reply into JSON.
+fn counted<T>(state: &AppState, result: Result<T, ApiError>) -> Result<Json<T>, ApiError> {
     if let Err(err) = &result {
         state.metrics.error(err.metric_class());
     }
     result.map(Json)
 }
 
-async fn decide(
+/// The body of a call that presents the secret, when the bridge has one.
+fn authorized_body(
     state: &AppState,
     headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
-) -> Result<AcquireResponse, ApiError> {
+) -> Result<Bytes, ApiError> {
     if let Some(secret) = &state.secret {
         let presented = headers.get(SECRET_HEADER).map(|v| v.as_bytes());
         if !presented.is_some_and(|p| secret.matches(p)) {
             return Err(ApiError::Unauthorized);
         }
     }
-    let body = body.map_err(|rejection| {
+    body.map_err(|rejection| {
         if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::PayloadTooLarge
         } else {
             ApiError::BadRequest(format!("cannot read the body: {}", rejection.body_text()))
         }
-    })?;
-    // Validation includes what the Lua scripts cannot compute exactly: the config
-    // checker refuses the same (one definition, in the core).
-    let (request, limits) =
-        AcquireRequest::parse(&body).map_err(|e| ApiError::BadRequest(e.to_string()))?;
-
-    let mut now_us = None;
-    let mut items = Vec::with_capacity(request.items.len());
-    // In order, stopping after the first denial: the items after it are not charged.
-    for (item, limit) in request.items.iter().zip(&limits) {
-        let inv = Invocation::for_limit(
-            limit,
-            &request.domain,
-            &item.rule,
-            &item.descriptor,
-            0,
-            item.cost,
-            item.want,
-        );
-        let reply = state.store.run(&inv).await.map_err(|err| {
-            let api = ApiError::from_call(&err);
-            match &err {
-                CallError::Timeout => {
-                    tracing::warn!(rule = %item.rule, algorithm = %inv.kind, "redis call timed out")
-                }
-                CallError::Redis(err) => {
-                    tracing::warn!(rule = %item.rule, algorithm = %inv.kind, error = %err, status = %api.status(), "redis call failed")
-                }
-                CallError::BadReply(why) => {
-                    tracing::error!(rule = %item.rule, algorithm = %inv.kind, why, "bad script reply")
-                }
-            }
-            api
-        })?;
-        now_us.get_or_insert(reply.now_us);
-        let result = reply.item;
-        state
-            .metrics
-            .decision(&item.rule, result.allowed, result.granted);
-        items.push(ItemResult {
-            lease_ttl_ns: if result.allowed && result.granted > 0 {
-                limit.lease_ttl_ns(reply.now_us)
-            } else {
-                None
-            },
-            ..result
-        });
-        if !result.allowed {
-            break;
-        }
-    }
-    Ok(AcquireResponse {
-        // The Redis time of the first item (each item's node reads its own clock).
-        now_us: now_us.unwrap_or(0),
-        items,
     })
+}
+
+/// Runs one item's script (validation already refused what Lua cannot compute exactly,
+/// as the config checker does), counts its decision, and maps a failure to the reply.
+async fn run_item(
+    state: &AppState,
+    limit: &GlobalLimit,
+    domain: &str,
+    rule: &str,
+    descriptor: &[String],
+    ask: Ask,
+) -> Result<ScriptReply, ApiError> {
+    let inv = Invocation::for_limit(limit, domain, rule, descriptor, 0, ask);
+    let reply = state.store.run(&inv).await.map_err(|err| {
+        let api = ApiError::from_call(&err);
+        match &err {
+            CallError::Timeout => {
+                tracing::warn!(rule = %rule, algorithm = %inv.kind, "redis call timed out")
+            }
+            CallError::Redis(err) => {
+                tracing::warn!(rule = %rule, algorithm = %inv.kind, error = %err, status = %api.status(), "redis call failed")
+            }
+            CallError::BadReply(why) => {
+                tracing::error!(rule = %rule, algorithm = %inv.kind, why, "bad script reply")
+            }
+        }
+        api
+    })?;
+    state
+        .metrics
+        .decision(rule, reply.grant.decision.allowed, reply.grant.granted);
+    Ok(reply)
 }
 
 async fn healthz(State(state): State<AppState>) -> Response {

@@ -7,19 +7,22 @@
 //! |---|---|
 //! | 1 | `now_us` override: 0 = Redis `TIME` (what the HTTP API always sends); tests pin time |
 //! | 2 | `cost` |
-//! | 3 | `want` (≥ cost) |
-//! | 4.. | the algorithm's script arguments (`Algorithm::script_args` in the core) |
+//! | 3 | `want` (≥ cost): units to take now |
+//! | 4 | `reserve`: units of the future schedule to reserve when cost does not fit (GCRA) |
+//! | 5 | `hold_us`: how long a unit may be spent after it is due |
+//! | 6 | `horizon_us`: how far ahead reserved units may be due |
+//! | 7.. | the algorithm's script arguments (`Algorithm::script_args` in the core) |
 //!
-//! and all reply `{allowed 0/1, granted, limit, remaining, retry_after_ns, reset_after_ns,
-//! now_us}`, the durations as decimal strings (`"-1"`: no retry time) because a ns
-//! duration may pass 2^53, where Lua's doubles stop being exact.
+//! (a [`weir_core::algorithms::Ask`]) and all reply `{allowed 0/1, granted, limit,
+//! remaining, retry_after_ns, reset_after_ns, now_us, due_ns, spacing_ns, valid_ns}` (a
+//! [`Grant`] and Redis's clock), the durations as decimal strings (`"-1"`: no retry
+//! time) because a ns duration may pass 2^53, where Lua's doubles stop being exact.
 //!
 //! Everything here is pure: building an invocation and decoding a reply need no Redis.
 
 use redis::Value;
-use weir_core::algorithms::{AlgorithmKind, GlobalLimit};
+use weir_core::algorithms::{AlgorithmKind, Ask, Decision, GlobalLimit, Grant};
 use weir_core::key::{redis_key_tag, redis_state_key};
-use weir_core::wire::ItemResult;
 
 include!(concat!(env!("OUT_DIR"), "/lua_scripts.rs"));
 
@@ -83,18 +86,17 @@ pub fn log_seq_key(state_key: &str) -> String {
 }
 
 impl Invocation {
-    /// The call deciding `cost` (up to `want`) units of `limit` for one descriptor.
-    /// `now_us` 0 lets the script read Redis `TIME`. KEYS are the state key, then the
-    /// algorithm's extra keys in the same hash slot; ARGV is `now_us, cost, want`, then
-    /// the algorithm's script arguments.
+    /// The call deciding `ask` against `limit` for one descriptor. `now_us` 0 lets the
+    /// script read Redis `TIME`. KEYS are the state key, then the algorithm's extra keys
+    /// in the same hash slot; ARGV is `now_us`, the ask, then the algorithm's script
+    /// arguments.
     pub fn for_limit(
         limit: &GlobalLimit,
         domain: &str,
         rule: &str,
         descriptor: &[String],
         now_us: u64,
-        cost: u64,
-        want: u64,
+        ask: Ask,
     ) -> Invocation {
         let kind = limit.kind();
         let tag = redis_key_tag(domain, rule, kind, descriptor);
@@ -107,29 +109,39 @@ impl Invocation {
                     .map(|suffix| format!("{state_key}{suffix}")),
             )
             .collect();
-        let mut args = vec![now_us, cost, want];
+        let mut args = vec![
+            now_us,
+            ask.cost,
+            ask.want,
+            ask.reserve,
+            ask.hold_us,
+            ask.horizon_us,
+        ];
         args.extend(limit.algorithm().script_args());
         Invocation { kind, keys, args }
     }
 }
 
-/// A script's reply, decoded: the item's result as the wire carries it (without a lease
-/// lifetime, which the bridge adds) and the Redis time the script decided at.
+/// A script's reply, decoded: what the key granted, and the Redis time the script
+/// decided at.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ScriptReply {
-    pub item: ItemResult,
+    pub grant: Grant,
     pub now_us: u64,
 }
 
-/// Decodes `{allowed, granted, limit, remaining, retry_after_ns, reset_after_ns, now_us}`.
-/// Each field may be an integer or a decimal string; a value past u64 saturates, as the
-/// core's durations do. The error says what was wrong, for logs.
+/// Decodes `{allowed, granted, limit, remaining, retry_after_ns, reset_after_ns, now_us,
+/// due_ns, spacing_ns, valid_ns}`. Each field may be an integer or a decimal string; a
+/// value past u64 saturates, as the core's durations do. The error says what was wrong,
+/// for logs.
 pub fn decode_reply(value: &Value) -> Result<ScriptReply, String> {
     let Value::Array(items) = value else {
         return Err(format!("expected an array, got {}", value_kind(value)));
     };
-    let [allowed, granted, limit, remaining, retry, reset, now] = items.as_slice() else {
-        return Err(format!("expected 7 fields, got {}", items.len()));
+    let [allowed, granted, limit, remaining, retry, reset, now, due, spacing, valid] =
+        items.as_slice()
+    else {
+        return Err(format!("expected 10 fields, got {}", items.len()));
     };
     let field = |name: &str, v: &Value| {
         integer(v).ok_or_else(|| format!("{name}: not an integer ({})", value_kind(v)))
@@ -151,15 +163,20 @@ pub fn decode_reply(value: &Value) -> Result<ScriptReply, String> {
         n if n >= 0 => Some(saturate(n)),
         n => return Err(format!("retry_after_ns: negative ({n})")),
     };
+    let due_ns = field("due_ns", due)?;
     Ok(ScriptReply {
-        item: ItemResult {
-            allowed,
+        grant: Grant {
+            decision: Decision {
+                allowed,
+                limit: count("limit", limit)?,
+                remaining: count("remaining", remaining)?,
+                retry_after_ns,
+                reset_after_ns: count("reset_after_ns", reset)?,
+            },
             granted: count("granted", granted)?,
-            limit: count("limit", limit)?,
-            remaining: count("remaining", remaining)?,
-            retry_after_ns,
-            reset_after_ns: count("reset_after_ns", reset)?,
-            lease_ttl_ns: None,
+            due_ns: i64::try_from(due_ns).unwrap_or(if due_ns < 0 { i64::MIN } else { i64::MAX }),
+            spacing_ns: count("spacing_ns", spacing)?,
+            valid_ns: count("valid_ns", valid)?,
         },
         now_us: count("now_us", now)?,
     })
@@ -224,13 +241,23 @@ mod tests {
     fn invocations_carry_keys_in_one_slot_and_the_documented_argv() {
         // GCRA: rate 3 per second, burst 2.
         let gcra = compile(AlgorithmKind::Gcra, &[3, 1_000_000, 2]);
-        let inv = Invocation::for_limit(&gcra, "weir", "r", &["=alice".into()], 0, 1, 4);
+        let ask = Ask {
+            cost: 1,
+            want: 4,
+            reserve: 9,
+            hold_us: 250,
+            horizon_us: 1_000,
+        };
+        let inv = Invocation::for_limit(&gcra, "weir", "r", &["=alice".into()], 0, ask);
         let tag = redis_key_tag("weir", "r", AlgorithmKind::Gcra, &["=alice".into()]);
         assert_eq!(inv.keys, vec![format!("weir:{{{tag}}}:gcra")]);
-        assert_eq!(inv.args, vec![0, 1, 4, 3, 333_333_333, 999_999_999]);
+        assert_eq!(
+            inv.args,
+            vec![0, 1, 4, 9, 250, 1_000, 3, 333_333_333, 999_999_999]
+        );
 
         let log = compile(AlgorithmKind::SlidingLog, &[5, 10]);
-        let inv = Invocation::for_limit(&log, "weir", "r", &[], 7, 0, 0);
+        let inv = Invocation::for_limit(&log, "weir", "r", &[], 7, Ask::exact(0));
         let tag = redis_key_tag("weir", "r", AlgorithmKind::SlidingLog, &[]);
         assert_eq!(
             inv.keys,
@@ -239,14 +266,14 @@ mod tests {
                 log_seq_key(&format!("weir:{{{tag}}}:sliding_log"))
             ]
         );
-        assert_eq!(inv.args, vec![7, 0, 0, 5, 10]);
+        assert_eq!(inv.args, vec![7, 0, 0, 0, 0, 0, 5, 10]);
 
         // Token bucket: capacity 5, refill 100 every 9 µs.
         let bucket = compile(AlgorithmKind::TokenBucket, &[5, 100, 9]);
-        let inv = Invocation::for_limit(&bucket, "weir", "r", &[], 0, 1, 1);
+        let inv = Invocation::for_limit(&bucket, "weir", "r", &[], 0, Ask::exact(1));
         assert_eq!(
             inv.args,
-            vec![0, 1, 1, 5, 5, 9],
+            vec![0, 1, 1, 0, 0, 0, 5, 5, 9],
             "refill capped at capacity"
         );
     }
@@ -276,18 +303,25 @@ mod tests {
             Value::BulkString(b"1000".to_vec()),
             Value::BulkString(b"99999999999999999999999".to_vec()),
             Value::Int(1_700_000_000_000_000),
+            Value::BulkString(b"-250".to_vec()),
+            Value::BulkString(b"1000".to_vec()),
+            Value::BulkString(b"5000".to_vec()),
         ]);
         assert_eq!(
             decode_reply(&reply),
             Ok(ScriptReply {
-                item: ItemResult {
-                    allowed: false,
+                grant: Grant {
+                    decision: Decision {
+                        allowed: false,
+                        limit: 5,
+                        remaining: 2,
+                        retry_after_ns: Some(1000),
+                        reset_after_ns: u64::MAX,
+                    },
                     granted: 0,
-                    limit: 5,
-                    remaining: 2,
-                    retry_after_ns: Some(1000),
-                    reset_after_ns: u64::MAX,
-                    lease_ttl_ns: None,
+                    due_ns: -250,
+                    spacing_ns: 1000,
+                    valid_ns: 5000,
                 },
                 now_us: 1_700_000_000_000_000,
             })
@@ -296,7 +330,10 @@ mod tests {
         if let Value::Array(items) = &mut none {
             items[4] = Value::BulkString(b"-1".to_vec());
         }
-        assert_eq!(decode_reply(&none).unwrap().item.retry_after_ns, None);
+        assert_eq!(
+            decode_reply(&none).unwrap().grant.decision.retry_after_ns,
+            None
+        );
         assert!(decode_reply(&Value::Int(1)).is_err());
         assert!(decode_reply(&Value::Array(vec![Value::Int(1)])).is_err());
         let mut bad = reply;

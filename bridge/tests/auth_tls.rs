@@ -9,7 +9,7 @@
 
 use std::process::Command;
 use std::time::Duration;
-use weir_core::wire::ACQUIRE_PATH;
+use weir_core::wire::v1::ACQUIRE_PATH;
 use weir_e2e::{redis_cli_at, wait_until, Child, Process, RedisCluster, TestDir};
 
 const BODY: &str = r#"{"domain":"weir","items":[{"rule":"r","descriptor":["=alice"],

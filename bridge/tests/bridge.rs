@@ -20,7 +20,9 @@ use std::time::{Duration, Instant};
 use tower::ServiceExt;
 use weir_bridge::scripts::Invocation;
 use weir_bridge::{app, state_from_client, AppState};
-use weir_core::wire::{AcquireRequest, AcquireResponse, ACQUIRE_PATH, SECRET_HEADER};
+use weir_core::algorithms::Ask;
+use weir_core::wire::v1::{AcquireRequest, AcquireResponse, ACQUIRE_PATH};
+use weir_core::wire::SECRET_HEADER;
 use weir_e2e::{key_slot, redis_cli_at, wait_until, Process, RedisCluster};
 
 const SECRET: &str = "bridge-test-secret";
@@ -67,8 +69,7 @@ fn key_of(items_json: &str, index: usize) -> String {
         &item.rule,
         &item.descriptor,
         0,
-        item.cost,
-        item.want,
+        Ask::exact(item.cost).with_want(item.want),
     )
     .keys[0]
         .clone()

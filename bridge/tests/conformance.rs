@@ -22,7 +22,7 @@
 
 mod common;
 
-use common::{future_base, invocation, Redis, Rng};
+use common::{future_base, invocation, invocation_for, Redis, Rng};
 use std::time::Duration;
 use weir_bridge::scripts::{log_seq_key, ScriptReply};
 use weir_core::algorithms::fixed_window::FixedWindow;
@@ -31,18 +31,11 @@ use weir_core::algorithms::sliding_log::SlidingLog;
 use weir_core::algorithms::sliding_window::SlidingWindow;
 use weir_core::algorithms::token_bucket::TokenBucket;
 use weir_core::algorithms::GlobalLimit;
-use weir_core::algorithms::{AlgorithmKind, Decision, Limit, SlotState};
+use weir_core::algorithms::{AlgorithmKind, Ask, Decision, Limit, SlotState};
 use weir_core::scenarios::{self, expected, limit_of, Scenario, T0};
 
 fn decision_of(reply: &ScriptReply) -> Decision {
-    let r = reply.item;
-    Decision {
-        allowed: r.allowed,
-        limit: r.limit,
-        remaining: r.remaining,
-        retry_after_ns: r.retry_after_ns,
-        reset_after_ns: r.reset_after_ns,
-    }
+    reply.grant.decision
 }
 
 /// One key of a slot algorithm, decided by Rust and by Lua side by side.
@@ -68,15 +61,21 @@ impl<'a> SlotPair<'a> {
     /// Decides one request both ways, asserts they agree on every field and on the state
     /// written, and returns the decision.
     async fn step(&mut self, ctx: &str, now: u64, cost: u64, want: u64) -> (Decision, u64) {
-        let (decision, granted, next) = self.limit.acquire(self.state, now, cost, want);
-        let inv = invocation(&self.global, &self.descriptor, now, cost, want);
+        self.step_ask(ctx, now, Ask::exact(cost).with_want(want))
+            .await
+    }
+
+    /// The same for any ask: leases with a hold, reservations.
+    async fn step_ask(&mut self, ctx: &str, now: u64, ask: Ask) -> (Decision, u64) {
+        let (grant, next) = self.limit.grant(self.state, now, ask);
+        let inv = invocation_for(&self.global, &self.descriptor, now, ask);
         let reply = self.redis.run(&inv).await;
         assert_eq!(
-            (decision_of(&reply), reply.item.granted),
-            (decision, granted),
-            "{ctx}: Lua (left) and Rust (right) disagree at now={now} cost={cost} want={want}, state {:?}",
+            reply.grant, grant,
+            "{ctx}: Lua (left) and Rust (right) disagree at now={now} asking {ask:?}, state {:?}",
             self.state
         );
+        let (decision, granted) = (grant.decision, grant.granted);
         assert_eq!(reply.now_us, now, "{ctx}: the script used the pinned clock");
         if let Some(next) = next {
             self.state = Some(next);
@@ -208,18 +207,32 @@ async fn log_step(
     cost: u64,
     want: u64,
 ) -> (Decision, u64) {
-    let (decision, granted) = log.acquire(events, now, cost, want);
-    let inv = invocation(&GlobalLimit::SlidingLog(*log), descriptor, now, cost, want);
+    let ask = Ask::exact(cost).with_want(want);
+    log_step_ask(redis, log, descriptor, events, now, ask).await
+}
+
+/// The same for any ask: units are logged at `now + hold_us`.
+async fn log_step_ask(
+    redis: &Redis,
+    log: &SlidingLog,
+    descriptor: &str,
+    events: &mut Vec<u64>,
+    now: u64,
+    ask: Ask,
+) -> (Decision, u64) {
+    let grant = log.grant(events, now, ask);
+    let inv = invocation_for(&GlobalLimit::SlidingLog(*log), descriptor, now, ask);
     let reply = redis.run(&inv).await;
     assert_eq!(
-        (decision_of(&reply), reply.item.granted),
-        (decision, granted),
-        "sliding log: Lua (left) and Rust (right) disagree at now={now} cost={cost} want={want}, events {events:?}"
+        reply.grant, grant,
+        "sliding log: Lua (left) and Rust (right) disagree at now={now} asking {ask:?}, events {events:?}"
     );
     assert_eq!(reply.now_us, now);
+    let (decision, granted) = (grant.decision, grant.granted);
     // Keep the core's log sorted (the clock may go back) and trimmed like Redis's.
-    let at = events.partition_point(|&t| t <= now);
-    events.splice(at..at, std::iter::repeat_n(now, granted as usize));
+    let logged_at = now + ask.hold_us;
+    let at = events.partition_point(|&t| t <= logged_at);
+    events.splice(at..at, std::iter::repeat_n(logged_at, granted as usize));
     if now >= log.window_us() {
         events.retain(|&t| t > now - log.window_us());
     }
@@ -328,13 +341,34 @@ async fn random_walk(redis: &Redis, kind: AlgorithmKind, seed: u64, steps: usize
             } else {
                 cost + rng.range(0, 20)
             };
+            // Holds and horizons around the limit's own scale, sometimes none.
+            let hold_us = if rng.chance(30) {
+                0
+            } else {
+                (scale * rng.range(0, 128) / 64).min(3_600_000_000)
+            };
+            let (reserve, horizon_us) = if rng.chance(50) {
+                (0, 0)
+            } else {
+                (
+                    rng.range(1, 40),
+                    (scale * rng.range(0, 256) / 64).min(10_000_000),
+                )
+            };
+            let ask = Ask {
+                cost,
+                want,
+                reserve,
+                hold_us,
+                horizon_us,
+            };
             let ctx = format!("{kind} seed {seed} step {done} limit {limit:?}");
             match (&mut pair, &limit) {
                 (Some(pair), _) => {
-                    pair.step(&ctx, now, cost, want).await;
+                    pair.step_ask(&ctx, now, ask).await;
                 }
                 (None, GlobalLimit::SlidingLog(log)) => {
-                    log_step(redis, log, &descriptor, &mut events, now, cost, want).await;
+                    log_step_ask(redis, log, &descriptor, &mut events, now, ask).await;
                 }
                 _ => unreachable!(),
             }
@@ -477,7 +511,7 @@ async fn expired_keys_decide_like_their_state_would_have() {
         let descriptor = format!("expiry-{n}");
         let inv = invocation(&g, &descriptor, 0, 2, 2);
         let first = redis.run(&inv).await;
-        assert!(first.item.allowed);
+        assert!(first.grant.decision.allowed);
         let state = redis
             .slot_state(limit.kind(), &inv.keys[0])
             .await
@@ -495,7 +529,7 @@ async fn expired_keys_decide_like_their_state_would_have() {
         if let Limit::TokenBucket(_) = limit {
             // Full either way; only the phase of the next refill differs (as in the core).
             assert_eq!(
-                (again.item.allowed, again.item.remaining),
+                (again.grant.decision.allowed, again.grant.decision.remaining),
                 (with_state.allowed, with_state.remaining)
             );
         } else {
@@ -505,7 +539,7 @@ async fn expired_keys_decide_like_their_state_would_have() {
     let log = SlidingLog::new(2, 100 * ms).unwrap();
     let inv = invocation(&GlobalLimit::SlidingLog(log), "expiry-log", 0, 2, 2);
     let first = redis.run(&inv).await;
-    assert!(first.item.allowed);
+    assert!(first.grant.decision.allowed);
     let gone = weir_e2e::wait_until(Duration::from_secs(3), Duration::from_millis(5), || {
         futures_block(redis.int(&["EXISTS", &inv.keys[0], &inv.keys[1]])) == 0
     });

@@ -46,9 +46,9 @@ async fn a_flushed_script_cache_costs_one_eval_even_with_a_shard_down() {
         .unwrap();
 
     // First call: NOSCRIPT, then EVAL (which caches the script on that master).
-    assert!(redis.run(&inv).await.item.allowed);
+    assert!(redis.run(&inv).await.grant.decision.allowed);
     assert!(fallbacks(&redis).ends_with(" 1"), "{}", fallbacks(&redis));
-    assert!(redis.run(&inv).await.item.allowed);
+    assert!(redis.run(&inv).await.grant.decision.allowed);
     assert!(fallbacks(&redis).ends_with(" 1"), "EVALSHA hits now");
 
     // Lose another shard for good (its replica, then its master): with
@@ -76,9 +76,9 @@ async fn a_flushed_script_cache_costs_one_eval_even_with_a_shard_down() {
 
     // EVALSHA → NOSCRIPT → EVAL, to the key's slot only.
     let reply = redis.store.run(&inv).await.unwrap();
-    assert!(reply.item.allowed);
+    assert!(reply.grant.decision.allowed);
     assert!(fallbacks(&redis).ends_with(" 2"), "{}", fallbacks(&redis));
     // EVAL cached the script on that node: EVALSHA hits again.
-    assert!(redis.run(&inv).await.item.allowed);
+    assert!(redis.run(&inv).await.grant.decision.allowed);
     assert!(fallbacks(&redis).ends_with(" 2"), "{}", fallbacks(&redis));
 }

@@ -1,5 +1,5 @@
 //! One request through every rule: match, key, cost, then a decision — in this Envoy's
-//! shared data for local rules, from a lease or the bridge for global ones.
+//! shared data for local rules, from held units or the bridge for global ones.
 //!
 //! Rules run in config order. Each rule that allows spends its units at once; the first
 //! enforcing rule that denies stops the evaluation, so rules *before* it keep what they
@@ -8,34 +8,32 @@
 //! eat into a shared quota. Shadow rules decide, count and spend like enforcing ones but
 //! never deny and never stop the evaluation.
 //!
-//! Global rules are served from a lease or a cached denial when the key has one, in
-//! their place in that order. Otherwise they become [`PendingItem`]s, all sent to the
-//! bridge in one call ([`Engine::bridge_request`]) once every rule has been looked at,
-//! and the reply completes the evaluation ([`Engine::complete`]). So a global rule served
-//! from a lease spends its unit even when the bridge then denies a rule before it.
+//! A global rule is served from what this Envoy holds for its key ([`crate::lease`]):
+//! units due now, a reservation not due yet (denied until it is), or a cached denial — in
+//! its place, like a local rule. Otherwise it becomes a [`PendingItem`]; all of them go to
+//! the bridge in one call ([`Engine::bridge_request`]) once every rule has been looked
+//! at, and the reply, matched to the items by rule id, completes the evaluation
+//! ([`Engine::complete`]). So a rule served locally spends its unit even when the bridge
+//! then denies a rule before it.
 //!
 //! A shared-data failure or a CAS give-up fails open for a local rule (the request is
 //! not denied by a store we cannot read) and sends a global rule to the bridge; both are
-//! reported, to be counted. When the bridge fails (timeout, unavailable, bad reply), each
-//! pending rule applies its failure mode, and further calls are skipped for
-//! [`BRIDGE_BACKOFF_US`] so that a dead bridge does not cost every request a timeout.
-//!
-//! Every report, verdict and pending item names its rule by [`RuleId`].
+//! reported, to be counted. When the bridge fails (no response, timeout, an error
+//! status, a bad reply), each pending rule applies its failure mode, and further calls
+//! of this plugin are skipped for [`BRIDGE_BACKOFF_US`] so that a failing bridge does not
+//! cost every request a failed call.
 
-use crate::algorithms::{Decision, Limit, SlotState, NS_PER_US};
+use crate::algorithms::{Decision, Limit, SlotState};
 use crate::config::Config;
 use crate::key::{encode_part, KeyHash, KeyHasher, Seed};
-use crate::lease::{self, Spend};
+use crate::lease::{Held, LeaseSlot, Settled, SettledOutcome, Spend};
 use crate::response::RuleVerdict;
 use crate::rules::{FactSource, Facts, FailureMode, GlobalRule, Rule, RuleId, Scope};
-use crate::store::{Placement, SharedStore, SlotTable, StoreError, UpdateError};
-use crate::wire::{
-    AcquireItem, AcquireRequest, AcquireResponse, ItemResult, ReplyError, WireLimit,
-};
+use crate::store::slot_table::SlotTable;
+use crate::store::{Placement, SharedStore, StoreError, UpdateError, Updated};
+use crate::wire::v2::{self, Granted, Sent};
+use crate::wire::{ReplyError, WireLimit};
 
-/// Shared-data key holding the instant (µs, little-endian) until which the bridge is
-/// considered down.
-pub const BRIDGE_DOWN_KEY: &str = "weir/v1/bridge/down_until";
 /// How long a failed bridge is left alone before it is tried again.
 pub const BRIDGE_BACKOFF_US: u64 = 1_000_000;
 
@@ -72,7 +70,7 @@ pub enum FailureOutcome {
 pub enum Source {
     /// A local rule's slot.
     Slot,
-    /// A global rule's lease.
+    /// Units this Envoy held for a global rule (a lease or a reservation).
     Lease,
     /// A cached denial of a global rule.
     DenialCache,
@@ -88,6 +86,9 @@ pub struct RuleReport {
     pub rule: RuleId,
     pub outcome: RuleOutcome,
     pub source: Option<Source>,
+    /// When the decision was made, µs since the epoch: this Envoy's clock, or Redis's
+    /// for a decision of the bridge.
+    pub decided_at_us: u64,
     pub placement: Option<Placement>,
     /// CAS attempts lost, over every table update the rule made.
     pub cas_retries: u32,
@@ -96,11 +97,12 @@ pub struct RuleReport {
 }
 
 impl RuleReport {
-    fn new(rule: RuleId) -> Self {
+    fn new(rule: RuleId, now_us: u64) -> Self {
         RuleReport {
             rule,
             outcome: RuleOutcome::NotMatched,
             source: None,
+            decided_at_us: now_us,
             placement: None,
             cas_retries: 0,
             lease_store_error: None,
@@ -108,7 +110,7 @@ impl RuleReport {
     }
 
     /// Adds what one table update did (or how it failed) to the report.
-    fn add_update<R>(&mut self, update: &Result<crate::store::Updated<R>, UpdateError>) {
+    fn add_update<R>(&mut self, update: &Result<Updated<R>, UpdateError>) {
         match update {
             Ok(u) => {
                 self.placement = self.placement.or(u.placement);
@@ -133,7 +135,11 @@ pub struct PendingItem {
     pub hash: KeyHash,
     pub descriptor: Vec<String>,
     pub cost: u64,
+    /// Units to take now when they are free (a lease), and to reserve when not.
     pub want: u64,
+    pub reserve: u64,
+    /// What this Envoy last heard of the key: units remaining, and when (µs).
+    pub last_known: Option<(u64, u64)>,
     /// What the lease lookup found (placement, CAS retries, a store error): the rule's
     /// final report starts from it.
     pub lookup: RuleReport,
@@ -215,12 +221,15 @@ struct SlotDecision<'a> {
     source: Source,
 }
 
-/// A rule's tables: its slots (local rules) or leases (global rules), and for global
-/// rules with `failure_mode: local` the local share's slots.
+/// A rule's tables: its slots (local rules), or its lease table and, with
+/// `failure_mode: local`, the local share's slots (global rules).
 #[derive(Debug)]
-struct RuleTables {
-    main: SlotTable,
-    fallback: Option<SlotTable>,
+enum RuleTables {
+    Local(SlotTable),
+    Global {
+        leases: SlotTable<LeaseSlot>,
+        fallback: Option<SlotTable>,
+    },
 }
 
 /// A compiled config with its tables.
@@ -229,6 +238,9 @@ pub struct Engine {
     pub config: Config,
     /// One per rule, at its id's index.
     tables: Vec<RuleTables>,
+    /// The shared-data key holding the instant (µs, little-endian) until which this
+    /// plugin's bridge is left alone.
+    bridge_down_key: String,
 }
 
 impl Engine {
@@ -236,58 +248,96 @@ impl Engine {
         Self::with_namespace(config, "")
     }
 
-    /// An engine whose tables are prefixed by `namespace` (the filter uses Envoy's
-    /// plugin name), so that two plugins sharing one Wasm VM's shared data — Istio gives
-    /// every WasmPlugin the same `vm_id` — never share counters, even with equal rule names.
+    /// An engine whose tables and bridge backoff are prefixed by `namespace` (the filter
+    /// uses Envoy's plugin name), so that two plugins sharing one Wasm VM's shared data —
+    /// Istio gives every WasmPlugin the same `vm_id` — never share counters, even with
+    /// equal rule names, nor skip each other's bridge.
     pub fn with_namespace(config: Config, namespace: &str) -> Self {
+        let owner = |rule: &Rule| {
+            if namespace.is_empty() {
+                rule.name.clone()
+            } else {
+                format!("{namespace}/{}", rule.name)
+            }
+        };
         let tables = config
             .rules
             .iter()
-            .map(|rule| {
-                let owner = if namespace.is_empty() {
-                    rule.name.clone()
-                } else {
-                    format!("{namespace}/{}", rule.name)
-                };
-                let (label, fallback) = match &rule.scope {
-                    Scope::Local(limit) => (limit.kind().name().to_string(), None),
-                    Scope::Global(global) => {
-                        let fallback = match &global.failure_mode {
-                            FailureMode::Local(limit) => Some(SlotTable::new(
-                                &owner,
-                                &format!("fallback-{}", limit.kind()),
-                                rule.max_keys,
-                            )),
-                            FailureMode::Allow | FailureMode::Deny => None,
-                        };
-                        (format!("lease-{}", global.limit.kind()), fallback)
-                    }
-                };
-                RuleTables {
-                    main: SlotTable::new(&owner, &label, rule.max_keys),
-                    fallback,
-                }
+            .map(|rule| match &rule.scope {
+                Scope::Local(limit) => RuleTables::Local(SlotTable::new(
+                    &owner(rule),
+                    limit.kind().name(),
+                    rule.max_keys,
+                )),
+                Scope::Global(global) => RuleTables::Global {
+                    leases: SlotTable::new(&owner(rule), &lease_label(global), rule.max_keys),
+                    fallback: match &global.failure_mode {
+                        FailureMode::Local(limit) => Some(SlotTable::new(
+                            &owner(rule),
+                            &format!("fallback-{}", limit.kind()),
+                            rule.max_keys,
+                        )),
+                        FailureMode::Allow | FailureMode::Deny => None,
+                    },
+                },
             })
             .collect();
-        Engine { config, tables }
+        let cluster = config.bridge.as_ref().map_or("", |b| b.cluster.as_str());
+        let bridge_down_key = if namespace.is_empty() {
+            format!("weir/v1/bridge/{cluster}/down_until")
+        } else {
+            format!("weir/v1/{namespace}/bridge/{cluster}/down_until")
+        };
+        Engine {
+            config,
+            tables,
+            bridge_down_key,
+        }
     }
 
-    /// The slot table of a local rule, or the lease table of a global one.
-    pub fn table(&self, rule: RuleId) -> Option<&SlotTable> {
-        self.tables.get(rule.index()).map(|t| &t.main)
+    /// The shared-data key of this engine's bridge backoff.
+    pub fn bridge_down_key(&self) -> &str {
+        &self.bridge_down_key
     }
 
-    fn fallback_table(&self, rule: RuleId) -> Option<&SlotTable> {
-        self.tables.get(rule.index())?.fallback.as_ref()
+    /// Keys a rule's table holds at once (its slot table, or its lease table).
+    pub fn capacity(&self, rule: RuleId) -> u64 {
+        match self.tables.get(rule.index()) {
+            Some(RuleTables::Local(t)) => t.capacity(),
+            Some(RuleTables::Global { leases, .. }) => leases.capacity(),
+            None => 0,
+        }
+    }
+
+    /// The slots of a rule's table that hold a key, read from at most `max_sets_read`
+    /// sets (see [`SlotTable::estimate_slots_in_use`]).
+    pub fn estimate_slots_in_use<S: SharedStore>(
+        &self,
+        rule: RuleId,
+        store: &S,
+        max_sets_read: u32,
+    ) -> Result<u64, StoreError> {
+        match self.tables.get(rule.index()) {
+            Some(RuleTables::Local(t)) => t.estimate_slots_in_use(store, max_sets_read),
+            Some(RuleTables::Global { leases, .. }) => {
+                leases.estimate_slots_in_use(store, max_sets_read)
+            }
+            None => Ok(0),
+        }
     }
 
     /// Creates the tables that do not exist yet. Run before serving.
     pub fn prepare<S: SharedStore>(&self, store: &S) -> Result<u32, StoreError> {
         let mut created = 0;
         for tables in &self.tables {
-            created += tables.main.create_missing(store)?;
-            if let Some(fallback) = &tables.fallback {
-                created += fallback.create_missing(store)?;
+            match tables {
+                RuleTables::Local(t) => created += t.create_missing(store)?,
+                RuleTables::Global { leases, fallback } => {
+                    created += leases.create_missing(store)?;
+                    if let Some(fallback) = fallback {
+                        created += fallback.create_missing(store)?;
+                    }
+                }
             }
         }
         Ok(created)
@@ -308,151 +358,199 @@ impl Engine {
             if eval.denied() {
                 break;
             }
-            let Some(table) = self.table(rule.id) else {
-                continue;
-            };
             let Some(applied) = applies(rule, seed, facts, now_us, &mut eval) else {
                 continue;
             };
-            match &rule.scope {
-                Scope::Local(limit) => {
+            match (&rule.scope, self.tables.get(rule.id.index())) {
+                (Scope::Local(limit), Some(RuleTables::Local(table))) => {
                     let slot = SlotDecision {
                         limit,
                         table,
                         source: Source::Slot,
                     };
-                    let report = RuleReport::new(rule.id);
-                    decide_in_slot(&mut eval, store, &applied, slot, report);
+                    let report = RuleReport::new(rule.id, now_us);
+                    decide_in_slot(&mut eval, store, &applied, slot, report, None);
                 }
-                Scope::Global(global) => {
-                    let lease = LeaseLookup { global, table };
-                    spend_or_ask(&mut eval, store, facts, applied, lease)
+                (Scope::Global(global), Some(RuleTables::Global { leases, .. })) => {
+                    let lookup = LeaseLookup { global, leases };
+                    if let Some(item) = spend_or_ask(&mut eval, store, &applied, lookup) {
+                        eval.pending.push(pending_item(applied, facts, item));
+                    }
                 }
+                _ => {}
             }
         }
-        if eval.denied() {
-            // The request is denied anyway: nobody asks the bridge.
-            eval.pending.clear();
-        } else if !eval.pending.is_empty() && bridge_down(store, now_us) {
-            self.fail_pending(&mut eval, store, now_us, BridgeError::Skipped);
-        }
+        self.after_local_decisions(&mut eval, store, now_us);
         eval
     }
 
-    /// The body of the `POST /v1/acquire` call for `pending`: one item per pending rule,
-    /// in the same order (the reply answers them in that order).
+    /// Looks again at the rules still waiting for the bridge, at `now_us`: another call
+    /// for the same keys (single flight) may have left units or a denial since. Each rule
+    /// served that way is decided; the others stay pending, asking for what their
+    /// Envoy's demand now says.
+    pub fn revisit<S: SharedStore>(&self, eval: &mut Evaluation, store: &S, now_us: u64) {
+        let pending = std::mem::take(&mut eval.pending);
+        for mut item in pending {
+            if eval.denied() {
+                break;
+            }
+            let (Some(rule), Some(RuleTables::Global { leases, .. })) = (
+                self.config.rule(item.rule),
+                self.tables.get(item.rule.index()),
+            ) else {
+                continue;
+            };
+            let Scope::Global(global) = &rule.scope else {
+                continue;
+            };
+            let applied = Applied {
+                rule,
+                hash: item.hash,
+                cost: item.cost,
+                now_us,
+            };
+            let lookup = LeaseLookup { global, leases };
+            if let Some(asked) = spend_or_ask(eval, store, &applied, lookup) {
+                item.want = asked.want;
+                item.reserve = asked.reserve;
+                item.last_known = asked.last_known;
+                item.lookup = asked.lookup;
+                eval.pending.push(item);
+            }
+        }
+        self.after_local_decisions(eval, store, now_us);
+    }
+
+    /// Once every rule has been looked at: a denied request asks nobody; otherwise the
+    /// pending rules go to the bridge, unless it failed a moment ago.
+    fn after_local_decisions<S: SharedStore>(&self, eval: &mut Evaluation, store: &S, now_us: u64) {
+        if eval.denied() {
+            eval.pending.clear();
+        } else if !eval.pending.is_empty() && self.bridge_down(store, now_us) {
+            self.fail_pending(eval, store, now_us, BridgeError::Skipped);
+        }
+    }
+
+    /// The body of the `POST /v2/acquire` call for `pending`: one item per pending rule,
+    /// with the rule's id.
     pub fn bridge_request(&self, pending: &[PendingItem]) -> Vec<u8> {
         let domain = self
             .config
             .bridge
             .as_ref()
             .map_or("weir", |b| b.domain.as_str());
-        let items: Vec<AcquireItem> = pending
+        let items: Vec<v2::Item> = pending
             .iter()
-            .map(|item| {
-                let (name, limit) = match self.config.rule(item.rule) {
-                    Some(
-                        rule @ Rule {
-                            scope: Scope::Global(global),
-                            ..
-                        },
-                    ) => (rule.name.clone(), Some(WireLimit::from(&global.limit))),
-                    _ => (String::new(), None),
+            .filter_map(|item| {
+                let rule = self.config.rule(item.rule)?;
+                let Scope::Global(global) = &rule.scope else {
+                    return None;
                 };
-                AcquireItem {
-                    rule: name,
+                Some(v2::Item {
+                    id: rule.id.0,
+                    rule: rule.name.clone(),
                     descriptor: item.descriptor.clone(),
-                    // Unreachable (pending items are global rules of this config); an
-                    // empty limit makes the bridge refuse the call, never misattribute.
-                    limit: limit.unwrap_or(WireLimit {
-                        kind: crate::algorithms::AlgorithmKind::Gcra,
-                        values: Vec::new(),
-                    }),
+                    limit: WireLimit::from(&global.redis_limit),
                     cost: item.cost,
                     want: item.want,
-                }
+                    reserve: item.reserve,
+                    hold_us: global.lease.map_or(0, |l| l.hold_us),
+                    horizon_us: global.lease.map_or(0, |l| l.horizon_us),
+                    shadow: rule.shadow,
+                })
             })
             .collect();
-        let request = AcquireRequest {
+        let request = v2::Request {
             domain: domain.to_string(),
             items,
         };
         serde_json::to_vec(&request).unwrap_or_default()
     }
 
-    /// Finishes an evaluation with the bridge's reply (or its failure), at `now_us`. Lease
-    /// expiries and cached denials count from `sent_at_us`, when the call left: Redis
-    /// decided after that, so no leased unit outlives its bound.
+    /// What a reply to `pending` is checked against (see [`v2::decode_reply`]).
+    pub fn sent(&self, pending: &[PendingItem]) -> Vec<Sent> {
+        pending
+            .iter()
+            .map(|item| Sent {
+                id: item.rule.0,
+                shadow: self.config.rule(item.rule).is_some_and(|r| r.shadow),
+            })
+            .collect()
+    }
+
+    /// Finishes an evaluation with the bridge's reply (or its failure), at `now_us`. The
+    /// call left at `sent_at_us`: Redis decided between the two, and what it granted is
+    /// anchored on both ([`Held::from_reply`]).
     pub fn complete<S: SharedStore>(
         &self,
         eval: &mut Evaluation,
         store: &S,
         sent_at_us: u64,
         now_us: u64,
-        reply: Result<AcquireResponse, ReplyError>,
+        reply: Result<v2::Reply, ReplyError>,
     ) {
         let reply = match reply {
             Ok(reply) => reply,
             Err(error) => {
-                if matches!(
-                    error,
-                    ReplyError::Timeout | ReplyError::Unavailable | ReplyError::Status(500..)
-                ) {
-                    note_bridge_down(store, now_us.saturating_add(BRIDGE_BACKOFF_US));
-                }
+                self.note_bridge_down(store, now_us.saturating_add(BRIDGE_BACKOFF_US));
                 self.fail_pending(eval, store, now_us, BridgeError::Reply(error));
                 return;
             }
         };
-        let base = sent_at_us.min(now_us);
         let pending = std::mem::take(&mut eval.pending);
-        // The reply answers the request's items in order; `decode_reply` checked that it
-        // answers no more of them than were sent, and items after a denial go unanswered.
-        for (item, result) in pending.iter().zip(&reply.items) {
-            self.settle(eval, store, item, result, base, now_us);
-            if eval.denied() {
-                break;
-            }
+        // Each result names its item by rule id; items after the bridge stopped were not
+        // decided, and are not charged.
+        for result in &reply.items {
+            let Some(item) = pending.iter().find(|item| item.rule.0 == result.id) else {
+                continue;
+            };
+            self.settle(eval, store, item, result, sent_at_us, now_us);
         }
     }
 
     /// Records the bridge's answer for one pending rule and writes what it leaves for
-    /// later requests (a lease or a cached denial).
+    /// later requests: units held, or a cached denial.
     fn settle<S: SharedStore>(
         &self,
         eval: &mut Evaluation,
         store: &S,
         item: &PendingItem,
-        result: &ItemResult,
-        base_us: u64,
+        result: &Granted,
+        sent_at_us: u64,
         now_us: u64,
     ) {
-        let (Some(rule), Some(table)) = (self.config.rule(item.rule), self.table(item.rule)) else {
+        let (Some(rule), Some(RuleTables::Global { leases, .. })) = (
+            self.config.rule(item.rule),
+            self.tables.get(item.rule.index()),
+        ) else {
             return;
         };
         let Scope::Global(global) = &rule.scope else {
             return;
         };
-        let decision = Decision {
-            allowed: result.allowed,
-            limit: result.limit,
-            remaining: result.remaining,
-            retry_after_ns: result.retry_after_ns,
-            reset_after_ns: result.reset_after_ns,
-        };
+        let settled = settled_from(item, result, sent_at_us, now_us);
+        let stored = leases.update(
+            store,
+            &item.hash,
+            now_us,
+            |s| s.idle_at_us(),
+            |state| ((), Some(state.unwrap_or_default().settle(settled, now_us))),
+        );
         let mut report = RuleReport {
             source: Some(Source::Bridge),
+            decided_at_us: result.now_us,
             ..item.lookup
         };
-        if let Some(write) = lease_write(global, item, result, base_us) {
-            let stored = table.update(store, &item.hash, now_us, lease::idle_at_us, |state| {
-                ((), Some(write.apply(state, now_us)))
-            });
-            report.add_update(&stored);
-            if let Err(e) = stored {
-                report.lease_store_error.get_or_insert(e);
-            }
+        report.add_update(&stored);
+        if let Err(e) = stored {
+            report.lease_store_error.get_or_insert(e);
         }
+        let quota = global.limit.policy().quota;
+        let decision = Decision {
+            limit: quota,
+            remaining: result.remaining.min(quota),
+            ..result.decision()
+        };
         eval.record(report, rule, decision);
     }
 
@@ -476,7 +574,10 @@ impl Engine {
             let Scope::Global(global) = &rule.scope else {
                 continue;
             };
-            let mut report = item.lookup;
+            let mut report = RuleReport {
+                decided_at_us: now_us,
+                ..item.lookup
+            };
             match &global.failure_mode {
                 FailureMode::Allow => {
                     report.outcome = RuleOutcome::BridgeFailed(FailureOutcome::Allowed);
@@ -492,9 +593,16 @@ impl Engine {
                     }
                 }
                 FailureMode::Local(limit) => {
-                    let Some(table) = self.fallback_table(rule.id) else {
+                    let Some(RuleTables::Global {
+                        fallback: Some(table),
+                        ..
+                    }) = self.tables.get(rule.id.index())
+                    else {
                         continue;
                     };
+                    let seed = item.last_known.map(|(remaining, at_us)| {
+                        limit.state_with_remaining(remaining / global.expected_instances, at_us)
+                    });
                     let applied = Applied {
                         rule,
                         hash: item.hash,
@@ -506,7 +614,7 @@ impl Engine {
                         table,
                         source: Source::Fallback,
                     };
-                    decide_in_slot(eval, store, &applied, slot, report);
+                    decide_in_slot(eval, store, &applied, slot, report, seed);
                     // The verdict is recorded; the report says how it came.
                     if let Some(last) = eval.reports.last_mut() {
                         if let RuleOutcome::Allowed | RuleOutcome::Limited = last.outcome {
@@ -538,71 +646,39 @@ impl Engine {
     pub fn rule_name(&self, rule: RuleId) -> &str {
         self.config.rule(rule).map_or("", |r| r.name.as_str())
     }
-}
 
-/// A global rule and its lease table.
-struct LeaseLookup<'a> {
-    global: &'a GlobalRule,
-    table: &'a SlotTable,
-}
-
-/// A global rule: served from its lease or cached denial, or queued for the bridge.
-fn spend_or_ask<F: FactSource, S: SharedStore>(
-    eval: &mut Evaluation,
-    store: &S,
-    facts: &mut Facts<'_, F>,
-    applied: Applied<'_>,
-    lease: LeaseLookup<'_>,
-) {
-    let (spend, report) = lookup_lease(store, lease.table, &applied);
-    let policy = lease.global.limit.policy();
-    let decision = |allowed, remaining, retry_after_ns, reset_after_ns| Decision {
-        allowed,
-        limit: policy.quota,
-        remaining,
-        retry_after_ns,
-        reset_after_ns,
-    };
-    match spend {
-        Spend::Spent {
-            tokens_left,
-            expires_us,
-        } => {
-            let reset = expires_us
-                .saturating_sub(applied.now_us)
-                .saturating_mul(NS_PER_US);
-            let report = RuleReport {
-                source: Some(Source::Lease),
-                ..report
-            };
-            eval.record(
-                report,
-                applied.rule,
-                decision(true, tokens_left, None, reset),
-            );
-        }
-        Spend::Denied {
-            retry_after_ns,
-            reset_after_ns,
-        } => {
-            let report = RuleReport {
-                source: Some(Source::DenialCache),
-                ..report
-            };
-            let denied = decision(false, 0, Some(retry_after_ns), reset_after_ns);
-            eval.record(report, applied.rule, denied);
-        }
-        Spend::Miss { want_hint } => {
-            let lease_max = lease.global.lease_max;
-            let want = if lease_max <= 1 {
-                applied.cost
-            } else {
-                want_hint.min(lease_max).max(applied.cost)
-            };
-            eval.pending
-                .push(pending_item(applied, facts, want, report));
-        }
+    fn bridge_down<S: SharedStore>(&self, store: &S, now_us: u64) -> bool {
+        let Ok((Some(value), _)) = store.get(&self.bridge_down_key) else {
+            return false;
+        };
+        let until = <[u8; 8]>::try_from(value.as_slice()).map_or(0, u64::from_le_bytes);
+        now_us < until
     }
+
+    /// Remembers that the bridge failed: calls are skipped until `until_us`. Racing
+    /// writers each write a time about a second ahead; whichever lands is good enough.
+    fn note_bridge_down<S: SharedStore>(&self, store: &S, until_us: u64) {
+        let key = &self.bridge_down_key;
+        let value = until_us.to_le_bytes();
+        let _ = match store.get(key) {
+            Ok((_, Some(version))) => store.compare_and_set(key, &value, version),
+            Ok((_, None)) => store.create(key, &value),
+            Err(e) => Err(e),
+        };
+    }
+}
+
+/// A global rule's lease table is labelled with the limit Redis enforces, parameters
+/// included: units held or denials cached under other parameters never apply.
+fn lease_label(global: &GlobalRule) -> String {
+    let values: Vec<String> = global
+        .redis_limit
+        .algorithm()
+        .parameters()
+        .iter()
+        .map(u64::to_string)
+        .collect();
+    format!("lease-{}-{}", global.redis_limit.kind(), values.join("-"))
 }
 
 /// Whether `rule` applies to the request, and if so its key's hash and the cost. A rule
@@ -614,7 +690,7 @@ fn applies<'r, F: FactSource>(
     now_us: u64,
     eval: &mut Evaluation,
 ) -> Option<Applied<'r>> {
-    let mut report = RuleReport::new(rule.id);
+    let mut report = RuleReport::new(rule.id, now_us);
     if !rule.matches(facts) {
         eval.reports.push(report);
         return None;
@@ -634,13 +710,16 @@ fn applies<'r, F: FactSource>(
 }
 
 /// Decides a limit in a slot table and records it; a store failure lets the request
-/// through and is reported.
+/// through and is reported. A key without state starts from `seed` when there is one
+/// (a local fallback starts from what this Envoy last knew of the global key, so an
+/// exhausted key does not restart full).
 fn decide_in_slot<S: SharedStore>(
     eval: &mut Evaluation,
     store: &S,
     applied: &Applied<'_>,
     slot: SlotDecision<'_>,
     mut report: RuleReport,
+    seed: Option<SlotState>,
 ) {
     let now_us = applied.now_us;
     report.source = Some(slot.source);
@@ -649,7 +728,7 @@ fn decide_in_slot<S: SharedStore>(
         &applied.hash,
         now_us,
         |state: SlotState| slot.limit.idle_at_us(state),
-        |state| slot.limit.decide(state, now_us, applied.cost),
+        |state| slot.limit.decide(state.or(seed), now_us, applied.cost),
     );
     report.add_update(&updated);
     match updated {
@@ -661,26 +740,113 @@ fn decide_in_slot<S: SharedStore>(
     }
 }
 
-/// Tries to serve a global rule from its key's lease or cached denial. A lease table
-/// that fails is reported and treated as a miss: Redis can still decide.
-fn lookup_lease<S: SharedStore>(
+/// A global rule and its lease table.
+struct LeaseLookup<'a> {
+    global: &'a GlobalRule,
+    leases: &'a SlotTable<LeaseSlot>,
+}
+
+/// What a global rule that must ask the bridge asks for.
+struct Asked {
+    want: u64,
+    reserve: u64,
+    last_known: Option<(u64, u64)>,
+    lookup: RuleReport,
+}
+
+/// A global rule: served from what this Envoy holds for the key (units due, a
+/// reservation not due yet, a cached denial) — then recorded here — or it must ask the
+/// bridge, for as much as this Envoy's demand says.
+fn spend_or_ask<S: SharedStore>(
+    eval: &mut Evaluation,
     store: &S,
-    table: &SlotTable,
     applied: &Applied<'_>,
-) -> (Spend, RuleReport) {
+    lookup: LeaseLookup<'_>,
+) -> Option<Asked> {
     let now_us = applied.now_us;
-    let mut report = RuleReport::new(applied.rule.id);
-    let spent = table.update(store, &applied.hash, now_us, lease::idle_at_us, |state| {
-        lease::spend(state, now_us, applied.cost)
-    });
+    let mut report = RuleReport::new(applied.rule.id, now_us);
+    let spent = lookup.leases.update(
+        store,
+        &applied.hash,
+        now_us,
+        |s| s.idle_at_us(),
+        |state| {
+            let (spend, next) = state.unwrap_or_default().spend(now_us, applied.cost);
+            ((spend, next), Some(next))
+        },
+    );
     report.add_update(&spent);
-    match spent {
-        Ok(updated) => (updated.result, report),
+    let (spend, slot) = match spent {
+        Ok(updated) => updated.result,
         Err(e) => {
             report.lease_store_error = Some(e);
-            (Spend::Miss { want_hint: 1 }, report)
+            (Spend::Miss { demand_per_s: 0 }, LeaseSlot::default())
         }
+    };
+    let quota = lookup.global.limit.policy().quota;
+    let (remote_remaining, reset_after_ns) = slot.remote_view(now_us);
+    let local = |allowed: bool, retry_after_ns: Option<u64>| Decision {
+        allowed,
+        limit: quota,
+        remaining: if allowed {
+            remote_remaining.min(quota)
+        } else {
+            0
+        },
+        retry_after_ns,
+        reset_after_ns,
+    };
+    let served = match spend {
+        Spend::Spent { .. } => Some((Source::Lease, local(true, None))),
+        Spend::NotYetDue { retry_after_ns } => {
+            Some((Source::Lease, local(false, Some(retry_after_ns))))
+        }
+        Spend::Denied { retry_after_ns } => {
+            Some((Source::DenialCache, local(false, Some(retry_after_ns))))
+        }
+        Spend::Miss { .. } => None,
+    };
+    if let Some((source, decision)) = served {
+        report.source = Some(source);
+        eval.record(report, applied.rule, decision);
+        return None;
     }
+    let Spend::Miss { demand_per_s } = spend else {
+        return None;
+    };
+    let (want, reserve) = ask_for(lookup.global, &slot, applied.cost, demand_per_s);
+    Some(Asked {
+        want,
+        reserve,
+        last_known: (slot.remote_at_us > 0).then_some((slot.remote_remaining, slot.remote_at_us)),
+        lookup: report,
+    })
+}
+
+/// How much a global rule asks for: exact rules their cost. With leases, what this
+/// Envoy's demand would spend within the hold — but no more than an even share of what
+/// Redis had left last time — and, for a saturated GCRA key, what it would spend over the
+/// reservation horizon.
+fn ask_for(global: &GlobalRule, slot: &LeaseSlot, cost: u64, demand_per_s: u64) -> (u64, u64) {
+    let Some(lease) = global.lease else {
+        return (cost, 0);
+    };
+    let over = |span_us: u64| {
+        let units = u128::from(demand_per_s) * u128::from(span_us);
+        u64::try_from(units.div_ceil(1_000_000)).unwrap_or(u64::MAX)
+    };
+    let mut want = over(lease.hold_us);
+    if slot.remote_at_us > 0 {
+        let share = (slot.remote_remaining / global.expected_instances.max(1)).max(1);
+        want = want.min(share);
+    }
+    let want = want.clamp(cost, lease.max.max(cost));
+    let reserve = if lease.horizon_us > 0 {
+        over(lease.horizon_us).clamp(cost, lease.max.max(cost))
+    } else {
+        0
+    };
+    (want, reserve)
 }
 
 /// A global rule queued for the bridge, with its descriptor (built only now: facts are
@@ -688,8 +854,7 @@ fn lookup_lease<S: SharedStore>(
 fn pending_item<F: FactSource>(
     applied: Applied<'_>,
     facts: &mut Facts<'_, F>,
-    want: u64,
-    lookup: RuleReport,
+    asked: Asked,
 ) -> PendingItem {
     let mut descriptor = Vec::new();
     applied.rule.visit_key(facts, |origin, bytes| {
@@ -700,85 +865,44 @@ fn pending_item<F: FactSource>(
         hash: applied.hash,
         descriptor,
         cost: applied.cost,
-        want,
-        lookup,
+        want: asked.want,
+        reserve: asked.reserve,
+        last_known: asked.last_known,
+        lookup: asked.lookup,
     }
 }
 
-/// What a bridge reply writes to a global rule's slot: a denial is cached; an allowed
-/// lease keeps what its request did not spend. Exact rules (lease max 1) write nothing
-/// when allowed.
-#[derive(Debug, Clone, Copy)]
-enum LeaseWrite {
-    Deny(SlotState),
-    Merge {
-        leftover: u64,
-        expires_us: u64,
-        next_want: u64,
-    },
-}
-
-impl LeaseWrite {
-    fn apply(self, state: Option<SlotState>, now_us: u64) -> SlotState {
-        match self {
-            LeaseWrite::Deny(denied) => lease::after_denial(state, now_us, denied),
-            LeaseWrite::Merge {
-                leftover,
-                expires_us,
-                next_want,
-            } => lease::merge(state, now_us, leftover, expires_us, next_want),
+/// What a result leaves in the key's slot: the units granted beyond the request's own
+/// (a lease's leftover, or a whole reservation), or a cached denial for requests of at
+/// least this cost, until the result's retry time counted from when the call left.
+fn settled_from(item: &PendingItem, result: &Granted, sent_at_us: u64, now_us: u64) -> Settled {
+    let extra = if result.allowed {
+        result.granted.saturating_sub(item.cost)
+    } else {
+        result.granted
+    };
+    let outcome = if extra > 0 {
+        let held = Held::from_reply(
+            extra,
+            result.due_ns,
+            result.spacing_ns,
+            result.valid_ns,
+            sent_at_us,
+            now_us,
+        );
+        SettledOutcome::Held(held)
+    } else if !result.allowed {
+        let retry_ns = result.retry_after_ns.unwrap_or(result.reset_after_ns);
+        SettledOutcome::Denied {
+            until_us: sent_at_us.saturating_add(retry_ns / 1_000),
+            cost: item.cost,
         }
-    }
-}
-
-fn lease_write(
-    global: &GlobalRule,
-    item: &PendingItem,
-    result: &ItemResult,
-    base_us: u64,
-) -> Option<LeaseWrite> {
-    if !result.allowed {
-        let retry = result.retry_after_ns.unwrap_or(result.reset_after_ns);
-        return Some(LeaseWrite::Deny(lease::deny(
-            base_us,
-            retry,
-            result.reset_after_ns,
-        )));
-    }
-    if global.lease_max <= 1 {
-        return None;
-    }
-    let ttl_us = result.lease_ttl_ns.map_or(global.lease_ttl_us, |ns| {
-        global.lease_ttl_us.min(ns / NS_PER_US)
-    });
-    Some(LeaseWrite::Merge {
-        leftover: result.granted.saturating_sub(item.cost),
-        expires_us: base_us.saturating_add(ttl_us),
-        next_want: lease::next_want(
-            item.want,
-            result.granted,
-            result.remaining,
-            global.expected_instances,
-            global.lease_max,
-        ),
-    })
-}
-
-fn bridge_down<S: SharedStore>(store: &S, now_us: u64) -> bool {
-    let Ok((Some(value), _)) = store.get(BRIDGE_DOWN_KEY) else {
-        return false;
+    } else {
+        SettledOutcome::Nothing
     };
-    let until = <[u8; 8]>::try_from(value.as_slice()).map_or(0, u64::from_le_bytes);
-    now_us < until
-}
-
-/// Remembers that the bridge failed: calls are skipped until `until_us`. Racing writers
-/// each write a time about a second ahead; whichever lands is good enough.
-fn note_bridge_down<S: SharedStore>(store: &S, until_us: u64) {
-    let value = until_us.to_le_bytes();
-    let _ = match store.get(BRIDGE_DOWN_KEY) {
-        Ok((_, Some(version))) => store.compare_and_set(BRIDGE_DOWN_KEY, &value, version),
-        Ok((_, None)) => store.create(BRIDGE_DOWN_KEY, &value),
-        Err(e) => Err(e),
-    };
+    Settled {
+        outcome,
+        remaining: result.remaining,
+        reset_after_ns: result.reset_after_ns,
+    }
 }

@@ -1,245 +1,340 @@
-//! Leases and cached denials of global rules, kept per key in shared data.
+//! What one Envoy holds for one key of a global rule, kept in a slot of the rule's
+//! lease table in shared data: units Redis granted ahead of requests, a cached denial,
+//! the Envoy's recent demand for the key, and what Redis said last.
 //!
-//! A **lease** is a batch of units that Redis already consumed for this Envoy: the
-//! filter spends them locally (CAS on a slot, like local rules) without asking the
-//! bridge. Every unit is consumed in Redis before it is spent, so over any span the
-//! units spent never exceed the units Redis granted; units leased but not spent before
-//! the lease expires are lost (*under*-admission). That is a bound on totals only: a
-//! unit spent later than Redis counted it can exceed the algorithm's own bound in a
-//! shorter interval (docs/global.md, "What the limit guarantees"). A **cached denial** remembers that Redis
-//! said "limited until T", so that requests for the key are denied locally until T and
-//! an attacker cannot turn 429s into Redis load.
+//! **Units held.** Redis consumes units before the filter spends them. Each unit has a
+//! *due* time and may be spent from then until `window` after it, never outside: unit `i`
+//! (from 0) of what is held is due at `next_due + i × spacing`. A lease (units free now)
+//! has them all due at once (`spacing` 0); a reservation of a saturated GCRA key has one
+//! due every emission interval. The bridge tells each unit's due time and validity
+//! relative to the moment Redis decided, which the filter does not know exactly (it lies
+//! between sending the call and receiving the reply), so the filter anchors both ends
+//! safely: a unit becomes spendable when it is due counted from the reply's arrival, and
+//! expires at its validity counted from the call's departure ([`Held::from_reply`]). So no
+//! unit is spent before Redis's due time, nor later than Redis's due time plus the
+//! validity, whatever the two clocks say, and a unit not spent in its window is dropped,
+//! never carried. That is what makes leases conformant (docs/global.md, "What the limit
+//! guarantees"): the displacement of every unit is bounded by the rule's hold, which the
+//! rule pays for (GCRA: with burst; windows and token buckets: the validity ends with the
+//! window or the refill period; the sliding log: Redis logs the unit at its latest spend).
 //!
-//! Lease size adapts ([`next_want`]): it starts at 1, doubles while requests keep
-//! draining full leases, halves when a lease expires with units left (the key is slower
-//! than the lease is large), and never asks for more than the global remaining divided
-//! by the expected number of Envoys — so near the limit leases shrink to exact (1).
+//! **Cached denial.** When Redis says "limited until T" for a request of cost c and
+//! grants nothing, requests of cost ≥ c are denied locally until T (a request of a
+//! smaller cost may fit, so it asks Redis), and an attacker cannot turn 429s into Redis
+//! load.
 //!
-//! Slot layout (two words): a lease is `a = tokens | next_want << 32`, `b = expires_us`;
-//! a cached denial is `a = DENIED | reset_at_us`, `b = until_us`; `0, 0` is empty.
+//! **Demand.** Every request adds its cost to `demand`; when the filter asks Redis, the
+//! rate `demand / (now − demand_since)` sizes what it asks for — units it can spend
+//! within the hold, or reservations over the horizon — and then the count is halved with
+//! its age, so the rate decays smoothly instead of restarting.
 //!
 //! ```
-//! use weir_core::lease::{self, LeaseState, Spend};
+//! use weir_core::lease::{Held, LeaseSlot, Spend};
 //!
-//! let now = 1_700_000_000_000_000;
-//! let held = LeaseState::Lease { tokens: 3, expires_us: now + 1_000_000, next_want: 8 };
-//! let (spend, left) = lease::spend(Some(held.to_slot()), now, 2);
-//! assert_eq!(spend, Spend::Spent { tokens_left: 1, expires_us: now + 1_000_000 });
-//! let (spend, _) = lease::spend(left, now, 2); // 1 left, 2 wanted: ask the bridge
-//! assert_eq!(spend, Spend::Miss { want_hint: 8 });
+//! let now_us = 1_700_000_000_000_000;
+//! let held = Held { count: 2, next_due_ns: now_us * 1_000, spacing_ns: 0, window_us: 10_000 };
+//! let slot = LeaseSlot { held, ..LeaseSlot::default() };
+//! let (spend, slot) = slot.spend(now_us, 1);
+//! assert!(matches!(spend, Spend::Spent { held_left: 1, .. }));
+//! let (spend, _) = slot.spend(now_us + 20_000, 1); // past its window: dropped
+//! assert!(matches!(spend, Spend::Miss { .. }));
 //! ```
 
-use crate::algorithms::{SlotState, NS_PER_US};
+use crate::algorithms::NS_PER_US;
+use crate::store::slot_table::SlotValue;
 
-const DENIED: u64 = 1 << 63;
 const LOW_32: u64 = 0xffff_ffff;
-/// `next_want` is kept below 2^31 so that it never reaches the `DENIED` bit.
-const MAX_HINT: u64 = (1 << 31) - 1;
 
-/// What one key's slot holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LeaseState {
-    Empty,
-    Lease {
-        tokens: u64,
-        expires_us: u64,
-        next_want: u64,
-    },
-    Denied {
-        until_us: u64,
-        reset_at_us: u64,
-    },
+/// Units this Envoy may spend for the key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Held {
+    pub count: u64,
+    /// When the first of them is due, ns since the epoch (filter clock).
+    pub next_due_ns: u64,
+    /// Between the due times of consecutive units (0: all due together).
+    pub spacing_ns: u64,
+    /// How long after its due time each unit may be spent, µs.
+    pub window_us: u64,
 }
 
-impl LeaseState {
-    pub fn from_slot(s: SlotState) -> LeaseState {
-        if s.a & DENIED != 0 {
-            LeaseState::Denied {
-                until_us: s.b,
-                reset_at_us: s.a & !DENIED,
-            }
-        } else if s.a == 0 && s.b == 0 {
-            LeaseState::Empty
+impl Held {
+    /// Units granted by a reply: `count` units, the first due `due_ns` after Redis decided
+    /// (negative: already due), each next `spacing_ns` later, each valid `valid_ns` after
+    /// its due time. Redis decided between `sent_us` and `received_us`: units become
+    /// spendable counted from the reply, and expire counted from the call.
+    pub fn from_reply(
+        count: u64,
+        due_ns: i64,
+        spacing_ns: u64,
+        valid_ns: u64,
+        sent_us: u64,
+        received_us: u64,
+    ) -> Held {
+        let received_ns = i128::from(received_us) * i128::from(NS_PER_US);
+        let round_trip_ns = i128::from(received_us.saturating_sub(sent_us)) * i128::from(NS_PER_US);
+        let window_ns = (i128::from(valid_ns) - round_trip_ns).max(0);
+        let held = Held {
+            count,
+            next_due_ns: clamp_u64(received_ns + i128::from(due_ns)),
+            spacing_ns,
+            window_us: clamp_u64(window_ns / i128::from(NS_PER_US)).min(LOW_32),
+        };
+        if held.window_us == 0 {
+            // The call took as long as the units were valid: none can be spent.
+            return Held::default();
+        }
+        held
+    }
+
+    /// When unit `i` is due, ns.
+    fn due_ns(&self, i: u64) -> u64 {
+        self.next_due_ns
+            .saturating_add(i.saturating_mul(self.spacing_ns))
+    }
+
+    /// When the last unit held stops being spendable, µs (0: none held).
+    pub fn expires_us(&self) -> u64 {
+        if self.count == 0 {
+            return 0;
+        }
+        let last_due_us = self.due_ns(self.count - 1).div_ceil(NS_PER_US);
+        last_due_us.saturating_add(self.window_us)
+    }
+
+    /// Drops the units whose window ended before `now_us`.
+    fn drop_expired(&mut self, now_us: u64) {
+        if self.count == 0 {
+            return;
+        }
+        let now_ns = u128::from(now_us) * u128::from(NS_PER_US);
+        let window_ns = u128::from(self.window_us) * u128::from(NS_PER_US);
+        // Unit i has expired when due_i + window < now, i.e. i × spacing < now − window − next_due.
+        let Some(late) = now_ns.checked_sub(window_ns + u128::from(self.next_due_ns)) else {
+            return;
+        };
+        if late == 0 {
+            return;
+        }
+        let expired = if self.spacing_ns == 0 {
+            u128::from(self.count)
         } else {
-            LeaseState::Lease {
-                tokens: s.a & LOW_32,
-                expires_us: s.b,
-                next_want: s.a >> 32,
-            }
+            late.div_ceil(u128::from(self.spacing_ns))
+        };
+        let expired = u64::try_from(expired).unwrap_or(u64::MAX).min(self.count);
+        self.count -= expired;
+        self.next_due_ns = self.due_ns(expired);
+        if self.count == 0 {
+            *self = Held::default();
         }
     }
 
-    pub fn to_slot(self) -> SlotState {
-        match self {
-            LeaseState::Empty => SlotState::default(),
-            LeaseState::Lease {
-                tokens,
-                expires_us,
-                next_want,
-            } => SlotState {
-                a: tokens.min(LOW_32) | next_want.min(MAX_HINT) << 32,
-                b: expires_us,
-            },
-            LeaseState::Denied {
-                until_us,
-                reset_at_us,
-            } => SlotState {
-                a: DENIED | (reset_at_us & !DENIED),
-                b: until_us,
-            },
+    /// Adds an immediate lease to what is held: units due at once stay together (the later
+    /// due time and the earlier expiry of the two, so no unit leaves its own window);
+    /// a reservation is replaced.
+    fn merge(self, new: Held) -> Held {
+        if self.count == 0 || self.spacing_ns != 0 || new.spacing_ns != 0 {
+            return if new.count > 0 { new } else { self };
+        }
+        let expires_ns = |h: &Held| {
+            h.next_due_ns
+                .saturating_add(h.window_us.saturating_mul(NS_PER_US))
+        };
+        let next_due_ns = self.next_due_ns.max(new.next_due_ns);
+        let expiry_ns = expires_ns(&self).min(expires_ns(&new));
+        let window_us = expiry_ns.saturating_sub(next_due_ns) / NS_PER_US;
+        if window_us == 0 {
+            return new;
+        }
+        Held {
+            count: self.count.saturating_add(new.count).min(LOW_32),
+            next_due_ns,
+            spacing_ns: 0,
+            window_us,
         }
     }
 }
 
-/// From when a slot's state carries no information (for takeover and eviction).
-pub fn idle_at_us(s: SlotState) -> u64 {
-    match LeaseState::from_slot(s) {
-        LeaseState::Empty => 0,
-        LeaseState::Lease { expires_us, .. } => expires_us,
-        LeaseState::Denied { until_us, .. } => until_us,
+/// One key's slot in a lease table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LeaseSlot {
+    pub held: Held,
+    /// Requests of at least `denied_cost` are denied until `denied_until_us`.
+    pub denied_until_us: u64,
+    pub denied_cost: u64,
+    /// Units this Envoy's requests asked for since `demand_since_us`.
+    pub demand: u64,
+    pub demand_since_us: u64,
+    /// What Redis said last, at `remote_at_us`: units remaining, and ms until the key
+    /// resets. For RateLimit headers of lease-served requests and the local fallback.
+    pub remote_remaining: u64,
+    pub remote_reset_ms: u64,
+    pub remote_at_us: u64,
+}
+
+impl SlotValue for LeaseSlot {
+    const WORDS: usize = 8;
+
+    fn to_words(&self, words: &mut [u64]) {
+        let h = &self.held;
+        let values = [
+            h.count.min(LOW_32) | h.window_us.min(LOW_32) << 32,
+            h.next_due_ns,
+            h.spacing_ns,
+            self.denied_until_us,
+            self.denied_cost.min(LOW_32) | self.demand.min(LOW_32) << 32,
+            self.demand_since_us,
+            self.remote_remaining.min(LOW_32) | self.remote_reset_ms.min(LOW_32) << 32,
+            self.remote_at_us,
+        ];
+        for (dst, value) in words.iter_mut().zip(values) {
+            *dst = value;
+        }
+    }
+
+    fn from_words(words: &[u64]) -> Self {
+        let w = |i: usize| words.get(i).copied().unwrap_or(0);
+        LeaseSlot {
+            held: Held {
+                count: w(0) & LOW_32,
+                window_us: w(0) >> 32,
+                next_due_ns: w(1),
+                spacing_ns: w(2),
+            },
+            denied_until_us: w(3),
+            denied_cost: w(4) & LOW_32,
+            demand: w(4) >> 32,
+            demand_since_us: w(5),
+            remote_remaining: w(6) & LOW_32,
+            remote_reset_ms: w(6) >> 32,
+            remote_at_us: w(7),
+        }
     }
 }
 
-/// The outcome of trying to serve a request from the slot.
+/// The outcome of serving a request from the slot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Spend {
-    /// Served from the lease.
-    Spent { tokens_left: u64, expires_us: u64 },
+    /// Served from units held; `held_left` remain.
+    Spent { held_left: u64 },
+    /// Units are held but not due yet (a reservation): denied until the request's last
+    /// unit is due.
+    NotYetDue { retry_after_ns: u64 },
     /// A cached denial holds.
-    Denied {
-        retry_after_ns: u64,
-        reset_after_ns: u64,
-    },
-    /// The bridge must be asked; `want_hint` is the lease size to ask for.
-    Miss { want_hint: u64 },
+    Denied { retry_after_ns: u64 },
+    /// Redis must be asked; `demand_per_s` is this Envoy's recent demand for the key
+    /// (units per second; 0 when not known yet).
+    Miss { demand_per_s: u64 },
 }
 
-/// Tries to serve `cost` units at `now_us`. Returns the outcome and the state to write
-/// (`None`: nothing to write).
-pub fn spend(state: Option<SlotState>, now_us: u64, cost: u64) -> (Spend, Option<SlotState>) {
-    let state = state.map_or(LeaseState::Empty, LeaseState::from_slot);
-    match state {
-        LeaseState::Denied {
-            until_us,
-            reset_at_us,
-        } if now_us < until_us => {
-            let ns = |us: u64| us.saturating_sub(now_us).saturating_mul(NS_PER_US);
-            let spend = Spend::Denied {
-                retry_after_ns: ns(until_us),
-                reset_after_ns: ns(reset_at_us),
-            };
-            (spend, None)
+/// The shortest span a demand rate is measured over: one request alone is not a rate.
+const MIN_DEMAND_SPAN_US: u64 = 1_000;
+
+impl LeaseSlot {
+    /// From when the slot carries no information that a fresh one would not: its units
+    /// expired and its cached denial over. For takeover and eviction.
+    pub fn idle_at_us(&self) -> u64 {
+        self.held.expires_us().max(self.denied_until_us)
+    }
+
+    /// Serves a request of `cost` units at `now_us`. Returns the outcome and the slot to
+    /// store (always written: the demand counts every request).
+    pub fn spend(mut self, now_us: u64, cost: u64) -> (Spend, LeaseSlot) {
+        if self.demand_since_us == 0 || self.demand_since_us > now_us {
+            self.demand_since_us = now_us;
+            self.demand = 0;
         }
-        LeaseState::Lease {
-            tokens,
-            expires_us,
-            next_want,
-        } if now_us < expires_us => {
-            if tokens >= cost {
-                let left = LeaseState::Lease {
-                    tokens: tokens - cost,
-                    expires_us,
-                    next_want,
-                };
-                let write = (cost > 0).then(|| left.to_slot());
-                (
-                    Spend::Spent {
-                        tokens_left: tokens - cost,
-                        expires_us,
-                    },
-                    write,
-                )
-            } else {
-                (
-                    Spend::Miss {
-                        want_hint: next_want.max(1),
-                    },
-                    None,
-                )
+        self.demand = self.demand.saturating_add(cost).min(LOW_32);
+        self.held.drop_expired(now_us);
+        let now_ns = now_us.saturating_mul(NS_PER_US);
+        if cost > 0 && self.held.count >= cost {
+            let last_due = self.held.due_ns(cost - 1);
+            if last_due <= now_ns {
+                self.held.count -= cost;
+                self.held.next_due_ns = self.held.due_ns(cost);
+                let held_left = self.held.count;
+                if held_left == 0 {
+                    self.held = Held::default();
+                }
+                return (Spend::Spent { held_left }, self);
             }
+            let retry_after_ns = last_due - now_ns;
+            return (Spend::NotYetDue { retry_after_ns }, self);
         }
-        // An expired lease with units left was too large for this key's pace.
-        LeaseState::Lease {
-            tokens, next_want, ..
-        } if tokens > 0 => (
-            Spend::Miss {
-                want_hint: (next_want / 2).max(1),
-            },
-            None,
-        ),
-        LeaseState::Lease { next_want, .. } => (
-            Spend::Miss {
-                want_hint: next_want.max(1),
-            },
-            None,
-        ),
-        LeaseState::Denied { .. } | LeaseState::Empty => (Spend::Miss { want_hint: 1 }, None),
+        if now_us < self.denied_until_us && cost >= self.denied_cost {
+            let retry_after_ns = (self.denied_until_us - now_us).saturating_mul(NS_PER_US);
+            return (Spend::Denied { retry_after_ns }, self);
+        }
+        let span_us = now_us - self.demand_since_us;
+        let demand_per_s = if span_us == 0 {
+            0
+        } else {
+            let per_s =
+                u128::from(self.demand) * 1_000_000 / u128::from(span_us.max(MIN_DEMAND_SPAN_US));
+            u64::try_from(per_s).unwrap_or(u64::MAX)
+        };
+        // Asking now: halve the count with its age, so the rate is kept but weighs less.
+        self.demand /= 2;
+        self.demand_since_us = now_us - span_us / 2;
+        (Spend::Miss { demand_per_s }, self)
+    }
+
+    /// What a bridge reply leaves in the slot: units granted beyond the request's own are
+    /// held (`held`), or a denial is cached for requests of at least `cost` until
+    /// `denied_until_us`; and what Redis said is remembered.
+    pub fn settle(mut self, reply: Settled, now_us: u64) -> LeaseSlot {
+        self.held.drop_expired(now_us);
+        match reply.outcome {
+            SettledOutcome::Held(held) => {
+                self.held = self.held.merge(held);
+                self.denied_until_us = 0;
+            }
+            SettledOutcome::Denied { until_us, cost } => {
+                // Units already held stay: they are paid for in Redis.
+                self.denied_until_us = until_us;
+                self.denied_cost = cost;
+            }
+            SettledOutcome::Nothing => {}
+        }
+        self.remote_remaining = reply.remaining.min(LOW_32);
+        self.remote_reset_ms = reply.reset_after_ns.div_ceil(1_000_000).min(LOW_32);
+        self.remote_at_us = now_us;
+        self
+    }
+
+    /// The global quota as this Envoy last knew it, at `now_us`: units remaining (what
+    /// Redis had left plus what this Envoy holds) and ns until the key resets.
+    pub fn remote_view(&self, now_us: u64) -> (u64, u64) {
+        let reset_at_us = self
+            .remote_at_us
+            .saturating_add(self.remote_reset_ms.saturating_mul(1_000));
+        let remaining = self.remote_remaining.saturating_add(self.held.count);
+        (
+            remaining,
+            reset_at_us.saturating_sub(now_us).saturating_mul(NS_PER_US),
+        )
     }
 }
 
-/// The lease size to ask for next time, after asking for `asked` and getting `granted`
-/// with `remaining` left in Redis: double when fully granted, but never more than an
-/// even share of what remains (`remaining / instances`), at least 1, at most `max`.
-pub fn next_want(asked: u64, granted: u64, remaining: u64, instances: u64, max: u64) -> u64 {
-    let grown = if granted >= asked {
-        asked.saturating_mul(2)
-    } else {
-        granted.max(1)
-    };
-    let share = remaining / instances.max(1);
-    grown.min(share).clamp(1, max.max(1))
+/// A bridge reply for one key, as the slot stores it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Settled {
+    pub outcome: SettledOutcome,
+    pub remaining: u64,
+    pub reset_after_ns: u64,
 }
 
-/// Adds `tokens` units leased at `now_us`, valid until `expires_us`, to the slot. A live
-/// lease keeps its units and the earlier of the two expiries (so no unit outlives the
-/// bound of the lease it came from); anything else is replaced.
-pub fn merge(
-    state: Option<SlotState>,
-    now_us: u64,
-    tokens: u64,
-    expires_us: u64,
-    next_want: u64,
-) -> SlotState {
-    let current = state.map_or(LeaseState::Empty, LeaseState::from_slot);
-    let merged = match current {
-        LeaseState::Lease {
-            tokens: held,
-            expires_us: held_until,
-            ..
-        } if now_us < held_until && held > 0 => LeaseState::Lease {
-            tokens: held.saturating_add(tokens),
-            expires_us: held_until.min(expires_us),
-            next_want,
-        },
-        _ => LeaseState::Lease {
-            tokens,
-            expires_us,
-            next_want,
-        },
-    };
-    merged.to_slot()
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SettledOutcome {
+    /// Units to hold (a lease's leftover, or a reservation).
+    Held(Held),
+    /// Deny requests of at least `cost` until `until_us`.
+    Denied { until_us: u64, cost: u64 },
+    /// Nothing to keep (an exact call that was allowed).
+    Nothing,
 }
 
-/// What a denial from Redis leaves in the slot at `now_us`: a live lease with units left
-/// is kept (they are already paid for in Redis; throwing them away would under-admit),
-/// anything else becomes the cached denial.
-pub fn after_denial(state: Option<SlotState>, now_us: u64, denial: SlotState) -> SlotState {
-    match state.map(LeaseState::from_slot) {
-        Some(LeaseState::Lease {
-            tokens, expires_us, ..
-        }) if tokens > 0 && now_us < expires_us => state.unwrap_or(denial),
-        _ => denial,
-    }
-}
-
-/// Remembers a denial: deny locally until `now + retry_after`.
-pub fn deny(now_us: u64, retry_after_ns: u64, reset_after_ns: u64) -> SlotState {
-    let at = |ns: u64| now_us.saturating_add(ns.div_ceil(NS_PER_US));
-    LeaseState::Denied {
-        until_us: at(retry_after_ns),
-        reset_at_us: at(reset_after_ns),
-    }
-    .to_slot()
+fn clamp_u64(x: i128) -> u64 {
+    u64::try_from(x.max(0)).unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]
@@ -250,137 +345,164 @@ mod tests {
     use super::*;
 
     const NOW: u64 = 1_700_000_000_000_000;
+    const MS: u64 = 1_000;
 
-    #[test]
-    fn states_round_trip() {
-        for s in [
-            LeaseState::Empty,
-            LeaseState::Lease {
-                tokens: 5,
-                expires_us: NOW,
-                next_want: 64,
-            },
-            LeaseState::Denied {
-                until_us: NOW + 1,
-                reset_at_us: NOW + 2,
-            },
-        ] {
-            assert_eq!(LeaseState::from_slot(s.to_slot()), s);
+    fn held(count: u64, due_us: u64, spacing_us: u64, window_us: u64) -> Held {
+        Held {
+            count,
+            next_due_ns: due_us * 1_000,
+            spacing_ns: spacing_us * 1_000,
+            window_us,
         }
     }
 
     #[test]
-    fn leases_are_spent_until_they_expire() {
-        let lease = LeaseState::Lease {
-            tokens: 2,
-            expires_us: NOW + 10,
-            next_want: 4,
-        }
-        .to_slot();
-        let (s, w) = spend(Some(lease), NOW, 2);
+    fn slots_round_trip_through_words() {
+        let slot = LeaseSlot {
+            held: held(7, NOW, 3, 500),
+            denied_until_us: NOW + 9,
+            denied_cost: 4,
+            demand: 99,
+            demand_since_us: NOW - 5,
+            remote_remaining: 12,
+            remote_reset_ms: 345,
+            remote_at_us: NOW - 1,
+        };
+        let mut words = [0; LeaseSlot::WORDS];
+        slot.to_words(&mut words);
+        assert_eq!(LeaseSlot::from_words(&words), slot);
+        assert_eq!(LeaseSlot::from_words(&[0; 8]), LeaseSlot::default());
+    }
+
+    #[test]
+    fn a_lease_is_spent_within_its_window_only() {
+        let slot = LeaseSlot {
+            held: held(3, NOW, 0, 10 * MS),
+            ..LeaseSlot::default()
+        };
+        let (spend, slot) = slot.spend(NOW, 2);
+        assert_eq!(spend, Spend::Spent { held_left: 1 });
+        let (spend, after) = slot.spend(NOW + 10 * MS, 1);
         assert_eq!(
-            s,
-            Spend::Spent {
-                tokens_left: 0,
-                expires_us: NOW + 10
+            spend,
+            Spend::Spent { held_left: 0 },
+            "the last µs of the window"
+        );
+        assert_eq!(after.held, Held::default());
+        let (spend, _) = slot.spend(NOW + 10 * MS + 1, 1);
+        assert!(matches!(spend, Spend::Miss { .. }), "expired: dropped");
+    }
+
+    #[test]
+    fn reserved_units_are_spent_at_their_due_times() {
+        // Four units due every 2 ms from NOW + 1 ms, each valid 3 ms after its due time.
+        let slot = LeaseSlot {
+            held: held(4, NOW + MS, 2 * MS, 3 * MS),
+            ..LeaseSlot::default()
+        };
+        let (spend, slot) = slot.spend(NOW, 1);
+        assert_eq!(
+            spend,
+            Spend::NotYetDue {
+                retry_after_ns: 1_000_000
             }
         );
-        assert!(w.is_some());
+        let (spend, slot) = slot.spend(NOW + MS, 1);
+        assert_eq!(spend, Spend::Spent { held_left: 3 });
+        // Two units at once need the second's due time (NOW + 5 ms).
+        let (spend, slot) = slot.spend(NOW + 3 * MS, 2);
         assert_eq!(
-            spend(Some(lease), NOW + 10, 1).0,
-            Spend::Miss { want_hint: 2 },
-            "expired unused: halve"
+            spend,
+            Spend::NotYetDue {
+                retry_after_ns: 2_000_000
+            }
         );
-        let drained = LeaseState::Lease {
-            tokens: 0,
-            expires_us: NOW + 10,
-            next_want: 4,
-        }
-        .to_slot();
-        assert_eq!(
-            spend(Some(drained), NOW + 20, 1).0,
-            Spend::Miss { want_hint: 4 }
-        );
-        assert_eq!(spend(None, NOW, 1).0, Spend::Miss { want_hint: 1 });
+        // At NOW + 9 ms the units due at NOW + 3 ms and NOW + 5 ms have expired (their
+        // windows ended at NOW + 6 ms and NOW + 8 ms): only the one due at NOW + 7 ms is
+        // left.
+        let (spend, slot) = slot.spend(NOW + 9 * MS, 1);
+        assert_eq!(spend, Spend::Spent { held_left: 0 });
+        assert_eq!(slot.held, Held::default());
     }
 
     #[test]
-    fn denials_hold_until_retry() {
-        let denied = deny(NOW, 1_500, 9_000_000);
+    fn denials_hold_for_the_cost_that_was_denied_and_above() {
+        let slot = LeaseSlot::default().settle(
+            Settled {
+                outcome: SettledOutcome::Denied {
+                    until_us: NOW + 5 * MS,
+                    cost: 10,
+                },
+                remaining: 3,
+                reset_after_ns: 1,
+            },
+            NOW,
+        );
+        let (spend, _) = slot.spend(NOW + MS, 10);
         assert_eq!(
-            spend(Some(denied), NOW, 1).0,
+            spend,
             Spend::Denied {
-                retry_after_ns: 2_000,
-                reset_after_ns: 9_000_000
+                retry_after_ns: 4_000_000
             }
         );
-        assert_eq!(
-            spend(Some(denied), NOW + 2, 1).0,
-            Spend::Miss { want_hint: 1 }
+        let (spend, _) = slot.spend(NOW + MS, 11);
+        assert!(matches!(spend, Spend::Denied { .. }));
+        let (spend, _) = slot.spend(NOW + MS, 1);
+        assert!(
+            matches!(spend, Spend::Miss { .. }),
+            "a smaller cost may fit"
         );
+        let (spend, _) = slot.spend(NOW + 5 * MS, 10);
+        assert!(matches!(spend, Spend::Miss { .. }), "over at until");
     }
 
     #[test]
-    fn a_denial_never_drops_units_already_leased() {
-        let denial = deny(NOW, 1_000, 1_000);
-        let held = LeaseState::Lease {
-            tokens: 3,
-            expires_us: NOW + 10,
-            next_want: 4,
-        }
-        .to_slot();
-        assert_eq!(after_denial(Some(held), NOW, denial), held);
+    fn replies_are_anchored_so_no_unit_leaves_its_window() {
+        // Sent at NOW, received 2 ms later; Redis said: 5 units due 1 ms after it decided,
+        // every 1 ms, valid 10 ms each. Spendable from receipt + 1 ms; expiring 10 ms
+        // after sending + 1 ms.
+        let h = Held::from_reply(5, 1_000_000, 1_000_000, 10_000_000, NOW, NOW + 2 * MS);
+        assert_eq!(h, held(5, NOW + 3 * MS, MS, 8 * MS));
+        // A round trip as long as the validity leaves nothing spendable.
         assert_eq!(
-            after_denial(Some(held), NOW + 10, denial),
-            denial,
-            "expired: cache the denial"
+            Held::from_reply(5, 0, 0, 2_000_000, NOW, NOW + 2 * MS),
+            Held::default()
         );
-        let drained = LeaseState::Lease {
-            tokens: 0,
-            expires_us: NOW + 10,
-            next_want: 4,
-        }
-        .to_slot();
-        assert_eq!(after_denial(Some(drained), NOW, denial), denial);
-        assert_eq!(after_denial(None, NOW, denial), denial);
+        // Negative due: already due at receipt.
+        let h = Held::from_reply(2, -500_000, 0, 4_000_000, NOW, NOW + MS);
+        assert_eq!(h.next_due_ns, (NOW + MS) * 1_000 - 500_000);
     }
 
     #[test]
-    fn lease_size_adapts() {
-        assert_eq!(next_want(8, 8, 1000, 2, 100), 16, "fully granted: double");
-        assert_eq!(next_want(64, 64, 1000, 2, 100), 100, "capped by max");
-        assert_eq!(
-            next_want(64, 64, 10, 2, 100),
-            5,
-            "near the limit: a fair share"
-        );
-        assert_eq!(next_want(64, 3, 0, 2, 100), 1, "at the limit: exact");
-        assert_eq!(next_want(1, 1, 5, 1, 1), 1, "max 1 is exact");
+    fn leases_merge_into_the_tighter_window() {
+        let a = held(2, NOW, 0, 10 * MS);
+        let b = held(3, NOW + MS, 0, 20 * MS);
+        assert_eq!(a.merge(b), held(5, NOW + MS, 0, 9 * MS));
+        // A reservation replaces what was held.
+        let r = held(4, NOW + MS, MS, 5 * MS);
+        assert_eq!(a.merge(r), r);
     }
 
     #[test]
-    fn merging_keeps_live_units_and_the_earlier_expiry() {
-        let live = LeaseState::Lease {
-            tokens: 3,
-            expires_us: NOW + 5,
-            next_want: 4,
+    fn demand_is_a_rate_that_decays_at_each_call() {
+        // 99 units held; 100 requests over 9.9 ms: the last one misses, at 10,101 per second.
+        let mut slot = LeaseSlot {
+            held: held(99, NOW, 0, 60_000 * MS),
+            ..LeaseSlot::default()
+        };
+        for i in 0..99 {
+            let (spend, next) = slot.spend(NOW + i * 100, 1);
+            assert!(matches!(spend, Spend::Spent { .. }));
+            slot = next;
         }
-        .to_slot();
+        let (spend, slot) = slot.spend(NOW + 9_900, 1);
         assert_eq!(
-            LeaseState::from_slot(merge(Some(live), NOW, 7, NOW + 9, 8)),
-            LeaseState::Lease {
-                tokens: 10,
-                expires_us: NOW + 5,
-                next_want: 8
+            spend,
+            Spend::Miss {
+                demand_per_s: 10_101
             }
         );
-        assert_eq!(
-            LeaseState::from_slot(merge(Some(live), NOW + 6, 7, NOW + 9, 8)),
-            LeaseState::Lease {
-                tokens: 7,
-                expires_us: NOW + 9,
-                next_want: 8
-            }
-        );
+        assert_eq!(slot.demand, 50, "halved");
+        assert_eq!(slot.demand_since_us, NOW + 4_950, "with half its age");
     }
 }

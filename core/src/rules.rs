@@ -136,17 +136,32 @@ pub enum Scope {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GlobalRule {
+    /// The limit as configured: what the RateLimit headers advertise.
     pub limit: GlobalLimit,
-    /// Most units asked for at once; 1 = exact (every request asks Redis).
-    pub lease_max: u64,
-    /// Longest a leased unit may wait to be spent.
-    pub lease_ttl_us: u64,
+    /// The limit Redis enforces: the configured one, except that a GCRA rule with leases
+    /// gives up `⌈hold / T⌉` units of its burst to pay for the time a leased unit may
+    /// wait (docs/global.md, "What the limit guarantees").
+    pub redis_limit: GlobalLimit,
+    /// `None`: exact, every request asks Redis.
+    pub lease: Option<Lease>,
     /// What to do when the bridge or Redis cannot answer.
     pub failure_mode: FailureMode,
     /// How many Envoys share the quota (sizes the local fallback and leases).
     pub expected_instances: u64,
 }
 
+/// How a global rule takes units ahead of its requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lease {
+    /// Most units taken at once, now or reserved (≥ 2).
+    pub max: u64,
+    /// Longest a unit may wait to be spent after it is due (µs): a unit is dropped, not
+    /// carried, past it.
+    pub hold_us: u64,
+    /// How far ahead a saturated key's schedule may be reserved (µs); 0: no reservations
+    /// (algorithms other than GCRA have no schedule to reserve).
+    pub horizon_us: u64,
+}
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FailureMode {
     /// Let the request through.

@@ -278,7 +278,10 @@ fn envoy_refuses_a_bad_config_and_says_which_field() {
         "{line}"
     );
     // Envoy names the plugin; weir does not repeat it.
-    assert!(!line.contains("weir: weir:") && !line.contains(": weir: "), "{line}");
+    assert!(
+        !line.contains("weir: weir:") && !line.contains(": weir: "),
+        "{line}"
+    );
     // A secret that should come from the VM's environment, which does not have it.
     let config = r#"{"bridge":{"cluster":"weir_bridge","secret_env":"WEIR_BRIDGE_SECRET"},
         "rules":[{"name":"quota","scope":"global","limit":{"algorithm":"fixed_window","limit":10,"window":"1m"}}]}"#;

@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use weir_bridge::scripts::{Invocation, ScriptReply};
 use weir_bridge::{Metrics, RedisStore};
 use weir_core::algorithms::GlobalLimit;
-use weir_core::algorithms::{AlgorithmKind, SlotState};
+use weir_core::algorithms::{AlgorithmKind, Ask, SlotState};
 use weir_e2e::RedisCluster;
 
 /// A 6-node cluster (3 masters, 3 replicas), a store with a generous timeout, and a raw
@@ -150,14 +150,18 @@ pub fn invocation(
     cost: u64,
     want: u64,
 ) -> Invocation {
+    invocation_for(limit, descriptor, now_us, Ask::exact(cost).with_want(want))
+}
+
+/// The call for one descriptor of the test rule, asking `ask`.
+pub fn invocation_for(limit: &GlobalLimit, descriptor: &str, now_us: u64, ask: Ask) -> Invocation {
     Invocation::for_limit(
         limit,
         "weir-test",
         "conformance",
         &[format!("={descriptor}")],
         now_us,
-        cost,
-        want,
+        ask,
     )
 }
 

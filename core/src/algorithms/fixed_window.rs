@@ -29,7 +29,7 @@ use super::time::until_ns;
 use super::window::{self, Window, Windowed};
 use super::{
     values_of, AlgorithmKind, AlgorithmSpec, Decision, GlobalLimit, Limit, ParamError, Policy,
-    SlotState,
+    SlotAlgorithm, SlotState,
 };
 
 pub const SPEC: AlgorithmSpec = AlgorithmSpec {
@@ -162,6 +162,23 @@ impl Windowed for FixedWindow {
     /// Until the window ends: spent later, a unit would count against the next window.
     fn lease_ttl_ns(&self, now_us: u64) -> Option<u64> {
         Some(self.window.until_window_end_ns(now_us))
+    }
+}
+
+impl SlotAlgorithm for FixedWindow {
+    /// Until the window ends: spent later, a unit would count against the next window.
+    fn lease_cap_ns(&self, state: SlotState, now_us: u64) -> Option<u64> {
+        let end = self.window.end_of(State::from_slot(state).window_start_us);
+        Some(until_ns(end, now_us))
+    }
+
+    /// `limit − remaining` counted in the window of `at_us`.
+    fn state_with_remaining(&self, remaining: u64, at_us: u64) -> SlotState {
+        State {
+            count: self.window.limit - remaining.min(self.window.limit),
+            window_start_us: self.window.start_of(at_us),
+        }
+        .to_slot()
     }
 }
 

@@ -48,7 +48,7 @@
 
 use super::{
     values_of, Algorithm, AlgorithmKind, AlgorithmSpec, Decision, GlobalLimit, Limit, ParamError,
-    Parameter, Policy, SlotState, Unit, NS_PER_US,
+    Parameter, Policy, Reservation, SlotAlgorithm, SlotState, Unit, NS_PER_US,
 };
 
 const PARAMETERS: &[Parameter] = &[
@@ -337,6 +337,57 @@ impl Algorithm for Gcra {
     /// key stays exact in Lua's doubles.
     fn check_script_exact(&self) -> Result<(), ParamError> {
         Ok(())
+    }
+}
+
+impl SlotAlgorithm for Gcra {
+    /// A GCRA lease is bounded by the rule's hold alone, which the burst pays for.
+    fn lease_cap_ns(&self, _state: SlotState, _now_us: u64) -> Option<u64> {
+        None
+    }
+
+    /// The next slots of the schedule: with the TAT `base` ahead of now, the `i`-th unit
+    /// (counting from one) is due when a central limiter would first admit it,
+    /// `base + i × T − τ` from now; as many as are due within `horizon_us`, at most
+    /// `max_units`. The TAT moves past them, so nobody else gets them.
+    fn reserve(
+        &self,
+        state: Option<SlotState>,
+        now_us: u64,
+        max_units: u64,
+        horizon_us: u64,
+    ) -> Option<(Reservation, SlotState)> {
+        let t = i128::from(self.emission_interval_ns);
+        let tau = i128::from(self.tolerance_ns);
+        let now = i128::from(now_us) * i128::from(NS_PER_US);
+        let tat = state.map_or(now, |s| i128::from(State::from_slot(s).tat_ns));
+        let base = tat.max(now) - now;
+        let reach = i128::from(horizon_us) * i128::from(NS_PER_US) + tau - base;
+        let units = (reach / t).min(i128::from(max_units));
+        if units < 1 {
+            return None;
+        }
+        let reservation = Reservation {
+            units: clamp_u64(units),
+            due_ns: i64::try_from(base + t - tau).unwrap_or(i64::MAX),
+            spacing_ns: self.emission_interval_ns,
+        };
+        let next = State {
+            tat_ns: clamp_u64(now + base + units * t),
+        };
+        Some((reservation, next.to_slot()))
+    }
+
+    /// The TAT `τ − remaining × T` ahead of `at_us`.
+    fn state_with_remaining(&self, remaining: u64, at_us: u64) -> SlotState {
+        let units = i128::from(remaining.min(self.limit()));
+        let at = i128::from(at_us) * i128::from(NS_PER_US);
+        let tat =
+            at + i128::from(self.tolerance_ns) - units * i128::from(self.emission_interval_ns);
+        State {
+            tat_ns: clamp_u64(tat.max(at)),
+        }
+        .to_slot()
     }
 }
 

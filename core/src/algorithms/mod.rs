@@ -281,9 +281,9 @@ pub trait Algorithm {
     fn check_script_exact(&self) -> Result<(), ParamError>;
 }
 
-/// An algorithm whose per-key state fits one [`SlotState`]: it runs in shared data
-/// (local rules, fallbacks) as well as in Redis.
-pub trait SlotAlgorithm: Algorithm {
+/// The decision of an algorithm whose per-key state fits one [`SlotState`], in terms of
+/// slot words (the codec between its own state type and the slot).
+pub trait SlotCodec {
     /// Decides `cost` units at `now_us` against `state` (`None`: a key never seen, or
     /// one whose state carries no information). Returns the decision and the state to
     /// store, or `None` when the store must not be written.
@@ -298,12 +298,114 @@ pub trait SlotAlgorithm: Algorithm {
     fn idle_at_slot(&self, state: SlotState) -> u64;
 }
 
-/// Implements [`SlotAlgorithm`] for an algorithm whose module has a `State` with
+/// An algorithm whose per-key state fits one [`SlotState`]: it runs in shared data
+/// (local rules, fallbacks) as well as in Redis, where its script grants units ahead of
+/// the request that asked ([`Limit::grant`] is the reference the scripts are checked
+/// against).
+pub trait SlotAlgorithm: Algorithm + SlotCodec {
+    /// How long units granted now (leaving the key at `state`) may still be spent, by
+    /// the algorithm's own bound: until the window ends (windows), until the next
+    /// refill (token bucket); `None` when only the rule's hold bounds it (GCRA, whose
+    /// hold is paid for by a reduced burst instead).
+    fn lease_cap_ns(&self, state: SlotState, now_us: u64) -> Option<u64>;
+
+    /// Units of the future schedule, for a request that does not fit now: at most
+    /// `max_units`, none due later than `horizon_us` from now. Only GCRA's schedule has
+    /// slots to reserve; the others return `None`.
+    fn reserve(
+        &self,
+        state: Option<SlotState>,
+        now_us: u64,
+        max_units: u64,
+        horizon_us: u64,
+    ) -> Option<(Reservation, SlotState)> {
+        let _ = (state, now_us, max_units, horizon_us);
+        None
+    }
+
+    /// A state in which `remaining` units (at most the limit) are left at `at_us`: what
+    /// a local fallback starts from when the global key was last seen with `remaining`.
+    fn state_with_remaining(&self, remaining: u64, at_us: u64) -> SlotState;
+}
+
+/// Units reserved on a key's future schedule: `units` units, the first due `due_ns`
+/// from now (negative: already due), each next `spacing_ns` after the previous.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reservation {
+    pub units: u64,
+    pub due_ns: i64,
+    pub spacing_ns: u64,
+}
+
+/// What one bridge item asks of a key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ask {
+    /// Units the request needs now (≥ 1; 0 only peeks).
+    pub cost: u64,
+    /// Units to take now if they are there (≥ `cost`): a lease.
+    pub want: u64,
+    /// Units to reserve from the future schedule when `cost` does not fit now (0: none).
+    pub reserve: u64,
+    /// How long after its due time a unit may be spent (µs): the rule's hold.
+    pub hold_us: u64,
+    /// How far ahead reserved units may be due (µs).
+    pub horizon_us: u64,
+}
+
+impl Ask {
+    /// One request of `cost`, nothing ahead: what an exact call asks.
+    pub fn exact(cost: u64) -> Ask {
+        Ask {
+            cost,
+            want: cost,
+            reserve: 0,
+            hold_us: 0,
+            horizon_us: 0,
+        }
+    }
+
+    /// The same, taking up to `want` now.
+    pub fn with_want(self, want: u64) -> Ask {
+        Ask { want, ..self }
+    }
+}
+
+/// What a key grants one [`Ask`]: the request's decision, and the units consumed for
+/// this caller with the times they may be spent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Grant {
+    /// The decision for the request's cost, now.
+    pub decision: Decision,
+    /// Units consumed in the key's state for this caller (the request's own included
+    /// when allowed); 0 when nothing was.
+    pub granted: u64,
+    /// When the granted units are due, from now (≤ 0: now): unit `i` (from 0) is due
+    /// at `due_ns + i × spacing_ns`.
+    pub due_ns: i64,
+    pub spacing_ns: u64,
+    /// How long after its due time each unit may be spent.
+    pub valid_ns: u64,
+}
+
+impl Grant {
+    /// A denial that grants nothing.
+    pub fn denied(decision: Decision) -> Grant {
+        Grant {
+            decision,
+            granted: 0,
+            due_ns: 0,
+            spacing_ns: 0,
+            valid_ns: 0,
+        }
+    }
+}
+
+/// Implements [`SlotCodec`] for an algorithm whose module has a `State` with
 /// `from_slot`/`to_slot`, and whose type has inherent `decide` and `idle_at_us` over it:
 /// the codec between the algorithm's own state and the slot's two words.
 macro_rules! slot_algorithm {
     ($algorithm:ty) => {
-        impl $crate::algorithms::SlotAlgorithm for $algorithm {
+        impl $crate::algorithms::SlotCodec for $algorithm {
             fn decide_slot(
                 &self,
                 state: Option<$crate::algorithms::SlotState>,
@@ -403,6 +505,66 @@ impl Limit {
         }
         let (granted, decision, next) = best;
         (decision, granted, next)
+    }
+
+    /// What the key grants `ask` at `now_us`: the request's decision and the units
+    /// granted ahead of it — as many as fit now, up to `want`, when the request fits;
+    /// else a reservation of the future schedule when the algorithm has one and `ask`
+    /// wants it. Units granted now may be spent until `hold_us` or the algorithm's own
+    /// cap ([`SlotAlgorithm::lease_cap_ns`]), reserved ones `hold_us` after each is due.
+    ///
+    /// This is the reference weir-bridge's Lua scripts are checked against, field for
+    /// field, for the slot algorithms.
+    pub fn grant(
+        &self,
+        state: Option<SlotState>,
+        now_us: u64,
+        ask: Ask,
+    ) -> (Grant, Option<SlotState>) {
+        let hold_ns = ask.hold_us.saturating_mul(NS_PER_US);
+        let (decision, granted, next) = self.acquire(state, now_us, ask.cost, ask.want);
+        if decision.allowed {
+            // Units granted (a peek grants none, and none has a validity).
+            let valid_ns = match next {
+                Some(after) if granted > 0 => self
+                    .algorithm()
+                    .lease_cap_ns(after, now_us)
+                    .map_or(hold_ns, |cap| cap.min(hold_ns)),
+                _ => 0,
+            };
+            let grant = Grant {
+                decision,
+                granted,
+                due_ns: 0,
+                spacing_ns: 0,
+                valid_ns,
+            };
+            return (grant, next);
+        }
+        let reserved = (ask.reserve > 0 && ask.horizon_us > 0 && decision.retry_after_ns.is_some())
+            .then(|| {
+                self.algorithm()
+                    .reserve(state, now_us, ask.reserve, ask.horizon_us)
+            })
+            .flatten();
+        match reserved {
+            Some((r, next)) => {
+                let grant = Grant {
+                    decision,
+                    granted: r.units,
+                    due_ns: r.due_ns,
+                    spacing_ns: r.spacing_ns,
+                    valid_ns: hold_ns,
+                };
+                (grant, Some(next))
+            }
+            None => (Grant::denied(decision), None),
+        }
+    }
+
+    /// See [`SlotAlgorithm::state_with_remaining`].
+    pub fn state_with_remaining(&self, remaining: u64, at_us: u64) -> SlotState {
+        self.algorithm().state_with_remaining(remaining, at_us)
     }
 
     /// The largest cost a single request can ever be granted.

@@ -24,8 +24,8 @@
 use super::sliding_window::SlidingWindow;
 use super::window::{self, Window, Windowed};
 use super::{
-    values_of, AlgorithmKind, AlgorithmSpec, Decision, GlobalLimit, Limit, ParamError, Policy,
-    NS_PER_US,
+    values_of, AlgorithmKind, AlgorithmSpec, Ask, Decision, GlobalLimit, Grant, Limit, ParamError,
+    Policy, NS_PER_US,
 };
 
 pub const SPEC: AlgorithmSpec = AlgorithmSpec {
@@ -80,6 +80,15 @@ impl SlidingLog {
     /// window are ignored. Returns the decision for what was granted and the number of
     /// events to add at `now_us` (0 when denied).
     pub fn acquire(&self, events: &[u64], now_us: u64, cost: u64, want: u64) -> (Decision, u64) {
+        let grant = self.grant(events, now_us, Ask::exact(cost).with_want(want));
+        (grant.decision, grant.granted)
+    }
+
+    /// What the log grants `ask` at `now_us` (the reference of the Lua script): up to
+    /// `want` units when `cost` fits. Each granted unit is logged at `now_us +
+    /// ask.hold_us`, the latest instant it may be spent, so the log counts it in every
+    /// window that can contain its real spend; it may be spent until then.
+    pub fn grant(&self, events: &[u64], now_us: u64, ask: Ask) -> Grant {
         let Window { limit, window_us } = self.window;
         let horizon = now_us.saturating_sub(window_us);
         let live: &[u64] = {
@@ -89,6 +98,11 @@ impl SlidingLog {
         let count = live.len() as u64;
         let free = limit.saturating_sub(count);
         let ns = |us: u64| us.saturating_mul(NS_PER_US);
+        let idle_ns = || {
+            live.last()
+                .map_or(0, |&t| ns((t + window_us).saturating_sub(now_us)))
+        };
+        let (cost, want) = (ask.cost, ask.want);
         if cost > free {
             // When the oldest `count + cost − limit` events have left, `cost` fits.
             let retry_after_ns = (cost <= limit)
@@ -98,17 +112,14 @@ impl SlidingLog {
                     Some(ns((last_to_leave + window_us).saturating_sub(now_us)))
                 })
                 .flatten();
-            let reset_after_ns = live
-                .last()
-                .map_or(0, |&t| ns((t + window_us).saturating_sub(now_us)));
             let decision = Decision {
                 allowed: false,
                 limit,
                 remaining: free,
                 retry_after_ns,
-                reset_after_ns,
+                reset_after_ns: idle_ns(),
             };
-            return (decision, 0);
+            return Grant::denied(decision);
         }
         let granted = want.max(cost).min(free);
         let decision = Decision {
@@ -117,13 +128,18 @@ impl SlidingLog {
             remaining: free - granted,
             retry_after_ns: None,
             reset_after_ns: if granted > 0 {
-                ns(window_us)
+                ns(ask.hold_us.saturating_add(window_us))
             } else {
-                live.last()
-                    .map_or(0, |&t| ns((t + window_us).saturating_sub(now_us)))
+                idle_ns()
             },
         };
-        (decision, granted)
+        Grant {
+            decision,
+            granted,
+            due_ns: 0,
+            spacing_ns: 0,
+            valid_ns: if granted > 0 { ns(ask.hold_us) } else { 0 },
+        }
     }
 }
 

@@ -33,7 +33,7 @@ use super::time::{add_us, sat_u64, until_ns};
 use super::window::{self, Window, Windowed};
 use super::{
     values_of, AlgorithmKind, AlgorithmSpec, Decision, GlobalLimit, Limit, ParamError, Policy,
-    SlotState,
+    SlotAlgorithm, SlotState,
 };
 
 pub const SPEC: AlgorithmSpec = AlgorithmSpec {
@@ -228,6 +228,26 @@ impl Windowed for SlidingWindow {
     /// window it was granted in, as part of the previous window's weight, not in full.
     fn lease_ttl_ns(&self, now_us: u64) -> Option<u64> {
         Some(self.window.until_window_end_ns(now_us))
+    }
+}
+
+impl SlotAlgorithm for SlidingWindow {
+    /// Until the window ends: within its window a unit spent later than counted only
+    /// meets a smaller weight of the previous window.
+    fn lease_cap_ns(&self, state: SlotState, now_us: u64) -> Option<u64> {
+        let end = self.window.end_of(State::from_slot(state).window_start_us);
+        Some(until_ns(end, now_us))
+    }
+
+    /// `limit − remaining` counted in the window of `at_us`, nothing in the one before.
+    fn state_with_remaining(&self, remaining: u64, at_us: u64) -> SlotState {
+        let used = self.window.limit - remaining.min(self.window.limit);
+        State {
+            prev: 0,
+            curr: u32::try_from(used).unwrap_or(u32::MAX),
+            window_start_us: self.window.start_of(at_us),
+        }
+        .to_slot()
     }
 }
 

@@ -32,7 +32,7 @@
 use super::time::{sat_u64, until_ns};
 use super::{
     values_of, Algorithm, AlgorithmKind, AlgorithmSpec, Decision, GlobalLimit, Limit, ParamError,
-    Parameter, Policy, SlotState, Unit, MAX_SCRIPT_EXACT, NS_PER_US,
+    Parameter, Policy, SlotAlgorithm, SlotState, Unit, MAX_SCRIPT_EXACT, NS_PER_US,
 };
 
 const PARAMETERS: &[Parameter] = &[
@@ -260,6 +260,26 @@ impl Algorithm for TokenBucket {
             ));
         }
         Ok(())
+    }
+}
+
+impl SlotAlgorithm for TokenBucket {
+    /// Until the next refill: a unit counted in one refill period and spent in the
+    /// next would let both periods' refills be spent together.
+    fn lease_cap_ns(&self, state: SlotState, now_us: u64) -> Option<u64> {
+        let next_refill = State::from_slot(state)
+            .last_refill_us
+            .saturating_add(self.period_us);
+        Some(until_ns(next_refill, now_us))
+    }
+
+    /// `remaining` tokens, the refill period starting at `at_us`.
+    fn state_with_remaining(&self, remaining: u64, at_us: u64) -> SlotState {
+        State {
+            tokens: remaining.min(self.capacity),
+            last_refill_us: at_us,
+        }
+        .to_slot()
     }
 }
 

@@ -115,6 +115,7 @@ pub(crate) struct RawGlobal {
 pub(crate) struct RawLease {
     pub max: Option<u64>,
     pub ttl: Option<RawDuration>,
+    pub horizon: Option<RawDuration>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]

@@ -2,11 +2,12 @@
 //!
 //! Layout: a rule's table is `sets` shared-data keys named
 //! `weir/v1/<plugin>/<rule>/<label>/<set index>` (the plugin is Envoy's plugin name; the
-//! label is the algorithm, `lease-<algorithm>` for the leases of a global rule, or
-//! `fallback-<algorithm>` for its local share), each holding [`WAYS`] slots of
-//! [`SLOT_BYTES`] bytes: an 8-byte key fingerprint (0 = empty) and the algorithm's
-//! 16-byte [`SlotState`]. `sets = ceil(max_keys / WAYS)`, so the table holds
-//! `max_keys` rounded up to a multiple of [`WAYS`] keys and its memory never grows.
+//! label is the algorithm, `lease-<algorithm>-<parameters>` for the leases of a global
+//! rule, or `fallback-<algorithm>` for its local share), each holding [`WAYS`] slots: an
+//! 8-byte key fingerprint (0 = empty) and a fixed number of 8-byte words of state, the
+//! table's [`SlotValue`] (an algorithm's 16-byte [`SlotState`], or a lease's wider
+//! state). `sets = ceil(max_keys / WAYS)`, so the table holds `max_keys` rounded up to a
+//! multiple of [`WAYS`] keys and its memory never grows.
 //!
 //! A key is hashed with SipHash-1-3 under a secret 128-bit seed that every worker
 //! shares ([`crate::key::KeyHasher`], [`super::seed`]): 64 bits pick the set, 64 others
@@ -32,13 +33,52 @@
 use super::{SharedStore, StoreError, UpdateError};
 use crate::algorithms::SlotState;
 use crate::key::KeyHash;
+use std::marker::PhantomData;
 
 /// Slots per set.
 pub const WAYS: usize = 4;
-/// Bytes per slot: fingerprint, then the two state words, little-endian.
-pub const SLOT_BYTES: usize = 24;
-/// Bytes of one set's value.
-pub const SET_BYTES: usize = WAYS * SLOT_BYTES;
+/// The most state words a slot value may have.
+pub const MAX_VALUE_WORDS: usize = 8;
+/// The most bytes one set's value can take: every slot's fingerprint and state words.
+const MAX_SET_BYTES: usize = WAYS * 8 * (1 + MAX_VALUE_WORDS);
+
+/// What a slot holds besides its key's fingerprint: a fixed number of 64-bit words,
+/// stored little-endian. Any words decode (garbage reads as some state the owner's logic
+/// must handle), and the all-zero value is "nothing stored".
+pub trait SlotValue: Copy + Default + PartialEq + std::fmt::Debug {
+    /// 1 to [`MAX_VALUE_WORDS`].
+    const WORDS: usize;
+    fn to_words(&self, words: &mut [u64]);
+    fn from_words(words: &[u64]) -> Self;
+}
+
+impl SlotValue for SlotState {
+    const WORDS: usize = 2;
+
+    fn to_words(&self, words: &mut [u64]) {
+        for (dst, word) in words.iter_mut().zip([self.a, self.b]) {
+            *dst = word;
+        }
+    }
+
+    fn from_words(words: &[u64]) -> Self {
+        let word = |i: usize| words.get(i).copied().unwrap_or(0);
+        SlotState {
+            a: word(0),
+            b: word(1),
+        }
+    }
+}
+
+/// Bytes of one slot of a table holding `V`.
+pub const fn slot_bytes<V: SlotValue>() -> usize {
+    8 * (1 + V::WORDS)
+}
+
+/// Bytes of one set's value for a table holding `V`.
+pub const fn set_bytes<V: SlotValue>() -> usize {
+    WAYS * slot_bytes::<V>()
+}
 
 /// How the key's slot was found in its set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,14 +103,15 @@ pub struct Updated<R> {
     pub cas_retries: u32,
 }
 
-/// One rule's table.
+/// One rule's table of `V`s (an algorithm's [`SlotState`] unless said otherwise).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SlotTable {
+pub struct SlotTable<V: SlotValue = SlotState> {
     prefix: String,
     sets: u32,
+    value: PhantomData<V>,
 }
 
-impl SlotTable {
+impl<V: SlotValue> SlotTable<V> {
     /// The table of `rule` for what `label` names (an algorithm, `lease`, …): tables with
     /// other labels never share state, so changing a rule's algorithm starts afresh.
     pub fn new(rule: &str, label: &str, max_keys: u32) -> Self {
@@ -78,6 +119,7 @@ impl SlotTable {
         SlotTable {
             prefix: format!("weir/v1/{rule}/{label}/"),
             sets,
+            value: PhantomData,
         }
     }
 
@@ -113,12 +155,12 @@ impl SlotTable {
         if ready.as_deref() == Some(self.sets.to_le_bytes().as_slice()) {
             return Ok(0);
         }
-        let empty = [0u8; SET_BYTES];
+        let empty = SlotSet::<V>::default().encode();
         let mut created = 0;
         for index in 0..self.sets {
             let key = self.set_key(index);
             if let (_, None) = store.get(&key)? {
-                store.create(&key, &empty)?;
+                store.create(&key, empty.as_slice())?;
                 created += 1;
             }
         }
@@ -165,7 +207,7 @@ impl SlotTable {
         let mut used = 0;
         for index in sets {
             let (value, _) = store.get(&self.set_key(index))?;
-            let set = SlotSet::decode(value.as_deref());
+            let set = SlotSet::<V>::decode(value.as_deref());
             used += set.slots.iter().filter(|s| s.fingerprint != 0).count() as u64;
         }
         Ok(used)
@@ -181,8 +223,8 @@ impl SlotTable {
         store: &S,
         hash: &KeyHash,
         now_us: u64,
-        idle_at_us: impl Fn(SlotState) -> u64,
-        mut decide: impl FnMut(Option<SlotState>) -> (R, Option<SlotState>),
+        idle_at_us: impl Fn(V) -> u64,
+        mut decide: impl FnMut(Option<V>) -> (R, Option<V>),
     ) -> Result<Updated<R>, UpdateError>
     where
         S: SharedStore,
@@ -193,7 +235,7 @@ impl SlotTable {
             // Created at configure time and never deleted: a missing set is not ours to
             // create here (a blind write could empty a set another worker just filled).
             let version = version.ok_or(StoreError::Missing)?;
-            let mut set = SlotSet::decode(value.as_deref());
+            let mut set = SlotSet::<V>::decode(value.as_deref());
             let (way, placement) = set.locate(hash.fingerprint, now_us, &idle_at_us);
             let current = match placement {
                 Placement::Existing => set.slots.get(way).map(|s| s.state),
@@ -213,7 +255,7 @@ impl SlotTable {
                     state: next,
                 };
             }
-            match store.compare_and_set(&key, &set.encode(), version) {
+            match store.compare_and_set(&key, set.encode().as_slice(), version) {
                 Ok(()) => {
                     return Ok(Updated {
                         result,
@@ -232,46 +274,68 @@ impl SlotTable {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-struct Slot {
+struct Slot<V> {
     fingerprint: u64,
-    state: SlotState,
+    state: V,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-struct SlotSet {
-    slots: [Slot; WAYS],
+struct SlotSet<V> {
+    slots: [Slot<V>; WAYS],
 }
 
-impl SlotSet {
+/// One set's bytes, on the stack.
+struct SetBytes {
+    bytes: [u8; MAX_SET_BYTES],
+    len: usize,
+}
+
+impl SetBytes {
+    fn as_slice(&self) -> &[u8] {
+        self.bytes.get(..self.len).unwrap_or(&self.bytes)
+    }
+}
+
+impl<V: SlotValue> SlotSet<V> {
     /// Anything that is not exactly one set's bytes (never written, truncated, from a
     /// future layout) reads as empty: state is lost, nothing is misattributed.
-    fn decode(bytes: Option<&[u8]>) -> SlotSet {
+    fn decode(bytes: Option<&[u8]>) -> SlotSet<V> {
         let mut set = SlotSet::default();
-        let Some(bytes) = bytes.filter(|b| b.len() == SET_BYTES) else {
+        let Some(bytes) = bytes.filter(|b| b.len() == set_bytes::<V>()) else {
             return set;
         };
-        for (slot, chunk) in set.slots.iter_mut().zip(bytes.chunks_exact(SLOT_BYTES)) {
-            let word = |i: usize| {
-                chunk
-                    .get(i * 8..i * 8 + 8)
-                    .and_then(|b| <[u8; 8]>::try_from(b).ok())
-                    .map_or(0, u64::from_le_bytes)
-            };
+        let mut words = [0u64; 1 + MAX_VALUE_WORDS];
+        for (slot, chunk) in set
+            .slots
+            .iter_mut()
+            .zip(bytes.chunks_exact(slot_bytes::<V>()))
+        {
+            for (word, b) in words.iter_mut().zip(chunk.chunks_exact(8)) {
+                *word = <[u8; 8]>::try_from(b).map_or(0, u64::from_le_bytes);
+            }
             *slot = Slot {
-                fingerprint: word(0),
-                state: SlotState {
-                    a: word(1),
-                    b: word(2),
-                },
+                fingerprint: words[0],
+                state: V::from_words(words.get(1..=V::WORDS).unwrap_or(&[])),
             };
         }
         set
     }
 
-    fn encode(&self) -> [u8; SET_BYTES] {
-        let mut out = [0u8; SET_BYTES];
-        for (slot, chunk) in self.slots.iter().zip(out.chunks_exact_mut(SLOT_BYTES)) {
-            let words = [slot.fingerprint, slot.state.a, slot.state.b];
+    fn encode(&self) -> SetBytes {
+        let mut out = SetBytes {
+            bytes: [0u8; MAX_SET_BYTES],
+            len: set_bytes::<V>(),
+        };
+        let mut words = [0u64; 1 + MAX_VALUE_WORDS];
+        for (slot, chunk) in self
+            .slots
+            .iter()
+            .zip(out.bytes.chunks_exact_mut(slot_bytes::<V>()))
+        {
+            words[0] = slot.fingerprint;
+            if let Some(state_words) = words.get_mut(1..=V::WORDS) {
+                slot.state.to_words(state_words);
+            }
             for (word, dst) in words.iter().zip(chunk.chunks_exact_mut(8)) {
                 dst.copy_from_slice(&word.to_le_bytes());
             }
@@ -283,7 +347,7 @@ impl SlotSet {
         &self,
         fingerprint: u64,
         now_us: u64,
-        idle_at_us: &impl Fn(SlotState) -> u64,
+        idle_at_us: &impl Fn(V) -> u64,
     ) -> (usize, Placement) {
         if let Some(way) = self.slots.iter().position(|s| s.fingerprint == fingerprint) {
             return (way, Placement::Existing);
@@ -314,21 +378,60 @@ mod tests {
 
     #[test]
     fn set_bytes_round_trip() {
-        let mut set = SlotSet::default();
+        let mut set = SlotSet::<SlotState>::default();
         set.slots[2] = Slot {
             fingerprint: 7,
             state: SlotState { a: u64::MAX, b: 3 },
         };
-        assert_eq!(SlotSet::decode(Some(&set.encode())), set);
-        assert_eq!(SlotSet::decode(Some(&[1, 2, 3])), SlotSet::default());
-        assert_eq!(SlotSet::decode(None), SlotSet::default());
+        let bytes = set.encode();
+        assert_eq!(bytes.as_slice().len(), 96);
+        assert_eq!(SlotSet::decode(Some(bytes.as_slice())), set);
+        assert_eq!(
+            SlotSet::<SlotState>::decode(Some(&[1, 2, 3])),
+            SlotSet::default()
+        );
+        assert_eq!(SlotSet::<SlotState>::decode(None), SlotSet::default());
+    }
+
+    /// A value of the widest layout, to check the codec at its limit.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+    struct Wide([u64; MAX_VALUE_WORDS]);
+
+    impl SlotValue for Wide {
+        const WORDS: usize = MAX_VALUE_WORDS;
+        fn to_words(&self, words: &mut [u64]) {
+            words.copy_from_slice(&self.0);
+        }
+        fn from_words(words: &[u64]) -> Self {
+            let mut w = [0; MAX_VALUE_WORDS];
+            w.copy_from_slice(words);
+            Wide(w)
+        }
+    }
+
+    #[test]
+    fn wide_values_round_trip() {
+        let mut set = SlotSet::<Wide>::default();
+        set.slots[3] = Slot {
+            fingerprint: 9,
+            state: Wide([1, 2, 3, u64::MAX, 5, 6, 7, 8]),
+        };
+        let bytes = set.encode();
+        assert_eq!(bytes.as_slice().len(), set_bytes::<Wide>());
+        assert_eq!(SlotSet::decode(Some(bytes.as_slice())), set);
+        // A set written with another width is not this table's: it reads as empty.
+        let narrow = SlotSet::<SlotState>::default().encode();
+        assert_eq!(
+            SlotSet::<Wide>::decode(Some(narrow.as_slice())),
+            SlotSet::default()
+        );
     }
 
     #[test]
     fn tables_round_max_keys_up_to_whole_sets() {
-        let t = SlotTable::new("r", "gcra", 1000);
+        let t = SlotTable::<SlotState>::new("r", "gcra", 1000);
         assert_eq!((t.sets(), t.capacity()), (250, 1000));
-        let t = SlotTable::new("r", "gcra", 1001);
+        let t = SlotTable::<SlotState>::new("r", "gcra", 1001);
         assert_eq!((t.sets(), t.capacity()), (251, 1004));
         assert_eq!(t.set_key(3), "weir/v1/r/gcra/3");
     }

@@ -2,15 +2,18 @@
 //! it tracks; the other fields are compiled by their own modules.
 
 use super::{cost, error, key, limit, matcher, Interner, Result, DEFAULT_MAX_KEYS, MAX_MAX_KEYS};
-use crate::algorithms::GlobalLimit;
+use crate::algorithms::gcra::Gcra;
+use crate::algorithms::{GlobalLimit, Limit};
 use crate::bounds::{check_name, MAX_WANT};
-use crate::config::raw::{RawFailureMode, RawGlobal, RawRule, RawScope};
+use crate::config::raw::{RawFailureMode, RawGlobal, RawLease, RawRule, RawScope};
 use crate::field_error::quoted;
-use crate::rules::{FailureMode, GlobalRule, RequestMatch, Rule, RuleId, Scope};
+use crate::rules::{FailureMode, GlobalRule, Lease, RequestMatch, Rule, RuleId, Scope};
 
 pub const DEFAULT_LEASE_TTL_US: u64 = 1_000_000;
 pub const MAX_LEASE_TTL_US: u64 = 3_600_000_000;
 pub const MAX_EXPECTED_INSTANCES: u64 = 10_000;
+/// How far ahead a saturated GCRA key's schedule is reserved by default.
+pub const DEFAULT_HORIZON_US: u64 = 100_000;
 
 /// A name that goes into stat names and keys (see [`crate::bounds::check_name`]).
 pub(super) fn name(name: &str, at: &str) -> Result<String> {
@@ -107,7 +110,7 @@ fn scope(
 }
 
 fn global_rule(limit: GlobalLimit, raw: Option<RawGlobal>, at: &str) -> Result<GlobalRule> {
-    let (lease, failure_mode, instances) = match raw {
+    let (raw_lease, failure_mode, instances) = match raw {
         Some(g) => (g.lease, g.failure_mode, g.expected_instances),
         None => (None, None, None),
     };
@@ -121,31 +124,9 @@ fn global_rule(limit: GlobalLimit, raw: Option<RawGlobal>, at: &str) -> Result<G
             ))
         }
     };
-    let (lease_max, lease_ttl_us) = match lease {
-        None => (1, DEFAULT_LEASE_TTL_US),
-        Some(lease) => {
-            let max = lease.max.unwrap_or(1);
-            let most = limit.max_cost().min(MAX_WANT);
-            if max == 0 || max > most {
-                return Err(error(
-                    format!("{at}.lease.max"),
-                    format!(
-                        "{max} is out of range: expected 1 to {most} (what the limit admits at once)"
-                    ),
-                ));
-            }
-            let ttl = match lease.ttl {
-                None => DEFAULT_LEASE_TTL_US,
-                Some(ttl) if ttl.us <= MAX_LEASE_TTL_US => ttl.us,
-                Some(ttl) => {
-                    return Err(error(
-                        format!("{at}.lease.ttl"),
-                        format!("{} is longer than 1h", quoted(&ttl.text)),
-                    ))
-                }
-            };
-            (max, ttl)
-        }
+    let (lease, redis_limit) = match raw_lease {
+        Some(raw) => lease(&limit, raw, &format!("{at}.lease"))?,
+        None => (None, limit.clone()),
     };
     let failure_mode = match failure_mode.unwrap_or(RawFailureMode::Allow) {
         RawFailureMode::Allow => FailureMode::Allow,
@@ -162,9 +143,110 @@ fn global_rule(limit: GlobalLimit, raw: Option<RawGlobal>, at: &str) -> Result<G
     };
     Ok(GlobalRule {
         limit,
-        lease_max,
-        lease_ttl_us,
+        redis_limit,
+        lease,
         failure_mode,
         expected_instances,
     })
+}
+
+/// A rule's lease settings, and the limit Redis enforces with them: a GCRA key pays for
+/// the hold with burst (`⌈hold / T⌉` units), every other algorithm bounds the hold by its
+/// own windows or refills.
+fn lease(limit: &GlobalLimit, raw: RawLease, at: &str) -> Result<(Option<Lease>, GlobalLimit)> {
+    // Units a call may take or reserve; a lease now never gets more than the limit
+    // admits at once, a reservation may span more of the schedule.
+    let max = raw.max.unwrap_or(1);
+    if max == 0 || max > MAX_WANT {
+        return Err(error(
+            format!("{at}.max"),
+            format!("{max} is out of range: expected 1 to {MAX_WANT}"),
+        ));
+    }
+    if let Some(ttl) = raw.ttl.as_ref().filter(|ttl| ttl.us > MAX_LEASE_TTL_US) {
+        return Err(error(
+            format!("{at}.ttl"),
+            format!("{} is longer than 1h", quoted(&ttl.text)),
+        ));
+    }
+    let gcra = match limit {
+        GlobalLimit::Slot(Limit::Gcra(g)) => Some(g),
+        _ => None,
+    };
+    if let (Some(horizon), None) = (&raw.horizon, gcra) {
+        return Err(error(
+            format!("{at}.horizon"),
+            format!(
+                "{} is for gcra rules only: reservations book slots of a GCRA schedule; {} \
+                 has none",
+                quoted(&horizon.text),
+                limit.kind()
+            ),
+        ));
+    }
+    if max == 1 {
+        // Exact: every request asks Redis; nothing waits, nothing to pay for.
+        return Ok((None, limit.clone()));
+    }
+    let Some(gcra) = gcra else {
+        let hold_us = raw
+            .ttl
+            .as_ref()
+            .map_or_else(|| default_hold_us(limit), |ttl| ttl.us);
+        let lease = Lease {
+            max,
+            hold_us,
+            horizon_us: 0,
+        };
+        return Ok((Some(lease), limit.clone()));
+    };
+    let interval_us = gcra.emission_interval_ns().div_ceil(1_000).max(1);
+    let hold_us = match &raw.ttl {
+        Some(ttl) => ttl.us,
+        // A quarter of the burst pays for the hold by default.
+        None => (gcra.burst() / 4)
+            .saturating_mul(gcra.emission_interval_ns() / 1_000)
+            .min(DEFAULT_LEASE_TTL_US),
+    };
+    let paid = u64::try_from(
+        (u128::from(hold_us) * 1_000).div_ceil(u128::from(gcra.emission_interval_ns())),
+    )
+    .unwrap_or(u64::MAX);
+    if hold_us == 0 || paid > gcra.burst() {
+        let affordable_us = gcra
+            .burst()
+            .saturating_mul(gcra.emission_interval_ns() / 1_000);
+        return Err(error(
+            at,
+            format!(
+                "a gcra lease holds each unit for up to `ttl` and pays for it with burst, one \
+                 unit per {interval_us}us; with a burst of {}{}: use exact calls (`max`: 1), \
+                 raise the burst, or set `ttl` to at most {affordable_us}us",
+                gcra.burst(),
+                match &raw.ttl {
+                    Some(ttl) => format!(" a `ttl` of {} costs {paid}", quoted(&ttl.text)),
+                    None => " the default `ttl` (a quarter of the burst) is 0".to_string(),
+                },
+            ),
+        ));
+    }
+    let reduced = Gcra::new(gcra.burst() - paid, gcra.rate(), gcra.period_us())
+        .map_err(|e| error(at, e.to_string()))?;
+    let redis_limit = GlobalLimit::Slot(Limit::Gcra(reduced));
+    let horizon_us = raw.horizon.map_or(DEFAULT_HORIZON_US, |h| h.us);
+    let lease = Lease {
+        max,
+        hold_us,
+        horizon_us,
+    };
+    Ok((Some(lease), redis_limit))
+}
+
+/// How long a unit may wait when `ttl` is not set: a second, or a tenth of the window for
+/// a sliding log (whose leased units stay in the log that much longer).
+fn default_hold_us(limit: &GlobalLimit) -> u64 {
+    match limit {
+        GlobalLimit::SlidingLog(log) => (log.window_us() / 10).clamp(1, DEFAULT_LEASE_TTL_US),
+        GlobalLimit::Slot(_) => DEFAULT_LEASE_TTL_US,
+    }
 }

@@ -1,0 +1,450 @@
+//! Global rules through the engine, with the bridge's replies written out by hand (the
+//! real bridge is exercised by weir-bridge's suites and the end-to-end suite): what a
+//! rule asks for, what a reply leaves in the key's slot (units held, a reservation, a
+//! cached denial), failure modes and the backoff.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+mod support;
+
+use support::{engine, evaluate, user, T0};
+use weir_core::engine::{BridgeError, Engine, Evaluation, FailureOutcome, RuleOutcome, Source};
+use weir_core::rules::Scope;
+use weir_core::store::memory::MemoryStore;
+use weir_core::store::SharedStore;
+use weir_core::wire::v2::{self, Granted};
+use weir_core::wire::ReplyError;
+
+#[cfg(target_arch = "wasm32")]
+use wasm_bindgen_test::wasm_bindgen_test as test;
+
+const MS: u64 = 1_000;
+
+/// A bucket of 100 per minute per `x-user`, plus `extra` rule fields.
+fn global(extra: &str) -> Engine {
+    engine(&format!(
+        r#"{{"bridge":{{"cluster":"weir_bridge"}},"rules":[{{"name":"tenant","scope":"global",
+            "key":[{{"header":"x-user"}}],
+            "limit":{{"algorithm":"token_bucket","capacity":100,"refill":100,"period":"1m"}}{extra}}}]}}"#
+    ))
+}
+
+fn eval_at(e: &Engine, store: &MemoryStore, now: u64) -> Evaluation {
+    evaluate(e, store, &user("acme"), now)
+}
+
+/// A result for rule 0 at T0.
+fn result(allowed: bool, granted: u64, remaining: u64) -> Granted {
+    Granted {
+        id: 0,
+        allowed,
+        granted,
+        limit: 100,
+        remaining,
+        retry_after_ns: (!allowed).then_some(5_000_000_000),
+        reset_after_ns: 60_000_000_000,
+        now_us: T0,
+        due_ns: 0,
+        spacing_ns: 0,
+        valid_ns: 0,
+    }
+}
+
+fn reply(items: Vec<Granted>) -> Result<v2::Reply, ReplyError> {
+    Ok(v2::Reply { items })
+}
+
+/// The request body the engine would send, parsed back as the bridge reads it.
+fn sent_request(e: &Engine, eval: &Evaluation) -> v2::Request {
+    v2::Request::parse(&e.bridge_request(&eval.pending))
+        .unwrap_or_else(|err| panic!("the bridge would refuse it: {err}"))
+        .0
+}
+
+#[test]
+fn exact_global_rules_ask_the_bridge_every_time() {
+    let e = global("");
+    let store = MemoryStore::new();
+    e.prepare(&store).unwrap();
+    for _ in 0..3 {
+        let mut eval = eval_at(&e, &store, T0);
+        let request = sent_request(&e, &eval);
+        let item = &request.items[0];
+        assert_eq!((item.id, item.cost, item.want, item.reserve), (0, 1, 1, 0));
+        assert_eq!((item.hold_us, item.horizon_us, item.shadow), (0, 0, false));
+        assert_eq!(item.descriptor, ["=acme"]);
+        e.complete(&mut eval, &store, T0, T0, reply(vec![result(true, 1, 50)]));
+        assert!(!eval.denied());
+        assert_eq!(eval.verdicts[0].decision.remaining, 50);
+        assert_eq!(eval.reports[0].source, Some(Source::Bridge));
+    }
+}
+
+#[test]
+fn leases_are_sized_by_demand_and_spent_locally() {
+    // 10 requests a millisecond; units may wait 10 ms.
+    let e = global(r#","global":{"lease":{"max":1000,"ttl":"10ms"}}"#);
+    let store = MemoryStore::new();
+    e.prepare(&store).unwrap();
+    let mut wants = Vec::new();
+    let mut calls = 0;
+    for i in 0..2_000 {
+        let now = T0 + i * 100;
+        let mut eval = eval_at(&e, &store, now);
+        if let Some(item) = eval.pending.first() {
+            calls += 1;
+            wants.push(item.want);
+            let want = item.want;
+            let mut granted = result(true, want, 10_000);
+            granted.valid_ns = 10_000_000;
+            e.complete(&mut eval, &store, now, now, reply(vec![granted]));
+        } else {
+            assert_eq!(eval.reports[0].source, Some(Source::Lease));
+        }
+        assert!(!eval.denied());
+    }
+    assert_eq!(wants[0], 1, "a first request has no demand yet");
+    // At 10,000 per second, 10 ms of demand is 100 units.
+    let settled = *wants.last().unwrap();
+    assert!((90..=120).contains(&settled), "{wants:?}");
+    assert!(calls < 40, "{calls} calls for 2,000 requests: {wants:?}");
+}
+
+#[test]
+fn held_units_are_spent_only_within_their_validity() {
+    let e = global(r#","global":{"lease":{"max":100,"ttl":"10ms"}}"#);
+    let store = MemoryStore::new();
+    e.prepare(&store).unwrap();
+    let mut eval = eval_at(&e, &store, T0);
+    let mut granted = result(true, 50, 50);
+    granted.valid_ns = 10_000_000;
+    // The call left at T0 and came back 2 ms later: units expire 10 ms after T0.
+    e.complete(&mut eval, &store, T0, T0 + 2 * MS, reply(vec![granted]));
+    let eval = eval_at(&e, &store, T0 + 10 * MS);
+    assert_eq!(eval.reports[0].source, Some(Source::Lease));
+    let eval = eval_at(&e, &store, T0 + 10 * MS + 1);
+    assert_eq!(
+        eval.pending.len(),
+        1,
+        "expired units are dropped, not spent"
+    );
+}
+
+#[test]
+fn lease_served_requests_report_the_global_quota() {
+    let e = engine(
+        r#"{"bridge":{"cluster":"b"},"rules":[{"name":"tenant","scope":"global",
+            "limit":{"algorithm":"fixed_window","limit":1000,"window":"1h"},
+            "global":{"lease":{"max":10}}}]}"#,
+    );
+    let store = MemoryStore::new();
+    e.prepare(&store).unwrap();
+    let mut eval = eval_at(&e, &store, T0);
+    let mut granted = result(true, 10, 900);
+    granted.limit = 1000;
+    granted.valid_ns = 1_000_000_000;
+    e.complete(&mut eval, &store, T0, T0, reply(vec![granted]));
+    let eval = eval_at(&e, &store, T0 + MS);
+    assert_eq!(eval.reports[0].source, Some(Source::Lease));
+    // What Redis had left plus the 8 units this Envoy still holds: not the lease's own 8.
+    let d = eval.verdicts[0].decision;
+    assert_eq!((d.limit, d.remaining), (1000, 908));
+    assert!(d.reset_after_ns > 59_000_000_000);
+}
+
+#[test]
+fn a_denial_is_cached_for_its_cost_and_above() {
+    let e = engine(
+        r#"{"bridge":{"cluster":"b"},"rules":[{"name":"tenant","scope":"global",
+            "cost":{"header":"x-cost"},
+            "limit":{"algorithm":"fixed_window","limit":100,"window":"1h"}}]}"#,
+    );
+    let store = MemoryStore::new();
+    e.prepare(&store).unwrap();
+    let cost = |n: &str| user("acme").header("x-cost", n);
+    let mut eval = evaluate(&e, &store, &cost("10"), T0);
+    e.complete(&mut eval, &store, T0, T0, reply(vec![result(false, 0, 4)]));
+    assert!(eval.denied());
+    for t in [1, MS, 4_999_999] {
+        let eval = evaluate(&e, &store, &cost("10"), T0 + t);
+        assert!(eval.pending.is_empty(), "a cached denial called the bridge");
+        assert_eq!(eval.reports[0].source, Some(Source::DenialCache));
+        let retry = eval.verdicts[0].decision.retry_after_ns.unwrap();
+        assert_eq!(retry, (5_000_000 - t) * 1_000);
+        assert!(evaluate(&e, &store, &cost("20"), T0 + t).denied());
+    }
+    // A smaller request may fit: it asks Redis (the bug of envoyproxy/ratelimit#1077).
+    assert_eq!(evaluate(&e, &store, &cost("1"), T0 + MS).pending.len(), 1);
+    assert_eq!(
+        evaluate(&e, &store, &cost("10"), T0 + 5_000_000)
+            .pending
+            .len(),
+        1
+    );
+}
+
+#[test]
+fn a_saturated_gcra_key_is_served_by_reservation() {
+    // 1,000 per second, burst 99; units may wait 20 ms (20 of the burst pay for it).
+    let e = engine(
+        r#"{"bridge":{"cluster":"b"},"rules":[{"name":"tenant","scope":"global",
+            "limit":{"algorithm":"gcra","rate":1000,"period":"1s","burst":99},
+            "global":{"lease":{"max":500,"ttl":"20ms","horizon":"100ms"}}}]}"#,
+    );
+    let Scope::Global(global) = &e.config.rules[0].scope else {
+        panic!("global")
+    };
+    assert_eq!(
+        global.redis_limit.max_cost(),
+        80,
+        "burst 99 − 20 for the hold"
+    );
+    let store = MemoryStore::new();
+    e.prepare(&store).unwrap();
+    let mut eval = eval_at(&e, &store, T0);
+    let item = &sent_request(&e, &eval).items[0];
+    assert_eq!((item.hold_us, item.horizon_us), (20_000, 100_000));
+    // Redis: saturated; 3 units reserved, due 1, 2 and 3 ms after it decided.
+    let mut reserved = result(false, 3, 0);
+    reserved.retry_after_ns = Some(1_000_000);
+    (reserved.due_ns, reserved.spacing_ns, reserved.valid_ns) = (1_000_000, 1_000_000, 20_000_000);
+    e.complete(&mut eval, &store, T0, T0, reply(vec![reserved]));
+    assert!(eval.denied());
+    // Before the first unit is due: denied locally, told when.
+    let eval = eval_at(&e, &store, T0 + 500);
+    assert!(eval.pending.is_empty() && eval.denied());
+    assert_eq!(eval.verdicts[0].decision.retry_after_ns, Some(500_000));
+    // Then one unit each millisecond, at its due time.
+    for at in [T0 + MS, T0 + 2 * MS, T0 + 3 * MS] {
+        let eval = eval_at(&e, &store, at);
+        assert!(!eval.denied(), "unit due at {at}");
+        assert_eq!(eval.reports[0].source, Some(Source::Lease));
+    }
+    assert_eq!(
+        eval_at(&e, &store, T0 + 3 * MS).pending.len(),
+        1,
+        "all spent"
+    );
+}
+
+#[test]
+fn gcra_leases_pay_for_their_hold_with_burst() {
+    let refused = |lease: &str| {
+        let json = format!(
+            r#"{{"bridge":{{"cluster":"b"}},"rules":[{{"name":"r","scope":"global",
+                "limit":{{"algorithm":"gcra","rate":1000,"period":"1s","burst":9}},
+                "global":{{"lease":{lease}}}}}]}}"#
+        );
+        weir_core::config::parse(json.as_bytes())
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    };
+    assert_eq!(
+        refused(r#"{"max":5,"ttl":"50ms"}"#).unwrap_err(),
+        "rules[0].global.lease: a gcra lease holds each unit for up to `ttl` and pays for it \
+         with burst, one unit per 1000us; with a burst of 9 a `ttl` of \"50ms\" costs 50: use \
+         exact calls (`max`: 1), raise the burst, or set `ttl` to at most 9000us"
+    );
+    assert!(refused(r#"{"max":5,"ttl":"5ms"}"#).is_ok());
+    // A burst too small for the default hold (a quarter of it) cannot lease at all.
+    let tiny = r#"{"bridge":{"cluster":"b"},"rules":[{"name":"r","scope":"global",
+        "limit":{"algorithm":"gcra","rate":10,"period":"1s","burst":2},
+        "global":{"lease":{"max":2}}}]}"#;
+    assert!(weir_core::config::parse(tiny.as_bytes()).is_err());
+    // The horizon is GCRA's alone.
+    let log = r#"{"bridge":{"cluster":"b"},"rules":[{"name":"r","scope":"global",
+        "limit":{"algorithm":"sliding_log","limit":10,"window":"1s"},
+        "global":{"lease":{"max":2,"horizon":"50ms"}}}]}"#;
+    assert_eq!(
+        weir_core::config::parse(log.as_bytes())
+            .unwrap_err()
+            .to_string(),
+        "rules[0].global.lease.horizon: \"50ms\" is for gcra rules only: reservations book \
+         slots of a GCRA schedule; sliding_log has none"
+    );
+}
+
+#[test]
+fn a_shadow_global_rule_does_not_switch_off_the_rules_after_it() {
+    let e = engine(
+        r#"{"bridge":{"cluster":"b"},"rules":[
+            {"name":"trial","scope":"global","shadow":true,"limit":{"algorithm":"fixed_window","limit":1,"window":"1h"}},
+            {"name":"enforced","scope":"global","limit":{"algorithm":"fixed_window","limit":5,"window":"1h"}}]}"#,
+    );
+    let store = MemoryStore::new();
+    e.prepare(&store).unwrap();
+    let mut eval = eval_at(&e, &store, T0);
+    let request = sent_request(&e, &eval);
+    assert_eq!(
+        request
+            .items
+            .iter()
+            .map(|i| (i.id, i.shadow))
+            .collect::<Vec<_>>(),
+        [(0, true), (1, false)]
+    );
+    // The bridge goes on past the shadow denial and denies the enforcing rule too.
+    let shadow_denied = result(false, 0, 0);
+    let mut enforced = result(false, 0, 0);
+    enforced.id = 1;
+    e.complete(
+        &mut eval,
+        &store,
+        T0,
+        T0,
+        reply(vec![shadow_denied, enforced]),
+    );
+    assert_eq!(eval.shadow_limited.len(), 1);
+    assert!(eval.denied(), "the enforcing rule decided");
+    assert_eq!(e.rule_name(eval.denied_by.unwrap()), "enforced");
+}
+
+#[test]
+fn failure_modes_apply_and_the_bridge_is_left_alone_for_a_while() {
+    for (mode, expect_unavailable) in [("allow", false), ("deny", true), ("local", false)] {
+        let e = global(&format!(
+            r#","global":{{"failure_mode":"{mode}","expected_instances":50}}"#
+        ));
+        let store = MemoryStore::new();
+        e.prepare(&store).unwrap();
+        let mut eval = eval_at(&e, &store, T0);
+        e.complete(&mut eval, &store, T0, T0, Err(ReplyError::NoResponse));
+        assert!(eval.denied_by.is_none(), "{mode}");
+        assert_eq!(eval.unavailable.is_some(), expect_unavailable, "{mode}");
+        assert!(store.get(e.bridge_down_key()).unwrap().0.is_some());
+        // Within the backoff: no call, the failure mode again.
+        let eval = eval_at(&e, &store, T0 + 10);
+        assert!(
+            eval.pending.is_empty(),
+            "{mode}: called a bridge that just failed"
+        );
+        assert_eq!(eval.bridge_error, Some(BridgeError::Skipped));
+        let outcome = eval.reports[0].outcome;
+        match mode {
+            "allow" => assert_eq!(outcome, RuleOutcome::BridgeFailed(FailureOutcome::Allowed)),
+            "deny" => assert_eq!(outcome, RuleOutcome::BridgeFailed(FailureOutcome::Denied)),
+            _ => assert_eq!(
+                outcome,
+                RuleOutcome::BridgeFailed(FailureOutcome::Local { allowed: true })
+            ),
+        }
+        // After the backoff the bridge is asked again.
+        assert_eq!(
+            eval_at(&e, &store, T0 + 1_000_000).pending.len(),
+            1,
+            "{mode}"
+        );
+    }
+}
+
+#[test]
+fn every_error_reply_starts_the_backoff_and_plugins_back_off_apart() {
+    let config = r#"{"bridge":{"cluster":"weir_bridge"},"rules":[{"name":"tenant","scope":"global",
+        "limit":{"algorithm":"fixed_window","limit":10,"window":"1h"}}]}"#;
+    let parse = || weir_core::config::parse(config.as_bytes()).unwrap();
+    let one = Engine::with_namespace(parse(), "plugin-one");
+    let two = Engine::with_namespace(parse(), "plugin-two");
+    let store = MemoryStore::new();
+    one.prepare(&store).unwrap();
+    two.prepare(&store).unwrap();
+    let failures = [
+        ReplyError::NoResponse,
+        ReplyError::Status(400, "items[0].cost: out of range".into()),
+        ReplyError::Status(401, String::new()),
+        ReplyError::BadBody("x".into()),
+    ];
+    for (i, failure) in failures.into_iter().enumerate() {
+        let now = T0 + i as u64 * 2_000_000;
+        let mut eval = eval_at(&one, &store, now);
+        one.complete(&mut eval, &store, now, now, Err(failure.clone()));
+        assert_eq!(
+            eval_at(&one, &store, now + 1).bridge_error,
+            Some(BridgeError::Skipped),
+            "{failure}"
+        );
+        // The other plugin in the same VM still asks its own bridge.
+        assert_eq!(eval_at(&two, &store, now + 1).pending.len(), 1, "{failure}");
+    }
+}
+
+#[test]
+fn the_local_fallback_starts_from_what_the_envoy_last_knew() {
+    // 100 per minute over 2 instances; Redis said 10 remain, then the bridge fails.
+    let e = global(r#","global":{"failure_mode":"local","expected_instances":2}"#);
+    let store = MemoryStore::new();
+    e.prepare(&store).unwrap();
+    let mut eval = eval_at(&e, &store, T0);
+    e.complete(&mut eval, &store, T0, T0, reply(vec![result(true, 1, 10)]));
+    let mut allowed = 0;
+    for i in 1..=40 {
+        let now = T0 + i;
+        let mut eval = eval_at(&e, &store, now);
+        if !eval.pending.is_empty() {
+            e.complete(&mut eval, &store, now, now, Err(ReplyError::Unavailable));
+        }
+        allowed += usize::from(!eval.denied());
+    }
+    // Half of the 10 that remained: not the full local share of 50.
+    assert_eq!(allowed, 5);
+}
+
+#[test]
+fn the_local_fallback_of_an_unknown_key_is_a_full_share() {
+    let e = global(r#","global":{"failure_mode":"local","expected_instances":50}"#);
+    let store = MemoryStore::new();
+    e.prepare(&store).unwrap();
+    let mut allowed = 0;
+    for i in 0..5 {
+        let mut eval = eval_at(&e, &store, T0 + i);
+        if !eval.pending.is_empty() {
+            e.complete(
+                &mut eval,
+                &store,
+                T0 + i,
+                T0 + i,
+                Err(ReplyError::Unavailable),
+            );
+        }
+        allowed += usize::from(!eval.denied());
+    }
+    // 100 per minute over 50 instances: 2 each while the bridge is away.
+    assert_eq!(allowed, 2);
+}
+
+#[test]
+fn rules_after_a_bridge_denial_are_not_charged() {
+    let e = engine(
+        r#"{"bridge":{"cluster":"b"},"rules":[
+            {"name":"first","scope":"global","limit":{"algorithm":"fixed_window","limit":5,"window":"1m"}},
+            {"name":"second","scope":"global","limit":{"algorithm":"fixed_window","limit":5,"window":"1m"}}]}"#,
+    );
+    let store = MemoryStore::new();
+    e.prepare(&store).unwrap();
+    let mut eval = eval_at(&e, &store, T0);
+    assert_eq!(eval.pending.len(), 2, "both rules go in one call");
+    e.complete(&mut eval, &store, T0, T0, reply(vec![result(false, 0, 0)]));
+    assert!(eval.denied());
+    assert_eq!(eval.reports.len(), 1, "the second rule was not evaluated");
+}
+
+#[test]
+fn a_waiting_request_is_served_from_what_another_call_left() {
+    let e = global(r#","global":{"lease":{"max":100,"ttl":"1s"}}"#);
+    let store = MemoryStore::new();
+    e.prepare(&store).unwrap();
+    // Two requests miss at once; the first one's call brings back units for both.
+    let mut first = eval_at(&e, &store, T0);
+    let mut waiting = eval_at(&e, &store, T0);
+    assert_eq!((first.pending.len(), waiting.pending.len()), (1, 1));
+    let mut granted = result(true, 5, 50);
+    granted.valid_ns = 1_000_000_000;
+    e.complete(&mut first, &store, T0, T0 + 1, reply(vec![granted]));
+    e.revisit(&mut waiting, &store, T0 + 1);
+    assert!(waiting.pending.is_empty() && !waiting.denied());
+    assert_eq!(waiting.reports[0].source, Some(Source::Lease));
+}

@@ -1,0 +1,58 @@
+//! What the engine suites share: requests as maps of facts, an engine from JSON, the
+//! instant and the seed they run at.
+#![allow(dead_code, clippy::unwrap_used)]
+
+use std::collections::HashMap;
+use weir_core::config;
+use weir_core::engine::{Engine, Evaluation, RuleOutcome};
+use weir_core::key::Seed;
+use weir_core::rules::{Fact, FactSource, Facts};
+use weir_core::store::memory::MemoryStore;
+
+pub const T0: u64 = 1_700_000_000_000_000;
+pub const SEED: Seed = Seed([7; 16]);
+
+/// A request as a map of headers (`:path`, `:method` included) and attributes.
+#[derive(Default, Clone)]
+pub struct FakeRequest(HashMap<Fact, Vec<u8>>);
+
+impl FakeRequest {
+    pub fn header(mut self, name: &str, value: impl AsRef<[u8]>) -> Self {
+        self.0
+            .insert(Fact::Header(name.to_string()), value.as_ref().to_vec());
+        self
+    }
+}
+
+impl FactSource for FakeRequest {
+    fn fetch(&mut self, fact: &Fact) -> Option<Vec<u8>> {
+        self.0.get(fact).cloned()
+    }
+}
+
+pub fn engine(json: &str) -> Engine {
+    Engine::new(config::parse(json.as_bytes()).unwrap())
+}
+
+/// Evaluates one request at `now`.
+pub fn evaluate(engine: &Engine, store: &MemoryStore, req: &FakeRequest, now: u64) -> Evaluation {
+    let mut facts = Facts::new(&engine.config.facts, req.clone());
+    engine.evaluate(store, &SEED, &mut facts, now)
+}
+
+/// Runs one request; returns whether it was allowed and the first rule's outcome.
+pub fn run(
+    engine: &Engine,
+    store: &MemoryStore,
+    req: &FakeRequest,
+    now: u64,
+) -> (bool, RuleOutcome) {
+    let eval = evaluate(engine, store, req, now);
+    (!eval.denied(), eval.reports[0].outcome)
+}
+
+pub fn user(name: &str) -> FakeRequest {
+    FakeRequest::default()
+        .header(":path", "/")
+        .header("x-user", name)
+}
