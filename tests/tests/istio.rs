@@ -860,19 +860,6 @@ fn shipped_plugin(file: &str, kind: &str) -> (Plugin, Mesh) {
     (found.remove(0), Mesh { resources })
 }
 
-fn stat(envoy: &Envoy, name: &str) -> u64 {
-    envoy.weir_stat(name)
-}
-
-fn assert_no_panic(envoy: &Envoy) {
-    let log = envoy.log();
-    assert!(
-        !log.contains("panic") && !log.contains("Wasm VM failed"),
-        "weir failed:\n{}",
-        envoy.log_tail(40)
-    );
-}
-
 #[test]
 fn every_document_parses_and_is_a_known_kind() {
     if !own_target() {
@@ -1144,8 +1131,8 @@ fn the_gateway_per_ip_example_limits_in_a_real_envoy() {
         .collect();
     assert_eq!(logins, [200, 200, 200, 200, 200, 429]);
 
-    assert!(stat(&envoy, "rule.gw-per-ip.limited") >= 2);
-    assert_eq!(stat(&envoy, "rule.gw-login.limited"), 1);
+    assert!(envoy.weir_stat("rule.gw-per-ip.limited") >= 2);
+    assert_eq!(envoy.weir_stat("rule.gw-login.limited"), 1);
     let prometheus = envoy.admin("GET", "/stats/prometheus").text();
     assert!(
         prometheus_sum(&prometheus, "weir_rule_gw_per_ip_limited", &[]) >= 2.0,
@@ -1156,7 +1143,7 @@ fn the_gateway_per_ip_example_limits_in_a_real_envoy() {
             .collect::<Vec<_>>()
             .join("\n")
     );
-    assert_no_panic(&envoy);
+    envoy.assert_no_panic();
 }
 
 /// The sidecar example serves: the key is the verified token's issuer and subject, read
@@ -1206,20 +1193,20 @@ fn the_sidecar_jwt_example_limits_per_user_in_a_real_envoy() {
         "headers_on_allowed: {:?}",
         read.headers
     );
-    assert!(stat(&envoy, "rule.api-user.allowed") >= 22);
+    assert!(envoy.weir_stat("rule.api-user.allowed") >= 22);
 
     // Without a token the claim is missing: the rule does not apply (Istio's DENY policy,
     // not rendered here, refuses these requests in the mesh).
     let anonymous = send(envoy.http_port, Request::post("/api/orders", "{}")).unwrap();
     assert_eq!(anonymous.status, 200);
-    assert_eq!(stat(&envoy, "rule.api-user-writes.key_missing"), 1);
+    assert_eq!(envoy.weir_stat("rule.api-user-writes.key_missing"), 1);
     let forged = format!("{}x", alice);
     assert_eq!(
         post(&forged).status,
         401,
         "jwt_authn refuses a bad signature"
     );
-    assert_no_panic(&envoy);
+    envoy.assert_no_panic();
 }
 
 /// The global example serves through a real weir-bridge and Redis Cluster. The outbound
@@ -1277,16 +1264,16 @@ fn the_global_tenant_example_reaches_the_bridge_through_istio_names() {
     for _ in 0..5 {
         assert_eq!(request(&envoy), 200);
     }
-    assert!(stat(&envoy, "rule.tenant-daily.bridge_decisions") >= 1);
-    assert_eq!(stat(&envoy, "bridge.errors_status"), 0);
-    assert_eq!(stat(&envoy, "rule.tenant-daily.failure_local"), 0);
+    assert!(envoy.weir_stat("rule.tenant-daily.bridge_decisions") >= 1);
+    assert_eq!(envoy.weir_stat("bridge.errors_status"), 0);
+    assert_eq!(envoy.weir_stat("rule.tenant-daily.failure_local"), 0);
     assert!(
         bridge.metric_sum(
             "weir_bridge_decisions_total",
             &[("rule", "tenant-daily"), ("result", "allowed")]
         ) >= 1.0
     );
-    assert_no_panic(&envoy);
+    envoy.assert_no_panic();
     drop(envoy);
 
     // The same config without `authority`: the filter derives HOST:PORT from the outbound
@@ -1298,7 +1285,7 @@ fn the_global_tenant_example_reaches_the_bridge_through_istio_names() {
     without.filter["typed_config"]["config"]["configuration"]["value"] = json!(without.json);
     let envoy = start(&without);
     assert_eq!(request(&envoy), 200);
-    assert_eq!(stat(&envoy, "bridge.errors_status"), 0);
-    assert_eq!(stat(&envoy, "rule.tenant-daily.failure_local"), 0);
-    assert!(stat(&envoy, "rule.tenant-daily.bridge_decisions") >= 1);
+    assert_eq!(envoy.weir_stat("bridge.errors_status"), 0);
+    assert_eq!(envoy.weir_stat("rule.tenant-daily.failure_local"), 0);
+    assert!(envoy.weir_stat("rule.tenant-daily.bridge_decisions") >= 1);
 }
