@@ -19,8 +19,8 @@ use serde_json::{json, Value};
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 use weir_e2e::istio::{
-    backend_routes, check_istio_conventions, http_listener, parse_yaml_docs, plugins, render,
-    shipped, static_cluster, with_local_code, Context, Extras, Mesh, Resource,
+    backend_routes, check_and_validate, http_listener, parse_yaml_docs, shipped, static_cluster,
+    with_local_code, Context, Mesh, Resource,
 };
 use weir_e2e::{free_port, repo_relative, repo_root, weir_wasm, Envoy, TestDir};
 
@@ -495,14 +495,7 @@ fn every_yaml_example_parses_and_envoy_accepts_what_it_configures() {
         };
         for doc in &docs {
             match shape(&doc.value) {
-                Shape::Istio => {
-                    for plugin in plugins(doc) {
-                        plugin.config();
-                        check_istio_conventions(&plugin, &mesh);
-                        render(&plugin, &mesh, &weir_wasm(), Extras::default()).validate();
-                        istio += 1;
-                    }
-                }
+                Shape::Istio => istio += check_and_validate(std::slice::from_ref(doc), &mesh),
                 Shape::Bootstrap => {
                     let mut bootstrap = doc.value.clone();
                     localize_wasm(&mut bootstrap, &block.at);
