@@ -408,6 +408,22 @@ impl Envoy {
         self.stat(&format!("wasmcustom.weir.{name}")).unwrap_or(0)
     }
 
+    /// Panics with the log tail if weir panicked or a Wasm VM failed, as far as the log so far
+    /// tells.
+    pub fn assert_no_panic(&self) {
+        let log = self.log();
+        assert!(
+            !log.contains("panic"),
+            "weir panicked:\n{}",
+            self.log_tail(40)
+        );
+        assert!(
+            !log.contains("Wasm VM failed"),
+            "a VM failed:\n{}",
+            self.log_tail(40)
+        );
+    }
+
     /// Resident set size from `/proc/<pid>/status` (bytes).
     pub fn memory_rss(&self) -> u64 {
         let path = format!("/proc/{}/status", self.pid());

@@ -6,6 +6,8 @@
 //!   [`Process`]) and kills exactly that PID when dropped; never anything by name.
 //! - **test dir** — a [`TestDir`] holding configs and logs; removed after a passing test, kept
 //!   (path printed) after a failing one or with `WEIR_E2E_KEEP=1`.
+//! - **rendered** — an Envoy bootstrap built the way istiod would from Istio resources
+//!   ([`istio`]: `envoy/istio/*.yaml` and the docs' examples), to validate or to start.
 //! - **prerequisite** — an external binary or the built filter; missing ones panic with the
 //!   command that fixes it ([`envoy_bin`], [`weir_wasm`]).
 //!
@@ -23,6 +25,7 @@
 pub mod bridge;
 pub mod envoy;
 pub mod http;
+pub mod istio;
 pub mod jwt;
 pub mod load;
 pub mod ports;
@@ -35,6 +38,6 @@ pub use envoy::{parse_stats, wasm_filter_yaml, Bootstrap, Envoy, WEIR_STATS_LAG}
 pub use http::{get, send, Client, Request, Response};
 pub use load::{run_clients, LoadReport, Outcome};
 pub use ports::{free_port, free_ports};
-pub use prereq::{envoy_bin, redis_cli_bin, redis_server_bin, repo_root, weir_wasm};
+pub use prereq::{envoy_bin, redis_cli_bin, redis_server_bin, repo_relative, repo_root, weir_wasm};
 pub use process::{pid_exists, wait_for, wait_until, Child, Process, TestDir};
 pub use redis::{key_slot, redis_cli_at, RedisCluster};

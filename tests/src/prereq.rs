@@ -18,6 +18,14 @@ pub fn repo_root() -> PathBuf {
         .unwrap_or_else(|| panic!("{} has no parent directory", manifest.display()))
 }
 
+/// `path` relative to the repository (as is when outside it), for messages: `docs/istio.md`.
+pub fn repo_relative(path: &Path) -> String {
+    path.strip_prefix(repo_root())
+        .unwrap_or(path)
+        .display()
+        .to_string()
+}
+
 /// The Envoy binary: `$ENVOY_BIN`, else `<repo>/.tools/venv/bin/envoy`, else `envoy` on `PATH`.
 pub fn envoy_bin() -> PathBuf {
     if let Some(p) = env::var_os("ENVOY_BIN") {

@@ -7,7 +7,7 @@
 //! |---|---|---|
 //! | ` ```json ` | a weir plugin configuration: `weir_core::config::parse` accepts it | `<!-- not-a-config -->`: other JSON (wire format, replies): valid JSON only. `<!-- bad-config -->`: the parser refuses it, and the ` ```text ` block that follows holds the exact error |
 //! | ` ```text ` | not checked | `<!-- config-errors -->`: every line is exactly the message of one `core/tests/config/bad/*.expected` fixture, i.e. an error the filter really gives (the fixtures' own test pins each message to its input) |
-//! | ` ```yaml ` | parsed (every document); then, by content: an EnvoyFilter or WasmPlugin is rendered as Istio would and loaded by `envoy --mode validate` (see `istio.rs`); an Envoy bootstrap (`static_resources`), a list of HTTP filters, of clusters or of routes, or an HTTP connection manager fragment (`http_filters:`, `route_config:`) or a `stats_config:` is placed into a bootstrap and validated; anything else (Kubernetes objects, envoyproxy/ratelimit configs, Helm values) is parsed only | `<!-- not-envoy -->`: parsed only |
+//! | ` ```yaml ` | parsed (every document); then, by content: an EnvoyFilter or WasmPlugin is rendered as Istio would and loaded by `envoy --mode validate` (see `weir_e2e::istio`); an Envoy bootstrap (`static_resources`), a list of HTTP filters, of clusters or of routes, or an HTTP connection manager fragment (`http_filters:`, `route_config:`) or a `stats_config:` is placed into a bootstrap and validated; anything else (Kubernetes objects, envoyproxy/ratelimit configs, Helm values) is parsed only | `<!-- not-envoy -->`: parsed only |
 //!
 //! In bootstraps and fragments every wasm filter's code becomes the locally built
 //! `weir.wasm` (so `on_configure` runs on its configuration), and every cluster a fragment
@@ -15,20 +15,14 @@
 //! languages (`sh`, `text`, …) are not checked. Fix the docs, not this test, when an
 //! example fails.
 
-// The Istio rendering of `istio.rs`, shared without a support file. Its tests are listed
-// here too (`istio::…`) but return at once: they run in the `istio` target.
-#[path = "istio.rs"]
-#[allow(dead_code)]
-mod istio;
-
-use istio::{
-    backend_routes, check_istio_conventions, http_listener, parse_yaml_docs, plugins, render,
-    shipped, static_cluster, with_local_code, Context, Extras, Mesh, Resource,
-};
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
 use std::path::PathBuf;
-use weir_e2e::{free_port, repo_root, weir_wasm, Envoy, TestDir};
+use weir_e2e::istio::{
+    backend_routes, check_and_validate, http_listener, parse_yaml_docs, shipped, static_cluster,
+    with_local_code, Context, Mesh, Resource,
+};
+use weir_e2e::{free_port, repo_relative, repo_root, weir_wasm, Envoy, TestDir};
 
 /// A fenced block of a Markdown file.
 #[derive(Debug)]
@@ -121,7 +115,7 @@ fn all_blocks() -> Vec<Block> {
         .iter()
         .flat_map(|path| {
             let text = std::fs::read_to_string(path).unwrap();
-            blocks(&text, &istio::relative(path))
+            blocks(&text, &repo_relative(path))
         })
         .collect()
 }
@@ -501,14 +495,7 @@ fn every_yaml_example_parses_and_envoy_accepts_what_it_configures() {
         };
         for doc in &docs {
             match shape(&doc.value) {
-                Shape::Istio => {
-                    for plugin in plugins(doc) {
-                        plugin.config();
-                        check_istio_conventions(&plugin, &mesh);
-                        render(&plugin, &mesh, &weir_wasm(), Extras::default()).validate();
-                        istio += 1;
-                    }
-                }
+                Shape::Istio => istio += check_and_validate(std::slice::from_ref(doc), &mesh),
                 Shape::Bootstrap => {
                     let mut bootstrap = doc.value.clone();
                     localize_wasm(&mut bootstrap, &block.at);

@@ -13,25 +13,6 @@ fn weir(config: &str) -> Bootstrap {
     Bootstrap::new().http_filter(wasm_filter_yaml(config, &weir_wasm()))
 }
 
-/// A weir counter or gauge (`wasmcustom.weir.…`), 0 when absent, once it has landed.
-fn stat(envoy: &Envoy, name: &str) -> u64 {
-    envoy.weir_stat(name)
-}
-
-fn assert_no_panic(envoy: &Envoy) {
-    let log = envoy.log();
-    assert!(
-        !log.contains("panic"),
-        "weir panicked:\n{}",
-        envoy.log_tail(40)
-    );
-    assert!(
-        !log.contains("Wasm VM failed"),
-        "a VM failed:\n{}",
-        envoy.log_tail(40)
-    );
-}
-
 /// Parses a structured-field list of strings with integer parameters, as the IETF
 /// RateLimit headers use: `"a";q=10;w=60, "b";q=5;w=1`. Panics on anything else.
 fn parse_sf_list(value: &str) -> Vec<(String, BTreeMap<String, u64>)> {
@@ -83,17 +64,17 @@ fn exact_across_workers(limit: &str, expected: usize) {
     let (admitted, limited) = count_admitted(&envoy, 16, total, "alice");
     assert_eq!(admitted, expected, "admitted across 4 workers");
     assert_eq!(limited, total - expected);
-    assert_eq!(stat(&envoy, "rule.per-user.allowed"), expected as u64);
+    assert_eq!(envoy.weir_stat("rule.per-user.allowed"), expected as u64);
     assert_eq!(
-        stat(&envoy, "rule.per-user.limited"),
+        envoy.weir_stat("rule.per-user.limited"),
         (total - expected) as u64
     );
-    assert_eq!(stat(&envoy, "store.cas_give_ups"), 0);
+    assert_eq!(envoy.weir_stat("store.cas_give_ups"), 0);
     eprintln!(
         "{limit}: {admitted} admitted, {limited} limited, {} CAS retries",
-        stat(&envoy, "store.cas_retries")
+        envoy.weir_stat("store.cas_retries")
     );
-    assert_no_panic(&envoy);
+    envoy.assert_no_panic();
 }
 
 #[test]
@@ -173,7 +154,7 @@ fn ietf_headers_on_denials_and_allowed_responses() {
         denied.text(),
         format!(r#"{{"error":"rate_limited","rule":"per-user","retry_after":{retry}}}"#)
     );
-    assert_no_panic(&envoy);
+    envoy.assert_no_panic();
 }
 
 #[test]
@@ -225,9 +206,9 @@ fn shadow_rules_count_and_log_but_never_deny() {
         }
     }
     assert_eq!(flagged, 8);
-    assert_eq!(stat(&envoy, "rule.trial.allowed"), 2);
-    assert_eq!(stat(&envoy, "rule.trial.shadow_limited"), 8);
-    assert_eq!(stat(&envoy, "rule.trial.limited"), 0);
+    assert_eq!(envoy.weir_stat("rule.trial.allowed"), 2);
+    assert_eq!(envoy.weir_stat("rule.trial.shadow_limited"), 8);
+    assert_eq!(envoy.weir_stat("rule.trial.limited"), 0);
     let log = envoy.log();
     assert_eq!(
         log.matches("shadow rule(s) trial would have limited this request")
@@ -353,7 +334,7 @@ fn users_never_share_a_bucket_and_parts_cannot_be_spliced() {
         200,
         "a client forged the default"
     );
-    assert_no_panic(&envoy);
+    envoy.assert_no_panic();
 }
 
 #[test]
@@ -366,15 +347,15 @@ fn a_denial_spends_earlier_rules_but_not_later_ones() {
     for _ in 0..5 {
         get(envoy.http_port, "/", &[("x-user", "dave")]).unwrap();
     }
-    assert_eq!(stat(&envoy, "rule.per-user.allowed"), 2);
-    assert_eq!(stat(&envoy, "rule.per-user.limited"), 3);
+    assert_eq!(envoy.weir_stat("rule.per-user.allowed"), 2);
+    assert_eq!(envoy.weir_stat("rule.per-user.limited"), 3);
     assert_eq!(
-        stat(&envoy, "rule.route-before.allowed"),
+        envoy.weir_stat("rule.route-before.allowed"),
         5,
         "rules before the denial are spent"
     );
     assert_eq!(
-        stat(&envoy, "rule.route-after.allowed"),
+        envoy.weir_stat("rule.route-after.allowed"),
         2,
         "rules after the denial are not charged"
     );
@@ -434,7 +415,7 @@ fn hostile_input_never_panics_and_missing_keys_skip_the_rule() {
         assert_eq!(go(Request::get("/")), 200);
         assert_eq!(go(Request::get("/").header("x-user", "")), 200);
     }
-    assert_eq!(stat(&envoy, "rule.per-user.key_missing"), 6);
+    assert_eq!(envoy.weir_stat("rule.per-user.key_missing"), 6);
 
     // Malformed query strings.
     for path in [
@@ -456,7 +437,7 @@ fn hostile_input_never_panics_and_missing_keys_skip_the_rule() {
         429,
         "'ab' and '%61%62' are the same tenant"
     );
-    assert_no_panic(&envoy);
+    envoy.assert_no_panic();
     assert_eq!(
         go(Request::get("/").header("x-user", "frank")),
         200,
@@ -469,7 +450,7 @@ fn memory_stays_bounded_by_max_keys() {
     let config = r#"{"rules":[{"name":"per-user","key":[{"header":"x-user"}],"max_keys":1000,
         "limit":{"algorithm":"gcra","rate":1,"period":"1h","burst":4}}]}"#;
     let envoy = Envoy::start(&weir(config), 2);
-    assert_eq!(stat(&envoy, "rule.per-user.slots_capacity"), 1000);
+    assert_eq!(envoy.weir_stat("rule.per-user.slots_capacity"), 1000);
     let send_users = |from: usize, to: usize| {
         let report = run_clients(4, to - from, envoy.http_port, move |_, i| {
             Request::get("/").header("x-user", format!("user-{}", from + i))
@@ -481,11 +462,11 @@ fn memory_stays_bounded_by_max_keys() {
     let rss_warm = envoy.memory_rss();
     send_users(10_000, 100_000);
     let rss_end = envoy.memory_rss();
-    let in_use = stat(&envoy, "rule.per-user.slots_in_use");
+    let in_use = envoy.weir_stat("rule.per-user.slots_in_use");
     eprintln!(
         "100k keys: slots_in_use {in_use}, takeovers {}, evictions {}, RSS {} → {} KiB",
-        stat(&envoy, "store.slot_takeovers"),
-        stat(&envoy, "store.slot_evictions"),
+        envoy.weir_stat("store.slot_takeovers"),
+        envoy.weir_stat("store.slot_evictions"),
         rss_warm >> 10,
         rss_end >> 10
     );
@@ -498,7 +479,7 @@ fn memory_stays_bounded_by_max_keys() {
         "Envoy RSS grew {} KiB over 90k new keys",
         growth >> 10
     );
-    assert_no_panic(&envoy);
+    envoy.assert_no_panic();
 }
 
 /// envoy/envoy.yaml as shipped (ports rewritten), with a Redis Cluster and weir-bridge:
@@ -549,8 +530,8 @@ fn the_demo_config_limits_per_user_and_per_tenant() {
         10,
         "{tenant:?}"
     );
-    assert_eq!(stat(&envoy, "rule.per-tenant.failure_local"), 0);
-    assert!(stat(&envoy, "rule.per-tenant.bridge_decisions") >= 1);
+    assert_eq!(envoy.weir_stat("rule.per-tenant.failure_local"), 0);
+    assert!(envoy.weir_stat("rule.per-tenant.bridge_decisions") >= 1);
 }
 
 /// Keys from JWT claims that Envoy's jwt_authn verified and put in dynamic metadata, and
@@ -615,7 +596,7 @@ fn keys_from_jwt_claims_and_attributes() {
         200,
         "no token: no claim, the rule does not apply"
     );
-    assert_eq!(stat(&envoy, "rule.per-sub.key_missing"), 1);
+    assert_eq!(envoy.weir_stat("rule.per-sub.key_missing"), 1);
     let forged = format!("{}x", token("alice", "acme"));
     assert_eq!(
         status("/sub", Some(&forged)),
@@ -634,5 +615,5 @@ fn keys_from_jwt_claims_and_attributes() {
 
     assert_eq!(status("/host", None), 200);
     assert_eq!(status("/host", None), 429, "request.host is the key");
-    assert_no_panic(&envoy);
+    envoy.assert_no_panic();
 }
