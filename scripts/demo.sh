@@ -78,8 +78,9 @@ show curl -si -H 'x-user: alice' 127.0.0.1:10000/api/orders
 echo "bob has a bucket of his own:"
 show curl -s -o /dev/null -w '%{http_code}\n' -H 'x-user: bob' 127.0.0.1:10000/api/orders
 
-echo "== A global quota: per-tenant, GCRA 20/minute with a burst of 9 (10 at once), shared by"
-echo "   both Envoys through weir-bridge and Redis. Requests alternate between the two:"
+echo "== A global quota: per-tenant, GCRA 20/minute with a burst of 10, shared by both Envoys"
+echo "   through weir-bridge and Redis; the leases' 1 s hold costs one unit of the burst, so"
+echo "   10 at once. Requests alternate between the two:"
 echo "\$ for i in \$(seq 8); do for p in 10000 10001; do curl -s -o /dev/null -w \"\$p:%{http_code} \" -H 'x-tenant: acme' 127.0.0.1:\$p/tenant/reports; done; done"
 for _ in $(seq 8); do
   for p in 10000 10001; do curl -s -o /dev/null -w "$p:%{http_code} " -H 'x-tenant: acme' "127.0.0.1:$p/tenant/reports"; done

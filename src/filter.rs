@@ -1,30 +1,38 @@
-//! The HTTP context: one request's decision, carried out.
+//! One request's decision, carried out.
 //!
-//! `on_http_request_headers` asks the core's engine. Local rules and global rules
-//! served from a lease or a cached denial are decided at once. Global rules that need
-//! Redis are sent to weir-bridge in one `dispatch_http_call`; the request is paused and
-//! `on_http_call_response` hands `(status, body)` to the pure decoder, completes the
-//! evaluation and resumes the request or answers it. Envoy bounds the wait with the
-//! configured timeout (a timed-out call arrives as a 504).
+//! `on_request_headers` asks the core's engine. Local rules and global rules served from
+//! what this Envoy holds (a lease, a reservation, a cached denial) are decided at once.
+//! Global rules that need Redis either wait for a call of this VM already asking about
+//! their keys (single flight, see `weir_core::flight`), or go to weir-bridge in one call
+//! of their own; the request is paused meanwhile. The call's answer arrives through
+//! [`crate::abi`], which completes the evaluation and hands it back here
+//! ([`Filter::on_own_call_answered`]), then wakes the requests that waited on it
+//! ([`Filter::on_flight_landed`]). Envoy bounds each call by the bridge timeout (a
+//! timed-out call arrives as a 504), so a paused request always moves on.
 
 use crate::host::{self, LogLevel};
 use crate::plugin::Plugin;
 use crate::store::{RequestFacts, SharedData};
-use proxy_wasm::traits::{Context, HttpContext};
-use proxy_wasm::types::Action;
+use std::fmt::Write as _;
 use std::rc::Rc;
-use weir_core::bounds::MAX_BODY_BYTES;
-use weir_core::engine::Evaluation;
-use weir_core::response::{self, Denial, HeaderStyle};
+use weir_core::engine::{BridgeError, Evaluation, RuleOutcome, Source};
+use weir_core::flight::Join;
+use weir_core::response::{self, Denial, FilterState, HeaderStyle};
 use weir_core::rules::Facts;
-use weir_core::wire::v2;
-use weir_core::wire::{ReplyError, SECRET_HEADER};
+
+/// What to tell Envoy after a callback.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum Action {
+    Continue = 0,
+    Pause = 1,
+}
 
 pub struct Filter {
     context_id: u32,
     plugin: Option<Rc<Plugin>>,
-    /// The evaluation waiting for the bridge, and when the call left (µs).
-    waiting: Option<(Evaluation, u64)>,
+    /// The evaluation of a request waiting on another request's call, and that call.
+    waiting: Option<(u32, Evaluation)>,
     /// Headers to add to the upstream's response (RateLimit on allowed requests, the
     /// shadow header).
     response_headers: Vec<(String, String)>,
@@ -49,37 +57,111 @@ impl Filter {
         }
     }
 
-    /// Sends the bridge call for `eval.pending`; `Ok(())` means the request must wait.
-    fn call_bridge(&mut self, plugin: &Plugin, eval: &Evaluation) -> Result<(), ReplyError> {
-        let Some(bridge) = &plugin.engine.config.bridge else {
-            return Err(ReplyError::Unavailable);
+    pub fn on_request_headers(&mut self) -> Action {
+        // A VM without a valid configuration never gets traffic (Envoy refused the
+        // config); if it does, the filter stays out of the way.
+        let Some(plugin) = self.plugin.clone() else {
+            return Action::Continue;
         };
-        let body = plugin.engine.bridge_request(&eval.pending);
-        let mut headers = vec![
-            (":method", "POST"),
-            (":path", v2::ACQUIRE_PATH),
-            (":authority", bridge.authority.as_str()),
-            ("content-type", "application/json"),
-        ];
-        if let Some(secret) = &bridge.secret {
-            headers.push((SECRET_HEADER, secret.as_str()));
+        let Ok(now_us) = host::now_us() else {
+            return Action::Continue;
+        };
+        let engine = &plugin.engine;
+        let mut facts = Facts::new(&engine.config.facts, RequestFacts);
+        let eval = engine.evaluate(&SharedData, &plugin.seed.get(), &mut facts, now_us);
+        self.go_on(&plugin, eval, now_us)
+    }
+
+    pub fn on_response_headers(&mut self) -> Action {
+        if !self.replied {
+            for (name, value) in &self.response_headers {
+                let _ = host::add_response_header(name, value);
+            }
         }
-        match host::http_call(&bridge.cluster, headers, &body, bridge.timeout_ms) {
-            Ok(_token) => {
-                plugin.metrics.bridge_call();
-                Ok(())
-            }
-            Err(e) => {
-                self.log(LogLevel::Warn, || {
-                    format!("cannot call the bridge cluster {:?}: {e}", bridge.cluster)
-                });
-                Err(ReplyError::Unavailable)
-            }
+        Action::Continue
+    }
+
+    /// The answer to this request's own bridge call, with its evaluation completed. The
+    /// request is paused: resume it, unless it was answered here.
+    pub fn on_own_call_answered(&mut self, eval: Evaluation, now_us: u64) {
+        let Some(plugin) = self.plugin.clone() else {
+            return;
+        };
+        if self.finish(&plugin, &eval, now_us) {
+            self.resume();
         }
     }
 
-    /// Carries out a finished evaluation: metrics, logs, then the denial or the headers
-    /// for the upstream's response. Returns whether the request may go on.
+    /// The call this request waited on has landed: what it brought is in the lease
+    /// table. Look again; ask the bridge only if this request still misses.
+    pub fn on_flight_landed(&mut self, now_us: u64) {
+        let (Some(plugin), Some((_, mut eval))) = (self.plugin.clone(), self.waiting.take()) else {
+            return;
+        };
+        plugin.engine.revisit(&mut eval, &SharedData, now_us);
+        if self.go_on(&plugin, eval, now_us) == Action::Continue {
+            self.resume();
+        }
+    }
+
+    /// The request is gone: stop waiting on a call.
+    pub fn on_delete(&mut self) {
+        if let (Some(plugin), Some((token, _))) = (&self.plugin, &self.waiting) {
+            plugin
+                .flights
+                .borrow_mut()
+                .forget_waiter(*token, self.context_id);
+        }
+    }
+
+    /// Takes an evaluation as far as it can go now: wait on another call for its
+    /// pending rules, send its own, or finish it. `Pause` while it waits or when the
+    /// filter answered the request.
+    fn go_on(&mut self, plugin: &Plugin, mut eval: Evaluation, now_us: u64) -> Action {
+        let engine = &plugin.engine;
+        if !eval.pending.is_empty() {
+            let joined = plugin
+                .flights
+                .borrow_mut()
+                .join(self.context_id, &eval.pending, |rule| {
+                    engine.shares_calls(rule)
+                });
+            match joined {
+                Join::Waiting(token) => {
+                    plugin.metrics.bridge_joined();
+                    self.waiting = Some((token, eval));
+                    return Action::Pause;
+                }
+                Join::Full => {
+                    engine.fail_now(&mut eval, &SharedData, now_us, BridgeError::Busy);
+                }
+                Join::Alone => match plugin.call_bridge(self.context_id, eval, now_us) {
+                    Ok(()) => return Action::Pause,
+                    Err(failed) => {
+                        let (back, error) = *failed;
+                        eval = back;
+                        engine.complete(&mut eval, &SharedData, now_us, now_us, Err(error));
+                    }
+                },
+            }
+        }
+        if self.finish(plugin, &eval, now_us) {
+            Action::Continue
+        } else {
+            Action::Pause
+        }
+    }
+
+    fn resume(&self) {
+        if let Err(e) = host::resume_http_request() {
+            self.log(LogLevel::Error, || {
+                format!("cannot resume the request: {e}")
+            });
+        }
+    }
+
+    /// Carries out a finished evaluation: metrics, logs, filter state, then the denial
+    /// or the headers for the upstream's response. Returns whether the request may go on.
     fn finish(&mut self, plugin: &Plugin, eval: &Evaluation, now_us: u64) -> bool {
         plugin.metrics.record(eval, now_us);
         let engine = &plugin.engine;
@@ -99,17 +181,30 @@ impl Filter {
             }
         }
         if let Some(error) = &eval.bridge_error {
-            self.log(LogLevel::Debug, || {
-                format!("bridge: {error:?}; failure modes applied")
+            self.log(LogLevel::Warn, || match error {
+                BridgeError::Reply(e) => format!("{e}; failure modes applied"),
+                BridgeError::Skipped => {
+                    "bridge skipped (it failed less than a second ago); failure modes applied"
+                        .to_string()
+                }
+                BridgeError::Busy => {
+                    "too many requests wait on one bridge call; failure modes applied".to_string()
+                }
             });
+        }
+        let denied_rule = eval.denied_by.or(eval.unavailable);
+        match (settings.filter_state, denied_rule) {
+            (FilterState::All, _) | (FilterState::Denied, Some(_)) => {
+                self.set_filter_state(plugin, eval, denied_rule.map(|r| engine.rule_name(r)));
+            }
+            _ => {}
         }
         // The verdicts (rule names and policies) are only built when headers need them.
         let denial = if let Some(denied_by) = eval.denied_by {
             let verdicts = engine.rule_verdicts(eval);
-            let grpc = is_grpc_request();
             let rule = engine.rule_name(denied_by);
             self.log(LogLevel::Debug, || format!("limited by rule {rule}"));
-            Some(response::denial(settings, &verdicts, grpc))
+            Some(response::denial(settings, &verdicts, is_grpc_request()))
         } else if let Some(rule) = eval.unavailable {
             let rule = engine.rule_name(rule);
             self.log(LogLevel::Warn, || {
@@ -129,6 +224,39 @@ impl Filter {
             }
         }
         true
+    }
+
+    /// `wasm.weir.rule`: the rule that denied (empty when none did); `wasm.weir.decisions`:
+    /// `rule:outcome:source:decided_at_us` for every rule decided, comma-separated.
+    fn set_filter_state(&self, plugin: &Plugin, eval: &Evaluation, denied: Option<&str>) {
+        let mut decisions = String::new();
+        for report in &eval.reports {
+            let outcome = match report.outcome {
+                RuleOutcome::NotMatched | RuleOutcome::KeyMissing => continue,
+                RuleOutcome::Allowed => "allowed",
+                RuleOutcome::Limited => "limited",
+                RuleOutcome::ShadowLimited => "shadow_limited",
+                RuleOutcome::StoreFailed(_) => "store_failed",
+                RuleOutcome::BridgeFailed(_) => "bridge_failed",
+            };
+            let source = match report.source {
+                Some(Source::Slot) => "slot",
+                Some(Source::Lease) => "lease",
+                Some(Source::DenialCache) => "cache",
+                Some(Source::Bridge) => "bridge",
+                Some(Source::Fallback) => "fallback",
+                None => "none",
+            };
+            let sep = if decisions.is_empty() { "" } else { "," };
+            let _ = write!(
+                decisions,
+                "{sep}{}:{outcome}:{source}:{}",
+                plugin.engine.rule_name(report.rule),
+                report.decided_at_us
+            );
+        }
+        let _ = host::set_property("weir.rule", denied.unwrap_or("").as_bytes());
+        let _ = host::set_property("weir.decisions", decisions.as_bytes());
     }
 
     /// Answers the request with `denial`; false if the host refused (the request then
@@ -164,98 +292,4 @@ impl Filter {
 fn is_grpc_request() -> bool {
     let content_type = host::request_header("content-type").ok().flatten();
     response::is_grpc(content_type.as_deref())
-}
-
-impl Context for Filter {
-    fn on_http_call_response(
-        &mut self,
-        _token: u32,
-        _headers: usize,
-        body_size: usize,
-        _trailers: usize,
-    ) {
-        let Some(plugin) = self.plugin.clone() else {
-            return;
-        };
-        let Some((mut eval, sent_at)) = self.waiting.take() else {
-            return;
-        };
-        let now_us = host::now_us().unwrap_or(sent_at);
-        plugin
-            .metrics
-            .bridge_latency(now_us.saturating_sub(sent_at));
-        let status = host::http_call_response_header(":status")
-            .ok()
-            .flatten()
-            .and_then(|s| {
-                std::str::from_utf8(&s)
-                    .ok()
-                    .and_then(|s| s.parse::<u16>().ok())
-            })
-            // No `:status` at all: the connection failed before a response.
-            .unwrap_or(0);
-        let reply = if body_size > MAX_BODY_BYTES {
-            Err(ReplyError::BadBody(format!("{body_size} bytes")))
-        } else {
-            let body = host::http_call_response_body(body_size)
-                .ok()
-                .flatten()
-                .unwrap_or_default();
-            v2::decode_reply(status, &body, &plugin.engine.sent(&eval.pending))
-        };
-        if let Err(error) = &reply {
-            self.log(LogLevel::Warn, || format!("{error}"));
-        }
-        plugin
-            .engine
-            .complete(&mut eval, &SharedData, sent_at, now_us, reply);
-        if self.finish(&plugin, &eval, now_us) {
-            if let Err(e) = host::resume_http_request() {
-                self.log(LogLevel::Error, || {
-                    format!("cannot resume the request: {e}")
-                });
-            }
-        }
-    }
-}
-
-impl HttpContext for Filter {
-    fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
-        // A VM without a valid configuration never gets traffic (Envoy refused the
-        // config); if it does, the filter stays out of the way.
-        let Some(plugin) = self.plugin.clone() else {
-            return Action::Continue;
-        };
-        let Ok(now_us) = host::now_us() else {
-            return Action::Continue;
-        };
-        let engine = &plugin.engine;
-        let mut facts = Facts::new(&engine.config.facts, RequestFacts);
-        let mut eval = engine.evaluate(&SharedData, &plugin.seed.get(), &mut facts, now_us);
-        if !eval.pending.is_empty() {
-            match self.call_bridge(&plugin, &eval) {
-                Ok(()) => {
-                    self.waiting = Some((eval, now_us));
-                    return Action::Pause;
-                }
-                Err(error) => {
-                    engine.complete(&mut eval, &SharedData, now_us, now_us, Err(error));
-                }
-            }
-        }
-        if self.finish(&plugin, &eval, now_us) {
-            Action::Continue
-        } else {
-            Action::Pause
-        }
-    }
-
-    fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
-        if !self.replied {
-            for (name, value) in &self.response_headers {
-                let _ = host::add_response_header(name, value);
-            }
-        }
-        Action::Continue
-    }
 }

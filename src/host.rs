@@ -1,12 +1,13 @@
 //! The only module that talks to the host.
 //!
-//! These are the proxy-wasm ABI calls weir uses, declared here rather than taken from
-//! the SDK's `hostcalls`, because those `panic!` on any status they do not expect and a
-//! panic traps the VM for every request on the worker. Every status maps to a
-//! [`HostError`]; callers decide what an error means (usually: log, count, fail open).
+//! These are the proxy-wasm ABI calls weir uses (ABI 0.2.1), declared here rather than
+//! taken from an SDK, whose helpers `panic!` on statuses they do not expect — and a panic
+//! traps the VM for every request on the worker. Every status maps to a [`HostError`];
+//! callers decide what an error means (usually: log, count, fail open). The callbacks
+//! the other way are in [`crate::abi`].
 //!
-//! Memory the host returns was allocated through the SDK's `proxy_on_memory_allocate`
-//! (a `Vec<u8>` of exactly the requested size), so it is taken back with
+//! Memory the host returns was allocated through our `proxy_on_memory_allocate` (a
+//! boxed slice of exactly the requested size), so it is taken back with
 //! `Vec::from_raw_parts(ptr, len, len)`.
 
 use std::fmt;
@@ -126,6 +127,25 @@ extern "C" {
         grpc_status: i32,
     ) -> u32;
     fn proxy_continue_stream(stream_type: u32) -> u32;
+    fn proxy_http_call(
+        upstream_data: *const u8,
+        upstream_size: usize,
+        headers_data: *const u8,
+        headers_size: usize,
+        body_data: *const u8,
+        body_size: usize,
+        trailers_data: *const u8,
+        trailers_size: usize,
+        timeout_ms: u32,
+        return_token: *mut u32,
+    ) -> u32;
+    fn proxy_set_effective_context(context_id: u32) -> u32;
+    fn proxy_set_property(
+        path_data: *const u8,
+        path_size: usize,
+        value_data: *const u8,
+        value_size: usize,
+    ) -> u32;
     fn proxy_define_metric(
         metric_type: u32,
         name_data: *const u8,
@@ -326,21 +346,48 @@ pub fn send_local_response<V: AsRef<[u8]>>(
     })
 }
 
-/// Starts an HTTP call to Envoy cluster `upstream`; returns its token. The answer
-/// (or a 503/504 made up by Envoy) arrives in `on_http_call_response`.
-///
-/// This one goes through the SDK: only its `dispatch_http_call` registers the token
-/// with the SDK's dispatcher, which routes the response to the calling context. It
-/// panics only on statuses Envoy does not return for this call.
+/// Starts an HTTP call to Envoy cluster `upstream`; returns its token. The answer (or a
+/// 503/504 made up by Envoy) arrives in `proxy_on_http_call_response` with this token.
+/// Envoy makes the call on the plugin's root context, so it outlives the request that
+/// started it; [`crate::abi`] routes the answer by token.
 pub fn http_call(
     upstream: &str,
-    headers: Vec<(&str, &str)>,
+    headers: &[(&str, &str)],
     body: &[u8],
     timeout_ms: u64,
 ) -> HostResult<u32> {
-    let timeout = std::time::Duration::from_millis(timeout_ms);
-    proxy_wasm::hostcalls::dispatch_http_call(upstream, headers, Some(body), Vec::new(), timeout)
-        .map_err(|status| HostError(status as u32))
+    let headers = serialize_headers(headers);
+    let trailers = serialize_headers::<&str>(&[]);
+    let timeout = u32::try_from(timeout_ms).unwrap_or(u32::MAX);
+    let mut token = 0u32;
+    ok(unsafe {
+        proxy_http_call(
+            upstream.as_ptr(),
+            upstream.len(),
+            headers.as_ptr(),
+            headers.len(),
+            body.as_ptr(),
+            body.len(),
+            trailers.as_ptr(),
+            trailers.len(),
+            timeout,
+            &mut token,
+        )
+    })?;
+    Ok(token)
+}
+
+/// Makes `context_id` the context later host calls act on (resuming or answering a
+/// request other than the one whose callback is running).
+pub fn set_effective_context(context_id: u32) -> HostResult<()> {
+    ok(unsafe { proxy_set_effective_context(context_id) })
+}
+
+/// Sets a property of the current request: Envoy keeps it as filter state under
+/// `wasm.<name>`, which access logs (`%FILTER_STATE(wasm.<name>:PLAIN)%`) and later
+/// filters can read.
+pub fn set_property(name: &str, value: &[u8]) -> HostResult<()> {
+    ok(unsafe { proxy_set_property(name.as_ptr(), name.len(), value.as_ptr(), value.len()) })
 }
 
 pub fn resume_http_request() -> HostResult<()> {

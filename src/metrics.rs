@@ -1,20 +1,26 @@
 //! Envoy stats for every decision.
 //!
-//! Envoy shows them as `wasmcustom.weir.…` in `/stats` and without that prefix in
-//! `/stats/prometheus`. Every worker defines the same names, which Envoy maps to the
-//! same stats, so the counters are process-wide.
+//! Envoy shows them as `wasmcustom.weir.<plugin>.…` in `/stats` and without the
+//! `wasmcustom.` prefix in `/stats/prometheus`; with the `stats_tags` weir ships
+//! (envoy/envoy.yaml, docs/operations.md) the plugin and rule names become the labels
+//! `weir_plugin` and `weir_rule`. `<plugin>` is Envoy's plugin name (characters other
+//! than `A-Z a-z 0-9 _ -` become `_`), so two plugins sharing a VM count apart. Every
+//! worker defines the same names, which Envoy maps to the same stats, so the counters
+//! are process-wide.
 //!
-//! Per rule (`weir.rule.<name>.<counter>`): `allowed`, `limited`, `shadow_limited`,
+//! Per rule (`weir.<plugin>.rule.<name>.<counter>`): `allowed`, `limited`, `shadow_limited`,
 //! `key_missing` (a key source had no value: the rule did not apply), `store_errors`
 //! (shared data failed or the CAS gave up: the rule let the request through), and the
 //! gauges `slots_in_use` and `slots_capacity` of its slot table. Global rules also
 //! count `lease_hits` (served from a lease), `denial_cache_hits` (denied by a cached
 //! denial, no bridge call), `bridge_decisions` (decided by Redis), and what their failure
 //! mode did: `failure_allowed`, `failure_denied`, `failure_local`. For the store
-//! (`weir.store.<counter>`): `cas_retries`, `cas_give_ups`, `slot_takeovers`,
-//! `slot_evictions`. For the bridge (`weir.bridge.<counter>`): `calls`, `skipped` (not
-//! called: it failed less than a second ago), `errors_timeout`, `errors_unavailable`,
-//! `errors_status`, `errors_bad_body`, and the histogram `latency_us`.
+//! (`weir.<plugin>.store.<counter>`): `cas_retries`, `cas_give_ups`, `slot_takeovers`,
+//! `slot_evictions`. For the bridge (`weir.<plugin>.bridge.<counter>`): `calls`, `joined`
+//! (a request waited on another request's call for its keys), `busy` (that call had all
+//! the waiters it may hold: the failure mode decided), `skipped` (not called: it failed
+//! less than a second ago), `errors_timeout`, `errors_unavailable` (a 503, or no response
+//! at all), `errors_status`, `errors_bad_body`, and the histogram `latency_us`.
 //!
 //! Counting a request costs no host call: increments are kept in the VM and sent every
 //! [`FLUSH_INTERVAL_US`] — by the next request after that, or by the root context's tick
@@ -60,6 +66,8 @@ pub struct Metrics {
     slot_takeovers: Stat,
     slot_evictions: Stat,
     bridge_calls: Stat,
+    bridge_joined: Stat,
+    bridge_busy: Stat,
     bridge_skipped: Stat,
     bridge_timeouts: Stat,
     bridge_unavailable: Stat,
@@ -87,14 +95,15 @@ impl Registry {
 }
 
 impl Metrics {
-    /// Defines every metric. `rules` gives, per rule in config order, its name, its
-    /// table's capacity and the slots already in use (tables survive config reloads; an
-    /// estimate for large tables).
-    pub fn define(rules_and_tables: &[(&str, u64, u64)]) -> HostResult<Metrics> {
+    /// Defines every metric of `plugin`. `rules` gives, per rule in config order, its
+    /// name, its table's capacity and the slots already in use (tables survive config
+    /// reloads; an estimate for large tables).
+    pub fn define(plugin: &str, rules_and_tables: &[(&str, u64, u64)]) -> HostResult<Metrics> {
         let mut r = Registry::default();
         let mut rules = Vec::with_capacity(rules_and_tables.len());
+        let base = format!("weir.{}", stat_segment(plugin));
         for &(name, capacity, in_use) in rules_and_tables {
-            let prefix = format!("weir.rule.{name}");
+            let prefix = format!("{base}.rule.{name}");
             let slots_in_use = r.define(MetricType::Gauge, &format!("{prefix}.slots_in_use"))?;
             let capacity_id =
                 host::define_metric(MetricType::Gauge, &format!("{prefix}.slots_capacity"))?;
@@ -117,18 +126,20 @@ impl Metrics {
                 failure_local: r.counter(&format!("{prefix}.failure_local"))?,
             });
         }
-        let cas_retries = r.counter("weir.store.cas_retries")?;
-        let cas_give_ups = r.counter("weir.store.cas_give_ups")?;
-        let slot_takeovers = r.counter("weir.store.slot_takeovers")?;
-        let slot_evictions = r.counter("weir.store.slot_evictions")?;
-        let bridge_calls = r.counter("weir.bridge.calls")?;
-        let bridge_skipped = r.counter("weir.bridge.skipped")?;
-        let bridge_timeouts = r.counter("weir.bridge.errors_timeout")?;
-        let bridge_unavailable = r.counter("weir.bridge.errors_unavailable")?;
-        let bridge_bad_status = r.counter("weir.bridge.errors_status")?;
-        let bridge_bad_body = r.counter("weir.bridge.errors_bad_body")?;
+        let cas_retries = r.counter(&format!("{base}.store.cas_retries"))?;
+        let cas_give_ups = r.counter(&format!("{base}.store.cas_give_ups"))?;
+        let slot_takeovers = r.counter(&format!("{base}.store.slot_takeovers"))?;
+        let slot_evictions = r.counter(&format!("{base}.store.slot_evictions"))?;
+        let bridge_calls = r.counter(&format!("{base}.bridge.calls"))?;
+        let bridge_joined = r.counter(&format!("{base}.bridge.joined"))?;
+        let bridge_busy = r.counter(&format!("{base}.bridge.busy"))?;
+        let bridge_skipped = r.counter(&format!("{base}.bridge.skipped"))?;
+        let bridge_timeouts = r.counter(&format!("{base}.bridge.errors_timeout"))?;
+        let bridge_unavailable = r.counter(&format!("{base}.bridge.errors_unavailable"))?;
+        let bridge_bad_status = r.counter(&format!("{base}.bridge.errors_status"))?;
+        let bridge_bad_body = r.counter(&format!("{base}.bridge.errors_bad_body"))?;
         let bridge_latency_us =
-            host::define_metric(MetricType::Histogram, "weir.bridge.latency_us")?;
+            host::define_metric(MetricType::Histogram, &format!("{base}.bridge.latency_us"))?;
         Ok(Metrics {
             pending: r.pending,
             last_flush_us: Cell::new(0),
@@ -138,6 +149,8 @@ impl Metrics {
             slot_takeovers,
             slot_evictions,
             bridge_calls,
+            bridge_joined,
+            bridge_busy,
             bridge_skipped,
             bridge_timeouts,
             bridge_unavailable,
@@ -175,6 +188,11 @@ impl Metrics {
         self.bump(self.bridge_calls, 1);
     }
 
+    /// A request waited on another request's call.
+    pub fn bridge_joined(&self) {
+        self.bump(self.bridge_joined, 1);
+    }
+
     pub fn bridge_latency(&self, us: u64) {
         let _ = host::record_metric(self.bridge_latency_us, us);
     }
@@ -193,6 +211,7 @@ impl Metrics {
     pub fn record(&self, eval: &Evaluation, now_us: u64) {
         match &eval.bridge_error {
             Some(BridgeError::Skipped) => self.bump(self.bridge_skipped, 1),
+            Some(BridgeError::Busy) => self.bump(self.bridge_busy, 1),
             Some(BridgeError::Reply(error)) => self.bridge_error(error),
             None => {}
         }
@@ -246,4 +265,21 @@ impl Metrics {
         }
         self.flush_if_due(now_us);
     }
+}
+
+/// A plugin name as one segment of a stat name: characters other than `A-Z a-z 0-9 _ -`
+/// (an Istio WasmPlugin's `namespace.name` has a dot) become `_`; no name is `default`.
+pub fn stat_segment(name: &str) -> String {
+    if name.is_empty() {
+        return "default".to_string();
+    }
+    name.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
 }

@@ -8,13 +8,15 @@
 use crate::host;
 use crate::metrics::Metrics;
 use crate::store::SharedData;
-use std::cell::Cell;
-use weir_core::bounds::MAX_CONFIG_BYTES;
+use std::cell::{Cell, RefCell};
+use weir_core::bounds::{MAX_BODY_BYTES, MAX_CONFIG_BYTES};
 use weir_core::config;
-use weir_core::engine::Engine;
+use weir_core::engine::{Engine, Evaluation};
+use weir_core::flight::{Call, Flights};
 use weir_core::key::Seed;
 use weir_core::rules::Rule;
 use weir_core::store::seed;
+use weir_core::wire::{v2, ReplyError, SECRET_HEADER};
 
 /// The most sets of a table read at configure time to estimate its `slots_in_use`
 /// gauge: a table of a million keys costs this many host calls, not 250,000.
@@ -26,6 +28,8 @@ pub struct Plugin {
     /// (see `weir_core::store::seed`).
     pub seed: Cell<Seed>,
     pub metrics: Metrics,
+    /// Bridge calls of this plugin in flight in this VM.
+    pub flights: RefCell<Flights>,
 }
 
 impl Plugin {
@@ -76,12 +80,95 @@ impl Plugin {
                 (rule.name.as_str(), engine.capacity(rule.id), in_use)
             })
             .collect();
-        let metrics = Metrics::define(&rules).map_err(|e| format!("cannot define metrics: {e}"))?;
+        let metrics = Metrics::define(&plugin_name, &rules)
+            .map_err(|e| format!("cannot define metrics: {e}"))?;
         Ok(Plugin {
             engine,
             seed: Cell::new(seed),
             metrics,
+            flights: RefCell::new(Flights::default()),
         })
+    }
+
+    /// Sends `eval.pending` to the bridge for the request `owner`; the call is in
+    /// flight, holding the evaluation, until its answer comes. Gives the evaluation back
+    /// when the call cannot be made.
+    pub fn call_bridge(
+        &self,
+        owner: u32,
+        eval: Evaluation,
+        now_us: u64,
+    ) -> Result<(), Box<(Evaluation, ReplyError)>> {
+        let Some(bridge) = &self.engine.config.bridge else {
+            return Err(Box::new((eval, ReplyError::Unavailable)));
+        };
+        let body = self.engine.bridge_request(&eval.pending);
+        let mut headers = vec![
+            (":method", "POST"),
+            (":path", v2::ACQUIRE_PATH),
+            (":authority", bridge.authority.as_str()),
+            ("content-type", "application/json"),
+        ];
+        if let Some(secret) = &bridge.secret {
+            headers.push((SECRET_HEADER, secret.as_str()));
+        }
+        match host::http_call(&bridge.cluster, &headers, &body, bridge.timeout_ms) {
+            Ok(token) => {
+                self.metrics.bridge_call();
+                let keys = eval
+                    .pending
+                    .iter()
+                    .filter(|item| self.engine.shares_calls(item.rule))
+                    .map(|item| (item.rule, item.hash))
+                    .collect();
+                let call = Call {
+                    owner,
+                    sent_at_us: now_us,
+                    eval,
+                    keys,
+                    waiters: Vec::new(),
+                };
+                self.flights.borrow_mut().start(token, call);
+                Ok(())
+            }
+            // A cluster Envoy does not know, or no resources for the call.
+            Err(e) => {
+                host::log(
+                    host::LogLevel::Warn,
+                    &format!(
+                        "#{owner}: cannot call the bridge cluster {:?}: {e}",
+                        bridge.cluster
+                    ),
+                );
+                Err(Box::new((eval, ReplyError::Unavailable)))
+            }
+        }
+    }
+
+    /// The answer of the call `call` made, read in the callback of its response: its
+    /// status (0: none, the connection failed) and body, decoded against what was sent.
+    pub fn read_bridge_reply(
+        &self,
+        call: &Call,
+        body_size: usize,
+    ) -> Result<v2::Reply, ReplyError> {
+        let status = host::http_call_response_header(":status")
+            .ok()
+            .flatten()
+            .and_then(|s| {
+                std::str::from_utf8(&s)
+                    .ok()
+                    .and_then(|s| s.parse::<u16>().ok())
+            })
+            .unwrap_or(0);
+        if body_size > MAX_BODY_BYTES {
+            return Err(ReplyError::BadBody(format!("{body_size} bytes")));
+        }
+        let body = host::http_call_response_body(body_size)
+            .ok()
+            .flatten()
+            .unwrap_or_default();
+        v2::decode_reply(status, &body, &self.engine.sent(&call.eval.pending))
     }
 
     /// The rules as the configure log line lists them.

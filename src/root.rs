@@ -1,4 +1,5 @@
-//! The root context: configuration, the tick, and a new HTTP context per request.
+//! The root context of one plugin: configuration, the tick, and the plugin every HTTP
+//! context of the plugin shares.
 //!
 //! Returning `false` from `on_configure` makes Envoy refuse the configuration (a static
 //! bootstrap does not start; an LDS update is rejected and the old config keeps serving);
@@ -8,8 +9,6 @@
 use crate::filter::Filter;
 use crate::host::{self, LogLevel};
 use crate::plugin::Plugin;
-use proxy_wasm::traits::{Context, HttpContext, RootContext};
-use proxy_wasm::types::ContextType;
 use std::rc::Rc;
 
 pub struct Root {
@@ -32,10 +31,8 @@ impl Root {
     }
 }
 
-impl Context for Root {}
-
-impl RootContext for Root {
-    fn on_configure(&mut self, _plugin_configuration_size: usize) -> bool {
+impl Root {
+    pub fn on_configure(&mut self) -> bool {
         match Plugin::configure() {
             Ok(plugin) => {
                 self.log(LogLevel::Info, &plugin.summary());
@@ -58,7 +55,7 @@ impl RootContext for Root {
         }
     }
 
-    fn on_tick(&mut self) {
+    pub fn on_tick(&mut self) {
         if let (Some(plugin), Ok(now_us)) = (&self.plugin, host::now_us()) {
             if plugin.on_tick(now_us) {
                 self.log(
@@ -69,11 +66,12 @@ impl RootContext for Root {
         }
     }
 
-    fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
-        Some(Box::new(Filter::new(context_id, self.plugin.clone())))
+    /// A new request's context.
+    pub fn new_filter(&self, context_id: u32) -> Filter {
+        Filter::new(context_id, self.plugin.clone())
     }
 
-    fn get_type(&self) -> Option<ContextType> {
-        Some(ContextType::HttpContext)
+    pub fn plugin(&self) -> Option<&Rc<Plugin>> {
+        self.plugin.as_ref()
     }
 }

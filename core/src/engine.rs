@@ -97,7 +97,8 @@ pub struct RuleReport {
 }
 
 impl RuleReport {
-    fn new(rule: RuleId, now_us: u64) -> Self {
+    /// A rule looked at `now_us`, not matched until said otherwise.
+    pub fn new(rule: RuleId, now_us: u64) -> Self {
         RuleReport {
             rule,
             outcome: RuleOutcome::NotMatched,
@@ -171,6 +172,9 @@ pub struct Evaluation {
 pub enum BridgeError {
     /// Not called: it failed less than [`BRIDGE_BACKOFF_US`] ago.
     Skipped,
+    /// Not called: the call already asking about these keys had all the waiters it
+    /// may hold (see `crate::flight`).
+    Busy,
     Reply(ReplyError),
 }
 
@@ -554,6 +558,18 @@ impl Engine {
         eval.record(report, rule, decision);
     }
 
+    /// Applies each pending rule's failure mode now, without asking the bridge and
+    /// without holding later calls back.
+    pub fn fail_now<S: SharedStore>(
+        &self,
+        eval: &mut Evaluation,
+        store: &S,
+        now_us: u64,
+        error: BridgeError,
+    ) {
+        self.fail_pending(eval, store, now_us, error);
+    }
+
     /// Applies each pending rule's failure mode.
     fn fail_pending<S: SharedStore>(
         &self,
@@ -645,6 +661,15 @@ impl Engine {
 
     pub fn rule_name(&self, rule: RuleId) -> &str {
         self.config.rule(rule).map_or("", |r| r.name.as_str())
+    }
+
+    /// Whether calls for `rule` may be shared between requests (see `crate::flight`): a
+    /// global rule with leases, whose answers serve whoever comes next.
+    pub fn shares_calls(&self, rule: RuleId) -> bool {
+        matches!(
+            self.config.rule(rule).map(|r| &r.scope),
+            Some(Scope::Global(GlobalRule { lease: Some(_), .. }))
+        )
     }
 
     fn bridge_down<S: SharedStore>(&self, store: &S, now_us: u64) -> bool {
@@ -797,7 +822,10 @@ fn spend_or_ask<S: SharedStore>(
         reset_after_ns,
     };
     let served = match spend {
-        Spend::Spent { .. } => Some((Source::Lease, local(true, None))),
+        Spend::Spent { at_us, .. } => {
+            report.decided_at_us = at_us;
+            Some((Source::Lease, local(true, None)))
+        }
         Spend::NotYetDue { retry_after_ns } => {
             Some((Source::Lease, local(false, Some(retry_after_ns))))
         }

@@ -13,7 +13,10 @@
 //! expires at its validity counted from the call's departure ([`Held::from_reply`]). So no
 //! unit is spent before Redis's due time, nor later than Redis's due time plus the
 //! validity, whatever the two clocks say, and a unit not spent in its window is dropped,
-//! never carried. That is what makes leases conformant (docs/global.md, "What the limit
+//! never carried. Units due at once (a lease) are due when the reply arrived, before
+//! anyone could read them: a worker whose request read the clock a moment before another
+//! worker stored them may spend them, and its admission counts from their due time
+//! ([`Spend::Spent`]'s `at_us`). That is what makes leases conformant (docs/global.md, "What the limit
 //! guarantees"): the displacement of every unit is bounded by the rule's hold, which the
 //! rule pays for (GCRA: with burst; windows and token buckets: the validity ends with the
 //! window or the refill period; the sliding log: Redis logs the unit at its latest spend).
@@ -214,8 +217,9 @@ impl SlotValue for LeaseSlot {
 /// The outcome of serving a request from the slot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Spend {
-    /// Served from units held; `held_left` remain.
-    Spent { held_left: u64 },
+    /// Served from units held; `held_left` remain. The admission counts at `at_us`: now,
+    /// or the units' due time if this request read its clock before they were stored.
+    Spent { held_left: u64, at_us: u64 },
     /// Units are held but not due yet (a reservation): denied until the request's last
     /// unit is due.
     NotYetDue { retry_after_ns: u64 },
@@ -248,14 +252,16 @@ impl LeaseSlot {
         let now_ns = now_us.saturating_mul(NS_PER_US);
         if cost > 0 && self.held.count >= cost {
             let last_due = self.held.due_ns(cost - 1);
-            if last_due <= now_ns {
+            // A lease is due on arrival; reserved units when their time comes.
+            if last_due <= now_ns || self.held.spacing_ns == 0 {
+                let at_us = now_us.max(last_due.div_ceil(NS_PER_US));
                 self.held.count -= cost;
                 self.held.next_due_ns = self.held.due_ns(cost);
                 let held_left = self.held.count;
                 if held_left == 0 {
                     self.held = Held::default();
                 }
-                return (Spend::Spent { held_left }, self);
+                return (Spend::Spent { held_left, at_us }, self);
             }
             let retry_after_ns = last_due - now_ns;
             return (Spend::NotYetDue { retry_after_ns }, self);
@@ -381,11 +387,20 @@ mod tests {
             ..LeaseSlot::default()
         };
         let (spend, slot) = slot.spend(NOW, 2);
-        assert_eq!(spend, Spend::Spent { held_left: 1 });
+        assert_eq!(
+            spend,
+            Spend::Spent {
+                held_left: 1,
+                at_us: NOW
+            }
+        );
         let (spend, after) = slot.spend(NOW + 10 * MS, 1);
         assert_eq!(
             spend,
-            Spend::Spent { held_left: 0 },
+            Spend::Spent {
+                held_left: 0,
+                at_us: NOW + 10 * MS
+            },
             "the last µs of the window"
         );
         assert_eq!(after.held, Held::default());
@@ -408,7 +423,13 @@ mod tests {
             }
         );
         let (spend, slot) = slot.spend(NOW + MS, 1);
-        assert_eq!(spend, Spend::Spent { held_left: 3 });
+        assert_eq!(
+            spend,
+            Spend::Spent {
+                held_left: 3,
+                at_us: NOW + MS
+            }
+        );
         // Two units at once need the second's due time (NOW + 5 ms).
         let (spend, slot) = slot.spend(NOW + 3 * MS, 2);
         assert_eq!(
@@ -421,8 +442,31 @@ mod tests {
         // windows ended at NOW + 6 ms and NOW + 8 ms): only the one due at NOW + 7 ms is
         // left.
         let (spend, slot) = slot.spend(NOW + 9 * MS, 1);
-        assert_eq!(spend, Spend::Spent { held_left: 0 });
+        assert_eq!(
+            spend,
+            Spend::Spent {
+                held_left: 0,
+                at_us: NOW + 9 * MS
+            }
+        );
         assert_eq!(slot.held, Held::default());
+    }
+
+    #[test]
+    fn a_lease_stored_after_a_request_read_its_clock_is_spent_at_its_due_time() {
+        // Another worker stored a lease due at NOW + 5 µs; this request read NOW.
+        let slot = LeaseSlot {
+            held: held(2, NOW + 5, 0, 10 * MS),
+            ..LeaseSlot::default()
+        };
+        let (spend, _) = slot.spend(NOW, 1);
+        assert_eq!(
+            spend,
+            Spend::Spent {
+                held_left: 1,
+                at_us: NOW + 5
+            }
+        );
     }
 
     #[test]

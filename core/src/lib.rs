@@ -19,6 +19,7 @@
 //! - [`lease`]: leases and cached denials of global rules.
 //! - [`response`]: what a client sees (status, RateLimit headers, body).
 //! - [`engine`]: one request through every rule.
+//! - [`flight`]: bridge calls in flight, one per key (single flight).
 
 pub mod field_error;
 
@@ -41,6 +42,8 @@ pub mod lease;
 pub mod response;
 
 pub mod engine;
+
+pub mod flight;
 
 #[cfg(feature = "scenarios")]
 pub mod scenarios;

@@ -23,6 +23,17 @@ pub enum HeaderStyle {
     None,
 }
 
+/// Which requests carry weir's decisions in Envoy filter state (`wasm.weir.rule`,
+/// `wasm.weir.decisions`), for access logs and later filters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FilterState {
+    /// Denied requests only (one host call on the denial path).
+    Denied,
+    /// Every request a rule applied to.
+    All,
+    None,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ResponseSettings {
     /// HTTP status of a denial (gRPC requests always get 200 + `grpc-status: 8`).
@@ -34,6 +45,7 @@ pub struct ResponseSettings {
     pub body: Option<CustomBody>,
     /// Response header naming the shadow rules that would have denied the request.
     pub shadow_header: Option<String>,
+    pub filter_state: FilterState,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,6 +62,7 @@ impl Default for ResponseSettings {
             headers_on_allowed: false,
             body: None,
             shadow_header: None,
+            filter_state: FilterState::Denied,
         }
     }
 }

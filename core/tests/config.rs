@@ -20,7 +20,7 @@ use std::process::{Command, Stdio};
 use weir_core::algorithms::{AlgorithmKind, Limit};
 use weir_core::config::{self, Config};
 use weir_core::field_error::FieldError;
-use weir_core::response::{CustomBody, HeaderStyle, ResponseSettings};
+use weir_core::response::{CustomBody, FilterState, HeaderStyle, ResponseSettings};
 use weir_core::rules::{
     Cost, Fact, FactId, HeaderTest, KeySource, RequestMatch, Scope, StringMatch,
 };
@@ -424,6 +424,7 @@ fn response_settings() {
                 text: "slow down".into()
             }),
             shadow_header: Some("x-weir-shadow".into()),
+            filter_state: FilterState::All,
         }
     );
     assert_eq!(

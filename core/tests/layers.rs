@@ -23,11 +23,14 @@ const CORE_LAYERS: &[&str] = &[
     "config",
     "wire",
     "engine",
+    "flight",
     "scenarios",
 ];
 
 /// The filter's glue modules, lowest first.
-const FILTER_LAYERS: &[&str] = &["host", "store", "metrics", "plugin", "filter", "root"];
+const FILTER_LAYERS: &[&str] = &[
+    "host", "store", "metrics", "plugin", "filter", "root", "abi",
+];
 
 /// Every `.rs` file under `dir`, with the top-level module it belongs to (`lib.rs` and
 /// binaries belong to none).

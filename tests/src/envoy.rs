@@ -389,8 +389,14 @@ impl Envoy {
 
     /// One counter or gauge, `None` if Envoy does not have it (yet).
     pub fn stat(&self, name: &str) -> Option<u64> {
-        let filter = pct_encode(&format!("^{}$", regex_escape(name)));
-        let r = self.admin("GET", &format!("/stats?filter={filter}"));
+        self.stats_matching(&format!("^{}$", regex_escape(name)))
+            .get(name)
+            .copied()
+    }
+
+    /// The counters and gauges whose names match `pattern` (admin `/stats?filter=`).
+    pub fn stats_matching(&self, pattern: &str) -> BTreeMap<String, u64> {
+        let r = self.admin("GET", &format!("/stats?filter={}", pct_encode(pattern)));
         assert_eq!(
             r.status,
             200,
@@ -398,14 +404,23 @@ impl Envoy {
             r.status,
             r.text()
         );
-        parse_stats(&r.text()).get(name).copied()
+        parse_stats(&r.text())
     }
 
-    /// A weir stat (`wasmcustom.weir.<name>`), 0 when absent. weir keeps increments in each
-    /// worker's VM and sends them every 100 ms, so this first waits for them to land.
+    /// A weir stat (`wasmcustom.weir.<plugin>.<name>`) added up over every plugin of
+    /// this Envoy, 0 when absent. weir keeps increments in each worker's VM and sends them
+    /// every 100 ms, so this first waits for them to land.
     pub fn weir_stat(&self, name: &str) -> u64 {
         std::thread::sleep(WEIR_STATS_LAG);
-        self.stat(&format!("wasmcustom.weir.{name}")).unwrap_or(0)
+        let pattern = format!(r"^wasmcustom\.weir\.[^.]+\.{}$", regex_escape(name));
+        self.stats_matching(&pattern).values().sum()
+    }
+
+    /// A weir stat of one plugin (`wasmcustom.weir.<plugin>.<name>`), 0 when absent.
+    pub fn plugin_stat(&self, plugin: &str, name: &str) -> u64 {
+        std::thread::sleep(WEIR_STATS_LAG);
+        self.stat(&format!("wasmcustom.weir.{plugin}.{name}"))
+            .unwrap_or(0)
     }
 
     /// Panics with the log tail if weir panicked or a Wasm VM failed, as far as the log so far

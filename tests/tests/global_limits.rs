@@ -182,8 +182,15 @@ fn leases_and_the_denial_cache_keep_redis_out_of_the_hot_path() {
             "limit":{{"algorithm":"fixed_window","limit":5,"window":"1d"}}}}]}}"#
     );
     let s = stack(&config);
-    let (ok, _, _) = s.load(2000, || Request::get("/wide").header("x-k", "tenant-a"));
-    assert_eq!(ok, 4000);
+    let (ok, limited, unavailable) =
+        s.load(2000, || Request::get("/wide").header("x-k", "tenant-a"));
+    assert_eq!(
+        (ok, limited, unavailable),
+        (4000, 0, 0),
+        "busy {}, errors {}",
+        s.stat("bridge.busy"),
+        s.stat("bridge.errors_bad_body") + s.stat("bridge.errors_status")
+    );
     let calls = s.stat("rule.wide.bridge_decisions");
     let lease_hits = s.stat("rule.wide.lease_hits");
     eprintln!("wide: 4000 requests, {calls} bridge decisions, {lease_hits} lease hits");

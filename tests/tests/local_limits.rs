@@ -517,7 +517,8 @@ fn the_demo_config_limits_per_user_and_per_tenant() {
         .map(|_| send(http, Request::post("/login", "")).unwrap().status)
         .collect();
     assert_eq!(login, [200, 200, 200, 429]);
-    // GCRA 20/min, burst 9: 10 at once (one Envoy here, so leases strand nothing).
+    // GCRA 20/min, burst 10, less the one unit the leases' 1 s hold costs: 10 at once
+    // (one Envoy here, so leases strand nothing).
     let tenant: Vec<u16> = (0..12)
         .map(|_| {
             get(http, "/tenant/reports", &[("x-tenant", "acme")])

@@ -425,6 +425,15 @@ pub(crate) struct RawResponse {
     pub headers_on_allowed: Option<bool>,
     pub body: Option<RawBody>,
     pub shadow_header: Option<String>,
+    pub filter_state: Option<RawFilterState>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum RawFilterState {
+    Denied,
+    All,
+    None,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]

@@ -1,9 +1,9 @@
 //! The top-level `response` settings: what a denied client gets.
 
 use super::{error, header_name, Result};
-use crate::config::raw::{RawBody, RawHeaderStyle, RawResponse};
+use crate::config::raw::{RawBody, RawFilterState, RawHeaderStyle, RawResponse};
 use crate::field_error::quoted;
-use crate::response::{CustomBody, HeaderStyle, ResponseSettings};
+use crate::response::{CustomBody, FilterState, HeaderStyle, ResponseSettings};
 
 pub const DEFAULT_STATUS: u16 = 429;
 pub const MAX_BODY_BYTES: usize = 4096;
@@ -50,6 +50,12 @@ pub(super) fn compile(raw: Option<RawResponse>) -> Result<ResponseSettings> {
             .unwrap_or(defaults.headers_on_allowed),
         body,
         shadow_header,
+        filter_state: match raw.filter_state {
+            None => defaults.filter_state,
+            Some(RawFilterState::Denied) => FilterState::Denied,
+            Some(RawFilterState::All) => FilterState::All,
+            Some(RawFilterState::None) => FilterState::None,
+        },
     })
 }
 
