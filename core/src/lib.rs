@@ -11,6 +11,8 @@
 //! - [`bounds`]: every size limit the config, the wire and the bridge share.
 //! - [`algorithms`]: the rate-limit algorithms, pure functions of
 //!   `(params, state, now, cost)`, each with everything weir knows about it.
+//! - [`conformance`]: whether admissions of one key, from anywhere, keep their
+//!   algorithm's bound.
 //! - [`key`]: key parts, their hashing to slots, their names on the wire and in Redis.
 //! - [`rules`]: request matching, key building and costs.
 //! - [`config`]: the plugin JSON, parsed and compiled into types that cannot be invalid.
@@ -26,6 +28,8 @@ pub mod field_error;
 pub mod bounds;
 
 pub mod algorithms;
+
+pub mod conformance;
 
 pub mod key;
 

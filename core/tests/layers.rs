@@ -15,6 +15,7 @@ const CORE_LAYERS: &[&str] = &[
     "field_error",
     "bounds",
     "algorithms",
+    "conformance",
     "key",
     "store",
     "lease",
