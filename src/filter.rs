@@ -227,7 +227,7 @@ impl Filter {
     }
 
     /// `wasm.weir.rule`: the rule that denied (empty when none did); `wasm.weir.decisions`:
-    /// `rule:outcome:source:decided_at_us` for every rule decided, comma-separated.
+    /// `rule:outcome:source:cost:decided_at_us` for every rule decided, comma-separated.
     fn set_filter_state(&self, plugin: &Plugin, eval: &Evaluation, denied: Option<&str>) {
         let mut decisions = String::new();
         for report in &eval.reports {
@@ -250,8 +250,9 @@ impl Filter {
             let sep = if decisions.is_empty() { "" } else { "," };
             let _ = write!(
                 decisions,
-                "{sep}{}:{outcome}:{source}:{}",
+                "{sep}{}:{outcome}:{source}:{}:{}",
                 plugin.engine.rule_name(report.rule),
+                report.cost,
                 report.decided_at_us
             );
         }

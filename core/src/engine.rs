@@ -89,6 +89,8 @@ pub struct RuleReport {
     /// When the decision was made, µs since the epoch: this Envoy's clock, or Redis's
     /// for a decision of the bridge.
     pub decided_at_us: u64,
+    /// What the request costs under this rule (0 when it did not apply).
+    pub cost: u64,
     pub placement: Option<Placement>,
     /// CAS attempts lost, over every table update the rule made.
     pub cas_retries: u32,
@@ -104,6 +106,7 @@ impl RuleReport {
             outcome: RuleOutcome::NotMatched,
             source: None,
             decided_at_us: now_us,
+            cost: 0,
             placement: None,
             cas_retries: 0,
             lease_store_error: None,
@@ -216,6 +219,16 @@ struct Applied<'a> {
     hash: KeyHash,
     cost: u64,
     now_us: u64,
+}
+
+impl Applied<'_> {
+    /// The rule's report, before its decision.
+    fn report(&self) -> RuleReport {
+        RuleReport {
+            cost: self.cost,
+            ..RuleReport::new(self.rule.id, self.now_us)
+        }
+    }
 }
 
 /// A limit decided in a slot table of this Envoy, and what to call the decision.
@@ -372,7 +385,7 @@ impl Engine {
                         table,
                         source: Source::Slot,
                     };
-                    let report = RuleReport::new(rule.id, now_us);
+                    let report = applied.report();
                     decide_in_slot(&mut eval, store, &applied, slot, report, None);
                 }
                 (Scope::Global(global), Some(RuleTables::Global { leases, .. })) => {
@@ -789,7 +802,7 @@ fn spend_or_ask<S: SharedStore>(
     lookup: LeaseLookup<'_>,
 ) -> Option<Asked> {
     let now_us = applied.now_us;
-    let mut report = RuleReport::new(applied.rule.id, now_us);
+    let mut report = applied.report();
     let spent = lookup.leases.update(
         store,
         &applied.hash,

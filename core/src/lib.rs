@@ -22,6 +22,9 @@
 //! - [`response`]: what a client sees (status, RateLimit headers, body).
 //! - [`engine`]: one request through every rule.
 //! - [`flight`]: bridge calls in flight, one per key (single flight).
+//! - `scenarios` (feature `scenarios`): behaviour tables the core and the bridge share.
+//! - `simulation` (feature `simulation`): many Envoys and a model of the bridge, in
+//!   process, for tests and weir-bench.
 
 pub mod field_error;
 
@@ -51,3 +54,6 @@ pub mod flight;
 
 #[cfg(feature = "scenarios")]
 pub mod scenarios;
+
+#[cfg(feature = "simulation")]
+pub mod simulation;

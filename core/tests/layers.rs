@@ -26,6 +26,7 @@ const CORE_LAYERS: &[&str] = &[
     "engine",
     "flight",
     "scenarios",
+    "simulation",
 ];
 
 /// The filter's glue modules, lowest first.

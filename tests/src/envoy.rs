@@ -39,6 +39,9 @@ pub struct Bootstrap {
     /// HCM `max_request_headers_kb`. Envoy's default is 60 (KiB for the whole header block), so a
     /// single 60 KB value gets 431; we default to 96 so tests can send 60 KB values.
     pub max_request_headers_kb: u32,
+    /// An access log (file path, `text_format` line): one line per request, written by
+    /// Envoy when the request ends.
+    pub access_log: Option<(std::path::PathBuf, String)>,
 }
 
 impl Default for Bootstrap {
@@ -56,6 +59,7 @@ impl Bootstrap {
             routes: None,
             clusters: Vec::new(),
             max_request_headers_kb: 96,
+            access_log: None,
         }
     }
 
@@ -82,6 +86,13 @@ impl Bootstrap {
         self
     }
 
+    /// Writes one access-log line per request to `path` (Envoy's `text_format`, `\n`
+    /// appended).
+    pub fn access_log(mut self, path: &Path, format: &str) -> Bootstrap {
+        self.access_log = Some((path.to_path_buf(), format.to_string()));
+        self
+    }
+
     /// The bootstrap YAML.
     pub fn render(&self) -> String {
         let default_routes = format!(
@@ -93,6 +104,14 @@ impl Bootstrap {
         for f in &self.http_filters {
             filters.push_str(&indent(f, 10));
         }
+        let access_log = match &self.access_log {
+            None => String::new(),
+            Some((path, format)) => format!(
+                "          access_log:\n          - name: envoy.access_loggers.file\n            typed_config:\n              \"@type\": type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog\n              path: {}\n              log_format:\n                text_format_source:\n                  inline_string: {}\n",
+                yaml_quote(&path.to_string_lossy()),
+                yaml_quote(&format!("{format}\n")),
+            ),
+        };
         let clusters = if self.clusters.is_empty() {
             "  clusters: []\n".to_string()
         } else {
@@ -121,7 +140,7 @@ static_resources:
           # The client address is the TCP peer, never X-Forwarded-For.
           use_remote_address: true
           max_request_headers_kb: {kb}
-          route_config:
+{access_log}          route_config:
             name: local
             virtual_hosts:
             - name: all
@@ -224,6 +243,9 @@ fn args(config: &Path, concurrency: u32, base_id: u16, extra: &[&str]) -> Vec<St
         base_id.to_string(),
         "-l".into(),
         "info".into(),
+        // Access logs reach their files within 100 ms (Envoy's default is 10 s).
+        "--file-flush-interval-msec".into(),
+        "100".into(),
     ];
     a.extend(extra.iter().map(|s| s.to_string()));
     a

@@ -1,0 +1,323 @@
+//! Many Envoys without Envoy: each simulated Envoy runs the engine over its own shared
+//! data (a [`MemoryStore`]), as the filter does, and asks a bridge — here
+//! [`ModelBridge`], weir-bridge's v2 semantics over an in-process model of Redis that
+//! grants with the core's own references ([`Limit::grant`], [`SlidingLog::grant`]), or
+//! the real bridge in weir-bench's simulation mode.
+//!
+//! [`Simulation`] plays requests in time order with a bridge call latency: a call leaves,
+//! Redis decides half-way, the reply lands later, and other requests go on meanwhile
+//! (each call stands for one Envoy worker's; there is no single flight here, so calls for
+//! one key overlap as they would across workers). The admissions it returns are what
+//! [`crate::conformance::check`] judges.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
+
+use crate::algorithms::{GlobalLimit, SlotState};
+use crate::config;
+use crate::conformance::Admission;
+use crate::engine::{Engine, Evaluation, RuleOutcome};
+use crate::key::Seed;
+use crate::rules::{FactSource, Facts, RuleId, Scope};
+use crate::store::memory::MemoryStore;
+use crate::wire::{v2, ReplyError};
+
+/// weir-bridge's `POST /v2/acquire` on a model of Redis: each item decided in order by
+/// the core's reference of its script, stopping after an enforcing item's denial.
+#[derive(Default)]
+pub struct ModelBridge {
+    slots: BTreeMap<String, SlotState>,
+    logs: BTreeMap<String, Vec<u64>>,
+    /// Calls answered.
+    pub calls: u64,
+    /// Items decided (one Redis script each on the real bridge).
+    pub items: u64,
+}
+
+impl ModelBridge {
+    /// The reply to a request body, decided at `now_us` (Redis's clock), or the bridge's
+    /// 400 message.
+    pub fn acquire(&mut self, body: &[u8], now_us: u64) -> Result<v2::Reply, String> {
+        let (request, limits) = v2::Request::parse(body).map_err(|e| e.to_string())?;
+        self.calls += 1;
+        let mut items = Vec::with_capacity(request.items.len());
+        for (item, limit) in request.items.iter().zip(&limits) {
+            self.items += 1;
+            let key = format!(
+                "{}\u{0}{}\u{0}{}\u{0}{:?}\u{0}{:?}",
+                request.domain,
+                item.rule,
+                item.descriptor.join("\u{1}"),
+                limit.kind(),
+                limit.algorithm().parameters()
+            );
+            let grant = match limit {
+                GlobalLimit::Slot(limit) => {
+                    let state = self.slots.get(&key).copied();
+                    let (grant, next) = limit.grant(state, now_us, item.ask());
+                    if let Some(next) = next {
+                        self.slots.insert(key, next);
+                    }
+                    grant
+                }
+                GlobalLimit::SlidingLog(log) => {
+                    let events = self.logs.entry(key).or_default();
+                    let window_us = log.window_us();
+                    events.retain(|&t| t.saturating_add(window_us) > now_us);
+                    let ask = item.ask();
+                    let grant = log.grant(events, now_us, ask);
+                    let at = now_us.saturating_add(ask.hold_us);
+                    let from = events.partition_point(|&t| t <= at);
+                    let logged = usize::try_from(grant.granted).unwrap_or(usize::MAX);
+                    events.splice(from..from, std::iter::repeat_n(at, logged));
+                    grant
+                }
+            };
+            items.push(v2::Granted::new(item.id, &grant, now_us));
+            if !grant.decision.allowed && !item.shadow {
+                break;
+            }
+        }
+        Ok(v2::Reply { items })
+    }
+}
+
+/// One Envoy: its engine and its shared data, which all its workers use.
+pub struct SimEnvoy {
+    pub engine: Engine,
+    pub store: MemoryStore,
+    seed: Seed,
+}
+
+impl SimEnvoy {
+    /// An Envoy running `config` (the plugin JSON), its tables prepared. The seed is
+    /// this Envoy's (each Envoy process draws its own).
+    pub fn new(config_json: &str, seed: Seed) -> Result<SimEnvoy, String> {
+        let config = config::parse(config_json.as_bytes()).map_err(|e| e.to_string())?;
+        let engine = Engine::new(config);
+        let store = MemoryStore::new();
+        engine.prepare(&store).map_err(|e| format!("{e:?}"))?;
+        Ok(SimEnvoy {
+            engine,
+            store,
+            seed,
+        })
+    }
+
+    /// Evaluates one request at `now_us`: decided, or `pending` for the bridge.
+    pub fn evaluate<F: FactSource>(&self, request: F, now_us: u64) -> Evaluation {
+        let mut facts = Facts::new(&self.engine.config.facts, request);
+        self.engine
+            .evaluate(&self.store, &self.seed, &mut facts, now_us)
+    }
+
+    /// The body of the bridge call for an evaluation's pending rules.
+    pub fn bridge_request(&self, eval: &Evaluation) -> Vec<u8> {
+        self.engine.bridge_request(&eval.pending)
+    }
+
+    /// Finishes an evaluation with the bridge's answer (HTTP status and body, as the
+    /// filter reads them), or a failure to call.
+    pub fn complete(
+        &self,
+        eval: &mut Evaluation,
+        sent_at_us: u64,
+        now_us: u64,
+        answer: Result<(u16, &[u8]), ReplyError>,
+    ) {
+        let sent = self.engine.sent(&eval.pending);
+        let reply = answer.and_then(|(status, body)| v2::decode_reply(status, body, &sent));
+        self.engine
+            .complete(eval, &self.store, sent_at_us, now_us, reply);
+    }
+
+    /// Finishes an evaluation with a reply already decoded.
+    pub fn complete_with(
+        &self,
+        eval: &mut Evaluation,
+        sent_at_us: u64,
+        now_us: u64,
+        reply: v2::Reply,
+    ) {
+        self.engine
+            .complete(eval, &self.store, sent_at_us, now_us, Ok(reply));
+    }
+}
+
+/// The admissions an evaluation made, per rule: every rule that allowed the request
+/// (shadow rules too: what they allow must keep their bound as well), with its cost and
+/// the instant it decided. Requests let through by a failure mode are not the limit's
+/// admissions and are left out.
+pub fn admissions(eval: &Evaluation) -> Vec<(RuleId, Admission)> {
+    eval.reports
+        .iter()
+        .filter(|r| r.outcome == RuleOutcome::Allowed)
+        .map(|r| {
+            let admission = Admission {
+                at_us: r.decided_at_us,
+                cost: r.cost,
+            };
+            (r.rule, admission)
+        })
+        .collect()
+}
+
+/// The limit a rule's admissions are checked against: the one configured (a global
+/// rule's, not the one it runs with in Redis).
+pub fn configured_limit(engine: &Engine, rule: RuleId) -> Option<GlobalLimit> {
+    match &engine.config.rule(rule)?.scope {
+        Scope::Local(limit) => Some(GlobalLimit::Slot(limit.clone())),
+        Scope::Global(global) => Some(global.limit.clone()),
+    }
+}
+
+/// A request to play: when it arrives, at which Envoy.
+pub struct Arrival<F> {
+    pub at_us: u64,
+    pub envoy: usize,
+    pub request: F,
+}
+
+/// What became of one request.
+pub struct Decided {
+    /// Its index in the arrivals played.
+    pub index: usize,
+    pub envoy: usize,
+    pub arrived_us: u64,
+    pub eval: Evaluation,
+}
+
+/// Envoys sharing one model bridge, with a call latency.
+pub struct Simulation {
+    pub envoys: Vec<SimEnvoy>,
+    pub bridge: ModelBridge,
+    /// From a call leaving to Redis deciding, and again from there to the reply landing.
+    pub half_latency_us: u64,
+}
+
+enum Event {
+    Arrive(usize),
+    Decide(usize),
+    Land(usize),
+}
+
+struct Call {
+    index: usize,
+    envoy: usize,
+    arrived_us: u64,
+    sent_at_us: u64,
+    eval: Evaluation,
+    reply: Option<Result<v2::Reply, String>>,
+}
+
+impl Simulation {
+    /// `n` Envoys running `config_json`, each with its own seed.
+    pub fn new(config_json: &str, n: usize, half_latency_us: u64) -> Result<Simulation, String> {
+        let envoys = (0..n)
+            .map(|i| {
+                let mut seed = [0u8; 16];
+                for (b, s) in seed.iter_mut().zip((i as u64 + 1).to_le_bytes()) {
+                    *b = s;
+                }
+                SimEnvoy::new(config_json, Seed(seed))
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Simulation {
+            envoys,
+            bridge: ModelBridge::default(),
+            half_latency_us,
+        })
+    }
+
+    /// Plays `arrivals` (any order) to the end: every request decided, every call landed.
+    /// Returns each request's evaluation, in the order they finished.
+    pub fn play<F: FactSource + Clone>(&mut self, arrivals: &[Arrival<F>]) -> Vec<Decided> {
+        let mut queue: BinaryHeap<Reverse<(u64, u64, usize)>> = BinaryHeap::new();
+        let mut events: Vec<Event> = Vec::new();
+        let mut calls: Vec<Option<Call>> = Vec::new();
+        let push = |queue: &mut BinaryHeap<_>, events: &mut Vec<Event>, at: u64, e: Event| {
+            let seq = events.len() as u64;
+            queue.push(Reverse((at, seq, events.len())));
+            events.push(e);
+        };
+        for (i, a) in arrivals.iter().enumerate() {
+            push(&mut queue, &mut events, a.at_us, Event::Arrive(i));
+        }
+        let mut decided = Vec::with_capacity(arrivals.len());
+        while let Some(Reverse((now_us, _, at))) = queue.pop() {
+            let Some(event) = events.get(at) else {
+                continue;
+            };
+            match *event {
+                Event::Arrive(index) => {
+                    let Some(arrival) = arrivals.get(index) else {
+                        continue;
+                    };
+                    let Some(envoy) = self.envoys.get(arrival.envoy) else {
+                        continue;
+                    };
+                    let eval = envoy.evaluate(arrival.request.clone(), now_us);
+                    if eval.pending.is_empty() {
+                        decided.push(Decided {
+                            index,
+                            envoy: arrival.envoy,
+                            arrived_us: now_us,
+                            eval,
+                        });
+                    } else {
+                        let call = calls.len();
+                        calls.push(Some(Call {
+                            index,
+                            envoy: arrival.envoy,
+                            arrived_us: now_us,
+                            sent_at_us: now_us,
+                            eval,
+                            reply: None,
+                        }));
+                        let at = now_us + self.half_latency_us;
+                        push(&mut queue, &mut events, at, Event::Decide(call));
+                    }
+                }
+                Event::Decide(call) => {
+                    let Some(Some(c)) = calls.get_mut(call) else {
+                        continue;
+                    };
+                    let Some(envoy) = self.envoys.get(c.envoy) else {
+                        continue;
+                    };
+                    let body = envoy.bridge_request(&c.eval);
+                    c.reply = Some(self.bridge.acquire(&body, now_us));
+                    let at = now_us + self.half_latency_us;
+                    push(&mut queue, &mut events, at, Event::Land(call));
+                }
+                Event::Land(call) => {
+                    let Some(mut c) = calls.get_mut(call).and_then(Option::take) else {
+                        continue;
+                    };
+                    let Some(envoy) = self.envoys.get(c.envoy) else {
+                        continue;
+                    };
+                    match c.reply.take() {
+                        Some(Ok(reply)) => {
+                            envoy.complete_with(&mut c.eval, c.sent_at_us, now_us, reply)
+                        }
+                        Some(Err(message)) => envoy.complete(
+                            &mut c.eval,
+                            c.sent_at_us,
+                            now_us,
+                            Ok((400, message.as_bytes())),
+                        ),
+                        None => {}
+                    }
+                    decided.push(Decided {
+                        index: c.index,
+                        envoy: c.envoy,
+                        arrived_us: c.arrived_us,
+                        eval: c.eval,
+                    });
+                }
+            }
+        }
+        decided
+    }
+}
