@@ -23,6 +23,7 @@
 //! Everything is blocking std code (no async runtime): tests are sequences of real requests.
 
 pub mod bridge;
+pub mod decisions;
 pub mod envoy;
 pub mod http;
 pub mod istio;
