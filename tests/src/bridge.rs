@@ -111,11 +111,35 @@ pub fn prometheus_sum(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
 /// The Envoy cluster `weir_bridge` pointing at `port` on 127.0.0.1 (HTTP/1.1), as a
 /// list item for [`crate::Bootstrap::cluster`].
 pub fn bridge_cluster_yaml(port: u16) -> String {
+    bridge_cluster_yaml_with(port, BridgeProtocol::Http1)
+}
+
+/// How Envoy talks to weir-bridge.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BridgeProtocol {
+    Http1,
+    /// HTTP/2 over plain TCP (prior knowledge): one connection per worker, calls multiplexed.
+    Http2,
+}
+
+/// The `weir_bridge` cluster, speaking `protocol`.
+pub fn bridge_cluster_yaml_with(port: u16, protocol: BridgeProtocol) -> String {
+    let options = match protocol {
+        BridgeProtocol::Http1 => "",
+        BridgeProtocol::Http2 => {
+            "  typed_extension_protocol_options:
+    envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+      \"@type\": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+      explicit_http_config:
+        http2_protocol_options: {}
+"
+        }
+    };
     format!(
         "- name: weir_bridge
   type: STATIC
   connect_timeout: 0.25s
-  load_assignment:
+{options}  load_assignment:
     cluster_name: weir_bridge
     endpoints:
     - lb_endpoints:

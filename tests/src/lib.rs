@@ -34,7 +34,10 @@ pub mod prereq;
 pub mod process;
 pub mod redis;
 
-pub use bridge::{bridge_bin, bridge_cluster_yaml, prometheus_sum, Bridge};
+pub use bridge::{
+    bridge_bin, bridge_cluster_yaml, bridge_cluster_yaml_with, prometheus_sum, Bridge,
+    BridgeProtocol,
+};
 pub use envoy::{parse_stats, wasm_filter_yaml, Bootstrap, Envoy, WEIR_STATS_LAG};
 pub use http::{get, send, Client, Request, Response};
 pub use load::{run_clients, LoadReport, Outcome};
