@@ -872,6 +872,11 @@ fn ask_for(global: &GlobalRule, slot: &LeaseSlot, cost: u64, demand_per_s: u64) 
     let Some(lease) = global.lease else {
         return (cost, 0);
     };
+    if slot.held.count > 0 {
+        // Units held (too few for this request, or a reservation it cannot use): ask
+        // for this request alone, so a grant never replaces units Redis has counted.
+        return (cost, 0);
+    }
     let over = |span_us: u64| {
         let units = u128::from(demand_per_s) * u128::from(span_us);
         u64::try_from(units.div_ceil(1_000_000)).unwrap_or(u64::MAX)

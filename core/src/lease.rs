@@ -95,6 +95,13 @@ impl Held {
             .saturating_add(i.saturating_mul(self.spacing_ns))
     }
 
+    /// Whether `cost` units can ever be spent together: reserved units come due one
+    /// spacing apart, and the first must not expire before the last is due.
+    fn can_serve(&self, cost: u64) -> bool {
+        let spread_ns = u128::from(cost.saturating_sub(1)) * u128::from(self.spacing_ns);
+        spread_ns <= u128::from(self.window_us) * u128::from(NS_PER_US)
+    }
+
     /// When the last unit held stops being spendable, µs (0: none held).
     pub fn expires_us(&self) -> u64 {
         if self.count == 0 {
@@ -250,7 +257,7 @@ impl LeaseSlot {
         self.demand = self.demand.saturating_add(cost).min(LOW_32);
         self.held.drop_expired(now_us);
         let now_ns = now_us.saturating_mul(NS_PER_US);
-        if cost > 0 && self.held.count >= cost {
+        if cost > 0 && self.held.count >= cost && self.held.can_serve(cost) {
             let last_due = self.held.due_ns(cost - 1);
             // A lease is due on arrival; reserved units when their time comes.
             if last_due <= now_ns || self.held.spacing_ns == 0 {

@@ -213,7 +213,9 @@ mod tests {
         let limit = configured_limit(config, "api");
         let line =
             |key: &str, at: u64| parse_line(&format!("200 api:allowed:slot:1:{at} {key}")).unwrap();
-        let t = 1_800_000_000_000_000u64 - 1_800_000_000_000_000 % 60_000_000;
+        // A minute boundary (1.8e15 µs is a whole number of minutes).
+        let t = 1_800_000_000_000_000u64;
+        assert_eq!(t % 60_000_000, 0);
         let a = vec![line("a", t + 1), line("a", t + 2), line("b", t + 3)];
         let b = vec![line("a", t + 4)];
         assert_eq!(check(&[&a], "api", &limit).unwrap().admitted, 3);

@@ -1,0 +1,302 @@
+//! Several Envoys sharing one global key, in simulated time: each runs the engine on its
+//! own shared data, calls a model of the bridge (the core's own grant references) with a
+//! latency, and every admission of every Envoy is judged by `conformance::check`.
+//!
+//! This is where a lease that outlives its algorithm's tolerance, a reservation spent
+//! late, or a sliding-log unit logged at the wrong instant shows up as a violation —
+//! for every algorithm, at 5× and 20× the limit, after an idle period, and with mixed
+//! costs. The same runs also bound under-admission and bridge calls per request, so a
+//! limiter that is conformant by refusing everything fails too.
+#![cfg(not(target_arch = "wasm32"))]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+mod support;
+
+use std::collections::BTreeMap;
+
+use support::{user, FakeRequest, T0};
+use weir_core::conformance::{self, Admission};
+use weir_core::engine::RuleOutcome;
+use weir_core::simulation::{admissions, configured_limit, Arrival, Decided, Simulation};
+
+/// A bridge call: 250 µs out, 250 µs back.
+const HALF_LATENCY_US: u64 = 250;
+
+fn config(limit: &str, lease: &str) -> String {
+    format!(
+        r#"{{"bridge":{{"cluster":"weir_bridge"}},"rules":[{{"name":"api","scope":"global",
+            "key":[{{"header":"x-user"}}],"cost":{{"header":"x-cost"}},
+            "limit":{limit},
+            "global":{{"lease":{lease},"failure_mode":"deny","expected_instances":2}}}}]}}"#
+    )
+}
+
+/// The algorithms, each with a lease, at about 100 units/s.
+fn every_algorithm() -> Vec<(&'static str, String)> {
+    vec![
+        (
+            "gcra",
+            config(
+                r#"{"algorithm":"gcra","rate":100,"period":"1s","burst":19}"#,
+                r#"{"max":20,"ttl":"50ms","horizon":"100ms"}"#,
+            ),
+        ),
+        (
+            "token_bucket",
+            config(
+                r#"{"algorithm":"token_bucket","capacity":20,"refill":5,"period":"50ms"}"#,
+                r#"{"max":20,"ttl":"50ms"}"#,
+            ),
+        ),
+        (
+            "fixed_window",
+            config(
+                r#"{"algorithm":"fixed_window","limit":100,"window":"1s"}"#,
+                r#"{"max":20,"ttl":"200ms"}"#,
+            ),
+        ),
+        (
+            "sliding_window",
+            config(
+                r#"{"algorithm":"sliding_window","limit":100,"window":"1s"}"#,
+                r#"{"max":20,"ttl":"200ms"}"#,
+            ),
+        ),
+        (
+            "sliding_log",
+            config(
+                r#"{"algorithm":"sliding_log","limit":100,"window":"1s"}"#,
+                r#"{"max":20,"ttl":"100ms"}"#,
+            ),
+        ),
+    ]
+}
+
+/// A small deterministic generator (xorshift), so runs repeat exactly.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+/// `per_s` requests per second for `secs`, from `t0`, spread over `envoys` at random
+/// instants (uniform: about Poisson), all for one key.
+fn steady(
+    t0: u64,
+    per_s: u64,
+    secs: u64,
+    envoys: usize,
+    rng: &mut Rng,
+) -> Vec<Arrival<FakeRequest>> {
+    let n = per_s * secs;
+    (0..n)
+        .map(|_| Arrival {
+            at_us: t0 + rng.below(secs * 1_000_000),
+            envoy: rng.below(envoys as u64) as usize,
+            request: user("k"),
+        })
+        .collect()
+}
+
+/// What one run admitted and what it cost.
+struct Run {
+    decided: Vec<Decided>,
+    bridge_calls: u64,
+}
+
+impl Run {
+    fn admissions(&self) -> Vec<Admission> {
+        let mut all: Vec<Admission> = self
+            .decided
+            .iter()
+            .flat_map(|d| admissions(&d.eval))
+            .map(|(_, a)| a)
+            .collect();
+        all.sort_by_key(|a| a.at_us);
+        all
+    }
+
+    fn admitted(&self) -> u64 {
+        self.admissions().iter().map(|a| a.cost).sum()
+    }
+
+    fn requests(&self) -> usize {
+        self.decided.len()
+    }
+}
+
+fn play(config: &str, envoys: usize, arrivals: &[Arrival<FakeRequest>]) -> (Simulation, Run) {
+    let mut sim = Simulation::new(config, envoys, HALF_LATENCY_US).unwrap();
+    let decided = sim.play(arrivals);
+    let bridge_calls = sim.bridge.calls;
+    (
+        sim,
+        Run {
+            decided,
+            bridge_calls,
+        },
+    )
+}
+
+/// Checks every admission of the run against the configured limit; the message names the
+/// algorithm and the violation.
+fn assert_conformant(name: &str, sim: &Simulation, run: &Run) {
+    let limit = configured_limit(&sim.envoys[0].engine, weir_core::rules::RuleId(0)).unwrap();
+    if let Err(v) = conformance::check(&limit, &run.admissions()) {
+        panic!("{name}: {v:?}");
+    }
+}
+
+/// Units a limiter of ~100/s with a burst of ~20 can admit in `secs` of saturation:
+/// the rate times the time (the burst is slack for the lower bound).
+fn floor_at_saturation(secs: u64) -> u64 {
+    100 * secs
+}
+
+#[test]
+fn every_algorithm_keeps_its_bound_at_5x_and_20x_from_four_envoys() {
+    for (name, config) in every_algorithm() {
+        for multiple in [5, 20] {
+            let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ multiple);
+            let secs = 4;
+            let arrivals = steady(T0, 100 * multiple, secs, 4, &mut rng);
+            let (sim, run) = play(&config, 4, &arrivals);
+            assert_conformant(&format!("{name} at {multiple}x"), &sim, &run);
+            let admitted = run.admitted();
+            let calls_per_request = run.bridge_calls as f64 / run.requests() as f64;
+            eprintln!(
+                "{name} {multiple}x: admitted {admitted} of {} requests, {} bridge calls ({calls_per_request:.4}/request)",
+                run.requests(),
+                run.bridge_calls
+            );
+            // Under-admission: at least 90 % of what the rate allows over the run.
+            let floor = floor_at_saturation(secs) * 9 / 10;
+            assert!(
+                admitted >= floor,
+                "{name} at {multiple}x admitted {admitted}, less than {floor}"
+            );
+        }
+    }
+}
+
+#[test]
+fn bursts_after_an_idle_period_keep_the_bound() {
+    for (name, config) in every_algorithm() {
+        let mut rng = Rng(0x1234_5678);
+        // Warm: every Envoy holds units.
+        let mut arrivals = steady(T0, 300, 1, 4, &mut rng);
+        // Idle for longer than any tolerance here (burst / rate = 0.2 s) but shorter
+        // than a lease could have lived before (leases are bounded now, not by a ttl of
+        // seconds): then every Envoy bursts at once.
+        let burst_at = T0 + 1_400_000;
+        for envoy in 0..4 {
+            for i in 0..60u64 {
+                arrivals.push(Arrival {
+                    at_us: burst_at + i * 10,
+                    envoy,
+                    request: user("k"),
+                });
+            }
+        }
+        let (sim, run) = play(&config, 4, &arrivals);
+        assert_conformant(&format!("{name} idle then burst"), &sim, &run);
+        let in_burst: u64 = run
+            .admissions()
+            .iter()
+            .filter(|a| a.at_us >= burst_at)
+            .map(|a| a.cost)
+            .sum();
+        eprintln!("{name}: {in_burst} admitted in the burst");
+        assert!(
+            in_burst >= 10,
+            "{name}: only {in_burst} admitted in the burst"
+        );
+    }
+}
+
+#[test]
+fn alternating_envoys_and_mixed_costs_keep_the_bound() {
+    for (name, config) in every_algorithm() {
+        let mut rng = Rng(0xDEAD_BEEF);
+        let costs: Vec<u64> = (0..4_000)
+            .map(|_| if rng.below(5) == 0 { 10 } else { 1 })
+            .collect();
+        let arrivals: Vec<Arrival<FakeRequest>> = costs
+            .iter()
+            .enumerate()
+            .map(|(i, cost)| Arrival {
+                at_us: T0 + i as u64 * 1_000,
+                envoy: i % 2,
+                request: user("k").header("x-cost", cost.to_string()),
+            })
+            .collect();
+        let (sim, run) = play(&config, 2, &arrivals);
+        assert_conformant(&format!("{name} alternating, costs 1 and 10"), &sim, &run);
+        // Cost-1 requests are not held back by a denied cost-10: some pass while
+        // cost-10 requests are being denied.
+        let mut outcome_by_index = BTreeMap::new();
+        for d in &run.decided {
+            outcome_by_index.insert(d.index, d.eval.reports[0].outcome);
+        }
+        let ones_allowed = costs
+            .iter()
+            .enumerate()
+            .filter(|(i, cost)| {
+                **cost == 1 && outcome_by_index.get(i) == Some(&RuleOutcome::Allowed)
+            })
+            .count();
+        let admitted = run.admitted();
+        eprintln!("{name}: {admitted} units admitted, {ones_allowed} cost-1 requests");
+        let floor = floor_at_saturation(4) * 9 / 10;
+        assert!(admitted >= floor, "{name}: admitted {admitted} < {floor}");
+        // A denial cached per key (not per cost) would hold every cost-1 request back
+        // for a cost-10's retry time, each time one is denied: a fifth of the requests.
+        assert!(
+            ones_allowed >= 100,
+            "{name}: {ones_allowed} cost-1 requests allowed"
+        );
+    }
+}
+
+#[test]
+fn zz_trace() {
+    let (_, config) = every_algorithm().into_iter().next().unwrap();
+    let mut rng = Rng(0xDEAD_BEEF);
+    let costs: Vec<u64> = (0..600)
+        .map(|_| if rng.below(5) == 0 { 10 } else { 1 })
+        .collect();
+    let arrivals: Vec<Arrival<FakeRequest>> = costs
+        .iter()
+        .enumerate()
+        .map(|(i, cost)| Arrival {
+            at_us: T0 + i as u64 * 1_000,
+            envoy: i % 2,
+            request: user("k").header("x-cost", cost.to_string()),
+        })
+        .collect();
+    let (_sim, run) = play(&config, 2, &arrivals);
+    let mut d: Vec<_> = run.decided.iter().collect();
+    d.sort_by_key(|d| d.arrived_us);
+    for x in d.iter().skip(100).take(200) {
+        let r = &x.eval.reports[0];
+        eprintln!(
+            "{} e{} c{} {:?} {:?} at {}",
+            (x.arrived_us - T0) / 1000,
+            x.envoy,
+            costs[x.index],
+            r.outcome,
+            r.source,
+            r.decided_at_us.saturating_sub(T0) / 1000
+        );
+    }
+}
