@@ -32,13 +32,23 @@ pub struct ModelBridge {
     pub calls: u64,
     /// Items decided (one Redis script each on the real bridge).
     pub items: u64,
+    /// Spans of Redis time `[from, to)` in µs when the bridge answers 503 (Redis down).
+    pub outages: Vec<(u64, u64)>,
 }
 
 impl ModelBridge {
-    /// The reply to a request body, decided at `now_us` (Redis's clock), or the bridge's
-    /// 400 message.
-    pub fn acquire(&mut self, body: &[u8], now_us: u64) -> Result<v2::Reply, String> {
-        let (request, limits) = v2::Request::parse(body).map_err(|e| e.to_string())?;
+    /// The reply to a request body, decided at `now_us` (Redis's clock), or the status
+    /// and body the bridge would answer instead (400: a request it refuses; 503: Redis
+    /// down, during one of `outages`).
+    pub fn acquire(&mut self, body: &[u8], now_us: u64) -> Result<v2::Reply, (u16, String)> {
+        if self
+            .outages
+            .iter()
+            .any(|&(from, to)| (from..to).contains(&now_us))
+        {
+            return Err((503, r#"{"error":"redis unavailable"}"#.to_string()));
+        }
+        let (request, limits) = v2::Request::parse(body).map_err(|e| (400, e.to_string()))?;
         self.calls += 1;
         let mut items = Vec::with_capacity(request.items.len());
         for (item, limit) in request.items.iter().zip(&limits) {
@@ -207,7 +217,7 @@ struct Call {
     arrived_us: u64,
     sent_at_us: u64,
     eval: Evaluation,
-    reply: Option<Result<v2::Reply, String>>,
+    reply: Option<Result<v2::Reply, (u16, String)>>,
 }
 
 impl Simulation {
@@ -301,11 +311,11 @@ impl Simulation {
                         Some(Ok(reply)) => {
                             envoy.complete_with(&mut c.eval, c.sent_at_us, now_us, reply)
                         }
-                        Some(Err(message)) => envoy.complete(
+                        Some(Err((status, body))) => envoy.complete(
                             &mut c.eval,
                             c.sent_at_us,
                             now_us,
-                            Ok((400, message.as_bytes())),
+                            Ok((status, body.as_bytes())),
                         ),
                         None => {}
                     }

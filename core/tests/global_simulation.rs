@@ -300,3 +300,122 @@ fn zz_trace() {
         );
     }
 }
+
+/// Each algorithm's limit JSON with two more bursts (capacity, limit per window): the
+/// bound docs/global.md states for `failure_mode: local` around an outage — the
+/// fallbacks' starting shares, and Redis's own burst when it comes back, which has not
+/// counted what the fallbacks admitted.
+fn with_two_more_bursts(name: &str) -> &'static str {
+    match name {
+        "gcra" => r#"{"algorithm":"gcra","rate":100,"period":"1s","burst":59}"#,
+        "token_bucket" => {
+            r#"{"algorithm":"token_bucket","capacity":60,"refill":5,"period":"50ms"}"#
+        }
+        "fixed_window" => r#"{"algorithm":"fixed_window","limit":300,"window":"1s"}"#,
+        "sliding_window" => r#"{"algorithm":"sliding_window","limit":300,"window":"1s"}"#,
+        "sliding_log" => r#"{"algorithm":"sliding_log","limit":300,"window":"1s"}"#,
+        other => panic!("no loosened limit for {other}"),
+    }
+}
+
+/// The configured limit of `config` with its limit JSON replaced by `limit_json`.
+fn with_one_more_burst(name: &str) -> &'static str {
+    match name {
+        "gcra" => r#"{"algorithm":"gcra","rate":100,"period":"1s","burst":39}"#,
+        "token_bucket" => {
+            r#"{"algorithm":"token_bucket","capacity":40,"refill":5,"period":"50ms"}"#
+        }
+        "fixed_window" => r#"{"algorithm":"fixed_window","limit":200,"window":"1s"}"#,
+        "sliding_window" => r#"{"algorithm":"sliding_window","limit":200,"window":"1s"}"#,
+        "sliding_log" => r#"{"algorithm":"sliding_log","limit":200,"window":"1s"}"#,
+        other => panic!("no loosened limit for {other}"),
+    }
+}
+
+fn limit_replaced(config: &str, limit_json: &str) -> weir_core::algorithms::GlobalLimit {
+    let start = config.find(r#""limit":{"#).unwrap() + r#""limit":"#.len();
+    let len = config[start..].find('}').unwrap() + 1;
+    let replaced = format!(
+        "{}{}{}",
+        &config[..start],
+        limit_json,
+        &config[start + len..]
+    );
+    let sim = Simulation::new(&replaced, 1, 0).unwrap();
+    configured_limit(&sim.envoys[0].engine, weir_core::rules::RuleId(0)).unwrap()
+}
+
+#[test]
+fn while_redis_is_down_each_failure_mode_keeps_its_bound() {
+    for (name, config) in every_algorithm() {
+        for mode in ["allow", "deny", "local"] {
+            let config = config
+                .replace(
+                    r#""failure_mode":"deny""#,
+                    &format!(r#""failure_mode":"{mode}""#),
+                )
+                .replace(r#""expected_instances":2"#, r#""expected_instances":4"#);
+            let mut rng = Rng(0xFA11 ^ name.len() as u64);
+            let arrivals = steady(T0, 500, 4, 4, &mut rng);
+            let mut sim = Simulation::new(&config, 4, HALF_LATENCY_US).unwrap();
+            sim.bridge.outages.push((T0 + 1_000_000, T0 + 2_500_000));
+            let decided = sim.play(&arrivals);
+            let run = Run {
+                decided,
+                bridge_calls: sim.bridge.calls,
+            };
+            let what = format!("{name}, failure_mode {mode}, Redis down 1.5 s");
+            let mut counted: Vec<Admission> = Vec::new();
+            let mut fallback: Vec<Admission> = Vec::new();
+            for d in &run.decided {
+                let r = &d.eval.reports[0];
+                let admission = Admission {
+                    at_us: r.decided_at_us,
+                    cost: r.cost,
+                };
+                match r.outcome {
+                    RuleOutcome::Allowed => counted.push(admission),
+                    RuleOutcome::BridgeFailed(weir_core::engine::FailureOutcome::Local {
+                        allowed: true,
+                    }) => fallback.push(admission),
+                    _ => {}
+                }
+            }
+            counted.sort_by_key(|a| a.at_us);
+            // What the limiter admitted (Redis, leases, reservations) keeps the bound in
+            // every mode.
+            let limit =
+                configured_limit(&sim.envoys[0].engine, weir_core::rules::RuleId(0)).unwrap();
+            if let Err(v) = conformance::check(&limit, &counted) {
+                panic!("{what}: {v:?}");
+            }
+            // With the local fallback, everything admitted together keeps the bound
+            // plus two bursts.
+            let mut all = counted.clone();
+            all.extend(fallback.iter().copied());
+            all.sort_by_key(|a| a.at_us);
+            let loose = limit_replaced(&config, with_two_more_bursts(name));
+            if let Err(v) = conformance::check(&loose, &all) {
+                panic!("{what}: the bound plus two bursts: {v:?}");
+            }
+            let one_more =
+                conformance::check(&limit_replaced(&config, with_one_more_burst(name)), &all);
+            eprintln!(
+                "{what}: within the bound plus one burst: {}",
+                one_more.is_ok()
+            );
+            let units = |a: &[Admission]| a.iter().map(|a| a.cost).sum::<u64>();
+            eprintln!(
+                "{what}: {} counted, {} by the fallback",
+                units(&counted),
+                units(&fallback)
+            );
+            if mode == "local" {
+                assert!(
+                    units(&fallback) > 0,
+                    "{what}: the fallback admitted nothing"
+                );
+            }
+        }
+    }
+}
