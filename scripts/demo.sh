@@ -89,6 +89,8 @@ echo; echo
 echo "At most 10 pass across both Envoys (leases may leave a unit or two unspent). After a"
 echo "denial each Envoy answers from its denial cache until the retry time, without Redis:"
 show curl -si -H 'x-tenant: acme' 127.0.0.1:10001/tenant/reports
+# weir sends its counters every 100 ms: let the last ones land.
+sleep 0.3
 echo "weir's stats on Envoy A and the bridge's:"
 echo "\$ curl -s 127.0.0.1:9901/stats | grep -E 'weir\.[^.]+\.rule\.per-(user|tenant)\.(allowed|limited|lease_hits|denial_cache_hits|bridge_decisions)'"
 curl -s 127.0.0.1:9901/stats | grep -E 'weir\.[^.]+\.rule\.per-(user|tenant)\.(allowed|limited|lease_hits|denial_cache_hits|bridge_decisions)'
