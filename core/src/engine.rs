@@ -23,7 +23,7 @@
 //! of this plugin are skipped for [`BRIDGE_BACKOFF_US`] so that a failing bridge does not
 //! cost every request a failed call.
 
-use crate::algorithms::{Decision, Limit, SlotState};
+use crate::algorithms::{Decision, GlobalLimit, Limit, SlotState};
 use crate::config::Config;
 use crate::key::{encode_part, KeyHash, KeyHasher, Seed};
 use crate::lease::{Held, LeaseSlot, Settled, SettledOutcome, Spend};
@@ -545,7 +545,7 @@ impl Engine {
         let Scope::Global(global) = &rule.scope else {
             return;
         };
-        let settled = settled_from(item, result, sent_at_us, now_us);
+        let settled = settled_from(item, result, sent_at_us, now_us, global);
         let stored = leases.update(
             store,
             &item.hash,
@@ -887,12 +887,17 @@ fn ask_for(global: &GlobalRule, slot: &LeaseSlot, cost: u64, demand_per_s: u64) 
         want = want.min(share);
     }
     let want = want.clamp(cost, lease.max.max(cost));
-    let reserve = if lease.horizon_us > 0 {
+    let reserve = if has_schedule(global) && lease.horizon_us > 0 {
         over(lease.horizon_us).clamp(cost, lease.max.max(cost))
     } else {
         0
     };
     (want, reserve)
+}
+
+/// Whether the rule's Redis limit has a schedule whose slots can be reserved (GCRA).
+fn has_schedule(global: &GlobalRule) -> bool {
+    matches!(global.redis_limit, GlobalLimit::Slot(Limit::Gcra(_)))
 }
 
 /// A global rule queued for the bridge, with its descriptor (built only now: facts are
@@ -921,7 +926,27 @@ fn pending_item<F: FactSource>(
 /// What a result leaves in the key's slot: the units granted beyond the request's own
 /// (a lease's leftover, or a whole reservation), or a cached denial for requests of at
 /// least this cost, until the result's retry time counted from when the call left.
-fn settled_from(item: &PendingItem, result: &Granted, sent_at_us: u64, now_us: u64) -> Settled {
+///
+/// A saturated token bucket or sliding-window counter frees a unit or two at a time and
+/// every Envoy would ask for each: such a key is asked about at most once per horizon —
+/// a cached denial lasts at least that long, and so does one after a grant that left
+/// Redis with nothing. What frees up meanwhile is not lost: it waits in Redis (tokens up
+/// to the capacity, a window's unspent share) for whoever asks next. GCRA reserves its
+/// schedule instead; a fixed window's retry time is its end anyway; a sliding log's unit
+/// claimed late would leave the log late too, so it is asked for when due.
+fn settled_from(
+    item: &PendingItem,
+    result: &Granted,
+    sent_at_us: u64,
+    now_us: u64,
+    global: &GlobalRule,
+) -> Settled {
+    let floor_us = match (&global.redis_limit, global.lease) {
+        (GlobalLimit::Slot(Limit::TokenBucket(_) | Limit::SlidingWindow(_)), Some(lease)) => {
+            lease.horizon_us
+        }
+        _ => 0,
+    };
     let extra = if result.allowed {
         result.granted.saturating_sub(item.cost)
     } else {
@@ -938,16 +963,22 @@ fn settled_from(item: &PendingItem, result: &Granted, sent_at_us: u64, now_us: u
         );
         SettledOutcome::Held(held)
     } else if !result.allowed {
-        let retry_ns = result.retry_after_ns.unwrap_or(result.reset_after_ns);
+        let retry_us = result.retry_after_ns.unwrap_or(result.reset_after_ns) / 1_000;
         SettledOutcome::Denied {
-            until_us: sent_at_us.saturating_add(retry_ns / 1_000),
+            until_us: sent_at_us.saturating_add(retry_us.max(floor_us)),
             cost: item.cost,
         }
     } else {
         SettledOutcome::Nothing
     };
+    let exhausted_until_us = if result.allowed && result.remaining == 0 && floor_us > 0 {
+        sent_at_us.saturating_add(floor_us)
+    } else {
+        0
+    };
     Settled {
         outcome,
+        exhausted_until_us,
         remaining: result.remaining,
         reset_after_ns: result.reset_after_ns,
     }

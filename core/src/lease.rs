@@ -308,6 +308,10 @@ impl LeaseSlot {
             }
             SettledOutcome::Nothing => {}
         }
+        if reply.exhausted_until_us > self.denied_until_us {
+            self.denied_until_us = reply.exhausted_until_us;
+            self.denied_cost = 1;
+        }
         self.remote_remaining = reply.remaining.min(LOW_32);
         self.remote_reset_ms = reply.reset_after_ns.div_ceil(1_000_000).min(LOW_32);
         self.remote_at_us = now_us;
@@ -332,6 +336,9 @@ impl LeaseSlot {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Settled {
     pub outcome: SettledOutcome,
+    /// Requests its held units cannot serve are denied until then (0: none): a key that
+    /// Redis said is exhausted is not asked about again sooner.
+    pub exhausted_until_us: u64,
     pub remaining: u64,
     pub reset_after_ns: u64,
 }
@@ -484,6 +491,7 @@ mod tests {
                     until_us: NOW + 5 * MS,
                     cost: 10,
                 },
+                exhausted_until_us: 0,
                 remaining: 3,
                 reset_after_ns: 1,
             },

@@ -158,8 +158,9 @@ pub struct Lease {
     /// Longest a unit may wait to be spent after it is due (µs): a unit is dropped, not
     /// carried, past it.
     pub hold_us: u64,
-    /// How far ahead a saturated key's schedule may be reserved (µs); 0: no reservations
-    /// (algorithms other than GCRA have no schedule to reserve).
+    /// At saturation, the span (µs) one call covers: a GCRA key reserves the slots of
+    /// its schedule due within it; every key, once denied, is not asked about again
+    /// sooner (its cached denial lasts at least this long).
     pub horizon_us: u64,
 }
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -256,17 +256,6 @@ fn gcra_leases_pay_for_their_hold_with_burst() {
         "limit":{"algorithm":"gcra","rate":10,"period":"1s","burst":2},
         "global":{"lease":{"max":2}}}]}"#;
     assert!(weir_core::config::parse(tiny.as_bytes()).is_err());
-    // The horizon is GCRA's alone.
-    let log = r#"{"bridge":{"cluster":"b"},"rules":[{"name":"r","scope":"global",
-        "limit":{"algorithm":"sliding_log","limit":10,"window":"1s"},
-        "global":{"lease":{"max":2,"horizon":"50ms"}}}]}"#;
-    assert_eq!(
-        weir_core::config::parse(log.as_bytes())
-            .unwrap_err()
-            .to_string(),
-        "rules[0].global.lease.horizon: \"50ms\" is for gcra rules only: reservations book \
-         slots of a GCRA schedule; sliding_log has none"
-    );
 }
 
 #[test]

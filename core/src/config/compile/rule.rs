@@ -173,17 +173,6 @@ fn lease(limit: &GlobalLimit, raw: RawLease, at: &str) -> Result<(Option<Lease>,
         GlobalLimit::Slot(Limit::Gcra(g)) => Some(g),
         _ => None,
     };
-    if let (Some(horizon), None) = (&raw.horizon, gcra) {
-        return Err(error(
-            format!("{at}.horizon"),
-            format!(
-                "{} is for gcra rules only: reservations book slots of a GCRA schedule; {} \
-                 has none",
-                quoted(&horizon.text),
-                limit.kind()
-            ),
-        ));
-    }
     if max == 1 {
         // Exact: every request asks Redis; nothing waits, nothing to pay for.
         return Ok((None, limit.clone()));
@@ -196,7 +185,7 @@ fn lease(limit: &GlobalLimit, raw: RawLease, at: &str) -> Result<(Option<Lease>,
         let lease = Lease {
             max,
             hold_us,
-            horizon_us: 0,
+            horizon_us: raw.horizon.map_or(DEFAULT_HORIZON_US, |h| h.us),
         };
         return Ok((Some(lease), limit.clone()));
     };
