@@ -70,6 +70,12 @@ impl Bridge {
         self.process.child().kill_hard();
     }
 
+    /// Sends `signal` to the bridge (e.g. `SIGSTOP`: it keeps its connections and answers
+    /// nothing; `SIGCONT` resumes it).
+    pub fn signal(&mut self, signal: libc::c_int) {
+        self.process.child().signal(signal);
+    }
+
     /// The Prometheus text of `/metrics`.
     pub fn metrics(&self) -> String {
         get(self.port, "/metrics", &[])
