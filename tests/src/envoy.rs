@@ -42,6 +42,9 @@ pub struct Bootstrap {
     /// An access log (file path, `text_format` line): one line per request, written by
     /// Envoy when the request ends.
     pub access_log: Option<(std::path::PathBuf, String)>,
+    /// A top-level `stats_config:` block (raw YAML at column 0), e.g. the tags of
+    /// [`shipped_stats_config`].
+    pub stats_config: Option<String>,
 }
 
 impl Default for Bootstrap {
@@ -60,6 +63,7 @@ impl Bootstrap {
             clusters: Vec::new(),
             max_request_headers_kb: 96,
             access_log: None,
+            stats_config: None,
         }
     }
 
@@ -90,6 +94,12 @@ impl Bootstrap {
     /// appended).
     pub fn access_log(mut self, path: &Path, format: &str) -> Bootstrap {
         self.access_log = Some((path.to_path_buf(), format.to_string()));
+        self
+    }
+
+    /// Adds a top-level `stats_config:` block (raw YAML at column 0).
+    pub fn stats_config(mut self, yaml: impl Into<String>) -> Bootstrap {
+        self.stats_config = Some(yaml.into());
         self
     }
 
@@ -126,7 +136,7 @@ impl Bootstrap {
 admin:
   address:
     socket_address: {{ address: 127.0.0.1, port_value: {admin} }}
-static_resources:
+{stats_config}static_resources:
   listeners:
   - name: ingress
     address:
@@ -153,9 +163,32 @@ static_resources:
 {clusters}"#,
             admin = self.admin_port,
             http = self.http_port,
+            stats_config = self.stats_config.as_deref().unwrap_or(""),
             kb = self.max_request_headers_kb,
         )
     }
+}
+
+/// The `stats_config:` block of the shipped `envoy/envoy.yaml` (from its line to the next
+/// top-level key), so tests run with exactly the tags users get.
+pub fn shipped_stats_config() -> String {
+    let path = crate::prereq::repo_root().join("envoy/envoy.yaml");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut block = String::new();
+    let mut inside = false;
+    for line in text.lines() {
+        if line.starts_with("stats_config:") {
+            inside = true;
+        } else if inside && !line.is_empty() && !line.starts_with([' ', '#']) {
+            break;
+        }
+        if inside {
+            block.push_str(line);
+            block.push('\n');
+        }
+    }
+    assert!(!block.is_empty(), "{} has no stats_config", path.display());
+    block
 }
 
 /// The weir filter as an HTTP filter list item, per docs ENVOY_NOTES: name/root_id/vm_id `weir`,

@@ -754,6 +754,10 @@ pub struct Extras {
     pub bridge_port: Option<u16>,
     pub listeners: Vec<Value>,
     pub clusters: Vec<Value>,
+    /// A bootstrap override (`sidecar.istio.io/bootstrapOverride`: a ConfigMap's
+    /// `custom_bootstrap.json`), merged as Envoy merges `--config-yaml` into the
+    /// bootstrap: repeated fields are appended.
+    pub bootstrap_override: Option<Value>,
 }
 
 /// The bootstrap istiod and istio-agent would give the proxy that `plugin` selects,
@@ -799,11 +803,14 @@ pub fn render(plugin: &Plugin, mesh: &Mesh, wasm: &Path, extras: Extras) -> Rend
         let port = extras.bridge_port.unwrap_or_else(free_port);
         clusters.push(static_cluster(cluster, port));
     }
-    let bootstrap = json!({
+    let mut bootstrap = json!({
         "admin": { "address": { "socket_address": { "address": "127.0.0.1", "port_value": admin_port } } },
         "stats_config": istio_stats_matcher(),
         "static_resources": { "listeners": listeners, "clusters": clusters },
     });
+    if let Some(over) = &extras.bootstrap_override {
+        merge_proto_json(&mut bootstrap, over);
+    }
     Rendered {
         label: plugin.label.clone(),
         yaml: format!(
@@ -815,6 +822,41 @@ pub fn render(plugin: &Plugin, mesh: &Mesh, wasm: &Path, extras: Extras) -> Rend
         admin_port,
         http_port,
     }
+}
+
+/// Merges `from` into `into` the way protobuf merges messages (what Envoy does with
+/// `--config-yaml`): objects field by field, arrays appended, anything else replaced.
+fn merge_proto_json(into: &mut Value, from: &Value) {
+    match (into, from) {
+        (Value::Object(into), Value::Object(from)) => {
+            for (key, value) in from {
+                match into.get_mut(key) {
+                    Some(existing) => merge_proto_json(existing, value),
+                    None => {
+                        into.insert(key.clone(), value.clone());
+                    }
+                }
+            }
+        }
+        (Value::Array(into), Value::Array(from)) => into.extend(from.iter().cloned()),
+        (into, from) => *into = from.clone(),
+    }
+}
+
+/// The shipped `weir-stats-tags` ConfigMap's `custom_bootstrap.json` (envoy/istio/stats-tags.yaml),
+/// what istio-agent passes to Envoy for a pod annotated with
+/// `sidecar.istio.io/bootstrapOverride: weir-stats-tags`.
+pub fn stats_tags_override(mesh: &Mesh) -> Value {
+    let config_map = mesh
+        .resources
+        .iter()
+        .find(|r| r.kind() == "ConfigMap" && r.name() == "weir-stats-tags")
+        .unwrap_or_else(|| panic!("no ConfigMap weir-stats-tags in envoy/istio/"));
+    let text = config_map.value["data"]["custom_bootstrap.json"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{}: no data.custom_bootstrap.json", config_map.source));
+    serde_json::from_str(text)
+        .unwrap_or_else(|e| panic!("{}: custom_bootstrap.json: {e}", config_map.source))
 }
 
 /// Every plugin of `resources`: the filter's checker, the Istio conventions, then a

@@ -32,13 +32,16 @@ pub mod load;
 pub mod ports;
 pub mod prereq;
 pub mod process;
+pub mod prometheus;
 pub mod redis;
 
 pub use bridge::{
     bridge_bin, bridge_cluster_yaml, bridge_cluster_yaml_with, prometheus_sum, Bridge,
     BridgeProtocol,
 };
-pub use envoy::{parse_stats, wasm_filter_yaml, Bootstrap, Envoy, WEIR_STATS_LAG};
+pub use envoy::{
+    parse_stats, shipped_stats_config, wasm_filter_yaml, Bootstrap, Envoy, WEIR_STATS_LAG,
+};
 pub use http::{get, send, Client, Request, Response};
 pub use load::{run_clients, LoadReport, Outcome};
 pub use ports::{free_port, free_ports};

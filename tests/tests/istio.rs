@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use weir_e2e::istio::{
     check_and_validate, check_istio_conventions, http_listener, parse_yaml_docs, plugins, render,
-    shipped, static_cluster, test_token, wasm_plugin, Context, Extras, Mesh, Phase, Plugin,
-    Resource,
+    shipped, static_cluster, stats_tags_override, test_token, wasm_plugin, Context, Extras, Mesh,
+    Phase, Plugin, Resource,
 };
 use weir_e2e::{
     free_port, prometheus_sum, send, weir_wasm, Bridge, Client, Envoy, RedisCluster, Request,
@@ -104,6 +104,22 @@ fn every_document_parses_and_is_a_known_kind() {
             "no WasmPlugin with a {scheme} url: {urls:?}"
         );
     }
+}
+
+/// The Istio stats tags are the plain Envoy ones (envoy/envoy.yaml), so dashboards work
+/// the same on both.
+#[test]
+fn the_istio_stats_tags_are_the_ones_envoy_yaml_ships() {
+    let mesh = Mesh {
+        resources: shipped(),
+    };
+    let envoy_yaml =
+        std::fs::read_to_string(weir_e2e::repo_root().join("envoy/envoy.yaml")).unwrap();
+    let envoy: Value = serde_yaml::from_str(&envoy_yaml).unwrap();
+    assert_eq!(
+        stats_tags_override(&mesh)["stats_config"],
+        envoy["stats_config"]
+    );
 }
 
 #[test]
@@ -247,12 +263,17 @@ spec:
 
 /// The gateway example serves: 51 requests from one address pass (burst 50), then 429s;
 /// X-Forwarded-For does not buy a new bucket (use_remote_address); the login rule allows
-/// 5 POSTs a minute. weir's stats survive Istio's stats inclusion list.
+/// 5 POSTs a minute. weir's stats survive Istio's stats inclusion list, and with the
+/// shipped stats tags (envoy/istio/stats-tags.yaml) carry the plugin and rule as labels.
 #[test]
 fn the_gateway_per_ip_example_limits_in_a_real_envoy() {
     let (plugin, mesh) =
         shipped_plugin("envoy/istio/envoyfilter-gateway-per-ip.yaml", "EnvoyFilter");
-    let rendered = render(&plugin, &mesh, &weir_wasm(), Extras::default());
+    let extras = Extras {
+        bootstrap_override: Some(stats_tags_override(&mesh)),
+        ..Extras::default()
+    };
+    let rendered = render(&plugin, &mesh, &weir_wasm(), extras);
     let envoy = rendered.start(2);
     let mut client = Client::connect(envoy.http_port).unwrap();
 
@@ -310,7 +331,11 @@ fn the_gateway_per_ip_example_limits_in_a_real_envoy() {
     assert_eq!(envoy.weir_stat("rule.gw-login.limited"), 1);
     let prometheus = envoy.admin("GET", "/stats/prometheus").text();
     assert!(
-        prometheus_sum(&prometheus, "weir_rule_gw_per_ip_limited", &[]) >= 2.0,
+        prometheus_sum(
+            &prometheus,
+            "weir_rule_limited",
+            &[("weir_plugin", "weir"), ("weir_rule", "gw-per-ip")]
+        ) >= 2.0,
         "weir's counters in Prometheus form:\n{}",
         prometheus
             .lines()
@@ -408,6 +433,7 @@ fn the_global_tenant_example_reaches_the_bridge_through_istio_names() {
                 bridge_port: Some(sidecar_port),
                 listeners: vec![sidecar.clone()],
                 clusters: vec![static_cluster("inbound|8081||", bridge.port)],
+                ..Extras::default()
             },
         )
         .start(1)
