@@ -72,9 +72,7 @@ pub fn parse(text: &str) -> Result<Exposition, String> {
 }
 
 fn parse_sample(line: &str) -> Result<Sample, String> {
-    let name_end = line
-        .find(|c: char| c == '{' || c == ' ')
-        .ok_or("no value")?;
+    let name_end = line.find(['{', ' ']).ok_or("no value")?;
     let name = &line[..name_end];
     if name.is_empty()
         || !name
