@@ -138,29 +138,75 @@ impl Held {
         }
     }
 
-    /// Adds an immediate lease to what is held: units due at once stay together (the later
-    /// due time and the earlier expiry of the two, so no unit leaves its own window);
-    /// a reservation is replaced.
+    /// Adds what a reply granted to what is held. Units due at once (leases) stay together:
+    /// the later due time and the earlier expiry of the two, so no unit leaves its own
+    /// window. Two reservations of one schedule that follow each other (two workers' calls
+    /// in flight at once book consecutive slots) become one, each unit at its own due time
+    /// or later and expiring no later than its own. Anything else keeps the larger of the
+    /// two: one arithmetic sequence is all a slot holds.
     fn merge(self, new: Held) -> Held {
-        if self.count == 0 || self.spacing_ns != 0 || new.spacing_ns != 0 {
-            return if new.count > 0 { new } else { self };
-        }
-        let expires_ns = |h: &Held| {
-            h.next_due_ns
-                .saturating_add(h.window_us.saturating_mul(NS_PER_US))
-        };
-        let next_due_ns = self.next_due_ns.max(new.next_due_ns);
-        let expiry_ns = expires_ns(&self).min(expires_ns(&new));
-        let window_us = expiry_ns.saturating_sub(next_due_ns) / NS_PER_US;
-        if window_us == 0 {
+        if self.count == 0 {
             return new;
         }
-        Held {
-            count: self.count.saturating_add(new.count).min(LOW_32),
+        if new.count == 0 {
+            return self;
+        }
+        let merged = match (self.spacing_ns, new.spacing_ns) {
+            (0, 0) => Held::merge_leases(self, new),
+            (a, b) if a == b => Held::merge_reservations(self, new),
+            _ => None,
+        };
+        merged.unwrap_or(if new.count >= self.count { new } else { self })
+    }
+
+    fn expiry_ns(&self) -> u64 {
+        self.next_due_ns
+            .saturating_add(self.window_us.saturating_mul(NS_PER_US))
+    }
+
+    fn merge_leases(a: Held, b: Held) -> Option<Held> {
+        let next_due_ns = a.next_due_ns.max(b.next_due_ns);
+        let expiry_ns = a.expiry_ns().min(b.expiry_ns());
+        let window_us = expiry_ns.saturating_sub(next_due_ns) / NS_PER_US;
+        (window_us > 0).then_some(Held {
+            count: a.count.saturating_add(b.count).min(LOW_32),
             next_due_ns,
             spacing_ns: 0,
             window_us,
+        })
+    }
+
+    /// `a` then `b` as one sequence of `a.count + b.count` slots `spacing` apart, starting
+    /// where neither's units come early; `None` when that leaves them less than half of
+    /// their windows (they did not follow each other).
+    fn merge_reservations(a: Held, b: Held) -> Option<Held> {
+        let (first, second) = if a.next_due_ns <= b.next_due_ns {
+            (a, b)
+        } else {
+            (b, a)
+        };
+        let spacing = u128::from(first.spacing_ns);
+        let first_span = u128::from(first.count) * spacing;
+        let start = u128::from(first.next_due_ns)
+            .max(u128::from(second.next_due_ns).saturating_sub(first_span));
+        // Each unit's new due time minus its own: the first's all move by the same
+        // amount, the second's too.
+        let first_shift = start - u128::from(first.next_due_ns);
+        let second_shift = (start + first_span).saturating_sub(u128::from(second.next_due_ns));
+        let ns = |us: u64| u128::from(us) * u128::from(NS_PER_US);
+        let window_ns = ns(first.window_us)
+            .checked_sub(first_shift)?
+            .min(ns(second.window_us).checked_sub(second_shift)?);
+        let window_us = u64::try_from(window_ns / u128::from(NS_PER_US)).ok()?;
+        if window_us == 0 || 2 * window_us < first.window_us.min(second.window_us) {
+            return None;
         }
+        Some(Held {
+            count: first.count.saturating_add(second.count).min(LOW_32),
+            next_due_ns: u64::try_from(start).ok()?,
+            spacing_ns: first.spacing_ns,
+            window_us,
+        })
     }
 }
 
@@ -537,9 +583,38 @@ mod tests {
         let a = held(2, NOW, 0, 10 * MS);
         let b = held(3, NOW + MS, 0, 20 * MS);
         assert_eq!(a.merge(b), held(5, NOW + MS, 0, 9 * MS));
-        // A reservation replaces what was held.
+        // A lease and a reservation are not one sequence: the larger stays.
         let r = held(4, NOW + MS, MS, 5 * MS);
         assert_eq!(a.merge(r), r);
+        assert_eq!(r.merge(a), r);
+    }
+
+    #[test]
+    fn reservations_that_follow_each_other_become_one() {
+        // Two workers' calls booked slots 0..50 ms and 50..100 ms (1 ms apart); the
+        // second reply was anchored 300 µs late.
+        let first = held(50, NOW, MS, 20 * MS);
+        let second = held(50, NOW + 50 * MS + 300, MS, 20 * MS);
+        let one = held(100, NOW + 300, MS, 20 * MS - 300);
+        assert_eq!(first.merge(second), one);
+        assert_eq!(second.merge(first), one);
+        // No unit comes before its own due time nor expires after its own expiry.
+        for i in 0..100u64 {
+            let own_due_us = if i < 50 {
+                NOW + i * MS
+            } else {
+                NOW + 50 * MS + 300 + (i - 50) * MS
+            };
+            let due_us = one.next_due_ns / 1_000 + i * MS;
+            assert!(due_us >= own_due_us, "unit {i} early");
+            assert!(
+                due_us + one.window_us <= own_due_us + 20 * MS,
+                "unit {i} late"
+            );
+        }
+        // Far apart, they are not one sequence: the larger stays.
+        let later = held(10, NOW + 500 * MS, MS, 20 * MS);
+        assert_eq!(first.merge(later), first);
     }
 
     #[test]
