@@ -1,17 +1,23 @@
-//! Accuracy: how close a limit holds under ~5× its rate, against the exact bound.
+//! Accuracy: how close a limit holds, and whether every admission keeps the algorithm's
+//! bound, under 5× and 20× its rate and after an idle period.
 //!
 //! wrk cannot pace, so this is a small paced load generator: `threads` threads, each with
-//! one keep-alive connection, thread `g` of `T` sending its `k`-th request at
-//! `start + (k·T + g) / rate`. A thread that falls behind (a slow answer) sends at once
-//! until it is back on schedule, and stops at the end of the run whatever it did not
-//! send, so every request falls in the run's seconds. The rate actually sent and how far
-//! behind any thread fell are reported: when the machine cannot answer the offered rate,
-//! the figures say so rather than hide it.
+//! one keep-alive connection, thread `g` of `T` sending request `k·T + g` at its instant
+//! of the run's schedule (phases of an offered rate, or of silence). A thread that falls
+//! behind (a slow answer) sends at once until it is back on schedule, and stops at the end
+//! of the run whatever it did not send, so every request falls in the run's seconds. The
+//! rate actually sent and how far behind any thread fell are reported: when the machine
+//! cannot answer the offered rate, the figures say so rather than hide it.
 //!
-//! The exact bound of a GCRA limit of `rate` per second with burst `b` over an interval
-//! of `t` seconds is `b + 1 + rate · t`: it starts full (`b + 1` at once) and admits one
-//! more every `1/rate`. `t` runs from the first request sent to the last answer received,
-//! the longest span in which the limiter can have decided.
+//! Every run is also judged by the core's conformance checker: the Envoys log each
+//! request's decisions (`response.filter_state: all`, `weir_e2e::decisions`), and the
+//! admissions of the run's key from every Envoy, at the instants they were decided, must
+//! keep the GCRA bound in every interval.
+//!
+//! Under-admission is measured against the most a conformant limiter could admit over the
+//! run when offered more than its rate all along: `b + 1 + rate · t` (it starts full, `b + 1`
+//! at once, and admits one more every `1/rate`), `t` from the first request sent to the
+//! last answer received, the longest span in which the limiter can have decided.
 
 use std::sync::Arc;
 use std::thread;
@@ -22,37 +28,68 @@ use weir_e2e::{Client, Request};
 /// The limit under test: GCRA, `RATE` per second, burst `BURST` (so `BURST + 1` at once).
 pub const RATE: u64 = 1000;
 pub const BURST: u64 = 99;
-/// Offered load, requests per second over all Envoys: 5× the limit.
+/// The 20× run's limit: a quarter of the rate (and of the burst), offered the same load.
+pub const RATE_20X: u64 = 250;
+pub const BURST_20X: u64 = 24;
+/// Offered load of the steady runs, requests per second over all Envoys: 5× [`RATE`],
+/// 20× [`RATE_20X`].
 pub const OFFERED: f64 = 5000.0;
-/// Leased mode: most units one lease asks for, and how long they stay valid.
+/// Leased mode: most units one call takes or reserves, how long a unit may wait to be
+/// spent (GCRA pays for it with burst: 20 of 99 at 1 ms per unit), and how far ahead a
+/// saturated key's schedule is reserved.
 pub const LEASE_MAX: u64 = 50;
-pub const LEASE_TTL: &str = "1s";
+pub const LEASE_TTL: &str = "20ms";
+pub const LEASE_TTL_20X: &str = "20ms";
+pub const HORIZON: &str = "100ms";
 /// Client threads (= keep-alive connections) per run: enough that answers taking
 /// 16 ms (a saturated machine) still let 5,000 requests/s out.
 pub const THREADS: usize = 80;
 
-fn limit_json() -> String {
-    format!(r#""limit": {{"algorithm": "gcra", "rate": {RATE}, "period": "1s", "burst": {BURST}}}"#)
+fn gcra(rate: u64, burst: u64) -> String {
+    format!(r#""limit": {{"algorithm": "gcra", "rate": {rate}, "period": "1s", "burst": {burst}}}"#)
 }
 
-/// The plugin config of the two global Envoys: `/exact` and `/leased` each have a rule.
+/// The plugin config of the two global Envoys: one rule per global mode, on its path.
 pub fn global_config() -> String {
-    let limit = limit_json();
+    let limit = gcra(RATE, BURST);
+    let limit_20x = gcra(RATE_20X, BURST_20X);
+    let rule = |name: &str, path: &str, limit: &str, global: &str| {
+        format!(
+            r#"{{"name": "{name}", "match": {{"path": {{"prefix": "{path}"}}}}, "key": [{{"header": "x-key"}}],
+   "scope": "global", {limit}, "global": {global}}}"#
+        )
+    };
+    let leased = |ttl: &str| {
+        format!(
+            r#"{{"lease": {{"max": {LEASE_MAX}, "ttl": "{ttl}", "horizon": "{HORIZON}"}}, "expected_instances": 2}}"#
+        )
+    };
     format!(
-        r#"{{"bridge": {{"cluster": "weir_bridge", "timeout": "250ms"}}, "rules": [
-  {{"name": "acc-exact", "match": {{"path": {{"prefix": "/exact"}}}}, "key": [{{"header": "x-key"}}],
-   "scope": "global", {limit}, "global": {{"expected_instances": 2}}}},
-  {{"name": "acc-leased", "match": {{"path": {{"prefix": "/leased"}}}}, "key": [{{"header": "x-key"}}],
-   "scope": "global", {limit},
-   "global": {{"lease": {{"max": {LEASE_MAX}, "ttl": "{LEASE_TTL}"}}, "expected_instances": 2}}}}]}}"#
+        r#"{{"bridge": {{"cluster": "weir_bridge", "timeout": "250ms"}}, "response": {{"filter_state": "all"}}, "rules": [
+  {},
+  {},
+  {}]}}"#,
+        rule(
+            "acc-exact",
+            "/exact",
+            &limit,
+            r#"{"expected_instances": 2}"#
+        ),
+        rule("acc-leased", "/leased", &limit, &leased(LEASE_TTL)),
+        rule(
+            "acc-leased-20x",
+            "/leased-20x",
+            &limit_20x,
+            &leased(LEASE_TTL_20X)
+        ),
     )
 }
 
 /// The plugin config of the local Envoy (4 workers).
 pub fn local_config() -> String {
-    let limit = limit_json();
+    let limit = gcra(RATE, BURST);
     format!(
-        r#"{{"rules": [{{"name": "acc-local", "match": {{"path": {{"prefix": "/local"}}}},
+        r#"{{"response": {{"filter_state": "all"}}, "rules": [{{"name": "acc-local", "match": {{"path": {{"prefix": "/local"}}}},
   "key": [{{"header": "x-key"}}], {limit}}}]}}"#
     )
 }
@@ -63,33 +100,117 @@ pub fn local_config() -> String {
 pub enum Mode {
     GlobalExact,
     GlobalLeased,
+    GlobalLeased20x,
+    GlobalIdleThenBurst,
     Local,
 }
 
+/// A stretch of a run's schedule: `rps` requests per second (0: silence) for `secs`.
+#[derive(Clone, Copy, Debug)]
+pub struct Phase {
+    pub rps: f64,
+    pub secs: f64,
+}
+
 impl Mode {
-    pub const ALL: [Mode; 3] = [Mode::GlobalExact, Mode::GlobalLeased, Mode::Local];
+    pub const ALL: [Mode; 5] = [
+        Mode::GlobalExact,
+        Mode::GlobalLeased,
+        Mode::GlobalLeased20x,
+        Mode::GlobalIdleThenBurst,
+        Mode::Local,
+    ];
+
+    pub fn is_global(self) -> bool {
+        self != Mode::Local
+    }
 
     pub fn path(self) -> &'static str {
         match self {
             Mode::GlobalExact => "/exact",
-            Mode::GlobalLeased => "/leased",
+            Mode::GlobalLeased | Mode::GlobalIdleThenBurst => "/leased",
+            Mode::GlobalLeased20x => "/leased-20x",
             Mode::Local => "/local",
+        }
+    }
+
+    pub fn rule(self) -> &'static str {
+        match self {
+            Mode::GlobalExact => "acc-exact",
+            Mode::GlobalLeased | Mode::GlobalIdleThenBurst => "acc-leased",
+            Mode::GlobalLeased20x => "acc-leased-20x",
+            Mode::Local => "acc-local",
+        }
+    }
+
+    /// The limit's rate and burst.
+    pub fn limit(self) -> (u64, u64) {
+        match self {
+            Mode::GlobalLeased20x => (RATE_20X, BURST_20X),
+            _ => (RATE, BURST),
+        }
+    }
+
+    /// How many times its rate the key is offered while load runs.
+    pub fn multiple(self) -> f64 {
+        match self {
+            Mode::GlobalIdleThenBurst => 2.0,
+            _ => OFFERED / self.limit().0 as f64,
+        }
+    }
+
+    /// The schedule of a run of `seconds`: steady load, or (idle then burst) twice the
+    /// rate for most of it, silence for 0.5 s (longer than the key's tolerance of
+    /// `(b + 1) / rate` = 0.1 s, shorter than a lease could have lived before leases were
+    /// bounded by their hold), then every thread at once for 0.2 s.
+    pub fn schedule(self, seconds: u64) -> Vec<Phase> {
+        let total = seconds as f64;
+        match self {
+            Mode::GlobalIdleThenBurst => {
+                let warm = (total - 0.7).max(0.5);
+                vec![
+                    Phase {
+                        rps: 2.0 * RATE as f64,
+                        secs: warm,
+                    },
+                    Phase {
+                        rps: 0.0,
+                        secs: 0.5,
+                    },
+                    Phase {
+                        rps: 50_000.0,
+                        secs: 0.2,
+                    },
+                ]
+            }
+            _ => vec![Phase {
+                rps: OFFERED,
+                secs: total,
+            }],
         }
     }
 
     pub fn title(self) -> &'static str {
         match self {
-            Mode::GlobalExact => "global, exact (lease 1), 2 Envoys × 2 workers",
-            Mode::GlobalLeased => "global, leases (max 50, ttl 1s), 2 Envoys × 2 workers",
-            Mode::Local => "local, 1 Envoy × 4 workers",
+            Mode::GlobalExact => "global, exact (lease 1), 5×, 2 Envoys × 2 workers",
+            Mode::GlobalLeased => {
+                "global, leases (max 50, ttl 20ms, horizon 100ms), 5×, 2 Envoys × 2 workers"
+            }
+            Mode::GlobalLeased20x => "global, leases, 20× (250/s burst 24), 2 Envoys × 2 workers",
+            Mode::GlobalIdleThenBurst => {
+                "global, leases, 2× then 0.5 s idle then a burst on both Envoys"
+            }
+            Mode::Local => "local, 5×, 1 Envoy × 4 workers",
         }
     }
 
     pub fn label(self) -> &'static str {
         match self {
-            Mode::GlobalExact => "global exact",
-            Mode::GlobalLeased => "global leased",
-            Mode::Local => "local, 4 workers",
+            Mode::GlobalExact => "global exact 5×",
+            Mode::GlobalLeased => "global leased 5×",
+            Mode::GlobalLeased20x => "global leased 20×",
+            Mode::GlobalIdleThenBurst => "global idle then burst",
+            Mode::Local => "local 5×, 4 workers",
         }
     }
 }
@@ -109,8 +230,12 @@ pub struct PacedRun {
     pub mode: Mode,
     pub seconds: u64,
     pub sent: u64,
-    /// Requests sent per second of the run (the schedule asks for [`OFFERED`]).
+    /// Requests sent per second of the run while load ran.
     pub sent_rps: f64,
+    /// The limit's rate and burst, and how many times its rate it was offered.
+    pub rate: u64,
+    pub burst: u64,
+    pub multiple: f64,
     pub admitted: u64,
     pub limited: u64,
     /// Other statuses and I/O errors.
@@ -127,6 +252,13 @@ pub struct PacedRun {
     pub max_lag_ms: f64,
     pub p50_ms: f64,
     pub p99_ms: f64,
+    /// The conformance checker's verdict on every admission of the run's key, from every
+    /// Envoy: `None` when they keep the bound, else the violation. Filled in by the caller.
+    pub violation: Option<String>,
+    /// Admissions the checker judged.
+    pub checked_admissions: u64,
+    /// Envoy CPU per request sent, µs (all the mode's Envoys, over the run).
+    pub envoy_cpu_us_per_request: f64,
     /// Filled in by the caller for the global modes.
     pub bridge_calls: u64,
     pub redis_scripts: u64,
@@ -141,13 +273,13 @@ pub struct PacedRun {
     pub cpu_pct: std::collections::BTreeMap<String, f64>,
 }
 
-/// Sends `OFFERED` requests per second for `seconds`, spread over `ports` (threads are
-/// dealt round-robin to the ports), each `GET path` with `x-key: key`.
+/// Runs `mode`'s schedule for `seconds`, spread over `ports` (threads are dealt
+/// round-robin to the ports), each `GET path` with `x-key: key`.
 pub fn paced(mode: Mode, ports: &[u16], seconds: u64, key: &str) -> PacedRun {
     assert!(!ports.is_empty());
     let threads = THREADS;
-    let duration_us = seconds * 1_000_000;
-    let period_us = 1e6 / OFFERED;
+    let schedule = Arc::new(Schedule::new(&mode.schedule(seconds)));
+    let duration_us = schedule.end_us;
     // Connect everyone first; start together a little later.
     let clients: Vec<(usize, Client)> = (0..threads)
         .map(|g| {
@@ -164,15 +296,15 @@ pub fn paced(mode: Mode, ports: &[u16], seconds: u64, key: &str) -> PacedRun {
         .into_iter()
         .map(|(g, mut client)| {
             let key = Arc::clone(&key);
+            let schedule = Arc::clone(&schedule);
             let path = mode.path();
             thread::spawn(move || {
                 let mut events = Vec::new();
                 let mut max_lag_us = 0u64;
                 for k in 0u64.. {
-                    let due_us = ((k * threads as u64 + g as u64) as f64 * period_us) as u64;
-                    if due_us >= duration_us {
+                    let Some(due_us) = schedule.due_us(k * threads as u64 + g as u64) else {
                         break;
-                    }
+                    };
                     let due = start + Duration::from_micros(due_us);
                     let now = Instant::now();
                     if now >= end {
@@ -219,7 +351,43 @@ pub fn paced(mode: Mode, ports: &[u16], seconds: u64, key: &str) -> PacedRun {
     summarize(mode, seconds, &events, max_lag_us)
 }
 
+/// When each request of a run is due: the phases laid end to end, request `i` of a phase
+/// of `rps` at `i / rps` from its start.
+struct Schedule {
+    /// (start µs, rps, requests before this phase, requests in it)
+    phases: Vec<(u64, f64, u64, u64)>,
+    end_us: u64,
+}
+
+impl Schedule {
+    fn new(phases: &[Phase]) -> Schedule {
+        let mut at_us = 0u64;
+        let mut before = 0u64;
+        let mut out = Vec::new();
+        for p in phases {
+            let n = (p.rps * p.secs) as u64;
+            out.push((at_us, p.rps, before, n));
+            before += n;
+            at_us += (p.secs * 1e6) as u64;
+        }
+        Schedule {
+            phases: out,
+            end_us: at_us,
+        }
+    }
+
+    /// Request `i`'s instant, µs from the start; `None` past the last.
+    fn due_us(&self, i: u64) -> Option<u64> {
+        let &(start, rps, before, _) = self
+            .phases
+            .iter()
+            .find(|&&(_, _, before, n)| i >= before && i < before + n)?;
+        Some(start + ((i - before) as f64 * 1e6 / rps) as u64)
+    }
+}
+
 fn summarize(mode: Mode, seconds: u64, events: &[Event], max_lag_us: u64) -> PacedRun {
+    let (rate, burst) = mode.limit();
     let n = seconds as usize;
     let mut admitted_per_second = vec![0u64; n];
     let mut sent_per_second = vec![0u64; n];
@@ -243,7 +411,7 @@ fn summarize(mode: Mode, seconds: u64, events: &[Event], max_lag_us: u64) -> Pac
     let first = events.iter().map(|e| e.sent_us).min().unwrap_or(0);
     let last_done = events.iter().map(|e| e.done_us).max().unwrap_or(0);
     let span_s = last_done.saturating_sub(first) as f64 / 1e6;
-    let exact_bound = (BURST + 1) as f64 + RATE as f64 * span_s;
+    let exact_bound = (burst + 1) as f64 + rate as f64 * span_s;
     let a = admitted as f64;
     let over_pct = ((a - exact_bound).max(0.0)) * 100.0 / exact_bound;
     let under_pct = ((exact_bound - a).max(0.0)) * 100.0 / exact_bound;
@@ -261,6 +429,12 @@ fn summarize(mode: Mode, seconds: u64, events: &[Event], max_lag_us: u64) -> Pac
         seconds,
         sent: events.len() as u64,
         sent_rps: events.len() as f64 / seconds.max(1) as f64,
+        rate,
+        burst,
+        multiple: mode.multiple(),
+        violation: None,
+        checked_admissions: 0,
+        envoy_cpu_us_per_request: 0.0,
         admitted,
         limited,
         failed,
@@ -307,6 +481,7 @@ mod tests {
             status: 429,
         });
         let r = summarize(Mode::Local, 2, &events, 0);
+        assert_eq!((r.rate, r.burst), (RATE, BURST));
         assert_eq!(r.admitted_per_second, vec![1200, 1000]);
         assert_eq!(r.admitted, 2200);
         assert_eq!(r.limited, 1);
@@ -314,5 +489,30 @@ mod tests {
         assert!((r.exact_bound - 2100.0).abs() < 1e-6);
         assert!((r.over_pct - 100.0 / 2100.0 * 100.0).abs() < 1e-6);
         assert_eq!(r.under_pct, 0.0);
+    }
+
+    #[test]
+    fn schedules_lay_phases_end_to_end() {
+        let s = Schedule::new(&[
+            Phase {
+                rps: 1000.0,
+                secs: 1.0,
+            },
+            Phase {
+                rps: 0.0,
+                secs: 0.5,
+            },
+            Phase {
+                rps: 100.0,
+                secs: 0.1,
+            },
+        ]);
+        assert_eq!(s.end_us, 1_600_000);
+        assert_eq!(s.due_us(0), Some(0));
+        assert_eq!(s.due_us(999), Some(999_000));
+        // The silence holds no request: the next is the burst's first.
+        assert_eq!(s.due_us(1000), Some(1_500_000));
+        assert_eq!(s.due_us(1009), Some(1_590_000));
+        assert_eq!(s.due_us(1010), None);
     }
 }

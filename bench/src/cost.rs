@@ -84,18 +84,21 @@ struct EnvoyCounters {
 fn envoy_counters(envoy: &Envoy) -> EnvoyCounters {
     let r = envoy.admin(
         "GET",
-        "/stats?filter=%5E%28http%5C.ingress%5C.downstream_rq_total%7Cwasmcustom%5C.weir%5C.bridge%5C..%2A%29%24",
+        // ^(http\.ingress\.downstream_rq_total|wasmcustom\.weir\.weir\.bridge\..*)$
+        "/stats?filter=%5E%28http%5C.ingress%5C.downstream_rq_total%7Cwasmcustom%5C.weir%5C.weir%5C.bridge%5C..%2A%29%24",
     );
     let stats = parse_stats(&r.text());
     let get = |name: &str| stats.get(name).copied().unwrap_or(0);
     EnvoyCounters {
         requests: get("http.ingress.downstream_rq_total"),
-        bridge_calls: get("wasmcustom.weir.bridge.calls"),
-        bridge_failures: get("wasmcustom.weir.bridge.skipped")
-            + get("wasmcustom.weir.bridge.errors_timeout")
-            + get("wasmcustom.weir.bridge.errors_unavailable")
-            + get("wasmcustom.weir.bridge.errors_status")
-            + get("wasmcustom.weir.bridge.errors_bad_body"),
+        // The harness names the plugin `weir` (weir_e2e::wasm_filter_yaml).
+        bridge_calls: get("wasmcustom.weir.weir.bridge.calls"),
+        bridge_failures: get("wasmcustom.weir.weir.bridge.skipped")
+            + get("wasmcustom.weir.weir.bridge.busy")
+            + get("wasmcustom.weir.weir.bridge.errors_timeout")
+            + get("wasmcustom.weir.weir.bridge.errors_unavailable")
+            + get("wasmcustom.weir.weir.bridge.errors_status")
+            + get("wasmcustom.weir.weir.bridge.errors_bad_body"),
     }
 }
 

@@ -31,8 +31,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use weir_e2e::{
-    bridge_cluster_yaml, envoy_bin, repo_root, wasm_filter_yaml, Bootstrap, Bridge, Envoy,
-    RedisCluster, Request, TestDir,
+    bridge_cluster_yaml, decisions, envoy_bin, repo_root, wasm_filter_yaml, Bootstrap, Bridge,
+    Envoy, RedisCluster, Request, TestDir,
 };
 
 use accuracy::{Mode, PacedRun};
@@ -209,7 +209,7 @@ fn main() {
 
     let accuracy_runs = match (&bridge, &redis) {
         (Some(bridge), Some(redis)) if opts.accuracy => {
-            run_accuracy(&opts, &wasm, bridge, redis, &masters)
+            run_accuracy(&opts, &wasm, bridge, redis, &masters, work.path())
         }
         _ => Vec::new(),
     };
@@ -402,9 +402,10 @@ fn weir_stat(envoys: &[&Envoy], name: &str) -> u64 {
     envoys.iter().map(|e| e.weir_stat(name)).sum()
 }
 
-/// weir's counters of rule `rule` (`wasmcustom.weir.rule.RULE.*`), summed over `envoys`.
+/// weir's counters of rule `rule` (`wasmcustom.weir.weir.rule.RULE.*`: the harness names
+/// the plugin `weir`), summed over `envoys`.
 fn rule_stats(envoys: &[&Envoy], rule: &str) -> std::collections::BTreeMap<String, u64> {
-    let prefix = format!("wasmcustom.weir.rule.{rule}.");
+    let prefix = format!("wasmcustom.weir.weir.rule.{rule}.");
     // weir sends its counters every 100 ms.
     std::thread::sleep(weir_e2e::envoy::WEIR_STATS_LAG);
     let mut out = std::collections::BTreeMap::new();
@@ -426,6 +427,7 @@ fn run_accuracy(
     bridge: &Bridge,
     redis: &RedisCluster,
     masters: &[u16],
+    work: &Path,
 ) -> Vec<PacedRun> {
     // Nothing is pinned here: four Envoy workers, the bridge, Redis and the generator
     // share both cores.
@@ -436,23 +438,35 @@ fn run_accuracy(
         sys::pin_process(n.pid(), &all);
     }
     log("accuracy: starting 2 Envoys × 2 workers (global) and 1 Envoy × 4 workers (local)");
-    let global = Bootstrap::new()
-        .http_filter(wasm_filter_yaml(&accuracy::global_config(), &wasm.weir))
-        .cluster(bridge_cluster_yaml(bridge.port));
-    let global2 = Bootstrap::new()
-        .http_filter(wasm_filter_yaml(&accuracy::global_config(), &wasm.weir))
-        .cluster(bridge_cluster_yaml(bridge.port));
-    let local =
-        Bootstrap::new().http_filter(wasm_filter_yaml(&accuracy::local_config(), &wasm.weir));
-    let mut envoys = start_envoys(vec![(global, 2), (global2, 2), (local, 4)]);
+    // Every decision is logged, for the conformance check.
+    let log_format = decisions::access_log_format("x-key");
+    let global_logs = [work.join("acc-global-0.log"), work.join("acc-global-1.log")];
+    let local_log = work.join("acc-local.log");
+    let global_bootstrap = |log: &Path| {
+        Bootstrap::new()
+            .http_filter(wasm_filter_yaml(&accuracy::global_config(), &wasm.weir))
+            .cluster(bridge_cluster_yaml(bridge.port))
+            .access_log(log, &log_format)
+    };
+    let local = Bootstrap::new()
+        .http_filter(wasm_filter_yaml(&accuracy::local_config(), &wasm.weir))
+        .access_log(&local_log, &log_format);
+    let mut envoys = start_envoys(vec![
+        (global_bootstrap(&global_logs[0]), 2),
+        (global_bootstrap(&global_logs[1]), 2),
+        (local, 4),
+    ]);
     let local = envoys.pop().unwrap_or_else(|| unreachable!());
     let globals: Vec<&Envoy> = envoys.iter().collect();
 
     // Open the bridge connections and the VMs' paths on a key of their own.
     for e in globals.iter().chain(std::iter::once(&&local)) {
-        for path in ["/exact", "/leased", "/local"] {
+        for mode in Mode::ALL {
             for _ in 0..4 {
-                let _ = weir_e2e::send(e.http_port, Request::get(path).header("x-key", "warm-up"));
+                let _ = weir_e2e::send(
+                    e.http_port,
+                    Request::get(mode.path()).header("x-key", "warm-up"),
+                );
             }
         }
     }
@@ -460,15 +474,24 @@ fn run_accuracy(
     let nonce = std::process::id();
     let mut runs = Vec::new();
     for mode in Mode::ALL {
-        let (ports, rule): (Vec<u16>, &str) = match mode {
-            Mode::GlobalExact => (globals.iter().map(|e| e.http_port).collect(), "acc-exact"),
-            Mode::GlobalLeased => (globals.iter().map(|e| e.http_port).collect(), "acc-leased"),
-            Mode::Local => (vec![local.http_port], "acc-local"),
-        };
-        let envoys_of_mode: Vec<&Envoy> = match mode {
-            Mode::Local => vec![&local],
-            _ => globals.clone(),
-        };
+        let rule = mode.rule();
+        let (ports, envoys_of_mode, logs, config): (Vec<u16>, Vec<&Envoy>, Vec<&Path>, String) =
+            if mode.is_global() {
+                (
+                    globals.iter().map(|e| e.http_port).collect(),
+                    globals.clone(),
+                    global_logs.iter().map(PathBuf::as_path).collect(),
+                    accuracy::global_config(),
+                )
+            } else {
+                (
+                    vec![local.http_port],
+                    vec![&local],
+                    vec![local_log.as_path()],
+                    accuracy::local_config(),
+                )
+            };
+        let key = format!("key-{nonce}-{}", runs.len());
         let rule0 = rule_stats(&envoys_of_mode, rule);
         let calls0 = weir_stat(&globals, "bridge.calls");
         let (_, scripts0) = cost::redis_commands(masters);
@@ -487,7 +510,7 @@ fn run_accuracy(
         let cpu = |pids: &[u32]| -> u64 { pids.iter().map(|&p| sys::process_cpu_us(p)).sum() };
         let cpu0: Vec<u64> = groups.iter().map(|(_, p)| cpu(p)).collect();
         let t0 = Instant::now();
-        let mut run = accuracy::paced(mode, &ports, opts.accuracy_secs, &format!("key-{nonce}"));
+        let mut run = accuracy::paced(mode, &ports, opts.accuracy_secs, &key);
         let wall_us = t0.elapsed().as_micros().max(1) as f64;
         run.cpu_pct = groups
             .iter()
@@ -511,7 +534,12 @@ fn run_accuracy(
                 )
             })
             .collect();
-        if mode != Mode::Local {
+        let envoy_cpu_us = cpu(&groups[0].1).saturating_sub(cpu0[0]);
+        run.envoy_cpu_us_per_request = envoy_cpu_us as f64 / run.sent.max(1) as f64;
+        let (checked, violation) = check_conformance(&logs, &config, rule, &key, run.sent);
+        run.checked_admissions = checked;
+        run.violation = violation;
+        if mode.is_global() {
             run.bridge_calls = weir_stat(&globals, "bridge.calls").saturating_sub(calls0);
             run.redis_scripts = cost::redis_commands(masters).1.saturating_sub(scripts0);
             let granted = bridge.metric_sum("weir_bridge_units_granted_total", &[("rule", rule)]);
@@ -530,6 +558,13 @@ fn run_accuracy(
             run.max_lag_ms
         ));
         log(format!(
+            "accuracy: {}: {} admissions checked: {}; Envoy CPU {:.1} µs per request",
+            mode.label(),
+            run.checked_admissions,
+            run.violation.as_deref().unwrap_or("conformant"),
+            run.envoy_cpu_us_per_request
+        ));
+        log(format!(
             "accuracy: {}: weir counters {:?}; CPU % of a core {:?}",
             mode.label(),
             run.rule_stats,
@@ -539,6 +574,37 @@ fn run_accuracy(
         thread::sleep(Duration::from_millis(700));
     }
     runs
+}
+
+/// Judges the admissions of `rule` for `key` in `logs` (every Envoy of the run) with the
+/// core's conformance checker, once the `sent` requests of the run are logged. Returns how
+/// many admissions it judged and the violation, if any.
+fn check_conformance(
+    logs: &[&Path],
+    config: &str,
+    rule: &str,
+    key: &str,
+    sent: u64,
+) -> (u64, Option<String>) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut logged: Vec<Vec<decisions::Logged>>;
+    loop {
+        logged = logs.iter().map(|p| decisions::read(p)).collect();
+        let of_key = logged.iter().flatten().filter(|l| l.key == key).count() as u64;
+        if of_key >= sent || Instant::now() >= deadline {
+            break;
+        }
+        thread::sleep(Duration::from_millis(100));
+    }
+    let refs: Vec<&[decisions::Logged]> = logged.iter().map(Vec::as_slice).collect();
+    let admissions = decisions::admissions(&refs, rule)
+        .remove(key)
+        .unwrap_or_default();
+    let limit = decisions::configured_limit(config, rule);
+    let violation = weir_core::conformance::check(&limit, &admissions)
+        .err()
+        .map(|v| format!("{v:?}"));
+    (admissions.len() as u64, violation)
 }
 
 fn write_outputs(opts: &Opts, out: &Path, results: &Results) {
@@ -686,6 +752,15 @@ fn check_smoke(out: &Path, r: &Results, scenarios: &[Scenario]) {
         ));
     }
     for a in &r.accuracy.runs {
+        if a.checked_admissions == 0 {
+            problems.push(format!("accuracy {}: no admission checked", a.mode.label()));
+        }
+        if let Some(v) = &a.violation {
+            problems.push(format!(
+                "accuracy {}: conformance violated: {v}",
+                a.mode.label()
+            ));
+        }
         if a.sent == 0 || a.admitted == 0 {
             problems.push(format!(
                 "accuracy {}: sent {}, admitted {}",

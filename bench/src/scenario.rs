@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use weir_e2e::{bridge_cluster_yaml, wasm_filter_yaml, Bootstrap};
+use weir_e2e::{bridge_cluster_yaml_with, wasm_filter_yaml, Bootstrap, BridgeProtocol};
 
 use crate::wrk::Traffic;
 
@@ -18,7 +18,11 @@ pub enum Scenario {
     WeirLocal,
     WeirLocalHalf,
     WeirGlobalExact,
+    /// The same over HTTP/2 to the bridge.
+    WeirGlobalExactH2,
     WeirGlobalLeases,
+    /// One global key offered far more than its limit: reservations and denials.
+    WeirGlobalSaturated,
     /// Diagnostic (`--only`): weir with one rule whose match never holds.
     WeirNoMatch,
     /// Diagnostic (`--only`): weir with one local rule without a key (one bucket).
@@ -34,7 +38,7 @@ const GLOBAL_LIMIT: &str =
     r#""limit": {"algorithm": "gcra", "rate": 1000000, "period": "1s", "burst": 999999}"#;
 
 impl Scenario {
-    pub const ALL: [Scenario; 8] = [
+    pub const ALL: [Scenario; 10] = [
         Scenario::NoFilter,
         Scenario::Native,
         Scenario::EmptyWasm,
@@ -42,7 +46,9 @@ impl Scenario {
         Scenario::WeirLocal,
         Scenario::WeirLocalHalf,
         Scenario::WeirGlobalExact,
+        Scenario::WeirGlobalExactH2,
         Scenario::WeirGlobalLeases,
+        Scenario::WeirGlobalSaturated,
     ];
 
     /// Not in the default run: they split weir's cost for whoever profiles the filter.
@@ -57,7 +63,9 @@ impl Scenario {
             Scenario::WeirLocal => "weir-local",
             Scenario::WeirLocalHalf => "weir-local-half-limited",
             Scenario::WeirGlobalExact => "weir-global-exact",
+            Scenario::WeirGlobalExactH2 => "weir-global-exact-h2",
             Scenario::WeirGlobalLeases => "weir-global-leases",
+            Scenario::WeirGlobalSaturated => "weir-global-saturated",
             Scenario::WeirNoMatch => "weir-no-match",
             Scenario::WeirUnkeyed => "weir-unkeyed",
         }
@@ -92,8 +100,14 @@ impl Scenario {
             Scenario::WeirGlobalExact => {
                 "weir, one global GCRA rule keyed by `x-tenant` (10 tenants), 10⁶/s: every request asks weir-bridge (`lease.max` 1)"
             }
+            Scenario::WeirGlobalExactH2 => {
+                "the same as weir-global-exact, with Envoy's bridge cluster speaking HTTP/2 (prior knowledge) instead of HTTP/1.1"
+            }
             Scenario::WeirGlobalLeases => {
-                "the same global rule with `lease.max` 1000, `lease.ttl` 1s: requests are served from leases in shared data"
+                "the same global rule with `lease.max` 1000, `lease.ttl` 100ms: requests are served from leases in shared data"
+            }
+            Scenario::WeirGlobalSaturated => {
+                "weir, one global GCRA key (no key parts) of 1,000/s, burst 99, `lease.max` 50, `ttl` 20ms, `horizon` 100ms, offered all wrk can send: almost every request is denied locally from a reservation or a cached denial"
             }
             Scenario::WeirNoMatch => {
                 "diagnostic: weir with one local rule whose `match` (path prefix `/never/`) never holds: the filter's fixed cost"
@@ -112,7 +126,13 @@ impl Scenario {
     }
 
     pub fn is_global(self) -> bool {
-        matches!(self, Scenario::WeirGlobalExact | Scenario::WeirGlobalLeases)
+        matches!(
+            self,
+            Scenario::WeirGlobalExact
+                | Scenario::WeirGlobalExactH2
+                | Scenario::WeirGlobalLeases
+                | Scenario::WeirGlobalSaturated
+        )
     }
 
     /// weir's plugin configuration, for the weir scenarios.
@@ -134,13 +154,18 @@ impl Scenario {
             Scenario::WeirUnkeyed => r#"{"rules": [{"name": "all",
   "limit": {"algorithm": "gcra", "rate": 1000000, "period": "1s", "burst": 1000000}}]}"#
                 .to_string(),
-            Scenario::WeirGlobalExact => format!(
+            Scenario::WeirGlobalExact | Scenario::WeirGlobalExactH2 => format!(
                 r#"{{{BRIDGE}, "rules": [{{"name": "per-tenant", "key": [{{"header": "x-tenant"}}],
   "scope": "global", {GLOBAL_LIMIT}}}]}}"#
             ),
             Scenario::WeirGlobalLeases => format!(
                 r#"{{{BRIDGE}, "rules": [{{"name": "per-tenant", "key": [{{"header": "x-tenant"}}],
-  "scope": "global", {GLOBAL_LIMIT}, "global": {{"lease": {{"max": 1000, "ttl": "1s"}}}}}}]}}"#
+  "scope": "global", {GLOBAL_LIMIT}, "global": {{"lease": {{"max": 1000, "ttl": "100ms"}}}}}}]}}"#
+            ),
+            Scenario::WeirGlobalSaturated => format!(
+                r#"{{{BRIDGE}, "rules": [{{"name": "hot", "scope": "global",
+  "limit": {{"algorithm": "gcra", "rate": 1000, "period": "1s", "burst": 99}},
+  "global": {{"lease": {{"max": 50, "ttl": "20ms", "horizon": "100ms"}}}}}}]}}"#
             ),
             _ => return None,
         };
@@ -164,7 +189,12 @@ impl Scenario {
         }
         if self.is_global() {
             let port = bridge_port.unwrap_or_else(|| panic!("{} needs a bridge", self.id()));
-            b = b.cluster(bridge_cluster_yaml(port));
+            let protocol = if self == Scenario::WeirGlobalExactH2 {
+                BridgeProtocol::Http2
+            } else {
+                BridgeProtocol::Http1
+            };
+            b = b.cluster(bridge_cluster_yaml_with(port, protocol));
         }
         b
     }
