@@ -55,7 +55,7 @@ pub fn global_config() -> String {
     let limit_20x = gcra(RATE_20X, BURST_20X);
     let rule = |name: &str, path: &str, limit: &str, global: &str| {
         format!(
-            r#"{{"name": "{name}", "match": {{"path": {{"prefix": "{path}"}}}}, "key": [{{"header": "x-key"}}],
+            r#"{{"name": "{name}", "match": {{"path": {{"exact": "{path}"}}}}, "key": [{{"header": "x-key"}}],
    "scope": "global", {limit}, "global": {global}}}"#
         )
     };
@@ -89,7 +89,7 @@ pub fn global_config() -> String {
 pub fn local_config() -> String {
     let limit = gcra(RATE, BURST);
     format!(
-        r#"{{"response": {{"filter_state": "all"}}, "rules": [{{"name": "acc-local", "match": {{"path": {{"prefix": "/local"}}}},
+        r#"{{"response": {{"filter_state": "all"}}, "rules": [{{"name": "acc-local", "match": {{"path": {{"exact": "/local"}}}},
   "key": [{{"header": "x-key"}}], {limit}}}]}}"#
     )
 }
@@ -489,6 +489,40 @@ mod tests {
         assert!((r.exact_bound - 2100.0).abs() < 1e-6);
         assert!((r.over_pct - 100.0 / 2100.0 * 100.0).abs() < 1e-6);
         assert_eq!(r.under_pct, 0.0);
+    }
+
+    /// Each mode's requests are decided by its own rule alone (a prefix `/leased` once also
+    /// caught `/leased-20x`, whose requests then had to pass both limits).
+    #[test]
+    fn each_mode_path_matches_its_rule_only() {
+        use weir_core::rules::{Fact, FactSource, Facts};
+        #[derive(Clone)]
+        struct Path(&'static str);
+        impl FactSource for Path {
+            fn fetch(&mut self, fact: &Fact) -> Option<Vec<u8>> {
+                match fact {
+                    Fact::Header(h) if h == ":path" => Some(self.0.as_bytes().to_vec()),
+                    Fact::Header(h) if h == "x-key" => Some(b"k".to_vec()),
+                    _ => None,
+                }
+            }
+        }
+        for mode in Mode::ALL {
+            let json = if mode.is_global() {
+                global_config()
+            } else {
+                local_config()
+            };
+            let config = weir_core::config::parse(json.as_bytes()).unwrap();
+            let mut facts = Facts::new(&config.facts, Path(mode.path()));
+            let matched: Vec<&str> = config
+                .rules
+                .iter()
+                .filter(|r| r.matches(&mut facts))
+                .map(|r| r.name.as_str())
+                .collect();
+            assert_eq!(matched, [mode.rule()], "{mode:?}");
+        }
     }
 
     #[test]
