@@ -51,7 +51,7 @@ test-e2e: build
     cargo build -p weir-bridge
     ENVOY_BIN={{envoy}} WEIR_WASM={{wasm}} cargo test -p weir-e2e -- --test-threads 2
 
-# Benchmarks (~5 min): weir vs no filter, native local_ratelimit, empty wasm; accuracy at 5x; rewrites docs/benchmarks.md.
+# Benchmarks (~10 min): weir vs no filter, native local_ratelimit, empty wasm; accuracy at 5x, 20x and after idle, with conformance; rewrites docs/benchmarks.md.
 bench: build
     cargo build -p weir-empty-filter --target wasm32-wasip1 --profile wasm
     cargo build -p weir-bridge --release
@@ -62,6 +62,12 @@ bench-smoke: build
     cargo build -p weir-empty-filter --target wasm32-wasip1 --profile wasm
     cargo build -p weir-bridge --release
     ENVOY_BIN={{envoy}} WEIR_WASM={{wasm}} cargo run --release -q -p weir-bench -- --smoke
+    cargo run --release -q -p weir-bench -- simulate --smoke
+
+# A fleet without Envoy processes (~1 min): simulated Envoys running weir's engine against the real weir-bridge and a 6-node Redis Cluster; writes docs/bench/simulation.json (docs/capacity.md reads it).
+bench-sim:
+    cargo build -p weir-bridge --release
+    cargo run --release -q -p weir-bench -- simulate
 
 # The benchmark harness's own unit tests (report formatting, the empty filter's steps).
 test-bench:

@@ -22,6 +22,7 @@ mod accuracy;
 mod cost;
 mod report;
 mod scenario;
+mod simulate;
 mod sys;
 mod wrk;
 
@@ -150,6 +151,9 @@ fn log(msg: impl AsRef<str>) {
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("simulate") {
+        return simulate_main(&args[1..]);
+    }
     let opts = Opts::parse(&args);
     let started = Instant::now();
     let command = if args.is_empty() {
@@ -245,6 +249,67 @@ fn main() {
     print_summary(&results, !opts.smoke);
     if opts.smoke {
         check_smoke(&out, &results, &scenarios);
+    }
+    drop(smoke_dir);
+}
+
+/// `weir-bench simulate [--smoke] [--out DIR]`: the fleet profiles of `simulate`, against
+/// the real bridge and Redis Cluster; writes `OUT/bench/simulation.json` (OUT: `docs`, or
+/// a temp dir for `--smoke`).
+fn simulate_main(args: &[String]) {
+    let smoke = args.iter().any(|a| a == "--smoke");
+    let out = args
+        .iter()
+        .position(|a| a == "--out")
+        .and_then(|i| args.get(i + 1))
+        .map(PathBuf::from);
+    let bridge_bin = release_bridge();
+    std::env::set_var("WEIR_BRIDGE_BIN", &bridge_bin);
+    let smoke_dir = smoke.then(|| TestDir::new("bench-sim-smoke"));
+    let out = match (out, &smoke_dir) {
+        (Some(o), _) => o,
+        (None, Some(d)) => d.path().to_path_buf(),
+        (None, None) => repo_root().join("docs"),
+    };
+    let profiles: Vec<simulate::Profile> = simulate::Profile::defaults()
+        .into_iter()
+        .map(|p| if smoke { p.smoke() } else { p })
+        .collect();
+    let runs = simulate::run_all(&profiles);
+    let dir = out.join("bench");
+    std::fs::create_dir_all(&dir)
+        .unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
+    let path = dir.join("simulation.json");
+    let json = serde_json::to_string_pretty(&serde_json::json!({
+        "generated_utc": report::utc_now(),
+        "machine_cores": sys::cores(),
+        "runs": runs,
+    }))
+    .unwrap_or_else(|e| panic!("cannot serialize: {e}"));
+    std::fs::write(&path, json + "\n")
+        .unwrap_or_else(|e| panic!("cannot write {}: {e}", path.display()));
+    log(format!("wrote {}", path.display()));
+    let mut problems = Vec::new();
+    for r in &runs {
+        if r.requests == 0 || r.bridge_calls == 0 || r.keys_checked == 0 {
+            problems.push(format!(
+                "{}: no requests, calls or admissions",
+                r.profile.name
+            ));
+        }
+        for v in &r.violations {
+            problems.push(format!("{}: conformance violated: {v}", r.profile.name));
+        }
+    }
+    if !problems.is_empty() {
+        eprintln!("weir-bench simulate: FAILED");
+        for p in &problems {
+            eprintln!("  - {p}");
+        }
+        std::process::exit(1);
+    }
+    if smoke {
+        println!("bench-sim smoke: ok ({} profiles)", runs.len());
     }
     drop(smoke_dir);
 }

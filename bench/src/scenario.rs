@@ -12,6 +12,8 @@ use crate::wrk::Traffic;
 pub enum Scenario {
     NoFilter,
     Native,
+    /// Envoy's local rate limit denying almost every request: what a 429 costs natively.
+    NativeLimited,
     EmptyWasm,
     /// The empty filter making weir-local's host calls and nothing else.
     HostCallFloor,
@@ -38,9 +40,10 @@ const GLOBAL_LIMIT: &str =
     r#""limit": {"algorithm": "gcra", "rate": 1000000, "period": "1s", "burst": 999999}"#;
 
 impl Scenario {
-    pub const ALL: [Scenario; 10] = [
+    pub const ALL: [Scenario; 11] = [
         Scenario::NoFilter,
         Scenario::Native,
+        Scenario::NativeLimited,
         Scenario::EmptyWasm,
         Scenario::HostCallFloor,
         Scenario::WeirLocal,
@@ -58,6 +61,7 @@ impl Scenario {
         match self {
             Scenario::NoFilter => "no-filter",
             Scenario::Native => "native-local-ratelimit",
+            Scenario::NativeLimited => "native-local-ratelimit-limited",
             Scenario::EmptyWasm => "empty-wasm",
             Scenario::HostCallFloor => "host-call-floor",
             Scenario::WeirLocal => "weir-local",
@@ -85,6 +89,9 @@ impl Scenario {
             Scenario::Native => {
                 "`envoy.filters.http.local_ratelimit`, one bucket of 10⁹ tokens refilled every second (never limits), enabled and enforced at 100 %"
             }
+            Scenario::NativeLimited => {
+                "the same native filter with a bucket of 1,000 tokens refilled every second: almost every request gets its 429 (what users run instead of weir-global-saturated)"
+            }
             Scenario::EmptyWasm => {
                 "`weir-empty-filter` (bench/empty-filter): root + HTTP context that do nothing, same `vm_config` as weir (V8)"
             }
@@ -104,7 +111,7 @@ impl Scenario {
                 "the same as weir-global-exact, with Envoy's bridge cluster speaking HTTP/2 (prior knowledge) instead of HTTP/1.1"
             }
             Scenario::WeirGlobalLeases => {
-                "the same global rule with `lease.max` 1000, `lease.ttl` 100ms: requests are served from leases in shared data"
+                "the same global rule with `lease.max` 1000 and the default hold (a quarter of the burst's time, 250 ms here): requests are served from leases in shared data"
             }
             Scenario::WeirGlobalSaturated => {
                 "weir, one global GCRA key (no key parts) of 1,000/s, burst 99, `lease.max` 50, `ttl` 20ms, `horizon` 100ms, offered all wrk can send: almost every request is denied locally from a reservation or a cached denial"
@@ -160,7 +167,7 @@ impl Scenario {
             ),
             Scenario::WeirGlobalLeases => format!(
                 r#"{{{BRIDGE}, "rules": [{{"name": "per-tenant", "key": [{{"header": "x-tenant"}}],
-  "scope": "global", {GLOBAL_LIMIT}, "global": {{"lease": {{"max": 1000, "ttl": "100ms"}}}}}}]}}"#
+  "scope": "global", {GLOBAL_LIMIT}, "global": {{"lease": {{"max": 1000}}}}}}]}}"#
             ),
             Scenario::WeirGlobalSaturated => format!(
                 r#"{{{BRIDGE}, "rules": [{{"name": "hot", "scope": "global",
@@ -178,6 +185,13 @@ impl Scenario {
         match self {
             Scenario::NoFilter => {}
             Scenario::Native => b = b.http_filter(NATIVE_LOCAL_RATELIMIT),
+            Scenario::NativeLimited => {
+                b = b.http_filter(
+                    NATIVE_LOCAL_RATELIMIT
+                        .replace("max_tokens: 1000000000", "max_tokens: 1000")
+                        .replace("tokens_per_fill: 1000000000", "tokens_per_fill: 1000"),
+                )
+            }
             Scenario::EmptyWasm => b = b.http_filter(wasm_filter_yaml("{}", &wasm.empty)),
             Scenario::HostCallFloor => {
                 b = b.http_filter(wasm_filter_yaml(HOST_CALL_FLOOR, &wasm.empty))
