@@ -41,6 +41,8 @@ pub const LEASE_MAX: u64 = 50;
 pub const LEASE_TTL: &str = "20ms";
 pub const LEASE_TTL_20X: &str = "20ms";
 pub const HORIZON: &str = "100ms";
+/// Units of the burst the 20 ms hold costs the 5× key: one per 1 ms emission interval.
+pub const HOLD_PAID: u64 = 20;
 /// Client threads (= keep-alive connections) per run: enough that answers taking
 /// 16 ms (a saturated machine) still let 5,000 requests/s out.
 pub const THREADS: usize = 80;
@@ -95,7 +97,7 @@ pub fn local_config() -> String {
 }
 
 /// One mode of the accuracy run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Mode {
     GlobalExact,
@@ -225,7 +227,7 @@ struct Event {
 }
 
 /// What a paced run measured.
-#[derive(Clone, Debug, serde::Serialize)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct PacedRun {
     pub mode: Mode,
     pub seconds: u64,

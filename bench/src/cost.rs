@@ -12,7 +12,7 @@ use crate::sys::{self, ENVOY_CORE};
 use crate::wrk::{self, WrkReport};
 
 /// One measured wrk run of one scenario.
-#[derive(Clone, Debug, serde::Serialize)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct Sample {
     pub round: usize,
     /// Position of the scenario in its round (the order rotates every round).

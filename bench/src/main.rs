@@ -20,6 +20,7 @@
 
 mod accuracy;
 mod cost;
+mod page;
 mod report;
 mod scenario;
 mod simulate;
@@ -59,7 +60,9 @@ struct Opts {
 }
 
 const USAGE: &str = "usage: weir-bench [--rounds N] [--duration SECS] [--warmup SECS] \
-[--connections N] [--accuracy-secs SECS] [--out DIR] [--only ID,ID] [--no-accuracy] [--no-plot] [--smoke]";
+[--connections N] [--accuracy-secs SECS] [--out DIR] [--only ID,ID] [--no-accuracy] [--no-plot] [--smoke]
+       weir-bench --render OUT/bench/results.json [--no-plot]
+       weir-bench simulate [--smoke] [--out DIR]";
 
 impl Opts {
     fn parse(args: &[String]) -> Opts {
@@ -154,6 +157,12 @@ fn main() {
     if args.first().map(String::as_str) == Some("simulate") {
         return simulate_main(&args[1..]);
     }
+    if let Some(at) = args.iter().position(|a| a == "--render") {
+        let json = args
+            .get(at + 1)
+            .unwrap_or_else(|| fail(&format!("--render needs a results.json\n{USAGE}")));
+        return render_main(Path::new(json), !args.iter().any(|a| a == "--no-plot"));
+    }
     let opts = Opts::parse(&args);
     let started = Instant::now();
     let command = if args.is_empty() {
@@ -195,14 +204,7 @@ fn main() {
     let needs_bridge = opts.accuracy || scenarios.iter().any(|s| s.is_global());
 
     let (redis, bridge, masters) = if needs_bridge {
-        log("starting a Redis Cluster (3 masters, 3 replicas) and weir-bridge (release)");
-        let redis = RedisCluster::start(3, 1);
-        let bridge = Bridge::start(&redis, &[]);
-        let masters: Vec<u16> = redis
-            .masters()
-            .iter()
-            .filter_map(|a| a.rsplit_once(':').and_then(|(_, p)| p.parse().ok()))
-            .collect();
+        let (redis, bridge, masters) = start_redis_and_bridge();
         (Some(redis), Some(bridge), masters)
     } else {
         (None, None, Vec::new())
@@ -314,6 +316,20 @@ fn simulate_main(args: &[String]) {
     drop(smoke_dir);
 }
 
+/// A Redis Cluster of 3 masters and 3 replicas and weir-bridge (`$WEIR_BRIDGE_BIN`: the
+/// release build), and the masters' ports.
+fn start_redis_and_bridge() -> (RedisCluster, Bridge, Vec<u16>) {
+    log("starting a Redis Cluster (3 masters, 3 replicas) and weir-bridge (release)");
+    let redis = RedisCluster::start(3, 1);
+    let bridge = Bridge::start(&redis, &[]);
+    let masters: Vec<u16> = redis
+        .masters()
+        .iter()
+        .filter_map(|a| a.rsplit_once(':').and_then(|(_, p)| p.parse().ok()))
+        .collect();
+    (redis, bridge, masters)
+}
+
 /// `$WEIR_BRIDGE_BIN`, else the release build: the bridge is benchmarked as it ships.
 fn release_bridge() -> PathBuf {
     if let Some(p) = std::env::var_os("WEIR_BRIDGE_BIN") {
@@ -358,6 +374,31 @@ fn run_cost(
     script: &Path,
     masters: &[u16],
 ) -> (Samples, Vec<String>) {
+    let (fleet, allowed) = start_cost_fleet(scenarios, wasm, bridge);
+    warm_up(opts, &fleet, scenarios, script);
+    let mut samples = Samples::new();
+    let mut retries_left = cost::RETRIES_PER_RUN;
+    for round in 0..opts.rounds {
+        for (position, s) in cost::round_order(scenarios, round).into_iter().enumerate() {
+            let at = SamplePlace {
+                round,
+                position,
+                scenario: s,
+            };
+            let sample = measure_sample(opts, &fleet, script, masters, at, &mut retries_left);
+            samples.entry(s).or_default().push(sample);
+        }
+    }
+    (samples, allowed)
+}
+
+/// One Envoy per scenario (1 worker), every one pinned to the Envoy core; returns the
+/// fleet and the CPU lists the Envoys were checked to run on.
+fn start_cost_fleet(
+    scenarios: &[Scenario],
+    wasm: &Wasm,
+    bridge: &Option<Bridge>,
+) -> (Fleet, Vec<String>) {
     let bridge_port = bridge.as_ref().map(|b| b.port);
     log(format!(
         "starting {} Envoys (1 worker each)",
@@ -388,13 +429,15 @@ fn run_cost(
             sys::allowed_cpus(b.pid())
         ));
     }
+    (fleet, allowed)
+}
 
+fn warm_up(opts: &Opts, fleet: &Fleet, scenarios: &[Scenario], script: &Path) {
     for &s in scenarios {
         log(format!("warm-up {} ({} s)", s.id(), opts.warmup));
-        let e = fleet.envoy(s);
         let r = wrk::run(
             script,
-            e.http_port,
+            fleet.envoy(s).http_port,
             opts.connections,
             Duration::from_secs(opts.warmup),
             s.traffic(),
@@ -402,64 +445,76 @@ fn run_cost(
         );
         assert!(r.requests > 0, "warm-up of {} sent no request", s.id());
     }
+}
 
-    let mut samples = Samples::new();
-    let mut retries_left = cost::RETRIES_PER_RUN;
-    for round in 0..opts.rounds {
-        for (position, s) in cost::round_order(scenarios, round).into_iter().enumerate() {
-            let measure = |attempt| {
-                cost::measure(
-                    &fleet,
-                    s,
-                    script,
-                    opts.connections,
-                    Duration::from_secs(opts.duration),
-                    masters,
-                    round,
-                    position,
-                    attempt,
-                )
-            };
-            let mut sample = measure(0);
-            // Something else took the Envoy core: measure again (bounded), keep the
-            // least disturbed of the attempts.
-            let mut retries = 0;
-            while sample.envoy_core_other_pct > cost::DISTURBED_PCT
-                && retries < cost::RETRIES_PER_SAMPLE
-                && retries_left > 0
-            {
-                retries += 1;
-                retries_left -= 1;
-                log(format!(
-                    "round {}/{} {}: {:.1} % of the Envoy core went elsewhere; measuring again",
-                    round + 1,
-                    opts.rounds,
-                    s.id(),
-                    sample.envoy_core_other_pct
-                ));
-                let again = measure(retries as usize);
-                if again.envoy_core_other_pct < sample.envoy_core_other_pct {
-                    sample = again;
-                }
-            }
-            sample.retries = retries;
-            log(format!(
-                "round {}/{} {:<24} {:>8.0} req/s  p50 {:>5.0} µs  p99 {:>6.0} µs  {:>6.2} µs CPU/req ({:.2} schedstat)  {:.4} bridge calls/req  {:.3} Redis cmds/req",
-                round + 1,
-                opts.rounds,
-                s.id(),
-                sample.wrk.rps(),
-                sample.wrk.p50_us,
-                sample.wrk.p99_us,
-                sample.cpu_us_per_request,
-                sample.runtime_us_per_request,
-                sample.per_request(sample.bridge_calls),
-                sample.per_request(sample.redis_commands),
-            ));
-            samples.entry(s).or_default().push(sample);
+/// Which sample of the run: the round, the scenario's place in it, the scenario.
+#[derive(Clone, Copy)]
+struct SamplePlace {
+    round: usize,
+    position: usize,
+    scenario: Scenario,
+}
+
+/// Measures one sample; when something else took the Envoy core, measures again (at most
+/// [`cost::RETRIES_PER_SAMPLE`] times, and `retries_left` in the whole run) and keeps the
+/// least disturbed attempt.
+fn measure_sample(
+    opts: &Opts,
+    fleet: &Fleet,
+    script: &Path,
+    masters: &[u16],
+    at: SamplePlace,
+    retries_left: &mut u32,
+) -> cost::Sample {
+    let s = at.scenario;
+    let measure = |attempt| {
+        cost::measure(
+            fleet,
+            s,
+            script,
+            opts.connections,
+            Duration::from_secs(opts.duration),
+            masters,
+            at.round,
+            at.position,
+            attempt,
+        )
+    };
+    let mut sample = measure(0);
+    let mut retries = 0;
+    while sample.envoy_core_other_pct > cost::DISTURBED_PCT
+        && retries < cost::RETRIES_PER_SAMPLE
+        && *retries_left > 0
+    {
+        retries += 1;
+        *retries_left -= 1;
+        log(format!(
+            "round {}/{} {}: {:.1} % of the Envoy core went elsewhere; measuring again",
+            at.round + 1,
+            opts.rounds,
+            s.id(),
+            sample.envoy_core_other_pct
+        ));
+        let again = measure(retries as usize);
+        if again.envoy_core_other_pct < sample.envoy_core_other_pct {
+            sample = again;
         }
     }
-    (samples, allowed)
+    sample.retries = retries;
+    log(format!(
+        "round {}/{} {:<24} {:>8.0} req/s  p50 {:>5.0} µs  p99 {:>6.0} µs  {:>6.2} µs CPU/req ({:.2} schedstat)  {:.4} bridge calls/req  {:.3} Redis cmds/req",
+        at.round + 1,
+        opts.rounds,
+        s.id(),
+        sample.wrk.rps(),
+        sample.wrk.p50_us,
+        sample.wrk.p99_us,
+        sample.cpu_us_per_request,
+        sample.runtime_us_per_request,
+        sample.per_request(sample.bridge_calls),
+        sample.per_request(sample.redis_commands),
+    ));
+    sample
 }
 
 /// A weir stat summed over `envoys`.
@@ -502,143 +557,200 @@ fn run_accuracy(
     for n in redis.nodes() {
         sys::pin_process(n.pid(), &all);
     }
-    log("accuracy: starting 2 Envoys × 2 workers (global) and 1 Envoy × 4 workers (local)");
-    // Every decision is logged, for the conformance check.
-    let log_format = decisions::access_log_format("x-key");
-    let global_logs = [work.join("acc-global-0.log"), work.join("acc-global-1.log")];
-    let local_log = work.join("acc-local.log");
-    let global_bootstrap = |log: &Path| {
-        Bootstrap::new()
-            .http_filter(wasm_filter_yaml(&accuracy::global_config(), &wasm.weir))
-            .cluster(bridge_cluster_yaml(bridge.port))
-            .access_log(log, &log_format)
+    let fleet = AccuracyFleet::start(wasm, bridge, work);
+    fleet.warm_up();
+    let nonce = std::process::id();
+    let probes = Probes {
+        bridge,
+        redis,
+        masters,
     };
-    let local = Bootstrap::new()
-        .http_filter(wasm_filter_yaml(&accuracy::local_config(), &wasm.weir))
-        .access_log(&local_log, &log_format);
-    let mut envoys = start_envoys(vec![
-        (global_bootstrap(&global_logs[0]), 2),
-        (global_bootstrap(&global_logs[1]), 2),
-        (local, 4),
-    ]);
-    let local = envoys.pop().unwrap_or_else(|| unreachable!());
-    let globals: Vec<&Envoy> = envoys.iter().collect();
+    Mode::ALL
+        .iter()
+        .enumerate()
+        .map(|(i, &mode)| {
+            let run = measure_mode(opts, &fleet, &probes, mode, &format!("key-{nonce}-{i}"));
+            log_accuracy_run(&run);
+            thread::sleep(Duration::from_millis(700));
+            run
+        })
+        .collect()
+}
 
-    // Open the bridge connections and the VMs' paths on a key of their own.
-    for e in globals.iter().chain(std::iter::once(&&local)) {
-        for mode in Mode::ALL {
-            for _ in 0..4 {
-                let _ = weir_e2e::send(
-                    e.http_port,
-                    Request::get(mode.path()).header("x-key", "warm-up"),
-                );
+/// The Envoys of the accuracy run — two global ones with 2 workers each, a local one with
+/// 4 — and the access logs in which each writes every decision, for the conformance check.
+struct AccuracyFleet {
+    globals: Vec<Envoy>,
+    local: Envoy,
+    global_logs: Vec<PathBuf>,
+    local_log: PathBuf,
+}
+
+impl AccuracyFleet {
+    fn start(wasm: &Wasm, bridge: &Bridge, work: &Path) -> AccuracyFleet {
+        log("accuracy: starting 2 Envoys × 2 workers (global) and 1 Envoy × 4 workers (local)");
+        let log_format = decisions::access_log_format("x-key");
+        let global_logs = vec![work.join("acc-global-0.log"), work.join("acc-global-1.log")];
+        let local_log = work.join("acc-local.log");
+        let global = |log: &Path| {
+            Bootstrap::new()
+                .http_filter(wasm_filter_yaml(&accuracy::global_config(), &wasm.weir))
+                .cluster(bridge_cluster_yaml(bridge.port))
+                .access_log(log, &log_format)
+        };
+        let local = Bootstrap::new()
+            .http_filter(wasm_filter_yaml(&accuracy::local_config(), &wasm.weir))
+            .access_log(&local_log, &log_format);
+        let mut envoys = start_envoys(vec![
+            (global(&global_logs[0]), 2),
+            (global(&global_logs[1]), 2),
+            (local, 4),
+        ]);
+        let local = envoys.pop().unwrap_or_else(|| unreachable!());
+        AccuracyFleet {
+            globals: envoys,
+            local,
+            global_logs,
+            local_log,
+        }
+    }
+
+    /// Opens the bridge connections and the VMs' paths on a key of their own.
+    fn warm_up(&self) {
+        for e in self.globals.iter().chain(std::iter::once(&self.local)) {
+            for mode in Mode::ALL {
+                for _ in 0..4 {
+                    let _ = weir_e2e::send(
+                        e.http_port,
+                        Request::get(mode.path()).header("x-key", "warm-up"),
+                    );
+                }
             }
         }
     }
 
-    let nonce = std::process::id();
-    let mut runs = Vec::new();
-    for mode in Mode::ALL {
-        let rule = mode.rule();
-        let (ports, envoys_of_mode, logs, config): (Vec<u16>, Vec<&Envoy>, Vec<&Path>, String) =
-            if mode.is_global() {
-                (
-                    globals.iter().map(|e| e.http_port).collect(),
-                    globals.clone(),
-                    global_logs.iter().map(PathBuf::as_path).collect(),
-                    accuracy::global_config(),
-                )
-            } else {
-                (
-                    vec![local.http_port],
-                    vec![&local],
-                    vec![local_log.as_path()],
-                    accuracy::local_config(),
-                )
-            };
-        let key = format!("key-{nonce}-{}", runs.len());
-        let rule0 = rule_stats(&envoys_of_mode, rule);
-        let calls0 = weir_stat(&globals, "bridge.calls");
-        let (_, scripts0) = cost::redis_commands(masters);
-        let granted0 = bridge.metric_sum("weir_bridge_units_granted_total", &[("rule", rule)]);
-        log(format!(
-            "accuracy: {} for {} s",
-            mode.title(),
-            opts.accuracy_secs
-        ));
-        let groups: Vec<(&str, Vec<u32>)> = vec![
-            ("envoys", envoys_of_mode.iter().map(|e| e.pid()).collect()),
-            ("bridge", vec![bridge.pid()]),
-            ("redis", redis.nodes().iter().map(|n| n.pid()).collect()),
-            ("generator", vec![std::process::id()]),
-        ];
-        let cpu = |pids: &[u32]| -> u64 { pids.iter().map(|&p| sys::process_cpu_us(p)).sum() };
-        let cpu0: Vec<u64> = groups.iter().map(|(_, p)| cpu(p)).collect();
-        let t0 = Instant::now();
-        let mut run = accuracy::paced(mode, &ports, opts.accuracy_secs, &key);
-        let wall_us = t0.elapsed().as_micros().max(1) as f64;
-        run.cpu_pct = groups
-            .iter()
-            .zip(&cpu0)
-            .map(|((name, pids), c0)| {
-                (
-                    name.to_string(),
-                    cpu(pids).saturating_sub(*c0) as f64 * 100.0 / wall_us,
-                )
-            })
-            .collect();
-        // Let leases expire and late answers land before reading the counters.
-        thread::sleep(Duration::from_millis(300));
-        let rule1 = rule_stats(&envoys_of_mode, rule);
-        run.rule_stats = rule1
-            .iter()
-            .map(|(k, v)| {
-                (
-                    k.clone(),
-                    v.saturating_sub(rule0.get(k).copied().unwrap_or(0)),
-                )
-            })
-            .collect();
-        let envoy_cpu_us = cpu(&groups[0].1).saturating_sub(cpu0[0]);
-        run.envoy_cpu_us_per_request = envoy_cpu_us as f64 / run.sent.max(1) as f64;
-        let (checked, violation) = check_conformance(&logs, &config, rule, &key, run.sent);
-        run.checked_admissions = checked;
-        run.violation = violation;
+    /// The Envoys, access logs and plugin config that serve `mode`.
+    fn of(&self, mode: Mode) -> (Vec<&Envoy>, Vec<&Path>, String) {
         if mode.is_global() {
-            run.bridge_calls = weir_stat(&globals, "bridge.calls").saturating_sub(calls0);
-            run.redis_scripts = cost::redis_commands(masters).1.saturating_sub(scripts0);
-            let granted = bridge.metric_sum("weir_bridge_units_granted_total", &[("rule", rule)]);
-            run.redis_granted = (granted - granted0).max(0.0) as u64;
+            (
+                self.globals.iter().collect(),
+                self.global_logs.iter().map(PathBuf::as_path).collect(),
+                accuracy::global_config(),
+            )
+        } else {
+            (
+                vec![&self.local],
+                vec![self.local_log.as_path()],
+                accuracy::local_config(),
+            )
         }
-        log(format!(
-            "accuracy: {}: sent {:.0}/s, admitted {} of bound {:.0} (over {:.2} %, under {:.2} %), {} bridge calls, Redis granted {}, max lag {:.1} ms",
-            mode.label(),
-            run.sent_rps,
-            run.admitted,
-            run.exact_bound,
-            run.over_pct,
-            run.under_pct,
-            run.bridge_calls,
-            run.redis_granted,
-            run.max_lag_ms
-        ));
-        log(format!(
-            "accuracy: {}: {} admissions checked: {}; Envoy CPU {:.1} µs per request",
-            mode.label(),
-            run.checked_admissions,
-            run.violation.as_deref().unwrap_or("conformant"),
-            run.envoy_cpu_us_per_request
-        ));
-        log(format!(
-            "accuracy: {}: weir counters {:?}; CPU % of a core {:?}",
-            mode.label(),
-            run.rule_stats,
-            run.cpu_pct
-        ));
-        runs.push(run);
-        thread::sleep(Duration::from_millis(700));
     }
-    runs
+}
+
+/// What the accuracy run reads besides the Envoys.
+struct Probes<'a> {
+    bridge: &'a Bridge,
+    redis: &'a RedisCluster,
+    masters: &'a [u16],
+}
+
+/// Runs one mode on key `key` and fills in what the Envoys, the bridge, Redis and the
+/// conformance checker say of it.
+fn measure_mode(
+    opts: &Opts,
+    fleet: &AccuracyFleet,
+    probes: &Probes<'_>,
+    mode: Mode,
+    key: &str,
+) -> PacedRun {
+    let rule = mode.rule();
+    let (envoys, logs, config) = fleet.of(mode);
+    let globals: Vec<&Envoy> = fleet.globals.iter().collect();
+    let ports: Vec<u16> = envoys.iter().map(|e| e.http_port).collect();
+    let rule0 = rule_stats(&envoys, rule);
+    let calls0 = weir_stat(&globals, "bridge.calls");
+    let scripts0 = cost::redis_commands(probes.masters).1;
+    let granted = || {
+        probes
+            .bridge
+            .metric_sum("weir_bridge_units_granted_total", &[("rule", rule)])
+    };
+    let granted0 = granted();
+    let groups: Vec<(&str, Vec<u32>)> = vec![
+        ("envoys", envoys.iter().map(|e| e.pid()).collect()),
+        ("bridge", vec![probes.bridge.pid()]),
+        (
+            "redis",
+            probes.redis.nodes().iter().map(|n| n.pid()).collect(),
+        ),
+        ("generator", vec![std::process::id()]),
+    ];
+    let cpu = |pids: &[u32]| -> u64 { pids.iter().map(|&p| sys::process_cpu_us(p)).sum() };
+    let cpu0: Vec<u64> = groups.iter().map(|(_, p)| cpu(p)).collect();
+    log(format!(
+        "accuracy: {} for {} s",
+        mode.title(),
+        opts.accuracy_secs
+    ));
+    let t0 = Instant::now();
+    let mut run = accuracy::paced(mode, &ports, opts.accuracy_secs, key);
+    let wall_us = t0.elapsed().as_micros().max(1) as f64;
+    let used: Vec<u64> = groups
+        .iter()
+        .zip(&cpu0)
+        .map(|((_, pids), c0)| cpu(pids).saturating_sub(*c0))
+        .collect();
+    run.cpu_pct = groups
+        .iter()
+        .zip(&used)
+        .map(|((name, _), us)| (name.to_string(), *us as f64 * 100.0 / wall_us))
+        .collect();
+    run.envoy_cpu_us_per_request = used[0] as f64 / run.sent.max(1) as f64;
+    // Let leases expire and late answers land before reading the counters.
+    thread::sleep(Duration::from_millis(300));
+    run.rule_stats = rule_stats(&envoys, rule)
+        .into_iter()
+        .map(|(k, v)| {
+            let before = rule0.get(&k).copied().unwrap_or(0);
+            (k, v.saturating_sub(before))
+        })
+        .collect();
+    let (checked, violation) = check_conformance(&logs, &config, rule, key, run.sent);
+    run.checked_admissions = checked;
+    run.violation = violation;
+    if mode.is_global() {
+        run.bridge_calls = weir_stat(&globals, "bridge.calls").saturating_sub(calls0);
+        run.redis_scripts = cost::redis_commands(probes.masters)
+            .1
+            .saturating_sub(scripts0);
+        run.redis_granted = (granted() - granted0).max(0.0) as u64;
+    }
+    run
+}
+
+fn log_accuracy_run(run: &PacedRun) {
+    let label = run.mode.label();
+    log(format!(
+        "accuracy: {label}: sent {:.0}/s, admitted {} of bound {:.0} (over {:.2} %, under {:.2} %), {} bridge calls, Redis granted {}, max lag {:.1} ms",
+        run.sent_rps,
+        run.admitted,
+        run.exact_bound,
+        run.over_pct,
+        run.under_pct,
+        run.bridge_calls,
+        run.redis_granted,
+        run.max_lag_ms
+    ));
+    log(format!(
+        "accuracy: {label}: {} admissions checked: {}; Envoy CPU {:.1} µs per request",
+        run.checked_admissions,
+        run.violation.as_deref().unwrap_or("conformant"),
+        run.envoy_cpu_us_per_request
+    ));
+    log(format!(
+        "accuracy: {label}: weir counters {:?}; CPU % of a core {:?}",
+        run.rule_stats, run.cpu_pct
+    ));
 }
 
 /// Judges the admissions of `rule` for `key` in `logs` (every Envoy of the run) with the
@@ -672,6 +784,29 @@ fn check_conformance(
     (admissions.len() as u64, violation)
 }
 
+/// `weir-bench --render OUT/bench/results.json`: writes `OUT/benchmarks.md` (and the
+/// picture) again from a run's JSON, without measuring anything.
+fn render_main(json_path: &Path, plot_it: bool) {
+    let text = std::fs::read_to_string(json_path)
+        .unwrap_or_else(|e| fail(&format!("cannot read {}: {e}", json_path.display())));
+    let results: Results = serde_json::from_str(&text).unwrap_or_else(|e| {
+        fail(&format!(
+            "{}: not a weir-bench results file: {e}",
+            json_path.display()
+        ))
+    });
+    let out = json_path
+        .parent()
+        .and_then(Path::parent)
+        .unwrap_or_else(|| fail("--render: expected OUT/bench/results.json"));
+    let png = out.join(PNG);
+    let drew = plot_it && !results.accuracy.runs.is_empty() && plot(json_path, &png);
+    let md_path = out.join("benchmarks.md");
+    std::fs::write(&md_path, page::markdown(&results, drew.then_some(PNG)))
+        .unwrap_or_else(|e| panic!("cannot write {}: {e}", md_path.display()));
+    log(format!("wrote {}", md_path.display()));
+}
+
 fn write_outputs(opts: &Opts, out: &Path, results: &Results) {
     let raw_dir = out.join("bench");
     std::fs::create_dir_all(&raw_dir)
@@ -683,7 +818,7 @@ fn write_outputs(opts: &Opts, out: &Path, results: &Results) {
         .unwrap_or_else(|e| panic!("cannot write {}: {e}", json_path.display()));
     let png = out.join(PNG);
     let drew = opts.plot && !results.accuracy.runs.is_empty() && plot(&json_path, &png);
-    let md = report::markdown(results, drew.then_some(PNG));
+    let md = page::markdown(results, drew.then_some(PNG));
     let md_path = out.join("benchmarks.md");
     std::fs::write(&md_path, md)
         .unwrap_or_else(|e| panic!("cannot write {}: {e}", md_path.display()));

@@ -23,7 +23,7 @@ use weir_core::conformance::{self, Admission};
 use weir_core::key::Seed;
 use weir_core::rules::{Fact, FactSource};
 use weir_core::simulation::{admissions, configured_limit, SimEnvoy};
-use weir_e2e::{Bridge, Client, RedisCluster, Request};
+use weir_e2e::{Bridge, Client, Request};
 
 use crate::sys;
 
@@ -435,16 +435,7 @@ fn per_master(masters: &[u16]) -> Vec<(u64, u64)> {
 
 /// Starts a Redis Cluster and the release bridge, runs `profiles`, returns the runs.
 pub fn run_all(profiles: &[Profile]) -> Vec<SimRun> {
-    crate::log(
-        "simulate: starting a Redis Cluster (3 masters, 3 replicas) and weir-bridge (release)",
-    );
-    let redis = RedisCluster::start(3, 1);
-    let bridge = Bridge::start(&redis, &[]);
-    let masters: Vec<u16> = redis
-        .masters()
-        .iter()
-        .filter_map(|a| a.rsplit_once(':').and_then(|(_, p)| p.parse().ok()))
-        .collect();
+    let (_redis, bridge, masters) = crate::start_redis_and_bridge();
     profiles
         .iter()
         .map(|p| {

@@ -164,7 +164,7 @@ pub fn core_time(cpu: usize) -> CoreTime {
 }
 
 /// What the report says about the host.
-#[derive(Clone, Debug, serde::Serialize)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct Machine {
     pub cores: usize,
     pub cpu_model: String,

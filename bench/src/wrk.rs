@@ -18,7 +18,7 @@ pub const TENANTS: u32 = 10;
 pub const PATH: &str = "/api/bench";
 
 /// Which requests wrk sends.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Traffic {
     /// 1,000 users in turn.

@@ -1,0 +1,524 @@
+//! `docs/benchmarks.md` from the run's [`Results`]: every table is built as data first
+//! ([`Table`]: a header and rows of cells), then written as Markdown; each section is a
+//! small function. Nothing here measures.
+
+use crate::accuracy::{self, Mode, PacedRun};
+use crate::cost::{Sample, DISTURBED_PCT, RETRIES_PER_RUN, RETRIES_PER_SAMPLE};
+use crate::report::{num, AccuracyResults, Results, Target};
+use crate::wrk;
+
+/// A Markdown table: a header and rows of the same width.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Table {
+    pub head: Vec<String>,
+    pub rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    pub fn new(head: &[&str]) -> Table {
+        Table {
+            head: head.iter().map(|h| h.to_string()).collect(),
+            rows: Vec::new(),
+        }
+    }
+
+    /// Adds a row; panics when its width is not the header's (a bug in this file).
+    pub fn row(&mut self, cells: Vec<String>) {
+        assert_eq!(
+            cells.len(),
+            self.head.len(),
+            "row {cells:?} for {:?}",
+            self.head
+        );
+        self.rows.push(cells);
+    }
+
+    /// The table as Markdown, followed by a blank line.
+    pub fn markdown(&self) -> String {
+        let line = |cells: &[String]| format!("| {} |\n", cells.join(" | "));
+        let mut out = line(&self.head);
+        out.push_str(&format!("|{}\n", "---|".repeat(self.head.len())));
+        for r in &self.rows {
+            out.push_str(&line(r));
+        }
+        out.push('\n');
+        out
+    }
+}
+
+fn ratio(r: Option<f64>) -> String {
+    r.map(|r| format!("{r:.2}×")).unwrap_or_else(|| "–".into())
+}
+
+fn met(m: Option<bool>) -> &'static str {
+    match m {
+        Some(true) => "**met**",
+        Some(false) => "**missed**",
+        None => "not measured",
+    }
+}
+
+/// The whole page.
+pub fn markdown(r: &Results, png_name: Option<&str>) -> String {
+    [
+        header(r),
+        machine_table(r).markdown(),
+        cost_section(r),
+        accuracy_section(r, png_name),
+        targets_section(&r.targets),
+        running_section(),
+        limits_section(r),
+    ]
+    .concat()
+}
+
+fn header(r: &Results) -> String {
+    let how = if r.command == "weir-bench" {
+        "`just bench` (`weir-bench` with its default settings)".to_string()
+    } else {
+        format!("`{}`", r.command)
+    };
+    format!(
+        "# Benchmarks\n\nWritten by {how} on {} UTC, commit {}, in {:.0} s. Every figure on \
+         this page comes from that run; every sample is in [bench/results.json](bench/results.json). \
+         Re-running `just bench` regenerates the page, the picture and the JSON.\n\n## The machine\n\n",
+        r.generated_utc, r.machine.commit, r.settings.wall_s
+    )
+}
+
+fn machine_table(r: &Results) -> Table {
+    let m = &r.machine;
+    let mut t = Table::new(&["", ""]);
+    for (k, v) in [
+        ("CPU", format!("{} × {}", m.cores, m.cpu_model)),
+        ("memory", format!("{} GiB", m.memory_gib)),
+        ("kernel", m.kernel.clone()),
+        ("Envoy", m.envoy.clone()),
+        ("load generator", m.wrk.clone()),
+        ("Redis", m.redis.clone()),
+        ("Rust", m.rustc.clone()),
+    ] {
+        t.row(vec![k.to_string(), v]);
+    }
+    t
+}
+
+fn cost_section(r: &Results) -> String {
+    let s = &r.settings;
+    let mut o = format!(
+        "## Cost per request\n\nOne Envoy per scenario, `--concurrency 1`, every thread pinned \
+         to core {} (checked: `Cpus_allowed_list` {}); wrk (1 thread, {} keep-alive \
+         connections), weir-bridge (release build) and a Redis Cluster of 3 masters + 3 \
+         replicas pinned to core {}. All Envoys run the whole time; each scenario is warmed up \
+         for {} s, then the {} scenarios are measured in turn, {} s each, for {} rounds, the \
+         order rotated every round. Same listener, same route (`direct_response` 200), same \
+         requests: `GET {}` with `x-user` cycling over {} users and `x-tenant` over {} tenants.\n\n\
+         Figures are medians over the rounds with (min–max). **Envoy CPU** is utime + stime of \
+         the Envoy process (`/proc/PID/stat`) over the measured interval divided by the requests \
+         Envoy counted (`http.ingress.downstream_rq_total`). **Bridge calls** are weir's \
+         `weir.PLUGIN.bridge.calls`; **Redis commands** are the `INFO commandstats` calls summed \
+         over the masters (the commands the Lua scripts run included; *scripts* counts \
+         EVALSHA/EVAL alone). Ratios divide the medians.\n\n",
+        s.envoy_core,
+        s.envoy_cpus_allowed.join(", "),
+        s.connections,
+        s.load_core,
+        s.warmup_s,
+        r.scenarios.len(),
+        s.duration_s,
+        s.rounds,
+        wrk::PATH,
+        wrk::USERS,
+        wrk::TENANTS
+    );
+    o.push_str(&cost_table(r).markdown());
+    o.push_str(&ratio_table(r).markdown());
+    o.push_str("The scenarios:\n\n");
+    for x in &r.scenarios {
+        o.push_str(&format!("- **{}**: {}.\n", x.id, x.description));
+    }
+    o.push('\n');
+    o.push_str(&run_health(r));
+    o
+}
+
+fn cost_table(r: &Results) -> Table {
+    let mut t = Table::new(&[
+        "scenario",
+        "requests/s",
+        "p50 µs",
+        "p99 µs",
+        "Envoy CPU µs/request",
+    ]);
+    for x in &r.scenarios {
+        t.row(vec![
+            x.id.clone(),
+            x.rps.show(0),
+            x.p50_us.show(0),
+            x.p99_us.show(0),
+            x.cpu_us_per_request.show(2),
+        ]);
+    }
+    t
+}
+
+fn ratio_table(r: &Results) -> Table {
+    let mut t = Table::new(&[
+        "scenario",
+        "CPU vs native",
+        "CPU vs empty wasm",
+        "CPU − empty wasm µs",
+        "req/s vs native",
+        "req/s vs empty wasm",
+        "bridge calls/request",
+        "Redis commands/request, median (of which scripts)",
+        "non-2xx %",
+    ]);
+    for x in &r.scenarios {
+        t.row(vec![
+            x.id.clone(),
+            ratio(x.cpu_vs_native),
+            ratio(x.cpu_vs_empty_wasm),
+            x.cpu_over_empty_wasm_us
+                .map(|d| format!("{d:+.2}"))
+                .unwrap_or_else(|| "–".into()),
+            ratio(x.rps_vs_native),
+            ratio(x.rps_vs_empty_wasm),
+            x.bridge_calls_per_request.show(4),
+            format!(
+                "{} ({})",
+                num(x.redis_commands_per_request.median, 3),
+                num(x.redis_scripts_per_request.median, 3)
+            ),
+            x.non_2xx_pct.show(1),
+        ]);
+    }
+    t
+}
+
+fn run_health(r: &Results) -> String {
+    let failures: u64 = r.scenarios.iter().map(|x| x.bridge_failures).sum();
+    let socket: u64 = r.scenarios.iter().map(|x| x.socket_errors).sum();
+    let noisy = r
+        .scenarios
+        .iter()
+        .map(|x| x.envoy_core_other_pct.max)
+        .fold(0.0, f64::max);
+    let all: Vec<&Sample> = r.samples.iter().flat_map(|(_, v)| v).collect();
+    let disturbed = all
+        .iter()
+        .filter(|x| x.envoy_core_other_pct > DISTURBED_PCT)
+        .count();
+    let retried = all.iter().filter(|x| x.retries > 0).count();
+    let clocks_agree = all
+        .iter()
+        .filter(|x| x.runtime_us_per_request > 0.0)
+        .map(|x| (x.cpu_us_per_request / x.runtime_us_per_request - 1.0).abs() * 100.0)
+        .fold(0.0, f64::max);
+    format!(
+        "Health of the run: {failures} failed or skipped bridge calls, {socket} wrk socket errors \
+         or timeouts. A sample in which more than {DISTURBED_PCT} % of the Envoy core's busy time \
+         was not Envoy's (softirq, processes we cannot see, such as another build) is measured \
+         again, up to {RETRIES_PER_SAMPLE} times (at most {RETRIES_PER_RUN} times per run), keeping \
+         the least disturbed attempt: {retried} of {} samples were measured again, and {disturbed} \
+         kept more than {DISTURBED_PCT} % all the same (at most {noisy:.1} %). A slower host (a \
+         neighbour on the same physical core) does not show up there, only in the spread between \
+         rounds. utime + stime agree with the scheduler's ns clock (`schedstat`, in the JSON) to \
+         within {clocks_agree:.1} % in every sample.\n\n",
+        all.len(),
+    )
+}
+
+fn accuracy_section(r: &Results, png_name: Option<&str>) -> String {
+    let a = &r.accuracy;
+    let mut o = accuracy_intro(a);
+    o.push_str(&accuracy_table(a).markdown());
+    o.push_str(&accuracy_notes(a));
+    if let Some(png) = png_name {
+        o.push_str(&format!(
+            "![Admitted requests per second against the limit, one line per mode]({png})\n\n"
+        ));
+    }
+    o.push_str(
+        "Admitted per second, by the second in which each request was sent (the first second \
+         includes the burst):\n\n",
+    );
+    o.push_str(&per_second_table(a).markdown());
+    o.push_str(&format!(
+        "CPU used during each accuracy run, in % of one core (the machine has {}), and the \
+         schedule: the slowest client thread fell at most this far behind.\n\n",
+        r.machine.cores
+    ));
+    o.push_str(&accuracy_cpu_table(a).markdown());
+    o
+}
+
+fn accuracy_intro(a: &AccuracyResults) -> String {
+    format!(
+        "## Accuracy\n\nA GCRA limit of {} requests/s with burst {} (so {} at once, then one \
+         every {} ms) on one key, offered {} requests/s (5×) for {} s by a paced load generator \
+         (`bench/src/accuracy.rs`: {} threads, each with one keep-alive connection, sending on a \
+         fixed schedule); the 20× run offers the same load to a limit of {}/s, burst {}; the \
+         idle-then-burst run offers twice the rate, stops for 0.5 s (longer than the key's \
+         tolerance, shorter than leases used to live) and then sends as fast as every thread \
+         can for 0.2 s. Global modes: two Envoys with 2 workers each, weir-bridge and the Redis \
+         Cluster, the load split evenly over the two Envoys, `expected_instances` 2; leased \
+         modes with `lease.max` {}, `lease.ttl` {} (the hold, paid with {} units of the burst) \
+         and `lease.horizon` {}. Local mode: one Envoy with 4 workers. Nothing is pinned here.\n\n\
+         **Conformance**: every Envoy logs every decision (`response.filter_state: all`), and \
+         the core's `conformance::check` judges all admissions of the run's key, at the instants \
+         they were decided, against the GCRA bound in every interval (docs/global.md, \"What \
+         the limit guarantees\"). The **exact bound** is burst + 1 + rate × the time from the \
+         first request sent to the last answer received, the most a conformant limiter can \
+         admit when offered more than its rate all along; over- and under-admission are \
+         against it (not meaningful for the idle-then-burst run, which is offered nothing for \
+         a while). **Envoy CPU** is utime + stime of the run's Envoys over the run, per request \
+         sent; it is not pinned and not comparable with the cost table's.\n\n",
+        num(a.rate_per_s as f64, 0),
+        a.burst,
+        a.burst + 1,
+        num(1000.0 / a.rate_per_s as f64, 0),
+        num(a.offered_rps, 0),
+        a.runs.first().map(|x| x.seconds).unwrap_or(0),
+        a.threads,
+        num(accuracy::RATE_20X as f64, 0),
+        accuracy::BURST_20X,
+        a.lease_max,
+        a.lease_ttl,
+        accuracy::HOLD_PAID,
+        a.horizon
+    )
+}
+
+fn accuracy_table(a: &AccuracyResults) -> Table {
+    let mut t = Table::new(&[
+        "mode",
+        "sent req/s",
+        "× limit",
+        "admitted",
+        "exact bound",
+        "over",
+        "under",
+        "conformance",
+        "bridge calls/request",
+        "Envoy CPU µs/request",
+        "Redis granted (unused)",
+        "p50 / p99 ms",
+        "other statuses",
+    ]);
+    for x in &a.runs {
+        let global = x.mode.is_global();
+        let bounded = x.mode != Mode::GlobalIdleThenBurst;
+        let dash = || "–".to_string();
+        let pct = |v: f64| if bounded { format!("{v:.2} %") } else { dash() };
+        t.row(vec![
+            x.mode.title().to_string(),
+            num(x.sent_rps, 0),
+            format!("{:.0}×", x.multiple),
+            num(x.admitted as f64, 0),
+            if bounded {
+                num(x.exact_bound, 0)
+            } else {
+                dash()
+            },
+            pct(x.over_pct),
+            pct(x.under_pct),
+            match &x.violation {
+                None => format!("kept ({} admissions)", num(x.checked_admissions as f64, 0)),
+                Some(_) => "**violated**".into(),
+            },
+            if global {
+                num(x.bridge_calls as f64 / x.sent.max(1) as f64, 4)
+            } else {
+                dash()
+            },
+            num(x.envoy_cpu_us_per_request, 1),
+            if global {
+                format!(
+                    "{} ({})",
+                    num(x.redis_granted as f64, 0),
+                    num(x.redis_granted.saturating_sub(x.admitted) as f64, 0)
+                )
+            } else {
+                dash()
+            },
+            format!("{} / {}", num(x.p50_ms, 2), num(x.p99_ms, 2)),
+            x.failed.to_string(),
+        ]);
+    }
+    t
+}
+
+fn accuracy_notes(a: &AccuracyResults) -> String {
+    let mut o = String::new();
+    for x in a.runs.iter().filter(|x| x.violation.is_some()) {
+        o.push_str(&format!(
+            "- **{}**: {}\n",
+            x.mode.label(),
+            x.violation.as_deref().unwrap_or_default()
+        ));
+    }
+    for x in a.runs.iter().filter(|x| x.mode.is_global()) {
+        let get = |k: &str| num(x.rule_stats.get(k).copied().unwrap_or(0) as f64, 0);
+        o.push_str(&format!(
+            "- {}: of {} requests, {} were decided by Redis through the bridge, {} from units \
+             held (leases and reservations, allowed or not yet due), {} from a cached denial.\n",
+            x.mode.label(),
+            num(x.sent as f64, 0),
+            get("bridge_decisions"),
+            get("lease_hits"),
+            get("denial_cache_hits")
+        ));
+    }
+    o.push('\n');
+    o
+}
+
+fn per_second_table(a: &AccuracyResults) -> Table {
+    let mut head = vec!["second"];
+    head.extend(a.runs.iter().map(|x| x.mode.label()));
+    let mut t = Table::new(&head);
+    let n = a.runs.iter().map(|x| x.seconds).max().unwrap_or(0) as usize;
+    for i in 0..n {
+        let mut row = vec![(i + 1).to_string()];
+        row.extend(
+            a.runs
+                .iter()
+                .map(|x| num(x.admitted_per_second.get(i).copied().unwrap_or(0) as f64, 0)),
+        );
+        t.row(row);
+    }
+    t
+}
+
+fn accuracy_cpu_table(a: &AccuracyResults) -> Table {
+    let mut t = Table::new(&[
+        "mode",
+        "Envoys",
+        "weir-bridge",
+        "Redis (6 nodes)",
+        "load generator",
+        "max lag ms",
+    ]);
+    for x in &a.runs {
+        let c = |k: &str| {
+            x.cpu_pct
+                .get(k)
+                .map(|v| format!("{v:.0} %"))
+                .unwrap_or_else(|| "–".into())
+        };
+        t.row(vec![
+            x.mode.label().to_string(),
+            c("envoys"),
+            c("bridge"),
+            c("redis"),
+            c("generator"),
+            num(x.max_lag_ms, 1),
+        ]);
+    }
+    t
+}
+
+fn targets_section(targets: &[Target]) -> String {
+    let mut t = Table::new(&["target", "this run", ""]);
+    for x in targets {
+        t.row(vec![
+            x.target.clone(),
+            x.measured.clone(),
+            met(x.met).to_string(),
+        ]);
+    }
+    format!("## Targets (issues 4 and 10)\n\n{}", t.markdown())
+}
+
+fn running_section() -> String {
+    "## Running it\n\n`just bench` builds `weir.wasm`, the empty filter and `weir-bridge \
+     --release`, runs `weir-bench` (about 10 minutes) and rewrites this page, \
+     `docs/bench/results.json` and the picture (drawn by `bench/plot.py`; matplotlib is \
+     installed into `.tools/venv` when missing). `weir-bench --render docs/bench/results.json` \
+     writes the page again from the JSON alone. `just bench-smoke` runs every part for a second \
+     or two into a temp dir and only checks that numbers came out and that no admission broke \
+     its bound (CI runs it; it asserts no performance). `weir-bench --help` lists the settings \
+     (`--rounds`, `--duration`, `--warmup`, `--connections`, `--accuracy-secs`, `--out`, \
+     `--only`, `--no-accuracy`, `--no-plot`, `--render`); `--only` also takes two diagnostic \
+     scenarios that split weir's cost, `weir-no-match` (one rule whose match never holds) and \
+     `weir-unkeyed` (one rule without a key). `just bench-sim` simulates a fleet against the real \
+     bridge and Redis (docs/capacity.md).\n\n"
+        .to_string()
+}
+
+fn limits_section(r: &Results) -> String {
+    let (m, s, a) = (&r.machine, &r.settings, &r.accuracy);
+    let max_lag = a.runs.iter().map(|x| x.max_lag_ms).fold(0.0, f64::max);
+    let busiest = a
+        .runs
+        .iter()
+        .filter(|x| x.mode.is_global())
+        .map(|x: &PacedRun| x.cpu_pct.values().sum::<f64>())
+        .fold(0.0, f64::max);
+    format!(
+        "## What limits these figures\n\n\
+         - **Host calls.** A proxy-wasm filter pays for every call into Envoy, and more for \
+         those that return data (Envoy calls back into the VM to allocate the copy). A local \
+         decision kept in shared data needs at least four: the clock, the key's header, the \
+         shared-data get and the CAS set. The `host-call-floor` scenario makes exactly \
+         weir-local's four calls from the empty filter and nothing else: what it costs over the \
+         empty filter is the price of the design in this Envoy, before any rate-limiting code \
+         runs (the targets table splits weir's figures this way). weir makes no other host call \
+         on an allowed request: its counters are kept in the VM and handed to Envoy every \
+         100 ms, and its headers are only added on denials unless `headers_on_allowed` is set.\n\
+         - **{cores} vCPUs for everything.** In the cost runs Envoy has core {envoy_core} to \
+         itself, but wrk, weir-bridge and all six Redis nodes share core {load_core}: requests/s \
+         and latency are those of that pair of cores, and in the global scenarios the load core \
+         also runs the bridge and Redis, so their requests/s fall for reasons that are not \
+         Envoy's. CPU µs per request is the figure to compare across scenarios; requests/s and \
+         latency are closed-loop figures of this setup.\n\
+         - **Loopback.** No network: a bridge call costs a loopback round trip and Redis runs on \
+         the same machine; a real network adds latency to exact global decisions, not CPU.\n\
+         - **A virtual machine with neighbours.** These are vCPUs; other engineers' builds may \
+         run during a run, and the host itself changes speed between runs (compare `no-filter` \
+         across runs before comparing µs). That is why the scenarios are interleaved and \
+         repeated and the tables give min–max; the JSON has every sample, with the share of the \
+         Envoy core that was not Envoy's in each.\n\
+         - **Clock-tick resolution.** `/proc` CPU times count {ticks} ticks per second; over a \
+         {duration} s run that is well under 1 % of the figure.\n\
+         - **One worker.** Envoy runs one worker in the cost runs; with more workers, weir's \
+         shared-data CAS can contend (the accuracy run's local mode has 4 workers).\n\
+         - **The accuracy run** is not pinned: two Envoys with 2 workers each, the bridge, Redis \
+         and the load generator all share the two cores, so answers can be late; the paced \
+         generator catches up after a late answer (the slowest thread fell at most {lag} ms \
+         behind schedule), and the processes used up to {busiest} % of the {all} % the machine \
+         has: at 5,000 requests/s the global modes run the machine near its limit, which is \
+         what the answer times (p50 / p99) show.\n",
+        cores = m.cores,
+        envoy_core = s.envoy_core,
+        load_core = s.load_core,
+        ticks = crate::sys::clock_ticks(),
+        duration = s.duration_s,
+        lag = num(max_lag, 1),
+        busiest = num(busiest, 0),
+        all = m.cores * 100,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tables_are_markdown_with_one_separator_and_rows_as_wide_as_the_header() {
+        let mut t = Table::new(&["a", "b"]);
+        t.row(vec!["1".into(), "2".into()]);
+        t.row(vec!["3".into(), "4 | 5".replace(" | ", " / ")]);
+        assert_eq!(
+            t.markdown(),
+            "| a | b |\n|---|---|\n| 1 | 2 |\n| 3 | 4 / 5 |\n\n"
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "row")]
+    fn a_row_of_the_wrong_width_is_a_bug() {
+        Table::new(&["a", "b"]).row(vec!["1".into()]);
+    }
+}
