@@ -111,7 +111,7 @@ impl Scenario {
                 "the same as weir-global-exact, with Envoy's bridge cluster speaking HTTP/2 (prior knowledge) instead of HTTP/1.1"
             }
             Scenario::WeirGlobalLeases => {
-                "the same global rule with `lease.max` 1000 and the default hold (a quarter of the burst's time, 250 ms here): requests are served from leases in shared data"
+                "the same global rule with `lease.max` 1000 and `lease.ttl` 900ms (the hold; it costs 900,000 of the 999,999 burst, which this limit can afford; the default, a quarter of the burst, is 250 ms): requests are served from leases in shared data"
             }
             Scenario::WeirGlobalSaturated => {
                 "weir, one global GCRA key (no key parts) of 1,000/s, burst 99, `lease.max` 50, `ttl` 20ms, `horizon` 100ms, offered all wrk can send: almost every request is denied locally from a reservation or a cached denial"
@@ -167,7 +167,7 @@ impl Scenario {
             ),
             Scenario::WeirGlobalLeases => format!(
                 r#"{{{BRIDGE}, "rules": [{{"name": "per-tenant", "key": [{{"header": "x-tenant"}}],
-  "scope": "global", {GLOBAL_LIMIT}, "global": {{"lease": {{"max": 1000}}}}}}]}}"#
+  "scope": "global", {GLOBAL_LIMIT}, "global": {{"lease": {{"max": 1000, "ttl": "900ms"}}}}}}]}}"#
             ),
             Scenario::WeirGlobalSaturated => format!(
                 r#"{{{BRIDGE}, "rules": [{{"name": "hot", "scope": "global",
