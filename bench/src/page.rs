@@ -516,6 +516,23 @@ mod tests {
         );
     }
 
+    /// The committed results render (`weir-bench --render` keeps working on them), with
+    /// every scenario and accuracy mode on the page.
+    #[test]
+    fn the_committed_results_render() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/bench/results.json");
+        let text = std::fs::read_to_string(path).unwrap();
+        let results: Results = serde_json::from_str(&text).unwrap();
+        let page = markdown(&results, None);
+        for x in &results.scenarios {
+            assert!(page.contains(&format!("| {} |", x.id)), "{}", x.id);
+        }
+        for x in &results.accuracy.runs {
+            assert!(page.contains(x.mode.title()), "{:?}", x.mode);
+        }
+        assert!(page.contains("## Targets"));
+    }
+
     #[test]
     #[should_panic(expected = "row")]
     fn a_row_of_the_wrong_width_is_a_bug() {

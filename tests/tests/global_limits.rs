@@ -1,14 +1,19 @@
 //! Global limits end to end: a 6-node Redis Cluster, weir-bridge and two Envoys
-//! (`--concurrency 2` each) sharing one quota.
+//! (`--concurrency 2` each) sharing one quota. Every Envoy logs every decision, and the
+//! tests that admit judge the admissions of both Envoys with the core's conformance
+//! checker (`Stack::assert_conformant`); tests/tests/global_conformance.rs does so under
+//! load, after idle periods and through failures.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use weir_core::algorithms::AlgorithmKind;
+use weir_core::algorithms::GlobalLimit;
 use weir_core::key::redis_key_tag;
+use weir_e2e::decisions;
 use weir_e2e::{
     bridge_cluster_yaml, get, key_slot, run_clients, wasm_filter_yaml, weir_wasm, Bootstrap,
-    Bridge, Envoy, RedisCluster, Request,
+    Bridge, Envoy, RedisCluster, Request, TestDir,
 };
 
 /// Field order is drop order: Envoys, then the bridge, then Redis.
@@ -16,31 +21,52 @@ struct Stack {
     envoys: Vec<Envoy>,
     bridge: Bridge,
     redis: RedisCluster,
+    /// Each Envoy's access log of decisions, and the plugin config they ran.
+    logs: Vec<std::path::PathBuf>,
+    configs: Vec<String>,
+    _dir: TestDir,
 }
 
 fn stack(config: &str) -> Stack {
     stack_with(&[config, config], &[])
 }
 
-/// One Envoy per config, and a bridge started with `bridge_args`.
+/// One Envoy per config (each writing every decision to filter state, for its access
+/// log), and a bridge started with `bridge_args`.
 fn stack_with(configs: &[&str], bridge_args: &[&str]) -> Stack {
+    let configs: Vec<String> = configs.iter().map(|c| with_decisions(c)).collect();
     let filters: Vec<String> = configs
         .iter()
         .map(|c| wasm_filter_yaml(c, &weir_wasm()))
         .collect();
-    stack_with_filters(&filters, bridge_args)
+    let mut s = stack_with_filters(&filters, bridge_args);
+    s.configs = configs;
+    s
+}
+
+/// The plugin config with `response.filter_state: all`.
+fn with_decisions(config: &str) -> String {
+    let mut v: serde_json::Value = serde_json::from_str(config).unwrap();
+    v["response"]["filter_state"] = "all".into();
+    v.to_string()
 }
 
 /// One Envoy per filter (YAML list item), and a bridge started with `bridge_args`.
 fn stack_with_filters(filters: &[String], bridge_args: &[&str]) -> Stack {
     let redis = RedisCluster::start(3, 1);
     let bridge = Bridge::start(&redis, bridge_args);
+    let dir = TestDir::new("global-limits");
+    let logs: Vec<std::path::PathBuf> = (0..filters.len())
+        .map(|i| dir.join(format!("access-{i}.log")))
+        .collect();
     let envoys = filters
         .iter()
-        .map(|filter| {
+        .zip(&logs)
+        .map(|(filter, log)| {
             let bootstrap = Bootstrap::new()
                 .http_filter(filter.clone())
-                .cluster(bridge_cluster_yaml(bridge.port));
+                .cluster(bridge_cluster_yaml(bridge.port))
+                .access_log(log, &decisions::access_log_format("x-k"));
             Envoy::start(&bootstrap, 2)
         })
         .collect();
@@ -48,10 +74,37 @@ fn stack_with_filters(filters: &[String], bridge_args: &[&str]) -> Stack {
         envoys,
         bridge,
         redis,
+        logs,
+        configs: Vec::new(),
+        _dir: dir,
     }
 }
 
 impl Stack {
+    /// Judges `rule`'s admissions in both Envoys' access logs, key by key, with the core's
+    /// conformance checker against `limit` (by default the configured one); returns the
+    /// units admitted. Waits until `requests` lines are logged.
+    fn assert_conformant(&self, rule: &str, requests: usize, limit: Option<GlobalLimit>) -> u64 {
+        let limit = limit.unwrap_or_else(|| decisions::configured_limit(&self.configs[0], rule));
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let logs = loop {
+            let logs: Vec<Vec<decisions::Logged>> =
+                self.logs.iter().map(|p| decisions::read(p)).collect();
+            let n: usize = logs.iter().map(Vec::len).sum();
+            if n >= requests || Instant::now() >= deadline {
+                break logs;
+            }
+            thread::sleep(Duration::from_millis(50));
+        };
+        let refs: Vec<&[decisions::Logged]> = logs.iter().map(Vec::as_slice).collect();
+        let checked = decisions::check(&refs, rule, &limit).unwrap_or_else(|v| panic!("{v}"));
+        assert!(
+            checked.admitted > 0,
+            "no admission of {rule} in the access logs"
+        );
+        checked.admitted
+    }
+
     /// A weir stat summed over both Envoys.
     fn stat(&self, name: &str) -> u64 {
         self.envoys.iter().map(|e| e.weir_stat(name)).sum()
@@ -165,6 +218,13 @@ fn the_limit_holds_across_two_envoys() {
                 // Leases strand at most what the two Envoys still hold.
                 assert!(ok >= 60, "{name}-lease admitted only {ok}");
             }
+        }
+    }
+    // Every admission of both Envoys, rule by rule, keeps the algorithm's bound (300
+    // requests were sent per rule).
+    for (name, _) in limits {
+        for mode in ["exact", "lease"] {
+            s.assert_conformant(&format!("{name}-{mode}"), 300 * 10, None);
         }
     }
 }
@@ -432,4 +492,13 @@ fn a_redis_failover_under_load() {
         total <= CAPACITY + 20,
         "over-admitted: {total} > {CAPACITY} + 20"
     );
+    // And in time: the bucket's bound, with the same allowance for lost writes.
+    let sent =
+        (total + counts[1].load(Ordering::Relaxed) + counts[2].load(Ordering::Relaxed)) as usize;
+    let loose = GlobalLimit::build(
+        AlgorithmKind::TokenBucket,
+        &[CAPACITY + 20, 1, 3_600_000_000],
+    )
+    .unwrap();
+    s.assert_conformant("quota", sent, Some(loose));
 }
