@@ -582,30 +582,28 @@ fn run_accuracy(
 struct AccuracyFleet {
     globals: Vec<Envoy>,
     local: Envoy,
-    global_logs: Vec<PathBuf>,
-    local_log: PathBuf,
+    global_logs: decisions::Logs,
+    local_log: decisions::Logs,
 }
 
 impl AccuracyFleet {
     fn start(wasm: &Wasm, bridge: &Bridge, work: &Path) -> AccuracyFleet {
         log("accuracy: starting 2 Envoys × 2 workers (global) and 1 Envoy × 4 workers (local)");
-        let log_format = decisions::access_log_format("x-key");
-        let global_logs = vec![work.join("acc-global-0.log"), work.join("acc-global-1.log")];
-        let local_log = work.join("acc-local.log");
-        let global = |log: &Path| {
-            Bootstrap::new()
-                .http_filter(wasm_filter_yaml(&accuracy::global_config(), &wasm.weir))
-                .cluster(bridge_cluster_yaml(bridge.port))
-                .access_log(log, &log_format)
+        let global_logs = decisions::Logs::new(&work.join("acc-global"), 2, "x-key");
+        let local_log = decisions::Logs::new(&work.join("acc-local"), 1, "x-key");
+        let global = |i: usize| {
+            global_logs.add_to(
+                i,
+                Bootstrap::new()
+                    .http_filter(wasm_filter_yaml(&accuracy::global_config(), &wasm.weir))
+                    .cluster(bridge_cluster_yaml(bridge.port)),
+            )
         };
-        let local = Bootstrap::new()
-            .http_filter(wasm_filter_yaml(&accuracy::local_config(), &wasm.weir))
-            .access_log(&local_log, &log_format);
-        let mut envoys = start_envoys(vec![
-            (global(&global_logs[0]), 2),
-            (global(&global_logs[1]), 2),
-            (local, 4),
-        ]);
+        let local = local_log.add_to(
+            0,
+            Bootstrap::new().http_filter(wasm_filter_yaml(&accuracy::local_config(), &wasm.weir)),
+        );
+        let mut envoys = start_envoys(vec![(global(0), 2), (global(1), 2), (local, 4)]);
         let local = envoys.pop().unwrap_or_else(|| unreachable!());
         AccuracyFleet {
             globals: envoys,
@@ -630,19 +628,15 @@ impl AccuracyFleet {
     }
 
     /// The Envoys, access logs and plugin config that serve `mode`.
-    fn of(&self, mode: Mode) -> (Vec<&Envoy>, Vec<&Path>, String) {
+    fn of(&self, mode: Mode) -> (Vec<&Envoy>, &decisions::Logs, String) {
         if mode.is_global() {
             (
                 self.globals.iter().collect(),
-                self.global_logs.iter().map(PathBuf::as_path).collect(),
+                &self.global_logs,
                 accuracy::global_config(),
             )
         } else {
-            (
-                vec![&self.local],
-                vec![self.local_log.as_path()],
-                accuracy::local_config(),
-            )
+            (vec![&self.local], &self.local_log, accuracy::local_config())
         }
     }
 }
@@ -715,7 +709,7 @@ fn measure_mode(
             (k, v.saturating_sub(before))
         })
         .collect();
-    let (checked, violation) = check_conformance(&logs, &config, rule, key, run.sent);
+    let (checked, violation) = check_conformance(logs, &config, rule, key, run.sent);
     run.checked_admissions = checked;
     run.violation = violation;
     if mode.is_global() {
@@ -757,22 +751,16 @@ fn log_accuracy_run(run: &PacedRun) {
 /// core's conformance checker, once the `sent` requests of the run are logged. Returns how
 /// many admissions it judged and the violation, if any.
 fn check_conformance(
-    logs: &[&Path],
+    logs: &decisions::Logs,
     config: &str,
     rule: &str,
     key: &str,
     sent: u64,
 ) -> (u64, Option<String>) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let mut logged: Vec<Vec<decisions::Logged>>;
-    loop {
-        logged = logs.iter().map(|p| decisions::read(p)).collect();
-        let of_key = logged.iter().flatten().filter(|l| l.key == key).count() as u64;
-        if of_key >= sent || Instant::now() >= deadline {
-            break;
-        }
-        thread::sleep(Duration::from_millis(100));
-    }
+    let of_key = |logs: &[Vec<decisions::Logged>]| {
+        logs.iter().flatten().filter(|l| l.key == key).count() as u64
+    };
+    let logged = logs.read_until(|l| of_key(l) >= sent);
     let refs: Vec<&[decisions::Logged]> = logged.iter().map(Vec::as_slice).collect();
     let admissions = decisions::admissions(&refs, rule)
         .remove(key)

@@ -13,7 +13,7 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
 
-use crate::algorithms::{GlobalLimit, SlotState};
+use crate::algorithms::{AlgorithmKind, GlobalLimit, SlotState};
 use crate::config;
 use crate::conformance::Admission;
 use crate::engine::{Engine, Evaluation, RuleOutcome};
@@ -179,6 +179,25 @@ pub fn configured_limit(engine: &Engine, rule: RuleId) -> Option<GlobalLimit> {
         Scope::Local(limit) => Some(GlobalLimit::Slot(limit.clone())),
         Scope::Global(global) => Some(global.limit.clone()),
     }
+}
+
+/// `limit` with `extra` more bursts: the GCRA burst grown by `extra × (burst + 1)`, a
+/// token bucket's capacity or a window's limit by `extra ×` itself. A bound a little above
+/// the algorithm's own, for paths documented to exceed it by that much (the local fallback
+/// around an outage: docs/global.md).
+pub fn with_extra_bursts(limit: &GlobalLimit, extra: u64) -> GlobalLimit {
+    let kind = limit.kind();
+    let mut values = limit.algorithm().parameters();
+    // The parameter tables: gcra (rate, period, burst); token bucket (capacity, refill,
+    // period); windows and log (limit, window).
+    let (at, unit_more) = match kind {
+        AlgorithmKind::Gcra => (2, 1),
+        _ => (0, 0),
+    };
+    if let Some(burst) = values.get_mut(at) {
+        *burst = burst.saturating_add(extra.saturating_mul(*burst + unit_more));
+    }
+    GlobalLimit::build(kind, &values).unwrap_or_else(|_| limit.clone())
 }
 
 /// A request to play: when it arrives, at which Envoy.

@@ -22,7 +22,9 @@ use std::collections::BTreeMap;
 use support::{user, FakeRequest, T0};
 use weir_core::conformance::{self, Admission};
 use weir_core::engine::RuleOutcome;
-use weir_core::simulation::{admissions, configured_limit, Arrival, Decided, Simulation};
+use weir_core::simulation::{
+    admissions, configured_limit, with_extra_bursts, Arrival, Decided, Simulation,
+};
 
 /// A bridge call: 250 µs out, 250 µs back.
 const HALF_LATENCY_US: u64 = 250;
@@ -284,75 +286,6 @@ fn alternating_envoys_and_mixed_costs_keep_the_bound() {
 }
 
 #[test]
-fn zz_trace() {
-    let (_, config) = every_algorithm().into_iter().next().unwrap();
-    let mut rng = Rng(0xDEAD_BEEF);
-    let costs: Vec<u64> = (0..600)
-        .map(|_| if rng.below(5) == 0 { 10 } else { 1 })
-        .collect();
-    let arrivals: Vec<Arrival<FakeRequest>> = costs
-        .iter()
-        .enumerate()
-        .map(|(i, cost)| Arrival {
-            at_us: T0 + i as u64 * 1_000,
-            envoy: i % 2,
-            request: user("k").header("x-cost", cost.to_string()),
-        })
-        .collect();
-    let (_sim, run) = play(&config, 2, &arrivals);
-    let mut d: Vec<_> = run.decided.iter().collect();
-    d.sort_by_key(|d| d.arrived_us);
-    for x in d.iter().skip(100).take(200) {
-        let r = &x.eval.reports[0];
-        eprintln!(
-            "{} e{} c{} {:?} {:?} at {}",
-            (x.arrived_us - T0) / 1000,
-            x.envoy,
-            costs[x.index],
-            r.outcome,
-            r.source,
-            r.decided_at_us.saturating_sub(T0) / 1000
-        );
-    }
-}
-
-/// Each algorithm's limit JSON (as in [`every_algorithm`]) with `extra` more bursts
-/// (capacity, limit per window). docs/global.md states the bound for
-/// `failure_mode: local` around an outage as two more: the fallbacks' starting shares,
-/// and Redis's own burst when it comes back, which has not counted what the fallbacks
-/// admitted.
-fn with_more_bursts(name: &str, extra: u64) -> String {
-    match name {
-        "gcra" => format!(
-            r#"{{"algorithm":"gcra","rate":100,"period":"1s","burst":{}}}"#,
-            19 + 20 * extra
-        ),
-        "token_bucket" => format!(
-            r#"{{"algorithm":"token_bucket","capacity":{},"refill":5,"period":"50ms"}}"#,
-            20 + 20 * extra
-        ),
-        window => format!(
-            r#"{{"algorithm":"{window}","limit":{},"window":"1s"}}"#,
-            100 + 100 * extra
-        ),
-    }
-}
-
-/// The configured limit of `config` with its limit JSON replaced by `limit_json`.
-fn limit_replaced(config: &str, limit_json: &str) -> weir_core::algorithms::GlobalLimit {
-    let start = config.find(r#""limit":{"#).unwrap() + r#""limit":"#.len();
-    let len = config[start..].find('}').unwrap() + 1;
-    let replaced = format!(
-        "{}{}{}",
-        &config[..start],
-        limit_json,
-        &config[start + len..]
-    );
-    let sim = Simulation::new(&replaced, 1, 0).unwrap();
-    configured_limit(&sim.envoys[0].engine, weir_core::rules::RuleId(0)).unwrap()
-}
-
-#[test]
 fn while_redis_is_down_each_failure_mode_keeps_its_bound() {
     for (name, config) in every_algorithm() {
         for mode in ["allow", "deny", "local"] {
@@ -401,12 +334,11 @@ fn while_redis_is_down_each_failure_mode_keeps_its_bound() {
             let mut all = counted.clone();
             all.extend(fallback.iter().copied());
             all.sort_by_key(|a| a.at_us);
-            let loose = limit_replaced(&config, &with_more_bursts(name, 2));
+            let loose = with_extra_bursts(&limit, 2);
             if let Err(v) = conformance::check(&loose, &all) {
                 panic!("{what}: the bound plus two bursts: {v:?}");
             }
-            let one_more =
-                conformance::check(&limit_replaced(&config, &with_more_bursts(name, 1)), &all);
+            let one_more = conformance::check(&with_extra_bursts(&limit, 1), &all);
             eprintln!(
                 "{what}: within the bound plus one burst: {}",
                 one_more.is_ok()

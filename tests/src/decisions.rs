@@ -4,7 +4,8 @@
 //! the filter state `wasm.weir.decisions` (`rule:outcome:source:cost:decided_at_us`,
 //! comma-separated). [`access_log_format`] logs it with the status and the request's key
 //! header; [`read`] parses the file; [`check`] gathers the admissions of one rule from
-//! every Envoy, per key, and runs `weir_core::conformance::check` on them.
+//! every Envoy, per key, and runs `weir_core::conformance::check` on them. [`Logs`] does
+//! all three for a set of Envoys, and [`with_decisions`] turns the filter state on.
 //!
 //! The instants come from one clock: each Envoy's `decided_at_us` is its own wall clock
 //! (the filter reads Envoy's time source), a bridge decision's is Redis's `TIME`, and in
@@ -13,12 +14,14 @@
 //! counted (µs inside one process), well below what any bound here turns on.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use weir_core::algorithms::GlobalLimit;
 use weir_core::conformance::{self, Admission};
 use weir_core::engine::Engine;
-use weir_core::rules::Scope;
+
+use crate::Bootstrap;
 
 /// The access-log line the parser reads: status, decisions, then the value of
 /// `key_header` (the rest of the line; `-` when absent).
@@ -99,16 +102,77 @@ pub fn read(path: &Path) -> Vec<Logged> {
         .collect()
 }
 
-/// Waits until `path` holds at least `lines` lines (Envoy flushes access logs every
-/// 100 ms in the harness), up to `timeout`; returns what it holds then.
-pub fn read_at_least(path: &Path, lines: usize, timeout: std::time::Duration) -> Vec<Logged> {
-    let deadline = std::time::Instant::now() + timeout;
-    loop {
-        let logged = read(path);
-        if logged.len() >= lines || std::time::Instant::now() >= deadline {
-            return logged;
+/// The plugin config `json` with `response.filter_state: all`, so that every request's
+/// decisions reach the access log.
+pub fn with_decisions(json: &str) -> String {
+    let mut v: serde_json::Value =
+        serde_json::from_str(json).unwrap_or_else(|e| panic!("config is not JSON: {e}"));
+    v["response"]["filter_state"] = "all".into();
+    v.to_string()
+}
+
+/// The access logs of a set of Envoys, one file each, read and judged together.
+pub struct Logs {
+    pub paths: Vec<PathBuf>,
+    format: String,
+}
+
+impl Logs {
+    /// `n` log files in `dir` (created if missing), lines keyed by the request header
+    /// `key_header`.
+    pub fn new(dir: &Path, n: usize, key_header: &str) -> Logs {
+        std::fs::create_dir_all(dir)
+            .unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
+        Logs {
+            paths: (0..n)
+                .map(|i| dir.join(format!("access-{i}.log")))
+                .collect(),
+            format: access_log_format(key_header),
         }
-        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+
+    /// `bootstrap` writing its access log to file `i`.
+    pub fn add_to(&self, i: usize, bootstrap: Bootstrap) -> Bootstrap {
+        bootstrap.access_log(&self.paths[i], &self.format)
+    }
+
+    /// Every file's lines, once `done` says enough are there (Envoy flushes every 100 ms in
+    /// the harness) or after 5 s.
+    pub fn read_until(&self, done: impl Fn(&[Vec<Logged>]) -> bool) -> Vec<Vec<Logged>> {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let logs: Vec<Vec<Logged>> = self.paths.iter().map(|p| read(p)).collect();
+            if done(&logs) || Instant::now() >= deadline {
+                return logs;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Every file's lines once `lines` are there in all.
+    pub fn read(&self, lines: usize) -> Vec<Vec<Logged>> {
+        self.read_until(|logs| logs.iter().map(Vec::len).sum::<usize>() >= lines)
+    }
+
+    /// Judges `rule`'s admissions in every file, key by key, against `limit` (by default
+    /// the one `config_json` configures), once `lines` are logged; panics on a violation,
+    /// or when the rule admitted nothing (a check of nothing proves nothing).
+    pub fn assert_conformant(
+        &self,
+        config_json: &str,
+        rule: &str,
+        lines: usize,
+        limit: Option<GlobalLimit>,
+    ) -> Checked {
+        let limit = limit.unwrap_or_else(|| configured_limit(config_json, rule));
+        let logs = self.read(lines);
+        let refs: Vec<&[Logged]> = logs.iter().map(Vec::as_slice).collect();
+        let checked = check(&refs, rule, &limit).unwrap_or_else(|v| panic!("{v}"));
+        assert!(
+            checked.admitted > 0,
+            "no admission of {rule} in the access logs"
+        );
+        checked
     }
 }
 
@@ -118,16 +182,15 @@ pub fn configured_limit(config_json: &str, rule: &str) -> GlobalLimit {
     let config = weir_core::config::parse(config_json.as_bytes())
         .unwrap_or_else(|e| panic!("config does not parse: {e}"));
     let engine = Engine::new(config);
-    let rule = engine
+    let id = engine
         .config
         .rules
         .iter()
         .find(|r| r.name == rule)
-        .unwrap_or_else(|| panic!("no rule named {rule}"));
-    match &rule.scope {
-        Scope::Local(limit) => GlobalLimit::Slot(limit.clone()),
-        Scope::Global(global) => global.limit.clone(),
-    }
+        .unwrap_or_else(|| panic!("no rule named {rule}"))
+        .id;
+    weir_core::simulation::configured_limit(&engine, id)
+        .unwrap_or_else(|| panic!("no limit for rule {rule}"))
 }
 
 /// What one rule admitted, per key, from every log given, in time order.

@@ -25,6 +25,7 @@
 pub mod bridge;
 pub mod decisions;
 pub mod envoy;
+pub mod global;
 pub mod http;
 pub mod istio;
 pub mod jwt;

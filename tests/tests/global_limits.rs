@@ -1,7 +1,7 @@
 //! Global limits end to end: a 6-node Redis Cluster, weir-bridge and two Envoys
 //! (`--concurrency 2` each) sharing one quota. Every Envoy logs every decision, and the
 //! tests that admit judge the admissions of both Envoys with the core's conformance
-//! checker (`Stack::assert_conformant`); tests/tests/global_conformance.rs does so under
+//! checker (`GlobalStack::assert_conformant`); tests/tests/global_conformance.rs does so under
 //! load, after idle periods and through failures.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -10,130 +10,44 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use weir_core::algorithms::AlgorithmKind;
 use weir_core::algorithms::GlobalLimit;
 use weir_core::key::redis_key_tag;
-use weir_e2e::decisions;
-use weir_e2e::{
-    bridge_cluster_yaml, get, key_slot, run_clients, wasm_filter_yaml, weir_wasm, Bootstrap,
-    Bridge, Envoy, RedisCluster, Request, TestDir,
-};
-
-/// Field order is drop order: Envoys, then the bridge, then Redis.
-struct Stack {
-    envoys: Vec<Envoy>,
-    bridge: Bridge,
-    redis: RedisCluster,
-    /// Each Envoy's access log of decisions, and the plugin config they ran.
-    logs: Vec<std::path::PathBuf>,
-    configs: Vec<String>,
-    _dir: TestDir,
-}
+use weir_e2e::global::GlobalStack as Stack;
+use weir_e2e::{get, key_slot, run_clients, wasm_filter_yaml, weir_wasm, Request};
 
 fn stack(config: &str) -> Stack {
     stack_with(&[config, config], &[])
 }
 
-/// One Envoy per config (each writing every decision to filter state, for its access
-/// log), and a bridge started with `bridge_args`.
 fn stack_with(configs: &[&str], bridge_args: &[&str]) -> Stack {
-    let configs: Vec<String> = configs.iter().map(|c| with_decisions(c)).collect();
-    let filters: Vec<String> = configs
-        .iter()
-        .map(|c| wasm_filter_yaml(c, &weir_wasm()))
-        .collect();
-    let mut s = stack_with_filters(&filters, bridge_args);
-    s.configs = configs;
-    s
+    Stack::start(configs, bridge_args, "x-k")
 }
 
-/// The plugin config with `response.filter_state: all`.
-fn with_decisions(config: &str) -> String {
-    let mut v: serde_json::Value = serde_json::from_str(config).unwrap();
-    v["response"]["filter_state"] = "all".into();
-    v.to_string()
-}
-
-/// One Envoy per filter (YAML list item), and a bridge started with `bridge_args`.
 fn stack_with_filters(filters: &[String], bridge_args: &[&str]) -> Stack {
-    let redis = RedisCluster::start(3, 1);
-    let bridge = Bridge::start(&redis, bridge_args);
-    let dir = TestDir::new("global-limits");
-    let logs: Vec<std::path::PathBuf> = (0..filters.len())
-        .map(|i| dir.join(format!("access-{i}.log")))
-        .collect();
-    let envoys = filters
-        .iter()
-        .zip(&logs)
-        .map(|(filter, log)| {
-            let bootstrap = Bootstrap::new()
-                .http_filter(filter.clone())
-                .cluster(bridge_cluster_yaml(bridge.port))
-                .access_log(log, &decisions::access_log_format("x-k"));
-            Envoy::start(&bootstrap, 2)
+    Stack::start_filters(filters, bridge_args, "x-k")
+}
+
+/// `per_envoy` requests to each Envoy, 4 client threads each, all at once; returns the
+/// statuses counted over all of them.
+fn load(
+    s: &Stack,
+    per_envoy: usize,
+    request: impl Fn() -> Request + Sync + Clone + Send + 'static,
+) -> (usize, usize, usize) {
+    let handles: Vec<_> = s
+        .ports()
+        .into_iter()
+        .map(|port| {
+            let request = request.clone();
+            thread::spawn(move || {
+                let report = run_clients(4, per_envoy, port, move |_, _| request());
+                report.assert_no_errors();
+                (report.count(200), report.count(429), report.count(503))
+            })
         })
         .collect();
-    Stack {
-        envoys,
-        bridge,
-        redis,
-        logs,
-        configs: Vec::new(),
-        _dir: dir,
-    }
-}
-
-impl Stack {
-    /// Judges `rule`'s admissions in both Envoys' access logs, key by key, with the core's
-    /// conformance checker against `limit` (by default the configured one); returns the
-    /// units admitted. Waits until `requests` lines are logged.
-    fn assert_conformant(&self, rule: &str, requests: usize, limit: Option<GlobalLimit>) -> u64 {
-        let limit = limit.unwrap_or_else(|| decisions::configured_limit(&self.configs[0], rule));
-        let deadline = Instant::now() + Duration::from_secs(5);
-        let logs = loop {
-            let logs: Vec<Vec<decisions::Logged>> =
-                self.logs.iter().map(|p| decisions::read(p)).collect();
-            let n: usize = logs.iter().map(Vec::len).sum();
-            if n >= requests || Instant::now() >= deadline {
-                break logs;
-            }
-            thread::sleep(Duration::from_millis(50));
-        };
-        let refs: Vec<&[decisions::Logged]> = logs.iter().map(Vec::as_slice).collect();
-        let checked = decisions::check(&refs, rule, &limit).unwrap_or_else(|v| panic!("{v}"));
-        assert!(
-            checked.admitted > 0,
-            "no admission of {rule} in the access logs"
-        );
-        checked.admitted
-    }
-
-    /// A weir stat summed over both Envoys.
-    fn stat(&self, name: &str) -> u64 {
-        self.envoys.iter().map(|e| e.weir_stat(name)).sum()
-    }
-
-    /// `per_envoy` requests to each Envoy, 4 client threads each, all at once; returns
-    /// the statuses counted over both.
-    fn load(
-        &self,
-        per_envoy: usize,
-        request: impl Fn() -> Request + Sync + Clone + Send + 'static,
-    ) -> (usize, usize, usize) {
-        let ports: Vec<u16> = self.envoys.iter().map(|e| e.http_port).collect();
-        let handles: Vec<_> = ports
-            .into_iter()
-            .map(|port| {
-                let request = request.clone();
-                thread::spawn(move || {
-                    let report = run_clients(4, per_envoy, port, move |_, _| request());
-                    report.assert_no_errors();
-                    (report.count(200), report.count(429), report.count(503))
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().unwrap())
-            .fold((0, 0, 0), |a, b| (a.0 + b.0, a.1 + b.1, a.2 + b.2))
-    }
+    handles
+        .into_iter()
+        .map(|h| h.join().unwrap())
+        .fold((0, 0, 0), |a, b| (a.0 + b.0, a.1 + b.1, a.2 + b.2))
 }
 
 fn now_us() -> u64 {
@@ -192,8 +106,9 @@ fn the_limit_holds_across_two_envoys() {
     for (name, _) in limits {
         for mode in ["exact", "lease"] {
             let path = format!("/{name}/{mode}");
-            let (ok, limited, unavailable) =
-                s.load(150, move || Request::get(&path).header("x-k", "shared-key"));
+            let (ok, limited, unavailable) = load(&s, 150, move || {
+                Request::get(&path).header("x-k", "shared-key")
+            });
             let granted = s.bridge.metric_sum(
                 "weir_bridge_units_granted_total",
                 &[("rule", &format!("{name}-{mode}"))],
@@ -243,16 +158,16 @@ fn leases_and_the_denial_cache_keep_redis_out_of_the_hot_path() {
     );
     let s = stack(&config);
     let (ok, limited, unavailable) =
-        s.load(2000, || Request::get("/wide").header("x-k", "tenant-a"));
+        load(&s, 2000, || Request::get("/wide").header("x-k", "tenant-a"));
     assert_eq!(
         (ok, limited, unavailable),
         (4000, 0, 0),
         "busy {}, errors {}",
-        s.stat("bridge.busy"),
-        s.stat("bridge.errors_bad_body") + s.stat("bridge.errors_status")
+        s.weir_stat("bridge.busy"),
+        s.weir_stat("bridge.errors_bad_body") + s.weir_stat("bridge.errors_status")
     );
-    let calls = s.stat("rule.wide.bridge_decisions");
-    let lease_hits = s.stat("rule.wide.lease_hits");
+    let calls = s.weir_stat("rule.wide.bridge_decisions");
+    let lease_hits = s.weir_stat("rule.wide.lease_hits");
     eprintln!("wide: 4000 requests, {calls} bridge decisions, {lease_hits} lease hits");
     assert!(
         calls * 20 <= 4000,
@@ -262,7 +177,7 @@ fn leases_and_the_denial_cache_keep_redis_out_of_the_hot_path() {
 
     // Sequential requests per Envoy: 5 admitted in total, then one bridge denial per Envoy,
     // then only cached denials.
-    let decisions_before = s.stat("rule.tight.bridge_decisions");
+    let decisions_before = s.weir_stat("rule.tight.bridge_decisions");
     let mut statuses = Vec::new();
     for i in 0..60 {
         let envoy = &s.envoys[i % 2];
@@ -273,8 +188,8 @@ fn leases_and_the_denial_cache_keep_redis_out_of_the_hot_path() {
         );
     }
     assert_eq!(statuses.iter().filter(|&&s| s == 200).count(), 5);
-    let decisions = s.stat("rule.tight.bridge_decisions") - decisions_before;
-    let cached = s.stat("rule.tight.denial_cache_hits");
+    let decisions = s.weir_stat("rule.tight.bridge_decisions") - decisions_before;
+    let cached = s.weir_stat("rule.tight.denial_cache_hits");
     eprintln!("tight: {decisions} bridge decisions, {cached} cached denials");
     assert_eq!(decisions, 7, "5 grants + one denial per Envoy");
     assert_eq!(cached, 53);
@@ -334,10 +249,10 @@ fn failure_modes_when_the_bridge_dies_or_hangs() {
 
     s.bridge.kill_hard();
     check(&s, "bridge killed", 250);
-    assert!(s.stat("rule.closed.failure_denied") >= 3);
-    assert!(s.stat("rule.open.failure_allowed") >= 3);
-    assert!(s.stat("rule.fallback.failure_local") >= 7);
-    assert!(s.stat("bridge.errors_unavailable") >= 1);
+    assert!(s.weir_stat("rule.closed.failure_denied") >= 3);
+    assert!(s.weir_stat("rule.open.failure_allowed") >= 3);
+    assert!(s.weir_stat("rule.fallback.failure_local") >= 7);
+    assert!(s.weir_stat("bridge.errors_unavailable") >= 1);
     drop(s);
 
     // A bridge that accepts connections but never answers: every call times out.
@@ -346,7 +261,7 @@ fn failure_modes_when_the_bridge_dies_or_hangs() {
     unsafe { libc::kill(pid, libc::SIGSTOP) };
     thread::sleep(Duration::from_millis(1100)); // let any earlier backoff lapse
     check(&s, "bridge hung", 200 + 150);
-    assert!(s.stat("bridge.errors_timeout") >= 1);
+    assert!(s.weir_stat("bridge.errors_timeout") >= 1);
     unsafe { libc::kill(pid, libc::SIGCONT) };
 }
 

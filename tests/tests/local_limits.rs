@@ -4,6 +4,7 @@
 //! Every test starts its own Envoy with `weir.wasm` on free loopback ports.
 
 use std::collections::BTreeMap;
+use weir_e2e::decisions::{with_decisions, Logs};
 use weir_e2e::jwt::{hs256, hs256_jwks};
 use weir_e2e::{
     get, run_clients, send, wasm_filter_yaml, weir_wasm, Bootstrap, Client, Envoy, Request,
@@ -59,9 +60,18 @@ fn exact_across_workers(limit: &str, expected: usize) {
     let config = format!(
         r#"{{"rules":[{{"name":"per-user","key":[{{"header":"x-user"}}],"limit":{limit}}}]}}"#
     );
-    let envoy = Envoy::start(&weir(&config), 4);
+    let config = with_decisions(&config);
+    let dir = tempfile::tempdir().unwrap();
+    let logs = Logs::new(dir.path(), 1, "x-user");
+    let envoy = Envoy::start(&logs.add_to(0, weir(&config)), 4);
     let total = 2 * expected;
     let (admitted, limited) = count_admitted(&envoy, 16, total, "alice");
+    // Exact in count and in time: the admissions of all 4 workers keep the bound.
+    let checked = logs.assert_conformant(&config, "per-user", total, None);
+    assert_eq!(
+        checked.admitted, expected as u64,
+        "admissions in the access log"
+    );
     assert_eq!(admitted, expected, "admitted across 4 workers");
     assert_eq!(limited, total - expected);
     assert_eq!(envoy.weir_stat("rule.per-user.allowed"), expected as u64);

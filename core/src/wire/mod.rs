@@ -24,7 +24,9 @@ pub mod v1;
 pub mod v2;
 
 use crate::algorithms::{AlgorithmKind, GlobalLimit, ParamError};
-use crate::bounds::{check_name, MAX_BODY_BYTES, MAX_KEY_PARTS, MAX_PART_BYTES, MAX_WANT};
+use crate::bounds::{
+    check_name, MAX_BODY_BYTES, MAX_ITEMS, MAX_KEY_PARTS, MAX_PART_BYTES, MAX_WANT,
+};
 use crate::field_error::FieldError;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::ser::{SerializeMap, Serializer};
@@ -159,6 +161,18 @@ impl<'de> Deserialize<'de> for AlgorithmName {
                 ))
             })
     }
+}
+
+/// What every wire version checks first: the domain's name, and 1 to [`MAX_ITEMS`] items.
+pub(crate) fn check_envelope(domain: &str, items: usize) -> Result<(), FieldError> {
+    check_name("domain", domain).map_err(|e| FieldError::new("domain", e))?;
+    if items == 0 || items > MAX_ITEMS {
+        return Err(FieldError::new(
+            "items",
+            format!("must hold 1 to {MAX_ITEMS} items"),
+        ));
+    }
+    Ok(())
 }
 
 /// The fields every item of every version has, checked the same way: the rule's name,

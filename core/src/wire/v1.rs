@@ -22,9 +22,8 @@
 //! exceed a GCRA or token-bucket bound in a short interval (docs/global.md): v2 fixes
 //! that.
 
-use super::{check_item, parse_body, WireLimit};
+use super::{check_envelope, check_item, parse_body, WireLimit};
 use crate::algorithms::GlobalLimit;
-use crate::bounds::{check_name, MAX_ITEMS};
 use crate::field_error::FieldError;
 use serde::{Deserialize, Serialize};
 
@@ -79,13 +78,7 @@ impl AcquireRequest {
     /// Checks sizes and parameters (including what Lua cannot compute exactly); returns
     /// each item's compiled limit.
     pub fn validate(&self) -> Result<Vec<GlobalLimit>, FieldError> {
-        check_name("domain", &self.domain).map_err(|e| FieldError::new("domain", e))?;
-        if self.items.is_empty() || self.items.len() > MAX_ITEMS {
-            return Err(FieldError::new(
-                "items",
-                format!("must hold 1 to {MAX_ITEMS} items"),
-            ));
-        }
+        check_envelope(&self.domain, self.items.len())?;
         self.items
             .iter()
             .enumerate()

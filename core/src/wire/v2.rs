@@ -27,9 +27,9 @@
 //! its due time. `limit` and `remaining` are those of the limit Redis enforces, which for
 //! a GCRA rule with leases has the burst the hold costs taken off.
 
-use super::{check_item, parse_body, status_error, ReplyError, WireLimit};
+use super::{check_envelope, check_item, parse_body, status_error, ReplyError, WireLimit};
 use crate::algorithms::{Ask, Decision, GlobalLimit, Grant};
-use crate::bounds::{check_name, MAX_BODY_BYTES, MAX_ITEMS, MAX_WANT};
+use crate::bounds::{MAX_BODY_BYTES, MAX_WANT};
 use crate::field_error::{strip_position, FieldError};
 use serde::{Deserialize, Serialize};
 
@@ -154,13 +154,7 @@ impl Request {
     /// Checks sizes, ids and parameters (including what Lua cannot compute exactly);
     /// returns each item's compiled limit.
     pub fn validate(&self) -> Result<Vec<GlobalLimit>, FieldError> {
-        check_name("domain", &self.domain).map_err(|e| FieldError::new("domain", e))?;
-        if self.items.is_empty() || self.items.len() > MAX_ITEMS {
-            return Err(FieldError::new(
-                "items",
-                format!("must hold 1 to {MAX_ITEMS} items"),
-            ));
-        }
+        check_envelope(&self.domain, self.items.len())?;
         let mut limits = Vec::with_capacity(self.items.len());
         for (i, item) in self.items.iter().enumerate() {
             let at = format!("items[{i}]");
