@@ -68,7 +68,11 @@ impl Filter {
         };
         let engine = &plugin.engine;
         let mut facts = Facts::new(&engine.config.facts, RequestFacts);
-        let eval = engine.evaluate(&SharedData, &plugin.seed.get(), &mut facts, now_us);
+        let eval = {
+            let mut reservoirs = plugin.reservoirs.borrow_mut();
+            let seed = plugin.seed.get();
+            engine.evaluate(&SharedData, &mut reservoirs, &seed, &mut facts, now_us)
+        };
         self.go_on(&plugin, eval, now_us)
     }
 
@@ -241,6 +245,7 @@ impl Filter {
             };
             let source = match report.source {
                 Some(Source::Slot) => "slot",
+                Some(Source::Reservoir) => "reservoir",
                 Some(Source::Lease) => "lease",
                 Some(Source::DenialCache) => "cache",
                 Some(Source::Bridge) => "bridge",

@@ -10,6 +10,7 @@
 //! boxed slice of exactly the requested size), so it is taken back with
 //! `Vec::from_raw_parts(ptr, len, len)`.
 
+use std::cell::Cell;
 use std::fmt;
 use std::ptr::null_mut;
 
@@ -187,31 +188,63 @@ fn found(status: u32, data: *mut u8, size: usize) -> HostResult<Option<Vec<u8>>>
 }
 
 pub fn log(level: LogLevel, message: &str) {
+    count_call();
     // Nothing sensible to do if logging itself fails.
     let _ = unsafe { proxy_log(level as u32, message.as_ptr(), message.len()) };
 }
 
 /// Whether the host would print messages at `level` (so callers can skip formatting).
+/// Whether Envoy logs `level` for this plugin, as of the last [`refresh_log_level`]: a
+/// denied request logs at debug, and asking the host every time would cost it a call.
 pub fn log_enabled(level: LogLevel) -> bool {
+    LOG_LEVEL.with(Cell::get) <= level as u32
+}
+
+/// Reads Envoy's log level for this plugin (at configure time and on every tick, so a
+/// change through Envoy's admin `/logging` applies within a tick).
+pub fn refresh_log_level() {
+    count_call();
     let mut current = 0u32;
-    match unsafe { proxy_get_log_level(&mut current) } {
-        0 => current <= level as u32,
-        _ => true,
-    }
+    let level = match unsafe { proxy_get_log_level(&mut current) } {
+        0 => current,
+        // Unknown: log everything rather than hide an error.
+        _ => 0,
+    };
+    LOG_LEVEL.with(|l| l.set(level));
+}
+
+thread_local! {
+    /// Envoy's log level for this plugin (0 trace … 6 off); trace until first read.
+    static LOG_LEVEL: Cell<u32> = const { Cell::new(0) };
+    /// Host calls this VM has made.
+    static HOST_CALLS: Cell<u64> = const { Cell::new(0) };
+}
+
+fn count_call() {
+    HOST_CALLS.with(|c| c.set(c.get().wrapping_add(1)));
+}
+
+/// Host calls this VM has made since it started: every function of this module that
+/// crosses into the host counts one (the `host_calls` stat, see `crate::metrics`).
+pub fn calls_made() -> u64 {
+    HOST_CALLS.with(Cell::get)
 }
 
 /// Microseconds since the Unix epoch.
 pub fn now_us() -> HostResult<u64> {
+    count_call();
     let mut ns = 0u64;
     ok(unsafe { proxy_get_current_time_nanoseconds(&mut ns) })?;
     Ok(ns / 1_000)
 }
 
 pub fn set_tick_period_ms(period: u32) -> HostResult<()> {
+    count_call();
     ok(unsafe { proxy_set_tick_period_milliseconds(period) })
 }
 
 fn buffer(buffer_type: u32, max_size: usize) -> HostResult<Option<Vec<u8>>> {
+    count_call();
     let mut data = null_mut();
     let mut size = 0;
     let status = unsafe { proxy_get_buffer_bytes(buffer_type, 0, max_size, &mut data, &mut size) };
@@ -227,6 +260,7 @@ pub fn http_call_response_body(max_size: usize) -> HostResult<Option<Vec<u8>>> {
 }
 
 fn map_value(map_type: u32, name: &str) -> HostResult<Option<Vec<u8>>> {
+    count_call();
     let mut data = null_mut();
     let mut size = 0;
     let status = unsafe {
@@ -244,6 +278,7 @@ pub fn http_call_response_header(name: &str) -> HostResult<Option<Vec<u8>>> {
 }
 
 pub fn add_response_header(name: &str, value: &str) -> HostResult<()> {
+    count_call();
     ok(unsafe {
         proxy_add_header_map_value(
             MAP_RESPONSE_HEADERS,
@@ -257,6 +292,7 @@ pub fn add_response_header(name: &str, value: &str) -> HostResult<()> {
 
 /// An Envoy attribute by path, e.g. `["source", "address"]`.
 pub fn property(path: &[String]) -> HostResult<Option<Vec<u8>>> {
+    count_call();
     let mut serialized = Vec::with_capacity(path.iter().map(|p| p.len() + 1).sum());
     for (i, part) in path.iter().enumerate() {
         if i > 0 {
@@ -273,6 +309,7 @@ pub fn property(path: &[String]) -> HostResult<Option<Vec<u8>>> {
 
 /// The value and version of a shared-data key (`(None, None)` when it does not exist).
 pub fn shared_get(key: &str) -> HostResult<(Option<Vec<u8>>, Option<u32>)> {
+    count_call();
     let mut data = null_mut();
     let mut size = 0;
     let mut cas = 0u32;
@@ -289,6 +326,7 @@ pub fn shared_get(key: &str) -> HostResult<(Option<Vec<u8>>, Option<u32>)> {
 }
 
 pub fn shared_set(key: &str, value: &[u8], cas: Option<u32>) -> HostResult<()> {
+    count_call();
     ok(unsafe {
         proxy_set_shared_data(
             key.as_ptr(),
@@ -330,6 +368,7 @@ pub fn send_local_response<V: AsRef<[u8]>>(
     body: &[u8],
     grpc_status: i32,
 ) -> HostResult<()> {
+    count_call();
     let details = b"weir_rate_limited";
     let headers = serialize_headers(headers);
     ok(unsafe {
@@ -356,6 +395,7 @@ pub fn http_call(
     body: &[u8],
     timeout_ms: u64,
 ) -> HostResult<u32> {
+    count_call();
     let headers = serialize_headers(headers);
     let trailers = serialize_headers::<&str>(&[]);
     let timeout = u32::try_from(timeout_ms).unwrap_or(u32::MAX);
@@ -380,6 +420,7 @@ pub fn http_call(
 /// Makes `context_id` the context later host calls act on (resuming or answering a
 /// request other than the one whose callback is running).
 pub fn set_effective_context(context_id: u32) -> HostResult<()> {
+    count_call();
     ok(unsafe { proxy_set_effective_context(context_id) })
 }
 
@@ -387,23 +428,28 @@ pub fn set_effective_context(context_id: u32) -> HostResult<()> {
 /// `wasm.<name>`, which access logs (`%FILTER_STATE(wasm.<name>:PLAIN)%`) and later
 /// filters can read.
 pub fn set_property(name: &str, value: &[u8]) -> HostResult<()> {
+    count_call();
     ok(unsafe { proxy_set_property(name.as_ptr(), name.len(), value.as_ptr(), value.len()) })
 }
 
 pub fn resume_http_request() -> HostResult<()> {
+    count_call();
     ok(unsafe { proxy_continue_stream(STREAM_HTTP_REQUEST) })
 }
 
 pub fn define_metric(metric_type: MetricType, name: &str) -> HostResult<u32> {
+    count_call();
     let mut id = 0u32;
     ok(unsafe { proxy_define_metric(metric_type as u32, name.as_ptr(), name.len(), &mut id) })?;
     Ok(id)
 }
 
 pub fn increment_metric(id: u32, offset: i64) -> HostResult<()> {
+    count_call();
     ok(unsafe { proxy_increment_metric(id, offset) })
 }
 
 pub fn record_metric(id: u32, value: u64) -> HostResult<()> {
+    count_call();
     ok(unsafe { proxy_record_metric(id, value) })
 }

@@ -22,6 +22,15 @@
 //! less than a second ago), `errors_timeout`, `errors_unavailable` (a 503, or no response
 //! at all), `errors_status`, `errors_bad_body`, and the histogram `latency_us`.
 //!
+//! Local rules with reservoirs also count, per worker's reservoirs: `reservoir_hits`
+//! (served from units the worker took ahead), `reservoir_units_taken`,
+//! `reservoir_units_expired` (held past their time, never admitted),
+//! `reservoir_evictions` (a key took another key's entry in a full worker table) and
+//! `reservoir_units_evicted` (units such an entry still held); a local key denied from a
+//! worker's cached denial counts in `denial_cache_hits`. `weir.<plugin>.vm.host_calls`
+//! counts the calls every VM of the plugin made into Envoy (shared data, headers, the
+//! clock, logs, stats): divided by requests, the cost floor the benchmark reports.
+//!
 //! Counting a request costs no host call: increments are kept in the VM and sent every
 //! [`FLUSH_INTERVAL_US`] — by the next request after that, or by the root context's tick
 //! when the worker is idle — so stats lag traffic by at most about a tenth of a second.
@@ -53,6 +62,11 @@ struct RuleMetrics {
     failure_allowed: Stat,
     failure_denied: Stat,
     failure_local: Stat,
+    reservoir_hits: Stat,
+    reservoir_taken: Stat,
+    reservoir_expired: Stat,
+    reservoir_evictions: Stat,
+    reservoir_lost: Stat,
 }
 
 #[derive(Debug)]
@@ -74,6 +88,9 @@ pub struct Metrics {
     bridge_bad_status: Stat,
     bridge_bad_body: Stat,
     bridge_latency_us: u32,
+    host_calls: Stat,
+    /// [`host::calls_made`] at the last flush.
+    host_calls_flushed: Cell<u64>,
 }
 
 /// Defines host metrics and hands out their [`Stat`]s.
@@ -124,6 +141,11 @@ impl Metrics {
                 failure_allowed: r.counter(&format!("{prefix}.failure_allowed"))?,
                 failure_denied: r.counter(&format!("{prefix}.failure_denied"))?,
                 failure_local: r.counter(&format!("{prefix}.failure_local"))?,
+                reservoir_hits: r.counter(&format!("{prefix}.reservoir_hits"))?,
+                reservoir_taken: r.counter(&format!("{prefix}.reservoir_units_taken"))?,
+                reservoir_expired: r.counter(&format!("{prefix}.reservoir_units_expired"))?,
+                reservoir_evictions: r.counter(&format!("{prefix}.reservoir_evictions"))?,
+                reservoir_lost: r.counter(&format!("{prefix}.reservoir_units_evicted"))?,
             });
         }
         let cas_retries = r.counter(&format!("{base}.store.cas_retries"))?;
@@ -140,6 +162,7 @@ impl Metrics {
         let bridge_bad_body = r.counter(&format!("{base}.bridge.errors_bad_body"))?;
         let bridge_latency_us =
             host::define_metric(MetricType::Histogram, &format!("{base}.bridge.latency_us"))?;
+        let host_calls = r.counter(&format!("{base}.vm.host_calls"))?;
         Ok(Metrics {
             pending: r.pending,
             last_flush_us: Cell::new(0),
@@ -157,6 +180,8 @@ impl Metrics {
             bridge_bad_status,
             bridge_bad_body,
             bridge_latency_us,
+            host_calls,
+            host_calls_flushed: Cell::new(host::calls_made()),
         })
     }
 
@@ -169,6 +194,9 @@ impl Metrics {
     /// Sends the increments kept since the last flush.
     pub fn flush(&self, now_us: u64) {
         self.last_flush_us.set(now_us);
+        let calls = host::calls_made();
+        let made = calls.wrapping_sub(self.host_calls_flushed.replace(calls));
+        self.bump(self.host_calls, i64::try_from(made).unwrap_or(i64::MAX));
         for (id, delta) in &self.pending {
             let by = delta.replace(0);
             if by != 0 {
@@ -251,7 +279,26 @@ impl Metrics {
                 Some(Source::Lease) => self.bump(rule.lease_hits, 1),
                 Some(Source::DenialCache) => self.bump(rule.denial_cache_hits, 1),
                 Some(Source::Bridge) => self.bump(rule.bridge_decisions, 1),
+                Some(Source::Reservoir) => self.bump(rule.reservoir_hits, 1),
                 Some(Source::Slot | Source::Fallback) | None => {}
+            }
+            let taken = report.reservoir_taken;
+            let expired = report.reservoir_expired;
+            if taken > 0 {
+                self.bump(
+                    rule.reservoir_taken,
+                    i64::try_from(taken).unwrap_or(i64::MAX),
+                );
+            }
+            if expired > 0 {
+                self.bump(
+                    rule.reservoir_expired,
+                    i64::try_from(expired).unwrap_or(i64::MAX),
+                );
+            }
+            if let Some(lost) = report.reservoir_lost {
+                self.bump(rule.reservoir_evictions, 1);
+                self.bump(rule.reservoir_lost, i64::try_from(lost).unwrap_or(i64::MAX));
             }
             if report.cas_retries > 0 {
                 self.bump(self.cas_retries, i64::from(report.cas_retries));

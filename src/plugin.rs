@@ -14,6 +14,7 @@ use weir_core::config;
 use weir_core::engine::{Engine, Evaluation};
 use weir_core::flight::{Call, Flights};
 use weir_core::key::Seed;
+use weir_core::reservoir::Reservoirs;
 use weir_core::rules::Rule;
 use weir_core::store::seed;
 use weir_core::wire::{v2, ReplyError, SECRET_HEADER};
@@ -30,6 +31,8 @@ pub struct Plugin {
     pub metrics: Metrics,
     /// Bridge calls of this plugin in flight in this VM.
     pub flights: RefCell<Flights>,
+    /// This worker's reservoirs and cached denials of local rules.
+    pub reservoirs: RefCell<Reservoirs>,
 }
 
 impl Plugin {
@@ -83,6 +86,7 @@ impl Plugin {
         let metrics = Metrics::define(&plugin_name, &rules)
             .map_err(|e| format!("cannot define metrics: {e}"))?;
         Ok(Plugin {
+            reservoirs: RefCell::new(engine.reservoirs()),
             engine,
             seed: Cell::new(seed),
             metrics,
@@ -193,6 +197,9 @@ impl Plugin {
         match seed::reload(&SharedData, self.seed.get()) {
             Ok(Some(stored)) => {
                 self.seed.set(stored);
+                // Keys hash to other fingerprints now: what the reservoirs hold under
+                // the old ones is dropped (never admitted).
+                self.reservoirs.borrow_mut().clear();
                 true
             }
             _ => false,

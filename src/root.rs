@@ -33,6 +33,7 @@ impl Root {
 
 impl Root {
     pub fn on_configure(&mut self) -> bool {
+        host::refresh_log_level();
         match Plugin::configure() {
             Ok(plugin) => {
                 self.log(LogLevel::Info, &plugin.summary());
@@ -56,6 +57,7 @@ impl Root {
     }
 
     pub fn on_tick(&mut self) {
+        host::refresh_log_level();
         if let (Some(plugin), Ok(now_us)) = (&self.plugin, host::now_us()) {
             if plugin.on_tick(now_us) {
                 self.log(

@@ -23,14 +23,15 @@
 //! of this plugin are skipped for [`BRIDGE_BACKOFF_US`] so that a failing bridge does not
 //! cost every request a failed call.
 
-use crate::algorithms::{Decision, GlobalLimit, Limit, SlotState};
+use crate::algorithms::{Ahead, Decision, GlobalLimit, Limit, SlotState, NS_PER_US};
 use crate::config::Config;
 use crate::key::{encode_part, KeyHash, KeyHasher, Seed};
 use crate::lease::{Held, LeaseSlot, Settled, SettledOutcome, Spend};
+use crate::reservoir::{Found, Reservoirs, WorkerTable};
 use crate::response::RuleVerdict;
-use crate::rules::{FactSource, Facts, FailureMode, GlobalRule, Rule, RuleId, Scope};
+use crate::rules::{FactSource, Facts, FailureMode, GlobalRule, Reservoir, Rule, RuleId, Scope};
 use crate::store::slot_table::SlotTable;
-use crate::store::{Placement, SharedStore, StoreError, UpdateError, Updated};
+use crate::store::{Placement, SharedStore, StoreError, UpdateError, Updated, Vacancy};
 use crate::wire::v2::{self, Granted, Sent};
 use crate::wire::{ReplyError, WireLimit};
 
@@ -70,9 +71,11 @@ pub enum FailureOutcome {
 pub enum Source {
     /// A local rule's slot.
     Slot,
+    /// Units this worker took ahead for a local rule (no shared-data call).
+    Reservoir,
     /// Units this Envoy held for a global rule (a lease or a reservation).
     Lease,
-    /// A cached denial of a global rule.
+    /// A cached denial (of a global rule in shared data, of a local rule in the worker).
     DenialCache,
     /// The bridge, i.e. Redis.
     Bridge,
@@ -96,6 +99,12 @@ pub struct RuleReport {
     pub cas_retries: u32,
     /// A global rule's lease table failed (the bridge or the failure mode decided).
     pub lease_store_error: Option<UpdateError>,
+    /// Reservoirs: units this request's take put in the worker's reservoir, units that
+    /// expired unspent in it, and the units lost with another key's entry when the
+    /// worker's table was full (`Some`: an entry was taken).
+    pub reservoir_taken: u64,
+    pub reservoir_expired: u64,
+    pub reservoir_lost: Option<u64>,
 }
 
 impl RuleReport {
@@ -110,6 +119,9 @@ impl RuleReport {
             placement: None,
             cas_retries: 0,
             lease_store_error: None,
+            reservoir_taken: 0,
+            reservoir_expired: 0,
+            reservoir_lost: None,
         }
     }
 
@@ -238,6 +250,24 @@ struct SlotDecision<'a> {
     source: Source,
 }
 
+impl SlotDecision<'_> {
+    /// Runs `decide` on the key's state in the table, with CAS (see [`SlotTable::update`]).
+    fn update<S: SharedStore, R>(
+        &self,
+        store: &S,
+        applied: &Applied<'_>,
+        decide: impl FnMut(Option<SlotState>) -> (R, Option<SlotState>),
+    ) -> Result<Updated<R>, UpdateError> {
+        let now_us = applied.now_us;
+        let vacancy = |state: SlotState| Vacancy {
+            idle_at_us: self.limit.idle_at_us(state),
+            in_use: self.limit.in_use(state, now_us),
+        };
+        self.table
+            .update(store, &applied.hash, now_us, vacancy, decide)
+    }
+}
+
 /// A rule's tables: its slots (local rules), or its lease table and, with
 /// `failure_mode: local`, the local share's slots (global rules).
 #[derive(Debug)]
@@ -312,6 +342,12 @@ impl Engine {
         }
     }
 
+    /// Empty reservoirs for one worker (see [`crate::reservoir`]); each worker keeps its
+    /// own and passes it to every [`Engine::evaluate`].
+    pub fn reservoirs(&self) -> Reservoirs {
+        Reservoirs::for_rules(&self.config.rules)
+    }
+
     /// The shared-data key of this engine's bridge backoff.
     pub fn bridge_down_key(&self) -> &str {
         &self.bridge_down_key
@@ -366,6 +402,7 @@ impl Engine {
     pub fn evaluate<F: FactSource, S: SharedStore>(
         &self,
         store: &S,
+        reservoirs: &mut Reservoirs,
         seed: &Seed,
         facts: &mut Facts<'_, F>,
         now_us: u64,
@@ -385,8 +422,16 @@ impl Engine {
                         table,
                         source: Source::Slot,
                     };
-                    let report = applied.report();
-                    decide_in_slot(&mut eval, store, &applied, slot, report, None);
+                    match (rule.reservoir, reservoirs.table(rule.id)) {
+                        (Some(settings), Some(worker)) => {
+                            let reservoir = ReservoirDecision { settings, worker };
+                            decide_with_reservoir(&mut eval, store, &applied, slot, reservoir);
+                        }
+                        _ => {
+                            let report = applied.report();
+                            decide_in_slot(&mut eval, store, &applied, slot, report, None);
+                        }
+                    }
                 }
                 (Scope::Global(global), Some(RuleTables::Global { leases, .. })) => {
                     let lookup = LeaseLookup { global, leases };
@@ -550,7 +595,7 @@ impl Engine {
             store,
             &item.hash,
             now_us,
-            |s| s.idle_at_us(),
+            |s: LeaseSlot| s.vacancy(),
             |state| ((), Some(state.unwrap_or_default().settle(settled, now_us))),
         );
         let mut report = RuleReport {
@@ -761,13 +806,9 @@ fn decide_in_slot<S: SharedStore>(
 ) {
     let now_us = applied.now_us;
     report.source = Some(slot.source);
-    let updated = slot.table.update(
-        store,
-        &applied.hash,
-        now_us,
-        |state: SlotState| slot.limit.idle_at_us(state),
-        |state| slot.limit.decide(state.or(seed), now_us, applied.cost),
-    );
+    let updated = slot.update(store, applied, |state| {
+        slot.limit.decide(state.or(seed), now_us, applied.cost)
+    });
     report.add_update(&updated);
     match updated {
         Ok(updated) => eval.record(report, applied.rule, updated.result),
@@ -775,6 +816,158 @@ fn decide_in_slot<S: SharedStore>(
             report.outcome = RuleOutcome::StoreFailed(error);
             eval.reports.push(report);
         }
+    }
+}
+
+/// A local rule's reservoir settings and this worker's table of them.
+struct ReservoirDecision<'a> {
+    settings: Reservoir,
+    worker: &'a mut WorkerTable,
+}
+
+/// A local rule with reservoirs: served from what this worker took ahead for the key, or
+/// denied by what it cached, with no shared-data call; otherwise decided in the slot
+/// like any local rule, taking ahead what the worker's demand for the key would spend
+/// within the hold (see [`Limit::take_ahead`]).
+fn decide_with_reservoir<S: SharedStore>(
+    eval: &mut Evaluation,
+    store: &S,
+    applied: &Applied<'_>,
+    slot: SlotDecision<'_>,
+    reservoir: ReservoirDecision<'_>,
+) {
+    let now_us = applied.now_us;
+    let cost = applied.cost;
+    let mut report = applied.report();
+    let (entry, found) = reservoir.worker.entry(&applied.hash);
+    report.reservoir_lost = match found {
+        Found::Evicted { lost_units } => Some(lost_units),
+        Found::Existing | Found::Empty => None,
+    };
+    let held_before = entry.held.count;
+    let (spend, next) = entry.spend(now_us, cost);
+    *entry = next;
+    let spent = match spend {
+        Spend::Spent { .. } => cost,
+        _ => 0,
+    };
+    report.reservoir_expired = held_before.saturating_sub(spent + next.held.count);
+    let quota = slot.limit.policy().quota;
+    if let Some(served) = Served::from_spend(spend, &next, quota, now_us, Source::Reservoir) {
+        served.record(eval, report, applied.rule);
+        return;
+    }
+    let Spend::Miss { demand_per_s } = spend else {
+        return;
+    };
+    // Units still held (too few for this request) are not added to: a worker keeps one
+    // take at a time.
+    let settings = reservoir.settings;
+    let ahead = Ahead {
+        max: if entry.held.count > 0 {
+            0
+        } else {
+            settings.max.saturating_sub(cost)
+        },
+        demand_per_s,
+        hold_us: settings.hold_us,
+    };
+    report.source = Some(Source::Slot);
+    let updated = slot.update(store, applied, |state| {
+        let (decision, taken, next) = slot.limit.take_ahead(state, now_us, cost, ahead);
+        ((decision, taken), next)
+    });
+    report.add_update(&updated);
+    let (decision, taken) = match updated {
+        Ok(updated) => updated.result,
+        Err(error) => {
+            report.outcome = RuleOutcome::StoreFailed(error);
+            eval.reports.push(report);
+            return;
+        }
+    };
+    let outcome = if taken.units > 0 {
+        // Spendable until just before the end of their validity (a window's end belongs
+        // to the next window).
+        let window_us = (taken.valid_ns / NS_PER_US).saturating_sub(1);
+        SettledOutcome::Held(Held {
+            count: taken.units,
+            next_due_ns: now_us.saturating_mul(NS_PER_US),
+            spacing_ns: 0,
+            window_us,
+        })
+    } else if let (false, Some(retry_after_ns)) = (decision.allowed, decision.retry_after_ns) {
+        SettledOutcome::Denied {
+            until_us: now_us.saturating_add(retry_after_ns / NS_PER_US),
+            cost,
+        }
+    } else {
+        SettledOutcome::Nothing
+    };
+    let settled = Settled {
+        outcome,
+        exhausted_until_us: 0,
+        remaining: decision.remaining.saturating_sub(taken.units),
+        reset_after_ns: decision.reset_after_ns,
+    };
+    *entry = entry.settle(settled, now_us);
+    report.reservoir_taken = taken.units;
+    eval.record(report, applied.rule, decision);
+}
+
+/// A decision served from what a slot holds (units, a cached denial), without asking
+/// shared data or the bridge.
+struct Served {
+    source: Source,
+    decision: Decision,
+    /// When a spent unit's admission counts (see [`Spend::Spent`]).
+    at_us: Option<u64>,
+}
+
+impl Served {
+    /// What `spend` decided from `slot` (`None`: a miss), for a limit of `quota`, with
+    /// `units` as the source of a spent or not-yet-due unit. RateLimit numbers are what
+    /// the slot last heard from the shared bucket or Redis, plus what it holds.
+    fn from_spend(
+        spend: Spend,
+        slot: &LeaseSlot,
+        quota: u64,
+        now_us: u64,
+        units: Source,
+    ) -> Option<Served> {
+        let (remaining, reset_after_ns) = slot.remote_view(now_us);
+        let decision = |allowed: bool, retry_after_ns: Option<u64>| Decision {
+            allowed,
+            limit: quota,
+            remaining: if allowed { remaining.min(quota) } else { 0 },
+            retry_after_ns,
+            reset_after_ns,
+        };
+        let (source, decision, at_us) = match spend {
+            Spend::Spent { at_us, .. } => (units, decision(true, None), Some(at_us)),
+            Spend::NotYetDue { retry_after_ns } => {
+                (units, decision(false, Some(retry_after_ns)), None)
+            }
+            Spend::Denied { retry_after_ns } => (
+                Source::DenialCache,
+                decision(false, Some(retry_after_ns)),
+                None,
+            ),
+            Spend::Miss { .. } => return None,
+        };
+        Some(Served {
+            source,
+            decision,
+            at_us,
+        })
+    }
+
+    fn record(self, eval: &mut Evaluation, mut report: RuleReport, rule: &Rule) {
+        if let Some(at_us) = self.at_us {
+            report.decided_at_us = at_us;
+        }
+        report.source = Some(self.source);
+        eval.record(report, rule, self.decision);
     }
 }
 
@@ -807,7 +1000,7 @@ fn spend_or_ask<S: SharedStore>(
         store,
         &applied.hash,
         now_us,
-        |s| s.idle_at_us(),
+        |s: LeaseSlot| s.vacancy(),
         |state| {
             let (spend, next) = state.unwrap_or_default().spend(now_us, applied.cost);
             ((spend, next), Some(next))
@@ -822,34 +1015,8 @@ fn spend_or_ask<S: SharedStore>(
         }
     };
     let quota = lookup.global.limit.policy().quota;
-    let (remote_remaining, reset_after_ns) = slot.remote_view(now_us);
-    let local = |allowed: bool, retry_after_ns: Option<u64>| Decision {
-        allowed,
-        limit: quota,
-        remaining: if allowed {
-            remote_remaining.min(quota)
-        } else {
-            0
-        },
-        retry_after_ns,
-        reset_after_ns,
-    };
-    let served = match spend {
-        Spend::Spent { at_us, .. } => {
-            report.decided_at_us = at_us;
-            Some((Source::Lease, local(true, None)))
-        }
-        Spend::NotYetDue { retry_after_ns } => {
-            Some((Source::Lease, local(false, Some(retry_after_ns))))
-        }
-        Spend::Denied { retry_after_ns } => {
-            Some((Source::DenialCache, local(false, Some(retry_after_ns))))
-        }
-        Spend::Miss { .. } => None,
-    };
-    if let Some((source, decision)) = served {
-        report.source = Some(source);
-        eval.record(report, applied.rule, decision);
+    if let Some(served) = Served::from_spend(spend, &slot, quota, now_us, Source::Lease) {
+        served.record(eval, report, applied.rule);
         return None;
     }
     let Spend::Miss { demand_per_s } = spend else {

@@ -44,7 +44,7 @@
 //! ```
 
 use crate::algorithms::NS_PER_US;
-use crate::store::slot_table::SlotValue;
+use crate::store::slot_table::{SlotValue, Vacancy};
 
 const LOW_32: u64 = 0xffff_ffff;
 
@@ -291,6 +291,15 @@ impl LeaseSlot {
     /// expired and its cached denial over. For takeover and eviction.
     pub fn idle_at_us(&self) -> u64 {
         self.held.expires_us().max(self.denied_until_us)
+    }
+
+    /// For the lease table: idle as above, and the units held (paid for in Redis, lost
+    /// when the slot is evicted).
+    pub fn vacancy(&self) -> Vacancy {
+        Vacancy {
+            idle_at_us: self.idle_at_us(),
+            in_use: self.held.count,
+        }
     }
 
     /// Serves a request of `cost` units at `now_us`. Returns the outcome and the slot to

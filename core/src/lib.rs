@@ -19,6 +19,7 @@
 //! - [`wire`]: the filter ⇄ bridge format.
 //! - [`store`]: the shared-data contract, the seed, the bounded CAS loop and slot tables.
 //! - [`lease`]: leases and cached denials of global rules.
+//! - [`reservoir`]: a worker's units taken ahead and cached denials of local rules.
 //! - [`response`]: what a client sees (status, RateLimit headers, body).
 //! - [`engine`]: one request through every rule.
 //! - [`flight`]: bridge calls in flight, one per key (single flight).
@@ -45,6 +46,8 @@ pub mod wire;
 pub mod store;
 
 pub mod lease;
+
+pub mod reservoir;
 
 pub mod response;
 

@@ -124,6 +124,21 @@ pub struct Rule {
     /// How many distinct keys the rule tracks at once in this Envoy (its slot table;
     /// for global rules, its leases and cached denials).
     pub max_keys: u32,
+    /// A local rule's per-worker reservoirs; `None`: every request decides in shared
+    /// data (`reservoir.max` 1, and every global rule).
+    pub reservoir: Option<Reservoir>,
+}
+
+/// How a local rule's workers take units ahead of their requests (see
+/// [`crate::reservoir`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reservoir {
+    /// Most units one take holds, the request's own included (≥ 2).
+    pub max: u64,
+    /// Longest a worker keeps a unit it took (µs); the algorithm may allow less.
+    pub hold_us: u64,
+    /// Keys each worker keeps reservoirs for at once.
+    pub max_keys: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

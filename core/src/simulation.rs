@@ -12,12 +12,14 @@
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
+use std::sync::Mutex;
 
 use crate::algorithms::{AlgorithmKind, GlobalLimit, SlotState};
 use crate::config;
 use crate::conformance::Admission;
 use crate::engine::{Engine, Evaluation, RuleOutcome};
 use crate::key::Seed;
+use crate::reservoir::Reservoirs;
 use crate::rules::{FactSource, Facts, RuleId, Scope};
 use crate::store::memory::MemoryStore;
 use crate::wire::{v2, ReplyError};
@@ -92,10 +94,11 @@ impl ModelBridge {
     }
 }
 
-/// One Envoy: its engine and its shared data, which all its workers use.
+/// One Envoy: its engine and its shared data, with one worker (its reservoirs).
 pub struct SimEnvoy {
     pub engine: Engine,
     pub store: MemoryStore,
+    reservoirs: Mutex<Reservoirs>,
     seed: Seed,
 }
 
@@ -108,6 +111,7 @@ impl SimEnvoy {
         let store = MemoryStore::new();
         engine.prepare(&store).map_err(|e| format!("{e:?}"))?;
         Ok(SimEnvoy {
+            reservoirs: Mutex::new(engine.reservoirs()),
             engine,
             store,
             seed,
@@ -117,8 +121,12 @@ impl SimEnvoy {
     /// Evaluates one request at `now_us`: decided, or `pending` for the bridge.
     pub fn evaluate<F: FactSource>(&self, request: F, now_us: u64) -> Evaluation {
         let mut facts = Facts::new(&self.engine.config.facts, request);
+        let mut reservoirs = self
+            .reservoirs
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         self.engine
-            .evaluate(&self.store, &self.seed, &mut facts, now_us)
+            .evaluate(&self.store, &mut reservoirs, &self.seed, &mut facts, now_us)
     }
 
     /// The body of the bridge call for an evaluation's pending rules.

@@ -15,7 +15,7 @@ use weir_core::algorithms::{
 use weir_core::key::KeyHash;
 use weir_core::scenarios::{self, expected, limit_of, Scenario, Throttle, MS_US, S_NS, S_US, T0};
 use weir_core::store::memory::MemoryStore;
-use weir_core::store::{Placement, SlotTable};
+use weir_core::store::{Placement, SlotTable, Vacancy};
 
 fn reply(t: &Throttle) -> ThrottleReply {
     ThrottleReply {
@@ -80,7 +80,10 @@ fn run_in_slot_table(scenario: &Scenario) {
                 &store,
                 &key,
                 step.now_us,
-                |s| limit.idle_at_us(s),
+                |s| Vacancy {
+                    idle_at_us: limit.idle_at_us(s),
+                    in_use: limit.in_use(s, step.now_us),
+                },
                 |state| limit.decide(state, step.now_us, step.cost),
             )
             .unwrap();

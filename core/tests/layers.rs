@@ -21,6 +21,7 @@ const CORE_LAYERS: &[&str] = &[
     "lease",
     "response",
     "rules",
+    "reservoir",
     "config",
     "wire",
     "engine",

@@ -4,6 +4,8 @@
 //! Every test starts its own Envoy with `weir.wasm` on free loopback ports.
 
 use std::collections::BTreeMap;
+use std::thread;
+use std::time::{Duration, Instant};
 use weir_e2e::decisions::{with_decisions, Logs};
 use weir_e2e::jwt::{hs256, hs256_jwks};
 use weir_e2e::{
@@ -66,6 +68,13 @@ fn exact_across_workers(limit: &str, expected: usize) {
     let envoy = Envoy::start(&logs.add_to(0, weir(&config)), 4);
     let total = 2 * expected;
     let (admitted, limited) = count_admitted(&envoy, 16, total, "alice");
+    eprintln!(
+        "{limit}: {} served from reservoirs, {} units taken ahead, {} expired, {} cached denials",
+        envoy.weir_stat("rule.per-user.reservoir_hits"),
+        envoy.weir_stat("rule.per-user.reservoir_units_taken"),
+        envoy.weir_stat("rule.per-user.reservoir_units_expired"),
+        envoy.weir_stat("rule.per-user.denial_cache_hits"),
+    );
     // Exact in count and in time: the admissions of all 4 workers keep the bound.
     let checked = logs.assert_conformant(&config, "per-user", total, None);
     assert_eq!(
@@ -95,12 +104,109 @@ fn gcra_is_exact_across_four_workers() {
     );
 }
 
+/// The issue's figure: a burst of 50 from 16 clients on 4 workers, with the default
+/// reservoirs (which take nothing once half the limit is gone).
+#[test]
+fn a_burst_of_50_is_exact_across_four_workers() {
+    exact_across_workers(
+        r#"{"algorithm":"gcra","rate":1,"period":"10m","burst":49}"#,
+        50,
+    );
+    exact_across_workers(
+        r#"{"algorithm":"fixed_window","limit":50,"window":"1h"}"#,
+        50,
+    );
+}
+
 #[test]
 fn token_bucket_is_exact_across_four_workers() {
     exact_across_workers(
         r#"{"algorithm":"token_bucket","capacity":2000,"refill":1,"period":"1h"}"#,
         2000,
     );
+}
+
+/// Workers take units ahead while the key is far from its limit, go idle, then all burst
+/// at once: what they held must not add to what the bucket refilled meanwhile.
+#[test]
+fn reservoirs_then_idle_then_a_burst_on_every_worker_keep_the_bound() {
+    let config = with_decisions(
+        r#"{"rules":[{"name":"per-user","key":[{"header":"x-user"}],
+            "limit":{"algorithm":"gcra","rate":1000,"period":"1s","burst":499},
+            "reservoir":{"max":16}}]}"#,
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let logs = Logs::new(dir.path(), 1, "x-user");
+    let envoy = Envoy::start(&logs.add_to(0, weir(&config)), 4);
+    // Far from the limit: 400 requests paced over a second from 16 clients.
+    let start = Instant::now();
+    let far = run_clients(16, 400, envoy.http_port, |_, i| {
+        let due = start + Duration::from_micros(2_500 * i as u64);
+        if let Some(wait) = due.checked_duration_since(Instant::now()) {
+            thread::sleep(wait);
+        }
+        Request::get("/").header("x-user", "alice")
+    });
+    far.assert_no_errors();
+    assert_eq!(far.count(200), 400, "far from the limit nothing is denied");
+    thread::sleep(Duration::from_millis(700));
+    // Every worker at once.
+    let burst = run_clients(16, 2_000, envoy.http_port, |_, _| {
+        Request::get("/").header("x-user", "alice")
+    });
+    burst.assert_no_errors();
+    let checked = logs.assert_conformant(&config, "per-user", 2_400, None);
+    let hits = envoy.weir_stat("rule.per-user.reservoir_hits");
+    eprintln!(
+        "burst: {} of 2000 admitted; {hits} requests served from reservoirs, {} units taken, \
+         {} expired",
+        burst.count(200),
+        envoy.weir_stat("rule.per-user.reservoir_units_taken"),
+        envoy.weir_stat("rule.per-user.reservoir_units_expired"),
+    );
+    assert_eq!(checked.requests, 400 + burst.count(200));
+    assert!(hits > 0, "no request was served from a reservoir");
+    // A full bucket after the idle period: the burst (500) less what the hold costs.
+    assert!(burst.count(200) >= 400, "burst: {}", burst.count(200));
+    envoy.assert_no_panic();
+}
+
+/// A flood of new keys through a table of 64 keys (and 16 per worker's reservoirs) while
+/// one key is at its limit: the flood evicts its own kind, never the key at its limit,
+/// which would then start afresh and admit a second window's worth.
+#[test]
+fn a_key_flood_at_max_keys_keeps_the_bound_of_a_key_at_its_limit() {
+    let config = with_decisions(
+        r#"{"rules":[{"name":"per-user","key":[{"header":"x-user"}],"max_keys":64,
+            "limit":{"algorithm":"fixed_window","limit":100,"window":"1s"},
+            "reservoir":{"max":16,"max_keys":16}}]}"#,
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let logs = Logs::new(dir.path(), 1, "x-user");
+    let envoy = Envoy::start(&logs.add_to(0, weir(&config)), 4);
+    let report = run_clients(16, 3_000, envoy.http_port, |_, i| {
+        let user = if i % 2 == 0 {
+            "hot".to_string()
+        } else {
+            format!("flood-{i}")
+        };
+        Request::get("/").header("x-user", user)
+    });
+    report.assert_no_errors();
+    let checked = logs.assert_conformant(&config, "per-user", 3_000, None);
+    let evictions = envoy.weir_stat("store.slot_evictions");
+    eprintln!(
+        "{} keys, {} admitted; {evictions} slot evictions, {} reservoir evictions",
+        checked.keys,
+        checked.admitted,
+        envoy.weir_stat("rule.per-user.reservoir_evictions")
+    );
+    assert!(
+        evictions > 100,
+        "the flood did not fill the table: {evictions} evictions"
+    );
+    assert_eq!(checked.keys, 1_501);
+    envoy.assert_no_panic();
 }
 
 #[test]

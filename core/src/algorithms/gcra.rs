@@ -378,6 +378,22 @@ impl SlotAlgorithm for Gcra {
         Some((reservation, next.to_slot()))
     }
 
+    /// A unit a worker holds may be spent until its *charge*: the TAT moves to at least
+    /// then, as if it were spent at the last instant it may be. Up to the TAT already
+    /// ahead of now the time is free; beyond it, the charge costs the key what the
+    /// schedule would have refilled meanwhile, so it stops at a sixteenth of `τ`.
+    fn hold_ahead(&self, state: SlotState, now_us: u64, hold_ns: u64) -> (u64, SlotState) {
+        let now = u128::from(now_us) * u128::from(NS_PER_US);
+        let tat = u128::from(State::from_slot(state).tat_ns);
+        let free = tat.saturating_sub(now);
+        let bought = u128::from(self.tolerance_ns / 16);
+        let valid = free.max(bought).min(u128::from(hold_ns));
+        let charged = State {
+            tat_ns: clamp_u64(tat.max(now + valid) as i128),
+        };
+        (u64::try_from(valid).unwrap_or(u64::MAX), charged.to_slot())
+    }
+
     /// The TAT `τ − remaining × T` ahead of `at_us`.
     fn state_with_remaining(&self, remaining: u64, at_us: u64) -> SlotState {
         let units = i128::from(remaining.min(self.limit()));

@@ -326,6 +326,40 @@ pub trait SlotAlgorithm: Algorithm + SlotCodec {
     /// A state in which `remaining` units (at most the limit) are left at `at_us`: what
     /// a local fallback starts from when the global key was last seen with `remaining`.
     fn state_with_remaining(&self, remaining: u64, at_us: u64) -> SlotState;
+
+    /// For units a worker takes now from a key left at `state` and keeps in its own
+    /// memory: how long (ns from `now_us`, at most `hold_ns`) each may be spent, and
+    /// the state that pays for that time. Spent anywhere in it, a unit keeps the
+    /// algorithm's bound (see [`Limit::take_ahead`]). By default the units live no longer
+    /// than [`SlotAlgorithm::lease_cap_ns`] allows and cost nothing more.
+    fn hold_ahead(&self, state: SlotState, now_us: u64, hold_ns: u64) -> (u64, SlotState) {
+        let cap = self.lease_cap_ns(state, now_us).unwrap_or(0);
+        (cap.min(hold_ns), state)
+    }
+}
+
+/// A worker never takes more than this fraction (1 / `RESERVOIR_SHARE`) of what a key
+/// has left, whatever its demand, and nothing once half the limit or less is left:
+/// near the limit every request decides in shared data, exactly.
+pub const RESERVOIR_SHARE: u64 = 8;
+
+/// What a worker asks to take ahead of its requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ahead {
+    /// Most units beyond the request's own.
+    pub max: u64,
+    /// The worker's recent demand for the key, units per second.
+    pub demand_per_s: u64,
+    /// Longest the worker may keep a unit, µs.
+    pub hold_us: u64,
+}
+
+/// Units taken ahead of requests for one worker's reservoir.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TakenAhead {
+    pub units: u64,
+    /// How long after the take each may be spent, ns.
+    pub valid_ns: u64,
 }
 
 /// Units reserved on a key's future schedule: `units` units, the first due `due_ns`
@@ -471,6 +505,13 @@ impl Limit {
         self.algorithm().idle_at_slot(state)
     }
 
+    /// Units `state` holds against its key at `now_us`: what starting the key afresh
+    /// would hand back to it.
+    pub fn in_use(&self, state: SlotState, now_us: u64) -> u64 {
+        let (peek, _) = self.decide(Some(state), now_us, 0);
+        peek.limit.saturating_sub(peek.remaining)
+    }
+
     /// Like [`Limit::decide`], but grants as much as it can up to `want` (≥ `cost`):
     /// the largest `g` in `cost..=want` that [`Limit::decide`] would allow at once, so
     /// a lease of `g` units is exactly `g` requests decided in a row. Returns the
@@ -559,6 +600,59 @@ impl Limit {
                 (grant, Some(next))
             }
             None => (Grant::denied(decision), None),
+        }
+    }
+
+    /// Decides `cost` units at `now_us` like [`Limit::decide`] and, when they are
+    /// allowed, takes more for a worker's reservoir: units the worker spends from its own
+    /// memory, each at most [`TakenAhead::valid_ns`] (≤ `ahead.hold_us`) after now — as
+    /// many as its demand would spend in that time, at most `ahead.max`. Returns the
+    /// request's decision, what was taken, and the state to store.
+    ///
+    /// A unit taken at `t` and spent at `s` must count, in the key's state, for an
+    /// instant no earlier than `s`: windows and the token bucket are safe until their
+    /// window ends or their next refill; GCRA charges its schedule as if the units were
+    /// spent at the end of their validity ([`SlotAlgorithm::hold_ahead`]). What the
+    /// take costs the key — its units and the charge for their time — is at most
+    /// `1 / RESERVOIR_SHARE` of what the key had left after the request, and nothing is
+    /// taken once half the limit or less is left.
+    pub fn take_ahead(
+        &self,
+        state: Option<SlotState>,
+        now_us: u64,
+        cost: u64,
+        ahead: Ahead,
+    ) -> (Decision, TakenAhead, Option<SlotState>) {
+        let (decision, next) = self.decide(state, now_us, cost);
+        let nothing = TakenAhead::default();
+        let after = match next {
+            Some(after) if decision.allowed && cost > 0 && ahead.max > 0 => after,
+            _ => return (decision, nothing, next),
+        };
+        // Near the limit (half of it or less left) every request decides in shared data.
+        let share = decision.remaining / RESERVOIR_SHARE;
+        if share == 0 || decision.remaining.saturating_mul(2) <= decision.limit {
+            return (decision, nothing, next);
+        }
+        let hold_ns = ahead.hold_us.saturating_mul(NS_PER_US);
+        let (valid_ns, charged) = self.algorithm().hold_ahead(after, now_us, hold_ns);
+        let demand = u128::from(ahead.demand_per_s) * u128::from(valid_ns) / 1_000_000_000;
+        let want = u64::try_from(demand).unwrap_or(u64::MAX).min(ahead.max);
+        if valid_ns < NS_PER_US || want == 0 {
+            return (decision, nothing, next);
+        }
+        let (peek, _) = self.decide(Some(charged), now_us, 0);
+        let paid_for_time = decision.remaining.saturating_sub(peek.remaining);
+        let budget = share.saturating_sub(paid_for_time).min(want);
+        if budget == 0 {
+            return (decision, nothing, next);
+        }
+        let (taken, units, taken_state) = self.acquire(Some(charged), now_us, 1, budget);
+        match taken_state {
+            Some(taken_state) if taken.allowed && units > 0 => {
+                (decision, TakenAhead { units, valid_ns }, Some(taken_state))
+            }
+            _ => (decision, nothing, next),
         }
     }
 

@@ -80,6 +80,7 @@ object_only!(RawBody, "a body object");
 object_only!(RawBridge, "a bridge object");
 object_only!(RawGlobal, "a global settings object");
 object_only!(RawLease, "a lease object");
+object_only!(RawReservoir, "a reservoir object");
 
 #[derive(Debug, Deserialize)]
 #[serde(remote = "Self", deny_unknown_fields)]
@@ -138,6 +139,16 @@ pub(crate) struct RawRule {
     pub scope: Option<RawScope>,
     pub global: Option<RawGlobal>,
     pub shadow: Option<bool>,
+    pub max_keys: Option<u64>,
+    pub reservoir: Option<RawReservoir>,
+}
+
+/// A local rule's per-worker reservoirs.
+#[derive(Debug, Deserialize)]
+#[serde(remote = "Self", deny_unknown_fields)]
+pub(crate) struct RawReservoir {
+    pub max: Option<u64>,
+    pub hold: Option<RawDuration>,
     pub max_keys: Option<u64>,
 }
 

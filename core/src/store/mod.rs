@@ -21,7 +21,7 @@ pub mod memory;
 pub mod seed;
 pub mod slot_table;
 
-pub use slot_table::{Placement, SlotTable, Updated};
+pub use slot_table::{Placement, SlotTable, Updated, Vacancy};
 
 use std::fmt;
 

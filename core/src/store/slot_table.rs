@@ -17,10 +17,11 @@
 //!
 //! Finding a slot for a key: its own slot (same fingerprint); else an empty one; else
 //! one whose state carries no information any more (*takeover*: e.g. a bucket that is
-//! full again); else, when every slot of the set is live, the one closest to idle is
-//! *evicted* — its key restarts fresh later, which can only give that key more
-//! quota, never charge another key's. Evictions mean `max_keys` is too small; they
-//! are counted.
+//! full again); else, when every slot of the set is live, the one holding the fewest
+//! units (then the one closest to idle) is *evicted* — its key restarts fresh later,
+//! which can only give that key more quota, never charge another key's, and a key at
+//! its limit is the last one a flood of new keys evicts. Evictions mean `max_keys` is
+//! too small; they are counted.
 //!
 //! Updates are get → decide → CAS-set, re-run on contention ([`MAX_CAS_ATTEMPTS`]).
 //! The algorithm is decided again on every attempt, so N workers racing admit exactly
@@ -80,6 +81,18 @@ pub const fn set_bytes<V: SlotValue>() -> usize {
     WAYS * slot_bytes::<V>()
 }
 
+/// What a slot's state is worth keeping, to pick the slot a new key takes when its set
+/// is full.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Vacancy {
+    /// From then on the state carries no information (a fresh key would be decided the
+    /// same): the slot may be taken over.
+    pub idle_at_us: u64,
+    /// Units the state holds against its key (used in its window, spent from its bucket,
+    /// held by a lease): what evicting it would hand back to the key.
+    pub in_use: u64,
+}
+
 /// How the key's slot was found in its set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Placement {
@@ -89,7 +102,8 @@ pub enum Placement {
     Empty,
     /// The key reused a slot whose state carried no information.
     Takeover,
-    /// Every slot was live; the one closest to idle was given to this key.
+    /// Every slot was live; the one holding the fewest units (then the one closest to
+    /// idle) was given to this key.
     Eviction,
 }
 
@@ -216,14 +230,14 @@ impl<V: SlotValue> SlotTable<V> {
     /// Runs `decide` on the key's state and stores what it returns, with CAS.
     ///
     /// `decide` gets the key's state (`None` for a key without one) and returns its
-    /// result and the state to store (`None`: write nothing). `idle_at_us` tells from
-    /// when a slot's state carries no information, for takeover and eviction.
+    /// result and the state to store (`None`: write nothing). `vacancy` tells what a
+    /// slot's state is worth, for takeover and eviction.
     pub fn update<S, R>(
         &self,
         store: &S,
         hash: &KeyHash,
         now_us: u64,
-        idle_at_us: impl Fn(V) -> u64,
+        vacancy: impl Fn(V) -> Vacancy,
         mut decide: impl FnMut(Option<V>) -> (R, Option<V>),
     ) -> Result<Updated<R>, UpdateError>
     where
@@ -236,7 +250,7 @@ impl<V: SlotValue> SlotTable<V> {
             // create here (a blind write could empty a set another worker just filled).
             let version = version.ok_or(StoreError::Missing)?;
             let mut set = SlotSet::<V>::decode(value.as_deref());
-            let (way, placement) = set.locate(hash.fingerprint, now_us, &idle_at_us);
+            let (way, placement) = set.locate(hash.fingerprint, now_us, &vacancy);
             let current = match placement {
                 Placement::Existing => set.slots.get(way).map(|s| s.state),
                 _ => None,
@@ -347,7 +361,7 @@ impl<V: SlotValue> SlotSet<V> {
         &self,
         fingerprint: u64,
         now_us: u64,
-        idle_at_us: &impl Fn(V) -> u64,
+        vacancy: &impl Fn(V) -> Vacancy,
     ) -> (usize, Placement) {
         if let Some(way) = self.slots.iter().position(|s| s.fingerprint == fingerprint) {
             return (way, Placement::Existing);
@@ -355,18 +369,22 @@ impl<V: SlotValue> SlotSet<V> {
         if let Some(way) = self.slots.iter().position(|s| s.fingerprint == 0) {
             return (way, Placement::Empty);
         }
-        let (way, idle_at) = self
-            .slots
+        let vacancies = self.slots.map(|s| vacancy(s.state));
+        let idlest = vacancies
             .iter()
             .enumerate()
-            .map(|(way, s)| (way, idle_at_us(s.state)))
-            .min_by_key(|&(_, idle_at)| idle_at)
-            .unwrap_or((0, 0));
-        if idle_at <= now_us {
-            (way, Placement::Takeover)
-        } else {
-            (way, Placement::Eviction)
+            .min_by_key(|(_, v)| v.idle_at_us);
+        if let Some((way, _)) = idlest.filter(|(_, v)| v.idle_at_us <= now_us) {
+            return (way, Placement::Takeover);
         }
+        // A key at its limit holds the most: it is the last to go, so a flood of new
+        // keys cannot hand it a fresh start.
+        let way = vacancies
+            .iter()
+            .enumerate()
+            .min_by_key(|(_, v)| (v.in_use, v.idle_at_us))
+            .map_or(0, |(way, _)| way);
+        (way, Placement::Eviction)
     }
 }
 

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use weir_core::config;
 use weir_core::engine::{Engine, Evaluation, RuleOutcome};
 use weir_core::key::Seed;
+use weir_core::reservoir::Reservoirs;
 use weir_core::rules::{Fact, FactSource, Facts};
 use weir_core::store::memory::MemoryStore;
 
@@ -34,10 +35,22 @@ pub fn engine(json: &str) -> Engine {
     Engine::new(config::parse(json.as_bytes()).unwrap())
 }
 
-/// Evaluates one request at `now`.
+/// Evaluates one request at `now`, on a worker of its own: a worker that has seen no
+/// demand takes nothing ahead, so every local rule decides in shared data, exactly.
 pub fn evaluate(engine: &Engine, store: &MemoryStore, req: &FakeRequest, now: u64) -> Evaluation {
+    evaluate_on(engine, store, &mut engine.reservoirs(), req, now)
+}
+
+/// Evaluates one request at `now` on the worker whose reservoirs are `reservoirs`.
+pub fn evaluate_on(
+    engine: &Engine,
+    store: &MemoryStore,
+    reservoirs: &mut Reservoirs,
+    req: &FakeRequest,
+    now: u64,
+) -> Evaluation {
     let mut facts = Facts::new(&engine.config.facts, req.clone());
-    engine.evaluate(store, &SEED, &mut facts, now)
+    engine.evaluate(store, reservoirs, &SEED, &mut facts, now)
 }
 
 /// Runs one request; returns whether it was allowed and the first rule's outcome.

@@ -5,15 +5,22 @@ use super::{cost, error, key, limit, matcher, Interner, Result, DEFAULT_MAX_KEYS
 use crate::algorithms::gcra::Gcra;
 use crate::algorithms::{GlobalLimit, Limit};
 use crate::bounds::{check_name, MAX_WANT};
-use crate::config::raw::{RawFailureMode, RawGlobal, RawLease, RawRule, RawScope};
+use crate::config::raw::{RawFailureMode, RawGlobal, RawLease, RawReservoir, RawRule, RawScope};
 use crate::field_error::quoted;
-use crate::rules::{FailureMode, GlobalRule, Lease, RequestMatch, Rule, RuleId, Scope};
+use crate::rules::{FailureMode, GlobalRule, Lease, RequestMatch, Reservoir, Rule, RuleId, Scope};
 
 pub const DEFAULT_LEASE_TTL_US: u64 = 1_000_000;
 pub const MAX_LEASE_TTL_US: u64 = 3_600_000_000;
 pub const MAX_EXPECTED_INSTANCES: u64 = 10_000;
 /// How far ahead a saturated GCRA key's schedule is reserved by default.
 pub const DEFAULT_HORIZON_US: u64 = 100_000;
+/// A local rule's reservoirs by default: units per take, hold, keys per worker.
+pub const DEFAULT_RESERVOIR_MAX: u64 = 32;
+pub const DEFAULT_RESERVOIR_HOLD_US: u64 = 1_000_000;
+pub const DEFAULT_RESERVOIR_KEYS: u32 = 1_024;
+pub const MAX_RESERVOIR_MAX: u64 = 1_000_000;
+pub const MAX_RESERVOIR_HOLD_US: u64 = 60_000_000;
+pub const MAX_RESERVOIR_KEYS: u32 = 65_536;
 
 /// A name that goes into stat names and keys (see [`crate::bounds::check_name`]).
 pub(super) fn name(name: &str, at: &str) -> Result<String> {
@@ -60,6 +67,22 @@ pub(super) fn compile(
                 )
             })?,
     };
+    let reservoir = match (&scope, raw.reservoir) {
+        (_, None) if matches!(scope, Scope::Local(_)) => Some(Reservoir {
+            max: DEFAULT_RESERVOIR_MAX,
+            hold_us: DEFAULT_RESERVOIR_HOLD_US,
+            max_keys: DEFAULT_RESERVOIR_KEYS.min(max_keys),
+        }),
+        (_, None) => None,
+        (Scope::Local(_), Some(raw)) => reservoir(raw, max_keys, &format!("{at}.reservoir"))?,
+        (Scope::Global(_), Some(_)) => {
+            return Err(error(
+                format!("{at}.reservoir"),
+                "reservoirs are for local rules; a global rule takes units ahead with \
+                 \"global\": {\"lease\": ...}",
+            ))
+        }
+    };
     Ok(Rule {
         id,
         name,
@@ -69,7 +92,49 @@ pub(super) fn compile(
         scope,
         shadow: raw.shadow.unwrap_or(false),
         max_keys,
+        reservoir,
     })
+}
+
+/// A local rule's reservoir settings; `max` 1 turns them off (exact).
+fn reservoir(raw: RawReservoir, rule_max_keys: u32, at: &str) -> Result<Option<Reservoir>> {
+    let max = raw.max.unwrap_or(DEFAULT_RESERVOIR_MAX);
+    if max == 0 || max > MAX_RESERVOIR_MAX {
+        return Err(error(
+            format!("{at}.max"),
+            format!("{max} is out of range: expected 1 (exact) to {MAX_RESERVOIR_MAX}"),
+        ));
+    }
+    let hold_us = match raw.hold {
+        None => DEFAULT_RESERVOIR_HOLD_US,
+        Some(hold) if (1_000..=MAX_RESERVOIR_HOLD_US).contains(&hold.us) => hold.us,
+        Some(hold) => {
+            return Err(error(
+                format!("{at}.hold"),
+                format!(
+                    "{} is out of range: expected 1ms to 60s",
+                    quoted(&hold.text)
+                ),
+            ))
+        }
+    };
+    let max_keys = match raw.max_keys {
+        None => DEFAULT_RESERVOIR_KEYS.min(rule_max_keys),
+        Some(n) => u32::try_from(n)
+            .ok()
+            .filter(|n| (1..=MAX_RESERVOIR_KEYS).contains(n))
+            .ok_or_else(|| {
+                error(
+                    format!("{at}.max_keys"),
+                    format!("{n} is out of range: expected 1 to {MAX_RESERVOIR_KEYS}"),
+                )
+            })?,
+    };
+    Ok((max > 1).then_some(Reservoir {
+        max,
+        hold_us,
+        max_keys,
+    }))
 }
 
 fn scope(
