@@ -27,6 +27,9 @@ pub struct Sample {
     /// The same from the scheduler's ns run time (`schedstat`), as a cross-check.
     pub runtime_us_per_request: f64,
     pub bridge_calls: u64,
+    /// Calls weir's VMs made into Envoy (`vm.host_calls`; 0 for the other filters).
+    #[serde(default)]
+    pub host_calls: u64,
     /// Bridge calls that failed, and requests that skipped the bridge after a failure.
     pub bridge_failures: u64,
     /// Every command on the Redis masters (commands run by scripts included).
@@ -78,14 +81,15 @@ impl Fleet {
 struct EnvoyCounters {
     requests: u64,
     bridge_calls: u64,
+    host_calls: u64,
     bridge_failures: u64,
 }
 
 fn envoy_counters(envoy: &Envoy) -> EnvoyCounters {
     let r = envoy.admin(
         "GET",
-        // ^(http\.ingress\.downstream_rq_total|wasmcustom\.weir\.weir\.bridge\..*)$
-        "/stats?filter=%5E%28http%5C.ingress%5C.downstream_rq_total%7Cwasmcustom%5C.weir%5C.weir%5C.bridge%5C..%2A%29%24",
+        // ^(http\.ingress\.downstream_rq_total|wasmcustom\.weir\.weir\.(bridge|vm)\..*)$
+        "/stats?filter=%5E%28http%5C.ingress%5C.downstream_rq_total%7Cwasmcustom%5C.weir%5C.weir%5C.%28bridge%7Cvm%29%5C..%2A%29%24",
     );
     let stats = parse_stats(&r.text());
     let get = |name: &str| stats.get(name).copied().unwrap_or(0);
@@ -93,6 +97,7 @@ fn envoy_counters(envoy: &Envoy) -> EnvoyCounters {
         requests: get("http.ingress.downstream_rq_total"),
         // The harness names the plugin `weir` (weir_e2e::wasm_filter_yaml).
         bridge_calls: get("wasmcustom.weir.weir.bridge.calls"),
+        host_calls: get("wasmcustom.weir.weir.vm.host_calls"),
         bridge_failures: get("wasmcustom.weir.weir.bridge.skipped")
             + get("wasmcustom.weir.weir.bridge.busy")
             + get("wasmcustom.weir.weir.bridge.errors_timeout")
@@ -197,6 +202,7 @@ pub fn measure(
         cpu_us_per_request: per_request(envoy_cpu_us),
         runtime_us_per_request: per_request(run1.saturating_sub(run0)),
         bridge_calls: c1.bridge_calls.saturating_sub(c0.bridge_calls),
+        host_calls: c1.host_calls.saturating_sub(c0.host_calls),
         bridge_failures: c1.bridge_failures.saturating_sub(c0.bridge_failures),
         redis_commands: r1_all.saturating_sub(r0_all),
         redis_scripts: r1_scripts.saturating_sub(r0_scripts),

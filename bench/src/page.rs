@@ -4,7 +4,8 @@
 
 use crate::accuracy::{self, Mode, PacedRun};
 use crate::cost::{Sample, DISTURBED_PCT, RETRIES_PER_RUN, RETRIES_PER_SAMPLE};
-use crate::report::{num, AccuracyResults, Results, Target};
+use crate::report::{num, AccuracyResults, Results, Summary, Target};
+use crate::scenario::Scenario;
 use crate::wrk;
 
 /// A Markdown table: a header and rows of the same width.
@@ -171,6 +172,7 @@ fn ratio_table(r: &Results) -> Table {
         "req/s vs native",
         "req/s vs empty wasm",
         "bridge calls/request",
+        "host calls/request",
         "Redis commands/request, median (of which scripts)",
         "non-2xx %",
     ]);
@@ -185,6 +187,7 @@ fn ratio_table(r: &Results) -> Table {
             ratio(x.rps_vs_native),
             ratio(x.rps_vs_empty_wasm),
             x.bridge_calls_per_request.show(4),
+            host_calls(x),
             format!(
                 "{} ({})",
                 num(x.redis_commands_per_request.median, 3),
@@ -194,6 +197,18 @@ fn ratio_table(r: &Results) -> Table {
         ]);
     }
     t
+}
+
+/// weir's calls into Envoy per request; the empty filter of `host-call-floor` makes
+/// the 4 of an exact local decision by construction, the other filters none of weir's.
+fn host_calls(x: &Summary) -> String {
+    if x.id == Scenario::HostCallFloor.id() {
+        "4 (by construction)".into()
+    } else if x.id.starts_with("weir-") {
+        x.host_calls_per_request.show(2)
+    } else {
+        "–".into()
+    }
 }
 
 fn run_health(r: &Results) -> String {

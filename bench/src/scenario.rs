@@ -18,6 +18,10 @@ pub enum Scenario {
     /// The empty filter making weir-local's host calls and nothing else.
     HostCallFloor,
     WeirLocal,
+    /// weir-local with reservoirs off: every request decides in shared data.
+    WeirLocalExact,
+    /// Ten hot keys far from their limits: what reservoirs are for.
+    WeirLocalHot,
     WeirLocalHalf,
     WeirGlobalExact,
     /// The same over HTTP/2 to the bridge.
@@ -40,13 +44,15 @@ const GLOBAL_LIMIT: &str =
     r#""limit": {"algorithm": "gcra", "rate": 1000000, "period": "1s", "burst": 999999}"#;
 
 impl Scenario {
-    pub const ALL: [Scenario; 11] = [
+    pub const ALL: [Scenario; 13] = [
         Scenario::NoFilter,
         Scenario::Native,
         Scenario::NativeLimited,
         Scenario::EmptyWasm,
         Scenario::HostCallFloor,
         Scenario::WeirLocal,
+        Scenario::WeirLocalExact,
+        Scenario::WeirLocalHot,
         Scenario::WeirLocalHalf,
         Scenario::WeirGlobalExact,
         Scenario::WeirGlobalExactH2,
@@ -65,6 +71,8 @@ impl Scenario {
             Scenario::EmptyWasm => "empty-wasm",
             Scenario::HostCallFloor => "host-call-floor",
             Scenario::WeirLocal => "weir-local",
+            Scenario::WeirLocalExact => "weir-local-exact",
+            Scenario::WeirLocalHot => "weir-local-hot",
             Scenario::WeirLocalHalf => "weir-local-half-limited",
             Scenario::WeirGlobalExact => "weir-global-exact",
             Scenario::WeirGlobalExactH2 => "weir-global-exact-h2",
@@ -99,7 +107,13 @@ impl Scenario {
                 "the empty filter configured to make, per request, the host calls weir-local makes and nothing else: read the clock, read `x-user`, get one of 2,500 shared-data keys of 96 bytes (weir-local's slot sets) and write it back with its CAS version"
             }
             Scenario::WeirLocal => {
-                "weir, one local GCRA rule keyed by `x-user` (1,000 users), 1,000/s per user with burst 100: nothing is limited"
+                "weir, one local GCRA rule keyed by `x-user` (1,000 users), 1,000/s per user with burst 100: nothing is limited (reservoirs on, the default; each user's demand is too low for a worker to take units ahead)"
+            }
+            Scenario::WeirLocalExact => {
+                "the same as weir-local with `reservoir.max` 1: every request decides in shared data (weir before reservoirs)"
+            }
+            Scenario::WeirLocalHot => {
+                "weir, one local GCRA rule keyed by `x-tenant` (10 tenants, each about a tenth of the load), 100,000/s per tenant with burst 9,999: far from the limit, workers serve most requests from their reservoirs"
             }
             Scenario::WeirLocalHalf => {
                 "weir, one local GCRA rule keyed by `x-user`, 1 per day, burst 0, `max_keys` 10⁶; every other request is one of 1,000 users (limited since the warm-up), the others are users never seen before (allowed): half the requests get 429"
@@ -148,6 +162,17 @@ impl Scenario {
             Scenario::WeirLocal => {
                 r#"{"rules": [{"name": "per-user", "key": [{"header": "x-user"}],
   "limit": {"algorithm": "gcra", "rate": 1000, "period": "1s", "burst": 100}, "max_keys": 10000}]}"#
+                    .to_string()
+            }
+            Scenario::WeirLocalExact => {
+                r#"{"rules": [{"name": "per-user", "key": [{"header": "x-user"}],
+  "limit": {"algorithm": "gcra", "rate": 1000, "period": "1s", "burst": 100}, "max_keys": 10000,
+  "reservoir": {"max": 1}}]}"#
+                    .to_string()
+            }
+            Scenario::WeirLocalHot => {
+                r#"{"rules": [{"name": "per-tenant", "key": [{"header": "x-tenant"}],
+  "limit": {"algorithm": "gcra", "rate": 100000, "period": "1s", "burst": 9999}}]}"#
                     .to_string()
             }
             Scenario::WeirLocalHalf => {
