@@ -839,7 +839,7 @@ fn decide_with_reservoir<S: SharedStore>(
     let now_us = applied.now_us;
     let cost = applied.cost;
     let mut report = applied.report();
-    let (entry, found) = reservoir.worker.entry(&applied.hash);
+    let (entry, found) = reservoir.worker.entry(&applied.hash, now_us);
     report.reservoir_lost = match found {
         Found::Evicted { lost_units } => Some(lost_units),
         Found::Existing | Found::Empty => None,

@@ -12,8 +12,9 @@
 //! shared bucket), a denial for a cost and above, and the worker's demand for the key,
 //! which sizes the next take. The table is set-associative like the shared slot tables
 //! (4 ways, sets from `reservoir.max_keys`), allocated on first use and never larger; a
-//! key that finds its set full takes the least recently used entry, whose held units
-//! are lost — counted in the shared bucket, never admitted — and counted here.
+//! key that finds its set full takes the least recently used entry that holds nothing,
+//! else the least recently used one, whose held units are lost — counted in the shared
+//! bucket, never admitted — and counted here.
 
 use crate::key::KeyHash;
 use crate::lease::LeaseSlot;
@@ -72,9 +73,9 @@ impl WorkerTable {
         u64::from(self.set_count) * WAYS as u64
     }
 
-    /// The key's entry, created (or taken from the least recently used key of its set)
-    /// when it has none.
-    pub fn entry(&mut self, hash: &KeyHash) -> (&mut LeaseSlot, Found) {
+    /// The key's entry at `now_us`, created (or taken from another key of its set, see
+    /// below) when it has none.
+    pub fn entry(&mut self, hash: &KeyHash, now_us: u64) -> (&mut LeaseSlot, Found) {
         if self.entries.is_empty() {
             self.entries = vec![Entry::default(); self.set_count as usize * WAYS];
         }
@@ -87,11 +88,14 @@ impl WorkerTable {
             self.spare = Entry::default();
             return (&mut self.spare.slot, Found::Empty);
         };
-        // The key's own entry, else an empty one, else the least recently used.
+        // The key's own entry, else an empty one, else the least recently used of those
+        // that hold nothing (no units, no denial in force), else the least recently used:
+        // a flood of keys seen once evicts its own kind before a cached denial.
         let rank = |e: &Entry| match e.fingerprint {
             f if f == fingerprint => (0, 0),
             0 => (1, 0),
-            _ => (2, e.last_used),
+            _ if e.slot.idle_at_us() <= now_us => (2, e.last_used),
+            _ => (3, e.last_used),
         };
         let Some(entry) = set.iter_mut().min_by_key(|e| rank(e)) else {
             self.spare = Entry::default();
@@ -175,7 +179,7 @@ mod tests {
         let mut table = WorkerTable::new(4);
         assert_eq!(table.capacity(), 4);
         for fp in 1..=4 {
-            let (slot, found) = table.entry(&hash(0, fp));
+            let (slot, found) = table.entry(&hash(0, fp), 0);
             assert_eq!(found, Found::Empty);
             slot.held = Held {
                 count: fp,
@@ -185,12 +189,44 @@ mod tests {
             };
         }
         // Key 1 is used again: key 2 is now the least recently used.
-        assert_eq!(table.entry(&hash(0, 1)).1, Found::Existing);
-        let (slot, found) = table.entry(&hash(0, 5));
+        assert_eq!(table.entry(&hash(0, 1), 0).1, Found::Existing);
+        let (slot, found) = table.entry(&hash(0, 5), 0);
         assert_eq!(found, Found::Evicted { lost_units: 2 });
         assert_eq!(*slot, LeaseSlot::default());
         assert_eq!(table.units_held(), 1 + 3 + 4);
-        assert_eq!(table.entry(&hash(0, 2)).1, Found::Evicted { lost_units: 3 });
+        // Key 5 holds nothing: it goes before key 3 and its units.
+        let (slot, found) = table.entry(&hash(0, 2), 0);
+        assert_eq!(found, Found::Evicted { lost_units: 0 });
+        slot.held = Held {
+            count: 2,
+            next_due_ns: 0,
+            spacing_ns: 0,
+            window_us: 1,
+        };
+        assert_eq!(
+            table.entry(&hash(0, 6), 0).1,
+            Found::Evicted { lost_units: 3 }
+        );
+    }
+
+    #[test]
+    fn keys_seen_once_evict_each_other_before_a_cached_denial() {
+        let mut table = WorkerTable::new(4);
+        let (slot, _) = table.entry(&hash(0, 1), 0);
+        slot.denied_until_us = 1_000;
+        slot.denied_cost = 1;
+        for fp in 2..100 {
+            table.entry(&hash(0, fp), 10);
+        }
+        assert_eq!(table.entry(&hash(0, 1), 10).1, Found::Existing);
+        // Once the denial is over, the entry is worth no more than the others.
+        for fp in 100..200 {
+            table.entry(&hash(0, fp), 2_000);
+        }
+        assert!(matches!(
+            table.entry(&hash(0, 1), 2_000).1,
+            Found::Evicted { .. }
+        ));
     }
 
     #[test]
@@ -198,7 +234,7 @@ mod tests {
         let mut table = WorkerTable::new(1000);
         assert!(table.entries.is_empty());
         for fp in 1..=100_000u64 {
-            table.entry(&hash(fp.wrapping_mul(0x9e37_79b9_7f4a_7c15), fp));
+            table.entry(&hash(fp.wrapping_mul(0x9e37_79b9_7f4a_7c15), fp), 0);
         }
         assert_eq!(table.entries.len(), 1000);
         assert_eq!(table.entries.capacity(), 1000);
