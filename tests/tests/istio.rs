@@ -291,11 +291,14 @@ fn the_gateway_per_ip_example_limits_in_a_real_envoy() {
     let elapsed = started.elapsed();
     let passed = statuses.iter().filter(|&&s| s == 200).count();
     let denial = denial.unwrap_or_else(|| panic!("no 429 in 1000 requests: {statuses:?}"));
-    // burst 50 → 51 at once, then one every 10 ms.
+    // burst 50 → 51 at once, then one every 10 ms. The worker's reservoir may have
+    // charged the schedule up to τ / 16 ahead when it took units from the full bucket
+    // (docs/algorithms.md, "Reservoirs"): up to ⌈51 / 16⌉ fewer once.
     let most = 51 + (elapsed.as_secs_f64() * 100.0).ceil() as usize;
+    let least = 51 - 51usize.div_ceil(16);
     assert!(
-        (51..=most).contains(&passed),
-        "{passed} passed in {elapsed:?} before the first 429 (expected 51..={most})"
+        (least..=most).contains(&passed),
+        "{passed} passed in {elapsed:?} before the first 429 (expected {least}..={most})"
     );
     assert_eq!(denial.header("retry-after"), Some("1"));
     assert!(
