@@ -91,9 +91,32 @@ pub extern "C" fn proxy_on_configure(root_id: u32, _plugin_configuration_size: u
     u32::from(with_root(root_id, Root::on_configure).unwrap_or(false))
 }
 
+/// The root context's tick: its periodic work, then the held requests that are due are
+/// released, each in its own context.
 #[no_mangle]
 pub extern "C" fn proxy_on_tick(root_id: u32) {
-    with_root(root_id, Root::on_tick);
+    let Some(plugin) = with_root(root_id, |root| {
+        root.on_tick();
+        root.plugin().cloned()
+    })
+    .flatten() else {
+        return;
+    };
+    if plugin.worker.borrow().waiting.is_empty() {
+        plugin.adjust_tick();
+        return;
+    }
+    let Ok(now_us) = host::now_us() else {
+        return;
+    };
+    let due = plugin.worker.borrow_mut().waiting.take_due(now_us);
+    for context in due {
+        if host::set_effective_context(context).is_ok() {
+            with_filter(context, |f| f.on_hold_due(now_us));
+        }
+    }
+    let _ = host::set_effective_context(root_id);
+    plugin.adjust_tick();
 }
 
 #[no_mangle]
@@ -106,8 +129,25 @@ pub extern "C" fn proxy_on_response_headers(context_id: u32, _headers: usize, _e
     with_filter(context_id, Filter::on_response_headers).unwrap_or(Action::Continue) as u32
 }
 
+/// A context is done. Should a root context be torn down while its plugin still holds
+/// requests, each is answered now (429, its remaining wait as the retry) rather than left
+/// hanging. (Envoy stopping on SIGTERM closes the connections first: then there is
+/// nothing left to answer.)
 #[no_mangle]
-pub extern "C" fn proxy_on_done(_context_id: u32) -> u32 {
+pub extern "C" fn proxy_on_done(context_id: u32) -> u32 {
+    let plugin = with_root(context_id, |root| root.plugin().cloned()).flatten();
+    if let Some(plugin) = plugin {
+        let held = plugin.worker.borrow_mut().waiting.take_all();
+        if !held.is_empty() {
+            let now_us = host::now_us().unwrap_or(0);
+            for context in held {
+                if host::set_effective_context(context).is_ok() {
+                    with_filter(context, |f| f.on_plugin_done(now_us));
+                }
+            }
+            let _ = host::set_effective_context(context_id);
+        }
+    }
     1
 }
 

@@ -20,6 +20,9 @@ use weir_core::flight::Join;
 use weir_core::response::{self, Denial, FilterState, HeaderStyle};
 use weir_core::rules::Facts;
 
+/// The response header of a request that was held: how long, in ms.
+pub const DELAY_HEADER: &str = "x-weir-delay-ms";
+
 /// What to tell Envoy after a callback.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u32)]
@@ -38,6 +41,8 @@ pub struct Filter {
     response_headers: Vec<(String, String)>,
     /// This filter answered the request itself; its reply already has its headers.
     replied: bool,
+    /// The evaluation of a request a rule holds (`on_limit.delay`) until it is due.
+    held: Option<Evaluation>,
 }
 
 impl Filter {
@@ -48,6 +53,7 @@ impl Filter {
             waiting: None,
             response_headers: Vec::new(),
             replied: false,
+            held: None,
         }
     }
 
@@ -69,11 +75,88 @@ impl Filter {
         let engine = &plugin.engine;
         let mut facts = Facts::new(&engine.config.facts, RequestFacts);
         let eval = {
-            let mut reservoirs = plugin.reservoirs.borrow_mut();
+            let mut worker = plugin.worker.borrow_mut();
             let seed = plugin.seed.get();
-            engine.evaluate(&SharedData, &mut reservoirs, &seed, &mut facts, now_us)
+            engine.evaluate(&SharedData, &mut worker, &seed, &mut facts, now_us)
         };
         self.go_on(&plugin, eval, now_us)
+    }
+
+    /// The request this filter holds is due (called from the root context's tick): the
+    /// rules go on from the one that held it, and the request is resumed, answered, or
+    /// held again (its release came too late for its slot).
+    pub fn on_hold_due(&mut self, now_us: u64) {
+        let (Some(plugin), Some(mut eval)) = (self.plugin.clone(), self.held.take()) else {
+            return;
+        };
+        let engine = &plugin.engine;
+        let mut facts = Facts::new(&engine.config.facts, RequestFacts);
+        {
+            let mut worker = plugin.worker.borrow_mut();
+            let seed = plugin.seed.get();
+            engine.release(
+                &mut eval,
+                &SharedData,
+                &mut worker,
+                &seed,
+                &mut facts,
+                now_us,
+            );
+        }
+        if let Some(delayed) = &eval.delayed {
+            plugin.metrics.delay_released(delayed);
+            self.response_headers
+                .retain(|(name, _)| name != DELAY_HEADER);
+            self.response_headers.push((
+                DELAY_HEADER.to_string(),
+                (delayed.waited_us / 1_000).to_string(),
+            ));
+        }
+        if self.go_on(&plugin, eval, now_us) == Action::Continue {
+            self.resume();
+        }
+    }
+
+    /// The plugin goes away while this request is held: it is answered as limited, with
+    /// the time it would have waited as its retry.
+    pub fn on_plugin_done(&mut self, now_us: u64) {
+        let (Some(plugin), Some(mut eval)) = (self.plugin.clone(), self.held.take()) else {
+            return;
+        };
+        if let Some(held) = &eval.held {
+            plugin.metrics.delay_abandoned(held.rule);
+        }
+        eval.deny_held(now_us);
+        if self.finish(&plugin, &eval, now_us) {
+            self.resume();
+        }
+    }
+
+    /// Holds the request until its rule's slot is due.
+    fn hold(&mut self, plugin: &Plugin, mut eval: Evaluation, now_us: u64) -> Action {
+        let Some(held) = eval.held else {
+            return Action::Continue;
+        };
+        let queued =
+            plugin
+                .worker
+                .borrow_mut()
+                .waiting
+                .hold(self.context_id, held.rule, held.hold.due_us);
+        if !queued {
+            // The engine holds only when the worker has room; should that ever not be
+            // so, the request is denied (its slot is lost, never admitted early).
+            eval.deny_held(now_us);
+            return if self.finish(plugin, &eval, now_us) {
+                Action::Continue
+            } else {
+                Action::Pause
+            };
+        }
+        plugin.metrics.delay_held(held.rule);
+        self.held = Some(eval);
+        plugin.adjust_tick();
+        Action::Pause
     }
 
     pub fn on_response_headers(&mut self) -> Action {
@@ -108,7 +191,8 @@ impl Filter {
         }
     }
 
-    /// The request is gone: stop waiting on a call.
+    /// The request is gone: stop waiting on a call, or leave the held requests (the
+    /// slot it was given is not handed back: it counts as admitted).
     pub fn on_delete(&mut self) {
         if let (Some(plugin), Some((token, _))) = (&self.plugin, &self.waiting) {
             plugin
@@ -116,12 +200,21 @@ impl Filter {
                 .borrow_mut()
                 .forget_waiter(*token, self.context_id);
         }
+        if let (Some(plugin), Some(_)) = (&self.plugin, &self.held) {
+            let forgotten = plugin.worker.borrow_mut().waiting.forget(self.context_id);
+            if let Some(rule) = forgotten {
+                plugin.metrics.delay_abandoned(rule);
+            }
+        }
     }
 
     /// Takes an evaluation as far as it can go now: wait on another call for its
     /// pending rules, send its own, or finish it. `Pause` while it waits or when the
     /// filter answered the request.
     fn go_on(&mut self, plugin: &Plugin, mut eval: Evaluation, now_us: u64) -> Action {
+        if eval.held.is_some() {
+            return self.hold(plugin, eval, now_us);
+        }
         let engine = &plugin.engine;
         if !eval.pending.is_empty() {
             let joined = plugin

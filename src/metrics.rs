@@ -27,7 +27,12 @@
 //! `reservoir_units_expired` (held past their time, never admitted),
 //! `reservoir_evictions` (a key took another key's entry in a full worker table) and
 //! `reservoir_units_evicted` (units such an entry still held); a local key denied from a
-//! worker's cached denial counts in `denial_cache_hits`. `weir.<plugin>.vm.host_calls`
+//! worker's cached denial counts in `denial_cache_hits`. Rules with `on_limit.delay`
+//! count `delayed` (requests held instead of denied), `delay_waited_us` (the time they
+//! waited, summed: divided by `delayed`, the mean wait), `delay_late` (released after
+//! their slot: decided again), `delay_queue_full` (denied because the worker held
+//! `queue` requests of the rule already) and `delay_abandoned` (the client left while
+//! its request was held). `weir.<plugin>.vm.host_calls`
 //! counts the calls every VM of the plugin made into Envoy (shared data, headers, the
 //! clock, logs, stats): divided by requests, the cost floor the benchmark reports.
 //!
@@ -37,7 +42,8 @@
 
 use crate::host::{self, HostResult, MetricType};
 use std::cell::Cell;
-use weir_core::engine::{BridgeError, Evaluation, FailureOutcome, RuleOutcome, Source};
+use weir_core::engine::{BridgeError, Delayed, Evaluation, FailureOutcome, RuleOutcome, Source};
+use weir_core::rules::RuleId;
 use weir_core::store::{Placement, UpdateError};
 use weir_core::wire::ReplyError;
 
@@ -67,6 +73,11 @@ struct RuleMetrics {
     reservoir_expired: Stat,
     reservoir_evictions: Stat,
     reservoir_lost: Stat,
+    delayed: Stat,
+    delay_waited_us: Stat,
+    delay_late: Stat,
+    delay_queue_full: Stat,
+    delay_abandoned: Stat,
 }
 
 #[derive(Debug)]
@@ -146,6 +157,11 @@ impl Metrics {
                 reservoir_expired: r.counter(&format!("{prefix}.reservoir_units_expired"))?,
                 reservoir_evictions: r.counter(&format!("{prefix}.reservoir_evictions"))?,
                 reservoir_lost: r.counter(&format!("{prefix}.reservoir_units_evicted"))?,
+                delayed: r.counter(&format!("{prefix}.delayed"))?,
+                delay_waited_us: r.counter(&format!("{prefix}.delay_waited_us"))?,
+                delay_late: r.counter(&format!("{prefix}.delay_late"))?,
+                delay_queue_full: r.counter(&format!("{prefix}.delay_queue_full"))?,
+                delay_abandoned: r.counter(&format!("{prefix}.delay_abandoned"))?,
             });
         }
         let cas_retries = r.counter(&format!("{base}.store.cas_retries"))?;
@@ -225,6 +241,32 @@ impl Metrics {
         let _ = host::record_metric(self.bridge_latency_us, us);
     }
 
+    /// A rule held a request instead of denying it.
+    pub fn delay_held(&self, rule: RuleId) {
+        if let Some(rule) = self.rules.get(rule.index()) {
+            self.bump(rule.delayed, 1);
+        }
+    }
+
+    /// A held request was released (on time or late).
+    pub fn delay_released(&self, delayed: &Delayed) {
+        if let Some(rule) = self.rules.get(delayed.rule.index()) {
+            let waited = i64::try_from(delayed.waited_us).unwrap_or(i64::MAX);
+            self.bump(rule.delay_waited_us, waited);
+            if delayed.late {
+                self.bump(rule.delay_late, 1);
+            }
+        }
+    }
+
+    /// A held request went away (the client left, or the plugin shut down) before its
+    /// release; its place in the schedule is not given back.
+    pub fn delay_abandoned(&self, rule: RuleId) {
+        if let Some(rule) = self.rules.get(rule.index()) {
+            self.bump(rule.delay_abandoned, 1);
+        }
+    }
+
     fn bridge_error(&self, error: &ReplyError) {
         let stat = match error {
             ReplyError::Timeout => self.bridge_timeouts,
@@ -299,6 +341,9 @@ impl Metrics {
             if let Some(lost) = report.reservoir_lost {
                 self.bump(rule.reservoir_evictions, 1);
                 self.bump(rule.reservoir_lost, i64::try_from(lost).unwrap_or(i64::MAX));
+            }
+            if report.delay_queue_full {
+                self.bump(rule.delay_queue_full, 1);
             }
             if report.cas_retries > 0 {
                 self.bump(self.cas_retries, i64::from(report.cas_retries));

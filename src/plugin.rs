@@ -11,17 +11,22 @@ use crate::store::SharedData;
 use std::cell::{Cell, RefCell};
 use weir_core::bounds::{MAX_BODY_BYTES, MAX_CONFIG_BYTES};
 use weir_core::config;
+use weir_core::delay::RELEASE_TICK_MS;
 use weir_core::engine::{Engine, Evaluation};
 use weir_core::flight::{Call, Flights};
 use weir_core::key::Seed;
-use weir_core::reservoir::Reservoirs;
 use weir_core::rules::Rule;
 use weir_core::store::seed;
 use weir_core::wire::{v2, ReplyError, SECRET_HEADER};
+use weir_core::worker::Worker;
 
 /// The most sets of a table read at configure time to estimate its `slots_in_use`
 /// gauge: a table of a million keys costs this many host calls, not 250,000.
 const GAUGE_SAMPLE_SETS: u32 = 256;
+
+/// The tick when no request is held: idle workers send their metrics, every VM checks
+/// its hashing seed.
+pub const SLOW_TICK_MS: u32 = (crate::metrics::FLUSH_INTERVAL_US / 1_000) as u32;
 
 pub struct Plugin {
     pub engine: Engine,
@@ -31,8 +36,12 @@ pub struct Plugin {
     pub metrics: Metrics,
     /// Bridge calls of this plugin in flight in this VM.
     pub flights: RefCell<Flights>,
-    /// This worker's reservoirs and cached denials of local rules.
-    pub reservoirs: RefCell<Reservoirs>,
+    /// This worker's reservoirs and cached denials of local rules, and the requests it
+    /// holds (`on_limit.delay`).
+    pub worker: RefCell<Worker>,
+    /// The tick runs every [`weir_core::delay::RELEASE_TICK_MS`] (requests are held)
+    /// rather than every metrics flush.
+    fast_tick: Cell<bool>,
 }
 
 impl Plugin {
@@ -86,7 +95,8 @@ impl Plugin {
         let metrics = Metrics::define(&plugin_name, &rules)
             .map_err(|e| format!("cannot define metrics: {e}"))?;
         Ok(Plugin {
-            reservoirs: RefCell::new(engine.reservoirs()),
+            worker: RefCell::new(engine.worker()),
+            fast_tick: Cell::new(false),
             engine,
             seed: Cell::new(seed),
             metrics,
@@ -175,6 +185,19 @@ impl Plugin {
         v2::decode_reply(status, &body, &self.engine.sent(&call.eval.pending))
     }
 
+    /// The tick this plugin needs: every [`RELEASE_TICK_MS`] while requests are held,
+    /// else every metrics flush. Called after a request is held and on every tick.
+    pub fn adjust_tick(&self) {
+        let held = !self.worker.borrow().waiting.is_empty();
+        if held == self.fast_tick.get() {
+            return;
+        }
+        let period = if held { RELEASE_TICK_MS } else { SLOW_TICK_MS };
+        if host::set_tick_period_ms(period).is_ok() {
+            self.fast_tick.set(held);
+        }
+    }
+
     /// The rules as the configure log line lists them.
     pub fn summary(&self) -> String {
         let describe = |r: &Rule| {
@@ -199,7 +222,7 @@ impl Plugin {
                 self.seed.set(stored);
                 // Keys hash to other fingerprints now: what the reservoirs hold under
                 // the old ones is dropped (never admitted).
-                self.reservoirs.borrow_mut().clear();
+                self.worker.borrow_mut().reservoirs.clear();
                 true
             }
             _ => false,

@@ -40,8 +40,7 @@ impl Root {
                 self.plugin = Some(Rc::new(plugin));
                 // Idle workers send their pending metric increments on the tick, and
                 // every VM checks that it hashes with the stored seed.
-                let period = (crate::metrics::FLUSH_INTERVAL_US / 1_000) as u32;
-                if let Err(e) = host::set_tick_period_ms(period) {
+                if let Err(e) = host::set_tick_period_ms(crate::plugin::SLOW_TICK_MS) {
                     self.log(
                         LogLevel::Warn,
                         &format!("no tick ({e}); idle workers report stats late"),

@@ -23,17 +23,21 @@
 //! of this plugin are skipped for [`BRIDGE_BACKOFF_US`] so that a failing bridge does not
 //! cost every request a failed call.
 
-use crate::algorithms::{Ahead, Decision, GlobalLimit, Limit, SlotState, NS_PER_US};
+use crate::algorithms::{
+    Ahead, Decision, GlobalLimit, Hold, Limit, SlotState, TakenAhead, NS_PER_US,
+};
 use crate::config::Config;
+use crate::delay::RELEASE_SLACK_US;
 use crate::key::{encode_part, KeyHash, KeyHasher, Seed};
 use crate::lease::{Held, LeaseSlot, Settled, SettledOutcome, Spend};
-use crate::reservoir::{Found, Reservoirs, WorkerTable};
+use crate::reservoir::{Found, WorkerTable};
 use crate::response::RuleVerdict;
 use crate::rules::{FactSource, Facts, FailureMode, GlobalRule, Reservoir, Rule, RuleId, Scope};
 use crate::store::slot_table::SlotTable;
 use crate::store::{Placement, SharedStore, StoreError, UpdateError, Updated, Vacancy};
 use crate::wire::v2::{self, Granted, Sent};
 use crate::wire::{ReplyError, WireLimit};
+use crate::worker::Worker;
 
 /// How long a failed bridge is left alone before it is tried again.
 pub const BRIDGE_BACKOFF_US: u64 = 1_000_000;
@@ -105,6 +109,9 @@ pub struct RuleReport {
     pub reservoir_taken: u64,
     pub reservoir_expired: u64,
     pub reservoir_lost: Option<u64>,
+    /// A delaying rule denied a request that would have fitted within its `max`,
+    /// because the worker already held `queue` requests for it.
+    pub delay_queue_full: bool,
 }
 
 impl RuleReport {
@@ -122,6 +129,7 @@ impl RuleReport {
             reservoir_taken: 0,
             reservoir_expired: 0,
             reservoir_lost: None,
+            delay_queue_full: false,
         }
     }
 
@@ -181,6 +189,50 @@ pub struct Evaluation {
     pub pending: Vec<PendingItem>,
     /// Set when the bridge failed or was skipped (see [`BRIDGE_BACKOFF_US`]).
     pub bridge_error: Option<BridgeError>,
+    /// A rule holds the request instead of denying it (`on_limit.delay`): the request
+    /// waits until [`Hold::due_us`], then goes on with [`Engine::release`].
+    pub held: Option<HeldRequest>,
+    /// The request was held and released (or its release came too late).
+    pub delayed: Option<Delayed>,
+}
+
+/// A request a rule holds: its place in the key's schedule is taken; the rule's
+/// decision is recorded when the request is released.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeldRequest {
+    pub rule: RuleId,
+    pub hold: Hold,
+    /// When the request arrived (µs): its delay's `max` counts from then.
+    pub arrived_us: u64,
+    decision: Decision,
+    report: RuleReport,
+}
+
+/// A held request's release.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Delayed {
+    pub rule: RuleId,
+    /// From the request's arrival to its release.
+    pub waited_us: u64,
+    /// The release came after [`Hold::release_by_us`]: the slot was lost and the rule
+    /// decided the request again.
+    pub late: bool,
+}
+
+/// A delaying rule's offer to hold the request it would deny.
+#[derive(Debug, Clone, Copy)]
+struct HoldOffer {
+    /// What is left of the delay's `max` for this request.
+    max_wait_us: u64,
+    /// The worker has room for one more held request of the rule.
+    room: bool,
+}
+
+impl HoldOffer {
+    /// Whether a denial with `retry_after_ns` would be held (given room).
+    fn covers(&self, retry_after_ns: Option<u64>) -> bool {
+        retry_after_ns.is_some_and(|ns| ns.div_ceil(NS_PER_US) <= self.max_wait_us)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -197,6 +249,62 @@ impl Evaluation {
     /// The request must not reach the upstream.
     pub fn denied(&self) -> bool {
         self.denied_by.is_some() || self.unavailable.is_some()
+    }
+
+    /// No further rule is looked at now: the request is denied or held.
+    fn stopped(&self) -> bool {
+        self.denied() || self.held.is_some()
+    }
+
+    /// Some rule has counted the request already (or will, at the bridge): holding it
+    /// then would admit it later than that rule counted it.
+    fn counted(&self) -> bool {
+        !self.pending.is_empty()
+            || self
+                .reports
+                .iter()
+                .any(|r| r.outcome == RuleOutcome::Allowed && r.cost > 0)
+    }
+
+    /// Turns a hold into a denial at `now_us` (the request cannot wait: its worker is
+    /// going away): the holding rule denies it, retry when it would have been released.
+    /// Its place in the schedule is not given back.
+    pub fn deny_held(&mut self, now_us: u64) {
+        let Some(held) = self.held.take() else {
+            return;
+        };
+        let mut report = held.report;
+        report.outcome = RuleOutcome::Limited;
+        report.decided_at_us = now_us;
+        self.reports.push(report);
+        let decision = Decision {
+            allowed: false,
+            remaining: 0,
+            retry_after_ns: Some(
+                held.hold
+                    .due_us
+                    .saturating_sub(now_us)
+                    .max(1)
+                    .saturating_mul(NS_PER_US),
+            ),
+            ..held.decision
+        };
+        self.verdicts.push(Verdict {
+            rule: held.rule,
+            decision,
+        });
+        self.denied_by = Some(held.rule);
+    }
+
+    /// Holds the request for `rule`; its decision is recorded on release.
+    fn hold(&mut self, report: RuleReport, rule: &Rule, decision: Decision, hold: Hold) {
+        self.held = Some(HeldRequest {
+            rule: rule.id,
+            hold,
+            arrived_us: report.decided_at_us,
+            decision,
+            report,
+        });
     }
 
     /// Records a decided rule: its report, and for enforcing rules the verdict (a
@@ -342,10 +450,11 @@ impl Engine {
         }
     }
 
-    /// Empty reservoirs for one worker (see [`crate::reservoir`]); each worker keeps its
-    /// own and passes it to every [`Engine::evaluate`].
-    pub fn reservoirs(&self) -> Reservoirs {
-        Reservoirs::for_rules(&self.config.rules)
+    /// Empty reservoirs and no held request, for one worker (see [`crate::reservoir`],
+    /// [`crate::delay`]); each worker keeps its own and passes it to every
+    /// [`Engine::evaluate`].
+    pub fn worker(&self) -> Worker {
+        Worker::for_rules(&self.config.rules)
     }
 
     /// The shared-data key of this engine's bridge backoff.
@@ -399,20 +508,83 @@ impl Engine {
     /// Evaluates every rule against one request at `now_us`. When `pending` is not empty
     /// (and the request not denied), send [`Engine::bridge_request`] and finish with
     /// [`Engine::complete`].
+    ///
+    /// When [`Evaluation::held`] is set, a rule holds the request: release it with
+    /// [`Engine::release`] once it is due.
     pub fn evaluate<F: FactSource, S: SharedStore>(
         &self,
         store: &S,
-        reservoirs: &mut Reservoirs,
+        worker: &mut Worker,
         seed: &Seed,
         facts: &mut Facts<'_, F>,
         now_us: u64,
     ) -> Evaluation {
         let mut eval = Evaluation::default();
-        for rule in &self.config.rules {
-            if eval.denied() {
+        let from = Resume {
+            first_rule: 0,
+            arrived_us: now_us,
+        };
+        self.evaluate_from(&mut eval, store, worker, seed, facts, from, now_us);
+        eval
+    }
+
+    /// Releases a held request at `now_us`. On time (by [`Hold::release_by_us`]), the
+    /// holding rule admits it and the rules after it decide now; later, its slot is
+    /// lost and the holding rule decides it again, with what is left of its delay's
+    /// `max` (it may hold the request once more).
+    pub fn release<F: FactSource, S: SharedStore>(
+        &self,
+        eval: &mut Evaluation,
+        store: &S,
+        worker: &mut Worker,
+        seed: &Seed,
+        facts: &mut Facts<'_, F>,
+        now_us: u64,
+    ) {
+        let Some(held) = eval.held.take() else {
+            return;
+        };
+        let Some(rule) = self.config.rule(held.rule) else {
+            return;
+        };
+        let on_time = now_us <= held.hold.release_by_us;
+        eval.delayed = Some(Delayed {
+            rule: held.rule,
+            waited_us: now_us.saturating_sub(held.arrived_us),
+            late: !on_time,
+        });
+        let first_rule = if on_time {
+            let mut report = held.report;
+            report.decided_at_us = now_us;
+            eval.record(report, rule, held.decision);
+            held.rule.index() + 1
+        } else {
+            held.rule.index()
+        };
+        let from = Resume {
+            first_rule,
+            arrived_us: held.arrived_us,
+        };
+        self.evaluate_from(eval, store, worker, seed, facts, from, now_us);
+    }
+
+    /// Evaluates the rules from `from.first_rule` on, at `now_us`.
+    #[allow(clippy::too_many_arguments)]
+    fn evaluate_from<F: FactSource, S: SharedStore>(
+        &self,
+        eval: &mut Evaluation,
+        store: &S,
+        worker: &mut Worker,
+        seed: &Seed,
+        facts: &mut Facts<'_, F>,
+        from: Resume,
+        now_us: u64,
+    ) {
+        for rule in self.config.rules.iter().skip(from.first_rule) {
+            if eval.stopped() {
                 break;
             }
-            let Some(applied) = applies(rule, seed, facts, now_us, &mut eval) else {
+            let Some(applied) = applies(rule, seed, facts, now_us, eval) else {
                 continue;
             };
             match (&rule.scope, self.tables.get(rule.id.index())) {
@@ -422,28 +594,41 @@ impl Engine {
                         table,
                         source: Source::Slot,
                     };
-                    match (rule.reservoir, reservoirs.table(rule.id)) {
-                        (Some(settings), Some(worker)) => {
-                            let reservoir = ReservoirDecision { settings, worker };
-                            decide_with_reservoir(&mut eval, store, &applied, slot, reservoir);
+                    // A rule holds a request only when no rule counted it before: it
+                    // would be admitted later than they counted it.
+                    let offer = rule.delay.filter(|_| !eval.counted()).map(|d| HoldOffer {
+                        max_wait_us: d
+                            .max_us
+                            .saturating_sub(now_us.saturating_sub(from.arrived_us)),
+                        room: worker.waiting.has_room(rule.id),
+                    });
+                    match (rule.reservoir, worker.reservoirs.table(rule.id)) {
+                        (Some(settings), Some(table)) => {
+                            let reservoir = ReservoirDecision {
+                                settings,
+                                worker: table,
+                            };
+                            decide_with_reservoir(eval, store, &applied, slot, reservoir, offer);
                         }
                         _ => {
                             let report = applied.report();
-                            decide_in_slot(&mut eval, store, &applied, slot, report, None);
+                            decide_in_slot(eval, store, &applied, slot, report, None, offer);
                         }
+                    }
+                    if let Some(held) = eval.held.as_mut() {
+                        held.arrived_us = from.arrived_us;
                     }
                 }
                 (Scope::Global(global), Some(RuleTables::Global { leases, .. })) => {
                     let lookup = LeaseLookup { global, leases };
-                    if let Some(item) = spend_or_ask(&mut eval, store, &applied, lookup) {
+                    if let Some(item) = spend_or_ask(eval, store, &applied, lookup) {
                         eval.pending.push(pending_item(applied, facts, item));
                     }
                 }
                 _ => {}
             }
         }
-        self.after_local_decisions(&mut eval, store, now_us);
-        eval
+        self.after_local_decisions(eval, store, now_us);
     }
 
     /// Looks again at the rules still waiting for the bridge, at `now_us`: another call
@@ -688,7 +873,7 @@ impl Engine {
                         table,
                         source: Source::Fallback,
                     };
-                    decide_in_slot(eval, store, &applied, slot, report, seed);
+                    decide_in_slot(eval, store, &applied, slot, report, seed, None);
                     // The verdict is recorded; the report says how it came.
                     if let Some(last) = eval.reports.last_mut() {
                         if let RuleOutcome::Allowed | RuleOutcome::Limited = last.outcome {
@@ -764,6 +949,13 @@ fn lease_label(global: &GlobalRule) -> String {
     format!("lease-{}-{}", global.redis_limit.kind(), values.join("-"))
 }
 
+/// Where an evaluation starts: the first rule to look at, and when the request arrived.
+#[derive(Debug, Clone, Copy)]
+struct Resume {
+    first_rule: usize,
+    arrived_us: u64,
+}
+
 /// Whether `rule` applies to the request, and if so its key's hash and the cost. A rule
 /// that does not match or whose key is missing is reported here.
 fn applies<'r, F: FactSource>(
@@ -803,20 +995,54 @@ fn decide_in_slot<S: SharedStore>(
     slot: SlotDecision<'_>,
     mut report: RuleReport,
     seed: Option<SlotState>,
+    offer: Option<HoldOffer>,
 ) {
     let now_us = applied.now_us;
     report.source = Some(slot.source);
     let updated = slot.update(store, applied, |state| {
-        slot.limit.decide(state.or(seed), now_us, applied.cost)
+        let state = state.or(seed);
+        match offer.filter(|o| o.room) {
+            Some(o) => {
+                let (decision, hold, next) =
+                    slot.limit
+                        .hold(state, now_us, applied.cost, o.max_wait_us, RELEASE_SLACK_US);
+                ((decision, hold), next)
+            }
+            None => {
+                let (decision, next) = slot.limit.decide(state, now_us, applied.cost);
+                ((decision, None), next)
+            }
+        }
     });
     report.add_update(&updated);
     match updated {
-        Ok(updated) => eval.record(report, applied.rule, updated.result),
+        Ok(updated) => {
+            let (decision, hold) = updated.result;
+            record_or_hold(eval, report, applied.rule, decision, hold, offer);
+        }
         Err(error) => {
             report.outcome = RuleOutcome::StoreFailed(error);
             eval.reports.push(report);
         }
     }
+}
+
+/// Records a local rule's decision, or holds the request when the rule did.
+fn record_or_hold(
+    eval: &mut Evaluation,
+    mut report: RuleReport,
+    rule: &Rule,
+    decision: Decision,
+    hold: Option<Hold>,
+    offer: Option<HoldOffer>,
+) {
+    if let Some(hold) = hold {
+        eval.hold(report, rule, decision, hold);
+        return;
+    }
+    report.delay_queue_full =
+        !decision.allowed && offer.is_some_and(|o| !o.room && o.covers(decision.retry_after_ns));
+    eval.record(report, rule, decision);
 }
 
 /// A local rule's reservoir settings and this worker's table of them.
@@ -835,6 +1061,7 @@ fn decide_with_reservoir<S: SharedStore>(
     applied: &Applied<'_>,
     slot: SlotDecision<'_>,
     reservoir: ReservoirDecision<'_>,
+    offer: Option<HoldOffer>,
 ) {
     let now_us = applied.now_us;
     let cost = applied.cost;
@@ -853,12 +1080,21 @@ fn decide_with_reservoir<S: SharedStore>(
     };
     report.reservoir_expired = held_before.saturating_sub(spent + next.held.count);
     let quota = slot.limit.policy().quota;
-    if let Some(served) = Served::from_spend(spend, &next, quota, now_us, Source::Reservoir) {
-        served.record(eval, report, applied.rule);
-        return;
-    }
-    let Spend::Miss { demand_per_s } = spend else {
-        return;
+    // A cached denial the rule's delay covers goes to shared data, to be held there.
+    let demand_per_s = match spend {
+        Spend::Miss { demand_per_s } => demand_per_s,
+        Spend::Denied { retry_after_ns }
+            if offer.is_some_and(|o| o.covers(Some(retry_after_ns))) =>
+        {
+            0
+        }
+        _ => {
+            if let Some(served) = Served::from_spend(spend, &next, quota, now_us, Source::Reservoir)
+            {
+                served.record(eval, report, applied.rule);
+            }
+            return;
+        }
     };
     // Units still held (too few for this request) are not added to: a worker keeps one
     // take at a time.
@@ -875,10 +1111,18 @@ fn decide_with_reservoir<S: SharedStore>(
     report.source = Some(Source::Slot);
     let updated = slot.update(store, applied, |state| {
         let (decision, taken, next) = slot.limit.take_ahead(state, now_us, cost, ahead);
-        ((decision, taken), next)
+        match offer.filter(|o| o.room && !decision.allowed) {
+            Some(o) => {
+                let (decision, hold, next) =
+                    slot.limit
+                        .hold(state, now_us, cost, o.max_wait_us, RELEASE_SLACK_US);
+                ((decision, TakenAhead::default(), hold), next)
+            }
+            None => ((decision, taken, None), next),
+        }
     });
     report.add_update(&updated);
-    let (decision, taken) = match updated {
+    let (decision, taken, hold) = match updated {
         Ok(updated) => updated.result,
         Err(error) => {
             report.outcome = RuleOutcome::StoreFailed(error);
@@ -886,6 +1130,20 @@ fn decide_with_reservoir<S: SharedStore>(
             return;
         }
     };
+    if hold.is_some() {
+        // Nothing to cache: the request has its place in the schedule.
+        *entry = entry.settle(
+            Settled {
+                outcome: SettledOutcome::Nothing,
+                exhausted_until_us: 0,
+                remaining: decision.remaining,
+                reset_after_ns: decision.reset_after_ns,
+            },
+            now_us,
+        );
+        record_or_hold(eval, report, applied.rule, decision, hold, offer);
+        return;
+    }
     let outcome = if taken.units > 0 {
         // Spendable until just before the end of their validity (a window's end belongs
         // to the next window).
@@ -912,7 +1170,7 @@ fn decide_with_reservoir<S: SharedStore>(
     };
     *entry = entry.settle(settled, now_us);
     report.reservoir_taken = taken.units;
-    eval.record(report, applied.rule, decision);
+    record_or_hold(eval, report, applied.rule, decision, None, offer);
 }
 
 /// A decision served from what a slot holds (units, a cached denial), without asking

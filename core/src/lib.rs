@@ -20,6 +20,8 @@
 //! - [`store`]: the shared-data contract, the seed, the bounded CAS loop and slot tables.
 //! - [`lease`]: leases and cached denials of global rules.
 //! - [`reservoir`]: a worker's units taken ahead and cached denials of local rules.
+//! - [`delay`]: a worker's requests held instead of denied (`on_limit.delay`).
+//! - [`worker`]: what one worker keeps beside shared data (reservoirs, held requests).
 //! - [`response`]: what a client sees (status, RateLimit headers, body).
 //! - [`engine`]: one request through every rule.
 //! - [`flight`]: bridge calls in flight, one per key (single flight).
@@ -48,6 +50,10 @@ pub mod store;
 pub mod lease;
 
 pub mod reservoir;
+
+pub mod delay;
+
+pub mod worker;
 
 pub mod response;
 

@@ -127,6 +127,19 @@ pub struct Rule {
     /// A local rule's per-worker reservoirs; `None`: every request decides in shared
     /// data (`reservoir.max` 1, and every global rule).
     pub reservoir: Option<Reservoir>,
+    /// A local GCRA or token-bucket rule that holds a request it would deny, when the
+    /// request fits within the delay's `max` (see [`crate::delay`]).
+    pub delay: Option<Delay>,
+}
+
+/// `on_limit.delay`: hold a request that would be limited until its slot in the key's
+/// schedule, instead of denying it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Delay {
+    /// The longest a request is held (µs); one that would wait longer is denied.
+    pub max_us: u64,
+    /// Most requests of this rule held at once by one worker; beyond, denied.
+    pub queue: u32,
 }
 
 /// How a local rule's workers take units ahead of their requests (see

@@ -19,10 +19,10 @@ use crate::config;
 use crate::conformance::Admission;
 use crate::engine::{Engine, Evaluation, RuleOutcome};
 use crate::key::Seed;
-use crate::reservoir::Reservoirs;
 use crate::rules::{FactSource, Facts, RuleId, Scope};
 use crate::store::memory::MemoryStore;
 use crate::wire::{v2, ReplyError};
+use crate::worker::Worker;
 
 /// weir-bridge's `POST /v2/acquire` on a model of Redis: each item decided in order by
 /// the core's reference of its script, stopping after an enforcing item's denial.
@@ -94,11 +94,11 @@ impl ModelBridge {
     }
 }
 
-/// One Envoy: its engine and its shared data, with one worker (its reservoirs).
+/// One Envoy: its engine and its shared data, with one worker.
 pub struct SimEnvoy {
     pub engine: Engine,
     pub store: MemoryStore,
-    reservoirs: Mutex<Reservoirs>,
+    worker: Mutex<Worker>,
     seed: Seed,
 }
 
@@ -111,7 +111,7 @@ impl SimEnvoy {
         let store = MemoryStore::new();
         engine.prepare(&store).map_err(|e| format!("{e:?}"))?;
         Ok(SimEnvoy {
-            reservoirs: Mutex::new(engine.reservoirs()),
+            worker: Mutex::new(engine.worker()),
             engine,
             store,
             seed,
@@ -121,12 +121,12 @@ impl SimEnvoy {
     /// Evaluates one request at `now_us`: decided, or `pending` for the bridge.
     pub fn evaluate<F: FactSource>(&self, request: F, now_us: u64) -> Evaluation {
         let mut facts = Facts::new(&self.engine.config.facts, request);
-        let mut reservoirs = self
-            .reservoirs
+        let mut worker = self
+            .worker
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         self.engine
-            .evaluate(&self.store, &mut reservoirs, &self.seed, &mut facts, now_us)
+            .evaluate(&self.store, &mut worker, &self.seed, &mut facts, now_us)
     }
 
     /// The body of the bridge call for an evaluation's pending rules.

@@ -23,6 +23,8 @@ const CORE_LAYERS: &[&str] = &[
     "rules",
     "reservoir",
     "config",
+    "delay",
+    "worker",
     "wire",
     "engine",
     "flight",

@@ -20,32 +20,16 @@ mod support;
 
 use std::collections::BTreeMap;
 
-use support::{engine, evaluate_on, user, T0};
+use support::{engine, evaluate_on, user, Rng, T0};
 use weir_core::algorithms::{Ahead, GlobalLimit, Limit};
 use weir_core::conformance::{self, Admission};
 use weir_core::engine::{Engine, RuleOutcome, Source};
-use weir_core::reservoir::Reservoirs;
 use weir_core::rules::RuleId;
 use weir_core::simulation::configured_limit;
 use weir_core::store::memory::MemoryStore;
+use weir_core::worker::Worker;
 
 const MS: u64 = 1_000;
-
-/// A deterministic generator (xorshift64*), so that a failure replays.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
 
 /// One request: when, on which worker, for which user, at what cost.
 #[derive(Clone, Debug)]
@@ -77,7 +61,7 @@ fn rule(limit: &str, reservoir: &str) -> String {
 fn run(e: &Engine, workers: usize, arrivals: &[Arrival]) -> Run {
     let store = MemoryStore::new();
     e.prepare(&store).unwrap();
-    let mut reservoirs: Vec<Reservoirs> = (0..workers).map(|_| e.reservoirs()).collect();
+    let mut reservoirs: Vec<Worker> = (0..workers).map(|_| e.worker()).collect();
     let mut out = Run::default();
     for a in arrivals {
         let request = user(&a.user).header("x-cost", a.cost.to_string());

@@ -341,6 +341,18 @@ impl Algorithm for Gcra {
 }
 
 impl SlotAlgorithm for Gcra {
+    /// Counted at the latest release: released earlier, the request only comes sooner
+    /// than its charge says, never sooner than it fits. At `due` the TAT is `τ − T ×
+    /// cost` ahead (that is what makes `due` the first instant it fits), so a charge up
+    /// to there is free; the slack beyond it costs the schedule that much time.
+    fn delay_window(&self, due_us: u64, cost: u64, slack_us: u64) -> Option<(u64, u64)> {
+        let per_cost = u128::from(self.emission_interval_ns) * u128::from(cost);
+        let free_ns = u128::from(self.tolerance_ns).saturating_sub(per_cost);
+        let free_us = u64::try_from(free_ns / u128::from(NS_PER_US)).unwrap_or(u64::MAX);
+        let latest = due_us.saturating_add(slack_us.max(free_us));
+        Some((latest, latest))
+    }
+
     /// A GCRA lease is bounded by the rule's hold alone, which the burst pays for.
     fn lease_cap_ns(&self, _state: SlotState, _now_us: u64) -> Option<u64> {
         None

@@ -336,6 +336,28 @@ pub trait SlotAlgorithm: Algorithm + SlotCodec {
         let cap = self.lease_cap_ns(state, now_us).unwrap_or(0);
         (cap.min(hold_ns), state)
     }
+
+    /// For a request of `cost` held until `due_us`, the first instant at which it fits,
+    /// and released by a timer that may be `slack_us` late: the instant the key's state
+    /// counts it at, and the last instant it may be released (at least `slack_us` after
+    /// `due_us` when the algorithm allows it, more when that is free). Released anywhere
+    /// in between, its admission keeps the algorithm's bound (see [`Limit::hold`]).
+    /// `None`: the algorithm has no schedule to hold requests on (windows).
+    fn delay_window(&self, due_us: u64, cost: u64, slack_us: u64) -> Option<(u64, u64)> {
+        let _ = (due_us, cost, slack_us);
+        None
+    }
+}
+
+/// A request held instead of denied: its slot in the key's schedule is taken, so it
+/// is admitted when released in `[due_us, release_by_us]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hold {
+    /// The first instant (µs since the epoch) at which the request fits.
+    pub due_us: u64,
+    /// The last instant it may be released; later, its slot is lost and the request
+    /// is decided again.
+    pub release_by_us: u64,
 }
 
 /// A worker never takes more than this fraction (1 / `RESERVOIR_SHARE`) of what a key
@@ -653,6 +675,52 @@ impl Limit {
                 (decision, TakenAhead { units, valid_ns }, Some(taken_state))
             }
             _ => (decision, nothing, next),
+        }
+    }
+
+    /// Decides `cost` units at `now_us` like [`Limit::decide`]; a denied request that
+    /// would fit within `max_wait_us` is held instead: its place in the schedule is taken
+    /// now (the state returned counts it), and it must be released between
+    /// [`Hold::due_us`] and [`Hold::release_by_us`], which the release timer may miss by
+    /// at most `slack_us`. Returns the decision (for a hold, the decision at the instant
+    /// the state counts it), the hold, and the state to store.
+    ///
+    /// A held request is counted at an instant no earlier than its release can be: GCRA
+    /// charges it at the latest release, `due` plus the larger of `slack_us` and what
+    /// the key's burst leaves free (the TAT is already that far ahead, so it costs
+    /// nothing); the token bucket at its refill `due`, which covers releases until the
+    /// next refill. Windows have no schedule: never held.
+    pub fn hold(
+        &self,
+        state: Option<SlotState>,
+        now_us: u64,
+        cost: u64,
+        max_wait_us: u64,
+        slack_us: u64,
+    ) -> (Decision, Option<Hold>, Option<SlotState>) {
+        let (decision, next) = self.decide(state, now_us, cost);
+        let wait_us = match decision.retry_after_ns {
+            Some(retry_ns) if !decision.allowed => retry_ns.div_ceil(NS_PER_US),
+            _ => return (decision, None, next),
+        };
+        if wait_us > max_wait_us {
+            return (decision, None, next);
+        }
+        let due_us = now_us.saturating_add(wait_us);
+        let Some((count_at_us, release_by_us)) =
+            self.algorithm().delay_window(due_us, cost, slack_us)
+        else {
+            return (decision, None, next);
+        };
+        match self.decide(state, count_at_us, cost) {
+            (counted, Some(held)) if counted.allowed => {
+                let hold = Hold {
+                    due_us,
+                    release_by_us,
+                };
+                (counted, Some(hold), Some(held))
+            }
+            _ => (decision, None, next),
         }
     }
 

@@ -264,6 +264,16 @@ impl Algorithm for TokenBucket {
 }
 
 impl SlotAlgorithm for TokenBucket {
+    /// Counted at its refill, `due`: released before the next refill it spends that
+    /// refill's tokens, as a request decided then would. (A refill period shorter than
+    /// the slack leaves the timer less room: a later release is decided again.)
+    fn delay_window(&self, due_us: u64, _cost: u64, _slack_us: u64) -> Option<(u64, u64)> {
+        Some((
+            due_us,
+            due_us.saturating_add(self.period_us.saturating_sub(1)),
+        ))
+    }
+
     /// Until the next refill: a unit counted in one refill period and spent in the
     /// next would let both periods' refills be spent together.
     fn lease_cap_ns(&self, state: SlotState, now_us: u64) -> Option<u64> {

@@ -81,6 +81,8 @@ object_only!(RawBridge, "a bridge object");
 object_only!(RawGlobal, "a global settings object");
 object_only!(RawLease, "a lease object");
 object_only!(RawReservoir, "a reservoir object");
+object_only!(RawOnLimit, "an on_limit object");
+object_only!(RawDelay, "a delay object");
 
 #[derive(Debug, Deserialize)]
 #[serde(remote = "Self", deny_unknown_fields)]
@@ -141,6 +143,21 @@ pub(crate) struct RawRule {
     pub shadow: Option<bool>,
     pub max_keys: Option<u64>,
     pub reservoir: Option<RawReservoir>,
+    pub on_limit: Option<RawOnLimit>,
+}
+
+/// What a rule does with a request it would limit, instead of denying it.
+#[derive(Debug, Deserialize)]
+#[serde(remote = "Self", deny_unknown_fields)]
+pub(crate) struct RawOnLimit {
+    pub delay: Option<RawDelay>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(remote = "Self", deny_unknown_fields)]
+pub(crate) struct RawDelay {
+    pub max: Option<RawDuration>,
+    pub queue: Option<u64>,
 }
 
 /// A local rule's per-worker reservoirs.

@@ -6,9 +6,9 @@ use std::collections::HashMap;
 use weir_core::config;
 use weir_core::engine::{Engine, Evaluation, RuleOutcome};
 use weir_core::key::Seed;
-use weir_core::reservoir::Reservoirs;
 use weir_core::rules::{Fact, FactSource, Facts};
 use weir_core::store::memory::MemoryStore;
+use weir_core::worker::Worker;
 
 pub const T0: u64 = 1_700_000_000_000_000;
 pub const SEED: Seed = Seed([7; 16]);
@@ -38,19 +38,19 @@ pub fn engine(json: &str) -> Engine {
 /// Evaluates one request at `now`, on a worker of its own: a worker that has seen no
 /// demand takes nothing ahead, so every local rule decides in shared data, exactly.
 pub fn evaluate(engine: &Engine, store: &MemoryStore, req: &FakeRequest, now: u64) -> Evaluation {
-    evaluate_on(engine, store, &mut engine.reservoirs(), req, now)
+    evaluate_on(engine, store, &mut engine.worker(), req, now)
 }
 
-/// Evaluates one request at `now` on the worker whose reservoirs are `reservoirs`.
+/// Evaluates one request at `now` on `worker`.
 pub fn evaluate_on(
     engine: &Engine,
     store: &MemoryStore,
-    reservoirs: &mut Reservoirs,
+    worker: &mut Worker,
     req: &FakeRequest,
     now: u64,
 ) -> Evaluation {
     let mut facts = Facts::new(&engine.config.facts, req.clone());
-    engine.evaluate(store, reservoirs, &SEED, &mut facts, now)
+    engine.evaluate(store, worker, &SEED, &mut facts, now)
 }
 
 /// Runs one request; returns whether it was allowed and the first rule's outcome.
@@ -68,4 +68,20 @@ pub fn user(name: &str) -> FakeRequest {
     FakeRequest::default()
         .header(":path", "/")
         .header("x-user", name)
+}
+
+/// A deterministic generator (xorshift64*), so that a failure replays.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
 }

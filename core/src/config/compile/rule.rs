@@ -5,9 +5,13 @@ use super::{cost, error, key, limit, matcher, Interner, Result, DEFAULT_MAX_KEYS
 use crate::algorithms::gcra::Gcra;
 use crate::algorithms::{GlobalLimit, Limit};
 use crate::bounds::{check_name, MAX_WANT};
-use crate::config::raw::{RawFailureMode, RawGlobal, RawLease, RawReservoir, RawRule, RawScope};
+use crate::config::raw::{
+    RawFailureMode, RawGlobal, RawLease, RawOnLimit, RawReservoir, RawRule, RawScope,
+};
 use crate::field_error::quoted;
-use crate::rules::{FailureMode, GlobalRule, Lease, RequestMatch, Reservoir, Rule, RuleId, Scope};
+use crate::rules::{
+    Delay, FailureMode, GlobalRule, Lease, RequestMatch, Reservoir, Rule, RuleId, Scope,
+};
 
 pub const DEFAULT_LEASE_TTL_US: u64 = 1_000_000;
 pub const MAX_LEASE_TTL_US: u64 = 3_600_000_000;
@@ -21,6 +25,10 @@ pub const DEFAULT_RESERVOIR_KEYS: u32 = 1_024;
 pub const MAX_RESERVOIR_MAX: u64 = 1_000_000;
 pub const MAX_RESERVOIR_HOLD_US: u64 = 60_000_000;
 pub const MAX_RESERVOIR_KEYS: u32 = 65_536;
+/// `on_limit.delay`: the longest hold allowed, and requests held per rule and worker.
+pub const MAX_DELAY_US: u64 = 60_000_000;
+pub const DEFAULT_DELAY_QUEUE: u32 = 100;
+pub const MAX_DELAY_QUEUE: u32 = 10_000;
 
 /// A name that goes into stat names and keys (see [`crate::bounds::check_name`]).
 pub(super) fn name(name: &str, at: &str) -> Result<String> {
@@ -83,6 +91,11 @@ pub(super) fn compile(
             ))
         }
     };
+    let shadow = raw.shadow.unwrap_or(false);
+    let delay = match raw.on_limit {
+        Some(on_limit) => delay(on_limit, &scope, shadow, &format!("{at}.on_limit"))?,
+        None => None,
+    };
     Ok(Rule {
         id,
         name,
@@ -90,10 +103,67 @@ pub(super) fn compile(
         key,
         cost,
         scope,
-        shadow: raw.shadow.unwrap_or(false),
+        shadow,
         max_keys,
         reservoir,
+        delay,
     })
+}
+
+/// `on_limit.delay`: for local rules whose algorithm has a schedule to hold requests on.
+fn delay(raw: RawOnLimit, scope: &Scope, shadow: bool, at: &str) -> Result<Option<Delay>> {
+    let Some(raw) = raw.delay else {
+        return Ok(None);
+    };
+    let at = format!("{at}.delay");
+    let limit = match scope {
+        Scope::Local(limit) => limit,
+        Scope::Global(_) => {
+            return Err(error(
+                at,
+                "delay is for local rules: a global rule answers at once",
+            ))
+        }
+    };
+    if !matches!(limit, Limit::Gcra(_) | Limit::TokenBucket(_)) {
+        return Err(error(
+            at,
+            format!(
+                "delay needs a schedule to hold requests on: algorithm \"gcra\" or \"token_bucket\", \
+                 not {}",
+                quoted(limit.kind().name())
+            ),
+        ));
+    }
+    if shadow {
+        return Err(error(
+            at,
+            "a shadow rule never limits, so it has nothing to delay",
+        ));
+    }
+    let max_us = match raw.max {
+        None => return Err(error(format!("{at}.max"), "is required (e.g. \"500ms\")")),
+        Some(max) if (1_000..=MAX_DELAY_US).contains(&max.us) => max.us,
+        Some(max) => {
+            return Err(error(
+                format!("{at}.max"),
+                format!("{} is out of range: expected 1ms to 60s", quoted(&max.text)),
+            ))
+        }
+    };
+    let queue = match raw.queue {
+        None => DEFAULT_DELAY_QUEUE,
+        Some(n) => u32::try_from(n)
+            .ok()
+            .filter(|n| (1..=MAX_DELAY_QUEUE).contains(n))
+            .ok_or_else(|| {
+                error(
+                    format!("{at}.queue"),
+                    format!("{n} is out of range: expected 1 to {MAX_DELAY_QUEUE}"),
+                )
+            })?,
+    };
+    Ok(Some(Delay { max_us, queue }))
 }
 
 /// A local rule's reservoir settings; `max` 1 turns them off (exact).
