@@ -125,8 +125,14 @@ pub extern "C" fn proxy_on_request_headers(context_id: u32, _headers: usize, _eo
 }
 
 #[no_mangle]
-pub extern "C" fn proxy_on_response_headers(context_id: u32, _headers: usize, _eos: u32) -> u32 {
-    with_filter(context_id, Filter::on_response_headers).unwrap_or(Action::Continue) as u32
+pub extern "C" fn proxy_on_response_headers(context_id: u32, _headers: usize, eos: u32) -> u32 {
+    with_filter(context_id, |f| f.on_response_headers(eos != 0)).unwrap_or(Action::Continue) as u32
+}
+
+#[no_mangle]
+pub extern "C" fn proxy_on_response_body(context_id: u32, body_size: usize, eos: u32) -> u32 {
+    with_filter(context_id, |f| f.on_response_body(body_size, eos != 0)).unwrap_or(Action::Continue)
+        as u32
 }
 
 /// A context is done. Should a root context be torn down while its plugin still holds

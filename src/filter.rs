@@ -15,10 +15,12 @@ use crate::plugin::Plugin;
 use crate::store::{RequestFacts, SharedData};
 use std::fmt::Write as _;
 use std::rc::Rc;
-use weir_core::engine::{BridgeError, Evaluation, RuleOutcome, Source};
+use weir_core::engine::{BridgeError, Evaluation, PendingCommit, RuleOutcome, Source};
 use weir_core::flight::Join;
 use weir_core::response::{self, Denial, FilterState, HeaderStyle};
+use weir_core::rules::CommitSource;
 use weir_core::rules::Facts;
+use weir_core::usage::UsageScanner;
 
 /// The response header of a request that was held: how long, in ms.
 pub const DELAY_HEADER: &str = "x-weir-delay-ms";
@@ -43,6 +45,14 @@ pub struct Filter {
     replied: bool,
     /// The evaluation of a request a rule holds (`on_limit.delay`) until it is due.
     held: Option<Evaluation>,
+    /// Costs to settle when the response ends (`commit`), with how far their reading got.
+    settling: Vec<Settling>,
+}
+
+/// A rule's cost to settle with the response, and the usage read so far from its body.
+struct Settling {
+    commit: PendingCommit,
+    scanner: Option<UsageScanner>,
 }
 
 impl Filter {
@@ -54,6 +64,7 @@ impl Filter {
             response_headers: Vec::new(),
             replied: false,
             held: None,
+            settling: Vec::new(),
         }
     }
 
@@ -159,13 +170,118 @@ impl Filter {
         Action::Pause
     }
 
-    pub fn on_response_headers(&mut self) -> Action {
+    pub fn on_response_headers(&mut self, end_of_stream: bool) -> Action {
         if !self.replied {
             for (name, value) in &self.response_headers {
                 let _ = host::add_response_header(name, value);
             }
         }
+        if !self.settling.is_empty() {
+            self.read_usage_headers(end_of_stream);
+        }
         Action::Continue
+    }
+
+    /// A piece of the response body: rules reading their cost from it read it.
+    pub fn on_response_body(&mut self, size: usize, end_of_stream: bool) -> Action {
+        if self.settling.iter().any(|s| s.scanner.is_some()) {
+            let chunk = host::response_body(size).ok().flatten().unwrap_or_default();
+            for s in &mut self.settling {
+                if let Some(scanner) = s.scanner.as_mut() {
+                    scanner.feed(&chunk);
+                }
+            }
+            if end_of_stream {
+                self.settle_all(|s| s.scanner.take().and_then(UsageScanner::finish));
+            }
+        }
+        Action::Continue
+    }
+
+    /// The response's headers: an upstream error settles at `on_error`, a header
+    /// source settles now, a body source starts reading.
+    fn read_usage_headers(&mut self, end_of_stream: bool) {
+        let Some(plugin) = self.plugin.clone() else {
+            return;
+        };
+        let status = host::response_header(":status")
+            .ok()
+            .flatten()
+            .and_then(|s| std::str::from_utf8(&s).ok()?.parse::<u16>().ok())
+            .unwrap_or(0);
+        let content_type = host::response_header("content-type").ok().flatten();
+        let stream = UsageScanner::is_event_stream(content_type.as_deref());
+        let mut now_known = Vec::new();
+        for s in &mut self.settling {
+            let Some(commit) = plugin
+                .engine
+                .config
+                .rule(s.commit.rule)
+                .and_then(|r| r.commit.as_ref())
+            else {
+                continue;
+            };
+            if status >= 500 {
+                now_known.push((s.commit, None));
+                continue;
+            }
+            match &commit.source {
+                CommitSource::Header(name) => {
+                    let actual = host::response_header(name)
+                        .ok()
+                        .flatten()
+                        .and_then(|v| std::str::from_utf8(&v).ok()?.trim().parse::<u64>().ok());
+                    now_known.push((s.commit, actual));
+                }
+                CommitSource::Body { fields, max_bytes } => {
+                    s.scanner = Some(UsageScanner::new(fields, stream, *max_bytes));
+                }
+            }
+        }
+        self.settling
+            .retain(|s| !now_known.iter().any(|(c, _)| c.rule == s.commit.rule));
+        for (commit, actual) in now_known {
+            self.settle(&plugin, &commit, actual);
+        }
+        if end_of_stream {
+            self.settle_all(|s| s.scanner.take().and_then(UsageScanner::finish));
+        }
+    }
+
+    /// Settles every cost still open, each with what `actual` says (`None`: the rule's
+    /// `on_error`).
+    fn settle_all(&mut self, mut actual: impl FnMut(&mut Settling) -> Option<u64>) {
+        let Some(plugin) = self.plugin.clone() else {
+            return;
+        };
+        for mut s in std::mem::take(&mut self.settling) {
+            let value = actual(&mut s);
+            self.settle(&plugin, &s.commit, value);
+        }
+    }
+
+    /// Settles one rule's cost: `actual`, or the rule's `on_error` when unknown.
+    fn settle(&self, plugin: &Plugin, commit: &PendingCommit, actual: Option<u64>) {
+        let on_error = plugin
+            .engine
+            .config
+            .rule(commit.rule)
+            .and_then(|r| r.commit.as_ref())
+            .map_or(0, |c| c.on_error);
+        let value = actual.unwrap_or(on_error);
+        let now_us = host::now_us().unwrap_or(commit.counted_at_us);
+        let settled = plugin.engine.commit(&SharedData, commit, value, now_us);
+        plugin
+            .metrics
+            .committed(commit, value, actual.is_some(), settled);
+        self.log(LogLevel::Debug, || {
+            format!(
+                "rule {}: cost {} settled as {value}{}",
+                plugin.engine.rule_name(commit.rule),
+                commit.reserved,
+                if actual.is_some() { "" } else { " (on_error)" }
+            )
+        });
     }
 
     /// The answer to this request's own bridge call, with its evaluation completed. The
@@ -194,6 +310,11 @@ impl Filter {
     /// The request is gone: stop waiting on a call, or leave the held requests (the
     /// slot it was given is not handed back: it counts as admitted).
     pub fn on_delete(&mut self) {
+        // A response that never ended (reset, aborted): what is still open settles with
+        // the usage its body reported before it was cut, or else the rule's `on_error`.
+        if !self.settling.is_empty() {
+            self.settle_all(|s| s.scanner.take().and_then(UsageScanner::finish));
+        }
         if let (Some(plugin), Some((token, _))) = (&self.plugin, &self.waiting) {
             plugin
                 .flights
@@ -312,8 +433,21 @@ impl Filter {
             None
         };
         if let Some(denial) = denial {
+            // Rules that admitted the request before another denied it: it never
+            // reached the upstream, so it cost nothing.
+            for commit in &eval.commits {
+                self.settle(plugin, commit, Some(0));
+            }
             return !self.send(&denial);
         }
+        self.settling = eval
+            .commits
+            .iter()
+            .map(|&commit| Settling {
+                commit,
+                scanner: None,
+            })
+            .collect();
         if settings.headers_on_allowed && settings.header_style != HeaderStyle::None {
             let verdicts = engine.rule_verdicts(eval);
             for (name, value) in response::rate_limit_headers(settings.header_style, &verdicts) {

@@ -66,6 +66,7 @@ pub enum MetricType {
 const MAP_REQUEST_HEADERS: u32 = 0;
 const MAP_RESPONSE_HEADERS: u32 = 2;
 const MAP_HTTP_CALL_RESPONSE_HEADERS: u32 = 6;
+const BUFFER_HTTP_RESPONSE_BODY: u32 = 1;
 const BUFFER_HTTP_CALL_RESPONSE_BODY: u32 = 4;
 const BUFFER_PLUGIN_CONFIGURATION: u32 = 7;
 const STREAM_HTTP_REQUEST: u32 = 0;
@@ -255,6 +256,11 @@ pub fn plugin_configuration(max_size: usize) -> HostResult<Option<Vec<u8>>> {
     buffer(BUFFER_PLUGIN_CONFIGURATION, max_size)
 }
 
+/// The piece of the response body this callback was given (`size` bytes).
+pub fn response_body(size: usize) -> HostResult<Option<Vec<u8>>> {
+    buffer(BUFFER_HTTP_RESPONSE_BODY, size)
+}
+
 pub fn http_call_response_body(max_size: usize) -> HostResult<Option<Vec<u8>>> {
     buffer(BUFFER_HTTP_CALL_RESPONSE_BODY, max_size)
 }
@@ -271,6 +277,10 @@ fn map_value(map_type: u32, name: &str) -> HostResult<Option<Vec<u8>>> {
 
 pub fn request_header(name: &str) -> HostResult<Option<Vec<u8>>> {
     map_value(MAP_REQUEST_HEADERS, name)
+}
+
+pub fn response_header(name: &str) -> HostResult<Option<Vec<u8>>> {
+    map_value(MAP_RESPONSE_HEADERS, name)
 }
 
 pub fn http_call_response_header(name: &str) -> HostResult<Option<Vec<u8>>> {

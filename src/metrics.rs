@@ -32,7 +32,11 @@
 //! waited, summed: divided by `delayed`, the mean wait), `delay_late` (released after
 //! their slot: decided again), `delay_queue_full` (denied because the worker held
 //! `queue` requests of the rule already) and `delay_abandoned` (the client left while
-//! its request was held). `weir.<plugin>.vm.host_calls`
+//! its request was held). Rules with a `commit` count `committed` (costs settled after
+//! the response), `commit_on_error` (settled at `on_error`: an upstream error, an
+//! aborted stream, no usage found), `commit_units_refunded`, `commit_units_charged`
+//! (the actual cost above the estimate) and `commit_errors` (shared data failed: the
+//! estimate stands). `weir.<plugin>.vm.host_calls`
 //! counts the calls every VM of the plugin made into Envoy (shared data, headers, the
 //! clock, logs, stats): divided by requests, the cost floor the benchmark reports.
 //!
@@ -42,7 +46,9 @@
 
 use crate::host::{self, HostResult, MetricType};
 use std::cell::Cell;
-use weir_core::engine::{BridgeError, Delayed, Evaluation, FailureOutcome, RuleOutcome, Source};
+use weir_core::engine::{
+    BridgeError, Delayed, Evaluation, FailureOutcome, PendingCommit, RuleOutcome, Source,
+};
 use weir_core::rules::RuleId;
 use weir_core::store::{Placement, UpdateError};
 use weir_core::wire::ReplyError;
@@ -78,6 +84,11 @@ struct RuleMetrics {
     delay_late: Stat,
     delay_queue_full: Stat,
     delay_abandoned: Stat,
+    committed: Stat,
+    commit_on_error: Stat,
+    commit_units_refunded: Stat,
+    commit_units_charged: Stat,
+    commit_errors: Stat,
 }
 
 #[derive(Debug)]
@@ -162,6 +173,11 @@ impl Metrics {
                 delay_late: r.counter(&format!("{prefix}.delay_late"))?,
                 delay_queue_full: r.counter(&format!("{prefix}.delay_queue_full"))?,
                 delay_abandoned: r.counter(&format!("{prefix}.delay_abandoned"))?,
+                committed: r.counter(&format!("{prefix}.committed"))?,
+                commit_on_error: r.counter(&format!("{prefix}.commit_on_error"))?,
+                commit_units_refunded: r.counter(&format!("{prefix}.commit_units_refunded"))?,
+                commit_units_charged: r.counter(&format!("{prefix}.commit_units_charged"))?,
+                commit_errors: r.counter(&format!("{prefix}.commit_errors"))?,
             });
         }
         let cas_retries = r.counter(&format!("{base}.store.cas_retries"))?;
@@ -264,6 +280,40 @@ impl Metrics {
     pub fn delay_abandoned(&self, rule: RuleId) {
         if let Some(rule) = self.rules.get(rule.index()) {
             self.bump(rule.delay_abandoned, 1);
+        }
+    }
+
+    /// A rule's cost settled after the response: `actual` (known, or the rule's
+    /// `on_error`) against what was counted; `settled`: whether the key's state changed,
+    /// or how the store failed.
+    pub fn committed(
+        &self,
+        commit: &PendingCommit,
+        actual: u64,
+        known: bool,
+        settled: Result<bool, UpdateError>,
+    ) {
+        let Some(rule) = self.rules.get(commit.rule.index()) else {
+            return;
+        };
+        self.bump(rule.committed, 1);
+        if !known {
+            self.bump(rule.commit_on_error, 1);
+        }
+        match settled {
+            Ok(true) => {}
+            // A refund no longer exact (or a key that lost its slot): nothing given back.
+            Ok(false) => return,
+            Err(_) => {
+                self.bump(rule.commit_errors, 1);
+                return;
+            }
+        }
+        let units = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        if actual < commit.reserved {
+            self.bump(rule.commit_units_refunded, units(commit.reserved - actual));
+        } else if actual > commit.reserved {
+            self.bump(rule.commit_units_charged, units(actual - commit.reserved));
         }
     }
 

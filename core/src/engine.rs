@@ -194,6 +194,21 @@ pub struct Evaluation {
     pub held: Option<HeldRequest>,
     /// The request was held and released (or its release came too late).
     pub delayed: Option<Delayed>,
+    /// Rules whose cost is corrected when the response ends (`commit`), one per rule
+    /// that admitted the request: settle each with [`Engine::commit`].
+    pub commits: Vec<PendingCommit>,
+}
+
+/// What a rule with a commit counted for a request, to be settled with the response's
+/// actual cost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PendingCommit {
+    pub rule: RuleId,
+    hash: KeyHash,
+    /// Units counted when the request was admitted (its estimated cost).
+    pub reserved: u64,
+    /// When they were counted.
+    pub counted_at_us: u64,
 }
 
 /// A request a rule holds: its place in the key's schedule is taken; the rule's
@@ -631,6 +646,39 @@ impl Engine {
         self.after_local_decisions(eval, store, now_us);
     }
 
+    /// Settles what a rule counted for a request (`commit`) with its actual cost, known
+    /// at `now_us` (see [`crate::algorithms::SlotAlgorithm::settle`]). Returns whether
+    /// the key's state changed: a key that lost its slot since, or a refund no longer
+    /// exact, changes nothing.
+    pub fn commit<S: SharedStore>(
+        &self,
+        store: &S,
+        commit: &PendingCommit,
+        actual: u64,
+        now_us: u64,
+    ) -> Result<bool, UpdateError> {
+        let (Some(rule), Some(RuleTables::Local(table))) = (
+            self.config.rule(commit.rule),
+            self.tables.get(commit.rule.index()),
+        ) else {
+            return Ok(false);
+        };
+        let Scope::Local(limit) = &rule.scope else {
+            return Ok(false);
+        };
+        let vacancy = |state: SlotState| Vacancy {
+            idle_at_us: limit.idle_at_us(state),
+            in_use: limit.in_use(state, now_us),
+        };
+        table
+            .update(store, &commit.hash, now_us, vacancy, |state| {
+                let next =
+                    limit.settle(state, commit.counted_at_us, commit.reserved, actual, now_us);
+                (next.is_some(), next)
+            })
+            .map(|updated| updated.result)
+    }
+
     /// Looks again at the rules still waiting for the bridge, at `now_us`: another call
     /// for the same keys (single flight) may have left units or a denial since. Each rule
     /// served that way is decided; the others stay pending, asking for what their
@@ -1018,6 +1066,14 @@ fn decide_in_slot<S: SharedStore>(
     match updated {
         Ok(updated) => {
             let (decision, hold) = updated.result;
+            if decision.allowed && applied.rule.commit.is_some() && applied.cost > 0 {
+                eval.commits.push(PendingCommit {
+                    rule: applied.rule.id,
+                    hash: applied.hash,
+                    reserved: applied.cost,
+                    counted_at_us: now_us,
+                });
+            }
             record_or_hold(eval, report, applied.rule, decision, hold, offer);
         }
         Err(error) => {

@@ -14,6 +14,7 @@
 //! - [`conformance`]: whether admissions of one key, from anywhere, keep their
 //!   algorithm's bound.
 //! - [`key`]: key parts, their hashing to slots, their names on the wire and in Redis.
+//! - [`usage`]: what a response says it cost (token usage in JSON bodies and streams).
 //! - [`rules`]: request matching, key building and costs.
 //! - [`config`]: the plugin JSON, parsed and compiled into types that cannot be invalid.
 //! - [`wire`]: the filter ⇄ bridge format.
@@ -38,6 +39,8 @@ pub mod algorithms;
 pub mod conformance;
 
 pub mod key;
+
+pub mod usage;
 
 pub mod rules;
 

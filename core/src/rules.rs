@@ -15,6 +15,7 @@
 
 use crate::algorithms::{AlgorithmKind, GlobalLimit, Limit, Policy};
 use crate::key::PartOrigin;
+use crate::usage::UsageField;
 
 /// Index of a fact in the [`FactTable`] of a compiled config.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -130,6 +131,29 @@ pub struct Rule {
     /// A local GCRA or token-bucket rule that holds a request it would deny, when the
     /// request fits within the delay's `max` (see [`crate::delay`]).
     pub delay: Option<Delay>,
+    /// The request's cost is an estimate, corrected when the response ends (`commit`).
+    pub commit: Option<Commit>,
+}
+
+/// `commit`: the cost a request was admitted with (its `cost`) is an estimate; the
+/// response says what it really cost, and the key's state is corrected then.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Commit {
+    pub source: CommitSource,
+    /// What a request costs when its response does not say: an upstream error (5xx), a
+    /// reset or aborted stream, or no usage found.
+    pub on_error: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CommitSource {
+    /// A response header (lower case) holding a decimal integer.
+    Header(String),
+    /// The usage in the response's JSON body or event stream (see [`crate::usage`]).
+    Body {
+        fields: Vec<UsageField>,
+        max_bytes: usize,
+    },
 }
 
 /// `on_limit.delay`: hold a request that would be limited until its slot in the key's

@@ -20,6 +20,7 @@ const CORE_LAYERS: &[&str] = &[
     "store",
     "lease",
     "response",
+    "usage",
     "rules",
     "reservoir",
     "config",

@@ -29,6 +29,7 @@ pub mod global;
 pub mod http;
 pub mod istio;
 pub mod jwt;
+pub mod llm_upstream;
 pub mod load;
 pub mod ports;
 pub mod prereq;
@@ -44,6 +45,7 @@ pub use envoy::{
     parse_stats, shipped_stats_config, wasm_filter_yaml, Bootstrap, Envoy, WEIR_STATS_LAG,
 };
 pub use http::{get, send, Client, Request, Response};
+pub use llm_upstream::LlmUpstream;
 pub use load::{run_clients, LoadReport, Outcome};
 pub use ports::{free_port, free_ports};
 pub use prereq::{envoy_bin, redis_cli_bin, redis_server_bin, repo_relative, repo_root, weir_wasm};

@@ -166,6 +166,48 @@ impl Windowed for FixedWindow {
 }
 
 impl SlotAlgorithm for FixedWindow {
+    fn settles_after_response(&self) -> bool {
+        true
+    }
+
+    /// A refund while the window the request was counted in is the key's window: the
+    /// count is then exactly what the actual cost would have made it. An excess is
+    /// added to now's window (the key's debt, beyond the limit if need be: denied until
+    /// the window ends).
+    fn settle(
+        &self,
+        state: SlotState,
+        counted_at_us: u64,
+        reserved: u64,
+        actual: u64,
+        now_us: u64,
+    ) -> Option<SlotState> {
+        let s = State::from_slot(state);
+        if actual < reserved {
+            if s.window_start_us != self.window.start_of(counted_at_us) {
+                return None;
+            }
+            let count = s.count.saturating_sub(reserved - actual);
+            return Some(State { count, ..s }.to_slot());
+        }
+        let excess = actual - reserved;
+        let now_start = self.window.start_of(now_us);
+        let current = s.window_start_us == now_start
+            || self.window.is_later_window(s.window_start_us, now_start);
+        let next = if current {
+            State {
+                count: s.count.saturating_add(excess),
+                ..s
+            }
+        } else {
+            State {
+                count: excess,
+                window_start_us: now_start,
+            }
+        };
+        Some(next.to_slot())
+    }
+
     /// Until the window ends: spent later, a unit would count against the next window.
     fn lease_cap_ns(&self, state: SlotState, now_us: u64) -> Option<u64> {
         let end = self.window.end_of(State::from_slot(state).window_start_us);

@@ -347,6 +347,30 @@ pub trait SlotAlgorithm: Algorithm + SlotCodec {
         let _ = (due_us, cost, slack_us);
         None
     }
+
+    /// Whether [`SlotAlgorithm::settle`] can correct a cost after the response.
+    fn settles_after_response(&self) -> bool {
+        false
+    }
+
+    /// A request counted at `counted_at_us` with `reserved` units really cost `actual`,
+    /// known at `now_us` (its response ended): `state` with the difference settled, or
+    /// `None` to write nothing. A refund is given only while it is exact — while nothing
+    /// that happened to the key since could have depended on the units being counted
+    /// otherwise (the same window, the same refill period); later it is forgotten (the
+    /// key admitted less than it could have, never more). An excess is charged now, so
+    /// the requests that follow repay it.
+    fn settle(
+        &self,
+        state: SlotState,
+        counted_at_us: u64,
+        reserved: u64,
+        actual: u64,
+        now_us: u64,
+    ) -> Option<SlotState> {
+        let _ = (state, counted_at_us, reserved, actual, now_us);
+        None
+    }
 }
 
 /// A request held instead of denied: its slot in the key's schedule is taken, so it
@@ -722,6 +746,22 @@ impl Limit {
             }
             _ => (decision, None, next),
         }
+    }
+
+    /// See [`SlotAlgorithm::settle`]: a key without state has nothing to settle.
+    pub fn settle(
+        &self,
+        state: Option<SlotState>,
+        counted_at_us: u64,
+        reserved: u64,
+        actual: u64,
+        now_us: u64,
+    ) -> Option<SlotState> {
+        if reserved == actual {
+            return None;
+        }
+        self.algorithm()
+            .settle(state?, counted_at_us, reserved, actual, now_us)
     }
 
     /// See [`SlotAlgorithm::state_with_remaining`].

@@ -264,6 +264,56 @@ impl Algorithm for TokenBucket {
 }
 
 impl SlotAlgorithm for TokenBucket {
+    fn settles_after_response(&self) -> bool {
+        true
+    }
+
+    /// A refund while no refill came since the request was counted: the bucket then
+    /// holds exactly what it would have after the actual cost (refills are where the
+    /// capacity cuts, and none happened). An excess takes tokens now; what the bucket
+    /// lacks is a debt paid by the next refills, which are pushed back by as many
+    /// periods as it takes (rounded up).
+    fn settle(
+        &self,
+        state: SlotState,
+        counted_at_us: u64,
+        reserved: u64,
+        actual: u64,
+        now_us: u64,
+    ) -> Option<SlotState> {
+        let now = self.refilled(State::from_slot(state), now_us);
+        if actual < reserved {
+            if now.last_refill_us > counted_at_us {
+                return None;
+            }
+            let tokens = now
+                .tokens
+                .saturating_add(reserved - actual)
+                .min(self.capacity);
+            return Some(State { tokens, ..now }.to_slot());
+        }
+        let excess = actual - reserved;
+        if excess <= now.tokens {
+            return Some(
+                State {
+                    tokens: now.tokens - excess,
+                    ..now
+                }
+                .to_slot(),
+            );
+        }
+        let debt = excess - now.tokens;
+        let periods = u128::from(debt.div_ceil(self.refill));
+        let pushed = u128::from(now.last_refill_us) + periods * u128::from(self.period_us);
+        Some(
+            State {
+                tokens: 0,
+                last_refill_us: sat_u64(pushed),
+            }
+            .to_slot(),
+        )
+    }
+
     /// Counted at its refill, `due`: released before the next refill it spends that
     /// refill's tokens, as a request decided then would. (A refill period shorter than
     /// the slack leaves the timer less room: a later release is decided again.)

@@ -83,6 +83,8 @@ object_only!(RawLease, "a lease object");
 object_only!(RawReservoir, "a reservoir object");
 object_only!(RawOnLimit, "an on_limit object");
 object_only!(RawDelay, "a delay object");
+object_only!(RawCommit, "a commit object");
+object_only!(RawCommitBody, "a commit body object");
 
 #[derive(Debug, Deserialize)]
 #[serde(remote = "Self", deny_unknown_fields)]
@@ -144,6 +146,23 @@ pub(crate) struct RawRule {
     pub max_keys: Option<u64>,
     pub reservoir: Option<RawReservoir>,
     pub on_limit: Option<RawOnLimit>,
+    pub commit: Option<RawCommit>,
+}
+
+/// A cost known when the response ends: where to read it.
+#[derive(Debug, Deserialize)]
+#[serde(remote = "Self", deny_unknown_fields)]
+pub(crate) struct RawCommit {
+    pub header: Option<String>,
+    pub body: Option<RawCommitBody>,
+    pub on_error: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(remote = "Self", deny_unknown_fields)]
+pub(crate) struct RawCommitBody {
+    pub fields: Option<Vec<String>>,
+    pub max_bytes: Option<u64>,
 }
 
 /// What a rule does with a request it would limit, instead of denying it.

@@ -75,7 +75,47 @@ pub(super) fn compile(
                 )
             })?,
     };
+    let commit = match raw.commit {
+        None => None,
+        Some(commit) => {
+            let at = format!("{at}.commit");
+            match &scope {
+                Scope::Local(limit) if limit.algorithm().settles_after_response() => {}
+                Scope::Local(limit) => {
+                    return Err(error(
+                        at,
+                        format!(
+                            "a cost known after the response needs a limit that can take back \
+                             or add units: algorithm \"fixed_window\" or \"token_bucket\", not {}",
+                            quoted(limit.kind().name())
+                        ),
+                    ))
+                }
+                Scope::Global(_) => {
+                    return Err(error(
+                        at,
+                        "a cost known after the response is for local rules in this version",
+                    ))
+                }
+            }
+            if raw.reservoir.is_some() {
+                return Err(error(
+                    at,
+                    "a rule with a commit decides every request in shared data: remove \
+                     \"reservoir\"",
+                ));
+            }
+            if raw.on_limit.is_some() {
+                return Err(error(
+                    at,
+                    "a rule with a commit cannot delay requests (\"on_limit\") in this version",
+                ));
+            }
+            Some(cost::commit(commit, max_cost, &at)?)
+        }
+    };
     let reservoir = match (&scope, raw.reservoir) {
+        (_, None) if commit.is_some() => None,
         (_, None) if matches!(scope, Scope::Local(_)) => Some(Reservoir {
             max: DEFAULT_RESERVOIR_MAX,
             hold_us: DEFAULT_RESERVOIR_HOLD_US,
@@ -107,6 +147,7 @@ pub(super) fn compile(
         max_keys,
         reservoir,
         delay,
+        commit,
     })
 }
 

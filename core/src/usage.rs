@@ -1,0 +1,254 @@
+//! What a response says it cost: token usage read from a JSON body or from the events
+//! of a server-sent-event stream (`text/event-stream`), for rules whose cost is known
+//! only after the response (`commit`).
+//!
+//! A usage field is a sum of JSON paths (`usage.input_tokens+usage.output_tokens`); a
+//! rule lists fields in order of preference and the first whose paths all have a value
+//! is the cost. In a stream each event's values replace the previous ones path by path,
+//! so cumulative counters (Anthropic's `message_delta`, Gemini's `usageMetadata`) and a
+//! final usage event (OpenAI's `stream_options.include_usage`) both end with the totals.
+//!
+//! Memory is bounded: a JSON body is kept up to `max_bytes` (beyond, the usage is
+//! unknown), and a stream is read line by line, no line longer than `max_bytes` kept.
+
+use std::collections::HashMap;
+
+/// The fields read when a rule names none: OpenAI (`usage.total_tokens`), Anthropic
+/// (`usage.input_tokens` + `usage.output_tokens`; in a stream the input count comes in
+/// `message_start`'s `message.usage`), Gemini (`usageMetadata.totalTokenCount`).
+pub const DEFAULT_FIELDS: &[&str] = &[
+    "usage.total_tokens",
+    "usage.input_tokens+usage.output_tokens",
+    "message.usage.input_tokens+usage.output_tokens",
+    "usageMetadata.totalTokenCount",
+];
+
+/// Most terms in a field and segments in a path.
+pub const MAX_TERMS: usize = 8;
+pub const MAX_SEGMENTS: usize = 8;
+
+/// One usage field: the sum of its paths' values.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UsageField {
+    terms: Vec<Vec<String>>,
+}
+
+impl UsageField {
+    /// Parses `a.b+c.d`: 1 to [`MAX_TERMS`] paths of 1 to [`MAX_SEGMENTS`] non-empty
+    /// segments. The error says what is wrong.
+    pub fn parse(text: &str) -> Result<UsageField, String> {
+        let terms: Vec<&str> = text.split('+').collect();
+        if terms.len() > MAX_TERMS {
+            return Err(format!(
+                "{} terms; at most {MAX_TERMS} are allowed",
+                terms.len()
+            ));
+        }
+        let mut parsed = Vec::with_capacity(terms.len());
+        for term in terms {
+            let segments: Vec<String> = term.trim().split('.').map(str::to_string).collect();
+            if segments.iter().any(String::is_empty) {
+                return Err(format!("{term:?} is not a dotted path (empty segment)"));
+            }
+            if segments.len() > MAX_SEGMENTS {
+                return Err(format!(
+                    "{term:?} has {} segments; at most {MAX_SEGMENTS} are allowed",
+                    segments.len()
+                ));
+            }
+            parsed.push(segments);
+        }
+        Ok(UsageField { terms: parsed })
+    }
+}
+
+/// Reads one response's usage as its body goes by.
+#[derive(Debug)]
+pub struct UsageScanner {
+    fields: Vec<UsageField>,
+    stream: bool,
+    max_bytes: usize,
+    /// The JSON body so far, or the stream's unfinished line.
+    pending: Vec<u8>,
+    /// The body, or the current line, went over `max_bytes`.
+    overflow: bool,
+    /// The latest value seen for each path.
+    latest: HashMap<Vec<String>, u64>,
+}
+
+impl UsageScanner {
+    /// A scanner for `fields`, of a JSON body or (`stream`) an event stream.
+    pub fn new(fields: &[UsageField], stream: bool, max_bytes: usize) -> UsageScanner {
+        UsageScanner {
+            fields: fields.to_vec(),
+            stream,
+            max_bytes,
+            pending: Vec::new(),
+            overflow: false,
+            latest: HashMap::new(),
+        }
+    }
+
+    /// Whether a response of `content_type` is an event stream.
+    pub fn is_event_stream(content_type: Option<&[u8]>) -> bool {
+        content_type
+            .and_then(|c| c.get(..17))
+            .is_some_and(|c| c.eq_ignore_ascii_case(b"text/event-stream"))
+    }
+
+    /// The next piece of the body.
+    pub fn feed(&mut self, mut chunk: &[u8]) {
+        if !self.stream {
+            if self.overflow || self.pending.len() + chunk.len() > self.max_bytes {
+                self.overflow = true;
+                self.pending = Vec::new();
+            } else {
+                self.pending.extend_from_slice(chunk);
+            }
+            return;
+        }
+        while let Some(end) = chunk.iter().position(|&b| b == b'\n') {
+            let (line, rest) = chunk.split_at(end);
+            if !self.overflow && self.pending.len() + line.len() <= self.max_bytes {
+                self.pending.extend_from_slice(line);
+                let line = std::mem::take(&mut self.pending);
+                self.event_line(&line);
+            }
+            self.pending.clear();
+            self.overflow = false;
+            chunk = rest.get(1..).unwrap_or_default();
+        }
+        if self.overflow || self.pending.len() + chunk.len() > self.max_bytes {
+            self.overflow = true;
+            self.pending.clear();
+        } else {
+            self.pending.extend_from_slice(chunk);
+        }
+    }
+
+    /// The body ended: the usage it carried, if any field could be read.
+    pub fn finish(mut self) -> Option<u64> {
+        let pending = std::mem::take(&mut self.pending);
+        if self.stream {
+            if !self.overflow {
+                self.event_line(&pending);
+            }
+        } else if !self.overflow {
+            self.record(&pending);
+        }
+        self.fields.iter().find_map(|field| {
+            field.terms.iter().try_fold(0u64, |sum, path| {
+                self.latest.get(path).map(|v| sum.saturating_add(*v))
+            })
+        })
+    }
+
+    /// One line of the stream: a `data:` line carries a JSON event.
+    fn event_line(&mut self, line: &[u8]) {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        if let Some(data) = line.strip_prefix(b"data:") {
+            self.record(data);
+        }
+    }
+
+    /// Records the values of every field's paths found in one JSON document.
+    fn record(&mut self, json: &[u8]) {
+        let Ok(value) = serde_json::from_slice::<serde_json::Value>(json) else {
+            return;
+        };
+        for field in &self.fields {
+            for path in &field.terms {
+                let found = path
+                    .iter()
+                    .try_fold(&value, |v, segment| v.get(segment.as_str()))
+                    .and_then(serde_json::Value::as_u64);
+                if let Some(n) = found {
+                    self.latest.insert(path.clone(), n);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    use super::*;
+
+    fn defaults() -> Vec<UsageField> {
+        DEFAULT_FIELDS
+            .iter()
+            .map(|f| UsageField::parse(f).unwrap())
+            .collect()
+    }
+
+    fn scan(body: &[u8], stream: bool, chunk: usize) -> Option<u64> {
+        let mut s = UsageScanner::new(&defaults(), stream, 4096);
+        for piece in body.chunks(chunk) {
+            s.feed(piece);
+        }
+        s.finish()
+    }
+
+    #[test]
+    fn the_usage_of_openai_anthropic_and_gemini_bodies() {
+        let openai = br#"{"id":"x","choices":[],"usage":{"prompt_tokens":9,"completion_tokens":12,"total_tokens":21}}"#;
+        let anthropic = br#"{"type":"message","usage":{"input_tokens":10,"output_tokens":25}}"#;
+        let gemini =
+            br#"{"candidates":[],"usageMetadata":{"promptTokenCount":4,"totalTokenCount":40}}"#;
+        for chunk in [1, 7, 4096] {
+            assert_eq!(scan(openai, false, chunk), Some(21));
+            assert_eq!(scan(anthropic, false, chunk), Some(35));
+            assert_eq!(scan(gemini, false, chunk), Some(40));
+        }
+        assert_eq!(scan(br#"{"usage":{}}"#, false, 10), None);
+        assert_eq!(scan(b"not json", false, 10), None);
+    }
+
+    #[test]
+    fn the_usage_of_event_streams_is_their_last_count() {
+        let openai = b"data: {\"choices\":[{\"delta\":{\"content\":\"Hi\"}}]}\n\n\
+                       data: {\"choices\":[],\"usage\":{\"total_tokens\":57}}\n\ndata: [DONE]\n\n";
+        let anthropic = b"event: message_start\r\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":25,\"output_tokens\":1}}}\r\n\r\n\
+                          event: message_delta\r\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":15}}\r\n\r\n";
+        let gemini = b"data: {\"usageMetadata\":{\"totalTokenCount\":10}}\n\ndata: {\"usageMetadata\":{\"totalTokenCount\":33}}\n\n";
+        for chunk in [1, 5, 4096] {
+            assert_eq!(scan(openai, true, chunk), Some(57));
+            assert_eq!(scan(anthropic, true, chunk), Some(40));
+            assert_eq!(scan(gemini, true, chunk), Some(33));
+        }
+        assert_eq!(scan(b"data: {\"choices\":[]}\n\n", true, 3), None);
+    }
+
+    #[test]
+    fn bodies_and_lines_beyond_the_cap_are_dropped_not_kept() {
+        let mut big = b"{\"usage\":{\"total_tokens\":5},\"pad\":\"".to_vec();
+        big.extend(std::iter::repeat_n(b'x', 5000));
+        big.extend(b"\"}");
+        assert_eq!(scan(&big, false, 100), None, "over 4096 bytes: unknown");
+        let mut stream = b"data: {\"pad\":\"".to_vec();
+        stream.extend(std::iter::repeat_n(b'x', 5000));
+        stream.extend(
+            b"\",\"usage\":{\"total_tokens\":99}}\n\ndata: {\"usage\":{\"total_tokens\":7}}\n\n",
+        );
+        assert_eq!(
+            scan(&stream, true, 100),
+            Some(7),
+            "the long line is skipped"
+        );
+    }
+
+    #[test]
+    fn fields_parse_with_errors_that_say_what_is_wrong() {
+        assert!(UsageField::parse("usage.total_tokens").is_ok());
+        assert_eq!(
+            UsageField::parse("usage..x").unwrap_err(),
+            "\"usage..x\" is not a dotted path (empty segment)"
+        );
+        assert!(UsageField::parse("a+b+c+d+e+f+g+h+i")
+            .unwrap_err()
+            .contains("9 terms"));
+    }
+}

@@ -1,0 +1,296 @@
+//! A stand-in for an LLM API, for the tests of costs known after the response: it
+//! answers every request with the token usage the request asks for, the way OpenAI,
+//! Anthropic or a plain header would report it, as one JSON body or as a server-sent
+//! event stream spread over time.
+//!
+//! The request says what to answer (so one upstream serves every case of a test):
+//! - `x-llm-usage: N` — the tokens the response reports (default 0);
+//! - `x-llm-format`: `openai` (default: `usage.total_tokens`), `anthropic`
+//!   (`input_tokens` + `output_tokens`, in a stream split between `message_start` and
+//!   `message_delta`), or `header` (an `x-tokens-used: N` response header, body `ok`);
+//! - `x-llm-stream: 1` — `text/event-stream`, chunked, events spread over the duration;
+//! - `x-llm-duration-ms: D` — how long the response takes (default 0);
+//! - `x-llm-status: S` — answer status `S` with an error body and no usage.
+//!
+//! Plain blocking std code, a thread per connection, keep-alive. It counts the requests
+//! it answered and those whose client went away before the end (a write failed).
+
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::Duration;
+
+/// The response header carrying the usage in the `header` format.
+pub const USAGE_HEADER: &str = "x-tokens-used";
+
+#[derive(Default)]
+struct Counters {
+    answered: AtomicU64,
+    cut_short: AtomicU64,
+    stop: AtomicBool,
+}
+
+/// The running upstream; stops accepting when dropped.
+pub struct LlmUpstream {
+    pub port: u16,
+    counters: Arc<Counters>,
+}
+
+impl LlmUpstream {
+    pub fn start() -> LlmUpstream {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind the LLM upstream");
+        let port = listener.local_addr().expect("its address").port();
+        let counters = Arc::new(Counters::default());
+        let shared = counters.clone();
+        thread::spawn(move || {
+            for conn in listener.incoming() {
+                if shared.stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                let Ok(conn) = conn else { continue };
+                let shared = shared.clone();
+                thread::spawn(move || serve(conn, &shared));
+            }
+        });
+        LlmUpstream { port, counters }
+    }
+
+    /// Responses written to the end.
+    pub fn answered(&self) -> u64 {
+        self.counters.answered.load(Ordering::Relaxed)
+    }
+
+    /// Responses whose client (Envoy) went away before the end.
+    pub fn cut_short(&self) -> u64 {
+        self.counters.cut_short.load(Ordering::Relaxed)
+    }
+
+    /// The Envoy cluster `llm` pointing here.
+    pub fn cluster_yaml(&self) -> String {
+        format!(
+            "- name: llm
+  type: STATIC
+  connect_timeout: 1s
+  load_assignment:
+    cluster_name: llm
+    endpoints:
+    - lb_endpoints:
+      - endpoint:
+          address:
+            socket_address: {{ address: 127.0.0.1, port_value: {} }}
+",
+            self.port
+        )
+    }
+
+    /// Routes every path to the `llm` cluster, with a timeout long enough for streams.
+    pub fn routes_yaml() -> String {
+        "- match: { prefix: \"/\" }\n  route: { cluster: llm, timeout: 30s }\n".to_string()
+    }
+}
+
+impl Drop for LlmUpstream {
+    fn drop(&mut self) {
+        self.counters.stop.store(true, Ordering::Relaxed);
+        // Wake the accept loop so it sees the flag.
+        let _ = TcpStream::connect(("127.0.0.1", self.port));
+    }
+}
+
+/// What one request asked for.
+#[derive(Debug, Default)]
+struct Ask {
+    usage: u64,
+    format: String,
+    stream: bool,
+    duration_ms: u64,
+    status: u16,
+    content_length: usize,
+}
+
+fn serve(conn: TcpStream, counters: &Counters) {
+    let _ = conn.set_nodelay(true);
+    let Ok(writer) = conn.try_clone() else { return };
+    let mut reader = BufReader::new(conn);
+    let mut writer = writer;
+    loop {
+        let Some(ask) = read_request(&mut reader) else {
+            return;
+        };
+        match answer(&mut writer, &ask) {
+            Ok(()) => {
+                counters.answered.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(_) => {
+                counters.cut_short.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+        }
+    }
+}
+
+fn read_request(reader: &mut BufReader<TcpStream>) -> Option<Ask> {
+    let mut line = String::new();
+    if reader.read_line(&mut line).ok()? == 0 {
+        return None;
+    }
+    let mut ask = Ask {
+        format: "openai".to_string(),
+        status: 200,
+        ..Ask::default()
+    };
+    loop {
+        line.clear();
+        reader.read_line(&mut line).ok()?;
+        let header = line.trim_end();
+        if header.is_empty() {
+            break;
+        }
+        let (name, value) = header.split_once(':')?;
+        let value = value.trim();
+        match name.to_ascii_lowercase().as_str() {
+            "x-llm-usage" => ask.usage = value.parse().ok()?,
+            "x-llm-format" => ask.format = value.to_string(),
+            "x-llm-stream" => ask.stream = value == "1",
+            "x-llm-duration-ms" => ask.duration_ms = value.parse().ok()?,
+            "x-llm-status" => ask.status = value.parse().ok()?,
+            "content-length" => ask.content_length = value.parse().ok()?,
+            _ => {}
+        }
+    }
+    let mut body = vec![0; ask.content_length];
+    reader.read_exact(&mut body).ok()?;
+    Some(ask)
+}
+
+fn answer(w: &mut TcpStream, ask: &Ask) -> io::Result<()> {
+    if ask.status != 200 {
+        thread::sleep(Duration::from_millis(ask.duration_ms));
+        let body = r#"{"error":{"message":"the test asked for an error"}}"#;
+        return write!(
+            w,
+            "HTTP/1.1 {} Error\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            ask.status,
+            body.len()
+        );
+    }
+    if !ask.stream {
+        thread::sleep(Duration::from_millis(ask.duration_ms));
+        let (content_type, extra, body) = match ask.format.as_str() {
+            "header" => (
+                "text/plain",
+                format!("{USAGE_HEADER}: {}\r\n", ask.usage),
+                "ok".to_string(),
+            ),
+            "anthropic" => {
+                let input = ask.usage / 3;
+                (
+                    "application/json",
+                    String::new(),
+                    format!(
+                        r#"{{"type":"message","content":[{{"type":"text","text":"hi"}}],"usage":{{"input_tokens":{input},"output_tokens":{}}}}}"#,
+                        ask.usage - input
+                    ),
+                )
+            }
+            _ => {
+                let prompt = ask.usage / 3;
+                (
+                    "application/json",
+                    String::new(),
+                    format!(
+                        r#"{{"id":"chatcmpl-test","object":"chat.completion","choices":[{{"index":0,"message":{{"role":"assistant","content":"hi"}}}}],"usage":{{"prompt_tokens":{prompt},"completion_tokens":{},"total_tokens":{}}}}}"#,
+                        ask.usage - prompt,
+                        ask.usage
+                    ),
+                )
+            }
+        };
+        return write!(
+            w,
+            "HTTP/1.1 200 OK\r\ncontent-type: {content_type}\r\n{extra}content-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+    }
+    write!(
+        w,
+        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+    )?;
+    let events = stream_events(ask);
+    let pause = Duration::from_millis(ask.duration_ms / events.len().max(1) as u64);
+    for event in &events {
+        thread::sleep(pause);
+        write!(w, "{:x}\r\n{event}\r\n", event.len())?;
+        w.flush()?;
+    }
+    write!(w, "0\r\n\r\n")?;
+    w.flush()
+}
+
+/// The events of a streamed answer: a few content deltas, then the usage.
+fn stream_events(ask: &Ask) -> Vec<String> {
+    let words = ["Rate", " limits", " are", " fun", "."];
+    if ask.format == "anthropic" {
+        let input = ask.usage / 3;
+        let mut events = vec![format!(
+            "event: message_start\ndata: {{\"type\":\"message_start\",\"message\":{{\"usage\":{{\"input_tokens\":{input},\"output_tokens\":1}}}}}}\n\n"
+        )];
+        events.extend(words.iter().map(|w| {
+            format!("event: content_block_delta\ndata: {{\"type\":\"content_block_delta\",\"delta\":{{\"type\":\"text_delta\",\"text\":\"{w}\"}}}}\n\n")
+        }));
+        events.push(format!(
+            "event: message_delta\ndata: {{\"type\":\"message_delta\",\"usage\":{{\"output_tokens\":{}}}}}\n\n",
+            ask.usage - input
+        ));
+        events.push("event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n".to_string());
+        return events;
+    }
+    let mut events: Vec<String> = words
+        .iter()
+        .map(|w| {
+            format!("data: {{\"object\":\"chat.completion.chunk\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{w}\"}}}}]}}\n\n")
+        })
+        .collect();
+    events.push(format!(
+        "data: {{\"object\":\"chat.completion.chunk\",\"choices\":[],\"usage\":{{\"prompt_tokens\":1,\"completion_tokens\":{},\"total_tokens\":{}}}}}\n\n",
+        ask.usage.saturating_sub(1),
+        ask.usage
+    ));
+    events.push("data: [DONE]\n\n".to_string());
+    events
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::http::{Client, Request};
+
+    #[test]
+    fn answers_with_the_usage_asked_for_in_every_format() {
+        let up = LlmUpstream::start();
+        let mut c = Client::connect(up.port).unwrap();
+        let ask = |format: &str, stream: bool| {
+            Request::post("/v1/chat/completions", "{}")
+                .header("x-llm-usage", "42")
+                .header("x-llm-format", format)
+                .header("x-llm-stream", if stream { "1" } else { "0" })
+        };
+        let r = c.request(ask("openai", false)).unwrap();
+        assert!(String::from_utf8_lossy(&r.body).contains("\"total_tokens\":42"));
+        let r = c.request(ask("openai", true)).unwrap();
+        assert_eq!(r.header("content-type"), Some("text/event-stream"));
+        assert!(String::from_utf8_lossy(&r.body).contains("\"total_tokens\":42}"));
+        let r = c.request(ask("anthropic", true)).unwrap();
+        let body = String::from_utf8_lossy(&r.body).to_string();
+        assert!(body.contains("\"input_tokens\":14") && body.contains("\"output_tokens\":28"));
+        let r = c.request(ask("header", false)).unwrap();
+        assert_eq!(r.header(USAGE_HEADER), Some("42"));
+        let r = c
+            .request(Request::get("/").header("x-llm-status", "503"))
+            .unwrap();
+        assert_eq!(r.status, 503);
+        assert_eq!(up.answered(), 5);
+    }
+}

@@ -1,0 +1,294 @@
+//! Costs known only after the response (`commit`) in a real Envoy, against a stand-in
+//! LLM API ([`LlmUpstream`]) that reports the token usage each test asks for: a request
+//! is admitted with its estimate (`x-estimate`), and when its response ends the rule is
+//! settled with what the JSON body, the event stream or a header says it really cost.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+use weir_e2e::llm_upstream::USAGE_HEADER;
+use weir_e2e::{
+    wait_until, wasm_filter_yaml, weir_wasm, Bootstrap, Client, Envoy, LlmUpstream, Request,
+};
+
+fn start(config: &str, upstream: &LlmUpstream, workers: u32) -> Envoy {
+    let bootstrap = Bootstrap::new()
+        .http_filter(wasm_filter_yaml(config, &weir_wasm()))
+        .cluster(upstream.cluster_yaml())
+        .routes(LlmUpstream::routes_yaml());
+    Envoy::start(&bootstrap, workers)
+}
+
+/// A tenant's token budget: `limit` (a JSON limit), estimates from `x-estimate` up to
+/// `max_estimate`, the actual cost from `commit`.
+fn token_rule(limit: &str, max_estimate: u64, commit: &str) -> String {
+    format!(
+        r#"{{"rules":[{{"name":"tokens","key":[{{"header":"x-tenant"}}],"limit":{limit},
+            "cost":{{"header":"x-estimate","max":{max_estimate}}},"commit":{commit}}}]}}"#
+    )
+}
+
+fn chat(tenant: &str, estimate: u64, usage: u64) -> Request {
+    Request::post(
+        "/v1/chat/completions",
+        r#"{"model":"test","messages":[{"role":"user","content":"hi"}]}"#,
+    )
+    .header("content-type", "application/json")
+    .header("x-tenant", tenant)
+    .header("x-estimate", estimate.to_string())
+    .header("x-llm-usage", usage.to_string())
+}
+
+/// The issue's test: concurrent requests never overrun the token budget when the
+/// estimates are upper bounds, and the refunds let the budget be spent on real usage.
+#[test]
+fn concurrent_requests_never_overrun_the_token_budget() {
+    let upstream = LlmUpstream::start();
+    // 10,000 tokens for the test (the bucket refills once an hour).
+    let config = token_rule(
+        r#"{"algorithm":"token_bucket","capacity":10000,"refill":10000,"period":"1h"}"#,
+        1000,
+        r#"{"body":{}}"#,
+    );
+    let envoy = start(&config, &upstream, 2);
+    let admitted_usage = AtomicU64::new(0);
+    let admitted_estimates = AtomicU64::new(0);
+    let statuses: BTreeMap<u16, u64> = thread::scope(|s| {
+        let handles: Vec<_> = (0..12u64)
+            .map(|t| {
+                let (admitted_usage, admitted_estimates) = (&admitted_usage, &admitted_estimates);
+                let port = envoy.http_port;
+                s.spawn(move || {
+                    let mut client = Client::connect(port).unwrap();
+                    let mut statuses = BTreeMap::new();
+                    for i in 0..10u64 {
+                        // Estimates of 500, real usage 100 to 500: half the requests
+                        // stream their answer for up to 300 ms, half answer in JSON.
+                        let usage = 100 + (t * 37 + i * 91) % 401;
+                        let request = chat("acme", 500, usage)
+                            .header("x-llm-stream", if (t + i) % 2 == 0 { "1" } else { "0" })
+                            .header("x-llm-duration-ms", ((t * 13 + i * 29) % 300).to_string());
+                        let r = client.request(request).unwrap();
+                        if r.status == 200 {
+                            admitted_usage.fetch_add(usage, Ordering::Relaxed);
+                            admitted_estimates.fetch_add(500, Ordering::Relaxed);
+                        }
+                        *statuses.entry(r.status).or_insert(0u64) += 1;
+                    }
+                    statuses
+                })
+            })
+            .collect();
+        let mut all = BTreeMap::new();
+        for h in handles {
+            for (status, n) in h.join().unwrap() {
+                *all.entry(status).or_insert(0) += n;
+            }
+        }
+        all
+    });
+    let used = admitted_usage.load(Ordering::Relaxed);
+    let admitted = statuses.get(&200).copied().unwrap_or(0);
+    eprintln!(
+        "statuses {statuses:?}: {admitted} admitted with {used} tokens of 10,000 \
+         (estimates {})",
+        admitted_estimates.load(Ordering::Relaxed)
+    );
+    assert!(used <= 10_000, "the budget was overrun: {used} tokens");
+    // Without the refunds 20 requests of 500 would exhaust it: more were admitted, and
+    // at most what 12 requests in flight could reserve was left unspent.
+    assert!(
+        admitted > 20,
+        "{admitted} admitted: the refunds did not come back"
+    );
+    assert!(
+        used >= 10_000 - 12 * 500,
+        "{used} tokens: too much left unspent"
+    );
+    assert!(statuses.get(&429).copied().unwrap_or(0) > 0);
+    // Every admitted request was settled from its body, none at `on_error`.
+    wait_until(Duration::from_secs(2), Duration::ZERO, || {
+        envoy.weir_stat("rule.tokens.committed") == admitted
+    });
+    assert_eq!(envoy.weir_stat("rule.tokens.committed"), admitted);
+    assert_eq!(envoy.weir_stat("rule.tokens.commit_on_error"), 0);
+    assert_eq!(
+        envoy.weir_stat("rule.tokens.commit_units_refunded"),
+        admitted * 500 - used
+    );
+    envoy.assert_no_panic();
+}
+
+/// Requests that cost everything: each estimate is the whole budget, so a request is
+/// admitted only if the one before gave its reservation back.
+fn whole_budget(commit: &str) -> String {
+    token_rule(
+        r#"{"algorithm":"token_bucket","capacity":1000,"refill":1000,"period":"1h"}"#,
+        1000,
+        commit,
+    )
+}
+
+#[test]
+fn upstream_errors_and_aborted_streams_give_the_reservation_back() {
+    let upstream = LlmUpstream::start();
+    let envoy = start(&whole_budget(r#"{"body":{}}"#), &upstream, 1);
+    let mut client = Client::connect(envoy.http_port).unwrap();
+    // A 503 from the upstream: settled at on_error (0), the estimate comes back.
+    let r = client
+        .request(chat("acme", 1000, 0).header("x-llm-status", "503"))
+        .unwrap();
+    assert_eq!(r.status, 503);
+    assert_eq!(client.request(chat("acme", 1000, 10)).unwrap().status, 200);
+    // That one cost 10 of the 1,000: a whole-budget estimate no longer fits.
+    assert_eq!(client.request(chat("acme", 1000, 10)).unwrap().status, 429);
+    assert_eq!(client.request(chat("acme", 990, 990)).unwrap().status, 200);
+    assert_eq!(client.request(chat("acme", 1, 1)).unwrap().status, 429);
+
+    // Another tenant: a stream the client leaves after its first bytes.
+    let request = chat("globex", 1000, 1000)
+        .header("x-llm-stream", "1")
+        .header("x-llm-duration-ms", "3000");
+    let mut stream = TcpStream::connect(("127.0.0.1", envoy.http_port)).unwrap();
+    stream.write_all(&request.encode(envoy.http_port)).unwrap();
+    let mut first = [0u8; 64];
+    stream.read_exact(&mut first).unwrap();
+    assert!(first.starts_with(b"HTTP/1.1 200"));
+    // While it streams, its reservation holds the whole budget.
+    assert_eq!(client.request(chat("globex", 1, 1)).unwrap().status, 429);
+    drop(stream);
+    let left = Instant::now();
+    wait_until(Duration::from_secs(3), Duration::ZERO, || {
+        envoy.weir_stat("rule.tokens.commit_on_error") == 2
+    });
+    assert_eq!(envoy.weir_stat("rule.tokens.commit_on_error"), 2);
+    eprintln!("the aborted stream was settled within {:?}", left.elapsed());
+    assert_eq!(client.request(chat("globex", 1000, 5)).unwrap().status, 200);
+    envoy.assert_no_panic();
+}
+
+/// A cost above the estimate is debt: later requests wait until it is repaid, and the
+/// `Retry-After` of their 429 says when that is.
+#[test]
+fn debt_is_repaid_over_time_with_an_honest_retry_after() {
+    let upstream = LlmUpstream::start();
+    // 100 tokens a second, a bucket of 100; the usage from a response header.
+    let config = token_rule(
+        r#"{"algorithm":"token_bucket","capacity":100,"refill":100,"period":"1s"}"#,
+        100,
+        &format!(r#"{{"header":"{USAGE_HEADER}"}}"#),
+    );
+    let envoy = start(&config, &upstream, 1);
+    let mut client = Client::connect(envoy.http_port).unwrap();
+    let header_usage =
+        |estimate: u64, usage: u64| chat("acme", estimate, usage).header("x-llm-format", "header");
+    // Estimated 10, really 290: 90 tokens left, 190 more owed → the next two refills
+    // are the debt's, the third (≈ 3 s from now) the first a request can spend.
+    assert_eq!(client.request(header_usage(10, 290)).unwrap().status, 200);
+    let settled = Instant::now();
+    let r = client.request(header_usage(50, 50)).unwrap();
+    assert_eq!(r.status, 429);
+    let retry_after: u64 = r.header("retry-after").unwrap().parse().unwrap();
+    assert_eq!(retry_after, 3, "the third refill: {:?}", r.headers);
+    // Just before it, still denied; at it, admitted.
+    thread::sleep(Duration::from_millis(2_700).saturating_sub(settled.elapsed()));
+    assert_eq!(client.request(header_usage(50, 50)).unwrap().status, 429);
+    thread::sleep(Duration::from_millis(3_150).saturating_sub(settled.elapsed()));
+    assert_eq!(client.request(header_usage(50, 50)).unwrap().status, 200);
+    assert_eq!(envoy.weir_stat("rule.tokens.commit_units_charged"), 280);
+    envoy.assert_no_panic();
+}
+
+/// The Anthropic shape (input + output tokens) in a JSON body and a stream.
+#[test]
+fn anthropic_usage_is_read_from_bodies_and_streams() {
+    let upstream = LlmUpstream::start();
+    let envoy = start(&whole_budget(r#"{"body":{}}"#), &upstream, 1);
+    let mut client = Client::connect(envoy.http_port).unwrap();
+    for stream in ["0", "1"] {
+        let r = client
+            .request(
+                chat(&format!("t{stream}"), 1000, 600)
+                    .header("x-llm-format", "anthropic")
+                    .header("x-llm-stream", stream),
+            )
+            .unwrap();
+        assert_eq!(r.status, 200);
+        // 600 spent of 1,000: 400 fit, 401 do not.
+        assert_eq!(
+            client
+                .request(chat(&format!("t{stream}"), 401, 0))
+                .unwrap()
+                .status,
+            429
+        );
+        assert_eq!(
+            client
+                .request(chat(&format!("t{stream}"), 400, 0))
+                .unwrap()
+                .status,
+            200
+        );
+    }
+    envoy.assert_no_panic();
+}
+
+/// The JSON block after `<!-- llm-token-example -->` in docs/algorithms.md.
+fn documented_example() -> String {
+    let doc = std::fs::read_to_string(weir_e2e::repo_root().join("docs/algorithms.md")).unwrap();
+    let after = doc
+        .split_once("<!-- llm-token-example -->")
+        .expect("docs/algorithms.md has the LLM token example")
+        .1;
+    let block = after.split_once("```json\n").unwrap().1;
+    block.split_once("```").unwrap().0.to_string()
+}
+
+/// docs/algorithms.md "LLM token limits", as written there: 20,000 tokens a minute per
+/// API key, 4,000 reserved per request without an estimate.
+#[test]
+fn the_documented_llm_token_limit_works_as_the_docs_say() {
+    let upstream = LlmUpstream::start();
+    let envoy = start(&documented_example(), &upstream, 2);
+    let call = |usage: u64| {
+        Request::post("/v1/chat/completions", "{}")
+            .header("x-api-key", "key-1")
+            .header("x-llm-usage", usage.to_string())
+    };
+    // Five requests at once, each streaming for a second: 5 × 4,000 reserved.
+    let statuses: Vec<u16> = thread::scope(|s| {
+        let handles: Vec<_> = (0..5)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut client = Client::connect(envoy.http_port).unwrap();
+                    let request = call(1000)
+                        .header("x-llm-stream", "1")
+                        .header("x-llm-duration-ms", "1000");
+                    client.request(request).unwrap().status
+                })
+            })
+            .collect();
+        thread::sleep(Duration::from_millis(400));
+        // A sixth while they run: the budget is reserved.
+        let mut client = Client::connect(envoy.http_port).unwrap();
+        let sixth = client.request(call(1000)).unwrap();
+        assert_eq!(sixth.status, 429, "{:?}", sixth.headers);
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(statuses, vec![200; 5]);
+    // Each used 1,000: 15,000 came back; the next request fits, and another key is
+    // untouched by all of it.
+    let mut client = Client::connect(envoy.http_port).unwrap();
+    assert_eq!(client.request(call(1000)).unwrap().status, 200);
+    let other = call(1000).header("x-api-key", "key-2");
+    assert_eq!(client.request(other).unwrap().status, 200);
+    // An estimate above what is left (20,000 − 6,000 = 14,000 ≥ 8,000 fits; then
+    // 6,000 left < 8,000) is denied.
+    let big = |usage: u64| call(usage).header("x-token-estimate", "8000");
+    assert_eq!(client.request(big(8000)).unwrap().status, 200);
+    assert_eq!(client.request(big(0)).unwrap().status, 429);
+    envoy.assert_no_panic();
+}
