@@ -120,8 +120,19 @@ pub extern "C" fn proxy_on_tick(root_id: u32) {
 }
 
 #[no_mangle]
-pub extern "C" fn proxy_on_request_headers(context_id: u32, _headers: usize, _eos: u32) -> u32 {
-    with_filter(context_id, Filter::on_request_headers).unwrap_or(Action::Continue) as u32
+pub extern "C" fn proxy_on_request_headers(context_id: u32, _headers: usize, eos: u32) -> u32 {
+    with_filter(context_id, |f| f.on_request_headers(eos != 0)).unwrap_or(Action::Continue) as u32
+}
+
+#[no_mangle]
+pub extern "C" fn proxy_on_request_body(context_id: u32, body_size: usize, eos: u32) -> u32 {
+    with_filter(context_id, |f| f.on_request_body(body_size, eos != 0)).unwrap_or(Action::Continue)
+        as u32
+}
+
+#[no_mangle]
+pub extern "C" fn proxy_on_request_trailers(context_id: u32, _trailers: usize) -> u32 {
+    with_filter(context_id, Filter::on_request_trailers).unwrap_or(Action::Continue) as u32
 }
 
 #[no_mangle]

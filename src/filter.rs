@@ -12,7 +12,7 @@
 
 use crate::host::{self, LogLevel};
 use crate::plugin::Plugin;
-use crate::store::{RequestFacts, SharedData};
+use crate::store::{ReadFacts, RequestFacts, SharedData};
 use std::fmt::Write as _;
 use std::rc::Rc;
 use weir_core::engine::{BridgeError, Evaluation, PendingCommit, RuleOutcome, Source};
@@ -20,7 +20,7 @@ use weir_core::flight::Join;
 use weir_core::response::{self, Denial, FilterState, HeaderStyle};
 use weir_core::rules::CommitSource;
 use weir_core::rules::Facts;
-use weir_core::usage::UsageScanner;
+use weir_core::usage::{RequestBody, UsageScanner};
 
 /// The response header of a request that was held: how long, in ms.
 pub const DELAY_HEADER: &str = "x-weir-delay-ms";
@@ -47,6 +47,30 @@ pub struct Filter {
     held: Option<Evaluation>,
     /// Costs to settle when the response ends (`commit`), with how far their reading got.
     settling: Vec<Settling>,
+    /// A rule estimates this request's cost from its body: the decision waits for the
+    /// body, buffered by Envoy up to this many bytes.
+    reading_body: Option<usize>,
+    /// What was read of the request body, kept until the request is decided.
+    request_body: BodySeen,
+    /// The request's facts, read before its headers went on to wait for its body.
+    read_facts: Option<ReadFacts>,
+}
+
+/// The request body as read for a cost estimate.
+enum BodySeen {
+    Absent,
+    Complete(Vec<u8>),
+    TooLarge,
+}
+
+impl BodySeen {
+    fn as_request_body(&self) -> RequestBody<'_> {
+        match self {
+            BodySeen::Absent => RequestBody::Absent,
+            BodySeen::Complete(bytes) => RequestBody::Complete(bytes),
+            BodySeen::TooLarge => RequestBody::TooLarge,
+        }
+    }
 }
 
 /// A rule's cost to settle with the response, and the usage read so far from its body.
@@ -65,6 +89,17 @@ impl Filter {
             replied: false,
             held: None,
             settling: Vec::new(),
+            reading_body: None,
+            request_body: BodySeen::Absent,
+            read_facts: None,
+        }
+    }
+
+    /// This request's facts: from the host, or as read before its headers went on.
+    fn facts(&self) -> RequestFacts<'_> {
+        RequestFacts {
+            body: self.request_body.as_request_body(),
+            read: self.read_facts.as_ref(),
         }
     }
 
@@ -74,23 +109,76 @@ impl Filter {
         }
     }
 
-    pub fn on_request_headers(&mut self) -> Action {
+    pub fn on_request_headers(&mut self, end_of_stream: bool) -> Action {
         // A VM without a valid configuration never gets traffic (Envoy refused the
         // config); if it does, the filter stays out of the way.
         let Some(plugin) = self.plugin.clone() else {
             return Action::Continue;
         };
+        if !end_of_stream {
+            let mut facts = Facts::new(&plugin.engine.config.facts, self.facts());
+            if let Some(max_bytes) = plugin.engine.request_body_wanted(&mut facts) {
+                // Decided when the body is in. The headers go on: Envoy's Wasm host
+                // turns a paused header callback into "stop everything", body callbacks
+                // included, so the body could never be read. The upstream sees the
+                // headers; a request denied on its body is reset before its body is
+                // sent.
+                self.reading_body = Some(max_bytes);
+                self.read_facts = Some(ReadFacts::now(&plugin.engine.config.facts));
+                return Action::Continue;
+            }
+        }
+        self.decide(&plugin)
+    }
+
+    /// A piece of the request body, while a rule waits for it to estimate the cost:
+    /// Envoy buffers it until the end (or `max_bytes`, past which the rule charges its
+    /// `max`).
+    pub fn on_request_body(&mut self, size: usize, end_of_stream: bool) -> Action {
+        let (Some(plugin), Some(max_bytes)) = (self.plugin.clone(), self.reading_body) else {
+            return Action::Continue;
+        };
+        if size > max_bytes {
+            self.request_body = BodySeen::TooLarge;
+        } else if end_of_stream {
+            self.request_body = match host::request_body(size) {
+                Ok(Some(bytes)) => BodySeen::Complete(bytes),
+                _ => BodySeen::Absent,
+            };
+        } else {
+            return Action::Pause;
+        }
+        self.reading_body = None;
+        self.decide(&plugin)
+    }
+
+    /// Trailers end a request whose body a rule was waiting for.
+    pub fn on_request_trailers(&mut self) -> Action {
+        let (Some(plugin), Some(max_bytes)) = (self.plugin.clone(), self.reading_body) else {
+            return Action::Continue;
+        };
+        self.request_body = match host::request_body(max_bytes.saturating_add(1)) {
+            Ok(Some(bytes)) if bytes.len() > max_bytes => BodySeen::TooLarge,
+            Ok(Some(bytes)) => BodySeen::Complete(bytes),
+            _ => BodySeen::Absent,
+        };
+        self.reading_body = None;
+        self.decide(&plugin)
+    }
+
+    /// Evaluates the request's rules now.
+    fn decide(&mut self, plugin: &Rc<Plugin>) -> Action {
         let Ok(now_us) = host::now_us() else {
             return Action::Continue;
         };
         let engine = &plugin.engine;
-        let mut facts = Facts::new(&engine.config.facts, RequestFacts);
+        let mut facts = Facts::new(&engine.config.facts, self.facts());
         let eval = {
             let mut worker = plugin.worker.borrow_mut();
             let seed = plugin.seed.get();
             engine.evaluate(&SharedData, &mut worker, &seed, &mut facts, now_us)
         };
-        self.go_on(&plugin, eval, now_us)
+        self.go_on(plugin, eval, now_us)
     }
 
     /// The request this filter holds is due (called from the root context's tick): the
@@ -101,7 +189,7 @@ impl Filter {
             return;
         };
         let engine = &plugin.engine;
-        let mut facts = Facts::new(&engine.config.facts, RequestFacts);
+        let mut facts = Facts::new(&engine.config.facts, self.facts());
         {
             let mut worker = plugin.worker.borrow_mut();
             let seed = plugin.seed.get();
@@ -381,6 +469,9 @@ impl Filter {
     /// Carries out a finished evaluation: metrics, logs, filter state, then the denial
     /// or the headers for the upstream's response. Returns whether the request may go on.
     fn finish(&mut self, plugin: &Plugin, eval: &Evaluation, now_us: u64) -> bool {
+        // Decided: what was read for an estimate is not needed any more.
+        self.request_body = BodySeen::Absent;
+        self.read_facts = None;
         plugin.metrics.record(eval, now_us);
         let engine = &plugin.engine;
         let settings = &engine.config.response;

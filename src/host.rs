@@ -66,6 +66,7 @@ pub enum MetricType {
 const MAP_REQUEST_HEADERS: u32 = 0;
 const MAP_RESPONSE_HEADERS: u32 = 2;
 const MAP_HTTP_CALL_RESPONSE_HEADERS: u32 = 6;
+const BUFFER_HTTP_REQUEST_BODY: u32 = 0;
 const BUFFER_HTTP_RESPONSE_BODY: u32 = 1;
 const BUFFER_HTTP_CALL_RESPONSE_BODY: u32 = 4;
 const BUFFER_PLUGIN_CONFIGURATION: u32 = 7;
@@ -254,6 +255,11 @@ fn buffer(buffer_type: u32, max_size: usize) -> HostResult<Option<Vec<u8>>> {
 
 pub fn plugin_configuration(max_size: usize) -> HostResult<Option<Vec<u8>>> {
     buffer(BUFFER_PLUGIN_CONFIGURATION, max_size)
+}
+
+/// The request body Envoy buffered for this filter, up to `max_size` bytes.
+pub fn request_body(max_size: usize) -> HostResult<Option<Vec<u8>>> {
+    buffer(BUFFER_HTTP_REQUEST_BODY, max_size)
 }
 
 /// The piece of the response body this callback was given (`size` bytes).

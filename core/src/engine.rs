@@ -32,7 +32,9 @@ use crate::key::{encode_part, KeyHash, KeyHasher, Seed};
 use crate::lease::{Held, LeaseSlot, Settled, SettledOutcome, Spend};
 use crate::reservoir::{Found, WorkerTable};
 use crate::response::RuleVerdict;
-use crate::rules::{FactSource, Facts, FailureMode, GlobalRule, Reservoir, Rule, RuleId, Scope};
+use crate::rules::{
+    Cost, Fact, FactSource, Facts, FailureMode, GlobalRule, Reservoir, Rule, RuleId, Scope,
+};
 use crate::store::slot_table::SlotTable;
 use crate::store::{Placement, SharedStore, StoreError, UpdateError, Updated, Vacancy};
 use crate::wire::v2::{self, Granted, Sent};
@@ -948,6 +950,25 @@ impl Engine {
                 })
             })
             .collect()
+    }
+
+    /// How much of the request body to read before deciding: the largest `max_bytes` of
+    /// the rules matching this request whose cost is estimated from the body, or `None`
+    /// when none is (the request is decided on its headers).
+    pub fn request_body_wanted<S: FactSource>(&self, facts: &mut Facts<'_, S>) -> Option<usize> {
+        let mut wanted = None;
+        for rule in &self.config.rules {
+            let Cost::FromRequest { fact, .. } = rule.cost else {
+                continue;
+            };
+            let Some(Fact::RequestBodyEstimate(estimate)) = self.config.facts.get(fact) else {
+                continue;
+            };
+            if rule.matches(facts) {
+                wanted = wanted.max(Some(estimate.max_bytes));
+            }
+        }
+        wanted
     }
 
     pub fn rule_name(&self, rule: RuleId) -> &str {

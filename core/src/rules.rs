@@ -15,7 +15,7 @@
 
 use crate::algorithms::{AlgorithmKind, GlobalLimit, Limit, Policy};
 use crate::key::PartOrigin;
-use crate::usage::UsageField;
+use crate::usage::{BodyEstimate, UsageField};
 
 /// Index of a fact in the [`FactTable`] of a compiled config.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -29,6 +29,10 @@ pub enum Fact {
     Header(String),
     /// An Envoy attribute by path, e.g. `["source", "address"]`.
     Property(Vec<String>),
+    /// A cost estimated from the request's JSON body, as a decimal integer (see
+    /// [`BodyEstimate::estimate`]; `u64::MAX` for a body too large to read). The filter
+    /// reads the body only for requests a rule with this fact matches.
+    RequestBodyEstimate(BodyEstimate),
 }
 
 /// Every distinct fact the rules of one config can ask for.
@@ -50,6 +54,10 @@ impl FactTable {
 
     pub fn get(&self, id: FactId) -> Option<&Fact> {
         self.facts.get(usize::from(id.0))
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Fact> {
+        self.facts.iter()
     }
 
     pub fn len(&self) -> usize {
@@ -337,10 +345,11 @@ pub enum KeySource {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Cost {
     Fixed(u64),
-    /// Read from a request header as a decimal integer (spaces around it allowed).
-    /// Absent, empty, negative or not a whole number → `default`; below `min` → `min`;
-    /// above `max` → `max`. `1 ≤ min ≤ default ≤ max`.
-    Header {
+    /// Read from the request as a decimal integer (spaces around it allowed): a header,
+    /// or the estimate of its body ([`Fact::RequestBodyEstimate`]). Absent, empty,
+    /// negative or not a whole number → `default`; below `min` → `min`; above `max` →
+    /// `max`. `1 ≤ min ≤ default ≤ max`.
+    FromRequest {
         fact: FactId,
         default: u64,
         min: u64,
@@ -382,7 +391,7 @@ impl Rule {
     pub fn cost<S: FactSource>(&self, facts: &mut Facts<'_, S>) -> u64 {
         match self.cost {
             Cost::Fixed(cost) => cost,
-            Cost::Header {
+            Cost::FromRequest {
                 fact,
                 default,
                 min,

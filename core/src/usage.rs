@@ -1,6 +1,8 @@
-//! What a response says it cost: token usage read from a JSON body or from the events
-//! of a server-sent-event stream (`text/event-stream`), for rules whose cost is known
-//! only after the response (`commit`).
+//! Token counts in request and response bodies: what a response says it cost (token
+//! usage read from a JSON body or from the events of a server-sent-event stream,
+//! `text/event-stream`) for rules whose cost is known only after the response
+//! (`commit`), and what a request may cost at most (its `max_tokens` and the size of its
+//! prompt) for a cost estimated from the request body.
 //!
 //! A usage field is a sum of JSON paths (`usage.input_tokens+usage.output_tokens`); a
 //! rule lists fields in order of preference and the first whose paths all have a value
@@ -28,7 +30,7 @@ pub const MAX_TERMS: usize = 8;
 pub const MAX_SEGMENTS: usize = 8;
 
 /// One usage field: the sum of its paths' values.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct UsageField {
     terms: Vec<Vec<String>>,
 }
@@ -59,6 +61,70 @@ impl UsageField {
             parsed.push(segments);
         }
         Ok(UsageField { terms: parsed })
+    }
+}
+
+impl UsageField {
+    /// The field's value in `value`, when every path has a whole number.
+    fn read(&self, value: &serde_json::Value) -> Option<u64> {
+        self.terms.iter().try_fold(0u64, |sum, path| {
+            path.iter()
+                .try_fold(value, |v, segment| v.get(segment.as_str()))
+                .and_then(serde_json::Value::as_u64)
+                .map(|n| sum.saturating_add(n))
+        })
+    }
+}
+
+/// The fields a request's most output tokens are read from when a rule names none:
+/// OpenAI (`max_tokens`, `max_completion_tokens`, the Responses API's
+/// `max_output_tokens`), Anthropic (`max_tokens`), Gemini
+/// (`generationConfig.maxOutputTokens`).
+pub const DEFAULT_MAX_TOKENS_FIELDS: &[&str] = &[
+    "max_tokens",
+    "max_completion_tokens",
+    "max_output_tokens",
+    "generationConfig.maxOutputTokens",
+];
+
+/// How a rule estimates a request's cost from its JSON body: the most tokens it may
+/// generate (the first of `fields` the body has) plus its prompt, estimated from the
+/// body's size (`bytes_per_prompt_token`; 0: not counted).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct BodyEstimate {
+    pub fields: Vec<UsageField>,
+    pub bytes_per_prompt_token: u64,
+    /// The most of a body read; a longer body is [`RequestBody::TooLarge`].
+    pub max_bytes: usize,
+}
+
+/// What the filter saw of a request body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestBody<'a> {
+    /// The request had no body, or it was not read.
+    Absent,
+    Complete(&'a [u8]),
+    /// Longer than the rule's `max_bytes`: not read.
+    TooLarge,
+}
+
+impl BodyEstimate {
+    /// The estimate for `body`: `None` when the body says nothing (absent, not JSON, no
+    /// field: the rule's `default` applies), `u64::MAX` when it is too large to read
+    /// (the rule's `max` applies).
+    pub fn estimate(&self, body: RequestBody<'_>) -> Option<u64> {
+        let bytes = match body {
+            RequestBody::Absent => return None,
+            RequestBody::TooLarge => return Some(u64::MAX),
+            RequestBody::Complete(bytes) => bytes,
+        };
+        let value = serde_json::from_slice::<serde_json::Value>(bytes).ok()?;
+        let output = self.fields.iter().find_map(|field| field.read(&value))?;
+        let prompt = match self.bytes_per_prompt_token {
+            0 => 0,
+            per => (bytes.len() as u64).div_ceil(per),
+        };
+        Some(output.saturating_add(prompt))
     }
 }
 
@@ -237,6 +303,51 @@ mod tests {
             scan(&stream, true, 100),
             Some(7),
             "the long line is skipped"
+        );
+    }
+
+    #[test]
+    fn a_request_is_estimated_from_its_max_tokens_and_its_size() {
+        let estimate = BodyEstimate {
+            fields: DEFAULT_MAX_TOKENS_FIELDS
+                .iter()
+                .map(|f| UsageField::parse(f).unwrap())
+                .collect(),
+            bytes_per_prompt_token: 4,
+            max_bytes: 1024,
+        };
+        let openai = br#"{"model":"m","max_completion_tokens":500,"messages":[]}"#;
+        assert_eq!(openai.len(), 55);
+        assert_eq!(
+            estimate.estimate(RequestBody::Complete(openai)),
+            Some(500 + 14)
+        );
+        let gemini = br#"{"generationConfig":{"maxOutputTokens":64}}"#;
+        assert_eq!(
+            estimate.estimate(RequestBody::Complete(gemini)),
+            Some(64 + 11)
+        );
+        let without = br#"{"model":"m","messages":[]}"#;
+        assert_eq!(estimate.estimate(RequestBody::Complete(without)), None);
+        assert_eq!(
+            estimate.estimate(RequestBody::Complete(b"max_tokens=5")),
+            None
+        );
+        assert_eq!(estimate.estimate(RequestBody::Absent), None);
+        assert_eq!(estimate.estimate(RequestBody::TooLarge), Some(u64::MAX));
+        let huge = br#"{"max_tokens":18446744073709551615,"x":1}"#;
+        assert_eq!(
+            estimate.estimate(RequestBody::Complete(huge)),
+            Some(u64::MAX),
+            "saturates"
+        );
+        let output_only = BodyEstimate {
+            bytes_per_prompt_token: 0,
+            ..estimate
+        };
+        assert_eq!(
+            output_only.estimate(RequestBody::Complete(openai)),
+            Some(500)
         );
     }
 

@@ -22,9 +22,10 @@ use support::{engine, evaluate, user, Rng, T0};
 use weir_core::algorithms::{GlobalLimit, Limit, SlotState};
 use weir_core::conformance::{self, Admission};
 use weir_core::engine::{Engine, PendingCommit};
-use weir_core::rules::RuleId;
+use weir_core::rules::{Fact, FactSource, Facts, RuleId};
 use weir_core::simulation::configured_limit;
 use weir_core::store::memory::MemoryStore;
+use weir_core::usage::RequestBody;
 
 const MS: u64 = 1_000;
 const S: u64 = 1_000_000;
@@ -351,4 +352,68 @@ fn a_request_another_rule_denies_commits_nothing_and_shadow_rules_commit_too() {
         !e.commit(&store, &first.commits[0], 500, T0).unwrap(),
         "exact: nothing"
     );
+}
+
+/// A request with a JSON body, as the filter sees it once the body is in.
+struct WithBody<'a>(support::FakeRequest, RequestBody<'a>);
+
+impl FactSource for WithBody<'_> {
+    fn fetch(&mut self, fact: &Fact) -> Option<Vec<u8>> {
+        match fact {
+            Fact::RequestBodyEstimate(estimate) => estimate
+                .estimate(self.1)
+                .map(|n| n.to_string().into_bytes()),
+            _ => self.0.fetch(fact),
+        }
+    }
+}
+
+#[test]
+fn a_cost_estimated_from_the_body_reads_it_only_for_the_requests_it_matches() {
+    let e = engine(
+        r#"{"rules":[
+            {"name":"llm","match":{"path":{"prefix":"/v1/"}},"key":[{"header":"x-user"}],
+             "limit":{"algorithm":"token_bucket","capacity":10000,"refill":10000,"period":"1h"},
+             "cost":{"body":{"max_bytes":4096},"default":300,"max":2000},
+             "commit":{"body":{}}},
+            {"name":"per-user","key":[{"header":"x-user"}],
+             "limit":{"algorithm":"fixed_window","limit":100,"window":"1m"}}]}"#,
+    );
+    let store = MemoryStore::new();
+    e.prepare(&store).unwrap();
+    let at = |path: &str| user("erin").header(":path", path);
+    let wanted = |path: &str| {
+        let mut facts = Facts::new(&e.config.facts, at(path));
+        e.request_body_wanted(&mut facts)
+    };
+    assert_eq!(wanted("/v1/chat/completions"), Some(4096));
+    assert_eq!(
+        wanted("/health"),
+        None,
+        "no rule estimating from the body matches"
+    );
+    assert_eq!(
+        engine(r#"{"rules":[{"name":"a","limit":{"algorithm":"fixed_window","limit":1,"window":"1s"}}]}"#)
+            .request_body_wanted(&mut Facts::new(&e.config.facts, at("/v1/x"))),
+        None
+    );
+    let cost = |body: RequestBody<'_>| {
+        let mut facts = Facts::new(&e.config.facts, WithBody(at("/v1/chat/completions"), body));
+        let eval = e.evaluate(&store, &mut e.worker(), &support::SEED, &mut facts, T0);
+        assert!(!eval.denied());
+        eval.reports[0].cost
+    };
+    // 1,000 + ⌈33 / 4⌉.
+    let body = br#"{"max_tokens":1000,"messages":[]}"#;
+    assert_eq!(body.len(), 33);
+    assert_eq!(cost(RequestBody::Complete(body)), 1_009);
+    assert_eq!(
+        cost(RequestBody::Complete(b"{}")),
+        300,
+        "no max_tokens: default"
+    );
+    assert_eq!(cost(RequestBody::Absent), 300, "no body: default");
+    assert_eq!(cost(RequestBody::TooLarge), 2_000, "too large to read: max");
+    let greedy = br#"{"max_tokens":99999}"#;
+    assert_eq!(cost(RequestBody::Complete(greedy)), 2_000, "capped at max");
 }

@@ -389,7 +389,7 @@ fn costs() {
     assert_eq!(config.rules[1].cost, Cost::Fixed(1));
     let config = parse_fixture("cost_header");
     let header_cost = |i: usize| match config.rules[i].cost {
-        Cost::Header {
+        Cost::FromRequest {
             fact,
             default,
             min,

@@ -285,10 +285,63 @@ fn the_documented_llm_token_limit_works_as_the_docs_say() {
     assert_eq!(client.request(call(1000)).unwrap().status, 200);
     let other = call(1000).header("x-api-key", "key-2");
     assert_eq!(client.request(other).unwrap().status, 200);
-    // An estimate above what is left (20,000 − 6,000 = 14,000 ≥ 8,000 fits; then
-    // 6,000 left < 8,000) is denied.
-    let big = |usage: u64| call(usage).header("x-token-estimate", "8000");
+    // A body's max_tokens: 7,900 + ⌈18 / 4⌉ = 7,905 of the 14,000 left fit; used in
+    // full (8,000 with the prompt) they leave 6,000, and the same request no longer fits.
+    let big = |usage: u64| call(usage).body(r#"{"max_tokens":7900}"#);
     assert_eq!(client.request(big(8000)).unwrap().status, 200);
     assert_eq!(client.request(big(0)).unwrap().status, 429);
+    envoy.assert_no_panic();
+}
+
+/// The estimate from the request body: its `max_tokens` plus its size / 4 for the
+/// prompt; `default` without `max_tokens` (or without a body), `max` past `max_bytes`.
+#[test]
+fn the_estimate_is_read_from_the_request_body() {
+    let upstream = LlmUpstream::start();
+    let config = r#"{"rules":[{"name":"tokens","key":[{"header":"x-tenant"}],
+        "limit":{"algorithm":"token_bucket","capacity":1000,"refill":1000,"period":"1h"},
+        "cost":{"body":{"max_bytes":1024},"default":300,"max":800},
+        "commit":{"body":{}}}]}"#;
+    let envoy = start(config, &upstream, 1);
+    let mut client = Client::connect(envoy.http_port).unwrap();
+    let post = |body: &str, usage: u64| {
+        Request::post("/v1/chat/completions", body.to_string())
+            .header("x-tenant", "acme")
+            .header("x-llm-usage", usage.to_string())
+    };
+    // 18 bytes: 600 + 5 reserved, 600 used → 400 left.
+    assert_eq!(
+        client
+            .request(post(r#"{"max_tokens":600}"#, 600))
+            .unwrap()
+            .status,
+        200
+    );
+    // 505 do not fit (a header-less default of 300 would).
+    assert_eq!(
+        client
+            .request(post(r#"{"max_tokens":500}"#, 0))
+            .unwrap()
+            .status,
+        429
+    );
+    // No max_tokens: the default, 300, used in full → 100 left.
+    assert_eq!(client.request(post("{}", 300)).unwrap().status, 200);
+    // Over max_bytes: the rule's max (800) whatever the body says.
+    let big = format!(r#"{{"max_tokens":1,"pad":"{}"}}"#, "x".repeat(2000));
+    assert_eq!(client.request(post(&big, 1)).unwrap().status, 429);
+    // 17 bytes: 90 + 5 = 95 fit in 100.
+    assert_eq!(
+        client
+            .request(post(r#"{"max_tokens":90}"#, 95))
+            .unwrap()
+            .status,
+        200
+    );
+    // No body at all: the default.
+    let get = Request::get("/v1/models").header("x-tenant", "acme");
+    assert_eq!(client.request(get).unwrap().status, 429);
+    // The upstream got every admitted request's body whole.
+    assert_eq!(upstream.answered(), 3);
     envoy.assert_no_panic();
 }

@@ -74,7 +74,7 @@ object_only!(
 );
 object_only!(RawHeaderMatch, "a header match object");
 object_only!(RawPart, "a key part object");
-object_only!(RawHeaderCost, "a header cost object");
+object_only!(RawRequestCost, "a cost object");
 object_only!(RawResponse, "a response object");
 object_only!(RawBody, "a body object");
 object_only!(RawBridge, "a bridge object");
@@ -84,6 +84,7 @@ object_only!(RawReservoir, "a reservoir object");
 object_only!(RawOnLimit, "an on_limit object");
 object_only!(RawDelay, "a delay object");
 object_only!(RawCommit, "a commit object");
+object_only!(RawBodyCost, "a body cost object");
 object_only!(RawCommitBody, "a commit body object");
 
 #[derive(Debug, Deserialize)]
@@ -147,6 +148,15 @@ pub(crate) struct RawRule {
     pub reservoir: Option<RawReservoir>,
     pub on_limit: Option<RawOnLimit>,
     pub commit: Option<RawCommit>,
+}
+
+/// A cost estimated from the request's JSON body.
+#[derive(Debug, Deserialize)]
+#[serde(remote = "Self", deny_unknown_fields)]
+pub(crate) struct RawBodyCost {
+    pub fields: Option<Vec<String>>,
+    pub bytes_per_prompt_token: Option<u64>,
+    pub max_bytes: Option<u64>,
 }
 
 /// A cost known when the response ends: where to read it.
@@ -425,17 +435,19 @@ impl<'de> Deserialize<'de> for RawDuration {
     }
 }
 
-/// `5` or `{"header": "x-cost", "default": 1, "min": 1, "max": 10}`.
+/// `5`, `{"header": "x-cost", "default": 1, "min": 1, "max": 10}` or
+/// `{"body": {...}, "default": 4000, "max": 16000}`.
 #[derive(Debug)]
 pub(crate) enum RawCost {
     Fixed(u64),
-    Header(RawHeaderCost),
+    FromRequest(RawRequestCost),
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(remote = "Self", deny_unknown_fields)]
-pub(crate) struct RawHeaderCost {
-    pub header: String,
+pub(crate) struct RawRequestCost {
+    pub header: Option<String>,
+    pub body: Option<RawBodyCost>,
     pub default: Option<u64>,
     pub min: Option<u64>,
     pub max: Option<u64>,
@@ -448,7 +460,7 @@ impl<'de> Deserialize<'de> for RawCost {
             type Value = RawCost;
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str(
-                    "a whole number ≥ 1 or {\"header\": ..., \"default\": ..., \"min\": ..., \"max\": ...}",
+                    "a whole number ≥ 1 or {\"header\" or \"body\": ..., \"default\": ..., \"min\": ..., \"max\": ...}",
                 )
             }
             fn visit_u64<E: de::Error>(self, cost: u64) -> Result<RawCost, E> {
@@ -456,8 +468,8 @@ impl<'de> Deserialize<'de> for RawCost {
             }
             fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<RawCost, A::Error> {
                 // The inherent (derived) function, through the tracked `MapAccess`.
-                RawHeaderCost::deserialize(de::value::MapAccessDeserializer::new(map))
-                    .map(RawCost::Header)
+                RawRequestCost::deserialize(de::value::MapAccessDeserializer::new(map))
+                    .map(RawCost::FromRequest)
             }
         }
         deserializer.deserialize_any(CostVisitor)

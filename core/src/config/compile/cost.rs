@@ -1,17 +1,90 @@
-//! A rule's `cost`: a fixed number, or a request header's value within `min..=max`.
+//! A rule's `cost`: a fixed number, or read from the request (a header, or an estimate
+//! from its JSON body) within `min..=max`; and `commit`, where the response says what the
+//! request really cost.
 //!
 //! A cost is never 0: a request of cost 0 only peeks at its key and always passes, so a
 //! client that controls the cost header could never be limited.
 
 use super::{error, header_name, Interner, Result};
-use crate::config::raw::{RawCommit, RawCost};
+use crate::config::raw::{RawBodyCost, RawCommit, RawCost};
 use crate::rules::{Commit, CommitSource, Cost, Fact};
-use crate::usage::{UsageField, DEFAULT_FIELDS};
+use crate::usage::{BodyEstimate, UsageField, DEFAULT_FIELDS, DEFAULT_MAX_TOKENS_FIELDS};
 
 /// A response body kept to read its usage: 1 MiB by default, 1 KiB to 16 MiB.
 pub const DEFAULT_COMMIT_BODY_BYTES: usize = 1 << 20;
 pub const MAX_COMMIT_BODY_BYTES: u64 = 16 << 20;
 pub const MAX_COMMIT_FIELDS: usize = 16;
+
+/// A request body read for its estimate: 512 KiB by default (below Envoy's default
+/// buffer limit of 1 MiB, past which Envoy answers 413), 1 KiB to 16 MiB.
+pub const DEFAULT_ESTIMATE_BODY_BYTES: usize = 512 << 10;
+pub const DEFAULT_BYTES_PER_PROMPT_TOKEN: u64 = 4;
+pub const MAX_BYTES_PER_PROMPT_TOKEN: u64 = 1_000;
+
+/// `cost.body`: the request's most output tokens and its prompt, from its JSON body.
+fn body_estimate(raw: RawBodyCost, at: &str) -> Result<BodyEstimate> {
+    let fields = usage_fields(
+        raw.fields,
+        DEFAULT_MAX_TOKENS_FIELDS,
+        &format!("{at}.fields"),
+    )?;
+    let bytes_per_prompt_token = match raw.bytes_per_prompt_token {
+        None => DEFAULT_BYTES_PER_PROMPT_TOKEN,
+        Some(n) if n <= MAX_BYTES_PER_PROMPT_TOKEN => n,
+        Some(n) => {
+            return Err(error(
+                format!("{at}.bytes_per_prompt_token"),
+                format!(
+                    "{n} is out of range: expected 0 (the prompt is not counted) to \
+                     {MAX_BYTES_PER_PROMPT_TOKEN}"
+                ),
+            ))
+        }
+    };
+    let max_bytes = body_bytes(
+        raw.max_bytes,
+        DEFAULT_ESTIMATE_BODY_BYTES,
+        &format!("{at}.max_bytes"),
+    )?;
+    Ok(BodyEstimate {
+        fields,
+        bytes_per_prompt_token,
+        max_bytes,
+    })
+}
+
+/// Usage fields as configured (1 to [`MAX_COMMIT_FIELDS`]), or `defaults`.
+fn usage_fields(raw: Option<Vec<String>>, defaults: &[&str], at: &str) -> Result<Vec<UsageField>> {
+    let texts: Vec<String> = match raw {
+        None => defaults.iter().map(|f| f.to_string()).collect(),
+        Some(fields) if fields.is_empty() || fields.len() > MAX_COMMIT_FIELDS => {
+            return Err(error(
+                at,
+                format!("{} fields; expected 1 to {MAX_COMMIT_FIELDS}", fields.len()),
+            ))
+        }
+        Some(fields) => fields,
+    };
+    texts
+        .iter()
+        .enumerate()
+        .map(|(i, text)| UsageField::parse(text).map_err(|e| error(format!("{at}[{i}]"), e)))
+        .collect()
+}
+
+/// A body size cap: `default`, or 1,024 to [`MAX_COMMIT_BODY_BYTES`].
+fn body_bytes(raw: Option<u64>, default: usize, at: &str) -> Result<usize> {
+    match raw {
+        None => Ok(default),
+        Some(n) if (1_024..=MAX_COMMIT_BODY_BYTES).contains(&n) => {
+            Ok(usize::try_from(n).unwrap_or(default))
+        }
+        Some(n) => Err(error(
+            at,
+            format!("{n} is out of range: expected 1024 to {MAX_COMMIT_BODY_BYTES}"),
+        )),
+    }
+}
 
 /// `commit`: where the response says what the request cost. `max_cost` bounds
 /// `on_error` like the cost itself.
@@ -34,35 +107,12 @@ pub(super) fn commit(raw: RawCommit, max_cost: u64, at: &str) -> Result<Commit> 
         )?),
         (None, Some(body)) => {
             let at = format!("{at}.body");
-            let texts: Vec<String> = match body.fields {
-                None => DEFAULT_FIELDS.iter().map(|f| f.to_string()).collect(),
-                Some(fields) if fields.is_empty() || fields.len() > MAX_COMMIT_FIELDS => {
-                    return Err(error(
-                        format!("{at}.fields"),
-                        format!("{} fields; expected 1 to {MAX_COMMIT_FIELDS}", fields.len()),
-                    ))
-                }
-                Some(fields) => fields,
-            };
-            let fields = texts
-                .iter()
-                .enumerate()
-                .map(|(i, text)| {
-                    UsageField::parse(text).map_err(|e| error(format!("{at}.fields[{i}]"), e))
-                })
-                .collect::<Result<Vec<_>>>()?;
-            let max_bytes = match body.max_bytes {
-                None => DEFAULT_COMMIT_BODY_BYTES,
-                Some(n) if (1_024..=MAX_COMMIT_BODY_BYTES).contains(&n) => {
-                    usize::try_from(n).unwrap_or(DEFAULT_COMMIT_BODY_BYTES)
-                }
-                Some(n) => {
-                    return Err(error(
-                        format!("{at}.max_bytes"),
-                        format!("{n} is out of range: expected 1024 to {MAX_COMMIT_BODY_BYTES}"),
-                    ))
-                }
-            };
+            let fields = usage_fields(body.fields, DEFAULT_FIELDS, &format!("{at}.fields"))?;
+            let max_bytes = body_bytes(
+                body.max_bytes,
+                DEFAULT_COMMIT_BODY_BYTES,
+                &format!("{at}.max_bytes"),
+            )?;
             CommitSource::Body { fields, max_bytes }
         }
         _ => {
@@ -98,14 +148,29 @@ pub(super) fn compile(
         }
         Some(RawCost::Fixed(cost)) if cost > max_cost => return Err(error(at, never(cost))),
         Some(RawCost::Fixed(cost)) => return Ok(Cost::Fixed(cost)),
-        Some(RawCost::Header(header)) => header,
+        Some(RawCost::FromRequest(header)) => header,
     };
-    let at_header = format!("{at}.header");
-    let name = header_name(
-        &header.header,
-        &at_header,
-        "the cost comes from a regular header",
-    )?;
+    let fact = match (&header.header, header.body) {
+        (Some(name), None) => {
+            let at_header = format!("{at}.header");
+            let name = header_name(name, &at_header, "the cost comes from a regular header")?;
+            (Fact::Header(name), at_header)
+        }
+        (None, Some(body)) => {
+            let at_body = format!("{at}.body");
+            (
+                Fact::RequestBodyEstimate(body_estimate(body, &at_body)?),
+                at_body,
+            )
+        }
+        _ => {
+            return Err(error(
+                at,
+                "a cost object reads the cost from exactly one of \"header\" (a request \
+                 header) or \"body\" (an estimate from the request's JSON body)",
+            ))
+        }
+    };
     let max = match header.max {
         Some(0) => {
             return Err(error(
@@ -148,8 +213,8 @@ pub(super) fn compile(
             format!("{default} is below `min` ({min})"),
         ));
     }
-    let fact = facts.intern(Fact::Header(name), &at_header)?;
-    Ok(Cost::Header {
+    let fact = facts.intern(fact.0, &fact.1)?;
+    Ok(Cost::FromRequest {
         fact,
         default,
         min,
