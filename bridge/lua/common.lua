@@ -28,6 +28,24 @@ end
 
 local function int(x) return string.format('%.0f', x) end
 
+-- A token bucket brought to `now`: the refills owed since `last` (none if the clock went
+-- back, or while a debt keeps the next refill in the future), never above the capacity.
+-- Returns the tokens and the instant of the last refill.
+local function bucket_refilled(tokens, last, now, capacity, refill, period)
+  if tokens > capacity then tokens = capacity end
+  local periods = 0
+  if now > last then periods = idiv(now - last, period) end
+  if periods > 0 and tokens < capacity then
+    local needed = idiv(capacity - tokens + refill - 1, refill)
+    if periods >= needed then
+      tokens = capacity
+    else
+      tokens = tokens + periods * refill
+    end
+  end
+  return tokens, last + periods * period
+end
+
 -- The key's deadline (ms since the epoch, for PXAT/PEXPIREAT) when its state stops
 -- carrying information at idle_at_us: Redis keeps a key while its ms clock reads at most
 -- the deadline, so rounding up keeps it for every instant before idle_at_us.

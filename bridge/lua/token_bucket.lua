@@ -1,6 +1,7 @@
 -- weir token bucket: acquire `cost` to `want` tokens from one key, atomically.
 --
--- Runs after common.lua (clock_us, idiv, ns_of_us, int, expire_at_ms), in one chunk.
+-- Runs after common.lua (clock_us, idiv, ns_of_us, int, bucket_refilled, expire_at_ms), in one
+-- chunk.
 --
 -- Mirrors weir_core::algorithms::token_bucket::TokenBucket::decide and Limit::acquire
 -- integer for integer (discrete refills of `refill` tokens at last_refill + k × period).
@@ -50,20 +51,7 @@ if stored then
   local t, l = string.match(stored, '^(%d+) (%d+)$')
   if t then tokens, last = tonumber(t), tonumber(l) end
 end
-if tokens > capacity then tokens = capacity end
-
--- Refills owed since the last one (none if the clock went back).
-local periods = 0
-if now > last then periods = idiv(now - last, period) end
-if periods > 0 and tokens < capacity then
-  local needed = idiv(capacity - tokens + refill - 1, refill)
-  if periods >= needed then
-    tokens = capacity
-  else
-    tokens = tokens + periods * refill
-  end
-end
-last = last + periods * period
+tokens, last = bucket_refilled(tokens, last, now, capacity, refill, period)
 
 -- The first refill instant at which `have` tokens have become `need`.
 local function refilled_at(have, need)

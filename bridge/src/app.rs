@@ -1,8 +1,9 @@
-//! The HTTP surface: `POST /v1/acquire`, `GET /healthz`, `GET /metrics`.
+//! The HTTP surface: `POST /v2/acquire` (and `/v1/acquire` for older filters),
+//! `POST /v3/commit`, `GET /healthz`, `GET /metrics`.
 
 use crate::error::ApiError;
 use crate::metrics::Metrics;
-use crate::scripts::{Invocation, ScriptReply};
+use crate::scripts::{Invocation, ScriptReply, Settle};
 use crate::store::{CallError, RedisStore};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -17,7 +18,7 @@ use std::sync::Arc;
 use subtle::ConstantTimeEq;
 use weir_core::algorithms::{Ask, GlobalLimit};
 use weir_core::bounds::MAX_BODY_BYTES;
-use weir_core::wire::{v1, v2, SECRET_HEADER};
+use weir_core::wire::{v1, v2, v3, SECRET_HEADER};
 
 /// The shared secret, kept as its SHA-256 so that the comparison takes the same time
 /// whatever the length or content of what a client sends.
@@ -55,6 +56,10 @@ pub fn app(state: AppState) -> Router {
         .route(
             v2::ACQUIRE_PATH,
             post(acquire_v2).layer(DefaultBodyLimit::max(MAX_BODY_BYTES)),
+        )
+        .route(
+            v3::COMMIT_PATH,
+            post(commit_v3).layer(DefaultBodyLimit::max(MAX_BODY_BYTES)),
         )
         .route(
             v1::ACQUIRE_PATH,
@@ -110,6 +115,49 @@ async fn decide_v2(
         }
     }
     Ok(v2::Reply { items })
+}
+
+/// `POST /v3/commit`: every item settled on its own, in order.
+async fn commit_v3(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<v3::CommitReply>, ApiError> {
+    counted(&state, settle_v3(&state, &headers, body).await)
+}
+
+async fn settle_v3(
+    state: &AppState,
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<v3::CommitReply, ApiError> {
+    let body = authorized_body(state, headers, body)?;
+    let (request, limits) =
+        v3::CommitRequest::parse(&body).map_err(|e| ApiError::BadRequest(e.to_string()))?;
+    let mut items = Vec::with_capacity(request.items.len());
+    for (item, limit) in request.items.iter().zip(&limits) {
+        let settle = Settle {
+            counted_at_us: item.counted_at_us,
+            reserved: item.reserved,
+            actual: item.actual,
+        };
+        let inv = Invocation::settle(
+            limit,
+            &request.domain,
+            &item.rule,
+            &item.descriptor,
+            0,
+            settle,
+        );
+        let (changed, _) = state.store.run_settle(&inv).await.map_err(|err| {
+            let api = ApiError::from_call(&err);
+            tracing::warn!(rule = %item.rule, algorithm = %inv.kind, error = ?err, "settle failed");
+            api
+        })?;
+        state.metrics.commit(&item.rule, changed);
+        items.push(v3::Committed { settled: changed });
+    }
+    Ok(v3::CommitReply { items })
 }
 
 /// `POST /v1/acquire`, for filters before v2: in order, stopping after the first denial;

@@ -9,6 +9,7 @@
 //! | `weir_bridge_script_fallbacks_total` | `algorithm`: NOSCRIPT answered by EVAL |
 //! | `weir_bridge_items_evaluated_total` | |
 //! | `weir_bridge_units_granted_total` | `rule` (as for decisions) |
+//! | `weir_bridge_commits_total` | `rule` (as for decisions), `result` = settled/unchanged: costs settled after the response (`/v3/commit`) |
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -63,6 +64,7 @@ pub struct Metrics {
     fallbacks: Family<AlgorithmLabel, Counter>,
     items: Counter,
     granted: Family<RuleLabel, Counter>,
+    commits: Family<DecisionLabels, Counter>,
     rules: Mutex<HashSet<String>>,
 }
 
@@ -106,6 +108,12 @@ impl Default for Metrics {
             "Units granted (consumed in Redis), leases included",
             granted.clone(),
         );
+        let commits = Family::<DecisionLabels, Counter>::default();
+        registry.register(
+            "commits",
+            "Costs settled after the response, by rule and whether the key changed",
+            commits.clone(),
+        );
         Metrics {
             registry,
             requests,
@@ -115,6 +123,7 @@ impl Default for Metrics {
             fallbacks,
             items,
             granted,
+            commits,
             rules: Mutex::new(HashSet::new()),
         }
     }
@@ -139,6 +148,14 @@ impl Metrics {
             .get_or_create(&DecisionLabels { rule, result })
             .inc();
         self.items.inc();
+    }
+
+    pub fn commit(&self, rule: &str, changed: bool) {
+        let result = if changed { "settled" } else { "unchanged" };
+        let rule = self.rule_label(rule);
+        self.commits
+            .get_or_create(&DecisionLabels { rule, result })
+            .inc();
     }
 
     pub fn observe_redis(&self, algorithm: &'static str, seconds: f64) {

@@ -26,46 +26,68 @@ use weir_core::key::{redis_key_tag, redis_state_key};
 
 include!(concat!(env!("OUT_DIR"), "/lua_scripts.rs"));
 
+/// What a script does: decide an ask (`lua/<spec.script>.lua`), or settle a cost after
+/// the response (`lua/<spec.settle_script>.lua`, `/v3/commit`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Purpose {
+    Acquire,
+    Settle,
+}
+
 /// A Lua script with its SHA-1 (what `EVALSHA` names it by).
 #[derive(Debug)]
 pub struct LuaScript {
     pub kind: AlgorithmKind,
+    pub purpose: Purpose,
     pub source: &'static str,
     pub sha1: String,
 }
 
-/// Every algorithm's script: the file `lua/<spec.script>.lua` after the shared prelude
-/// (`lua/common.lua`), as one chunk, loaded at compile time.
+/// Every algorithm's scripts: the file `lua/<spec.script>.lua` (and its settle script,
+/// if the spec names one) after the shared prelude (`lua/common.lua`), as one chunk,
+/// loaded at compile time.
 #[derive(Debug)]
 pub struct Scripts {
-    by_kind: Vec<LuaScript>,
+    scripts: Vec<LuaScript>,
 }
 
 impl Scripts {
-    /// The script of every algorithm that has its file (a test checks that all do).
+    /// The scripts of every algorithm that has its files (a test checks that all do).
     pub fn load() -> Scripts {
-        let by_kind = AlgorithmKind::ALL
-            .into_iter()
-            .filter_map(|kind| {
-                let name = kind.spec().script;
-                let (_, source) = LUA_SCRIPTS.iter().find(|(file, _)| *file == name)?;
-                Some(LuaScript {
-                    kind,
-                    source,
-                    sha1: redis::Script::new(source).get_hash().to_string(),
-                })
+        let named = |kind: AlgorithmKind, purpose: Purpose, name: &str| {
+            let (_, source) = LUA_SCRIPTS.iter().find(|(file, _)| *file == name)?;
+            Some(LuaScript {
+                kind,
+                purpose,
+                source,
+                sha1: redis::Script::new(source).get_hash().to_string(),
             })
+        };
+        let scripts = AlgorithmKind::ALL
+            .into_iter()
+            .flat_map(|kind| {
+                let spec = kind.spec();
+                [
+                    named(kind, Purpose::Acquire, spec.script),
+                    spec.settle_script
+                        .and_then(|name| named(kind, Purpose::Settle, name)),
+                ]
+            })
+            .flatten()
             .collect();
-        Scripts { by_kind }
+        Scripts { scripts }
     }
 
-    /// The script of `kind`; `None` only if `lua/<spec.script>.lua` was not shipped.
-    pub fn get(&self, kind: AlgorithmKind) -> Option<&LuaScript> {
-        self.by_kind.iter().find(|s| s.kind == kind)
+    /// The script of `kind` for `purpose`; `None` if the algorithm has none (or it was
+    /// not shipped).
+    pub fn get(&self, kind: AlgorithmKind, purpose: Purpose) -> Option<&LuaScript> {
+        self.scripts
+            .iter()
+            .find(|s| s.kind == kind && s.purpose == purpose)
     }
 
     pub fn all(&self) -> &[LuaScript] {
-        &self.by_kind
+        &self.scripts
     }
 }
 
@@ -73,6 +95,7 @@ impl Scripts {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Invocation {
     pub kind: AlgorithmKind,
+    pub purpose: Purpose,
     pub keys: Vec<String>,
     pub args: Vec<u64>,
 }
@@ -118,8 +141,63 @@ impl Invocation {
             ask.horizon_us,
         ];
         args.extend(limit.algorithm().script_args());
-        Invocation { kind, keys, args }
+        Invocation {
+            kind,
+            purpose: Purpose::Acquire,
+            keys,
+            args,
+        }
     }
+
+    /// The call settling one commit: KEYS the state key; ARGV `now_us` (0: Redis
+    /// `TIME`), `counted_at_us`, `reserved`, `actual`, then the algorithm's script
+    /// arguments (as for acquiring).
+    pub fn settle(
+        limit: &GlobalLimit,
+        domain: &str,
+        rule: &str,
+        descriptor: &[String],
+        now_us: u64,
+        commit: Settle,
+    ) -> Invocation {
+        let kind = limit.kind();
+        let tag = redis_key_tag(domain, rule, kind, descriptor);
+        let mut args = vec![now_us, commit.counted_at_us, commit.reserved, commit.actual];
+        args.extend(limit.algorithm().script_args());
+        Invocation {
+            kind,
+            purpose: Purpose::Settle,
+            keys: vec![redis_state_key(&tag, kind)],
+            args,
+        }
+    }
+}
+
+/// What a settle call settles: `reserved` units counted at `counted_at_us` (Redis's
+/// clock) that really cost `actual`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Settle {
+    pub counted_at_us: u64,
+    pub reserved: u64,
+    pub actual: u64,
+}
+
+/// Decodes a settle script's `{changed 0/1, now_us}`.
+pub fn decode_settled(value: &Value) -> Result<(bool, u64), String> {
+    let Value::Array(items) = value else {
+        return Err(format!("expected an array, got {}", value_kind(value)));
+    };
+    let [changed, now] = items.as_slice() else {
+        return Err(format!("expected 2 fields, got {}", items.len()));
+    };
+    let changed = match integer(changed) {
+        Some(0) => false,
+        Some(1) => true,
+        _ => return Err(format!("changed: not 0 or 1 ({})", value_kind(changed))),
+    };
+    let now =
+        integer(now).ok_or_else(|| format!("now_us: not an integer ({})", value_kind(now)))?;
+    Ok((changed, saturate(now)))
 }
 
 /// A script's reply, decoded: what the key granted, and the Redis time the script
@@ -281,12 +359,30 @@ mod tests {
     #[test]
     fn every_algorithm_has_its_script_distinct_and_named_by_sha1() {
         let scripts = Scripts::load();
-        assert_eq!(scripts.all().len(), AlgorithmKind::ALL.len());
+        let settling = AlgorithmKind::ALL
+            .iter()
+            .filter(|k| k.spec().settle_script.is_some())
+            .count();
+        assert_eq!(settling, 2, "fixed_window and token_bucket settle");
+        assert_eq!(scripts.all().len(), AlgorithmKind::ALL.len() + settling);
         let shas: std::collections::HashSet<_> =
             scripts.all().iter().map(|s| s.sha1.clone()).collect();
-        assert_eq!(shas.len(), AlgorithmKind::ALL.len());
+        assert_eq!(shas.len(), scripts.all().len());
+        for s in scripts.all() {
+            assert!(s.source.contains("KEYS[1]") && s.source.contains("ARGV[1]"));
+            assert!(
+                s.source.contains("Why atomic"),
+                "{} {:?} header",
+                s.kind,
+                s.purpose
+            );
+        }
         for kind in AlgorithmKind::ALL {
-            let s = scripts.get(kind).unwrap();
+            assert_eq!(
+                scripts.get(kind, Purpose::Settle).is_some(),
+                kind.spec().settle_script.is_some()
+            );
+            let s = scripts.get(kind, Purpose::Acquire).unwrap();
             assert_eq!(s.sha1.len(), 40);
             assert!(s.source.contains("KEYS[1]") && s.source.contains("ARGV[1]"));
             assert!(s.source.contains("Why atomic"), "{} header", s.kind);

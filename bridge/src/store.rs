@@ -14,7 +14,7 @@
 //! Every call is bounded by the command timeout, whatever the client's own retries do.
 
 use crate::metrics::Metrics;
-use crate::scripts::{decode_reply, Invocation, ScriptReply, Scripts};
+use crate::scripts::{decode_reply, decode_settled, Invocation, ScriptReply, Scripts};
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 use std::sync::Arc;
@@ -51,8 +51,19 @@ impl RedisStore {
         }
     }
 
-    /// Runs one script call and decodes its reply.
+    /// Runs one acquire script call and decodes its reply.
     pub async fn run(&self, inv: &Invocation) -> Result<ScriptReply, CallError> {
+        let value = self.call(inv).await?;
+        decode_reply(&value).map_err(CallError::BadReply)
+    }
+
+    /// Runs one settle script call: whether the key's state changed, and Redis's clock.
+    pub async fn run_settle(&self, inv: &Invocation) -> Result<(bool, u64), CallError> {
+        let value = self.call(inv).await?;
+        decode_settled(&value).map_err(CallError::BadReply)
+    }
+
+    async fn call(&self, inv: &Invocation) -> Result<Value, CallError> {
         let started = Instant::now();
         let result = tokio::time::timeout(self.timeout, self.eval(inv)).await;
         self.metrics
@@ -60,12 +71,12 @@ impl RedisStore {
         match result {
             Err(_) => Err(CallError::Timeout),
             Ok(Err(err)) => Err(CallError::Redis(err)),
-            Ok(Ok(value)) => decode_reply(&value).map_err(CallError::BadReply),
+            Ok(Ok(value)) => Ok(value),
         }
     }
 
     async fn eval(&self, inv: &Invocation) -> Result<Value, RedisError> {
-        let Some(script) = self.scripts.get(inv.kind) else {
+        let Some(script) = self.scripts.get(inv.kind, inv.purpose) else {
             return Err(RedisError::from((
                 ErrorKind::Client,
                 "no Lua script shipped for the algorithm",

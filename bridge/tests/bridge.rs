@@ -22,7 +22,7 @@ use weir_bridge::scripts::Invocation;
 use weir_bridge::{app, state_from_client, AppState};
 use weir_core::algorithms::Ask;
 use weir_core::wire::v1::{AcquireRequest, AcquireResponse, ACQUIRE_PATH};
-use weir_core::wire::SECRET_HEADER;
+use weir_core::wire::{v2, v3, SECRET_HEADER};
 use weir_e2e::{key_slot, redis_cli_at, wait_until, Process, RedisCluster};
 
 const SECRET: &str = "bridge-test-secret";
@@ -447,4 +447,83 @@ fn sigint_stops_too() {
         .wait_exit(Duration::from_secs(10))
         .expect("the bridge exits");
     assert!(status.success(), "{status:?}\n{}", bridge.log());
+}
+
+/// `/v3/commit` beside `/v2/acquire`: a reservation settled with a smaller actual cost
+/// gives its units back to the next acquire; an algorithm that cannot settle is a 400
+/// naming the field; the secret is required; the metrics count the commits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commits_settle_what_acquire_counted() {
+    let cluster = RedisCluster::start(3, 1);
+    let state = state_for(&cluster, Duration::from_secs(2));
+    let limit = json!({"algorithm": "token_bucket", "capacity": 100, "refill": 100, "period_us": 3_600_000_000u64});
+    let post = |path: &'static str, body: String, secret: bool| {
+        let mut r = Request::post(path);
+        if secret {
+            r = r.header(SECRET_HEADER, SECRET);
+        }
+        r.body(Body::from(body)).unwrap()
+    };
+    let acquire_v2 = |cost: u64| {
+        json!({"domain": "bridge-test", "items": [{"id": 0, "rule": "tokens",
+            "descriptor": ["=acme"], "limit": limit, "cost": cost, "want": cost}]})
+        .to_string()
+    };
+    let commit = |counted_at: u64, reserved: u64, actual: u64, limit: &Json| {
+        json!({"domain": "bridge-test", "items": [{"rule": "tokens", "descriptor": ["=acme"],
+            "limit": limit, "counted_at_us": counted_at, "reserved": reserved, "actual": actual}]})
+        .to_string()
+    };
+    let reply = |text: &str| -> Json { serde_json::from_str(text).unwrap() };
+
+    let (status, text) = call(&state, post(v2::ACQUIRE_PATH, acquire_v2(80), true)).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let first = reply(&text)["items"][0].clone();
+    assert_eq!(first["allowed"], true);
+    let counted_at = first["now_us"].as_u64().unwrap();
+    let (_, text) = call(&state, post(v2::ACQUIRE_PATH, acquire_v2(30), true)).await;
+    assert_eq!(reply(&text)["items"][0]["allowed"], false, "20 left");
+
+    let (status, _) = call(
+        &state,
+        post(v3::COMMIT_PATH, commit(counted_at, 80, 10, &limit), false),
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let (status, text) = call(
+        &state,
+        post(v3::COMMIT_PATH, commit(counted_at, 80, 10, &limit), true),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    assert_eq!(reply(&text), json!({"items": [{"settled": true}]}));
+    let (_, text) = call(&state, post(v2::ACQUIRE_PATH, acquire_v2(30), true)).await;
+    let after = reply(&text)["items"][0].clone();
+    assert_eq!(
+        (after["allowed"].clone(), after["remaining"].clone()),
+        (json!(true), json!(60)),
+        "70 came back: 90 − 30"
+    );
+
+    let gcra = json!({"algorithm": "gcra", "rate": 10, "period_us": 1_000_000, "burst": 9});
+    let (status, text) = call(
+        &state,
+        post(v3::COMMIT_PATH, commit(counted_at, 1, 0, &gcra), true),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(
+        text.contains("items[0].limit.algorithm: gcra cannot settle"),
+        "{text}"
+    );
+
+    let (_, metrics) = call(
+        &state,
+        Request::get("/metrics").body(Body::empty()).unwrap(),
+    )
+    .await;
+    assert!(
+        metrics.contains(r#"weir_bridge_commits_total{rule="tokens",result="settled"} 1"#),
+        "{metrics}"
+    );
 }

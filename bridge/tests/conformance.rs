@@ -24,7 +24,7 @@ mod common;
 
 use common::{future_base, invocation, invocation_for, Redis, Rng};
 use std::time::Duration;
-use weir_bridge::scripts::{log_seq_key, ScriptReply};
+use weir_bridge::scripts::{log_seq_key, Invocation, ScriptReply, Settle};
 use weir_core::algorithms::fixed_window::FixedWindow;
 use weir_core::algorithms::gcra::Gcra;
 use weir_core::algorithms::sliding_log::SlidingLog;
@@ -552,4 +552,93 @@ async fn expired_keys_decide_like_their_state_would_have() {
 /// Runs a future to completion from synchronous code inside the multi-thread runtime.
 fn futures_block<F: std::future::Future>(f: F) -> F::Output {
     tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(f))
+}
+
+impl SlotPair<'_> {
+    /// Settles one reservation both ways (`commit`): whether the state changed, and the
+    /// state written, must agree.
+    async fn settle(&mut self, ctx: &str, now: u64, counted_at: u64, reserved: u64, actual: u64) {
+        let next = self
+            .limit
+            .settle(self.state, counted_at, reserved, actual, now);
+        let inv = Invocation::settle(
+            &self.global,
+            "weir-test",
+            "conformance",
+            &[format!("={}", self.descriptor)],
+            now,
+            Settle {
+                counted_at_us: counted_at,
+                reserved,
+                actual,
+            },
+        );
+        let (changed, redis_now) = self.redis.store.run_settle(&inv).await.unwrap();
+        assert_eq!(redis_now, now, "{ctx}: the pinned clock");
+        assert_eq!(
+            changed,
+            next.is_some(),
+            "{ctx}: Lua (left) and Rust (right) disagree on settling {reserved} → {actual} \
+             counted at {counted_at}, at now={now}, state {:?}",
+            self.state
+        );
+        if let Some(next) = next {
+            self.state = Some(next);
+        }
+        let stored = self.redis.slot_state(self.limit.kind(), &inv.keys[0]).await;
+        assert_eq!(
+            stored, self.state,
+            "{ctx}: Redis holds (left), the core stores (right)"
+        );
+    }
+}
+
+/// Costs settled after the response (`/v3/commit`): a seeded walk of acquires and
+/// settles — refunds in and out of their window or refill period, excesses, debts —
+/// decided by the settle scripts and by the core side by side.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn settles_agree() {
+    let redis = Redis::start().await;
+    let base = future_base(T0);
+    let limits = [
+        Limit::TokenBucket(TokenBucket::new(100, 10, 1_000_000).unwrap()),
+        // A refill above the capacity: the debt is paid a bucketful per period.
+        Limit::TokenBucket(TokenBucket::new(5, 100, 9_000).unwrap()),
+        Limit::FixedWindow(FixedWindow::new(100, 10_000_000).unwrap()),
+    ];
+    for (n, limit) in limits.into_iter().enumerate() {
+        let mut rng = Rng(0x5e771e + n as u64);
+        let mut pair = SlotPair::new(&redis, limit.clone(), format!("settle-{n}"));
+        let max = limit.max_cost();
+        let mut now = base;
+        // Reservations not settled yet: (counted at, units).
+        let mut open: Vec<(u64, u64)> = Vec::new();
+        let (mut settled, mut changed) = (0, 0);
+        for step in 0..600 {
+            let ctx = format!("{} step {step}", limit.kind());
+            now += rng.range(0, 400_000);
+            if !open.is_empty() && rng.chance(45) {
+                let (counted_at, reserved) =
+                    open.swap_remove(rng.range(0, open.len() as u64 - 1) as usize);
+                let actual = rng.range(0, 2 * reserved);
+                let before = pair.state;
+                pair.settle(&ctx, now, counted_at, reserved, actual).await;
+                settled += 1;
+                if pair.state != before {
+                    changed += 1;
+                }
+                continue;
+            }
+            let cost = rng.range(1, max.min(30));
+            let (decision, _) = pair.step(&ctx, now, cost, cost).await;
+            if decision.allowed {
+                open.push((now, cost));
+            }
+        }
+        assert!(
+            settled > 80 && changed > 30,
+            "{}: {settled} settles, {changed} changed a state",
+            limit.kind()
+        );
+    }
 }

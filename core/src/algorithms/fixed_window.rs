@@ -38,6 +38,7 @@ pub const SPEC: AlgorithmSpec = AlgorithmSpec {
     parameters: window::PARAMETERS,
     global_only: None,
     script: "fixed_window",
+    settle_script: Some("fixed_window_settle"),
     extra_script_keys: &[],
     build: |values| {
         let [limit, window_us] = values_of(values, window::PARAMETERS)?;
@@ -166,10 +167,6 @@ impl Windowed for FixedWindow {
 }
 
 impl SlotAlgorithm for FixedWindow {
-    fn settles_after_response(&self) -> bool {
-        true
-    }
-
     /// A refund while the window the request was counted in is the key's window: the
     /// count is then exactly what the actual cost would have made it. An excess is
     /// added to now's window (the key's debt, beyond the limit if need be: denied until

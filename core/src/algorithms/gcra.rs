@@ -63,6 +63,7 @@ pub const SPEC: AlgorithmSpec = AlgorithmSpec {
     parameters: PARAMETERS,
     global_only: None,
     script: "gcra",
+    settle_script: None,
     extra_script_keys: &[],
     build: |values| {
         let [rate, period_us, burst] = values_of(values, PARAMETERS)?;

@@ -175,6 +175,9 @@ pub struct AlgorithmSpec {
     pub global_only: Option<&'static str>,
     /// Its Lua script's file name in `bridge/lua/`, without `.lua`.
     pub script: &'static str,
+    /// The Lua script that settles a cost after the response (`commit`,
+    /// [`SlotAlgorithm::settle`]) in Redis, for the algorithms that can.
+    pub settle_script: Option<&'static str>,
     /// The script's KEYS after the state key, as suffixes of it (same hash slot).
     pub extra_script_keys: &'static [&'static str],
     /// Validates the values (in the order of `parameters`) and builds the limit.
@@ -348,9 +351,10 @@ pub trait SlotAlgorithm: Algorithm + SlotCodec {
         None
     }
 
-    /// Whether [`SlotAlgorithm::settle`] can correct a cost after the response.
+    /// Whether [`SlotAlgorithm::settle`] can correct a cost after the response: the
+    /// algorithms whose spec names a settle script (Redis must be able to do it too).
     fn settles_after_response(&self) -> bool {
-        false
+        self.spec().settle_script.is_some()
     }
 
     /// A request counted at `counted_at_us` with `reserved` units really cost `actual`,

@@ -37,6 +37,7 @@ pub const SPEC: AlgorithmSpec = AlgorithmSpec {
          \"scope\": \"global\", or use sliding_window locally",
     ),
     script: "sliding_log",
+    settle_script: None,
     extra_script_keys: &[SEQ_KEY_SUFFIX],
     build: |values| {
         let [limit, window_us] = values_of(values, window::PARAMETERS)?;

@@ -42,6 +42,7 @@ pub const SPEC: AlgorithmSpec = AlgorithmSpec {
     parameters: window::PARAMETERS,
     global_only: None,
     script: "sliding_window",
+    settle_script: None,
     extra_script_keys: &[],
     build: |values| {
         let [limit, window_us] = values_of(values, window::PARAMETERS)?;

@@ -47,6 +47,7 @@ pub const SPEC: AlgorithmSpec = AlgorithmSpec {
     parameters: PARAMETERS,
     global_only: None,
     script: "token_bucket",
+    settle_script: Some("token_bucket_settle"),
     extra_script_keys: &[],
     build: |values| {
         let [capacity, refill, period_us] = values_of(values, PARAMETERS)?;
@@ -264,10 +265,6 @@ impl Algorithm for TokenBucket {
 }
 
 impl SlotAlgorithm for TokenBucket {
-    fn settles_after_response(&self) -> bool {
-        true
-    }
-
     /// A refund while no refill came since the request was counted: the bucket then
     /// holds exactly what it would have after the actual cost (refills are where the
     /// capacity cuts, and none happened). An excess takes tokens now; what the bucket
@@ -302,8 +299,10 @@ impl SlotAlgorithm for TokenBucket {
                 .to_slot(),
             );
         }
+        // A refill above the capacity only fills the bucket: the debt is paid at most a
+        // bucketful per period (as the Redis script, which gets the capped refill).
         let debt = excess - now.tokens;
-        let periods = u128::from(debt.div_ceil(self.refill));
+        let periods = u128::from(debt.div_ceil(self.script_refill()));
         let pushed = u128::from(now.last_refill_us) + periods * u128::from(self.period_us);
         Some(
             State {

@@ -10,6 +10,8 @@
 //!   stays valid.
 //! - [`v1`] (`POST /v1/acquire`), what filters before it send: results in order,
 //!   evaluation stops at the first denial, leases expire by `lease_ttl_ns`.
+//! - [`v3`] (`POST /v3/commit`), beside v2: the costs of global rules with `commit`,
+//!   settled when the responses ended.
 //!
 //! What both share is here: a limit's form ([`WireLimit`]), the secret header, the
 //! checks every item gets, and what can go wrong with a reply. Sizes are bounded by
@@ -22,6 +24,7 @@
 
 pub mod v1;
 pub mod v2;
+pub mod v3;
 
 use crate::algorithms::{AlgorithmKind, GlobalLimit, ParamError};
 use crate::bounds::{
