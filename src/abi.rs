@@ -102,6 +102,7 @@ pub extern "C" fn proxy_on_tick(root_id: u32) {
     .flatten() else {
         return;
     };
+    plugin.send_commits();
     if plugin.worker.borrow().waiting.is_empty() {
         plugin.adjust_tick();
         return;
@@ -199,6 +200,11 @@ pub extern "C" fn proxy_on_http_call_response(
     let Some(plugin) = with_root(root_id, |root| root.plugin().cloned()).flatten() else {
         return;
     };
+    let commits = plugin.commits.borrow_mut().land(token);
+    if let Some(commits) = commits {
+        plugin.commits_answered(commits, body_size);
+        return;
+    }
     let Some(call) = plugin.flights.borrow_mut().land(token) else {
         return;
     };

@@ -11,7 +11,7 @@
 //! timed-out call arrives as a 504), so a paused request always moves on.
 
 use crate::host::{self, LogLevel};
-use crate::plugin::Plugin;
+use crate::plugin::{Plugin, QueuedCommit};
 use crate::store::{ReadFacts, RequestFacts, SharedData};
 use std::fmt::Write as _;
 use std::rc::Rc;
@@ -310,7 +310,7 @@ impl Filter {
                 continue;
             };
             if status >= 500 {
-                now_known.push((s.commit, None));
+                now_known.push((s.commit.clone(), None));
                 continue;
             }
             match &commit.source {
@@ -319,7 +319,7 @@ impl Filter {
                         .ok()
                         .flatten()
                         .and_then(|v| std::str::from_utf8(&v).ok()?.trim().parse::<u64>().ok());
-                    now_known.push((s.commit, actual));
+                    now_known.push((s.commit.clone(), actual));
                 }
                 CommitSource::Body { fields, max_bytes } => {
                     s.scanner = Some(UsageScanner::new(fields, stream, *max_bytes));
@@ -357,11 +357,30 @@ impl Filter {
             .and_then(|r| r.commit.as_ref())
             .map_or(0, |c| c.on_error);
         let value = actual.unwrap_or(on_error);
-        let now_us = host::now_us().unwrap_or(commit.counted_at_us);
-        let settled = plugin.engine.commit(&SharedData, commit, value, now_us);
-        plugin
-            .metrics
-            .committed(commit, value, actual.is_some(), settled);
+        plugin.metrics.committed(commit.rule, actual.is_some());
+        if let Some(item) = plugin.engine.global_commit(commit, value) {
+            // Settled in Redis: queued for the bridge, sent from the worker's tick.
+            if commit.reserved != value {
+                let queued = plugin.commits.borrow_mut().push(QueuedCommit {
+                    rule: commit.rule,
+                    item,
+                });
+                if queued {
+                    plugin.adjust_tick();
+                } else {
+                    plugin.metrics.commit_failed(commit.rule);
+                }
+            }
+        } else {
+            let now_us = host::now_us().unwrap_or(commit.counted_at_us);
+            match plugin.engine.commit(&SharedData, commit, value, now_us) {
+                Ok(true) => plugin
+                    .metrics
+                    .commit_settled(commit.rule, commit.reserved, value),
+                Ok(false) => {}
+                Err(_) => plugin.metrics.commit_failed(commit.rule),
+            }
+        }
         self.log(LogLevel::Debug, || {
             format!(
                 "rule {}: cost {} settled as {value}{}",
@@ -534,8 +553,8 @@ impl Filter {
         self.settling = eval
             .commits
             .iter()
-            .map(|&commit| Settling {
-                commit,
+            .map(|commit| Settling {
+                commit: commit.clone(),
                 scanner: None,
             })
             .collect();

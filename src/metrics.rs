@@ -46,9 +46,7 @@
 
 use crate::host::{self, HostResult, MetricType};
 use std::cell::Cell;
-use weir_core::engine::{
-    BridgeError, Delayed, Evaluation, FailureOutcome, PendingCommit, RuleOutcome, Source,
-};
+use weir_core::engine::{BridgeError, Delayed, Evaluation, FailureOutcome, RuleOutcome, Source};
 use weir_core::rules::RuleId;
 use weir_core::store::{Placement, UpdateError};
 use weir_core::wire::ReplyError;
@@ -283,37 +281,35 @@ impl Metrics {
         }
     }
 
-    /// A rule's cost settled after the response: `actual` (known, or the rule's
-    /// `on_error`) against what was counted; `settled`: whether the key's state changed,
-    /// or how the store failed.
-    pub fn committed(
-        &self,
-        commit: &PendingCommit,
-        actual: u64,
-        known: bool,
-        settled: Result<bool, UpdateError>,
-    ) {
-        let Some(rule) = self.rules.get(commit.rule.index()) else {
+    /// A rule's cost settled after the response (or, for a global rule, sent to the
+    /// bridge to be): `known` false when it is the rule's `on_error`.
+    pub fn committed(&self, rule: RuleId, known: bool) {
+        let Some(rule) = self.rules.get(rule.index()) else {
             return;
         };
         self.bump(rule.committed, 1);
         if !known {
             self.bump(rule.commit_on_error, 1);
         }
-        match settled {
-            Ok(true) => {}
-            // A refund no longer exact (or a key that lost its slot): nothing given back.
-            Ok(false) => return,
-            Err(_) => {
-                self.bump(rule.commit_errors, 1);
-                return;
-            }
-        }
+    }
+
+    /// The key's state took the settlement: the units given back or charged.
+    pub fn commit_settled(&self, rule: RuleId, reserved: u64, actual: u64) {
+        let Some(rule) = self.rules.get(rule.index()) else {
+            return;
+        };
         let units = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
-        if actual < commit.reserved {
-            self.bump(rule.commit_units_refunded, units(commit.reserved - actual));
-        } else if actual > commit.reserved {
-            self.bump(rule.commit_units_charged, units(actual - commit.reserved));
+        if actual < reserved {
+            self.bump(rule.commit_units_refunded, units(reserved - actual));
+        } else if actual > reserved {
+            self.bump(rule.commit_units_charged, units(actual - reserved));
+        }
+    }
+
+    /// Settling failed (shared data, or the bridge): the estimate stands.
+    pub fn commit_failed(&self, rule: RuleId) {
+        if let Some(rule) = self.rules.get(rule.index()) {
+            self.bump(rule.commit_errors, 1);
         }
     }
 

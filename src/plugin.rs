@@ -9,6 +9,7 @@ use crate::host;
 use crate::metrics::Metrics;
 use crate::store::SharedData;
 use std::cell::{Cell, RefCell};
+use weir_core::bounds::MAX_ITEMS;
 use weir_core::bounds::{MAX_BODY_BYTES, MAX_CONFIG_BYTES};
 use weir_core::config;
 use weir_core::delay::RELEASE_TICK_MS;
@@ -16,8 +17,9 @@ use weir_core::engine::{Engine, Evaluation};
 use weir_core::flight::{Call, Flights};
 use weir_core::key::Seed;
 use weir_core::rules::Rule;
+use weir_core::rules::RuleId;
 use weir_core::store::seed;
-use weir_core::wire::{v2, ReplyError, SECRET_HEADER};
+use weir_core::wire::{v2, v3, ReplyError, SECRET_HEADER};
 use weir_core::worker::Worker;
 
 /// The most sets of a table read at configure time to estimate its `slots_in_use`
@@ -39,9 +41,53 @@ pub struct Plugin {
     /// This worker's reservoirs and cached denials of local rules, and the requests it
     /// holds (`on_limit.delay`).
     pub worker: RefCell<Worker>,
-    /// The tick runs every [`weir_core::delay::RELEASE_TICK_MS`] (requests are held)
-    /// rather than every metrics flush.
-    fast_tick: Cell<bool>,
+    /// Global commits waiting to be sent to the bridge, and the calls carrying them.
+    pub commits: RefCell<CommitQueue>,
+    /// The tick period set last (ms): every [`weir_core::delay::RELEASE_TICK_MS`] while
+    /// requests are held, [`COMMIT_TICK_MS`] while commits wait, else every metrics flush.
+    tick_ms: Cell<u32>,
+}
+
+/// How often commits waiting for the bridge are sent.
+pub const COMMIT_TICK_MS: u32 = 10;
+/// Most commits a worker keeps waiting; past it a commit is dropped (its estimate
+/// stands) and counted in `commit_errors`.
+pub const MAX_WAITING_COMMITS: usize = 4_096;
+/// Most `/v3/commit` calls a worker has in flight.
+pub const MAX_COMMIT_CALLS: usize = 16;
+
+/// A global commit: the item for the bridge, with what the metrics need.
+pub struct QueuedCommit {
+    pub rule: RuleId,
+    pub item: v3::CommitItem,
+}
+
+/// Global commits of one worker: waiting, and in flight by call token.
+#[derive(Default)]
+pub struct CommitQueue {
+    waiting: Vec<QueuedCommit>,
+    in_flight: Vec<(u32, Vec<QueuedCommit>)>,
+}
+
+impl CommitQueue {
+    /// Queues a commit; false when the queue is full.
+    pub fn push(&mut self, commit: QueuedCommit) -> bool {
+        if self.waiting.len() >= MAX_WAITING_COMMITS {
+            return false;
+        }
+        self.waiting.push(commit);
+        true
+    }
+
+    pub fn is_waiting(&self) -> bool {
+        !self.waiting.is_empty()
+    }
+
+    /// The commits the call `token` carried, if it was a commit call.
+    pub fn land(&mut self, token: u32) -> Option<Vec<QueuedCommit>> {
+        let at = self.in_flight.iter().position(|(t, _)| *t == token)?;
+        Some(self.in_flight.swap_remove(at).1)
+    }
 }
 
 impl Plugin {
@@ -96,7 +142,8 @@ impl Plugin {
             .map_err(|e| format!("cannot define metrics: {e}"))?;
         Ok(Plugin {
             worker: RefCell::new(engine.worker()),
-            fast_tick: Cell::new(false),
+            commits: RefCell::new(CommitQueue::default()),
+            tick_ms: Cell::new(SLOW_TICK_MS),
             engine,
             seed: Cell::new(seed),
             metrics,
@@ -186,15 +233,98 @@ impl Plugin {
     }
 
     /// The tick this plugin needs: every [`RELEASE_TICK_MS`] while requests are held,
-    /// else every metrics flush. Called after a request is held and on every tick.
+    /// every [`COMMIT_TICK_MS`] while commits wait for the bridge, else every metrics
+    /// flush. Called after a request is held or a commit queued, and on every tick.
     pub fn adjust_tick(&self) {
-        let held = !self.worker.borrow().waiting.is_empty();
-        if held == self.fast_tick.get() {
-            return;
+        let period = if !self.worker.borrow().waiting.is_empty() {
+            RELEASE_TICK_MS
+        } else if self.commits.borrow().is_waiting() {
+            COMMIT_TICK_MS
+        } else {
+            SLOW_TICK_MS
+        };
+        if period != self.tick_ms.get() && host::set_tick_period_ms(period).is_ok() {
+            self.tick_ms.set(period);
         }
-        let period = if held { RELEASE_TICK_MS } else { SLOW_TICK_MS };
-        if host::set_tick_period_ms(period).is_ok() {
-            self.fast_tick.set(held);
+    }
+
+    /// Sends the commits waiting for the bridge (from the root context's tick), in calls
+    /// of at most [`MAX_ITEMS`] items, at most [`MAX_COMMIT_CALLS`] in flight.
+    pub fn send_commits(&self) {
+        let Some(bridge) = &self.engine.config.bridge else {
+            return;
+        };
+        let mut queue = self.commits.borrow_mut();
+        while queue.is_waiting() && queue.in_flight.len() < MAX_COMMIT_CALLS {
+            let take = queue.waiting.len().min(MAX_ITEMS);
+            let batch: Vec<QueuedCommit> = queue.waiting.drain(..take).collect();
+            let body = self
+                .engine
+                .commit_request(batch.iter().map(|c| c.item.clone()).collect());
+            let mut headers = vec![
+                (":method", "POST"),
+                (":path", v3::COMMIT_PATH),
+                (":authority", bridge.authority.as_str()),
+                ("content-type", "application/json"),
+            ];
+            if let Some(secret) = &bridge.secret {
+                headers.push((SECRET_HEADER, secret.as_str()));
+            }
+            match host::http_call(&bridge.cluster, &headers, &body, bridge.timeout_ms) {
+                Ok(token) => queue.in_flight.push((token, batch)),
+                Err(e) => {
+                    host::log(
+                        host::LogLevel::Warn,
+                        &format!(
+                            "cannot send commits to the bridge cluster {:?}: {e}",
+                            bridge.cluster
+                        ),
+                    );
+                    for commit in &batch {
+                        self.metrics.commit_failed(commit.rule);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The answer to a commit call: each item settled or not, or the call failed (the
+    /// estimates stand).
+    pub fn commits_answered(&self, commits: Vec<QueuedCommit>, body_size: usize) {
+        let status = host::http_call_response_header(":status")
+            .ok()
+            .flatten()
+            .and_then(|s| std::str::from_utf8(&s).ok()?.parse::<u16>().ok())
+            .unwrap_or(0);
+        let body = if body_size <= MAX_BODY_BYTES {
+            host::http_call_response_body(body_size)
+                .ok()
+                .flatten()
+                .unwrap_or_default()
+        } else {
+            Vec::new()
+        };
+        let reply = match v3::decode_reply(status, &body, commits.len()) {
+            Ok(reply) => reply,
+            Err(error) => {
+                host::log(
+                    host::LogLevel::Warn,
+                    &format!(
+                        "the bridge did not settle {} commits ({error}): their estimates stand",
+                        commits.len()
+                    ),
+                );
+                for commit in &commits {
+                    self.metrics.commit_failed(commit.rule);
+                }
+                return;
+            }
+        };
+        for (commit, result) in commits.iter().zip(&reply.items) {
+            if result.settled {
+                self.metrics
+                    .commit_settled(commit.rule, commit.item.reserved, commit.item.actual);
+            }
         }
     }
 

@@ -26,6 +26,7 @@
 use crate::algorithms::{
     Ahead, Decision, GlobalLimit, Hold, Limit, SlotState, TakenAhead, NS_PER_US,
 };
+use crate::bounds::MAX_WANT;
 use crate::config::Config;
 use crate::delay::RELEASE_SLACK_US;
 use crate::key::{encode_part, KeyHash, KeyHasher, Seed};
@@ -38,8 +39,14 @@ use crate::rules::{
 use crate::store::slot_table::SlotTable;
 use crate::store::{Placement, SharedStore, StoreError, UpdateError, Updated, Vacancy};
 use crate::wire::v2::{self, Granted, Sent};
+use crate::wire::v3;
 use crate::wire::{ReplyError, WireLimit};
 use crate::worker::Worker;
+
+/// The longest a global rule with a commit trusts a denial from Redis: refunds of the
+/// requests in flight may free its units at any time, so a denial cached until the
+/// key's retry time (a refill an hour away) would deny what Redis would now admit.
+pub const COMMIT_DENIAL_CACHE_US: u64 = 20_000;
 
 /// How long a failed bridge is left alone before it is tried again.
 pub const BRIDGE_BACKOFF_US: u64 = 1_000_000;
@@ -203,14 +210,31 @@ pub struct Evaluation {
 
 /// What a rule with a commit counted for a request, to be settled with the response's
 /// actual cost.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PendingCommit {
     pub rule: RuleId,
-    hash: KeyHash,
+    key: CommitKey,
     /// Units counted when the request was admitted (its estimated cost).
     pub reserved: u64,
-    /// When they were counted.
+    /// When they were counted: this Envoy's clock for a local rule, Redis's for a global
+    /// one.
     pub counted_at_us: u64,
+}
+
+/// Where the units of a pending commit were counted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum CommitKey {
+    /// In this Envoy's shared data.
+    Local(KeyHash),
+    /// In Redis: the key's descriptor, to settle through the bridge (`/v3/commit`).
+    Global(Vec<String>),
+}
+
+impl PendingCommit {
+    /// Whether it is settled in Redis (through the bridge), not in shared data.
+    pub fn is_global(&self) -> bool {
+        matches!(self.key, CommitKey::Global(_))
+    }
 }
 
 /// A request a rule holds: its place in the key's schedule is taken; the rule's
@@ -659,6 +683,9 @@ impl Engine {
         actual: u64,
         now_us: u64,
     ) -> Result<bool, UpdateError> {
+        let CommitKey::Local(hash) = &commit.key else {
+            return Ok(false);
+        };
         let (Some(rule), Some(RuleTables::Local(table))) = (
             self.config.rule(commit.rule),
             self.tables.get(commit.rule.index()),
@@ -673,12 +700,43 @@ impl Engine {
             in_use: limit.in_use(state, now_us),
         };
         table
-            .update(store, &commit.hash, now_us, vacancy, |state| {
+            .update(store, hash, now_us, vacancy, |state| {
                 let next =
                     limit.settle(state, commit.counted_at_us, commit.reserved, actual, now_us);
                 (next.is_some(), next)
             })
             .map(|updated| updated.result)
+    }
+
+    /// The bridge item settling a global rule's commit with its actual cost (capped at
+    /// what one item may carry); `None` for a local rule's.
+    pub fn global_commit(&self, commit: &PendingCommit, actual: u64) -> Option<v3::CommitItem> {
+        let CommitKey::Global(descriptor) = &commit.key else {
+            return None;
+        };
+        let rule = self.config.rule(commit.rule)?;
+        let Scope::Global(global) = &rule.scope else {
+            return None;
+        };
+        Some(v3::CommitItem {
+            rule: rule.name.clone(),
+            descriptor: descriptor.clone(),
+            limit: WireLimit::from(&global.redis_limit),
+            counted_at_us: commit.counted_at_us,
+            reserved: commit.reserved,
+            actual: actual.min(MAX_WANT),
+        })
+    }
+
+    /// The body of a `/v3/commit` call.
+    pub fn commit_request(&self, items: Vec<v3::CommitItem>) -> Vec<u8> {
+        let domain = self
+            .config
+            .bridge
+            .as_ref()
+            .map_or("weir", |b| b.domain.as_str())
+            .to_string();
+        serde_json::to_vec(&v3::CommitRequest { domain, items }).unwrap_or_default()
     }
 
     /// Looks again at the rules still waiting for the bridge, at `now_us`: another call
@@ -825,7 +883,14 @@ impl Engine {
         let Scope::Global(global) = &rule.scope else {
             return;
         };
-        let settled = settled_from(item, result, sent_at_us, now_us, global);
+        let settled = settled_from(
+            item,
+            result,
+            sent_at_us,
+            now_us,
+            global,
+            rule.commit.is_some(),
+        );
         let stored = leases.update(
             store,
             &item.hash,
@@ -848,6 +913,15 @@ impl Engine {
             remaining: result.remaining.min(quota),
             ..result.decision()
         };
+        if result.allowed && rule.commit.is_some() && item.cost > 0 {
+            // Counted in Redis at its clock: settled there when the response ends.
+            eval.commits.push(PendingCommit {
+                rule: rule.id,
+                key: CommitKey::Global(item.descriptor.clone()),
+                reserved: item.cost,
+                counted_at_us: result.now_us,
+            });
+        }
         eval.record(report, rule, decision);
     }
 
@@ -1090,7 +1164,7 @@ fn decide_in_slot<S: SharedStore>(
             if decision.allowed && applied.rule.commit.is_some() && applied.cost > 0 {
                 eval.commits.push(PendingCommit {
                     rule: applied.rule.id,
-                    hash: applied.hash,
+                    key: CommitKey::Local(applied.hash),
                     reserved: applied.cost,
                     counted_at_us: now_us,
                 });
@@ -1442,6 +1516,7 @@ fn settled_from(
     sent_at_us: u64,
     now_us: u64,
     global: &GlobalRule,
+    commits: bool,
 ) -> Settled {
     let floor_us = match (&global.redis_limit, global.lease) {
         (GlobalLimit::Slot(Limit::TokenBucket(_) | Limit::SlidingWindow(_)), Some(lease)) => {
@@ -1465,7 +1540,11 @@ fn settled_from(
         );
         SettledOutcome::Held(held)
     } else if !result.allowed {
-        let retry_us = result.retry_after_ns.unwrap_or(result.reset_after_ns) / 1_000;
+        let mut retry_us = result.retry_after_ns.unwrap_or(result.reset_after_ns) / 1_000;
+        if commits {
+            // Commits give units back at any time: a denial is trusted only briefly.
+            retry_us = retry_us.min(COMMIT_DENIAL_CACHE_US);
+        }
         SettledOutcome::Denied {
             until_us: sent_at_us.saturating_add(retry_us.max(floor_us)),
             cost: item.cost,

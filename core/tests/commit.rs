@@ -99,9 +99,10 @@ fn run(
             out.denied += 1;
             continue;
         }
-        let [commit] = eval.commits[..] else {
+        let [commit] = &eval.commits[..] else {
             panic!("one commit per admitted request: {:?}", eval.commits);
         };
+        let commit = commit.clone();
         assert_eq!((commit.reserved, commit.counted_at_us), (estimate, now));
         let cost = actual(estimate, &mut rng);
         out.estimated += estimate;

@@ -11,7 +11,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 use weir_e2e::llm_upstream::USAGE_HEADER;
 use weir_e2e::{
-    wait_until, wasm_filter_yaml, weir_wasm, Bootstrap, Client, Envoy, LlmUpstream, Request,
+    bridge_cluster_yaml, wait_until, wasm_filter_yaml, weir_wasm, Bootstrap, Bridge, Client, Envoy,
+    LlmUpstream, RedisCluster, Request,
 };
 
 fn start(config: &str, upstream: &LlmUpstream, workers: u32) -> Envoy {
@@ -344,4 +345,119 @@ fn the_estimate_is_read_from_the_request_body() {
     // The upstream got every admitted request's body whole.
     assert_eq!(upstream.answered(), 3);
     envoy.assert_no_panic();
+}
+
+/// Global: one token budget in Redis for two Envoys (2 workers each). Each request
+/// reserves its estimate through the bridge; when its response ends its worker sends
+/// the actual usage to `/v3/commit`. Concurrent requests never overrun the budget, 5xx
+/// responses give their estimate back, and once every commit is in, Redis holds exactly
+/// the budget less what the responses used.
+#[test]
+fn a_global_token_budget_holds_across_two_envoys_and_settles_exactly_in_redis() {
+    let redis = RedisCluster::start(3, 1);
+    let bridge = Bridge::start(&redis, &[]);
+    let upstream = LlmUpstream::start();
+    let config = r#"{"bridge":{"cluster":"weir_bridge","timeout":"500ms"},
+        "rules":[{"name":"tokens","scope":"global","key":[{"header":"x-tenant"}],
+        "limit":{"algorithm":"token_bucket","capacity":10000,"refill":10000,"period":"1h"},
+        "cost":{"header":"x-estimate","max":10000},"commit":{"body":{}}}]}"#;
+    let envoys: Vec<Envoy> = (0..2)
+        .map(|_| {
+            let bootstrap = Bootstrap::new()
+                .http_filter(wasm_filter_yaml(config, &weir_wasm()))
+                .cluster(upstream.cluster_yaml())
+                .cluster(bridge_cluster_yaml(bridge.port))
+                .routes(LlmUpstream::routes_yaml());
+            Envoy::start(&bootstrap, 2)
+        })
+        .collect();
+    let used = AtomicU64::new(0);
+    let statuses: BTreeMap<u16, u64> = thread::scope(|s| {
+        let handles: Vec<_> = (0..12u64)
+            .map(|t| {
+                let used = &used;
+                let port = envoys[(t % 2) as usize].http_port;
+                s.spawn(move || {
+                    let mut client = Client::connect(port).unwrap();
+                    let mut statuses = BTreeMap::new();
+                    for i in 0..10u64 {
+                        let usage = 100 + (t * 37 + i * 91) % 401;
+                        let error = (t + i) % 7 == 0;
+                        let mut request = chat("acme", 500, usage)
+                            .header("x-llm-stream", if (t + i) % 2 == 0 { "1" } else { "0" })
+                            .header("x-llm-duration-ms", ((t * 13 + i * 29) % 300).to_string());
+                        if error {
+                            request = request.header("x-llm-status", "503");
+                        }
+                        let r = client.request(request).unwrap();
+                        if r.status == 200 {
+                            used.fetch_add(usage, Ordering::Relaxed);
+                        }
+                        *statuses.entry(r.status).or_insert(0u64) += 1;
+                    }
+                    statuses
+                })
+            })
+            .collect();
+        let mut all = BTreeMap::new();
+        for h in handles {
+            for (status, n) in h.join().unwrap() {
+                *all.entry(status).or_insert(0) += n;
+            }
+        }
+        all
+    });
+    let used = used.load(Ordering::Relaxed);
+    let admitted = statuses.get(&200).copied().unwrap_or(0);
+    eprintln!("statuses {statuses:?}: {admitted} admitted with {used} tokens of 10,000");
+    assert!(used <= 10_000, "the budget was overrun: {used} tokens");
+    assert!(
+        admitted > 20,
+        "{admitted} admitted: the refunds did not come back"
+    );
+    assert!(
+        statuses.get(&503).copied().unwrap_or(0) > 0,
+        "some upstream errors"
+    );
+    assert!(
+        statuses.get(&429).copied().unwrap_or(0) > 0,
+        "the budget ran out"
+    );
+    // Every commit reaches Redis (sent from the workers' 10 ms ticks)…
+    let settled = || {
+        weir_e2e::prometheus_sum(
+            &bridge.metrics(),
+            "weir_bridge_commits_total",
+            &[("result", "settled")],
+        )
+    };
+    wait_until(Duration::from_secs(3), Duration::from_millis(50), || {
+        envoys
+            .iter()
+            .map(|e| e.weir_stat("rule.tokens.committed"))
+            .sum::<u64>()
+            == admitted + statuses.get(&503).copied().unwrap_or(0)
+            && settled() >= 1.0
+    });
+    thread::sleep(Duration::from_millis(300));
+    let errors: u64 = envoys
+        .iter()
+        .map(|e| e.weir_stat("rule.tokens.commit_errors"))
+        .sum();
+    assert_eq!(errors, 0);
+    // …so Redis holds exactly what the responses left: the rest of the budget fits in
+    // one request, one more token does not.
+    let left = 10_000 - used;
+    let mut client = Client::connect(envoys[0].http_port).unwrap();
+    assert_eq!(
+        client.request(chat("acme", left + 1, 0)).unwrap().status,
+        429
+    );
+    assert_eq!(
+        client.request(chat("acme", left, left)).unwrap().status,
+        200
+    );
+    for envoy in &envoys {
+        envoy.assert_no_panic();
+    }
 }

@@ -22,9 +22,10 @@
 //! [`super::v2`]: a filter that never commits needs nothing new, and a bridge that
 //! predates this path answers it 404 (the filter counts a failed commit).
 
-use super::{check_envelope, check_item, parse_body, WireLimit};
+use super::{check_envelope, check_item, parse_body, status_error, ReplyError, WireLimit};
 use crate::algorithms::GlobalLimit;
 use crate::bounds::MAX_WANT;
+use crate::field_error::strip_position;
 use crate::field_error::FieldError;
 use serde::{Deserialize, Serialize};
 
@@ -128,6 +129,23 @@ impl CommitRequest {
         }
         Ok(limits)
     }
+}
+
+/// The bridge's answer to a commit call of `items` items: its status (0: no response)
+/// and body, checked to hold one result per item.
+pub fn decode_reply(status: u16, body: &[u8], items: usize) -> Result<CommitReply, ReplyError> {
+    if status != 200 {
+        return Err(status_error(status, body));
+    }
+    let reply: CommitReply =
+        serde_json::from_slice(body).map_err(|e| ReplyError::BadBody(strip_position(&e)))?;
+    if reply.items.len() != items {
+        return Err(ReplyError::BadBody(format!(
+            "{} results for {items} items",
+            reply.items.len()
+        )));
+    }
+    Ok(reply)
 }
 
 #[cfg(test)]

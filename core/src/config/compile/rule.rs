@@ -79,24 +79,29 @@ pub(super) fn compile(
         None => None,
         Some(commit) => {
             let at = format!("{at}.commit");
-            match &scope {
-                Scope::Local(limit) if limit.algorithm().settles_after_response() => {}
-                Scope::Local(limit) => {
-                    return Err(error(
-                        at,
-                        format!(
-                            "a cost known after the response needs a limit that can take back \
-                             or add units: algorithm \"fixed_window\" or \"token_bucket\", not {}",
-                            quoted(limit.kind().name())
-                        ),
-                    ))
-                }
-                Scope::Global(_) => {
-                    return Err(error(
-                        at,
-                        "a cost known after the response is for local rules in this version",
-                    ))
-                }
+            let (kind, settles) = match &scope {
+                Scope::Local(limit) => (limit.kind(), limit.algorithm().settles_after_response()),
+                Scope::Global(global) => (
+                    global.limit.kind(),
+                    matches!(&global.redis_limit, GlobalLimit::Slot(l) if l.algorithm().settles_after_response()),
+                ),
+            };
+            if !settles {
+                return Err(error(
+                    at,
+                    format!(
+                        "a cost known after the response needs a limit that can take back \
+                         or add units: algorithm \"fixed_window\" or \"token_bucket\", not {}",
+                        quoted(kind.name())
+                    ),
+                ));
+            }
+            if matches!(&scope, Scope::Global(g) if g.lease.is_some()) {
+                return Err(error(
+                    at,
+                    "a global rule with a commit asks Redis for every request (its estimate is \
+                     settled there): remove \"global.lease\"",
+                ));
             }
             if raw.reservoir.is_some() {
                 return Err(error(
