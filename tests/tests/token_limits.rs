@@ -43,39 +43,42 @@ fn chat(tenant: &str, estimate: u64, usage: u64) -> Request {
     .header("x-llm-usage", usage.to_string())
 }
 
-/// The issue's test: concurrent requests never overrun the token budget when the
-/// estimates are upper bounds, and the refunds let the budget be spent on real usage.
-#[test]
-fn concurrent_requests_never_overrun_the_token_budget() {
-    let upstream = LlmUpstream::start();
-    // 10,000 tokens for the test (the bucket refills once an hour).
-    let config = token_rule(
-        r#"{"algorithm":"token_bucket","capacity":10000,"refill":10000,"period":"1h"}"#,
-        1000,
-        r#"{"body":{}}"#,
-    );
-    let envoy = start(&config, &upstream, 2);
-    let admitted_usage = AtomicU64::new(0);
-    let admitted_estimates = AtomicU64::new(0);
-    let statuses: BTreeMap<u16, u64> = thread::scope(|s| {
+/// What a run of [`concurrent_chats`] saw: statuses, and the usage of admitted requests.
+struct Chats {
+    statuses: BTreeMap<u16, u64>,
+    used: u64,
+}
+
+impl Chats {
+    fn count(&self, status: u16) -> u64 {
+        self.statuses.get(&status).copied().unwrap_or(0)
+    }
+}
+
+/// 12 clients (spread over `ports`) sending 10 requests each for tenant `acme`, each
+/// estimated at 500 tokens and really using 100 to 500: half the answers stream for up to
+/// 300 ms, half are JSON; with `errors`, one request in 7 is answered 503.
+fn concurrent_chats(ports: &[u16], errors: bool) -> Chats {
+    let used = AtomicU64::new(0);
+    let statuses = thread::scope(|s| {
         let handles: Vec<_> = (0..12u64)
             .map(|t| {
-                let (admitted_usage, admitted_estimates) = (&admitted_usage, &admitted_estimates);
-                let port = envoy.http_port;
+                let used = &used;
+                let port = ports[t as usize % ports.len()];
                 s.spawn(move || {
                     let mut client = Client::connect(port).unwrap();
                     let mut statuses = BTreeMap::new();
                     for i in 0..10u64 {
-                        // Estimates of 500, real usage 100 to 500: half the requests
-                        // stream their answer for up to 300 ms, half answer in JSON.
                         let usage = 100 + (t * 37 + i * 91) % 401;
-                        let request = chat("acme", 500, usage)
+                        let mut request = chat("acme", 500, usage)
                             .header("x-llm-stream", if (t + i) % 2 == 0 { "1" } else { "0" })
                             .header("x-llm-duration-ms", ((t * 13 + i * 29) % 300).to_string());
+                        if errors && (t + i) % 7 == 0 {
+                            request = request.header("x-llm-status", "503");
+                        }
                         let r = client.request(request).unwrap();
                         if r.status == 200 {
-                            admitted_usage.fetch_add(usage, Ordering::Relaxed);
-                            admitted_estimates.fetch_add(500, Ordering::Relaxed);
+                            used.fetch_add(usage, Ordering::Relaxed);
                         }
                         *statuses.entry(r.status).or_insert(0u64) += 1;
                     }
@@ -91,12 +94,29 @@ fn concurrent_requests_never_overrun_the_token_budget() {
         }
         all
     });
-    let used = admitted_usage.load(Ordering::Relaxed);
-    let admitted = statuses.get(&200).copied().unwrap_or(0);
+    Chats {
+        statuses,
+        used: used.load(Ordering::Relaxed),
+    }
+}
+
+/// The issue's test: concurrent requests never overrun the token budget when the
+/// estimates are upper bounds, and the refunds let the budget be spent on real usage.
+#[test]
+fn concurrent_requests_never_overrun_the_token_budget() {
+    let upstream = LlmUpstream::start();
+    // 10,000 tokens for the test (the bucket refills once an hour).
+    let config = token_rule(
+        r#"{"algorithm":"token_bucket","capacity":10000,"refill":10000,"period":"1h"}"#,
+        1000,
+        r#"{"body":{}}"#,
+    );
+    let envoy = start(&config, &upstream, 2);
+    let chats = concurrent_chats(&[envoy.http_port], false);
+    let (used, admitted) = (chats.used, chats.count(200));
     eprintln!(
-        "statuses {statuses:?}: {admitted} admitted with {used} tokens of 10,000 \
-         (estimates {})",
-        admitted_estimates.load(Ordering::Relaxed)
+        "statuses {:?}: {admitted} admitted with {used} tokens of 10,000",
+        chats.statuses
     );
     assert!(used <= 10_000, "the budget was overrun: {used} tokens");
     // Without the refunds 20 requests of 500 would exhaust it: more were admitted, and
@@ -109,7 +129,7 @@ fn concurrent_requests_never_overrun_the_token_budget() {
         used >= 10_000 - 12 * 500,
         "{used} tokens: too much left unspent"
     );
-    assert!(statuses.get(&429).copied().unwrap_or(0) > 0);
+    assert!(chats.count(429) > 0);
     // Every admitted request was settled from its body, none at `on_error`.
     wait_until(Duration::from_secs(2), Duration::ZERO, || {
         envoy.weir_stat("rule.tokens.committed") == admitted
@@ -371,58 +391,20 @@ fn a_global_token_budget_holds_across_two_envoys_and_settles_exactly_in_redis() 
             Envoy::start(&bootstrap, 2)
         })
         .collect();
-    let used = AtomicU64::new(0);
-    let statuses: BTreeMap<u16, u64> = thread::scope(|s| {
-        let handles: Vec<_> = (0..12u64)
-            .map(|t| {
-                let used = &used;
-                let port = envoys[(t % 2) as usize].http_port;
-                s.spawn(move || {
-                    let mut client = Client::connect(port).unwrap();
-                    let mut statuses = BTreeMap::new();
-                    for i in 0..10u64 {
-                        let usage = 100 + (t * 37 + i * 91) % 401;
-                        let error = (t + i) % 7 == 0;
-                        let mut request = chat("acme", 500, usage)
-                            .header("x-llm-stream", if (t + i) % 2 == 0 { "1" } else { "0" })
-                            .header("x-llm-duration-ms", ((t * 13 + i * 29) % 300).to_string());
-                        if error {
-                            request = request.header("x-llm-status", "503");
-                        }
-                        let r = client.request(request).unwrap();
-                        if r.status == 200 {
-                            used.fetch_add(usage, Ordering::Relaxed);
-                        }
-                        *statuses.entry(r.status).or_insert(0u64) += 1;
-                    }
-                    statuses
-                })
-            })
-            .collect();
-        let mut all = BTreeMap::new();
-        for h in handles {
-            for (status, n) in h.join().unwrap() {
-                *all.entry(status).or_insert(0) += n;
-            }
-        }
-        all
-    });
-    let used = used.load(Ordering::Relaxed);
-    let admitted = statuses.get(&200).copied().unwrap_or(0);
-    eprintln!("statuses {statuses:?}: {admitted} admitted with {used} tokens of 10,000");
+    let ports: Vec<u16> = envoys.iter().map(|e| e.http_port).collect();
+    let chats = concurrent_chats(&ports, true);
+    let (used, admitted) = (chats.used, chats.count(200));
+    eprintln!(
+        "statuses {:?}: {admitted} admitted with {used} tokens of 10,000",
+        chats.statuses
+    );
     assert!(used <= 10_000, "the budget was overrun: {used} tokens");
     assert!(
         admitted > 20,
         "{admitted} admitted: the refunds did not come back"
     );
-    assert!(
-        statuses.get(&503).copied().unwrap_or(0) > 0,
-        "some upstream errors"
-    );
-    assert!(
-        statuses.get(&429).copied().unwrap_or(0) > 0,
-        "the budget ran out"
-    );
+    assert!(chats.count(503) > 0, "some upstream errors");
+    assert!(chats.count(429) > 0, "the budget ran out");
     // Every commit reaches Redis (sent from the workers' 10 ms ticks)…
     let settled = || {
         weir_e2e::prometheus_sum(
@@ -436,7 +418,7 @@ fn a_global_token_budget_holds_across_two_envoys_and_settles_exactly_in_redis() 
             .iter()
             .map(|e| e.weir_stat("rule.tokens.committed"))
             .sum::<u64>()
-            == admitted + statuses.get(&503).copied().unwrap_or(0)
+            == admitted + chats.count(503)
             && settled() >= 1.0
     });
     thread::sleep(Duration::from_millis(300));
