@@ -51,11 +51,12 @@ test-e2e: build
     cargo build -p weir-bridge
     ENVOY_BIN={{envoy}} WEIR_WASM={{wasm}} cargo test -p weir-e2e -- --test-threads 2
 
-# Benchmarks (~10 min): weir vs no filter, native local_ratelimit, empty wasm; accuracy at 5x, 20x and after idle, with conformance; rewrites docs/benchmarks.md.
+# Benchmarks (~12 min): weir vs no filter, native local_ratelimit, empty wasm; accuracy at 5x, 20x and after idle, with conformance; token budgets and delay; rewrites docs/benchmarks.md and docs/benchmarks-features.md.
 bench: build
     cargo build -p weir-empty-filter --target wasm32-wasip1 --profile wasm
     cargo build -p weir-bridge --release
     ENVOY_BIN={{envoy}} WEIR_WASM={{wasm}} cargo run --release -q -p weir-bench
+    ENVOY_BIN={{envoy}} WEIR_WASM={{wasm}} cargo run --release -q -p weir-bench -- features
 
 # Every part of the benchmark for a second or two, into a temp dir: checks that numbers come out, asserts no performance.
 bench-smoke: build
@@ -63,6 +64,7 @@ bench-smoke: build
     cargo build -p weir-bridge --release
     ENVOY_BIN={{envoy}} WEIR_WASM={{wasm}} cargo run --release -q -p weir-bench -- --smoke
     cargo run --release -q -p weir-bench -- simulate --smoke
+    ENVOY_BIN={{envoy}} WEIR_WASM={{wasm}} cargo run --release -q -p weir-bench -- features --smoke
 
 # A fleet without Envoy processes (~1 min): simulated Envoys running weir's engine against the real weir-bridge and a 6-node Redis Cluster; writes docs/bench/simulation.json (docs/capacity.md reads it).
 bench-sim:

@@ -5,6 +5,7 @@
 //! weir-bench [--rounds 8] [--duration 3] [--warmup 2] [--connections 16]
 //!            [--accuracy-secs 20] [--out docs] [--only ID,ID] [--no-accuracy] [--no-plot]
 //! weir-bench --smoke        # one short round into a temp dir; checks that numbers came out
+//! weir-bench features       # token budgets and delay instead of reject (see [`features`])
 //! ```
 //!
 //! 1. **Cost** ([`cost`]): a Redis Cluster and weir-bridge, then one Envoy per
@@ -20,6 +21,7 @@
 
 mod accuracy;
 mod cost;
+mod features;
 mod page;
 mod report;
 mod scenario;
@@ -62,7 +64,8 @@ struct Opts {
 const USAGE: &str = "usage: weir-bench [--rounds N] [--duration SECS] [--warmup SECS] \
 [--connections N] [--accuracy-secs SECS] [--out DIR] [--only ID,ID] [--no-accuracy] [--no-plot] [--smoke]
        weir-bench --render OUT/bench/results.json [--no-plot]
-       weir-bench simulate [--smoke] [--out DIR]";
+       weir-bench simulate [--smoke] [--out DIR]
+       weir-bench features [--smoke] [--secs N] [--out DIR]";
 
 impl Opts {
     fn parse(args: &[String]) -> Opts {
@@ -156,6 +159,9 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.first().map(String::as_str) == Some("simulate") {
         return simulate_main(&args[1..]);
+    }
+    if args.first().map(String::as_str) == Some("features") {
+        return features_main(&args[1..]);
     }
     if let Some(at) = args.iter().position(|a| a == "--render") {
         let json = args
@@ -312,6 +318,62 @@ fn simulate_main(args: &[String]) {
     }
     if smoke {
         println!("bench-sim smoke: ok ({} profiles)", runs.len());
+    }
+    drop(smoke_dir);
+}
+
+/// `weir-bench features [--smoke] [--secs N] [--out DIR]`: token budgets and delay
+/// ([`features`]); writes `OUT/bench/features.json` and `OUT/benchmarks-features.md`
+/// (OUT: `docs`, or a temp dir for `--smoke`, which runs 2 s each and fails on any
+/// problem).
+fn features_main(args: &[String]) {
+    let smoke = args.iter().any(|a| a == "--smoke");
+    let value = |flag: &str| {
+        args.iter()
+            .position(|a| a == flag)
+            .and_then(|i| args.get(i + 1))
+    };
+    let secs: f64 = value("--secs")
+        .map(|v| v.parse().unwrap_or_else(|_| fail("--secs takes a number")))
+        .unwrap_or(if smoke { 2.0 } else { 10.0 });
+    let bridge_bin = release_bridge();
+    std::env::set_var("WEIR_BRIDGE_BIN", &bridge_bin);
+    let smoke_dir = smoke.then(|| TestDir::new("bench-features-smoke"));
+    let out = match (value("--out").map(PathBuf::from), &smoke_dir) {
+        (Some(o), _) => o,
+        (None, Some(d)) => d.path().to_path_buf(),
+        (None, None) => repo_root().join("docs"),
+    };
+    let command = format!("weir-bench features {}", args.join(" "));
+    log(format!("feature runs, {secs} s each"));
+    let results = features::run_all(secs);
+    let generated = report::utc_now();
+    let dir = out.join("bench");
+    std::fs::create_dir_all(&dir)
+        .unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
+    let json = serde_json::to_string_pretty(&serde_json::json!({
+        "generated_utc": generated,
+        "command": command.trim(),
+        "machine_cores": sys::cores(),
+        "results": results,
+    }))
+    .unwrap_or_else(|e| panic!("cannot serialize: {e}"));
+    std::fs::write(dir.join("features.json"), json + "\n")
+        .unwrap_or_else(|e| panic!("cannot write features.json: {e}"));
+    let page = features::markdown(&results, &generated, command.trim());
+    print!("{page}");
+    std::fs::write(out.join("benchmarks-features.md"), page)
+        .unwrap_or_else(|e| panic!("cannot write benchmarks-features.md: {e}"));
+    let problems = features::problems(&results);
+    if !problems.is_empty() {
+        eprintln!("weir-bench features: FAILED");
+        for p in &problems {
+            eprintln!("  - {p}");
+        }
+        std::process::exit(1);
+    }
+    if smoke {
+        println!("bench-features smoke: ok");
     }
     drop(smoke_dir);
 }

@@ -458,7 +458,9 @@ fn running_section() -> String {
      `--only`, `--no-accuracy`, `--no-plot`, `--render`); `--only` also takes two diagnostic \
      scenarios that split weir's cost, `weir-no-match` (one rule whose match never holds) and \
      `weir-unkeyed` (one rule without a key). `just bench-sim` simulates a fleet against the real \
-     bridge and Redis (docs/capacity.md).\n\n"
+     bridge and Redis (docs/capacity.md). `just bench` then runs `weir-bench features`: token \
+     budgets (costs known after the response) and delay instead of reject, on real Envoys, \
+     written to [benchmarks-features.md](benchmarks-features.md).\n\n"
         .to_string()
 }
 

@@ -22,6 +22,8 @@ use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
+use crate::{bridge_cluster_yaml, Bootstrap};
+
 /// The response header carrying the usage in the `header` format.
 pub const USAGE_HEADER: &str = "x-tokens-used";
 
@@ -83,6 +85,19 @@ impl LlmUpstream {
 ",
             self.port
         )
+    }
+
+    /// An Envoy bootstrap with the HTTP filter `filter` (a YAML list item) in front of
+    /// this upstream, and the `weir_bridge` cluster when a bridge port is given.
+    pub fn bootstrap(&self, filter: String, bridge_port: Option<u16>) -> Bootstrap {
+        let mut bootstrap = Bootstrap::new()
+            .http_filter(filter)
+            .cluster(self.cluster_yaml())
+            .routes(LlmUpstream::routes_yaml());
+        if let Some(port) = bridge_port {
+            bootstrap = bootstrap.cluster(bridge_cluster_yaml(port));
+        }
+        bootstrap
     }
 
     /// Routes every path to the `llm` cluster, with a timeout long enough for streams.

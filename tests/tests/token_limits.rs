@@ -11,15 +11,12 @@ use std::thread;
 use std::time::{Duration, Instant};
 use weir_e2e::llm_upstream::USAGE_HEADER;
 use weir_e2e::{
-    bridge_cluster_yaml, wait_until, wasm_filter_yaml, weir_wasm, Bootstrap, Bridge, Client, Envoy,
-    LlmUpstream, RedisCluster, Request,
+    wait_until, wasm_filter_yaml, weir_wasm, Bridge, Client, Envoy, LlmUpstream, RedisCluster,
+    Request,
 };
 
 fn start(config: &str, upstream: &LlmUpstream, workers: u32) -> Envoy {
-    let bootstrap = Bootstrap::new()
-        .http_filter(wasm_filter_yaml(config, &weir_wasm()))
-        .cluster(upstream.cluster_yaml())
-        .routes(LlmUpstream::routes_yaml());
+    let bootstrap = upstream.bootstrap(wasm_filter_yaml(config, &weir_wasm()), None);
     Envoy::start(&bootstrap, workers)
 }
 
@@ -383,12 +380,8 @@ fn a_global_token_budget_holds_across_two_envoys_and_settles_exactly_in_redis() 
         "cost":{"header":"x-estimate","max":10000},"commit":{"body":{}}}]}"#;
     let envoys: Vec<Envoy> = (0..2)
         .map(|_| {
-            let bootstrap = Bootstrap::new()
-                .http_filter(wasm_filter_yaml(config, &weir_wasm()))
-                .cluster(upstream.cluster_yaml())
-                .cluster(bridge_cluster_yaml(bridge.port))
-                .routes(LlmUpstream::routes_yaml());
-            Envoy::start(&bootstrap, 2)
+            let filter = wasm_filter_yaml(config, &weir_wasm());
+            Envoy::start(&upstream.bootstrap(filter, Some(bridge.port)), 2)
         })
         .collect();
     let ports: Vec<u16> = envoys.iter().map(|e| e.http_port).collect();
