@@ -672,8 +672,9 @@ impl Engine {
         self.after_local_decisions(eval, store, now_us);
     }
 
-    /// Settles what a rule counted for a request (`commit`) with its actual cost, known
-    /// at `now_us` (see [`crate::algorithms::SlotAlgorithm::settle`]). Returns whether
+    /// Settles what a rule counted for a request (`commit`) with its actual cost (at
+    /// most [`MAX_WANT`]), known at `now_us` (see
+    /// [`crate::algorithms::SlotAlgorithm::settle`]). Returns whether
     /// the key's state changed: a key that lost its slot since, or a refund no longer
     /// exact, changes nothing.
     pub fn commit<S: SharedStore>(
@@ -686,6 +687,9 @@ impl Engine {
         let CommitKey::Local(hash) = &commit.key else {
             return Ok(false);
         };
+        // What one response may claim: as for a global rule's item (a response saying
+        // 2^64 tokens would push the key's refills out of reach).
+        let actual = actual.min(MAX_WANT);
         let (Some(rule), Some(RuleTables::Local(table))) = (
             self.config.rule(commit.rule),
             self.tables.get(commit.rule.index()),

@@ -418,3 +418,17 @@ fn a_cost_estimated_from_the_body_reads_it_only_for_the_requests_it_matches() {
     let greedy = br#"{"max_tokens":99999}"#;
     assert_eq!(cost(RequestBody::Complete(greedy)), 2_000, "capped at max");
 }
+
+#[test]
+fn a_response_claiming_a_huge_cost_is_charged_at_most_a_million() {
+    let e = committed_rule(FINE_BUCKET, 400);
+    let store = MemoryStore::new();
+    e.prepare(&store).unwrap();
+    let ask = |n: u64| user("mallory").header("x-estimate", n.to_string());
+    let first = evaluate(&e, &store, &ask(100), T0);
+    assert!(e.commit(&store, &first.commits[0], u64::MAX, T0).unwrap());
+    // 1,000,000 − 100 over the 1,900 left: 998,000 owed, 9,980 refills of 100 ms.
+    let denied = evaluate(&e, &store, &ask(1), T0);
+    let retry_s = denied.verdicts[0].decision.retry_after_ns.unwrap() / 1_000_000_000;
+    assert_eq!(retry_s, 998, "{:?}", denied.verdicts[0].decision);
+}
