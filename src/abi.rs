@@ -17,7 +17,7 @@ use crate::filter::{Action, Filter};
 use crate::host;
 use crate::root::Root;
 use crate::store::SharedData;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 
 #[derive(Default)]
@@ -30,6 +30,10 @@ struct Contexts {
 
 thread_local! {
     static CONTEXTS: RefCell<Contexts> = RefCell::new(Contexts::default());
+    /// Whether a plugin of this VM reads request or response bodies (a cost from the
+    /// body, a `commit`): Envoy calls the body callbacks for every chunk of every
+    /// request once they are exported, and without such a plugin they return at once.
+    static READS_BODIES: Cell<bool> = const { Cell::new(false) };
 }
 
 /// Runs `f` on the root context `id`, taken out of the table meanwhile.
@@ -88,7 +92,17 @@ pub extern "C" fn proxy_on_vm_start(_root_id: u32, _vm_configuration_size: usize
 
 #[no_mangle]
 pub extern "C" fn proxy_on_configure(root_id: u32, _plugin_configuration_size: usize) -> u32 {
-    u32::from(with_root(root_id, Root::on_configure).unwrap_or(false))
+    let configured = with_root(root_id, |root| {
+        let ok = root.on_configure();
+        if root
+            .plugin()
+            .is_some_and(|p| p.engine.config.reads_bodies())
+        {
+            READS_BODIES.with(|r| r.set(true));
+        }
+        ok
+    });
+    u32::from(configured.unwrap_or(false))
 }
 
 /// The root context's tick: its periodic work, then the held requests that are due are
@@ -127,12 +141,18 @@ pub extern "C" fn proxy_on_request_headers(context_id: u32, _headers: usize, eos
 
 #[no_mangle]
 pub extern "C" fn proxy_on_request_body(context_id: u32, body_size: usize, eos: u32) -> u32 {
+    if !READS_BODIES.with(Cell::get) {
+        return Action::Continue as u32;
+    }
     with_filter(context_id, |f| f.on_request_body(body_size, eos != 0)).unwrap_or(Action::Continue)
         as u32
 }
 
 #[no_mangle]
 pub extern "C" fn proxy_on_request_trailers(context_id: u32, _trailers: usize) -> u32 {
+    if !READS_BODIES.with(Cell::get) {
+        return Action::Continue as u32;
+    }
     with_filter(context_id, Filter::on_request_trailers).unwrap_or(Action::Continue) as u32
 }
 
@@ -143,6 +163,9 @@ pub extern "C" fn proxy_on_response_headers(context_id: u32, _headers: usize, eo
 
 #[no_mangle]
 pub extern "C" fn proxy_on_response_body(context_id: u32, body_size: usize, eos: u32) -> u32 {
+    if !READS_BODIES.with(Cell::get) {
+        return Action::Continue as u32;
+    }
     with_filter(context_id, |f| f.on_response_body(body_size, eos != 0)).unwrap_or(Action::Continue)
         as u32
 }

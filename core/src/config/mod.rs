@@ -14,7 +14,7 @@ pub use compile::{DEFAULT_MAX_KEYS, MAX_MAX_KEYS};
 
 use crate::field_error::FieldError;
 use crate::response::ResponseSettings;
-use crate::rules::{FactTable, Rule, RuleId};
+use crate::rules::{Cost, Fact, FactTable, Rule, RuleId};
 
 /// A compiled, valid configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,6 +49,16 @@ pub struct BridgeSettings {
 
 impl Config {
     /// The rule with id `id` (ids come from this config, so it is always there).
+    /// Whether a rule reads a request body (a cost estimated from it) or a response
+    /// (`commit`): the filter then looks at bodies.
+    pub fn reads_bodies(&self) -> bool {
+        self.rules.iter().any(|rule| {
+            rule.commit.is_some()
+                || matches!(rule.cost, Cost::FromRequest { fact, .. }
+                    if matches!(self.facts.get(fact), Some(Fact::RequestBodyEstimate(_))))
+        })
+    }
+
     pub fn rule(&self, id: RuleId) -> Option<&Rule> {
         self.rules.get(id.index())
     }
