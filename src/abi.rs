@@ -117,6 +117,7 @@ pub extern "C" fn proxy_on_tick(root_id: u32) {
         return;
     };
     plugin.send_commits();
+    plugin.adapt();
     if plugin.worker.borrow().waiting.is_empty() {
         plugin.adjust_tick();
         return;
@@ -244,8 +245,13 @@ pub extern "C" fn proxy_on_http_call_response(
     if owner_here && host::set_effective_context(call.owner).is_ok() {
         with_filter(call.owner, |f| f.on_own_call_answered(eval, now_us));
     } else {
-        // Its request is gone; what the call decided is still counted.
+        // Its request is gone; what the call decided is still counted, and what its
+        // rules hold for a response that will never come is settled now (a
+        // concurrency rule's place given back, an estimate at its `on_error`).
         plugin.metrics.record(&eval, now_us);
+        for commit in &eval.commits {
+            plugin.settle(commit, None);
+        }
     }
     for waiter in call.waiters {
         if host::set_effective_context(waiter).is_ok() {

@@ -11,7 +11,7 @@
 //! timed-out call arrives as a 504), so a paused request always moves on.
 
 use crate::host::{self, LogLevel};
-use crate::plugin::{Plugin, QueuedCommit};
+use crate::plugin::Plugin;
 use crate::store::{ReadFacts, RequestFacts, SharedData};
 use std::fmt::Write as _;
 use std::rc::Rc;
@@ -300,6 +300,21 @@ impl Filter {
         let content_type = host::response_header("content-type").ok().flatten();
         let stream = UsageScanner::is_event_stream(content_type.as_deref());
         let mut now_known = Vec::new();
+        let mut now_us = None;
+        for s in &self.settling {
+            if plugin.engine.is_adaptive(s.commit.rule) {
+                let Some(now) = now_us.or_else(|| host::now_us().ok()) else {
+                    continue;
+                };
+                now_us = Some(now);
+                let latency = now.saturating_sub(s.commit.counted_at_us);
+                plugin.engine.observe_latency(
+                    &mut plugin.worker.borrow_mut(),
+                    s.commit.rule,
+                    latency,
+                );
+            }
+        }
         for s in &mut self.settling {
             let Some(commit) = plugin
                 .engine
@@ -348,39 +363,10 @@ impl Filter {
         }
     }
 
-    /// Settles one rule's cost: `actual`, or the rule's `on_error` when unknown.
+    /// Settles one rule's cost: `actual`, or the rule's `on_error` when unknown; a
+    /// concurrency rule gives its place back.
     fn settle(&self, plugin: &Plugin, commit: &PendingCommit, actual: Option<u64>) {
-        let on_error = plugin
-            .engine
-            .config
-            .rule(commit.rule)
-            .and_then(|r| r.commit.as_ref())
-            .map_or(0, |c| c.on_error);
-        let value = actual.unwrap_or(on_error);
-        plugin.metrics.committed(commit.rule, actual.is_some());
-        if let Some(item) = plugin.engine.global_commit(commit, value) {
-            // Settled in Redis: queued for the bridge, sent from the worker's tick.
-            if commit.reserved != value {
-                let queued = plugin.commits.borrow_mut().push(QueuedCommit {
-                    rule: commit.rule,
-                    item,
-                });
-                if queued {
-                    plugin.adjust_tick();
-                } else {
-                    plugin.metrics.commit_failed(commit.rule);
-                }
-            }
-        } else {
-            let now_us = host::now_us().unwrap_or(commit.counted_at_us);
-            match plugin.engine.commit(&SharedData, commit, value, now_us) {
-                Ok(true) => plugin
-                    .metrics
-                    .commit_settled(commit.rule, commit.reserved, value),
-                Ok(false) => {}
-                Err(_) => plugin.metrics.commit_failed(commit.rule),
-            }
-        }
+        let value = plugin.settle(commit, actual);
         self.log(LogLevel::Debug, || {
             format!(
                 "rule {}: cost {} settled as {value}{}",
@@ -422,11 +408,16 @@ impl Filter {
         if !self.settling.is_empty() {
             self.settle_all(|s| s.scanner.take().and_then(UsageScanner::finish));
         }
-        if let (Some(plugin), Some((token, _))) = (&self.plugin, &self.waiting) {
+        if let (Some(plugin), Some((token, eval))) = (&self.plugin, &self.waiting) {
             plugin
                 .flights
                 .borrow_mut()
                 .forget_waiter(*token, self.context_id);
+            // What rules before the global ones counted: the request never reached the
+            // upstream (a concurrency rule's place is given back).
+            for commit in &eval.commits {
+                self.settle(plugin, commit, None);
+            }
         }
         if let (Some(plugin), Some(_)) = (&self.plugin, &self.held) {
             let forgotten = plugin.worker.borrow_mut().waiting.forget(self.context_id);

@@ -36,7 +36,11 @@
 //! the response), `commit_on_error` (settled at `on_error`: an upstream error, an
 //! aborted stream, no usage found), `commit_units_refunded`, `commit_units_charged`
 //! (the actual cost above the estimate) and `commit_errors` (shared data failed: the
-//! estimate stands). `weir.<plugin>.vm.host_calls`
+//! estimate stands). Concurrency rules count `in_flight_released` (streams ended, their
+//! places given back) and `in_flight_release_errors` (shared data failed: the place
+//! stays taken); adaptive ones have the gauges `concurrency_limit`, `latency_sample_us`
+//! (the last interval's latency quantile) and `latency_baseline_us`.
+//! `weir.<plugin>.vm.host_calls`
 //! counts the calls every VM of the plugin made into Envoy (shared data, headers, the
 //! clock, logs, stats): divided by requests, the cost floor the benchmark reports.
 //!
@@ -46,7 +50,9 @@
 
 use crate::host::{self, HostResult, MetricType};
 use std::cell::Cell;
-use weir_core::engine::{BridgeError, Delayed, Evaluation, FailureOutcome, RuleOutcome, Source};
+use weir_core::engine::{
+    Adapted, BridgeError, Delayed, Evaluation, FailureOutcome, RuleOutcome, Source,
+};
 use weir_core::rules::RuleId;
 use weir_core::store::{Placement, UpdateError};
 use weir_core::wire::ReplyError;
@@ -87,6 +93,27 @@ struct RuleMetrics {
     commit_units_refunded: Stat,
     commit_units_charged: Stat,
     commit_errors: Stat,
+    in_flight_released: Stat,
+    in_flight_release_errors: Stat,
+    /// Adaptive concurrency rules: the limit, the last interval's latency sample and
+    /// the baseline, recorded when a worker merges.
+    adaptive: Option<AdaptiveGauges>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct AdaptiveGauges {
+    limit: u32,
+    sample_us: u32,
+    baseline_us: u32,
+}
+
+/// What [`Metrics::define`] needs to know of a rule.
+pub struct RuleStats<'a> {
+    pub name: &'a str,
+    pub capacity: u64,
+    /// Slots already in use (tables survive config reloads; an estimate for large ones).
+    pub in_use: u64,
+    pub adaptive: bool,
 }
 
 #[derive(Debug)]
@@ -132,14 +159,25 @@ impl Registry {
 }
 
 impl Metrics {
-    /// Defines every metric of `plugin`. `rules` gives, per rule in config order, its
-    /// name, its table's capacity and the slots already in use (tables survive config
-    /// reloads; an estimate for large tables).
-    pub fn define(plugin: &str, rules_and_tables: &[(&str, u64, u64)]) -> HostResult<Metrics> {
+    /// Defines every metric of `plugin`, with `rules` in config order.
+    pub fn define(plugin: &str, rules_and_tables: &[RuleStats<'_>]) -> HostResult<Metrics> {
         let mut r = Registry::default();
         let mut rules = Vec::with_capacity(rules_and_tables.len());
         let base = format!("weir.{}", stat_segment(plugin));
-        for &(name, capacity, in_use) in rules_and_tables {
+        for rule in rules_and_tables {
+            let (name, capacity, in_use) = (rule.name, rule.capacity, rule.in_use);
+            let adaptive = if rule.adaptive {
+                let gauge = |what: &str| {
+                    host::define_metric(MetricType::Gauge, &format!("{base}.rule.{name}.{what}"))
+                };
+                Some(AdaptiveGauges {
+                    limit: gauge("concurrency_limit")?,
+                    sample_us: gauge("latency_sample_us")?,
+                    baseline_us: gauge("latency_baseline_us")?,
+                })
+            } else {
+                None
+            };
             let prefix = format!("{base}.rule.{name}");
             let slots_in_use = r.define(MetricType::Gauge, &format!("{prefix}.slots_in_use"))?;
             let capacity_id =
@@ -176,6 +214,10 @@ impl Metrics {
                 commit_units_refunded: r.counter(&format!("{prefix}.commit_units_refunded"))?,
                 commit_units_charged: r.counter(&format!("{prefix}.commit_units_charged"))?,
                 commit_errors: r.counter(&format!("{prefix}.commit_errors"))?,
+                in_flight_released: r.counter(&format!("{prefix}.in_flight_released"))?,
+                in_flight_release_errors: r
+                    .counter(&format!("{prefix}.in_flight_release_errors"))?,
+                adaptive,
             });
         }
         let cas_retries = r.counter(&format!("{base}.store.cas_retries"))?;
@@ -310,6 +352,35 @@ impl Metrics {
     pub fn commit_failed(&self, rule: RuleId) {
         if let Some(rule) = self.rules.get(rule.index()) {
             self.bump(rule.commit_errors, 1);
+        }
+    }
+
+    /// A concurrency rule's place given back (`ok`), or not (shared data failed: the
+    /// key keeps one unit too many in flight).
+    pub fn in_flight_released(&self, rule: RuleId, ok: bool) {
+        if let Some(rule) = self.rules.get(rule.index()) {
+            let stat = if ok {
+                rule.in_flight_released
+            } else {
+                rule.in_flight_release_errors
+            };
+            self.bump(stat, 1);
+        }
+    }
+
+    /// An adaptive rule's controller as a worker merged it.
+    pub fn adapted(&self, adapted: &Adapted) {
+        let Some(gauges) = self
+            .rules
+            .get(adapted.rule.index())
+            .and_then(|r| r.adaptive)
+        else {
+            return;
+        };
+        let _ = host::record_metric(gauges.limit, adapted.limit);
+        if adapted.controller.last_sample_us > 0 {
+            let _ = host::record_metric(gauges.sample_us, adapted.controller.last_sample_us);
+            let _ = host::record_metric(gauges.baseline_us, adapted.controller.baseline_us);
         }
     }
 

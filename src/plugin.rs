@@ -6,14 +6,14 @@
 //! stored, tables that exist keep their state, metrics map to the same stats.
 
 use crate::host;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, RuleStats};
 use crate::store::SharedData;
 use std::cell::{Cell, RefCell};
 use weir_core::bounds::MAX_ITEMS;
 use weir_core::bounds::{MAX_BODY_BYTES, MAX_CONFIG_BYTES};
 use weir_core::config;
 use weir_core::delay::RELEASE_TICK_MS;
-use weir_core::engine::{Engine, Evaluation};
+use weir_core::engine::{Engine, Evaluation, PendingCommit};
 use weir_core::flight::{Call, Flights};
 use weir_core::key::Seed;
 use weir_core::rules::Rule;
@@ -127,15 +127,17 @@ impl Plugin {
         engine
             .prepare(&SharedData)
             .map_err(|e| format!("cannot create the slot tables: {e}"))?;
-        let rules: Vec<(&str, u64, u64)> = engine
+        let rules: Vec<RuleStats<'_>> = engine
             .config
             .rules
             .iter()
-            .map(|rule| {
-                let in_use = engine
+            .map(|rule| RuleStats {
+                name: rule.name.as_str(),
+                capacity: engine.capacity(rule.id),
+                in_use: engine
                     .estimate_slots_in_use(rule.id, &SharedData, GAUGE_SAMPLE_SETS)
-                    .unwrap_or(0);
-                (rule.name.as_str(), engine.capacity(rule.id), in_use)
+                    .unwrap_or(0),
+                adaptive: engine.is_adaptive(rule.id),
             })
             .collect();
         let metrics = Metrics::define(&plugin_name, &rules)
@@ -230,6 +232,71 @@ impl Plugin {
             .flatten()
             .unwrap_or_default();
         v2::decode_reply(status, &body, &self.engine.sent(&call.eval.pending))
+    }
+
+    /// Settles what a rule counted for a request when its response ended (or never
+    /// will): a cost with `actual` (`None`: the rule's `on_error`), a concurrency rule's
+    /// place given back. Returns the value settled, for the log.
+    pub fn settle(&self, commit: &PendingCommit, actual: Option<u64>) -> u64 {
+        let Some(rule) = self.engine.config.rule(commit.rule) else {
+            return 0;
+        };
+        let now_us = || host::now_us().unwrap_or(commit.counted_at_us);
+        let Some(cost) = &rule.commit else {
+            // A concurrency rule: the stream is over.
+            let released = self.engine.commit(&SharedData, commit, 0, now_us());
+            self.metrics
+                .in_flight_released(commit.rule, released.is_ok());
+            return 0;
+        };
+        let value = actual.unwrap_or(cost.on_error);
+        self.metrics.committed(commit.rule, actual.is_some());
+        if let Some(item) = self.engine.global_commit(commit, value) {
+            // Settled in Redis: queued for the bridge, sent from the worker's tick.
+            if commit.reserved != value {
+                let queued = self.commits.borrow_mut().push(QueuedCommit {
+                    rule: commit.rule,
+                    item,
+                });
+                if queued {
+                    self.adjust_tick();
+                } else {
+                    self.metrics.commit_failed(commit.rule);
+                }
+            }
+        } else {
+            match self.engine.commit(&SharedData, commit, value, now_us()) {
+                Ok(true) => self
+                    .metrics
+                    .commit_settled(commit.rule, commit.reserved, value),
+                Ok(false) => {}
+                Err(_) => self.metrics.commit_failed(commit.rule),
+            }
+        }
+        value
+    }
+
+    /// Adaptive concurrency rules, from the root context's tick: this worker's latencies
+    /// merged into shared data, its limits taken back (see `weir_core::adaptive`).
+    pub fn adapt(&self) {
+        if !self
+            .engine
+            .config
+            .rules
+            .iter()
+            .any(|r| self.engine.is_adaptive(r.id))
+        {
+            return;
+        }
+        let Ok(now_us) = host::now_us() else {
+            return;
+        };
+        let adapted = self
+            .engine
+            .adapt(&SharedData, &mut self.worker.borrow_mut(), now_us);
+        for a in &adapted {
+            self.metrics.adapted(a);
+        }
     }
 
     /// The tick this plugin needs: every [`RELEASE_TICK_MS`] while requests are held,
@@ -335,7 +402,7 @@ impl Plugin {
                 "{} ({} {}, max_keys {})",
                 r.name,
                 if r.is_global() { "global" } else { "local" },
-                r.kind(),
+                r.algorithm_name(),
                 r.max_keys
             )
         };

@@ -23,10 +23,12 @@
 //! of this plugin are skipped for [`BRIDGE_BACKOFF_US`] so that a failing bridge does not
 //! cost every request a failed call.
 
+use crate::adaptive::{ControllerState, SharedRecord};
 use crate::algorithms::{
     Ahead, Decision, GlobalLimit, Hold, Limit, SlotState, TakenAhead, NS_PER_US,
 };
 use crate::bounds::MAX_WANT;
+use crate::concurrency::Concurrency;
 use crate::config::Config;
 use crate::delay::RELEASE_SLACK_US;
 use crate::key::{encode_part, KeyHash, KeyHasher, Seed};
@@ -437,6 +439,17 @@ pub struct Engine {
     /// The shared-data key holding the instant (µs, little-endian) until which this
     /// plugin's bridge is left alone.
     bridge_down_key: String,
+    /// One per rule: the shared-data key of an adaptive concurrency rule's controller.
+    adaptive_keys: Vec<Option<String>>,
+}
+
+/// An adaptive concurrency rule's controller after a tick, for metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Adapted {
+    pub rule: RuleId,
+    pub controller: ControllerState,
+    /// The limit this worker decides with now.
+    pub limit: u64,
 }
 
 impl Engine {
@@ -465,6 +478,9 @@ impl Engine {
                     limit.kind().name(),
                     rule.max_keys,
                 )),
+                Scope::Concurrency(_) => {
+                    RuleTables::Local(SlotTable::new(&owner(rule), "concurrency", rule.max_keys))
+                }
                 Scope::Global(global) => RuleTables::Global {
                     leases: SlotTable::new(&owner(rule), &lease_label(global), rule.max_keys),
                     fallback: match &global.failure_mode {
@@ -484,10 +500,21 @@ impl Engine {
         } else {
             format!("weir/v1/{namespace}/bridge/{cluster}/down_until")
         };
+        let adaptive_keys = config
+            .rules
+            .iter()
+            .map(|rule| match &rule.scope {
+                Scope::Concurrency(c) if c.adaptive.is_some() => {
+                    Some(format!("weir/v1/{}/adaptive", owner(rule)))
+                }
+                _ => None,
+            })
+            .collect();
         Engine {
             config,
             tables,
             bridge_down_key,
+            adaptive_keys,
         }
     }
 
@@ -529,9 +556,17 @@ impl Engine {
         }
     }
 
-    /// Creates the tables that do not exist yet. Run before serving.
+    /// Creates the tables (and adaptive controllers' records) that do not exist yet.
+    /// Run before serving.
     pub fn prepare<S: SharedStore>(&self, store: &S) -> Result<u32, StoreError> {
         let mut created = 0;
+        for key in self.adaptive_keys.iter().flatten() {
+            if store.get(key)?.1.is_none() {
+                // Empty: the first merge starts the controller.
+                store.create(key, &[])?;
+                created += 1;
+            }
+        }
         for tables in &self.tables {
             match tables {
                 RuleTables::Local(t) => created += t.create_missing(store)?,
@@ -660,6 +695,9 @@ impl Engine {
                         held.arrived_us = from.arrived_us;
                     }
                 }
+                (Scope::Concurrency(limit), Some(RuleTables::Local(table))) => {
+                    decide_in_flight(eval, store, &applied, limit, table, worker);
+                }
                 (Scope::Global(global), Some(RuleTables::Global { leases, .. })) => {
                     let lookup = LeaseLookup { global, leases };
                     if let Some(item) = spend_or_ask(eval, store, &applied, lookup) {
@@ -696,8 +734,10 @@ impl Engine {
         ) else {
             return Ok(false);
         };
-        let Scope::Local(limit) = &rule.scope else {
-            return Ok(false);
+        let limit = match &rule.scope {
+            Scope::Local(limit) => limit,
+            Scope::Concurrency(c) => return release_in_flight(store, table, c, commit, now_us),
+            Scope::Global(_) => return Ok(false),
         };
         let vacancy = |state: SlotState| Vacancy {
             idle_at_us: limit.idle_at_us(state),
@@ -710,6 +750,71 @@ impl Engine {
                 (next.is_some(), next)
             })
             .map(|updated| updated.result)
+    }
+
+    /// A response of a request admitted by an adaptive concurrency rule came back
+    /// `latency_us` after the rule admitted it: the worker records it for its next merge
+    /// ([`Engine::adapt`]).
+    pub fn observe_latency(&self, worker: &mut Worker, rule: RuleId, latency_us: u64) {
+        if let Some(latency) = worker.latency(rule) {
+            latency.sketch.record(latency_us);
+        }
+    }
+
+    /// Whether `rule` is an adaptive concurrency rule (its latencies are wanted).
+    pub fn is_adaptive(&self, rule: RuleId) -> bool {
+        self.adaptive_keys
+            .get(rule.index())
+            .is_some_and(Option::is_some)
+    }
+
+    /// The worker's tick for adaptive concurrency rules: adds what it saw since its last
+    /// merge into each rule's record in shared data (CAS), which runs the controller when
+    /// the interval is over (see [`crate::adaptive`]), and takes the rule's limit back.
+    /// A rule whose record cannot be updated keeps its samples for the next tick.
+    pub fn adapt<S: SharedStore>(
+        &self,
+        store: &S,
+        worker: &mut Worker,
+        now_us: u64,
+    ) -> Vec<Adapted> {
+        let mut adapted = Vec::new();
+        for rule in &self.config.rules {
+            let (Scope::Concurrency(limit), Some(Some(key))) =
+                (&rule.scope, self.adaptive_keys.get(rule.id.index()))
+            else {
+                continue;
+            };
+            let (Some(adaptive), Some(latency)) = (&limit.adaptive, worker.latency(rule.id)) else {
+                continue;
+            };
+            for _ in 0..crate::store::MAX_CAS_ATTEMPTS {
+                let Ok((value, Some(version))) = store.get(key) else {
+                    break;
+                };
+                let current = value.as_deref().and_then(SharedRecord::decode);
+                let record =
+                    SharedRecord::merge(current, latency, adaptive, limit.max_in_flight, now_us);
+                match store.compare_and_set(key, &record.encode(), version) {
+                    Ok(()) => {
+                        let controller = record.controller;
+                        let now_limit = controller
+                            .limit()
+                            .clamp(adaptive.min_limit, limit.max_in_flight);
+                        latency.merged(now_limit);
+                        adapted.push(Adapted {
+                            rule: rule.id,
+                            controller,
+                            limit: now_limit,
+                        });
+                        break;
+                    }
+                    Err(StoreError::CasMismatch) => continue,
+                    Err(_) => break,
+                }
+            }
+        }
+        adapted
     }
 
     /// The bridge item settling a global rule's commit with its actual cost (capped at
@@ -1180,6 +1285,76 @@ fn decide_in_slot<S: SharedStore>(
             eval.reports.push(report);
         }
     }
+}
+
+/// A concurrency rule: the key's count in flight against the rule's limit (the
+/// worker's adaptive limit of the moment, or `max_in_flight`). An admission is given
+/// back when the stream ends ([`PendingCommit`], settled by [`Engine::commit`]).
+fn decide_in_flight<S: SharedStore>(
+    eval: &mut Evaluation,
+    store: &S,
+    applied: &Applied<'_>,
+    limit: &Concurrency,
+    table: &SlotTable,
+    worker: &mut Worker,
+) {
+    let mut report = applied.report();
+    report.source = Some(Source::Slot);
+    let latency = worker.latency(applied.rule.id);
+    let now_limit = latency.as_ref().map_or(limit.max_in_flight, |l| l.limit);
+    let vacancy = |state: SlotState| Vacancy {
+        idle_at_us: Concurrency::idle_at_us(state),
+        in_use: Concurrency::in_use(state),
+    };
+    let updated = table.update(store, &applied.hash, applied.now_us, vacancy, |state| {
+        limit.decide(state, now_limit, applied.cost)
+    });
+    report.add_update(&updated);
+    match updated {
+        Ok(updated) => {
+            let decision = updated.result;
+            if let Some(latency) = latency {
+                let in_flight = decision.limit.saturating_sub(decision.remaining);
+                latency.peak_in_flight = latency.peak_in_flight.max(in_flight);
+            }
+            if decision.allowed && applied.cost > 0 {
+                eval.commits.push(PendingCommit {
+                    rule: applied.rule.id,
+                    key: CommitKey::Local(applied.hash),
+                    reserved: applied.cost,
+                    counted_at_us: applied.now_us,
+                });
+            }
+            eval.record(report, applied.rule, decision);
+        }
+        Err(error) => {
+            report.outcome = RuleOutcome::StoreFailed(error);
+            eval.reports.push(report);
+        }
+    }
+}
+
+/// Gives back what a concurrency rule admitted: its stream ended.
+fn release_in_flight<S: SharedStore>(
+    store: &S,
+    table: &SlotTable,
+    limit: &Concurrency,
+    commit: &PendingCommit,
+    now_us: u64,
+) -> Result<bool, UpdateError> {
+    let CommitKey::Local(hash) = &commit.key else {
+        return Ok(false);
+    };
+    let vacancy = |state: SlotState| Vacancy {
+        idle_at_us: Concurrency::idle_at_us(state),
+        in_use: Concurrency::in_use(state),
+    };
+    table
+        .update(store, hash, now_us, vacancy, |state| {
+            let next = limit.release(state, commit.reserved);
+            (next.is_some(), next)
+        })
+        .map(|updated| updated.result)
 }
 
 /// Records a local rule's decision, or holds the request when the rule did.

@@ -13,6 +13,8 @@
 //!   `(params, state, now, cost)`, each with everything weir knows about it.
 //! - [`conformance`]: whether admissions of one key, from anywhere, keep their
 //!   algorithm's bound.
+//! - [`adaptive`]: latency sketches and the controller of adaptive concurrency limits.
+//! - [`concurrency`]: concurrency limits, requests in flight per key.
 //! - [`key`]: key parts, their hashing to slots, their names on the wire and in Redis.
 //! - [`usage`]: what a response says it cost (token usage in JSON bodies and streams).
 //! - [`rules`]: request matching, key building and costs.
@@ -37,6 +39,10 @@ pub mod bounds;
 pub mod algorithms;
 
 pub mod conformance;
+
+pub mod adaptive;
+
+pub mod concurrency;
 
 pub mod key;
 

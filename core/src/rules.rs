@@ -13,7 +13,8 @@
 //! to the bridge, so `["a:b", "c"]` and `["a", "b:c"]` are different keys, and a
 //! default can never be forged by sending its text (see [`crate::key`]).
 
-use crate::algorithms::{AlgorithmKind, GlobalLimit, Limit, Policy};
+use crate::algorithms::{GlobalLimit, Limit, Policy};
+use crate::concurrency::Concurrency;
 use crate::key::PartOrigin;
 use crate::usage::{BodyEstimate, UsageField};
 
@@ -192,6 +193,9 @@ pub enum Scope {
     Local(Limit),
     /// One quota across every Envoy, kept in Redis by weir-bridge.
     Global(GlobalRule),
+    /// Requests in flight per key, in this Envoy process: taken when admitted, given
+    /// back when the stream ends.
+    Concurrency(Concurrency),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -234,10 +238,12 @@ pub enum FailureMode {
 }
 
 impl Rule {
-    pub fn kind(&self) -> AlgorithmKind {
+    /// The algorithm's name, as in the config.
+    pub fn algorithm_name(&self) -> &'static str {
         match &self.scope {
-            Scope::Local(limit) => limit.kind(),
-            Scope::Global(global) => global.limit.kind(),
+            Scope::Local(limit) => limit.kind().name(),
+            Scope::Global(global) => global.limit.kind().name(),
+            Scope::Concurrency(_) => "concurrency",
         }
     }
 
@@ -245,6 +251,7 @@ impl Rule {
         match &self.scope {
             Scope::Local(limit) => limit.policy(),
             Scope::Global(global) => global.limit.policy(),
+            Scope::Concurrency(c) => c.policy(),
         }
     }
 

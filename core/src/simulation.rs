@@ -181,11 +181,13 @@ pub fn admissions(eval: &Evaluation) -> Vec<(RuleId, Admission)> {
 }
 
 /// The limit a rule's admissions are checked against: the one configured (a global
-/// rule's, not the one it runs with in Redis).
+/// rule's, not the one it runs with in Redis). `None` for a concurrency rule, whose
+/// bound is on requests in flight, not on admissions over time.
 pub fn configured_limit(engine: &Engine, rule: RuleId) -> Option<GlobalLimit> {
     match &engine.config.rule(rule)?.scope {
         Scope::Local(limit) => Some(GlobalLimit::Slot(limit.clone())),
         Scope::Global(global) => Some(global.limit.clone()),
+        Scope::Concurrency(_) => None,
     }
 }
 

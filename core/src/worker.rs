@@ -1,14 +1,18 @@
 //! What one worker (one Wasm VM serving requests) keeps for a plugin beside shared
-//! data: its reservoirs of local rules and its held requests.
+//! data: its reservoirs of local rules, its held requests, and the latencies and
+//! limits of its adaptive concurrency rules.
 
+use crate::adaptive::WorkerLatency;
 use crate::delay::Waiting;
 use crate::reservoir::Reservoirs;
-use crate::rules::Rule;
+use crate::rules::{Rule, RuleId, Scope};
 
 #[derive(Debug)]
 pub struct Worker {
     pub reservoirs: Reservoirs,
     pub waiting: Waiting,
+    /// One per rule, at its id's index: `Some` for adaptive concurrency rules.
+    pub latencies: Vec<Option<WorkerLatency>>,
 }
 
 impl Worker {
@@ -17,6 +21,20 @@ impl Worker {
         Worker {
             reservoirs: Reservoirs::for_rules(rules),
             waiting: Waiting::for_rules(rules),
+            latencies: rules
+                .iter()
+                .map(|rule| match &rule.scope {
+                    Scope::Concurrency(c) => c.adaptive.as_ref().map(WorkerLatency::new),
+                    _ => None,
+                })
+                .collect(),
         }
+    }
+
+    /// The latencies and limit of an adaptive concurrency rule.
+    pub fn latency(&mut self, rule: RuleId) -> Option<&mut WorkerLatency> {
+        self.latencies
+            .get_mut(rule.index())
+            .and_then(Option::as_mut)
     }
 }

@@ -211,8 +211,49 @@ fn defaults() {
 fn local(rule: &weir_core::rules::Rule) -> &Limit {
     match &rule.scope {
         Scope::Local(limit) => limit,
-        Scope::Global(_) => panic!("{} is global", rule.name),
+        Scope::Global(_) | Scope::Concurrency(_) => {
+            panic!("{} is not a local rate limit", rule.name)
+        }
     }
+}
+
+#[test]
+fn concurrency_limits_get_their_fields_and_defaults() {
+    let config = parse_fixture("concurrency");
+    let Scope::Concurrency(fixed) = &config.rules[0].scope else {
+        panic!("concurrency")
+    };
+    assert_eq!(fixed.max_in_flight, 20);
+    assert_eq!(
+        fixed.retry_after_us, 1_000_000,
+        "retry_after defaults to 1s"
+    );
+    assert_eq!(fixed.adaptive, None);
+    assert_eq!(config.rules[0].reservoir, None, "no reservoir in flight");
+    let Scope::Concurrency(adaptive) = &config.rules[1].scope else {
+        panic!("concurrency")
+    };
+    assert_eq!(adaptive.retry_after_us, 250_000);
+    let a = adaptive.adaptive.unwrap();
+    assert_eq!(
+        (a.quantile_ppm, a.min_limit, a.initial_limit, a.interval_us),
+        (990_000, 4, 16, 500_000)
+    );
+    assert_eq!((a.smoothing_ppm, a.tolerance_ppm), (300_000, 1_500_000));
+    // Defaults: p90, from 1, starting there, 1 s, ½, 1.25.
+    let config = weir_core::config::parse(
+        br#"{"rules":[{"name":"a","limit":{"algorithm":"concurrency","max_in_flight":6,"adaptive":{}}}]}"#,
+    )
+    .unwrap();
+    let Scope::Concurrency(c) = &config.rules[0].scope else {
+        panic!("concurrency")
+    };
+    let a = c.adaptive.unwrap();
+    assert_eq!(
+        (a.quantile_ppm, a.min_limit, a.initial_limit, a.interval_us),
+        (900_000, 1, 1, 1_000_000)
+    );
+    assert_eq!((a.smoothing_ppm, a.tolerance_ppm), (500_000, 1_250_000));
 }
 
 #[test]

@@ -16,6 +16,8 @@ const CORE_LAYERS: &[&str] = &[
     "bounds",
     "algorithms",
     "conformance",
+    "adaptive",
+    "concurrency",
     "key",
     "store",
     "lease",

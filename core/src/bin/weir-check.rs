@@ -87,7 +87,7 @@ fn summary(config: &Config) -> String {
         .map(|rule| {
             let scope = if rule.is_global() { "global" } else { "local" };
             let shadow = if rule.shadow { ", shadow" } else { "" };
-            format!("{} ({}, {scope}{shadow})", rule.name, rule.kind())
+            format!("{} ({}, {scope}{shadow})", rule.name, rule.algorithm_name())
         })
         .collect();
     let noun = if rules.len() == 1 { "rule" } else { "rules" };

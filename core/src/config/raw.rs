@@ -83,6 +83,7 @@ object_only!(RawLease, "a lease object");
 object_only!(RawReservoir, "a reservoir object");
 object_only!(RawOnLimit, "an on_limit object");
 object_only!(RawDelay, "a delay object");
+object_only!(RawAdaptive, "an adaptive object");
 object_only!(RawCommit, "a commit object");
 object_only!(RawBodyCost, "a body cost object");
 object_only!(RawCommitBody, "a commit body object");
@@ -187,6 +188,19 @@ pub(crate) struct RawOnLimit {
 pub(crate) struct RawDelay {
     pub max: Option<RawDuration>,
     pub queue: Option<u64>,
+}
+
+/// `limit.adaptive` of a concurrency limit: the controller's settings.
+#[derive(Debug, Deserialize)]
+#[serde(remote = "Self", deny_unknown_fields)]
+pub(crate) struct RawAdaptive {
+    /// `"p50"`, `"p90"`, `"p99.9"`…
+    pub latency: Option<String>,
+    pub min: Option<u64>,
+    pub initial: Option<u64>,
+    pub interval: Option<RawDuration>,
+    pub smoothing: Option<f64>,
+    pub tolerance: Option<f64>,
 }
 
 /// A local rule's per-worker reservoirs.
@@ -328,7 +342,35 @@ impl<'de> Deserialize<'de> for ClaimPath {
 pub(crate) struct RawLimit {
     pub algorithm: String,
     pub values: Vec<(&'static Parameter, RawValue)>,
+    /// The fields of `algorithm: "concurrency"`, which is not a rate algorithm.
+    pub concurrency: RawConcurrency,
 }
+
+/// `max_in_flight`, `retry_after` and `adaptive`, as written.
+#[derive(Debug, Default)]
+pub(crate) struct RawConcurrency {
+    pub max_in_flight: Option<u64>,
+    pub retry_after: Option<RawDuration>,
+    pub adaptive: Option<RawAdaptive>,
+}
+
+impl RawConcurrency {
+    /// The first field set, to name in an error when the algorithm is another.
+    pub fn first_set(&self) -> Option<&'static str> {
+        if self.max_in_flight.is_some() {
+            Some("max_in_flight")
+        } else if self.retry_after.is_some() {
+            Some("retry_after")
+        } else if self.adaptive.is_some() {
+            Some("adaptive")
+        } else {
+            None
+        }
+    }
+}
+
+/// The fields of a concurrency limit, beside `algorithm`.
+pub(crate) const CONCURRENCY_FIELDS: [&str; 3] = ["max_in_flight", "retry_after", "adaptive"];
 
 #[derive(Debug, Clone)]
 pub(crate) enum RawValue {
@@ -364,6 +406,7 @@ impl<'de> Visitor<'de> for RawLimitVisitor {
         let parameters = AlgorithmKind::all_parameters();
         let mut algorithm = None;
         let mut values: Vec<(&'static Parameter, RawValue)> = Vec::new();
+        let mut concurrency = RawConcurrency::default();
         while let Some(key) = map.next_key::<String>()? {
             if key == "algorithm" {
                 if algorithm.is_some() {
@@ -372,9 +415,35 @@ impl<'de> Visitor<'de> for RawLimitVisitor {
                 algorithm = Some(map.next_value::<String>()?);
                 continue;
             }
+            let twice = |set: bool, name: &'static str| {
+                if set {
+                    Err(de::Error::duplicate_field(name))
+                } else {
+                    Ok(())
+                }
+            };
+            match key.as_str() {
+                "max_in_flight" => {
+                    twice(concurrency.max_in_flight.is_some(), "max_in_flight")?;
+                    concurrency.max_in_flight = Some(map.next_value()?);
+                    continue;
+                }
+                "retry_after" => {
+                    twice(concurrency.retry_after.is_some(), "retry_after")?;
+                    concurrency.retry_after = Some(map.next_value()?);
+                    continue;
+                }
+                "adaptive" => {
+                    twice(concurrency.adaptive.is_some(), "adaptive")?;
+                    concurrency.adaptive = Some(map.next_value()?);
+                    continue;
+                }
+                _ => {}
+            }
             let Some(&parameter) = parameters.iter().find(|p| p.name == key) else {
                 let names: Vec<String> = std::iter::once("algorithm")
                     .chain(parameters.iter().map(|p| p.name))
+                    .chain(CONCURRENCY_FIELDS)
                     .map(|name| format!("`{name}`"))
                     .collect();
                 // Through the value, so that the error's path ends with the field.
@@ -393,7 +462,11 @@ impl<'de> Visitor<'de> for RawLimitVisitor {
             values.push((parameter, value));
         }
         let algorithm = algorithm.ok_or_else(|| de::Error::missing_field("algorithm"))?;
-        Ok(RawLimit { algorithm, values })
+        Ok(RawLimit {
+            algorithm,
+            values,
+            concurrency,
+        })
     }
 }
 

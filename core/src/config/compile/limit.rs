@@ -3,13 +3,33 @@
 //! names an algorithm or a parameter.
 
 use super::{and_list, error, Result};
+use crate::adaptive::Adaptive;
 use crate::algorithms::{AlgorithmKind, AlgorithmSpec, GlobalLimit, ParamError};
-use crate::config::raw::{RawLimit, RawValue};
+use crate::concurrency::Concurrency;
+use crate::config::raw::{RawAdaptive, RawLimit, RawValue};
 use crate::field_error::{quoted, FieldError};
 
+/// The name of the concurrency limit, which is not a rate algorithm.
+pub(super) const CONCURRENCY: &str = "concurrency";
+/// What a concurrency denial tells clients to wait by default.
+pub const DEFAULT_CONCURRENCY_RETRY_AFTER_US: u64 = 1_000_000;
+
 pub(super) fn compile(raw: &RawLimit, at: &str) -> Result<GlobalLimit> {
+    if let Some(field) = raw.concurrency.first_set() {
+        return Err(error(
+            format!("{at}.{field}"),
+            format!(
+                "`{field}` is a field of algorithm \"concurrency\", not {}",
+                quoted(&raw.algorithm)
+            ),
+        ));
+    }
     let Some(kind) = AlgorithmKind::from_name(&raw.algorithm) else {
-        let names: Vec<&str> = AlgorithmKind::ALL.iter().map(|k| k.name()).collect();
+        let names: Vec<&str> = AlgorithmKind::ALL
+            .iter()
+            .map(|k| k.name())
+            .chain([CONCURRENCY])
+            .collect();
         return Err(error(
             format!("{at}.algorithm"),
             format!(
@@ -50,6 +70,118 @@ pub(super) fn compile(raw: &RawLimit, at: &str) -> Result<GlobalLimit> {
         values.push(value);
     }
     (spec.build)(&values).map_err(|e| param_error(e, raw, spec, at))
+}
+
+/// `algorithm: "concurrency"`: `max_in_flight`, `retry_after` and `adaptive`.
+pub(super) fn concurrency(raw: &RawLimit, at: &str) -> Result<Concurrency> {
+    if let Some((stray, _)) = raw.values.first() {
+        return Err(error(
+            format!("{at}.{}", stray.name),
+            format!(
+                "`{}` is not a field of concurrency; concurrency takes `max_in_flight` and \
+                 optionally `retry_after` and `adaptive`",
+                stray.name
+            ),
+        ));
+    }
+    let fields = &raw.concurrency;
+    let Some(max_in_flight) = fields.max_in_flight else {
+        return Err(error(
+            at,
+            "missing field `max_in_flight`; concurrency takes `max_in_flight` and optionally \
+             `retry_after` and `adaptive`",
+        ));
+    };
+    let retry_after_us = fields
+        .retry_after
+        .as_ref()
+        .map_or(DEFAULT_CONCURRENCY_RETRY_AFTER_US, |d| d.us);
+    let adaptive = match &fields.adaptive {
+        Some(raw) => Some(adaptive(raw, max_in_flight, &format!("{at}.adaptive"))?),
+        None => None,
+    };
+    Concurrency::new(max_in_flight, retry_after_us, adaptive).map_err(|e| {
+        let value = match e.field {
+            "max_in_flight" => max_in_flight.to_string(),
+            "retry_after" => fields
+                .retry_after
+                .as_ref()
+                .map_or_else(|| "\"1s\"".to_string(), |d| quoted(&d.text)),
+            _ => String::new(),
+        };
+        error(
+            format!("{at}.{}", e.field),
+            format!("invalid value {value}: {}", e.reason),
+        )
+    })
+}
+
+/// The controller's defaults: p90 over 1 s intervals, a limit from 1 up, starting at
+/// `min` (where the baseline is learnt), half of each new target taken, 25 % of latency
+/// over the baseline tolerated (Envoy's default buffer).
+fn adaptive(raw: &RawAdaptive, max_in_flight: u64, at: &str) -> Result<Adaptive> {
+    let quantile_ppm = match &raw.latency {
+        None => 900_000,
+        Some(text) => parse_quantile(text).ok_or_else(|| {
+            error(
+                format!("{at}.latency"),
+                format!(
+                    "{} is not a quantile: expected \"p50\", \"p90\", \"p99\" or the like \
+                     (p1 to p99.9)",
+                    quoted(text)
+                ),
+            )
+        })?,
+    };
+    let min_limit = raw.min.unwrap_or(1);
+    let fraction = |value: Option<f64>, default: u32, field: &str| -> Result<u32> {
+        match value {
+            None => Ok(default),
+            Some(v) if v.is_finite() && (0.0..=10.0).contains(&v) => Ok((v * 1e6).round() as u32),
+            Some(v) => Err(error(
+                format!("{at}.{field}"),
+                format!("{v} is out of range"),
+            )),
+        }
+    };
+    let adaptive = Adaptive {
+        quantile_ppm,
+        min_limit,
+        initial_limit: raw.initial.unwrap_or(min_limit),
+        interval_us: raw.interval.as_ref().map_or(1_000_000, |d| d.us),
+        smoothing_ppm: fraction(raw.smoothing, 500_000, "smoothing")?,
+        tolerance_ppm: fraction(raw.tolerance, 1_250_000, "tolerance")?,
+    };
+    adaptive.check(max_in_flight).map_err(|e| {
+        let field = e.field.trim_start_matches("adaptive.");
+        let value = match field {
+            "min" => min_limit.to_string(),
+            "initial" => adaptive.initial_limit.to_string(),
+            "interval" => raw
+                .interval
+                .as_ref()
+                .map_or_else(|| "\"1s\"".to_string(), |d| quoted(&d.text)),
+            "smoothing" => raw.smoothing.unwrap_or(0.5).to_string(),
+            "tolerance" => raw.tolerance.unwrap_or(1.25).to_string(),
+            _ => String::new(),
+        };
+        error(
+            format!("{at}.{field}"),
+            format!("invalid value {value}: {}", e.reason),
+        )
+    })?;
+    Ok(adaptive)
+}
+
+/// `"p90"` → 900,000 per million; `"p99.9"` → 999,000.
+fn parse_quantile(text: &str) -> Option<u32> {
+    let number = text.strip_prefix('p')?;
+    if number.is_empty() || number.len() > 6 {
+        return None;
+    }
+    let value: f64 = number.parse().ok()?;
+    let ppm = (value * 10_000.0).round();
+    (value.is_finite() && (10_000.0..=999_000.0).contains(&ppm)).then_some(ppm as u32)
 }
 
 /// A global limit must also be decided exactly by its Lua script (the bridge refuses

@@ -39,16 +39,23 @@ pub(super) fn name(name: &str, at: &str) -> Result<String> {
 pub(super) fn compile(
     id: RuleId,
     name: String,
-    raw: RawRule,
+    mut raw: RawRule,
     at: &str,
     has_bridge: bool,
     facts: &mut Interner,
 ) -> Result<Rule> {
-    let matcher = match raw.matcher {
+    let matcher = match raw.matcher.take() {
         Some(m) => matcher::compile(m, &format!("{at}.match"), facts)?,
         None => RequestMatch::default(),
     };
-    let key = key::compile(raw.key.unwrap_or_default(), &format!("{at}.key"), facts)?;
+    let key = key::compile(
+        raw.key.take().unwrap_or_default(),
+        &format!("{at}.key"),
+        facts,
+    )?;
+    if raw.limit.algorithm == limit::CONCURRENCY {
+        return concurrency_rule(id, name, raw, matcher, key, at, facts);
+    }
     let limit = limit::compile(&raw.limit, &format!("{at}.limit"))?;
     let scope = scope(
         limit,
@@ -61,28 +68,22 @@ pub(super) fn compile(
         Scope::Local(limit) => limit.max_cost(),
         // A global request asks the bridge for at least its cost, and the wire caps that.
         Scope::Global(global) => global.limit.max_cost().min(MAX_WANT),
+        Scope::Concurrency(c) => c.max_in_flight,
     };
     let cost = cost::compile(raw.cost, max_cost, &format!("{at}.cost"), facts)?;
-    let max_keys = match raw.max_keys {
-        None => DEFAULT_MAX_KEYS,
-        Some(n) => u32::try_from(n)
-            .ok()
-            .filter(|n| (1..=MAX_MAX_KEYS).contains(n))
-            .ok_or_else(|| {
-                error(
-                    format!("{at}.max_keys"),
-                    format!("{n} is out of range: expected 1 to {MAX_MAX_KEYS}"),
-                )
-            })?,
-    };
+    let max_keys = max_keys(raw.max_keys, at)?;
     let commit = match raw.commit {
         None => None,
         Some(commit) => {
             let at = format!("{at}.commit");
             let (kind, settles) = match &scope {
-                Scope::Local(limit) => (limit.kind(), limit.algorithm().settles_after_response()),
+                Scope::Local(limit) => (
+                    limit.kind().name(),
+                    limit.algorithm().settles_after_response(),
+                ),
+                Scope::Concurrency(_) => (limit::CONCURRENCY, false),
                 Scope::Global(global) => (
-                    global.limit.kind(),
+                    global.limit.kind().name(),
                     matches!(&global.redis_limit, GlobalLimit::Slot(l) if l.algorithm().settles_after_response()),
                 ),
             };
@@ -92,7 +93,7 @@ pub(super) fn compile(
                     format!(
                         "a cost known after the response needs a limit that can take back \
                          or add units: algorithm \"fixed_window\" or \"token_bucket\", not {}",
-                        quoted(kind.name())
+                        quoted(kind)
                     ),
                 ));
             }
@@ -128,6 +129,7 @@ pub(super) fn compile(
         }),
         (_, None) => None,
         (Scope::Local(_), Some(raw)) => reservoir(raw, max_keys, &format!("{at}.reservoir"))?,
+        (Scope::Concurrency(_), Some(_)) => None,
         (Scope::Global(_), Some(_)) => {
             return Err(error(
                 format!("{at}.reservoir"),
@@ -156,6 +158,87 @@ pub(super) fn compile(
     })
 }
 
+/// A concurrency rule: local, decided in shared data for every request (no reservoir:
+/// units in flight are given back, not spent), never delayed, with no commit.
+fn concurrency_rule(
+    id: RuleId,
+    name: String,
+    raw: RawRule,
+    matcher: RequestMatch,
+    key: Vec<crate::rules::KeyPart>,
+    at: &str,
+    facts: &mut Interner,
+) -> Result<Rule> {
+    let concurrency = limit::concurrency(&raw.limit, &format!("{at}.limit"))?;
+    let refuse = |field: &str, why: &str| Err(error(format!("{at}.{field}"), why.to_string()));
+    if raw.scope == Some(RawScope::Global) || raw.global.is_some() {
+        let field = if raw.global.is_some() {
+            "global"
+        } else {
+            "scope"
+        };
+        return refuse(
+            field,
+            "a concurrency limit counts the requests in flight in this Envoy; it is local only",
+        );
+    }
+    if raw.reservoir.is_some() {
+        return refuse(
+            "reservoir",
+            "a concurrency limit decides every request in shared data: remove \"reservoir\"",
+        );
+    }
+    if raw.on_limit.is_some() {
+        return refuse(
+            "on_limit",
+            "a concurrency limit cannot delay requests: a slot frees when another request \
+             ends, not at a time known in advance",
+        );
+    }
+    if raw.commit.is_some() {
+        return refuse(
+            "commit",
+            "a concurrency limit gives its units back when the stream ends; it has no cost \
+             to commit",
+        );
+    }
+    let cost = cost::compile(
+        raw.cost,
+        concurrency.max_in_flight,
+        &format!("{at}.cost"),
+        facts,
+    )?;
+    let max_keys = max_keys(raw.max_keys, at)?;
+    Ok(Rule {
+        id,
+        name,
+        matcher,
+        key,
+        cost,
+        scope: Scope::Concurrency(concurrency),
+        shadow: raw.shadow.unwrap_or(false),
+        max_keys,
+        reservoir: None,
+        delay: None,
+        commit: None,
+    })
+}
+
+fn max_keys(raw: Option<u64>, at: &str) -> Result<u32> {
+    match raw {
+        None => Ok(DEFAULT_MAX_KEYS),
+        Some(n) => u32::try_from(n)
+            .ok()
+            .filter(|n| (1..=MAX_MAX_KEYS).contains(n))
+            .ok_or_else(|| {
+                error(
+                    format!("{at}.max_keys"),
+                    format!("{n} is out of range: expected 1 to {MAX_MAX_KEYS}"),
+                )
+            }),
+    }
+}
+
 /// `on_limit.delay`: for local rules whose algorithm has a schedule to hold requests on.
 fn delay(raw: RawOnLimit, scope: &Scope, shadow: bool, at: &str) -> Result<Option<Delay>> {
     let Some(raw) = raw.delay else {
@@ -164,7 +247,7 @@ fn delay(raw: RawOnLimit, scope: &Scope, shadow: bool, at: &str) -> Result<Optio
     let at = format!("{at}.delay");
     let limit = match scope {
         Scope::Local(limit) => limit,
-        Scope::Global(_) => {
+        Scope::Global(_) | Scope::Concurrency(_) => {
             return Err(error(
                 at,
                 "delay is for local rules: a global rule answers at once",

@@ -1,0 +1,559 @@
+//! Adaptive concurrency: a limit in flight that follows the latency the filter observes.
+//!
+//! ## The controller
+//!
+//! Every `interval`, the latencies of the interval's responses (from every worker, merged
+//! through shared data) give a **sample**: their `latency` quantile (p90 by default).
+//! The **baseline** is the latency of the service when it is not queueing: the lowest
+//! sample seen, or the sample of an interval run at the limit's floor `min` (the
+//! lowest concurrency the rule allows is the best probe of the service's own latency:
+//! a service that became slower for good drives the limit to its floor, where the new
+//! baseline is learnt, and the limit grows back from there). Then, like
+//! Netflix's Gradient2 and Envoy's `adaptive_concurrency`:
+//!
+//! ```text
+//! gradient  = clamp(tolerance × baseline / sample, 0.5, 1)
+//! headroom  = √limit    (only while latency is within tolerance and the limit in use)
+//! target    = limit × gradient + headroom
+//! limit     = clamp(limit × (1 − smoothing) + target × smoothing, min, max_in_flight)
+//! ```
+//!
+//! While latency stays within `tolerance` × baseline the limit grows by about √limit
+//! per interval; beyond it, it shrinks in proportion to the excess, with no headroom
+//! (Envoy and Gradient2 add it always, which holds the limit above the knee by √limit
+//! and keeps a slowed-down service from ever reaching the floor). Against a service
+//! that serves `c` requests at once and queues the rest, it moves between
+//! `tolerance × c` and `tolerance × c + √(tolerance × c)`.
+//!
+//! **Why this controller and not another.** Envoy's gradient controller needs the
+//! minimum latency, and measures it by pinning the limit to `min_concurrency` for a
+//! while every `interval` (60 s by default): a period in which most requests are
+//! rejected, for every route, by design. AIMD needs a latency target someone must guess,
+//! which is the number this feature exists to avoid. A gradient against a baseline that
+//! is kept, not measured, never stops the traffic to learn; and since the baseline only
+//! goes down except at the floor, a long overload cannot make it creep up (Gradient2's
+//! long-term average does). Its price: a service that became slower for good is
+//! relearnt only after the limit has fallen to `min`. An interval whose peak in flight stayed below half
+//! the limit says nothing about the service's capacity (the demand was the limit), so
+//! it changes nothing, as in Gradient2.
+//!
+//! ## Where the numbers live
+//!
+//! Each worker records its latencies in a [`LatencySketch`] (log-spaced buckets, 9 %
+//! wide; 160 × 4 bytes) and, on its tick, adds them into the rule's record in shared
+//! data with CAS ([`SharedRecord`]); the worker whose merge finds the interval over
+//! runs the controller and starts the next interval. Workers read the limit back on
+//! their tick, so a new limit applies everywhere within one tick.
+
+use crate::algorithms::ParamError;
+
+/// Buckets of a sketch: bucket `i` holds latencies in `[BASE × 2^(i/8), BASE ×
+/// 2^((i+1)/8))` µs, the last one everything above.
+pub const SKETCH_BUCKETS: usize = 160;
+/// The lower edge of bucket 1, µs (bucket 0 holds everything below it).
+pub const SKETCH_BASE_US: u64 = 50;
+const STEPS_PER_DOUBLING: f64 = 8.0;
+
+/// Fewest latencies an interval needs before the controller acts on it.
+pub const MIN_SAMPLES: u64 = 10;
+
+/// `adaptive`: parameters of the controller, validated. Fractions are in parts per
+/// million so that rules stay comparable for equality.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Adaptive {
+    /// The latency quantile sampled, per million (p90: 900,000).
+    pub quantile_ppm: u32,
+    /// The limit never goes below it.
+    pub min_limit: u64,
+    /// The limit a rule starts with.
+    pub initial_limit: u64,
+    pub interval_us: u64,
+    /// Weight of the new target in the limit, per million (1,000,000: no smoothing).
+    pub smoothing_ppm: u32,
+    /// Latency allowed over the baseline before the limit shrinks, per million
+    /// (1,250,000: 25 % more).
+    pub tolerance_ppm: u32,
+}
+
+impl Adaptive {
+    /// Checks every field but `initial_limit` against the rule's `max_in_flight`.
+    pub fn check(&self, max_in_flight: u64) -> Result<(), ParamError> {
+        if !(1..1_000_000).contains(&self.quantile_ppm) {
+            return Err(ParamError::new("adaptive.latency", "must be p1 to p99.9"));
+        }
+        if self.min_limit == 0 || self.min_limit > max_in_flight {
+            return Err(ParamError::new(
+                "adaptive.min",
+                format!("must be 1 to max_in_flight ({max_in_flight})"),
+            ));
+        }
+        if !(self.min_limit..=max_in_flight).contains(&self.initial_limit) {
+            return Err(ParamError::new(
+                "adaptive.initial",
+                format!("must be adaptive.min to max_in_flight ({max_in_flight})"),
+            ));
+        }
+        if !(10_000..=600_000_000).contains(&self.interval_us) {
+            return Err(ParamError::new("adaptive.interval", "must be 10ms to 10m"));
+        }
+        if !(1..=1_000_000).contains(&self.smoothing_ppm) {
+            return Err(ParamError::new(
+                "adaptive.smoothing",
+                "must be above 0 and at most 1",
+            ));
+        }
+        if !(1_000_000..=10_000_000).contains(&self.tolerance_ppm) {
+            return Err(ParamError::new("adaptive.tolerance", "must be 1 to 10"));
+        }
+        Ok(())
+    }
+
+    /// The controller's state before any interval.
+    pub fn start(&self, now_us: u64) -> ControllerState {
+        ControllerState {
+            limit_milli: self.initial_limit.saturating_mul(1_000),
+            baseline_us: 0,
+            interval_started_us: now_us,
+            last_sample_us: 0,
+            slow_start: true,
+        }
+    }
+
+    /// The controller after an interval whose latencies are `sketch` and whose highest
+    /// count in flight (of any key) was `peak_in_flight`; the next interval starts at
+    /// `now_us`. `max_in_flight` is the ceiling.
+    pub fn step(
+        &self,
+        state: ControllerState,
+        sketch: &LatencySketch,
+        peak_in_flight: u64,
+        max_in_flight: u64,
+        now_us: u64,
+    ) -> ControllerState {
+        let mut next = ControllerState {
+            interval_started_us: now_us,
+            ..state
+        };
+        if sketch.count() < MIN_SAMPLES {
+            return next;
+        }
+        let sample = sketch.quantile_us(self.quantile_ppm).max(1);
+        next.last_sample_us = sample;
+        // At its floor the limit is the best probe there is of the service's own
+        // latency: the baseline is what it measures. Elsewhere it only goes down.
+        next.baseline_us = if state.baseline_us == 0
+            || sample <= state.baseline_us
+            || state.limit() <= self.min_limit
+        {
+            sample
+        } else {
+            state.baseline_us
+        };
+        let limit = state.limit_milli as f64 / 1_000.0;
+        // The demand was below half the limit: the interval says nothing about capacity.
+        if (peak_in_flight as f64) * 2.0 < limit {
+            return next;
+        }
+        let tolerance = f64::from(self.tolerance_ppm) / 1e6;
+        let gradient = (tolerance * next.baseline_us as f64 / sample as f64).clamp(0.5, 1.0);
+        let in_use = peak_in_flight as f64 + 1.0 >= limit;
+        let smoothed = if gradient >= 1.0 && in_use && state.slow_start {
+            // Slow start: double until the latency first rises.
+            limit * 2.0
+        } else {
+            let headroom = if gradient >= 1.0 && in_use {
+                limit.sqrt()
+            } else {
+                0.0
+            };
+            let target = limit * gradient + headroom;
+            let smoothing = f64::from(self.smoothing_ppm) / 1e6;
+            limit * (1.0 - smoothing) + target * smoothing
+        };
+        if gradient < 1.0 {
+            next.slow_start = false;
+        }
+        let clamped = smoothed.clamp(self.min_limit as f64, max_in_flight as f64);
+        next.limit_milli = (clamped * 1_000.0) as u64;
+        // Back at the floor: the baseline is relearnt there, and the limit grows back
+        // as from the start.
+        if next.limit() <= self.min_limit && gradient < 1.0 {
+            next.slow_start = true;
+        }
+        next
+    }
+}
+
+/// The controller between intervals.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ControllerState {
+    /// The limit in thousandths (it moves by fractions between intervals).
+    pub limit_milli: u64,
+    /// 0 until the first sample.
+    pub baseline_us: u64,
+    pub interval_started_us: u64,
+    /// The last interval's sample, for metrics.
+    pub last_sample_us: u64,
+    /// The limit doubles each interval while latency stays within tolerance, until it
+    /// first rises (from the start, and again after falling to the floor).
+    pub slow_start: bool,
+}
+
+impl ControllerState {
+    /// The limit requests are decided against: whole units, at least 1.
+    pub fn limit(&self) -> u64 {
+        (self.limit_milli / 1_000).max(1)
+    }
+}
+
+/// Latencies in log-spaced buckets: fixed size, mergeable by addition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LatencySketch {
+    counts: [u32; SKETCH_BUCKETS],
+}
+
+impl Default for LatencySketch {
+    fn default() -> Self {
+        LatencySketch {
+            counts: [0; SKETCH_BUCKETS],
+        }
+    }
+}
+
+impl LatencySketch {
+    pub fn bucket_of(latency_us: u64) -> usize {
+        if latency_us < SKETCH_BASE_US {
+            return 0;
+        }
+        let steps = (latency_us as f64 / SKETCH_BASE_US as f64).log2() * STEPS_PER_DOUBLING;
+        (steps as usize + 1).min(SKETCH_BUCKETS - 1)
+    }
+
+    /// The upper edge of bucket `i`, µs (what a quantile in it reports; bucket 0 holds
+    /// `[0, BASE)`, bucket `i` `[BASE × 2^((i−1)/8), BASE × 2^(i/8))`).
+    pub fn upper_edge_us(i: usize) -> u64 {
+        (SKETCH_BASE_US as f64 * (i as f64 / STEPS_PER_DOUBLING).exp2()).round() as u64
+    }
+
+    pub fn record(&mut self, latency_us: u64) {
+        if let Some(c) = self.counts.get_mut(Self::bucket_of(latency_us)) {
+            *c = c.saturating_add(1);
+        }
+    }
+
+    pub fn count(&self) -> u64 {
+        self.counts.iter().map(|&c| u64::from(c)).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.counts.iter().all(|&c| c == 0)
+    }
+
+    pub fn merge(&mut self, other: &LatencySketch) {
+        for (mine, theirs) in self.counts.iter_mut().zip(other.counts.iter()) {
+            *mine = mine.saturating_add(*theirs);
+        }
+    }
+
+    pub fn clear(&mut self) {
+        self.counts = [0; SKETCH_BUCKETS];
+    }
+
+    /// The latency below which `quantile_ppm` per million of the recorded ones are, as
+    /// the upper edge of its bucket (at most 9 % above the truth); 0 when empty.
+    pub fn quantile_us(&self, quantile_ppm: u32) -> u64 {
+        let total = self.count();
+        if total == 0 {
+            return 0;
+        }
+        let rank = (u128::from(total) * u128::from(quantile_ppm)).div_ceil(1_000_000);
+        let rank = u64::try_from(rank).unwrap_or(total).clamp(1, total);
+        let mut seen = 0;
+        for (i, &c) in self.counts.iter().enumerate() {
+            seen += u64::from(c);
+            if seen >= rank {
+                return Self::upper_edge_us(i);
+            }
+        }
+        Self::upper_edge_us(SKETCH_BUCKETS - 1)
+    }
+}
+
+/// A rule's record in shared data: the controller, the interval's merged latencies and
+/// its peak in flight.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SharedRecord {
+    pub controller: ControllerState,
+    pub peak_in_flight: u64,
+    pub sketch: LatencySketch,
+}
+
+const HEADER_BYTES: usize = 6 * 8;
+/// The size of an encoded record.
+pub const RECORD_BYTES: usize = HEADER_BYTES + SKETCH_BUCKETS * 4;
+
+impl SharedRecord {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(RECORD_BYTES);
+        let c = &self.controller;
+        for word in [
+            c.limit_milli,
+            c.baseline_us,
+            c.interval_started_us,
+            c.last_sample_us,
+            u64::from(c.slow_start),
+            self.peak_in_flight,
+        ] {
+            out.extend_from_slice(&word.to_le_bytes());
+        }
+        for count in &self.sketch.counts {
+            out.extend_from_slice(&count.to_le_bytes());
+        }
+        out
+    }
+
+    /// `None` for bytes that are not a record (another size): start afresh.
+    pub fn decode(bytes: &[u8]) -> Option<SharedRecord> {
+        if bytes.len() != RECORD_BYTES {
+            return None;
+        }
+        let (header, counts) = bytes.split_at(HEADER_BYTES);
+        let mut words = header
+            .chunks_exact(8)
+            .map(|w| u64::from_le_bytes(w.try_into().unwrap_or([0; 8])));
+        let mut next = || words.next().unwrap_or(0);
+        let controller = ControllerState {
+            limit_milli: next(),
+            baseline_us: next(),
+            interval_started_us: next(),
+            last_sample_us: next(),
+            slow_start: next() != 0,
+        };
+        let peak_in_flight = next();
+        let mut sketch = LatencySketch::default();
+        for (slot, bytes) in sketch.counts.iter_mut().zip(counts.chunks_exact(4)) {
+            *slot = u32::from_le_bytes(bytes.try_into().unwrap_or([0; 4]));
+        }
+        Some(SharedRecord {
+            controller,
+            peak_in_flight,
+            sketch,
+        })
+    }
+
+    /// Adds a worker's interval into the record and, when the interval is over at
+    /// `now_us`, runs the controller and starts the next one. A record that does not
+    /// exist yet (`None`) starts from `adaptive.start`.
+    pub fn merge(
+        current: Option<SharedRecord>,
+        worker: &WorkerLatency,
+        adaptive: &Adaptive,
+        max_in_flight: u64,
+        now_us: u64,
+    ) -> SharedRecord {
+        let mut record = current.unwrap_or_else(|| SharedRecord {
+            controller: adaptive.start(now_us),
+            ..SharedRecord::default()
+        });
+        record.sketch.merge(&worker.sketch);
+        record.peak_in_flight = record.peak_in_flight.max(worker.peak_in_flight);
+        let ends_at = record
+            .controller
+            .interval_started_us
+            .saturating_add(adaptive.interval_us);
+        if now_us >= ends_at {
+            record.controller = adaptive.step(
+                record.controller,
+                &record.sketch,
+                record.peak_in_flight,
+                max_in_flight,
+                now_us,
+            );
+            record.sketch.clear();
+            record.peak_in_flight = 0;
+        }
+        record
+    }
+}
+
+/// What one worker saw of an adaptive rule since its last merge, and the limit it
+/// decides with until the next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerLatency {
+    pub limit: u64,
+    pub sketch: LatencySketch,
+    pub peak_in_flight: u64,
+}
+
+impl WorkerLatency {
+    pub fn new(adaptive: &Adaptive) -> WorkerLatency {
+        WorkerLatency {
+            limit: adaptive.initial_limit,
+            sketch: LatencySketch::default(),
+            peak_in_flight: 0,
+        }
+    }
+
+    /// Merged: start the next batch.
+    pub fn merged(&mut self, limit: u64) {
+        self.limit = limit;
+        self.sketch.clear();
+        self.peak_in_flight = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    use super::*;
+
+    fn adaptive() -> Adaptive {
+        Adaptive {
+            quantile_ppm: 900_000,
+            min_limit: 2,
+            initial_limit: 4,
+            interval_us: 1_000_000,
+            smoothing_ppm: 1_000_000,
+            tolerance_ppm: 1_250_000,
+        }
+    }
+
+    #[test]
+    fn quantiles_are_within_a_bucket_of_the_truth() {
+        let mut sketch = LatencySketch::default();
+        for ms in 1..=100u64 {
+            sketch.record(ms * 1_000);
+        }
+        for (ppm, truth) in [
+            (500_000, 50_000.0),
+            (900_000, 90_000.0),
+            (990_000, 99_000.0),
+        ] {
+            let q = sketch.quantile_us(ppm) as f64;
+            assert!(q >= truth && q <= truth * 1.1, "p{ppm}: {q} for {truth}");
+        }
+        assert_eq!(LatencySketch::default().quantile_us(900_000), 0);
+        // Extremes land in the end buckets.
+        sketch.record(0);
+        sketch.record(u64::MAX);
+        assert_eq!(sketch.count(), 102);
+    }
+
+    #[test]
+    fn records_round_trip_and_merge_by_addition() {
+        let mut worker = WorkerLatency::new(&adaptive());
+        worker.sketch.record(20_000);
+        worker.peak_in_flight = 3;
+        let merged = SharedRecord::merge(None, &worker, &adaptive(), 100, 10);
+        let twice = SharedRecord::merge(Some(merged.clone()), &worker, &adaptive(), 100, 20);
+        assert_eq!(twice.sketch.count(), 2);
+        assert_eq!(twice.peak_in_flight, 3);
+        assert_eq!(SharedRecord::decode(&twice.encode()), Some(twice));
+        assert_eq!(SharedRecord::decode(b"short"), None);
+    }
+
+    /// A service that serves `c` at once in `s_us` and queues the rest: the latency at
+    /// `n` in flight.
+    fn knee(n: u64, c: u64, s_us: u64) -> u64 {
+        s_us * n.max(c) / c
+    }
+
+    fn run(controller: &Adaptive, c: u64, intervals: usize, max: u64) -> Vec<u64> {
+        let mut state = controller.start(0);
+        let mut limits = Vec::new();
+        for i in 0..intervals {
+            let n = state.limit();
+            let mut sketch = LatencySketch::default();
+            for _ in 0..100 {
+                sketch.record(knee(n, c, 20_000));
+            }
+            state = controller.step(state, &sketch, n, max, (i as u64 + 1) * 1_000_000);
+            limits.push(state.limit());
+        }
+        limits
+    }
+
+    #[test]
+    fn a_saturated_service_settles_the_limit_near_its_knee() {
+        // 8 at once, 20 ms each; load always above the limit.
+        let limits = run(&adaptive(), 8, 60, 200);
+        let settled = &limits[30..];
+        assert!(
+            settled.iter().all(|&l| (8..=16).contains(&l)),
+            "limits {limits:?}"
+        );
+    }
+
+    #[test]
+    fn the_limit_stays_within_min_and_max() {
+        let limits = run(&adaptive(), 1_000, 40, 12);
+        assert_eq!(limits.last(), Some(&12));
+        let mut slow = adaptive();
+        slow.min_limit = 6;
+        slow.initial_limit = 6;
+        assert!(run(&slow, 1, 40, 100).iter().all(|&l| l >= 6));
+    }
+
+    #[test]
+    fn an_idle_interval_changes_nothing() {
+        let a = adaptive();
+        let state = a.start(0);
+        let empty = LatencySketch::default();
+        let next = a.step(state, &empty, 0, 100, 1_000_000);
+        assert_eq!(next.limit_milli, state.limit_milli);
+        // Samples, but the demand far below the limit: no growth, no shrink.
+        let mut sketch = LatencySketch::default();
+        for _ in 0..20 {
+            sketch.record(500_000);
+        }
+        let mut state = a.start(0);
+        state.limit_milli = 50_000;
+        state.baseline_us = 10_000;
+        let next = a.step(state, &sketch, 3, 100, 1_000_000);
+        assert_eq!(next.limit_milli, 50_000);
+    }
+
+    #[test]
+    fn a_lasting_slowdown_is_learnt_at_the_floor() {
+        // The service served 8 at once in 20 ms; now it takes 60 ms.
+        let a = adaptive();
+        let mut state = a.start(0);
+        let sketch_of = |latency_us: u64| {
+            let mut sketch = LatencySketch::default();
+            for _ in 0..20 {
+                sketch.record(latency_us);
+            }
+            sketch
+        };
+        for i in 0..20 {
+            let n = state.limit();
+            state = a.step(state, &sketch_of(knee(n, 8, 20_000)), n, 100, i);
+        }
+        let before = state.baseline_us;
+        assert!(before < 22_000, "{state:?}");
+        let mut limits = Vec::new();
+        for i in 20..80 {
+            let n = state.limit();
+            state = a.step(state, &sketch_of(knee(n, 8, 60_000)), n, 100, i);
+            limits.push(state.limit());
+        }
+        // Down to the floor, where the new latency becomes the baseline, then back up
+        // to the same knee.
+        assert!(limits.contains(&a.min_limit), "{limits:?}");
+        assert!(state.baseline_us > 55_000, "{state:?}");
+        assert!((8..=16).contains(&state.limit()), "{limits:?}");
+    }
+
+    #[test]
+    fn parameters_are_checked() {
+        let mut a = adaptive();
+        assert!(a.check(100).is_ok());
+        a.initial_limit = 101;
+        assert_eq!(a.check(100).unwrap_err().field, "adaptive.initial");
+        a = adaptive();
+        a.tolerance_ppm = 900_000;
+        assert_eq!(a.check(100).unwrap_err().field, "adaptive.tolerance");
+    }
+}

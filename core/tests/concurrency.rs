@@ -1,0 +1,211 @@
+//! Concurrency limits through the engine, in simulated time: requests of a key are
+//! admitted while fewer than `max_in_flight` are open, each gives its place back when
+//! its stream ends (through [`Engine::commit`], which the filter calls for every end:
+//! response complete, reset, denial by a later rule), and an adaptive rule's limit
+//! follows the latency that workers observe and merge through shared data.
+#![cfg(not(target_arch = "wasm32"))]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+mod support;
+
+use std::collections::BTreeMap;
+
+use support::{engine, evaluate, evaluate_on, user, FakeRequest, Rng, T0};
+use weir_core::engine::{Engine, PendingCommit};
+use weir_core::store::memory::MemoryStore;
+use weir_core::worker::Worker;
+
+const MS: u64 = 1_000;
+
+fn fixed(max: u64) -> Engine {
+    engine(&format!(
+        r#"{{"rules":[{{"name":"inflight","key":[{{"header":"x-user"}}],
+            "limit":{{"algorithm":"concurrency","max_in_flight":{max}}}}}]}}"#
+    ))
+}
+
+/// Admits one request; its pending release when allowed.
+fn admit(e: &Engine, store: &MemoryStore, req: &FakeRequest, now: u64) -> Option<PendingCommit> {
+    let eval = evaluate(e, store, req, now);
+    if eval.denied_by.is_some() {
+        assert!(eval.commits.is_empty(), "a denial holds nothing");
+        return None;
+    }
+    assert_eq!(eval.commits.len(), 1);
+    eval.commits.into_iter().next()
+}
+
+fn end(e: &Engine, store: &MemoryStore, open: &PendingCommit, now: u64) {
+    assert_eq!(e.commit(store, open, 0, now), Ok(true));
+}
+
+#[test]
+fn exactly_max_in_flight_per_key_and_other_keys_unaffected() {
+    let e = fixed(3);
+    let store = MemoryStore::new();
+    e.prepare(&store).unwrap();
+    let open: Vec<_> = (0..5)
+        .filter_map(|i| admit(&e, &store, &user("alice"), T0 + i))
+        .collect();
+    assert_eq!(open.len(), 3);
+    let denied = evaluate(&e, &store, &user("alice"), T0 + 10);
+    let verdict = denied.verdicts[0].decision;
+    assert_eq!((verdict.limit, verdict.remaining), (3, 0));
+    assert_eq!(verdict.retry_after_ns, Some(1_000_000_000));
+    // Bob has his own three.
+    assert_eq!(
+        (0..3)
+            .filter_map(|i| admit(&e, &store, &user("bob"), T0 + 20 + i))
+            .count(),
+        3
+    );
+    // One of Alice's ends: exactly one more fits, long before any window would pass.
+    end(&e, &store, &open[1], T0 + 30);
+    assert!(admit(&e, &store, &user("alice"), T0 + 31).is_some());
+    assert!(admit(&e, &store, &user("alice"), T0 + 32).is_none());
+}
+
+/// Many workers, requests of random lengths, some ending early (aborted), 10,000 in
+/// all: at no instant are more than `max_in_flight` open, and once every stream has
+/// ended the key is free again — nothing leaked.
+#[test]
+fn ten_thousand_requests_with_aborts_never_exceed_the_limit_and_leak_nothing() {
+    let e = fixed(8);
+    let store = MemoryStore::new();
+    e.prepare(&store).unwrap();
+    let mut workers: Vec<Worker> = (0..4).map(|_| e.worker()).collect();
+    let mut rng = Rng(0x5eed_c0ff_ee00);
+    let mut open: BTreeMap<(u64, u64), PendingCommit> = BTreeMap::new();
+    let (mut admitted, mut most_open) = (0, 0);
+    let mut now = T0;
+    for i in 0..10_000u64 {
+        now += rng.below(2 * MS);
+        while let Some((&(ends, id), _)) = open.iter().next() {
+            if ends > now {
+                break;
+            }
+            let pending = open.remove(&(ends, id)).unwrap();
+            end(&e, &store, &pending, ends);
+        }
+        let worker = &mut workers[rng.below(4) as usize];
+        let eval = evaluate_on(&e, &store, worker, &user("tenant"), now);
+        if eval.denied_by.is_none() {
+            admitted += 1;
+            // A third are aborted by their client after a few ms; the rest last up to 50.
+            let length = if rng.below(3) == 0 {
+                rng.below(5 * MS)
+            } else {
+                rng.below(50 * MS)
+            };
+            open.insert((now + length, i), eval.commits[0].clone());
+            most_open = most_open.max(open.len());
+        }
+        assert!(open.len() <= 8, "{} open at {now}", open.len());
+    }
+    for ((ends, _), pending) in std::mem::take(&mut open) {
+        end(&e, &store, &pending, ends);
+    }
+    assert_eq!(most_open, 8, "the limit was reached");
+    assert!(admitted > 1_000, "{admitted}");
+    // Nothing leaked: 8 fit again, the 9th does not.
+    let again = (0..9)
+        .filter_map(|k| admit(&e, &store, &user("tenant"), now + MS * 100 + k))
+        .count();
+    assert_eq!(again, 8);
+}
+
+#[test]
+fn a_later_rule_denying_gives_the_place_back_through_the_commit() {
+    // The filter settles an admission with 0 when a later rule denies the request.
+    let e = engine(
+        r#"{"rules":[
+            {"name":"inflight","limit":{"algorithm":"concurrency","max_in_flight":1}},
+            {"name":"rate","limit":{"algorithm":"fixed_window","limit":1,"window":"1m"}}]}"#,
+    );
+    let store = MemoryStore::new();
+    e.prepare(&store).unwrap();
+    let first = admit(&e, &store, &user("a"), T0).unwrap();
+    end(&e, &store, &first, T0 + 1);
+    let denied = evaluate(&e, &store, &user("a"), T0 + 2);
+    assert_eq!(denied.denied_by.map(|r| r.0), Some(1));
+    assert_eq!(
+        denied.commits.len(),
+        1,
+        "the concurrency rule's place to give back"
+    );
+    end(&e, &store, &denied.commits[0], T0 + 3);
+    // The place is free: the concurrency rule admits again (the window still denies).
+    let again = evaluate(&e, &store, &user("a"), T0 + 4);
+    assert_eq!(again.denied_by.map(|r| r.0), Some(1));
+}
+
+#[test]
+fn shadow_concurrency_rules_count_but_never_deny() {
+    let e = engine(
+        r#"{"rules":[{"name":"inflight","shadow":true,
+            "limit":{"algorithm":"concurrency","max_in_flight":1}}]}"#,
+    );
+    let store = MemoryStore::new();
+    e.prepare(&store).unwrap();
+    let first = evaluate(&e, &store, &user("a"), T0);
+    let second = evaluate(&e, &store, &user("a"), T0 + 1);
+    assert!(first.denied_by.is_none() && second.denied_by.is_none());
+    assert_eq!(second.shadow_limited.len(), 1);
+    // Only the admitted one holds a place.
+    assert_eq!((first.commits.len(), second.commits.len()), (1, 0));
+}
+
+/// A service that serves 8 requests at once in 20 ms and queues the rest, offered far
+/// more than it can take by two workers: the adaptive limit, starting at 1, finds the
+/// knee and stays near it.
+#[test]
+fn an_adaptive_limit_finds_the_knee_of_a_saturated_service() {
+    let e = engine(
+        r#"{"rules":[{"name":"route","limit":{"algorithm":"concurrency","max_in_flight":100,
+            "adaptive":{"interval":"200ms"}}}]}"#,
+    );
+    let store = MemoryStore::new();
+    e.prepare(&store).unwrap();
+    let mut workers: Vec<Worker> = (0..2).map(|_| e.worker()).collect();
+    let mut open: BTreeMap<(u64, u64), (usize, PendingCommit, u64)> = BTreeMap::new();
+    let mut limits = Vec::new();
+    let mut now = T0;
+    let mut next_tick = T0;
+    for i in 0..60_000u64 {
+        now += 500; // 2,000 requests a second offered
+        while let Some((&(ends, id), _)) = open.iter().next() {
+            if ends > now {
+                break;
+            }
+            let (w, pending, started) = open.remove(&(ends, id)).unwrap();
+            e.observe_latency(&mut workers[w], pending.rule, ends - started);
+            end(&e, &store, &pending, ends);
+        }
+        if now >= next_tick {
+            for worker in &mut workers {
+                if let Some(a) = e.adapt(&store, worker, now).first() {
+                    limits.push(a.limit);
+                }
+            }
+            next_tick = now + 100 * MS;
+        }
+        let w = (i % 2) as usize;
+        let eval = evaluate_on(&e, &store, &mut workers[w], &user("x"), now);
+        if eval.denied_by.is_none() {
+            // 20 ms of service, stretched by the queue beyond 8 in flight.
+            let in_flight = open.len() as u64 + 1;
+            let latency = 20 * MS * in_flight.max(8) / 8;
+            open.insert((now + latency, i), (w, eval.commits[0].clone(), now));
+        }
+    }
+    let settled = &limits[limits.len() / 2..];
+    assert!(
+        settled.iter().all(|&l| (8..=16).contains(&l)),
+        "limits over time: {limits:?}"
+    );
+}
