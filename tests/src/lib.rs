@@ -29,8 +29,10 @@ pub mod global;
 pub mod http;
 pub mod istio;
 pub mod jwt;
+pub mod knee_upstream;
 pub mod llm_upstream;
 pub mod load;
+pub mod loopback;
 pub mod ports;
 pub mod prereq;
 pub mod process;
@@ -45,6 +47,7 @@ pub use envoy::{
     parse_stats, shipped_stats_config, wasm_filter_yaml, Bootstrap, Envoy, WEIR_STATS_LAG,
 };
 pub use http::{get, send, Client, Request, Response};
+pub use knee_upstream::KneeUpstream;
 pub use llm_upstream::LlmUpstream;
 pub use load::{run_clients, LoadReport, Outcome};
 pub use ports::{free_port, free_ports};

@@ -15,13 +15,14 @@
 //! Plain blocking std code, a thread per connection, keep-alive. It counts the requests
 //! it answered and those whose client went away before the end (a write failed).
 
-use std::io::{self, BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::io::{self, BufReader, Write};
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
+use crate::loopback::{read_request, Loopback};
 use crate::{bridge_cluster_yaml, Bootstrap};
 
 /// The response header carrying the usage in the `header` format.
@@ -31,32 +32,25 @@ pub const USAGE_HEADER: &str = "x-tokens-used";
 struct Counters {
     answered: AtomicU64,
     cut_short: AtomicU64,
-    stop: AtomicBool,
 }
 
 /// The running upstream; stops accepting when dropped.
 pub struct LlmUpstream {
     pub port: u16,
     counters: Arc<Counters>,
+    listening: Loopback,
 }
 
 impl LlmUpstream {
     pub fn start() -> LlmUpstream {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind the LLM upstream");
-        let port = listener.local_addr().expect("its address").port();
         let counters = Arc::new(Counters::default());
         let shared = counters.clone();
-        thread::spawn(move || {
-            for conn in listener.incoming() {
-                if shared.stop.load(Ordering::Relaxed) {
-                    break;
-                }
-                let Ok(conn) = conn else { continue };
-                let shared = shared.clone();
-                thread::spawn(move || serve(conn, &shared));
-            }
-        });
-        LlmUpstream { port, counters }
+        let listening = Loopback::serve("LLM upstream", move |conn| serve(conn, &shared));
+        LlmUpstream {
+            port: listening.port,
+            counters,
+            listening,
+        }
     }
 
     /// Responses written to the end.
@@ -71,20 +65,7 @@ impl LlmUpstream {
 
     /// The Envoy cluster `llm` pointing here.
     pub fn cluster_yaml(&self) -> String {
-        format!(
-            "- name: llm
-  type: STATIC
-  connect_timeout: 1s
-  load_assignment:
-    cluster_name: llm
-    endpoints:
-    - lb_endpoints:
-      - endpoint:
-          address:
-            socket_address: {{ address: 127.0.0.1, port_value: {} }}
-",
-            self.port
-        )
+        self.listening.cluster_yaml("llm", "")
     }
 
     /// An Envoy bootstrap with the HTTP filter `filter` (a YAML list item) in front of
@@ -106,14 +87,6 @@ impl LlmUpstream {
     }
 }
 
-impl Drop for LlmUpstream {
-    fn drop(&mut self) {
-        self.counters.stop.store(true, Ordering::Relaxed);
-        // Wake the accept loop so it sees the flag.
-        let _ = TcpStream::connect(("127.0.0.1", self.port));
-    }
-}
-
 /// What one request asked for.
 #[derive(Debug, Default)]
 struct Ask {
@@ -122,18 +95,15 @@ struct Ask {
     stream: bool,
     duration_ms: u64,
     status: u16,
-    content_length: usize,
 }
 
 fn serve(conn: TcpStream, counters: &Counters) {
-    let _ = conn.set_nodelay(true);
-    let Ok(writer) = conn.try_clone() else { return };
+    let Ok(mut writer) = conn.try_clone() else {
+        return;
+    };
     let mut reader = BufReader::new(conn);
-    let mut writer = writer;
-    loop {
-        let Some(ask) = read_request(&mut reader) else {
-            return;
-        };
+    while let Some(ask) = read_request(&mut reader).and_then(|headers| Ask::from_headers(&headers))
+    {
         match answer(&mut writer, &ask) {
             Ok(()) => {
                 counters.answered.fetch_add(1, Ordering::Relaxed);
@@ -146,38 +116,27 @@ fn serve(conn: TcpStream, counters: &Counters) {
     }
 }
 
-fn read_request(reader: &mut BufReader<TcpStream>) -> Option<Ask> {
-    let mut line = String::new();
-    if reader.read_line(&mut line).ok()? == 0 {
-        return None;
-    }
-    let mut ask = Ask {
-        format: "openai".to_string(),
-        status: 200,
-        ..Ask::default()
-    };
-    loop {
-        line.clear();
-        reader.read_line(&mut line).ok()?;
-        let header = line.trim_end();
-        if header.is_empty() {
-            break;
+impl Ask {
+    /// What the headers ask for; `None` (the connection is closed) for a value that is
+    /// not a number where one is expected.
+    fn from_headers(headers: &[(String, String)]) -> Option<Ask> {
+        let mut ask = Ask {
+            format: "openai".to_string(),
+            status: 200,
+            ..Ask::default()
+        };
+        for (name, value) in headers {
+            match name.as_str() {
+                "x-llm-usage" => ask.usage = value.parse().ok()?,
+                "x-llm-format" => ask.format = value.clone(),
+                "x-llm-stream" => ask.stream = value == "1",
+                "x-llm-duration-ms" => ask.duration_ms = value.parse().ok()?,
+                "x-llm-status" => ask.status = value.parse().ok()?,
+                _ => {}
+            }
         }
-        let (name, value) = header.split_once(':')?;
-        let value = value.trim();
-        match name.to_ascii_lowercase().as_str() {
-            "x-llm-usage" => ask.usage = value.parse().ok()?,
-            "x-llm-format" => ask.format = value.to_string(),
-            "x-llm-stream" => ask.stream = value == "1",
-            "x-llm-duration-ms" => ask.duration_ms = value.parse().ok()?,
-            "x-llm-status" => ask.status = value.parse().ok()?,
-            "content-length" => ask.content_length = value.parse().ok()?,
-            _ => {}
-        }
+        Some(ask)
     }
-    let mut body = vec![0; ask.content_length];
-    reader.read_exact(&mut body).ok()?;
-    Some(ask)
 }
 
 fn answer(w: &mut TcpStream, ask: &Ask) -> io::Result<()> {
