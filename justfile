@@ -51,12 +51,13 @@ test-e2e: build
     cargo build -p weir-bridge
     ENVOY_BIN={{envoy}} WEIR_WASM={{wasm}} cargo test -p weir-e2e -- --test-threads 2
 
-# Benchmarks (~12 min): weir vs no filter, native local_ratelimit, empty wasm; accuracy at 5x, 20x and after idle, with conformance; token budgets and delay; rewrites docs/benchmarks.md and docs/benchmarks-features.md.
+# Benchmarks (~16 min): weir vs no filter, native local_ratelimit, empty wasm; accuracy at 5x, 20x and after idle, with conformance; token budgets and delay; concurrency limits vs Envoy's adaptive_concurrency; rewrites docs/benchmarks.md, docs/benchmarks-features.md and docs/benchmarks-concurrency.md.
 bench: build
     cargo build -p weir-empty-filter --target wasm32-wasip1 --profile wasm
     cargo build -p weir-bridge --release
     ENVOY_BIN={{envoy}} WEIR_WASM={{wasm}} cargo run --release -q -p weir-bench
     ENVOY_BIN={{envoy}} WEIR_WASM={{wasm}} cargo run --release -q -p weir-bench -- features
+    ENVOY_BIN={{envoy}} WEIR_WASM={{wasm}} cargo run --release -q -p weir-bench -- concurrency
 
 # Every part of the benchmark for a second or two, into a temp dir: checks that numbers come out, asserts no performance.
 bench-smoke: build
@@ -65,6 +66,7 @@ bench-smoke: build
     ENVOY_BIN={{envoy}} WEIR_WASM={{wasm}} cargo run --release -q -p weir-bench -- --smoke
     cargo run --release -q -p weir-bench -- simulate --smoke
     ENVOY_BIN={{envoy}} WEIR_WASM={{wasm}} cargo run --release -q -p weir-bench -- features --smoke
+    ENVOY_BIN={{envoy}} WEIR_WASM={{wasm}} cargo run --release -q -p weir-bench -- concurrency --smoke
 
 # A fleet without Envoy processes (~1 min): simulated Envoys running weir's engine against the real weir-bridge and a 6-node Redis Cluster; writes docs/bench/simulation.json (docs/capacity.md reads it).
 bench-sim:

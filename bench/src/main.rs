@@ -6,6 +6,7 @@
 //!            [--accuracy-secs 20] [--out docs] [--only ID,ID] [--no-accuracy] [--no-plot]
 //! weir-bench --smoke        # one short round into a temp dir; checks that numbers came out
 //! weir-bench features       # token budgets and delay instead of reject (see [`features`])
+//! weir-bench concurrency    # concurrency limits next to Envoy's adaptive_concurrency (see [`concurrency`])
 //! ```
 //!
 //! 1. **Cost** ([`cost`]): a Redis Cluster and weir-bridge, then one Envoy per
@@ -20,6 +21,7 @@
 //! (`--profile wasm`), `weir-bridge --release`, Envoy, wrk, redis-server.
 
 mod accuracy;
+mod concurrency;
 mod cost;
 mod features;
 mod page;
@@ -65,7 +67,8 @@ const USAGE: &str = "usage: weir-bench [--rounds N] [--duration SECS] [--warmup 
 [--connections N] [--accuracy-secs SECS] [--out DIR] [--only ID,ID] [--no-accuracy] [--no-plot] [--smoke]
        weir-bench --render OUT/bench/results.json [--no-plot]
        weir-bench simulate [--smoke] [--out DIR]
-       weir-bench features [--smoke] [--secs N] [--out DIR]";
+       weir-bench features [--smoke] [--secs N] [--out DIR]
+       weir-bench concurrency [--smoke] [--secs N] [--out DIR] [--no-plot]";
 
 impl Opts {
     fn parse(args: &[String]) -> Opts {
@@ -162,6 +165,9 @@ fn main() {
     }
     if args.first().map(String::as_str) == Some("features") {
         return features_main(&args[1..]);
+    }
+    if args.first().map(String::as_str) == Some("concurrency") {
+        return concurrency_main(&args[1..]);
     }
     if let Some(at) = args.iter().position(|a| a == "--render") {
         let json = args
@@ -322,60 +328,119 @@ fn simulate_main(args: &[String]) {
     drop(smoke_dir);
 }
 
+/// What a subcommand's run was asked for: seconds per run, where it writes (OUT: `docs`,
+/// or a temp dir for `--smoke`, removed after a passing run).
+struct SubRun {
+    name: &'static str,
+    smoke: bool,
+    secs: f64,
+    out: PathBuf,
+    smoke_dir: Option<TestDir>,
+    command: String,
+}
+
+impl SubRun {
+    fn parse(name: &'static str, args: &[String], secs: f64, smoke_secs: f64) -> SubRun {
+        let smoke = args.iter().any(|a| a == "--smoke");
+        let value = |flag: &str| {
+            args.iter()
+                .position(|a| a == flag)
+                .and_then(|i| args.get(i + 1))
+        };
+        let secs: f64 = value("--secs")
+            .map(|v| v.parse().unwrap_or_else(|_| fail("--secs takes a number")))
+            .unwrap_or(if smoke { smoke_secs } else { secs });
+        let bridge_bin = release_bridge();
+        std::env::set_var("WEIR_BRIDGE_BIN", &bridge_bin);
+        let smoke_dir = smoke.then(|| TestDir::new(&format!("bench-{name}-smoke")));
+        let out = match (value("--out").map(PathBuf::from), &smoke_dir) {
+            (Some(o), _) => o,
+            (None, Some(d)) => d.path().to_path_buf(),
+            (None, None) => repo_root().join("docs"),
+        };
+        let command = format!("weir-bench {name} {}", args.join(" "));
+        SubRun {
+            name,
+            smoke,
+            secs,
+            out,
+            smoke_dir,
+            command: command.trim().to_string(),
+        }
+    }
+
+    /// Writes `OUT/bench/NAME.json` (the results with when and how they were made); its
+    /// path.
+    fn write_json(&self, generated: &str, results: &impl serde::Serialize) -> PathBuf {
+        let dir = self.out.join("bench");
+        std::fs::create_dir_all(&dir)
+            .unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
+        let json = serde_json::to_string_pretty(&serde_json::json!({
+            "generated_utc": generated,
+            "command": self.command,
+            "machine_cores": sys::cores(),
+            "results": results,
+        }))
+        .unwrap_or_else(|e| panic!("cannot serialize: {e}"));
+        let path = dir.join(format!("{}.json", self.name));
+        std::fs::write(&path, json + "\n")
+            .unwrap_or_else(|e| panic!("cannot write {}: {e}", path.display()));
+        path
+    }
+
+    /// Prints and writes `OUT/PAGE`, then fails on any problem; a passing smoke run
+    /// removes its temp dir.
+    fn finish(self, page_name: &str, page: &str, problems: &[String]) {
+        print!("{page}");
+        let path = self.out.join(page_name);
+        std::fs::write(&path, page)
+            .unwrap_or_else(|e| panic!("cannot write {}: {e}", path.display()));
+        if !problems.is_empty() {
+            eprintln!("weir-bench {}: FAILED", self.name);
+            for p in problems {
+                eprintln!("  - {p}");
+            }
+            std::process::exit(1);
+        }
+        if self.smoke {
+            println!("bench-{} smoke: ok", self.name);
+        }
+        drop(self.smoke_dir);
+    }
+}
+
 /// `weir-bench features [--smoke] [--secs N] [--out DIR]`: token budgets and delay
 /// ([`features`]); writes `OUT/bench/features.json` and `OUT/benchmarks-features.md`
-/// (OUT: `docs`, or a temp dir for `--smoke`, which runs 2 s each and fails on any
-/// problem).
+/// (`--smoke` runs 2 s each and fails on any problem).
 fn features_main(args: &[String]) {
-    let smoke = args.iter().any(|a| a == "--smoke");
-    let value = |flag: &str| {
-        args.iter()
-            .position(|a| a == flag)
-            .and_then(|i| args.get(i + 1))
-    };
-    let secs: f64 = value("--secs")
-        .map(|v| v.parse().unwrap_or_else(|_| fail("--secs takes a number")))
-        .unwrap_or(if smoke { 2.0 } else { 10.0 });
-    let bridge_bin = release_bridge();
-    std::env::set_var("WEIR_BRIDGE_BIN", &bridge_bin);
-    let smoke_dir = smoke.then(|| TestDir::new("bench-features-smoke"));
-    let out = match (value("--out").map(PathBuf::from), &smoke_dir) {
-        (Some(o), _) => o,
-        (None, Some(d)) => d.path().to_path_buf(),
-        (None, None) => repo_root().join("docs"),
-    };
-    let command = format!("weir-bench features {}", args.join(" "));
-    log(format!("feature runs, {secs} s each"));
-    let results = features::run_all(secs);
+    let run = SubRun::parse("features", args, 10.0, 2.0);
+    log(format!("feature runs, {} s each", run.secs));
+    let results = features::run_all(run.secs);
     let generated = report::utc_now();
-    let dir = out.join("bench");
-    std::fs::create_dir_all(&dir)
-        .unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
-    let json = serde_json::to_string_pretty(&serde_json::json!({
-        "generated_utc": generated,
-        "command": command.trim(),
-        "machine_cores": sys::cores(),
-        "results": results,
-    }))
-    .unwrap_or_else(|e| panic!("cannot serialize: {e}"));
-    std::fs::write(dir.join("features.json"), json + "\n")
-        .unwrap_or_else(|e| panic!("cannot write features.json: {e}"));
-    let page = features::markdown(&results, &generated, command.trim());
-    print!("{page}");
-    std::fs::write(out.join("benchmarks-features.md"), page)
-        .unwrap_or_else(|e| panic!("cannot write benchmarks-features.md: {e}"));
+    run.write_json(&generated, &results);
+    let page = features::markdown(&results, &generated, &run.command);
     let problems = features::problems(&results);
-    if !problems.is_empty() {
-        eprintln!("weir-bench features: FAILED");
-        for p in &problems {
-            eprintln!("  - {p}");
-        }
-        std::process::exit(1);
-    }
-    if smoke {
-        println!("bench-features smoke: ok");
-    }
-    drop(smoke_dir);
+    run.finish("benchmarks-features.md", &page, &problems);
+}
+
+/// `weir-bench concurrency [--smoke] [--secs N] [--out DIR] [--no-plot]`: concurrency
+/// limits next to Envoy's adaptive_concurrency ([`concurrency`]), N seconds per load
+/// phase; writes `OUT/bench/concurrency.json`, `OUT/benchmarks-concurrency.md` and its
+/// picture `OUT/benchmarks-concurrency.png` (`bench/plot_concurrency.py`; none for
+/// `--smoke`, which runs 1.5 s phases and fails on any problem).
+fn concurrency_main(args: &[String]) {
+    let run = SubRun::parse("concurrency", args, 10.0, 1.5);
+    log(format!("concurrency runs, {} s per phase", run.secs));
+    let results = concurrency::run_all(run.secs);
+    let generated = report::utc_now();
+    let json = run.write_json(&generated, &results);
+    const PNG: &str = "benchmarks-concurrency.png";
+    let drew = !run.smoke
+        && !args.iter().any(|a| a == "--no-plot")
+        && plot_with("bench/plot_concurrency.py", &json, &run.out.join(PNG));
+    let page = concurrency::markdown(&results, &generated, &run.command, drew.then_some(PNG));
+    let problems = concurrency::problems(&results);
+    run.finish("benchmarks-concurrency.md", &page, &problems);
 }
 
 /// A Redis Cluster of 3 masters and 3 replicas and weir-bridge (`$WEIR_BRIDGE_BIN`: the
@@ -887,6 +952,11 @@ fn write_outputs(opts: &Opts, out: &Path, results: &Results) {
 /// Draws the accuracy picture with `bench/plot.py`, installing matplotlib into
 /// `.tools/venv` first when it is missing. Returns whether the PNG was written.
 fn plot(json: &Path, png: &Path) -> bool {
+    plot_with("bench/plot.py", json, png)
+}
+
+/// Runs the picture script `script` (relative to the repository) on `json` into `png`.
+fn plot_with(script: &str, json: &Path, png: &Path) -> bool {
     let root = repo_root();
     let venv = root.join(".tools/venv");
     let python = venv.join("bin/python");
@@ -910,11 +980,11 @@ fn plot(json: &Path, png: &Path) -> bool {
         }
     }
     let ok = run(Command::new(&python)
-        .arg(root.join("bench/plot.py"))
+        .arg(root.join(script))
         .arg(json)
         .arg(png));
     if !ok {
-        log("bench/plot.py failed: no picture");
+        log(format!("{script} failed: no picture"));
     }
     ok && png.is_file()
 }
