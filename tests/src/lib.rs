@@ -51,6 +51,9 @@ pub use knee_upstream::KneeUpstream;
 pub use llm_upstream::LlmUpstream;
 pub use load::{run_clients, LoadReport, Outcome};
 pub use ports::{free_port, free_ports};
-pub use prereq::{envoy_bin, redis_cli_bin, redis_server_bin, repo_relative, repo_root, weir_wasm};
+pub use prereq::{
+    documented_json, envoy_bin, redis_cli_bin, redis_server_bin, repo_relative, repo_root,
+    weir_wasm,
+};
 pub use process::{pid_exists, wait_for, wait_until, Child, Process, TestDir};
 pub use redis::{key_slot, redis_cli_at, RedisCluster};

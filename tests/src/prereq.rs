@@ -26,6 +26,27 @@ pub fn repo_relative(path: &Path) -> String {
         .to_string()
 }
 
+/// The JSON block that follows `<!-- marker -->` in `doc` (relative to the repository,
+/// e.g. `docs/algorithms.md`): the tests run the docs' examples as they are written.
+pub fn documented_json(doc: &str, marker: &str) -> String {
+    let path = repo_root().join(doc);
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    let after = text
+        .split_once(&format!("<!-- {marker} -->"))
+        .unwrap_or_else(|| panic!("{doc} has no <!-- {marker} -->"))
+        .1;
+    let block = after
+        .split_once("```json\n")
+        .unwrap_or_else(|| panic!("{doc}: no ```json block after <!-- {marker} -->"))
+        .1;
+    block
+        .split_once("```")
+        .unwrap_or_else(|| panic!("{doc}: the block after <!-- {marker} --> is not closed"))
+        .0
+        .to_string()
+}
+
 /// The Envoy binary: `$ENVOY_BIN`, else `<repo>/.tools/venv/bin/envoy`, else `envoy` on `PATH`.
 pub fn envoy_bin() -> PathBuf {
     if let Some(p) = env::var_os("ENVOY_BIN") {

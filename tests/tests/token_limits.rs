@@ -254,23 +254,16 @@ fn anthropic_usage_is_read_from_bodies_and_streams() {
     envoy.assert_no_panic();
 }
 
-/// The JSON block after `<!-- llm-token-example -->` in docs/algorithms.md.
-fn documented_example() -> String {
-    let doc = std::fs::read_to_string(weir_e2e::repo_root().join("docs/algorithms.md")).unwrap();
-    let after = doc
-        .split_once("<!-- llm-token-example -->")
-        .expect("docs/algorithms.md has the LLM token example")
-        .1;
-    let block = after.split_once("```json\n").unwrap().1;
-    block.split_once("```").unwrap().0.to_string()
-}
-
 /// docs/algorithms.md "LLM token limits", as written there: 20,000 tokens a minute per
 /// API key, 4,000 reserved per request without an estimate.
 #[test]
 fn the_documented_llm_token_limit_works_as_the_docs_say() {
     let upstream = LlmUpstream::start();
-    let envoy = start(&documented_example(), &upstream, 2);
+    let envoy = start(
+        &weir_e2e::documented_json("docs/algorithms.md", "llm-token-example"),
+        &upstream,
+        2,
+    );
     let call = |usage: u64| {
         Request::post("/v1/chat/completions", "{}")
             .header("x-api-key", "key-1")
