@@ -94,8 +94,9 @@ impl Concurrency {
             allowed: false,
             limit,
             remaining: limit.saturating_sub(in_flight),
-            // A cost above the limit never fits.
-            retry_after_ns: (cost <= limit).then(|| self.retry_after_us * NS_PER_US),
+            // A cost above `max_in_flight` never fits; one above an adaptive limit that
+            // is lower for now fits once the limit grows back.
+            retry_after_ns: (cost <= self.max_in_flight).then(|| self.retry_after_us * NS_PER_US),
             reset_after_ns: 0,
         };
         (decision, None)
@@ -174,6 +175,10 @@ mod tests {
         assert!(!c.decide(state, 10, 4).0.allowed);
         // A cost above the limit never fits: no retry.
         assert_eq!(c.decide(None, 10, 11).0.retry_after_ns, None);
+        // Above an adaptive limit that is lower for now, it fits later: a retry.
+        let (d, _) = c.decide(None, 3, 5);
+        assert!(!d.allowed);
+        assert_eq!(d.retry_after_ns, Some(1_000_000_000));
     }
 
     #[test]

@@ -1126,10 +1126,16 @@ impl Engine {
             .iter()
             .filter_map(|v| {
                 let rule = self.config.rule(v.rule)?;
+                let mut policy = rule.policy();
+                if let Scope::Concurrency(_) = rule.scope {
+                    // An adaptive rule's quota is the limit the request met, not its
+                    // ceiling (the same for a fixed one).
+                    policy.quota = v.decision.limit;
+                }
                 Some(RuleVerdict {
                     rule: &rule.name,
                     decision: v.decision,
-                    policy: rule.policy(),
+                    policy,
                 })
             })
             .collect()

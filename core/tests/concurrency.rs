@@ -208,4 +208,8 @@ fn an_adaptive_limit_finds_the_knee_of_a_saturated_service() {
         settled.iter().all(|&l| (8..=16).contains(&l)),
         "limits over time: {limits:?}"
     );
+    // RateLimit-Policy names the limit the request met, not the ceiling of 100.
+    let eval = evaluate_on(&e, &store, &mut workers[0], &user("x"), now);
+    let quota = e.rule_verdicts(&eval)[0].policy.quota;
+    assert_eq!(Some(&quota), limits.last(), "limits over time: {limits:?}");
 }
