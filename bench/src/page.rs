@@ -460,7 +460,9 @@ fn running_section() -> String {
      `weir-unkeyed` (one rule without a key). `just bench-sim` simulates a fleet against the real \
      bridge and Redis (docs/capacity.md). `just bench` then runs `weir-bench features`: token \
      budgets (costs known after the response) and delay instead of reject, on real Envoys, \
-     written to [benchmarks-features.md](benchmarks-features.md).\n\n"
+     written to [benchmarks-features.md](benchmarks-features.md), and `weir-bench concurrency`: \
+     concurrency limits next to Envoy's `adaptive_concurrency`, written to \
+     [benchmarks-concurrency.md](benchmarks-concurrency.md).\n\n"
         .to_string()
 }
 
