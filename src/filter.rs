@@ -308,11 +308,9 @@ impl Filter {
                 };
                 now_us = Some(now);
                 let latency = now.saturating_sub(s.commit.counted_at_us);
-                plugin.engine.observe_latency(
-                    &mut plugin.worker.borrow_mut(),
-                    s.commit.rule,
-                    latency,
-                );
+                plugin
+                    .engine
+                    .observe_latency(&mut plugin.worker.borrow_mut(), &s.commit, latency);
             }
         }
         for s in &mut self.settling {

@@ -39,7 +39,9 @@
 //! estimate stands). Concurrency rules count `in_flight_released` (streams ended, their
 //! places given back) and `in_flight_release_errors` (shared data failed: the place
 //! stays taken); adaptive ones have the gauges `concurrency_limit`, `latency_sample_us`
-//! (the last interval's latency quantile) and `latency_baseline_us`.
+//! (the last interval's latency quantile) and `latency_baseline_us` — with `per_key`,
+//! whose limits are one per key, none of these but the counter `keys_without_controller`
+//! (requests whose key had no controller of its own: decided against `max_in_flight`).
 //! `weir.<plugin>.vm.host_calls`
 //! counts the calls every VM of the plugin made into Envoy (shared data, headers, the
 //! clock, logs, stats): divided by requests, the cost floor the benchmark reports.
@@ -95,6 +97,7 @@ struct RuleMetrics {
     commit_errors: Stat,
     in_flight_released: Stat,
     in_flight_release_errors: Stat,
+    keys_without_controller: Stat,
     /// Adaptive concurrency rules: the limit, the last interval's latency sample and
     /// the baseline, recorded when a worker merges.
     adaptive: Option<AdaptiveGauges>,
@@ -217,6 +220,7 @@ impl Metrics {
                 in_flight_released: r.counter(&format!("{prefix}.in_flight_released"))?,
                 in_flight_release_errors: r
                     .counter(&format!("{prefix}.in_flight_release_errors"))?,
+                keys_without_controller: r.counter(&format!("{prefix}.keys_without_controller"))?,
                 adaptive,
             });
         }
@@ -370,6 +374,10 @@ impl Metrics {
 
     /// An adaptive rule's controller as a worker merged it.
     pub fn adapted(&self, adapted: &Adapted) {
+        // A key's controller: a gauge holds one value, and a rule has a limit per key.
+        if adapted.key.is_some() {
+            return;
+        }
         let Some(gauges) = self
             .rules
             .get(adapted.rule.index())
@@ -461,6 +469,9 @@ impl Metrics {
             }
             if report.delay_queue_full {
                 self.bump(rule.delay_queue_full, 1);
+            }
+            if report.key_without_controller {
+                self.bump(rule.keys_without_controller, 1);
             }
             if report.cas_retries > 0 {
                 self.bump(self.cas_retries, i64::from(report.cas_retries));

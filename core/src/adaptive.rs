@@ -44,6 +44,15 @@
 //! data with CAS ([`SharedRecord`]); the worker whose merge finds the interval over
 //! runs the controller and starts the next interval. Workers read the limit back on
 //! their tick, so a new limit applies everywhere within one tick.
+//!
+//! With `per_key`, each key has such a record of its own, among `keys` records made when
+//! the plugin starts: a key looks for its own in [`KEY_PROBES`] records from the one its
+//! hash names and claims the first that is free — nobody's, or untouched for
+//! [`STALE_INTERVALS`] intervals ([`SharedRecord::free_for`]). A worker keeps the
+//! latencies of at most `keys` keys ([`KeyedLatencies`]) and forgets those it has not
+//! seen for two intervals, so the records of keys gone idle go stale and serve others.
+
+use std::collections::BTreeMap;
 
 use crate::algorithms::ParamError;
 
@@ -73,7 +82,19 @@ pub struct Adaptive {
     /// Latency allowed over the baseline before the limit shrinks, per million
     /// (1,250,000: 25 % more).
     pub tolerance_ppm: u32,
+    /// `per_key`: a controller for each key, for up to this many keys at once (`keys`);
+    /// `None`: one controller for the rule.
+    pub key_controllers: Option<u32>,
 }
+
+/// The most keys a rule may give controllers of their own (`adaptive.keys`): each is a
+/// record of [`RECORD_BYTES`] in shared data, created when the plugin starts.
+pub const MAX_KEY_CONTROLLERS: u32 = 1_024;
+/// A key's controller is looked for in this many consecutive records from the one its
+/// hash names (so two keys rarely compete for one).
+pub const KEY_PROBES: u32 = 4;
+/// A key's record nobody merged into for this many intervals is free for another key.
+pub const STALE_INTERVALS: u64 = 3;
 
 impl Adaptive {
     /// Checks every field but `initial_limit` against the rule's `max_in_flight`.
@@ -104,6 +125,14 @@ impl Adaptive {
         }
         if !(1_000_000..=10_000_000).contains(&self.tolerance_ppm) {
             return Err(ParamError::new("adaptive.tolerance", "must be 1 to 10"));
+        }
+        if let Some(keys) = self.key_controllers {
+            if !(1..=MAX_KEY_CONTROLLERS).contains(&keys) {
+                return Err(ParamError::new(
+                    "adaptive.keys",
+                    format!("must be 1 to {MAX_KEY_CONTROLLERS}"),
+                ));
+            }
         }
         Ok(())
     }
@@ -279,16 +308,19 @@ impl LatencySketch {
     }
 }
 
-/// A rule's record in shared data: the controller, the interval's merged latencies and
-/// its peak in flight.
+/// A controller's record in shared data — a rule's, or with `per_key` one key's: the
+/// controller, the interval's merged latencies and its peak in flight.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct SharedRecord {
     pub controller: ControllerState,
     pub peak_in_flight: u64,
     pub sketch: LatencySketch,
+    /// With `per_key`, the fingerprint of the key whose controller this is (0: none yet);
+    /// 0 for a rule's record.
+    pub owner: u64,
 }
 
-const HEADER_BYTES: usize = 6 * 8;
+const HEADER_BYTES: usize = 7 * 8;
 /// The size of an encoded record.
 pub const RECORD_BYTES: usize = HEADER_BYTES + SKETCH_BUCKETS * 4;
 
@@ -303,6 +335,7 @@ impl SharedRecord {
             c.last_sample_us,
             u64::from(c.slow_start),
             self.peak_in_flight,
+            self.owner,
         ] {
             out.extend_from_slice(&word.to_le_bytes());
         }
@@ -330,6 +363,7 @@ impl SharedRecord {
             slow_start: next() != 0,
         };
         let peak_in_flight = next();
+        let owner = next();
         let mut sketch = LatencySketch::default();
         for (slot, bytes) in sketch.counts.iter_mut().zip(counts.chunks_exact(4)) {
             *slot = u32::from_le_bytes(bytes.try_into().unwrap_or([0; 4]));
@@ -338,7 +372,27 @@ impl SharedRecord {
             controller,
             peak_in_flight,
             sketch,
+            owner,
         })
+    }
+
+    /// A new controller for the key whose fingerprint is `owner`.
+    pub fn claimed(owner: u64, adaptive: &Adaptive, now_us: u64) -> SharedRecord {
+        SharedRecord {
+            controller: adaptive.start(now_us),
+            owner,
+            ..SharedRecord::default()
+        }
+    }
+
+    /// Whether the key `owner` may take this record: it is nobody's, or its key has
+    /// not been merged into for [`STALE_INTERVALS`] intervals (it went idle).
+    pub fn free_for(&self, owner: u64, adaptive: &Adaptive, now_us: u64) -> bool {
+        let idle_since = self
+            .controller
+            .interval_started_us
+            .saturating_add(adaptive.interval_us.saturating_mul(STALE_INTERVALS));
+        self.owner == 0 || self.owner == owner || now_us >= idle_since
     }
 
     /// Adds a worker's interval into the record and, when the interval is over at
@@ -385,6 +439,62 @@ pub struct WorkerLatency {
     pub peak_in_flight: u64,
 }
 
+/// A worker's latencies of a `per_key` rule, a [`WorkerLatency`] per key it saw
+/// lately, at most `capacity`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyedLatencies {
+    pub entries: BTreeMap<(u64, u64), KeyedEntry>,
+    pub capacity: usize,
+}
+
+/// One key's latencies in a worker, and where its controller is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyedEntry {
+    pub latency: WorkerLatency,
+    /// Which of the rule's records holds the key's controller; `None` while it has none
+    /// (every record it may use belongs to a key still active): decided against
+    /// `max_in_flight`, and looked for again on the tick.
+    pub record: Option<u32>,
+    pub last_seen_us: u64,
+}
+
+impl KeyedLatencies {
+    pub fn new(capacity: u32) -> KeyedLatencies {
+        KeyedLatencies {
+            entries: BTreeMap::new(),
+            capacity: capacity as usize,
+        }
+    }
+
+    /// Room for one more key: forgets the least recently seen key with nothing waiting
+    /// to be merged when full. `false` when every key has samples waiting.
+    pub fn make_room(&mut self) -> bool {
+        if self.entries.len() < self.capacity {
+            return true;
+        }
+        let idle = self
+            .entries
+            .iter()
+            .filter(|(_, e)| e.latency.sketch.is_empty())
+            .min_by_key(|(_, e)| e.last_seen_us)
+            .map(|(k, _)| *k);
+        match idle {
+            Some(key) => {
+                self.entries.remove(&key);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Forgets the keys not seen since `before_us` that have nothing to merge: their
+    /// records go stale and can serve other keys.
+    pub fn forget_idle(&mut self, before_us: u64) {
+        self.entries
+            .retain(|_, e| e.last_seen_us >= before_us || !e.latency.sketch.is_empty());
+    }
+}
+
 impl WorkerLatency {
     pub fn new(adaptive: &Adaptive) -> WorkerLatency {
         WorkerLatency {
@@ -417,6 +527,7 @@ mod tests {
             interval_us: 1_000_000,
             smoothing_ppm: 1_000_000,
             tolerance_ppm: 1_250_000,
+            key_controllers: None,
         }
     }
 
@@ -452,6 +563,55 @@ mod tests {
         assert_eq!(twice.peak_in_flight, 3);
         assert_eq!(SharedRecord::decode(&twice.encode()), Some(twice));
         assert_eq!(SharedRecord::decode(b"short"), None);
+    }
+
+    #[test]
+    fn a_keys_record_is_free_once_nobody_merged_for_three_intervals() {
+        let a = adaptive();
+        let record = SharedRecord::claimed(7, &a, 1_000_000);
+        assert_eq!(SharedRecord::decode(&record.encode()), Some(record.clone()));
+        assert_eq!(record.controller.limit(), a.initial_limit);
+        assert!(record.free_for(7, &a, 1_000_000), "its own key");
+        assert!(
+            !record.free_for(8, &a, 3_999_999),
+            "another key, while it is active"
+        );
+        assert!(
+            record.free_for(8, &a, 4_000_000),
+            "another key, three intervals later"
+        );
+        assert!(SharedRecord::default().free_for(8, &a, 0), "nobody's");
+    }
+
+    #[test]
+    fn a_workers_keys_are_bounded_and_idle_ones_give_way() {
+        let entry = |seen: u64, samples: bool| {
+            let mut latency = WorkerLatency::new(&adaptive());
+            if samples {
+                latency.sketch.record(1_000);
+            }
+            KeyedEntry {
+                latency,
+                record: Some(0),
+                last_seen_us: seen,
+            }
+        };
+        let mut keys = KeyedLatencies::new(2);
+        keys.entries.insert((1, 1), entry(10, true));
+        keys.entries.insert((2, 2), entry(20, true));
+        assert!(!keys.make_room(), "both have samples waiting");
+        keys.entries.insert((2, 2), entry(20, false));
+        assert!(keys.make_room());
+        assert!(!keys.entries.contains_key(&(2, 2)), "the idle one went");
+        keys.entries.insert((3, 3), entry(30, false));
+        keys.forget_idle(25);
+        assert_eq!(
+            keys.entries.len(),
+            2,
+            "(1, 1) has samples, (3, 3) is recent"
+        );
+        keys.forget_idle(31);
+        assert_eq!(keys.entries.keys().collect::<Vec<_>>(), [&(1, 1)]);
     }
 
     /// A service that serves `c` at once in `s_us` and queues the rest: the latency at

@@ -23,7 +23,9 @@
 //! of this plugin are skipped for [`BRIDGE_BACKOFF_US`] so that a failing bridge does not
 //! cost every request a failed call.
 
-use crate::adaptive::{ControllerState, SharedRecord};
+use crate::adaptive::{
+    Adaptive, ControllerState, KeyedEntry, KeyedLatencies, SharedRecord, WorkerLatency, KEY_PROBES,
+};
 use crate::algorithms::{
     Ahead, Decision, GlobalLimit, Hold, Limit, SlotState, TakenAhead, NS_PER_US,
 };
@@ -123,6 +125,10 @@ pub struct RuleReport {
     /// A delaying rule denied a request that would have fitted within its `max`,
     /// because the worker already held `queue` requests for it.
     pub delay_queue_full: bool,
+    /// A `per_key` adaptive rule decided this request's key without a controller of its
+    /// own (every record it may use belongs to an active key, or the worker's table of
+    /// keys was full of keys with samples waiting): against `max_in_flight`.
+    pub key_without_controller: bool,
 }
 
 impl RuleReport {
@@ -141,6 +147,7 @@ impl RuleReport {
             reservoir_expired: 0,
             reservoir_lost: None,
             delay_queue_full: false,
+            key_without_controller: false,
         }
     }
 
@@ -450,6 +457,8 @@ pub struct Adapted {
     pub controller: ControllerState,
     /// The limit this worker decides with now.
     pub limit: u64,
+    /// With `per_key`: the fingerprint of the key whose controller this is.
+    pub key: Option<u64>,
 }
 
 impl Engine {
@@ -560,11 +569,20 @@ impl Engine {
     /// Run before serving.
     pub fn prepare<S: SharedStore>(&self, store: &S) -> Result<u32, StoreError> {
         let mut created = 0;
-        for key in self.adaptive_keys.iter().flatten() {
-            if store.get(key)?.1.is_none() {
-                // Empty: the first merge starts the controller.
-                store.create(key, &[])?;
-                created += 1;
+        for (rule, base) in self.config.rules.iter().zip(&self.adaptive_keys) {
+            let Some(base) = base else {
+                continue;
+            };
+            let records: Vec<String> = match key_controllers(rule) {
+                Some(n) => (0..n).map(|i| key_record(base, i)).collect(),
+                None => vec![base.clone()],
+            };
+            for key in records {
+                if store.get(&key)?.1.is_none() {
+                    // Empty: the first merge (or a key's claim) starts the controller.
+                    store.create(&key, &[])?;
+                    created += 1;
+                }
             }
         }
         for tables in &self.tables {
@@ -696,7 +714,11 @@ impl Engine {
                     }
                 }
                 (Scope::Concurrency(limit), Some(RuleTables::Local(table))) => {
-                    decide_in_flight(eval, store, &applied, limit, table, worker);
+                    let records = self
+                        .adaptive_keys
+                        .get(rule.id.index())
+                        .and_then(Option::as_deref);
+                    decide_in_flight(eval, store, &applied, limit, table, worker, records);
                 }
                 (Scope::Global(global), Some(RuleTables::Global { leases, .. })) => {
                     let lookup = LeaseLookup { global, leases };
@@ -753,10 +775,13 @@ impl Engine {
     }
 
     /// A response of a request admitted by an adaptive concurrency rule came back
-    /// `latency_us` after the rule admitted it: the worker records it for its next merge
-    /// ([`Engine::adapt`]).
-    pub fn observe_latency(&self, worker: &mut Worker, rule: RuleId, latency_us: u64) {
-        if let Some(latency) = worker.latency(rule) {
+    /// `latency_us` after the rule admitted it (`admitted`: the request's commit for the
+    /// rule): the worker records it for its next merge ([`Engine::adapt`]).
+    pub fn observe_latency(&self, worker: &mut Worker, admitted: &PendingCommit, latency_us: u64) {
+        let CommitKey::Local(hash) = &admitted.key else {
+            return;
+        };
+        if let Some(latency) = worker_latency(worker, admitted.rule, hash) {
             latency.sketch.record(latency_us);
         }
     }
@@ -769,9 +794,10 @@ impl Engine {
     }
 
     /// The worker's tick for adaptive concurrency rules: adds what it saw since its last
-    /// merge into each rule's record in shared data (CAS), which runs the controller when
-    /// the interval is over (see [`crate::adaptive`]), and takes the rule's limit back.
-    /// A rule whose record cannot be updated keeps its samples for the next tick.
+    /// merge into each controller's record in shared data (CAS) — the rule's, or with
+    /// `per_key` each key's the worker saw lately — which runs the controller when the
+    /// interval is over (see [`crate::adaptive`]), and takes the limit back. A record
+    /// that cannot be updated keeps the samples for the next tick.
     pub fn adapt<S: SharedStore>(
         &self,
         store: &S,
@@ -780,38 +806,84 @@ impl Engine {
     ) -> Vec<Adapted> {
         let mut adapted = Vec::new();
         for rule in &self.config.rules {
-            let (Scope::Concurrency(limit), Some(Some(key))) =
+            let (Scope::Concurrency(limit), Some(Some(base))) =
                 (&rule.scope, self.adaptive_keys.get(rule.id.index()))
             else {
                 continue;
             };
-            let (Some(adaptive), Some(latency)) = (&limit.adaptive, worker.latency(rule.id)) else {
+            let Some(adaptive) = &limit.adaptive else {
                 continue;
             };
-            for _ in 0..crate::store::MAX_CAS_ATTEMPTS {
-                let Ok((value, Some(version))) = store.get(key) else {
-                    break;
+            if let Some(keyed) = worker.keyed(rule.id) {
+                let records = KeyRecords {
+                    store,
+                    base,
+                    adaptive,
                 };
-                let current = value.as_deref().and_then(SharedRecord::decode);
-                let record =
-                    SharedRecord::merge(current, latency, adaptive, limit.max_in_flight, now_us);
-                match store.compare_and_set(key, &record.encode(), version) {
-                    Ok(()) => {
-                        let controller = record.controller;
-                        let now_limit = controller
-                            .limit()
-                            .clamp(adaptive.min_limit, limit.max_in_flight);
-                        latency.merged(now_limit);
-                        adapted.push(Adapted {
-                            rule: rule.id,
-                            controller,
-                            limit: now_limit,
-                        });
-                        break;
+                // Keys not seen for two intervals are forgotten: their records go stale
+                // (after three) and can serve other keys.
+                keyed.forget_idle(now_us.saturating_sub(adaptive.interval_us.saturating_mul(2)));
+                for (&(set_hash, fingerprint), entry) in keyed.entries.iter_mut() {
+                    let hash = KeyHash {
+                        set_hash,
+                        fingerprint,
+                    };
+                    let Some(index) = entry.record else {
+                        // A key without a controller looks for one again.
+                        if let Some((index, limit)) = records.find(&hash, now_us) {
+                            entry.record = Some(index);
+                            entry.latency.merged(limit);
+                        }
+                        continue;
+                    };
+                    let owner = fingerprint.max(1);
+                    let merged = merge_record(
+                        store,
+                        &key_record(base, index),
+                        &entry.latency,
+                        (adaptive, limit.max_in_flight),
+                        Some(owner),
+                        now_us,
+                    );
+                    match merged {
+                        Merge::Done(controller, now_limit) => {
+                            entry.latency.merged(now_limit);
+                            adapted.push(Adapted {
+                                rule: rule.id,
+                                controller,
+                                limit: now_limit,
+                                key: Some(owner),
+                            });
+                        }
+                        // Taken by another key while this one was idle: look again.
+                        Merge::NotOwner => {
+                            entry.record = None;
+                            entry.latency.merged(limit.max_in_flight);
+                        }
+                        Merge::Failed => {}
                     }
-                    Err(StoreError::CasMismatch) => continue,
-                    Err(_) => break,
                 }
+                continue;
+            }
+            let Some(latency) = worker.latency(rule.id) else {
+                continue;
+            };
+            let merged = merge_record(
+                store,
+                base,
+                latency,
+                (adaptive, limit.max_in_flight),
+                None,
+                now_us,
+            );
+            if let Merge::Done(controller, now_limit) = merged {
+                latency.merged(now_limit);
+                adapted.push(Adapted {
+                    rule: rule.id,
+                    controller,
+                    limit: now_limit,
+                    key: None,
+                });
             }
         }
         adapted
@@ -1303,11 +1375,30 @@ fn decide_in_flight<S: SharedStore>(
     limit: &Concurrency,
     table: &SlotTable,
     worker: &mut Worker,
+    records: Option<&str>,
 ) {
     let mut report = applied.report();
     report.source = Some(Source::Slot);
-    let latency = worker.latency(applied.rule.id);
-    let now_limit = latency.as_ref().map_or(limit.max_in_flight, |l| l.limit);
+    let now_limit = match (limit.adaptive, worker.keyed(applied.rule.id), records) {
+        (Some(adaptive), Some(keyed), Some(base)) => {
+            let found = KeyRecords {
+                store,
+                base,
+                adaptive: &adaptive,
+            }
+            .entry(keyed, &applied.hash, applied.now_us);
+            match found {
+                Some(entry) if entry.record.is_some() => entry.latency.limit,
+                _ => {
+                    report.key_without_controller = true;
+                    limit.max_in_flight
+                }
+            }
+        }
+        _ => worker
+            .latency(applied.rule.id)
+            .map_or(limit.max_in_flight, |l| l.limit),
+    };
     let vacancy = |state: SlotState| Vacancy {
         idle_at_us: Concurrency::idle_at_us(state),
         in_use: Concurrency::in_use(state),
@@ -1319,8 +1410,8 @@ fn decide_in_flight<S: SharedStore>(
     match updated {
         Ok(updated) => {
             let decision = updated.result;
-            if let Some(latency) = latency {
-                let in_flight = decision.limit.saturating_sub(decision.remaining);
+            let in_flight = decision.limit.saturating_sub(decision.remaining);
+            if let Some(latency) = worker_latency(worker, applied.rule.id, &applied.hash) {
                 latency.peak_in_flight = latency.peak_in_flight.max(in_flight);
             }
             if decision.allowed && applied.cost > 0 {
@@ -1337,6 +1428,151 @@ fn decide_in_flight<S: SharedStore>(
             report.outcome = RuleOutcome::StoreFailed(error);
             eval.reports.push(report);
         }
+    }
+}
+
+/// What merging a worker's latencies into a controller's record came to.
+enum Merge {
+    /// The controller after the merge, and the limit to decide with.
+    Done(ControllerState, u64),
+    /// With `per_key`: the record belongs to another key now.
+    NotOwner,
+    /// Shared data failed, or CAS lost every race: the samples wait for the next tick.
+    Failed,
+}
+
+/// Adds `latency` into the record at `key` with CAS (see [`SharedRecord::merge`]); with
+/// `owner`, only while the record is that key's.
+fn merge_record<S: SharedStore>(
+    store: &S,
+    key: &str,
+    latency: &WorkerLatency,
+    (adaptive, max_in_flight): (&Adaptive, u64),
+    owner: Option<u64>,
+    now_us: u64,
+) -> Merge {
+    for _ in 0..crate::store::MAX_CAS_ATTEMPTS {
+        let Ok((value, Some(version))) = store.get(key) else {
+            return Merge::Failed;
+        };
+        let current = value.as_deref().and_then(SharedRecord::decode);
+        if owner.is_some() && current.as_ref().map(|r| r.owner) != owner {
+            return Merge::NotOwner;
+        }
+        let record = SharedRecord::merge(current, latency, adaptive, max_in_flight, now_us);
+        match store.compare_and_set(key, &record.encode(), version) {
+            Ok(()) => {
+                let now_limit = record
+                    .controller
+                    .limit()
+                    .clamp(adaptive.min_limit, max_in_flight);
+                return Merge::Done(record.controller, now_limit);
+            }
+            Err(StoreError::CasMismatch) => continue,
+            Err(_) => return Merge::Failed,
+        }
+    }
+    Merge::Failed
+}
+
+/// The latencies a worker gathers for `rule` — for the key `hash` with `per_key`.
+fn worker_latency<'w>(
+    worker: &'w mut Worker,
+    rule: RuleId,
+    hash: &KeyHash,
+) -> Option<&'w mut WorkerLatency> {
+    if worker.keyed(rule).is_some() {
+        return worker
+            .keyed(rule)?
+            .entries
+            .get_mut(&(hash.set_hash, hash.fingerprint))
+            .map(|e| &mut e.latency);
+    }
+    worker.latency(rule)
+}
+
+/// `adaptive.keys` of a `per_key` rule.
+fn key_controllers(rule: &Rule) -> Option<u32> {
+    match &rule.scope {
+        Scope::Concurrency(c) => c.adaptive.and_then(|a| a.key_controllers),
+        _ => None,
+    }
+}
+
+/// The shared-data key of record `index` of a `per_key` rule whose records start with
+/// `base`.
+fn key_record(base: &str, index: u32) -> String {
+    format!("{base}/{index}")
+}
+
+/// The records of a `per_key` rule's controllers in shared data.
+struct KeyRecords<'a, S> {
+    store: &'a S,
+    base: &'a str,
+    adaptive: &'a Adaptive,
+}
+
+impl<S: SharedStore> KeyRecords<'_, S> {
+    /// The worker's entry for the key `hash`, made the first time the worker sees the key
+    /// (finding or claiming its controller's record); `None` when the worker's table is
+    /// full of keys with samples waiting.
+    fn entry<'k>(
+        &self,
+        keyed: &'k mut KeyedLatencies,
+        hash: &KeyHash,
+        now_us: u64,
+    ) -> Option<&'k mut KeyedEntry> {
+        let id = (hash.set_hash, hash.fingerprint);
+        if !keyed.entries.contains_key(&id) {
+            if !keyed.make_room() {
+                return None;
+            }
+            let mut latency = WorkerLatency::new(self.adaptive);
+            let record = self.find(hash, now_us).map(|(index, limit)| {
+                latency.limit = limit;
+                index
+            });
+            keyed.entries.insert(
+                id,
+                KeyedEntry {
+                    latency,
+                    record,
+                    last_seen_us: now_us,
+                },
+            );
+        }
+        let entry = keyed.entries.get_mut(&id)?;
+        entry.last_seen_us = now_us;
+        Some(entry)
+    }
+
+    /// The record holding the key's controller and its limit: the key's own among the
+    /// [`KEY_PROBES`] records from the one its hash names, else the first of them that is
+    /// free, claimed with a fresh controller. `None` when all belong to active keys.
+    fn find(&self, hash: &KeyHash, now_us: u64) -> Option<(u32, u64)> {
+        let records = self.adaptive.key_controllers?;
+        let owner = hash.fingerprint.max(1);
+        let first = hash.set_hash % u64::from(records);
+        let mut free = None;
+        for probe in 0..u64::from(KEY_PROBES.min(records)) {
+            let index = u32::try_from((first + probe) % u64::from(records)).ok()?;
+            let Ok((value, Some(version))) = self.store.get(&key_record(self.base, index)) else {
+                continue;
+            };
+            match value.as_deref().and_then(SharedRecord::decode) {
+                Some(r) if r.owner == owner => return Some((index, r.controller.limit())),
+                Some(r) if !r.free_for(owner, self.adaptive, now_us) => {}
+                _ => {
+                    free = free.or(Some((index, version)));
+                }
+            }
+        }
+        let (index, version) = free?;
+        let claimed = SharedRecord::claimed(owner, self.adaptive, now_us);
+        self.store
+            .compare_and_set(&key_record(self.base, index), &claimed.encode(), version)
+            .ok()?;
+        Some((index, claimed.controller.limit()))
     }
 }
 

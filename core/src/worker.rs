@@ -2,7 +2,7 @@
 //! data: its reservoirs of local rules, its held requests, and the latencies and
 //! limits of its adaptive concurrency rules.
 
-use crate::adaptive::WorkerLatency;
+use crate::adaptive::{KeyedLatencies, WorkerLatency};
 use crate::delay::Waiting;
 use crate::reservoir::Reservoirs;
 use crate::rules::{Rule, RuleId, Scope};
@@ -11,8 +11,12 @@ use crate::rules::{Rule, RuleId, Scope};
 pub struct Worker {
     pub reservoirs: Reservoirs,
     pub waiting: Waiting,
-    /// One per rule, at its id's index: `Some` for adaptive concurrency rules.
+    /// One per rule, at its id's index: `Some` for adaptive concurrency rules with one
+    /// controller.
     pub latencies: Vec<Option<WorkerLatency>>,
+    /// One per rule, at its id's index: `Some` for adaptive concurrency rules with a
+    /// controller per key (`per_key`).
+    pub keyed: Vec<Option<KeyedLatencies>>,
 }
 
 impl Worker {
@@ -24,11 +28,30 @@ impl Worker {
             latencies: rules
                 .iter()
                 .map(|rule| match &rule.scope {
-                    Scope::Concurrency(c) => c.adaptive.as_ref().map(WorkerLatency::new),
+                    Scope::Concurrency(c) => c
+                        .adaptive
+                        .as_ref()
+                        .filter(|a| a.key_controllers.is_none())
+                        .map(WorkerLatency::new),
+                    _ => None,
+                })
+                .collect(),
+            keyed: rules
+                .iter()
+                .map(|rule| match &rule.scope {
+                    Scope::Concurrency(c) => c
+                        .adaptive
+                        .and_then(|a| a.key_controllers)
+                        .map(KeyedLatencies::new),
                     _ => None,
                 })
                 .collect(),
         }
+    }
+
+    /// The keys of an adaptive concurrency rule with `per_key`.
+    pub fn keyed(&mut self, rule: RuleId) -> Option<&mut KeyedLatencies> {
+        self.keyed.get_mut(rule.index()).and_then(Option::as_mut)
     }
 
     /// The latencies and limit of an adaptive concurrency rule.

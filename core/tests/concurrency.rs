@@ -183,7 +183,7 @@ fn an_adaptive_limit_finds_the_knee_of_a_saturated_service() {
                 break;
             }
             let (w, pending, started) = open.remove(&(ends, id)).unwrap();
-            e.observe_latency(&mut workers[w], pending.rule, ends - started);
+            e.observe_latency(&mut workers[w], &pending, ends - started);
             end(&e, &store, &pending, ends);
         }
         if now >= next_tick {
@@ -212,4 +212,139 @@ fn an_adaptive_limit_finds_the_knee_of_a_saturated_service() {
     let eval = evaluate_on(&e, &store, &mut workers[0], &user("x"), now);
     let quota = e.rule_verdicts(&eval)[0].policy.quota;
     assert_eq!(Some(&quota), limits.last(), "limits over time: {limits:?}");
+}
+
+/// A simulated service per key, in front of a `per_key` rule: `knees[k]` requests of key
+/// `k` served at once in 20 ms, the rest queued; 2 workers, 2,000 requests a second
+/// spread over the keys, each worker ticking every 100 ms. Returns, per key, the quota
+/// (`RateLimit-Policy` q: the limit the request met) of its requests in the last half,
+/// and the requests decided without a controller of their own.
+fn per_key_service(
+    config: &str,
+    knees: &[u64],
+    keys_active: impl Fn(u64) -> usize,
+) -> (Vec<Vec<u64>>, u64) {
+    let e = engine(config);
+    let store = MemoryStore::new();
+    e.prepare(&store).unwrap();
+    let mut workers: Vec<Worker> = (0..2).map(|_| e.worker()).collect();
+    // (ends, id) -> (worker, key, pending, started)
+    let mut open: BTreeMap<(u64, u64), (usize, usize, PendingCommit, u64)> = BTreeMap::new();
+    let mut in_flight = vec![0u64; knees.len()];
+    let mut quotas = vec![Vec::new(); knees.len()];
+    let mut without = 0;
+    let (mut now, mut next_tick) = (T0, T0);
+    const N: u64 = 40_000;
+    for i in 0..N {
+        now += 500;
+        while let Some((&(ends, id), _)) = open.iter().next() {
+            if ends > now {
+                break;
+            }
+            let (w, k, pending, started) = open.remove(&(ends, id)).unwrap();
+            e.observe_latency(&mut workers[w], &pending, ends - started);
+            end(&e, &store, &pending, ends);
+            in_flight[k] -= 1;
+        }
+        if now >= next_tick {
+            for worker in &mut workers {
+                e.adapt(&store, worker, now);
+            }
+            next_tick = now + 100 * MS;
+        }
+        let k = (i as usize) % keys_active(i);
+        let w = (i % 2) as usize;
+        let eval = evaluate_on(&e, &store, &mut workers[w], &user(&format!("k{k}")), now);
+        without += eval
+            .reports
+            .iter()
+            .filter(|r| r.key_without_controller)
+            .count() as u64;
+        if i >= N / 2 && k < knees.len() {
+            quotas[k].push(e.rule_verdicts(&eval)[0].policy.quota);
+        }
+        if eval.denied_by.is_none() && k < knees.len() {
+            in_flight[k] += 1;
+            let latency = 20 * MS * in_flight[k].max(knees[k]) / knees[k];
+            open.insert((now + latency, i), (w, k, eval.commits[0].clone(), now));
+        }
+    }
+    (quotas, without)
+}
+
+const PER_KEY: &str = r#"{"rules":[{"name":"tenants","key":[{"header":"x-user"}],
+    "limit":{"algorithm":"concurrency","max_in_flight":100,
+    "adaptive":{"interval":"200ms","per_key":true,"keys":8}}}]}"#;
+
+#[test]
+fn per_key_controllers_follow_each_keys_own_knee() {
+    let (quotas, without) = per_key_service(PER_KEY, &[8, 2], |_| 2);
+    assert_eq!(without, 0);
+    let (a, b) = (&quotas[0], &quotas[1]);
+    // Each settles between its own knee and twice it (one run: 10–12 and 2–3).
+    assert!(
+        a.iter().all(|q| (8..=16).contains(q)),
+        "key with a knee of 8: {a:?}"
+    );
+    assert!(
+        b.iter().all(|q| (2..=4).contains(q)),
+        "key with a knee of 2: {b:?}"
+    );
+}
+
+#[test]
+fn one_controller_for_the_rule_cannot_serve_two_knees() {
+    // The same service without per_key: one limit for both keys, which the knee-2 key
+    // drives (its latency rises first) — what per_key is for.
+    let config = PER_KEY.replace(r#","per_key":true,"keys":8"#, "");
+    let (quotas, _) = per_key_service(&config, &[8, 2], |_| 2);
+    // One run: 2–3 for the key whose service takes 8.
+    assert!(quotas[0].iter().all(|q| *q <= 4), "{:?}", quotas[0]);
+}
+
+#[test]
+fn keys_beyond_adaptive_keys_wait_for_a_record_and_take_an_idle_one() {
+    // 2 records; 3 keys for the first half (the third finds both taken: decided against
+    // max_in_flight), then only the third (the others' records go stale and it takes one).
+    let config = PER_KEY.replace(r#""keys":8"#, r#""keys":2"#);
+    let e = engine(&config);
+    let store = MemoryStore::new();
+    e.prepare(&store).unwrap();
+    let mut worker = e.worker();
+    let quota = |worker: &mut Worker, key: &str, now: u64| {
+        let eval = evaluate_on(&e, &store, worker, &user(key), now);
+        for pending in &eval.commits {
+            e.observe_latency(worker, pending, 20 * MS);
+            end(&e, &store, pending, now);
+        }
+        let without = eval.reports[0].key_without_controller;
+        (e.rule_verdicts(&eval)[0].policy.quota, without)
+    };
+    let mut now = T0;
+    assert_eq!(quota(&mut worker, "k0", now), (1, false), "initial: min");
+    assert_eq!(quota(&mut worker, "k1", now), (1, false));
+    assert_eq!(quota(&mut worker, "k2", now), (100, true), "no record left");
+    // k0 and k1 stay busy for a second: k2 still has none.
+    for _ in 0..10 {
+        now += 100 * MS;
+        quota(&mut worker, "k0", now);
+        quota(&mut worker, "k1", now);
+        assert_eq!(quota(&mut worker, "k2", now), (100, true));
+        e.adapt(&store, &mut worker, now);
+    }
+    // Then only k2: k0 and k1 are forgotten after 2 intervals, their records stale
+    // after 3, and k2 takes one on a tick.
+    let mut got = None;
+    for step in 0..20 {
+        now += 100 * MS;
+        let (q, without) = quota(&mut worker, "k2", now);
+        e.adapt(&store, &mut worker, now);
+        if !without {
+            got = Some((step, q));
+            break;
+        }
+    }
+    let (step, q) = got.expect("k2 never got a controller");
+    assert!(step <= 8, "took {step} ticks");
+    assert_eq!(q, 1, "a new controller starts at initial");
 }

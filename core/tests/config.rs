@@ -254,6 +254,13 @@ fn concurrency_limits_get_their_fields_and_defaults() {
         (900_000, 1, 1, 1_000_000)
     );
     assert_eq!((a.smoothing_ppm, a.tolerance_ppm), (500_000, 1_250_000));
+    assert_eq!(a.key_controllers, None, "one controller for the rule");
+    // per_key: 64 keys with a controller of their own unless `keys` says otherwise.
+    let keys = |rule: usize| match &parse_fixture("concurrency").rules[rule].scope {
+        Scope::Concurrency(c) => c.adaptive.and_then(|a| a.key_controllers),
+        _ => panic!("concurrency"),
+    };
+    assert_eq!((keys(1), keys(2), keys(3)), (None, Some(64), Some(256)));
 }
 
 #[test]

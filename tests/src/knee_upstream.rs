@@ -102,8 +102,13 @@ impl KneeUpstream {
     /// The Envoy cluster `service` pointing here, with connection limits high enough
     /// that Envoy's circuit breakers never decide (the limiter under test must).
     pub fn cluster_yaml(&self) -> String {
+        self.cluster_yaml_named("service")
+    }
+
+    /// The same cluster under another name (tests with two services).
+    pub fn cluster_yaml_named(&self, name: &str) -> String {
         self.listening.cluster_yaml(
-            "service",
+            name,
             "  circuit_breakers:
     thresholds:
     - { max_connections: 100000, max_pending_requests: 100000, max_requests: 100000 }

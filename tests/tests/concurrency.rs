@@ -270,3 +270,102 @@ fn an_adaptive_limit_follows_a_load_that_doubles_past_the_knee() {
     assert_eq!(stat("in_flight_released"), stat("allowed"));
     envoy.assert_no_panic();
 }
+
+/// `adaptive.per_key`: two tenants in front of two services, one that serves 4 at once
+/// and one that serves 1 (40 ms each; 8 and 4 closed-loop clients), behind one rule
+/// keyed by tenant. Each tenant's
+/// limit (the `q` of `RateLimit-Policy` on every response) settles near its own
+/// service's knee; with one controller for the rule they would share one limit.
+#[test]
+fn per_key_adaptive_limits_follow_each_tenants_own_service() {
+    let _alone = one_at_a_time();
+    let wide = KneeUpstream::start(4, Duration::from_millis(40));
+    let narrow = KneeUpstream::start(1, Duration::from_millis(40));
+    let config = r#"{"response":{"headers_on_allowed":true},
+        "rules":[{"name":"tenants","key":[{"header":"x-tenant"}],
+        "limit":{"algorithm":"concurrency","max_in_flight":200,
+                 "adaptive":{"interval":"500ms","per_key":true}}}]}"#;
+    let routes = "- match: { prefix: \"/\", headers: [ { name: x-tenant, string_match: { exact: narrow } } ] }
+  route: { cluster: narrow, timeout: 5s }
+- match: { prefix: \"/\" }
+  route: { cluster: wide, timeout: 5s }
+";
+    let bootstrap = Bootstrap::new()
+        .http_filter(wasm_filter_yaml(config, &weir_wasm()))
+        .cluster(wide.cluster_yaml_named("wide"))
+        .cluster(narrow.cluster_yaml_named("narrow"))
+        .routes(routes);
+    let envoy = Envoy::start(&bootstrap, 2);
+    let port = envoy.http_port;
+    // Closed-loop clients of a tenant for `secs`: the quotas their responses named.
+    let load = |tenant: &'static str, clients: usize, secs: f64| {
+        let until = Instant::now() + Duration::from_secs_f64(secs);
+        let quotas = Mutex::new(Vec::new());
+        thread::scope(|s| {
+            for _ in 0..clients {
+                let quotas = &quotas;
+                s.spawn(move || {
+                    let mut c = Client::connect(port).unwrap();
+                    let mut mine = Vec::new();
+                    while Instant::now() < until {
+                        let r = c
+                            .request(Request::get("/work").header("x-tenant", tenant))
+                            .unwrap();
+                        let q = r.header("ratelimit-policy").and_then(|p| {
+                            p.split(";q=")
+                                .nth(1)?
+                                .split(';')
+                                .next()?
+                                .parse::<u64>()
+                                .ok()
+                        });
+                        mine.push(q.unwrap_or_else(|| panic!("no quota: {r:?}")));
+                        if r.status == 429 {
+                            thread::sleep(Duration::from_millis(10));
+                        }
+                    }
+                    quotas.lock().unwrap().extend(mine);
+                });
+            }
+        });
+        quotas.into_inner().unwrap()
+    };
+    let both = |secs: f64| {
+        thread::scope(|s| {
+            let w = s.spawn(|| load("wide", 8, secs));
+            let n = s.spawn(|| load("narrow", 4, secs));
+            (w.join().unwrap(), n.join().unwrap())
+        })
+    };
+    let _ = both(4.0); // settling
+    wide.reset_max_in_flight();
+    narrow.reset_max_in_flight();
+    let (w, n) = both(4.0);
+    let range = |q: &[u64]| (q.iter().min().copied(), q.iter().max().copied());
+    let report = format!(
+        "wide: quotas {:?}, at most {} at the service; narrow: quotas {:?}, at most {}",
+        range(&w),
+        wide.max_in_flight(),
+        range(&n),
+        narrow.max_in_flight()
+    );
+    eprintln!("{report}");
+    // Each near its own knee: tolerance × c to that plus its square root, give or take
+    // one (one run: 4–6 and 2–3), and the two apart.
+    assert!(w.iter().all(|q| (3..=8).contains(q)), "{report}");
+    assert!(n.iter().all(|q| (1..=3).contains(q)), "{report}");
+    assert!(narrow.max_in_flight() <= 3, "{report}");
+    let median = |q: &[u64]| {
+        let mut q = q.to_vec();
+        q.sort_unstable();
+        q[q.len() / 2]
+    };
+    assert!(median(&w) > median(&n), "{report}");
+    assert_eq!(
+        envoy.plugin_stat("weir", "rule.tenants.keys_without_controller"),
+        0
+    );
+    let stat = |name: &str| envoy.plugin_stat("weir", &format!("rule.tenants.{name}"));
+    assert_eq!(stat("in_flight_released"), stat("allowed"));
+    envoy.assert_no_panic();
+}

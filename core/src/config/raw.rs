@@ -201,6 +201,10 @@ pub(crate) struct RawAdaptive {
     pub interval: Option<RawDuration>,
     pub smoothing: Option<f64>,
     pub tolerance: Option<f64>,
+    /// A controller for each key (`true`) instead of one for the rule.
+    pub per_key: Option<bool>,
+    /// With `per_key`: how many keys may have a controller at once.
+    pub keys: Option<u64>,
 }
 
 /// A local rule's per-worker reservoirs.

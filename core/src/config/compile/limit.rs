@@ -116,6 +116,9 @@ pub(super) fn concurrency(raw: &RawLimit, at: &str) -> Result<Concurrency> {
     })
 }
 
+/// Keys with a controller of their own at once, by default (`adaptive.keys`).
+const DEFAULT_KEY_CONTROLLERS: u64 = 64;
+
 /// The controller's defaults: p90 over 1 s intervals, a limit from 1 up, starting at
 /// `min` (where the baseline is learnt), half of each new target taken, 25 % of latency
 /// over the baseline tolerated (Envoy's default buffer).
@@ -144,7 +147,18 @@ fn adaptive(raw: &RawAdaptive, max_in_flight: u64, at: &str) -> Result<Adaptive>
             )),
         }
     };
+    let key_controllers =
+        match (raw.per_key, raw.keys) {
+            (Some(true), keys) => Some(keys.unwrap_or(DEFAULT_KEY_CONTROLLERS)),
+            (_, None) => None,
+            (_, Some(_)) => return Err(error(
+                format!("{at}.keys"),
+                "counts the keys with a controller of their own: it goes with \"per_key\": true"
+                    .to_string(),
+            )),
+        };
     let adaptive = Adaptive {
+        key_controllers: key_controllers.map(|k| u32::try_from(k).unwrap_or(u32::MAX)),
         quantile_ppm,
         min_limit,
         initial_limit: raw.initial.unwrap_or(min_limit),
@@ -163,6 +177,7 @@ fn adaptive(raw: &RawAdaptive, max_in_flight: u64, at: &str) -> Result<Adaptive>
                 .map_or_else(|| "\"1s\"".to_string(), |d| quoted(&d.text)),
             "smoothing" => raw.smoothing.unwrap_or(0.5).to_string(),
             "tolerance" => raw.tolerance.unwrap_or(1.25).to_string(),
+            "keys" => key_controllers.unwrap_or_default().to_string(),
             _ => String::new(),
         };
         error(

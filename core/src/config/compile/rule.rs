@@ -171,6 +171,15 @@ fn concurrency_rule(
 ) -> Result<Rule> {
     let concurrency = limit::concurrency(&raw.limit, &format!("{at}.limit"))?;
     let refuse = |field: &str, why: &str| Err(error(format!("{at}.{field}"), why.to_string()));
+    let per_key = concurrency
+        .adaptive
+        .is_some_and(|a| a.key_controllers.is_some());
+    if per_key && key.is_empty() {
+        return refuse(
+            "limit.adaptive.per_key",
+            "the rule has no key, so it has one controller anyway: add a \"key\" or remove \"per_key\"",
+        );
+    }
     if raw.scope == Some(RawScope::Global) || raw.global.is_some() {
         let field = if raw.global.is_some() {
             "global"
