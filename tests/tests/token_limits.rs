@@ -9,10 +9,12 @@ use std::net::TcpStream;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
+use weir_core::conformance::{self, Admission};
+use weir_e2e::decisions::{configured_limit, with_decisions, Logs};
 use weir_e2e::llm_upstream::USAGE_HEADER;
 use weir_e2e::{
     wait_until, wasm_filter_yaml, weir_wasm, Bridge, Client, Envoy, LlmUpstream, RedisCluster,
-    Request,
+    Request, TestDir,
 };
 
 fn start(config: &str, upstream: &LlmUpstream, workers: u32) -> Envoy {
@@ -97,6 +99,36 @@ fn concurrent_chats(ports: &[u16], errors: bool) -> Chats {
     }
 }
 
+/// The access logs of `n` Envoys, each line keyed by the usage its request asked the
+/// stand-in for (`x-llm-usage`; the tests that judge them have one tenant).
+fn usage_logs(dir: &TestDir, n: usize) -> Logs {
+    Logs::new(dir.path(), n, "x-llm-usage")
+}
+
+/// Judges rule `tokens`' admissions in `logs` with the core's conformance checker at
+/// their actual cost: the usage of each request answered 200, at the instant its
+/// estimate was admitted (an answer other than 200 settled at `on_error`, 0). Returns the
+/// tokens judged.
+fn assert_conformant_at_actual_cost(config: &str, logs: &Logs, requests: usize) -> u64 {
+    let mut admissions: Vec<Admission> = logs
+        .read(requests)
+        .iter()
+        .flatten()
+        .filter(|line| line.status == 200)
+        .filter_map(|line| {
+            let d = line.decision("tokens")?;
+            (d.outcome == "allowed").then(|| Admission {
+                at_us: d.at_us,
+                cost: line.key.parse().expect("the usage header"),
+            })
+        })
+        .collect();
+    admissions.sort_by_key(|a| a.at_us);
+    let limit = configured_limit(config, "tokens");
+    conformance::check(&limit, &admissions).unwrap_or_else(|v| panic!("{v:?}"));
+    admissions.iter().map(|a| a.cost).sum()
+}
+
 /// The issue's test: concurrent requests never overrun the token budget when the
 /// estimates are upper bounds, and the refunds let the budget be spent on real usage.
 #[test]
@@ -108,9 +140,14 @@ fn concurrent_requests_never_overrun_the_token_budget() {
         1000,
         r#"{"body":{}}"#,
     );
-    let envoy = start(&config, &upstream, 2);
+    let config = with_decisions(&config);
+    let dir = TestDir::new("token-budget");
+    let logs = usage_logs(&dir, 1);
+    let filter = wasm_filter_yaml(&config, &weir_wasm());
+    let envoy = Envoy::start(&logs.add_to(0, upstream.bootstrap(filter, None)), 2);
     let chats = concurrent_chats(&[envoy.http_port], false);
     let (used, admitted) = (chats.used, chats.count(200));
+    assert_eq!(assert_conformant_at_actual_cost(&config, &logs, 120), used);
     eprintln!(
         "statuses {:?}: {admitted} admitted with {used} tokens of 10,000",
         chats.statuses
@@ -371,15 +408,22 @@ fn a_global_token_budget_holds_across_two_envoys_and_settles_exactly_in_redis() 
         "rules":[{"name":"tokens","scope":"global","key":[{"header":"x-tenant"}],
         "limit":{"algorithm":"token_bucket","capacity":10000,"refill":10000,"period":"1h"},
         "cost":{"header":"x-estimate","max":10000},"commit":{"body":{}}}]}"#;
+    let config = &with_decisions(config);
+    let dir = TestDir::new("global-token-budget");
+    let logs = usage_logs(&dir, 2);
     let envoys: Vec<Envoy> = (0..2)
-        .map(|_| {
+        .map(|i| {
             let filter = wasm_filter_yaml(config, &weir_wasm());
-            Envoy::start(&upstream.bootstrap(filter, Some(bridge.port)), 2)
+            Envoy::start(
+                &logs.add_to(i, upstream.bootstrap(filter, Some(bridge.port))),
+                2,
+            )
         })
         .collect();
     let ports: Vec<u16> = envoys.iter().map(|e| e.http_port).collect();
     let chats = concurrent_chats(&ports, true);
     let (used, admitted) = (chats.used, chats.count(200));
+    assert_eq!(assert_conformant_at_actual_cost(config, &logs, 120), used);
     eprintln!(
         "statuses {:?}: {admitted} admitted with {used} tokens of 10,000",
         chats.statuses
