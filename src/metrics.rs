@@ -116,7 +116,9 @@ pub struct RuleStats<'a> {
     pub capacity: u64,
     /// Slots already in use (tables survive config reloads; an estimate for large ones).
     pub in_use: u64,
-    pub adaptive: bool,
+    /// An adaptive concurrency rule with one controller: its limit, latency sample and
+    /// baseline as gauges.
+    pub adaptive_gauges: bool,
 }
 
 #[derive(Debug)]
@@ -169,7 +171,7 @@ impl Metrics {
         let base = format!("weir.{}", stat_segment(plugin));
         for rule in rules_and_tables {
             let (name, capacity, in_use) = (rule.name, rule.capacity, rule.in_use);
-            let adaptive = if rule.adaptive {
+            let adaptive = if rule.adaptive_gauges {
                 let gauge = |what: &str| {
                     host::define_metric(MetricType::Gauge, &format!("{base}.rule.{name}.{what}"))
                 };

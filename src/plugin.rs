@@ -137,7 +137,8 @@ impl Plugin {
                 in_use: engine
                     .estimate_slots_in_use(rule.id, &SharedData, GAUGE_SAMPLE_SETS)
                     .unwrap_or(0),
-                adaptive: engine.is_adaptive(rule.id),
+                // A `per_key` rule's limits are one per key: no gauge holds them.
+                adaptive_gauges: rule.adaptive().is_some_and(|a| a.key_controllers.is_none()),
             })
             .collect();
         let metrics = Metrics::define(&plugin_name, &rules)

@@ -86,8 +86,9 @@ impl Limiter {
         }
     }
 
-    /// The HTTP filter in front of the router, and the gauge of its limit.
-    fn filter(self) -> Option<(String, &'static str)> {
+    /// The HTTP filter in front of the router, and the gauge of its limit (`None`: a
+    /// fixed limit, `KNEE`).
+    fn filter(self) -> Option<(String, Option<&'static str>)> {
         let weir = |limit: &str| {
             let config = format!(
                 r#"{{"rules":[{{"name":"route","limit":{{"algorithm":"concurrency",{limit}}}}}]}}"#
@@ -96,12 +97,12 @@ impl Limiter {
         };
         match self {
             Limiter::None => None,
-            Limiter::EnvoyAdaptive => Some((ENVOY_ADAPTIVE.to_string(), ENVOY_LIMIT_STAT)),
+            Limiter::EnvoyAdaptive => Some((ENVOY_ADAPTIVE.to_string(), Some(ENVOY_LIMIT_STAT))),
             Limiter::WeirAdaptive => Some((
                 weir(r#""max_in_flight":200,"adaptive":{"latency":"p90","interval":"500ms"}"#),
-                WEIR_LIMIT_STAT,
+                Some(WEIR_LIMIT_STAT),
             )),
-            Limiter::WeirFixed => Some((weir(&format!(r#""max_in_flight":{KNEE}"#)), "")),
+            Limiter::WeirFixed => Some((weir(&format!(r#""max_in_flight":{KNEE}"#)), None)),
         }
     }
 }
@@ -224,8 +225,8 @@ fn run_one(limiter: Limiter, phase_secs: f64) -> LimiterRun {
             while started.elapsed() < total {
                 let limit = match limit_stat {
                     None => None,
-                    Some("") => Some(KNEE),
-                    Some(stat) => envoy.stat(stat),
+                    Some(None) => Some(KNEE),
+                    Some(Some(stat)) => envoy.stat(stat),
                 };
                 samples.lock().expect("samples").push(Sample {
                     t: started.elapsed().as_secs_f64(),

@@ -573,7 +573,7 @@ impl Engine {
             let Some(base) = base else {
                 continue;
             };
-            let records: Vec<String> = match key_controllers(rule) {
+            let records: Vec<String> = match rule.adaptive().and_then(|a| a.key_controllers) {
                 Some(n) => (0..n).map(|i| key_record(base, i)).collect(),
                 None => vec![base.clone()],
             };
@@ -1489,14 +1489,6 @@ fn worker_latency<'w>(
             .map(|e| &mut e.latency);
     }
     worker.latency(rule)
-}
-
-/// `adaptive.keys` of a `per_key` rule.
-fn key_controllers(rule: &Rule) -> Option<u32> {
-    match &rule.scope {
-        Scope::Concurrency(c) => c.adaptive.and_then(|a| a.key_controllers),
-        _ => None,
-    }
 }
 
 /// The shared-data key of record `index` of a `per_key` rule whose records start with

@@ -13,6 +13,7 @@
 //! to the bridge, so `["a:b", "c"]` and `["a", "b:c"]` are different keys, and a
 //! default can never be forged by sending its text (see [`crate::key`]).
 
+use crate::adaptive::Adaptive;
 use crate::algorithms::{GlobalLimit, Limit, Policy};
 use crate::concurrency::Concurrency;
 use crate::key::PartOrigin;
@@ -244,6 +245,14 @@ impl Rule {
             Scope::Local(limit) => limit.kind().name(),
             Scope::Global(global) => global.limit.kind().name(),
             Scope::Concurrency(_) => "concurrency",
+        }
+    }
+
+    /// The controller's settings of an adaptive concurrency rule.
+    pub fn adaptive(&self) -> Option<&Adaptive> {
+        match &self.scope {
+            Scope::Concurrency(c) => c.adaptive.as_ref(),
+            _ => None,
         }
     }
 

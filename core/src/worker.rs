@@ -5,7 +5,7 @@
 use crate::adaptive::{KeyedLatencies, WorkerLatency};
 use crate::delay::Waiting;
 use crate::reservoir::Reservoirs;
-use crate::rules::{Rule, RuleId, Scope};
+use crate::rules::{Rule, RuleId};
 
 #[derive(Debug)]
 pub struct Worker {
@@ -27,23 +27,18 @@ impl Worker {
             waiting: Waiting::for_rules(rules),
             latencies: rules
                 .iter()
-                .map(|rule| match &rule.scope {
-                    Scope::Concurrency(c) => c
-                        .adaptive
-                        .as_ref()
+                .map(|rule| {
+                    rule.adaptive()
                         .filter(|a| a.key_controllers.is_none())
-                        .map(WorkerLatency::new),
-                    _ => None,
+                        .map(WorkerLatency::new)
                 })
                 .collect(),
             keyed: rules
                 .iter()
-                .map(|rule| match &rule.scope {
-                    Scope::Concurrency(c) => c
-                        .adaptive
+                .map(|rule| {
+                    rule.adaptive()
                         .and_then(|a| a.key_controllers)
-                        .map(KeyedLatencies::new),
-                    _ => None,
+                        .map(KeyedLatencies::new)
                 })
                 .collect(),
         }

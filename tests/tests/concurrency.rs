@@ -179,6 +179,8 @@ struct Phase {
     ok: u64,
     limited: u64,
     latencies_us: Vec<u64>,
+    /// The `q` of the `RateLimit-Policy` of every response that had one.
+    quotas: Vec<u64>,
 }
 
 impl Phase {
@@ -190,9 +192,9 @@ impl Phase {
     }
 }
 
-/// `clients` clients, each sending its next request as soon as the last is answered
-/// (a denied one waits 10 ms first), for `secs`.
-fn closed_loop(port: u16, clients: usize, secs: f64) -> Phase {
+/// `clients` clients (of `tenant`, when given), each sending its next request as soon as
+/// the last is answered (a denied one waits 10 ms first), for `secs`.
+fn closed_loop(port: u16, clients: usize, secs: f64, tenant: Option<&str>) -> Phase {
     let phase = Mutex::new(Phase::default());
     let until = Instant::now() + Duration::from_secs_f64(secs);
     thread::scope(|s| {
@@ -203,7 +205,20 @@ fn closed_loop(port: u16, clients: usize, secs: f64) -> Phase {
                 let mut mine = Phase::default();
                 while Instant::now() < until {
                     let started = Instant::now();
-                    let r = c.request(Request::get("/work")).unwrap();
+                    let mut request = Request::get("/work");
+                    if let Some(tenant) = tenant {
+                        request = request.header("x-tenant", tenant);
+                    }
+                    let r = c.request(request).unwrap();
+                    let quota = r.header("ratelimit-policy").and_then(|p| {
+                        p.split(";q=")
+                            .nth(1)?
+                            .split(';')
+                            .next()?
+                            .parse::<u64>()
+                            .ok()
+                    });
+                    mine.quotas.extend(quota);
                     match r.status {
                         200 => {
                             mine.ok += 1;
@@ -220,6 +235,7 @@ fn closed_loop(port: u16, clients: usize, secs: f64) -> Phase {
                 all.ok += mine.ok;
                 all.limited += mine.limited;
                 all.latencies_us.extend(mine.latencies_us);
+                all.quotas.extend(mine.quotas);
             });
         }
     });
@@ -248,9 +264,9 @@ fn an_adaptive_limit_follows_a_load_that_doubles_past_the_knee() {
     let mut report = Vec::new();
     for clients in [4usize, 8, 16] {
         // Settling, then measured.
-        let _ = closed_loop(envoy.http_port, clients, 3.0);
+        let _ = closed_loop(envoy.http_port, clients, 3.0, None);
         let settled = limit();
-        let mut phase = closed_loop(envoy.http_port, clients, 4.0);
+        let mut phase = closed_loop(envoy.http_port, clients, 4.0, None);
         let (after, p99_ms) = (limit(), phase.p99_us() as f64 / 1e3);
         let goodput = phase.ok as f64 / 4.0;
         report.push(format!(
@@ -297,38 +313,15 @@ fn per_key_adaptive_limits_follow_each_tenants_own_service() {
         .routes(routes);
     let envoy = Envoy::start(&bootstrap, 2);
     let port = envoy.http_port;
-    // Closed-loop clients of a tenant for `secs`: the quotas their responses named.
-    let load = |tenant: &'static str, clients: usize, secs: f64| {
-        let until = Instant::now() + Duration::from_secs_f64(secs);
-        let quotas = Mutex::new(Vec::new());
-        thread::scope(|s| {
-            for _ in 0..clients {
-                let quotas = &quotas;
-                s.spawn(move || {
-                    let mut c = Client::connect(port).unwrap();
-                    let mut mine = Vec::new();
-                    while Instant::now() < until {
-                        let r = c
-                            .request(Request::get("/work").header("x-tenant", tenant))
-                            .unwrap();
-                        let q = r.header("ratelimit-policy").and_then(|p| {
-                            p.split(";q=")
-                                .nth(1)?
-                                .split(';')
-                                .next()?
-                                .parse::<u64>()
-                                .ok()
-                        });
-                        mine.push(q.unwrap_or_else(|| panic!("no quota: {r:?}")));
-                        if r.status == 429 {
-                            thread::sleep(Duration::from_millis(10));
-                        }
-                    }
-                    quotas.lock().unwrap().extend(mine);
-                });
-            }
-        });
-        quotas.into_inner().unwrap()
+    // Every response names its key's limit (`headers_on_allowed`).
+    let load = |tenant: &str, clients: usize, secs: f64| {
+        let phase = closed_loop(port, clients, secs, Some(tenant));
+        assert_eq!(
+            phase.quotas.len() as u64,
+            phase.ok + phase.limited,
+            "a response without its quota"
+        );
+        phase.quotas
     };
     let both = |secs: f64| {
         thread::scope(|s| {
