@@ -37,6 +37,10 @@ lint:
 test-core:
     cargo test -p weir-core
 
+# The search, deep: 100,000 random configurations of each kind (local, global), judged by the conformance checker (CI runs 1,500 and 500 of them in test-core). SEED picks where to start; a failure prints its seed.
+fuzz SEED="1" CASES="100000":
+    WEIR_SEARCH_SEED={{SEED}} WEIR_SEARCH_CASES={{CASES}} cargo test --release -p weir-core --test search -- --nocapture
+
 # The same core tests compiled to wasm32 and run with wasm-bindgen-test under Node.js.
 test-wasm:
     bash scripts/test-core-wasm.sh

@@ -52,6 +52,9 @@ if stored then
   if t then tokens, last = tonumber(t), tonumber(l) end
 end
 tokens, last = bucket_refilled(tokens, last, now, capacity, refill, period)
+-- A last refill ahead of now (a debt paying off) holds its tokens from then on only.
+local available = tokens
+if now < last then available = 0 end
 
 -- The first refill instant at which `have` tokens have become `need`.
 local function refilled_at(have, need)
@@ -63,15 +66,15 @@ local function until_ns(at)
   return ns_of_us(at - now)
 end
 
-if cost > tokens then
+if cost > available then
   local retry = '-1'
   if cost <= capacity then retry = until_ns(refilled_at(tokens, cost)) end
-  return {0, 0, capacity, tokens, retry, until_ns(refilled_at(tokens, capacity)), now,
+  return {0, 0, capacity, available, retry, until_ns(refilled_at(tokens, capacity)), now,
     '0', '0', '0'}
 end
 
 local granted = want
-if granted > tokens then granted = tokens end
+if granted > available then granted = available end
 local after = tokens - granted
 local full_at = refilled_at(after, capacity)
 if granted > 0 then
@@ -82,4 +85,6 @@ end
 local valid = last + period - now
 if valid > hold then valid = hold end
 if granted == 0 then valid = 0 end
-return {1, granted, capacity, after, '-1', until_ns(full_at), now, '0', '0', ns_of_us(valid)}
+-- Units granted only while the bucket's tokens are available: then available = tokens.
+return {1, granted, capacity, available - granted, '-1', until_ns(full_at), now, '0', '0',
+  ns_of_us(valid)}

@@ -282,6 +282,36 @@ fn token_bucket_params_policy_and_idle() {
     );
 }
 
+/// Issue 19, defect 1: a bucket counted at a future refill (a held request, a debt)
+/// has its tokens from that refill on, not before: read earlier, they were spent before
+/// the refill came.
+#[cfg_attr(not(target_arch = "wasm32"), test)]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+fn a_token_bucket_counted_at_a_future_refill_has_no_tokens_before_it() {
+    let b = TokenBucket::new(10, 10, S_US).unwrap();
+    let held = token_bucket::State {
+        tokens: 9,
+        last_refill_us: T0 + S_US,
+    };
+    let (early, next) = b.decide(Some(held), T0 + 1, 1);
+    assert!(
+        !early.allowed,
+        "a request before the refill finds no tokens"
+    );
+    assert_eq!(next, None);
+    assert_eq!(early.remaining, 0);
+    assert_eq!(
+        early.retry_after_ns,
+        Some(S_NS - 1_000),
+        "retry at the refill"
+    );
+    let (peek, _) = b.decide(Some(held), T0 + 1, 0);
+    assert!(peek.allowed && peek.remaining == 0);
+    let (on_time, next) = b.decide(Some(held), T0 + S_US, 9);
+    assert!(on_time.allowed, "from the refill on, its tokens are there");
+    assert_eq!(next.map(|s| s.tokens), Some(0));
+}
+
 #[cfg_attr(not(target_arch = "wasm32"), test)]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
 fn fixed_window_params_policy_and_idle() {

@@ -314,3 +314,28 @@ fn a_request_that_would_wait_longer_than_max_is_denied_with_its_retry() {
         Some(2_000_000_000 + RELEASE_SLACK_US * 1_000)
     );
 }
+
+/// Issue 19, defect 1: a held request stored the bucket decided at its future refill, and
+/// every request before that instant spent the refill early — 595 admitted at once where
+/// the bound allows 200 (capacity 100, refill 100 per second, 1,000 requests a second).
+#[test]
+fn a_token_bucket_refilling_many_per_period_keeps_its_bound_while_it_holds() {
+    let e = delayed_rule(
+        r#"{"algorithm":"token_bucket","capacity":100,"refill":100,"period":"1s"}"#,
+        r#"{"max":"5s","queue":10000}"#,
+    );
+    for workers in [1, 2] {
+        let r = run(&e, workers, 1_000, 1, RELEASE_SLACK_US, 0);
+        println!("{workers} workers: {r:?}");
+        assert_conformant(&e, &r, "capacity 100, refill 100 per 1s");
+        // Released at the refills: 100 at once, then 100 at each of the 5 refills the
+        // delay's max reaches.
+        let first_second = r
+            .admissions
+            .iter()
+            .filter(|a| a.at_us < T0 + 1_000 * MS)
+            .count();
+        assert_eq!(first_second, 100, "{workers} workers: {r:?}");
+        assert_eq!(r.admissions.len(), 600, "{workers} workers: {r:?}");
+    }
+}

@@ -75,7 +75,7 @@ pub struct State {
 
 impl State {
     /// Any slot decodes: tokens beyond the capacity are capped when used, and a last
-    /// refill in the future only delays the next refill.
+    /// refill in the future holds its tokens until then (none are available before).
     pub fn from_slot(s: SlotState) -> Self {
         State {
             tokens: s.a,
@@ -123,8 +123,9 @@ impl TokenBucket {
         self.period_us
     }
 
-    /// Decides `cost` tokens at `now_us`. A clock earlier than the last refill counts as
-    /// no time elapsed.
+    /// Decides `cost` tokens at `now_us`. A clock earlier than the last refill finds no
+    /// tokens: the state was counted for that instant (a held request, a debt paying
+    /// off), and spending them earlier would spend a refill before it comes.
     pub fn decide(
         &self,
         state: Option<State>,
@@ -138,7 +139,16 @@ impl TokenBucket {
             }),
             now_us,
         );
-        let allowed = cost <= s.tokens;
+        // A last refill ahead of now is a state counted at a future instant (a held
+        // request counted at its refill, a debt paying off): its tokens exist from then
+        // on, and a request before it finds none. Read as if the refill had come, they
+        // would be spent before it, by as many requests as the refill is large.
+        let available = if now_us < s.last_refill_us {
+            0
+        } else {
+            s.tokens
+        };
+        let allowed = cost <= available;
         let after = if allowed {
             State {
                 tokens: s.tokens - cost,
@@ -155,7 +165,7 @@ impl TokenBucket {
         let decision = Decision {
             allowed,
             limit: self.capacity,
-            remaining: after.tokens,
+            remaining: if allowed { available - cost } else { available },
             retry_after_ns,
             reset_after_ns: until_ns(self.refilled_at_us(&after, self.capacity), now_us),
         };
