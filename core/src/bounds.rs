@@ -13,6 +13,8 @@
 //! | [`MAX_ITEMS`] | 64 | wire: every global rule of a config can match one request |
 //! | [`MAX_WANT`] | 1,000,000 | config (a global rule's cost and lease) and wire (`cost`, `want`) |
 //! | [`MAX_BODY_BYTES`] | 1 MiB | wire (request and reply bodies): larger than any request a valid config produces |
+//! | [`MAX_LEASE_TTL_US`] | 1 h | config (`lease.ttl`) and wire (`hold_us`) |
+//! | [`MAX_LEASE_HORIZON_US`] | 10 s | config (`lease.horizon`) and wire (`horizon_us`) |
 //!
 //! Algorithm parameters carry their own limits, next to the algorithm (e.g. GCRA's
 //! tolerance, the log's length, [`crate::algorithms::MAX_SCRIPT_EXACT`] for Redis).
@@ -50,6 +52,15 @@ pub const MAX_ITEMS: usize = MAX_RULES;
 /// The most units one bridge item may ask for (`want`, so also `cost`): bounds what a
 /// lease or a global request can consume in Redis at once.
 pub const MAX_WANT: u64 = 1_000_000;
+
+/// The longest a leased or reserved unit may wait to be spent: a global rule's
+/// `lease.ttl` (config) and an item's `hold_us` (wire): an hour.
+pub const MAX_LEASE_TTL_US: u64 = 3_600_000_000;
+
+/// The furthest ahead a reservation may reach: a global rule's `lease.horizon` (config)
+/// and an item's `horizon_us` (wire): ten seconds. A config above it once passed the
+/// check and then had every bridge call refused (400).
+pub const MAX_LEASE_HORIZON_US: u64 = 10_000_000;
 
 /// The largest bridge request or reply body. A request carries at most [`MAX_ITEMS`]
 /// items of at most [`MAX_KEY_PARTS`] parts of [`MAX_PART_BYTES`] (a request value that

@@ -437,3 +437,34 @@ fn a_waiting_request_is_served_from_what_another_call_left() {
     assert!(waiting.pending.is_empty() && !waiting.denied());
     assert_eq!(waiting.reports[0].source, Some(Source::Lease));
 }
+
+/// Issue 19, defect 8: the config accepted a `horizon` of a minute and the bridge refused
+/// every call of the rule (400). The longest `ttl` and `horizon` the config accepts travel
+/// to the bridge and are accepted there; one µs more is refused by the config check.
+#[test]
+fn the_longest_lease_a_config_accepts_is_one_the_bridge_accepts() {
+    let gcra = |ttl: &str, horizon: &str| {
+        format!(
+            r#"{{"bridge":{{"cluster":"weir_bridge"}},"rules":[{{"name":"tenant","scope":"global",
+                "key":[{{"header":"x-user"}}],
+                "limit":{{"algorithm":"gcra","rate":1,"period":"1s","burst":100000}},
+                "global":{{"lease":{{"max":50,"ttl":"{ttl}","horizon":"{horizon}"}}}}}}]}}"#
+        )
+    };
+    let e = engine(&gcra("1h", "10s"));
+    let store = MemoryStore::new();
+    e.prepare(&store).unwrap();
+    let eval = eval_at(&e, &store, T0);
+    let sent = sent_request(&e, &eval);
+    assert_eq!(
+        (sent.items[0].hold_us, sent.items[0].horizon_us),
+        (3_600_000_000, 10_000_000)
+    );
+    for (ttl, horizon, field) in [
+        ("1h", "10000001us", "horizon"),
+        ("3600000001us", "10s", "ttl"),
+    ] {
+        let err = weir_core::config::parse(gcra(ttl, horizon).as_bytes()).unwrap_err();
+        assert_eq!(err.path, format!("rules[0].global.lease.{field}"), "{err}");
+    }
+}

@@ -29,16 +29,11 @@
 
 use super::{check_envelope, check_item, parse_body, status_error, ReplyError, WireLimit};
 use crate::algorithms::{Ask, Decision, GlobalLimit, Grant};
-use crate::bounds::{MAX_BODY_BYTES, MAX_WANT};
+use crate::bounds::{MAX_BODY_BYTES, MAX_LEASE_HORIZON_US, MAX_LEASE_TTL_US, MAX_WANT};
 use crate::field_error::{strip_position, FieldError};
 use serde::{Deserialize, Serialize};
 
 pub const ACQUIRE_PATH: &str = "/v2/acquire";
-
-/// The longest a unit may wait to be spent (`hold_us`): an hour.
-pub const MAX_HOLD_US: u64 = 3_600_000_000;
-/// The furthest ahead a reservation may reach (`horizon_us`): ten seconds.
-pub const MAX_HORIZON_US: u64 = 10_000_000;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -185,8 +180,8 @@ impl Request {
                 }
             };
             bounded("reserve", item.reserve, MAX_WANT)?;
-            bounded("hold_us", item.hold_us, MAX_HOLD_US)?;
-            bounded("horizon_us", item.horizon_us, MAX_HORIZON_US)?;
+            bounded("hold_us", item.hold_us, MAX_LEASE_TTL_US)?;
+            bounded("horizon_us", item.horizon_us, MAX_LEASE_HORIZON_US)?;
             limits.push(limit);
         }
         Ok(limits)

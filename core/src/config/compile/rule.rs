@@ -4,7 +4,7 @@
 use super::{cost, error, key, limit, matcher, Interner, Result, DEFAULT_MAX_KEYS, MAX_MAX_KEYS};
 use crate::algorithms::gcra::Gcra;
 use crate::algorithms::{GlobalLimit, Limit};
-use crate::bounds::{check_name, MAX_WANT};
+use crate::bounds::{check_name, MAX_LEASE_HORIZON_US, MAX_LEASE_TTL_US, MAX_WANT};
 use crate::config::raw::{
     RawFailureMode, RawGlobal, RawLease, RawOnLimit, RawReservoir, RawRule, RawScope,
 };
@@ -14,7 +14,6 @@ use crate::rules::{
 };
 
 pub const DEFAULT_LEASE_TTL_US: u64 = 1_000_000;
-pub const MAX_LEASE_TTL_US: u64 = 3_600_000_000;
 pub const MAX_EXPECTED_INSTANCES: u64 = 10_000;
 /// How far ahead a saturated GCRA key's schedule is reserved by default.
 pub const DEFAULT_HORIZON_US: u64 = 100_000;
@@ -440,6 +439,15 @@ fn lease(limit: &GlobalLimit, raw: RawLease, at: &str) -> Result<(Option<Lease>,
         return Err(error(
             format!("{at}.ttl"),
             format!("{} is longer than 1h", quoted(&ttl.text)),
+        ));
+    }
+    if let Some(horizon) = raw.horizon.as_ref().filter(|h| h.us > MAX_LEASE_HORIZON_US) {
+        return Err(error(
+            format!("{at}.horizon"),
+            format!(
+                "{} is longer than 10s, the furthest ahead the bridge reserves",
+                quoted(&horizon.text)
+            ),
         ));
     }
     let gcra = match limit {
