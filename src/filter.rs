@@ -532,12 +532,17 @@ impl Filter {
             None
         };
         if let Some(denial) = denial {
-            // Rules that admitted the request before another denied it: it never
-            // reached the upstream, so it cost nothing.
-            for commit in &eval.commits {
-                self.settle(plugin, commit, Some(0));
+            if self.send(&denial) {
+                // Rules that admitted the request before another denied it: it never
+                // reached the upstream, so it cost nothing.
+                for commit in &eval.commits {
+                    self.settle(plugin, commit, Some(0));
+                }
+                return false;
             }
-            return !self.send(&denial);
+            // The host refused the reply: the request goes on to the upstream, so what
+            // the rules counted for it (a concurrency place, an estimate) stays counted
+            // until its response ends, as for an admitted request.
         }
         self.settling = eval
             .commits

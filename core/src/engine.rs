@@ -750,16 +750,27 @@ impl Engine {
         // What one response may claim: as for a global rule's item (a response saying
         // 2^64 tokens would push the key's refills out of reach).
         let actual = actual.min(MAX_WANT);
-        let (Some(rule), Some(RuleTables::Local(table))) = (
-            self.config.rule(commit.rule),
-            self.tables.get(commit.rule.index()),
-        ) else {
+        let Some(rule) = self.config.rule(commit.rule) else {
             return Ok(false);
         };
-        let limit = match &rule.scope {
-            Scope::Local(limit) => limit,
-            Scope::Concurrency(c) => return release_in_flight(store, table, c, commit, now_us),
-            Scope::Global(_) => return Ok(false),
+        // Counted in this Envoy's shared data: by a local rule, or by a global rule's
+        // local fallback while the bridge failed (its share's slots).
+        let (limit, table) = match (&rule.scope, self.tables.get(commit.rule.index())) {
+            (Scope::Local(limit), Some(RuleTables::Local(table))) => (limit, table),
+            (Scope::Concurrency(c), Some(RuleTables::Local(table))) => {
+                return release_in_flight(store, table, c, commit, now_us)
+            }
+            (
+                Scope::Global(GlobalRule {
+                    failure_mode: FailureMode::Local(limit),
+                    ..
+                }),
+                Some(RuleTables::Global {
+                    fallback: Some(table),
+                    ..
+                }),
+            ) => (limit, table),
+            _ => return Ok(false),
         };
         let vacancy = |state: SlotState| Vacancy {
             idle_at_us: limit.idle_at_us(state),

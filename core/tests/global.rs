@@ -468,3 +468,48 @@ fn the_longest_lease_a_config_accepts_is_one_the_bridge_accepts() {
         assert_eq!(err.path, format!("rules[0].global.lease.{field}"), "{err}");
     }
 }
+
+/// Issue 19, defect 7: a global rule's local fallback admitted requests with their
+/// estimate and never settled them (the commit looked for a local rule's table): a
+/// response that used less refunded nothing, one that used more was never charged.
+#[test]
+fn a_global_rules_local_fallback_settles_its_commits() {
+    let e = engine(
+        r#"{"bridge":{"cluster":"weir_bridge"},"rules":[{"name":"llm","scope":"global",
+            "key":[{"header":"x-user"}],
+            "limit":{"algorithm":"token_bucket","capacity":1000,"refill":1000,"period":"1m"},
+            "cost":{"header":"x-estimate","max":1000},"commit":{"header":"x-tokens"},
+            "global":{"failure_mode":"local","expected_instances":2}}]}"#,
+    );
+    let store = MemoryStore::new();
+    e.prepare(&store).unwrap();
+    let ask = |estimate: u64, now: u64| {
+        let mut eval = evaluate(
+            &e,
+            &store,
+            &user("acme").header("x-estimate", estimate.to_string()),
+            now,
+        );
+        e.complete(&mut eval, &store, now, now, Err(ReplyError::NoResponse));
+        eval
+    };
+    // The local share: 500 tokens. An estimate of 400 is admitted by the fallback…
+    let first = ask(400, T0);
+    assert_eq!(
+        first.reports[0].outcome,
+        RuleOutcome::BridgeFailed(FailureOutcome::Local { allowed: true })
+    );
+    let [commit] = &first.commits[..] else {
+        panic!("the fallback reserved the estimate: {:?}", first.commits);
+    };
+    assert!(!commit.is_global(), "counted in this Envoy's shared data");
+    // …and used 10: 390 come back, so 450 more fit.
+    assert!(e.commit(&store, commit, 10, T0 + MS).unwrap(), "settled");
+    let second = ask(450, T0 + 2 * MS);
+    assert!(!second.denied(), "{:?}", second.reports);
+    // Used 950: 500 more than reserved are charged; nothing fits now.
+    assert!(e
+        .commit(&store, &second.commits[0], 950, T0 + 3 * MS)
+        .unwrap());
+    assert!(ask(1, T0 + 4 * MS).denied());
+}
