@@ -15,6 +15,7 @@ use crate::plugin::Plugin;
 use crate::store::{ReadFacts, RequestFacts, SharedData};
 use std::fmt::Write as _;
 use std::rc::Rc;
+use weir_core::buffers::Buffered;
 use weir_core::engine::{BridgeError, Evaluation, PendingCommit, RuleOutcome, Source};
 use weir_core::flight::Join;
 use weir_core::response::{self, Denial, FilterState, HeaderStyle};
@@ -52,6 +53,9 @@ pub struct Filter {
     reading_body: Option<usize>,
     /// What was read of the request body, kept until the request is decided.
     request_body: BodySeen,
+    /// What the request body read for an estimate keeps of its VM's
+    /// `max_buffered_bytes`.
+    request_body_kept: Buffered,
     /// The request's facts, read before its headers went on to wait for its body.
     read_facts: Option<ReadFacts>,
 }
@@ -91,6 +95,7 @@ impl Filter {
             settling: Vec::new(),
             reading_body: None,
             request_body: BodySeen::Absent,
+            request_body_kept: Buffered::default(),
             read_facts: None,
         }
     }
@@ -141,10 +146,7 @@ impl Filter {
         if size > max_bytes {
             self.request_body = BodySeen::TooLarge;
         } else if end_of_stream {
-            self.request_body = match host::request_body(size) {
-                Ok(Some(bytes)) => BodySeen::Complete(bytes),
-                _ => BodySeen::Absent,
-            };
+            self.request_body = self.read_request_body(&plugin, size, max_bytes);
         } else {
             return Action::Pause;
         }
@@ -152,16 +154,42 @@ impl Filter {
         self.decide(&plugin)
     }
 
+    /// The request body (Envoy holds `size` bytes), copied into the VM if its budget has
+    /// room: else it is estimated as a body over `max_bytes` (at the cost's `max`).
+    fn read_request_body(&mut self, plugin: &Plugin, size: usize, max_bytes: usize) -> BodySeen {
+        let mut budget = plugin.buffers.borrow_mut();
+        if !self.request_body_kept.grow_to(&mut budget, size) {
+            plugin.metrics.buffer_full();
+            return BodySeen::TooLarge;
+        }
+        let body = match host::request_body(size) {
+            Ok(Some(bytes)) if bytes.len() > max_bytes => BodySeen::TooLarge,
+            Ok(Some(bytes)) => BodySeen::Complete(bytes),
+            _ => BodySeen::Absent,
+        };
+        let kept = match &body {
+            BodySeen::Complete(bytes) => bytes.len(),
+            _ => 0,
+        };
+        self.request_body_kept.grow_to(&mut budget, kept);
+        body
+    }
+
+    /// Forgets the request body read for an estimate, and gives its bytes back.
+    fn drop_request_body(&mut self) {
+        self.request_body = BodySeen::Absent;
+        if let Some(plugin) = &self.plugin {
+            self.request_body_kept
+                .release(&mut plugin.buffers.borrow_mut());
+        }
+    }
+
     /// Trailers end a request whose body a rule was waiting for.
     pub fn on_request_trailers(&mut self) -> Action {
         let (Some(plugin), Some(max_bytes)) = (self.plugin.clone(), self.reading_body) else {
             return Action::Continue;
         };
-        self.request_body = match host::request_body(max_bytes.saturating_add(1)) {
-            Ok(Some(bytes)) if bytes.len() > max_bytes => BodySeen::TooLarge,
-            Ok(Some(bytes)) => BodySeen::Complete(bytes),
-            _ => BodySeen::Absent,
-        };
+        self.request_body = self.read_request_body(&plugin, max_bytes.saturating_add(1), max_bytes);
         self.reading_body = None;
         self.decide(&plugin)
     }
@@ -401,6 +429,7 @@ impl Filter {
     /// The request is gone: stop waiting on a call, or leave the held requests (the
     /// slot it was given is not handed back: it counts as admitted).
     pub fn on_delete(&mut self) {
+        self.drop_request_body();
         // A response that never ended (reset, aborted): what is still open settles with
         // the usage its body reported before it was cut, or else the rule's `on_error`.
         if !self.settling.is_empty() {
@@ -478,7 +507,7 @@ impl Filter {
     /// or the headers for the upstream's response. Returns whether the request may go on.
     fn finish(&mut self, plugin: &Plugin, eval: &Evaluation, now_us: u64) -> bool {
         // Decided: what was read for an estimate is not needed any more.
-        self.request_body = BodySeen::Absent;
+        self.drop_request_body();
         self.read_facts = None;
         plugin.metrics.record(eval, now_us);
         let engine = &plugin.engine;

@@ -141,6 +141,8 @@ pub struct Metrics {
     bridge_bad_body: Stat,
     bridge_latency_us: u32,
     host_calls: Stat,
+    /// Bytes a request could not keep: the VM's `max_buffered_bytes` was full.
+    buffer_full: Stat,
     /// [`host::calls_made`] at the last flush.
     host_calls_flushed: Cell<u64>,
 }
@@ -241,6 +243,7 @@ impl Metrics {
         let bridge_latency_us =
             host::define_metric(MetricType::Histogram, &format!("{base}.bridge.latency_us"))?;
         let host_calls = r.counter(&format!("{base}.vm.host_calls"))?;
+        let buffer_full = r.counter(&format!("{base}.vm.buffer_full"))?;
         Ok(Metrics {
             pending: r.pending,
             last_flush_us: Cell::new(0),
@@ -259,6 +262,7 @@ impl Metrics {
             bridge_bad_body,
             bridge_latency_us,
             host_calls,
+            buffer_full,
             host_calls_flushed: Cell::new(host::calls_made()),
         })
     }
@@ -288,6 +292,11 @@ impl Metrics {
         if now_us.saturating_sub(self.last_flush_us.get()) >= FLUSH_INTERVAL_US {
             self.flush(now_us);
         }
+    }
+
+    /// A body (or more of one) did not fit in the VM's `max_buffered_bytes`.
+    pub fn buffer_full(&self) {
+        self.bump(self.buffer_full, 1);
     }
 
     pub fn bridge_call(&self) {

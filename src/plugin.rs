@@ -11,6 +11,7 @@ use crate::store::SharedData;
 use std::cell::{Cell, RefCell};
 use weir_core::bounds::MAX_ITEMS;
 use weir_core::bounds::{MAX_BODY_BYTES, MAX_CONFIG_BYTES};
+use weir_core::buffers::BufferBudget;
 use weir_core::config;
 use weir_core::delay::RELEASE_TICK_MS;
 use weir_core::engine::{Engine, Evaluation, PendingCommit};
@@ -43,6 +44,8 @@ pub struct Plugin {
     pub worker: RefCell<Worker>,
     /// Global commits waiting to be sent to the bridge, and the calls carrying them.
     pub commits: RefCell<CommitQueue>,
+    /// Bytes this VM keeps for its requests in flight, against `max_buffered_bytes`.
+    pub buffers: RefCell<BufferBudget>,
     /// The tick period set last (ms): every [`weir_core::delay::RELEASE_TICK_MS`] while
     /// requests are held, [`COMMIT_TICK_MS`] while commits wait, else every metrics flush.
     tick_ms: Cell<u32>,
@@ -144,6 +147,7 @@ impl Plugin {
         let metrics = Metrics::define(&plugin_name, &rules)
             .map_err(|e| format!("cannot define metrics: {e}"))?;
         Ok(Plugin {
+            buffers: RefCell::new(BufferBudget::new(engine.config.max_buffered_bytes)),
             worker: RefCell::new(engine.worker()),
             commits: RefCell::new(CommitQueue::default()),
             tick_ms: Cell::new(SLOW_TICK_MS),

@@ -25,6 +25,9 @@ pub struct Config {
     pub response: ResponseSettings,
     /// How to reach weir-bridge; present whenever a rule is global.
     pub bridge: Option<BridgeSettings>,
+    /// The most bytes one worker's VM keeps for its requests in flight (request bodies
+    /// read for an estimate, response bodies read for a usage): see [`crate::buffers`].
+    pub max_buffered_bytes: u64,
 }
 
 /// The filter's side of the bridge connection.

@@ -94,6 +94,7 @@ pub(crate) struct RawConfig {
     pub rules: Vec<RawRule>,
     pub response: Option<RawResponse>,
     pub bridge: Option<RawBridge>,
+    pub max_buffered_bytes: Option<u64>,
 }
 
 /// How the filter reaches weir-bridge (needed by global rules).

@@ -18,6 +18,7 @@ mod rule;
 use super::raw::RawConfig;
 use super::Config;
 use crate::bounds::MAX_RULES;
+use crate::buffers::{DEFAULT_MAX_BUFFERED_BYTES, MAX_MAX_BUFFERED_BYTES, MIN_MAX_BUFFERED_BYTES};
 use crate::field_error::{quoted, FieldError};
 use crate::rules::{Fact, FactId, FactTable, Rule, RuleId};
 
@@ -68,11 +69,25 @@ pub(super) fn compile(raw: RawConfig) -> Result<Config> {
     }
     let response = response::compile(raw.response)?;
     let bridge = raw.bridge.map(bridge::compile).transpose()?;
+    let max_buffered_bytes = match raw.max_buffered_bytes {
+        None => DEFAULT_MAX_BUFFERED_BYTES,
+        Some(n) if (MIN_MAX_BUFFERED_BYTES..=MAX_MAX_BUFFERED_BYTES).contains(&n) => n,
+        Some(n) => {
+            return Err(error(
+                "max_buffered_bytes",
+                format!(
+                    "{n} is out of range: expected {MIN_MAX_BUFFERED_BYTES} (1 MiB) to \
+                     {MAX_MAX_BUFFERED_BYTES} (1 GiB)"
+                ),
+            ))
+        }
+    };
     Ok(Config {
         rules,
         facts: facts.table,
         response,
         bridge,
+        max_buffered_bytes,
     })
 }
 
