@@ -65,15 +65,35 @@ impl UsageField {
 }
 
 impl UsageField {
-    /// The field's value in `value`, when every path has a whole number.
-    fn read(&self, value: &serde_json::Value) -> Option<u64> {
+    /// The most tokens the field allows in a request body `value`: `None` when a path is
+    /// missing or `null` (a backend reads that as "not set"); `u64::MAX` for a term that
+    /// is there but is not a whole number of tokens (a fraction, a negative number, a
+    /// string, a number beyond `u64`), so that the rule's `max` applies: a client cannot
+    /// lower its estimate with a value its backend may read otherwise.
+    fn read_bound(&self, value: &serde_json::Value) -> Option<u64> {
         self.terms.iter().try_fold(0u64, |sum, path| {
-            path.iter()
+            let found = path
+                .iter()
                 .try_fold(value, |v, segment| v.get(segment.as_str()))
-                .and_then(serde_json::Value::as_u64)
-                .map(|n| sum.saturating_add(n))
+                .filter(|v| !v.is_null())?;
+            Some(sum.saturating_add(whole_number(found).unwrap_or(u64::MAX)))
         })
     }
+}
+
+/// `value` as a whole number ≥ 0: an integer, or a JSON number such as `8000.0` or `8e3`
+/// whose value is one (below 2^64).
+fn whole_number(value: &serde_json::Value) -> Option<u64> {
+    if let Some(n) = value.as_u64() {
+        return Some(n);
+    }
+    let f = value.as_f64()?;
+    // 2^64 as a float: every whole f64 below it converts exactly.
+    let beyond = 18_446_744_073_709_551_616.0_f64;
+    if f.fract() == 0.0 && (0.0..beyond).contains(&f) {
+        return Some(f as u64);
+    }
+    None
 }
 
 /// The fields a request's most output tokens are read from when a rule names none:
@@ -88,8 +108,9 @@ pub const DEFAULT_MAX_TOKENS_FIELDS: &[&str] = &[
 ];
 
 /// How a rule estimates a request's cost from its JSON body: the most tokens it may
-/// generate (the first of `fields` the body has) plus its prompt, estimated from the
-/// body's size (`bytes_per_prompt_token`; 0: not counted).
+/// generate (the largest of the `fields` the body has: a client cannot pick a small field
+/// its backend ignores) plus its prompt, estimated from the body's size
+/// (`bytes_per_prompt_token`; 0: not counted).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct BodyEstimate {
     pub fields: Vec<UsageField>,
@@ -110,8 +131,9 @@ pub enum RequestBody<'a> {
 
 impl BodyEstimate {
     /// The estimate for `body`: `None` when the body says nothing (absent, not JSON, no
-    /// field: the rule's `default` applies), `u64::MAX` when it is too large to read
-    /// (the rule's `max` applies).
+    /// field or only `null` ones: the rule's `default` applies), `u64::MAX` when it is too
+    /// large to read or a field holds something other than a whole number ≥ 0 (the
+    /// rule's `max` applies).
     pub fn estimate(&self, body: RequestBody<'_>) -> Option<u64> {
         let bytes = match body {
             RequestBody::Absent => return None,
@@ -119,7 +141,11 @@ impl BodyEstimate {
             RequestBody::Complete(bytes) => bytes,
         };
         let value = serde_json::from_slice::<serde_json::Value>(bytes).ok()?;
-        let output = self.fields.iter().find_map(|field| field.read(&value))?;
+        let output = self
+            .fields
+            .iter()
+            .filter_map(|field| field.read_bound(&value))
+            .max()?;
         let prompt = match self.bytes_per_prompt_token {
             0 => 0,
             per => (bytes.len() as u64).div_ceil(per),
@@ -227,7 +253,7 @@ impl UsageScanner {
                 let found = path
                     .iter()
                     .try_fold(&value, |v, segment| v.get(segment.as_str()))
-                    .and_then(serde_json::Value::as_u64);
+                    .and_then(whole_number);
                 if let Some(n) = found {
                     self.latest.insert(path.clone(), n);
                 }
@@ -349,6 +375,67 @@ mod tests {
             output_only.estimate(RequestBody::Complete(openai)),
             Some(500)
         );
+    }
+
+    fn default_estimate() -> BodyEstimate {
+        BodyEstimate {
+            fields: DEFAULT_MAX_TOKENS_FIELDS
+                .iter()
+                .map(|f| UsageField::parse(f).unwrap())
+                .collect(),
+            bytes_per_prompt_token: 0,
+            max_bytes: 1024,
+        }
+    }
+
+    #[test]
+    fn the_estimate_is_the_largest_max_token_field_not_the_first() {
+        let estimate = default_estimate();
+        let body = |text: &str| estimate.estimate(RequestBody::Complete(text.as_bytes()));
+        assert_eq!(
+            body(r#"{"max_tokens":1,"max_completion_tokens":8000}"#),
+            Some(8000)
+        );
+        assert_eq!(
+            body(r#"{"max_completion_tokens":8000,"max_tokens":1}"#),
+            Some(8000)
+        );
+        assert_eq!(
+            body(
+                r#"{"max_tokens":5,"max_output_tokens":7,"generationConfig":{"maxOutputTokens":6}}"#
+            ),
+            Some(7)
+        );
+        // null is what a backend reads as "not set": the other fields, or the default.
+        assert_eq!(
+            body(r#"{"max_tokens":null,"max_completion_tokens":30}"#),
+            Some(30)
+        );
+        assert_eq!(body(r#"{"max_tokens":null}"#), None);
+    }
+
+    #[test]
+    fn integral_json_numbers_are_read_and_other_values_estimate_the_max() {
+        let estimate = default_estimate();
+        let body = |text: &str| estimate.estimate(RequestBody::Complete(text.as_bytes()));
+        assert_eq!(body(r#"{"max_tokens":8000.0}"#), Some(8000));
+        assert_eq!(body(r#"{"max_tokens":8e3}"#), Some(8000));
+        assert_eq!(body(r#"{"max_tokens":8.0E+3}"#), Some(8000));
+        assert_eq!(body(r#"{"max_tokens":-0.0}"#), Some(0));
+        // Not a whole number of tokens a backend could mean: the rule's max (u64::MAX,
+        // clamped to `max` by the caller), never the default.
+        for odd in [
+            r#"{"max_tokens":8000.5}"#,
+            r#"{"max_tokens":-1}"#,
+            r#"{"max_tokens":-8e3}"#,
+            r#"{"max_tokens":1e300}"#,
+            r#"{"max_tokens":"8000"}"#,
+            r#"{"max_tokens":true}"#,
+            r#"{"max_tokens":{"n":5}}"#,
+            r#"{"max_tokens":1,"max_completion_tokens":"lots"}"#,
+        ] {
+            assert_eq!(body(odd), Some(u64::MAX), "{odd}");
+        }
     }
 
     #[test]
