@@ -119,30 +119,33 @@ impl Filter {
         let Some(plugin) = self.plugin.clone() else {
             return Action::Continue;
         };
-        if plugin.engine.config.reads_bodies() {
+        let (read_response, body_wanted) = {
             let mut facts = Facts::new(&plugin.engine.config.facts, self.facts());
-            if plugin.engine.reads_response_body(&mut facts) {
-                // A compressed body cannot be read (it keeps its estimate): ask the
-                // upstream for the body as it is.
-                if let Err(e) = host::replace_request_header("accept-encoding", "identity") {
-                    self.log(LogLevel::Warn, || {
-                        format!("cannot set accept-encoding: identity ({e})")
-                    });
-                }
+            let read_response = plugin.engine.reads_response_body(&mut facts);
+            let body_wanted = if end_of_stream {
+                None
+            } else {
+                plugin.engine.request_body_wanted(&mut facts)
+            };
+            (read_response, body_wanted)
+        };
+        if read_response {
+            // A compressed body cannot be read (it keeps its estimate): ask the upstream
+            // for the body as it is.
+            if let Err(e) = host::replace_request_header("accept-encoding", "identity") {
+                self.log(LogLevel::Warn, || {
+                    format!("cannot set accept-encoding: identity ({e})")
+                });
             }
         }
-        if !end_of_stream {
-            let mut facts = Facts::new(&plugin.engine.config.facts, self.facts());
-            if let Some(max_bytes) = plugin.engine.request_body_wanted(&mut facts) {
-                // Decided when the body is in. The headers go on: Envoy's Wasm host
-                // turns a paused header callback into "stop everything", body callbacks
-                // included, so the body could never be read. The upstream sees the
-                // headers; a request denied on its body is reset before its body is
-                // sent.
-                self.reading_body = Some(max_bytes);
-                self.read_facts = Some(ReadFacts::now(&plugin.engine.config.facts));
-                return Action::Continue;
-            }
+        if let Some(max_bytes) = body_wanted {
+            // Decided when the body is in. The headers go on: Envoy's Wasm host turns a
+            // paused header callback into "stop everything", body callbacks included, so
+            // the body could never be read. The upstream sees the headers; a request
+            // denied on its body is reset before its body is sent.
+            self.reading_body = Some(max_bytes);
+            self.read_facts = Some(ReadFacts::now(&plugin.engine.config.facts));
+            return Action::Continue;
         }
         self.decide(&plugin)
     }
