@@ -11,7 +11,9 @@
 //! final usage event (OpenAI's `stream_options.include_usage`) both end with the totals.
 //!
 //! Memory is bounded: a JSON body is kept up to `max_bytes` (beyond, the usage is
-//! unknown), and a stream is read line by line, no line longer than `max_bytes` kept.
+//! unknown), and a stream is read line by line, no line or event longer than
+//! `max_bytes` kept. What a response then costs — its usage, `on_error` for an upstream
+//! 5xx, or its estimate when the usage cannot be read — is [`settlement`]'s to say.
 
 use std::collections::HashMap;
 
