@@ -163,6 +163,14 @@ pub extern "C" fn proxy_on_response_headers(context_id: u32, _headers: usize, eo
 }
 
 #[no_mangle]
+pub extern "C" fn proxy_on_response_trailers(context_id: u32, _trailers: usize) -> u32 {
+    if !READS_BODIES.with(Cell::get) {
+        return Action::Continue as u32;
+    }
+    with_filter(context_id, Filter::on_response_trailers).unwrap_or(Action::Continue) as u32
+}
+
+#[no_mangle]
 pub extern "C" fn proxy_on_response_body(context_id: u32, body_size: usize, eos: u32) -> u32 {
     if !READS_BODIES.with(Cell::get) {
         return Action::Continue as u32;
@@ -247,7 +255,8 @@ pub extern "C" fn proxy_on_http_call_response(
     } else {
         // Its request is gone; what the call decided is still counted, and what its
         // rules hold for a response that will never come is settled now (a
-        // concurrency rule's place given back, an estimate at its `on_error`).
+        // concurrency rule's place given back; an estimate given back too: the
+        // request, paused for this call, never reached the upstream).
         plugin.metrics.record(&eval, now_us);
         for commit in &eval.commits {
             plugin.settle(commit, None);

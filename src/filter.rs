@@ -21,7 +21,8 @@ use weir_core::flight::Join;
 use weir_core::response::{self, Denial, FilterState, HeaderStyle};
 use weir_core::rules::CommitSource;
 use weir_core::rules::Facts;
-use weir_core::usage::{RequestBody, UsageScanner};
+use weir_core::usage::settlement::ResponseSeen;
+use weir_core::usage::{RequestBody, Unread, UsageScanner};
 
 /// The response header of a request that was held: how long, in ms.
 pub const DELAY_HEADER: &str = "x-weir-delay-ms";
@@ -48,6 +49,8 @@ pub struct Filter {
     held: Option<Evaluation>,
     /// Costs to settle when the response ends (`commit`), with how far their reading got.
     settling: Vec<Settling>,
+    /// The response's status, once its headers came.
+    status: Option<u16>,
     /// A rule estimates this request's cost from its body: the decision waits for the
     /// body, buffered by Envoy up to this many bytes.
     reading_body: Option<usize>,
@@ -93,6 +96,7 @@ impl Filter {
             replied: false,
             held: None,
             settling: Vec::new(),
+            status: None,
             reading_body: None,
             request_body: BodySeen::Absent,
             request_body_kept: Buffered::default(),
@@ -120,18 +124,33 @@ impl Filter {
         let Some(plugin) = self.plugin.clone() else {
             return Action::Continue;
         };
-        if !end_of_stream {
+        let (read_response, body_wanted) = {
             let mut facts = Facts::new(&plugin.engine.config.facts, self.facts());
-            if let Some(max_bytes) = plugin.engine.request_body_wanted(&mut facts) {
-                // Decided when the body is in. The headers go on: Envoy's Wasm host
-                // turns a paused header callback into "stop everything", body callbacks
-                // included, so the body could never be read. The upstream sees the
-                // headers; a request denied on its body is reset before its body is
-                // sent.
-                self.reading_body = Some(max_bytes);
-                self.read_facts = Some(ReadFacts::now(&plugin.engine.config.facts));
-                return Action::Continue;
+            let read_response = plugin.engine.reads_response_body(&mut facts);
+            let body_wanted = if end_of_stream {
+                None
+            } else {
+                plugin.engine.request_body_wanted(&mut facts)
+            };
+            (read_response, body_wanted)
+        };
+        if read_response {
+            // A compressed body cannot be read (it keeps its estimate): ask the upstream
+            // for the body as it is.
+            if let Err(e) = host::replace_request_header("accept-encoding", "identity") {
+                self.log(LogLevel::Warn, || {
+                    format!("cannot set accept-encoding: identity ({e})")
+                });
             }
+        }
+        if let Some(max_bytes) = body_wanted {
+            // Decided when the body is in. The headers go on: Envoy's Wasm host turns a
+            // paused header callback into "stop everything", body callbacks included, so
+            // the body could never be read. The upstream sees the headers; a request
+            // denied on its body is reset before its body is sent.
+            self.reading_body = Some(max_bytes);
+            self.read_facts = Some(ReadFacts::now(&plugin.engine.config.facts));
+            return Action::Continue;
         }
         self.decide(&plugin)
     }
@@ -308,14 +327,22 @@ impl Filter {
                 }
             }
             if end_of_stream {
-                self.settle_all(|s| s.scanner.take().and_then(UsageScanner::finish));
+                self.settle_all(true);
             }
         }
         Action::Continue
     }
 
-    /// The response's headers: an upstream error settles at `on_error`, a header
-    /// source settles now, a body source starts reading.
+    /// Trailers end a response: what its body said settles now.
+    pub fn on_response_trailers(&mut self) -> Action {
+        if !self.settling.is_empty() {
+            self.settle_all(true);
+        }
+        Action::Continue
+    }
+
+    /// The response's headers: an upstream error and a header source settle now, a
+    /// body source starts reading.
     fn read_usage_headers(&mut self, end_of_stream: bool) {
         let Some(plugin) = self.plugin.clone() else {
             return;
@@ -325,8 +352,10 @@ impl Filter {
             .flatten()
             .and_then(|s| std::str::from_utf8(&s).ok()?.parse::<u16>().ok())
             .unwrap_or(0);
+        let status = (status != 0).then_some(status);
+        self.status = status;
         let content_type = host::response_header("content-type").ok().flatten();
-        let stream = UsageScanner::is_event_stream(content_type.as_deref());
+        let content_encoding = host::response_header("content-encoding").ok().flatten();
         let mut now_known = Vec::new();
         let mut now_us = None;
         for s in &self.settling {
@@ -350,56 +379,77 @@ impl Filter {
             else {
                 continue;
             };
-            if status >= 500 {
-                now_known.push((s.commit.clone(), None));
-                continue;
-            }
-            match &commit.source {
-                CommitSource::Header(name) => {
-                    let actual = host::response_header(name)
-                        .ok()
-                        .flatten()
-                        .and_then(|v| std::str::from_utf8(&v).ok()?.trim().parse::<u64>().ok());
-                    now_known.push((s.commit.clone(), actual));
-                }
+            let usage = match &commit.source {
+                // An upstream error settles at `on_error` whatever its body says.
+                _ if status.is_some_and(|s| s >= 500) => Err(Unread::NoUsage),
+                CommitSource::Header(name) => host::response_header(name)
+                    .ok()
+                    .flatten()
+                    .and_then(|v| std::str::from_utf8(&v).ok()?.trim().parse::<u64>().ok())
+                    .ok_or(Unread::NoUsage),
                 CommitSource::Body { fields, max_bytes } => {
-                    s.scanner = Some(UsageScanner::new(fields, stream, *max_bytes));
+                    s.scanner = Some(UsageScanner::for_response(
+                        fields,
+                        *max_bytes,
+                        content_type.as_deref(),
+                        content_encoding.as_deref(),
+                    ));
+                    continue;
                 }
-            }
+            };
+            let seen = ResponseSeen {
+                status,
+                ended: true,
+                usage,
+            };
+            now_known.push((s.commit.clone(), seen));
         }
         self.settling
             .retain(|s| !now_known.iter().any(|(c, _)| c.rule == s.commit.rule));
-        for (commit, actual) in now_known {
-            self.settle(&plugin, &commit, actual);
+        for (commit, seen) in now_known {
+            self.settle(&plugin, &commit, Some(&seen));
         }
         if end_of_stream {
-            self.settle_all(|s| s.scanner.take().and_then(UsageScanner::finish));
+            self.settle_all(true);
         }
     }
 
-    /// Settles every cost still open, each with what `actual` says (`None`: the rule's
-    /// `on_error`).
-    fn settle_all(&mut self, mut actual: impl FnMut(&mut Settling) -> Option<u64>) {
+    /// Settles every cost still open with what its body said: the response `ended`, or
+    /// was cut (the client went away, a reset) before its end.
+    fn settle_all(&mut self, ended: bool) {
         let Some(plugin) = self.plugin.clone() else {
             return;
         };
         for mut s in std::mem::take(&mut self.settling) {
-            let value = actual(&mut s);
-            self.settle(&plugin, &s.commit, value);
+            let seen = ResponseSeen {
+                status: self.status,
+                ended,
+                usage: s
+                    .scanner
+                    .take()
+                    .map_or(Err(Unread::NoUsage), UsageScanner::finish),
+            };
+            self.settle(&plugin, &s.commit, Some(&seen));
         }
     }
 
-    /// Settles one rule's cost: `actual`, or the rule's `on_error` when unknown; a
-    /// concurrency rule gives its place back.
-    fn settle(&self, plugin: &Plugin, commit: &PendingCommit, actual: Option<u64>) {
-        let value = plugin.settle(commit, actual);
-        self.log(LogLevel::Debug, || {
-            format!(
-                "rule {}: cost {} settled as {value}{}",
+    /// Settles one rule's cost as the core decides from what was `seen` of the response
+    /// (`None`: the request never reached the upstream); a concurrency rule gives its
+    /// place back.
+    fn settle(&self, plugin: &Plugin, commit: &PendingCommit, seen: Option<&ResponseSeen>) {
+        let settled = plugin.settle(commit, seen);
+        self.log(LogLevel::Debug, || match settled {
+            Some(s) => format!(
+                "rule {}: cost {} settled as {} ({:?})",
                 plugin.engine.rule_name(commit.rule),
                 commit.reserved,
-                if actual.is_some() { "" } else { " (on_error)" }
-            )
+                s.cost,
+                s.reason
+            ),
+            None => format!(
+                "rule {}: place given back",
+                plugin.engine.rule_name(commit.rule)
+            ),
         });
     }
 
@@ -431,9 +481,10 @@ impl Filter {
     pub fn on_delete(&mut self) {
         self.drop_request_body();
         // A response that never ended (reset, aborted): what is still open settles with
-        // the usage its body reported before it was cut, or else the rule's `on_error`.
+        // the usage its body reported before it was cut, or else keeps its estimate (the
+        // client chooses when it hangs up).
         if !self.settling.is_empty() {
-            self.settle_all(|s| s.scanner.take().and_then(UsageScanner::finish));
+            self.settle_all(false);
         }
         if let (Some(plugin), Some((token, eval))) = (&self.plugin, &self.waiting) {
             plugin
@@ -565,7 +616,7 @@ impl Filter {
                 // Rules that admitted the request before another denied it: it never
                 // reached the upstream, so it cost nothing.
                 for commit in &eval.commits {
-                    self.settle(plugin, commit, Some(0));
+                    self.settle(plugin, commit, None);
                 }
                 return false;
             }

@@ -99,6 +99,13 @@ extern "C" {
         value_data: *const u8,
         value_size: usize,
     ) -> u32;
+    fn proxy_replace_header_map_value(
+        map_type: u32,
+        key_data: *const u8,
+        key_size: usize,
+        value_data: *const u8,
+        value_size: usize,
+    ) -> u32;
     fn proxy_get_property(
         path_data: *const u8,
         path_size: usize,
@@ -298,6 +305,20 @@ pub fn add_response_header(name: &str, value: &str) -> HostResult<()> {
     ok(unsafe {
         proxy_add_header_map_value(
             MAP_RESPONSE_HEADERS,
+            name.as_ptr(),
+            name.len(),
+            value.as_ptr(),
+            value.len(),
+        )
+    })
+}
+
+/// Sets a request header, replacing any value it had.
+pub fn replace_request_header(name: &str, value: &str) -> HostResult<()> {
+    count_call();
+    ok(unsafe {
+        proxy_replace_header_map_value(
+            MAP_REQUEST_HEADERS,
             name.as_ptr(),
             name.len(),
             value.as_ptr(),

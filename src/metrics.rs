@@ -33,8 +33,13 @@
 //! their slot: decided again), `delay_queue_full` (denied because the worker held
 //! `queue` requests of the rule already) and `delay_abandoned` (the client left while
 //! its request was held). Rules with a `commit` count `committed` (costs settled after
-//! the response), `commit_on_error` (settled at `on_error`: an upstream error, an
-//! aborted stream, no usage found), `commit_units_refunded`, `commit_units_charged`
+//! the response) and, by why they settled as they did (`weir_core::usage::settlement`):
+//! `commit_usage_read` (the response's usage), `commit_on_error` (an upstream 5xx: the
+//! rule's `on_error`), and, each keeping the estimate, `commit_no_usage` (a response
+//! without a readable usage), `commit_over_max_bytes` (a body or event over `max_bytes`),
+//! `commit_compressed` (a compressed body), `commit_aborted` (cut before its usage came);
+//! `commit_not_forwarded` (a later rule denied the request: nothing);
+//! `commit_units_refunded`, `commit_units_charged`
 //! (the actual cost above the estimate) and `commit_errors` (shared data failed: the
 //! estimate stands). Concurrency rules count `in_flight_released` (streams ended, their
 //! places given back) and `in_flight_release_errors` (shared data failed: the place
@@ -57,6 +62,7 @@ use weir_core::engine::{
 };
 use weir_core::rules::RuleId;
 use weir_core::store::{Placement, UpdateError};
+use weir_core::usage::settlement::SettleReason;
 use weir_core::wire::ReplyError;
 
 /// How often increments kept in the VM are sent to Envoy.
@@ -91,7 +97,7 @@ struct RuleMetrics {
     delay_queue_full: Stat,
     delay_abandoned: Stat,
     committed: Stat,
-    commit_on_error: Stat,
+    commit_reasons: CommitReasons,
     commit_units_refunded: Stat,
     commit_units_charged: Stat,
     commit_errors: Stat,
@@ -101,6 +107,46 @@ struct RuleMetrics {
     /// Adaptive concurrency rules: the limit, the last interval's latency sample and
     /// the baseline, recorded when a worker merges.
     adaptive: Option<AdaptiveGauges>,
+}
+
+/// A rule's settlements, one counter per [`SettleReason`].
+#[derive(Debug)]
+struct CommitReasons {
+    usage_read: Stat,
+    on_error: Stat,
+    no_usage: Stat,
+    over_max_bytes: Stat,
+    compressed: Stat,
+    aborted: Stat,
+    not_forwarded: Stat,
+}
+
+impl CommitReasons {
+    fn define(r: &mut Registry, prefix: &str) -> HostResult<CommitReasons> {
+        let mut stat =
+            |reason: SettleReason| r.counter(&format!("{prefix}.{}", reason.stat_name()));
+        Ok(CommitReasons {
+            usage_read: stat(SettleReason::Usage)?,
+            on_error: stat(SettleReason::UpstreamError)?,
+            no_usage: stat(SettleReason::NoUsage)?,
+            over_max_bytes: stat(SettleReason::TooLarge)?,
+            compressed: stat(SettleReason::Compressed)?,
+            aborted: stat(SettleReason::Aborted)?,
+            not_forwarded: stat(SettleReason::NotForwarded)?,
+        })
+    }
+
+    fn of(&self, reason: SettleReason) -> Stat {
+        match reason {
+            SettleReason::Usage => self.usage_read,
+            SettleReason::UpstreamError => self.on_error,
+            SettleReason::NoUsage => self.no_usage,
+            SettleReason::TooLarge => self.over_max_bytes,
+            SettleReason::Compressed => self.compressed,
+            SettleReason::Aborted => self.aborted,
+            SettleReason::NotForwarded => self.not_forwarded,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -217,7 +263,7 @@ impl Metrics {
                 delay_queue_full: r.counter(&format!("{prefix}.delay_queue_full"))?,
                 delay_abandoned: r.counter(&format!("{prefix}.delay_abandoned"))?,
                 committed: r.counter(&format!("{prefix}.committed"))?,
-                commit_on_error: r.counter(&format!("{prefix}.commit_on_error"))?,
+                commit_reasons: CommitReasons::define(&mut r, &prefix)?,
                 commit_units_refunded: r.counter(&format!("{prefix}.commit_units_refunded"))?,
                 commit_units_charged: r.counter(&format!("{prefix}.commit_units_charged"))?,
                 commit_errors: r.counter(&format!("{prefix}.commit_errors"))?,
@@ -339,15 +385,13 @@ impl Metrics {
     }
 
     /// A rule's cost settled after the response (or, for a global rule, sent to the
-    /// bridge to be): `known` false when it is the rule's `on_error`.
-    pub fn committed(&self, rule: RuleId, known: bool) {
+    /// bridge to be), and why at that cost.
+    pub fn committed(&self, rule: RuleId, reason: SettleReason) {
         let Some(rule) = self.rules.get(rule.index()) else {
             return;
         };
         self.bump(rule.committed, 1);
-        if !known {
-            self.bump(rule.commit_on_error, 1);
-        }
+        self.bump(rule.commit_reasons.of(reason), 1);
     }
 
     /// The key's state took the settlement: the units given back or charged.

@@ -20,6 +20,7 @@ use weir_core::key::Seed;
 use weir_core::rules::Rule;
 use weir_core::rules::RuleId;
 use weir_core::store::seed;
+use weir_core::usage::settlement::{ResponseSeen, Settlement};
 use weir_core::wire::{v2, v3, ReplyError, SECRET_HEADER};
 use weir_core::worker::Worker;
 
@@ -240,22 +241,30 @@ impl Plugin {
     }
 
     /// Settles what a rule counted for a request when its response ended (or never
-    /// will): a cost with `actual` (`None`: the rule's `on_error`), a concurrency rule's
-    /// place given back. Returns the value settled, for the log.
-    pub fn settle(&self, commit: &PendingCommit, actual: Option<u64>) -> u64 {
-        let Some(rule) = self.engine.config.rule(commit.rule) else {
-            return 0;
-        };
+    /// will): a cost as the core decides from what was `seen` of the response (`None`:
+    /// the request never reached the upstream, it costs nothing), a concurrency rule's
+    /// place given back. Returns the settlement, for the log (`None` for a concurrency
+    /// rule).
+    pub fn settle(
+        &self,
+        commit: &PendingCommit,
+        seen: Option<&ResponseSeen>,
+    ) -> Option<Settlement> {
+        let rule = self.engine.config.rule(commit.rule)?;
         let now_us = || host::now_us().unwrap_or(commit.counted_at_us);
         let Some(cost) = &rule.commit else {
             // A concurrency rule: the stream is over.
             let released = self.engine.commit(&SharedData, commit, 0, now_us());
             self.metrics
                 .in_flight_released(commit.rule, released.is_ok());
-            return 0;
+            return None;
         };
-        let value = actual.unwrap_or(cost.on_error);
-        self.metrics.committed(commit.rule, actual.is_some());
+        let settlement = match seen {
+            Some(seen) => Settlement::of(commit.reserved, cost.on_error, seen),
+            None => Settlement::not_forwarded(),
+        };
+        let value = settlement.cost;
+        self.metrics.committed(commit.rule, settlement.reason);
         if let Some(item) = self.engine.global_commit(commit, value) {
             // Settled in Redis: queued for the bridge, sent from the worker's tick.
             if commit.reserved != value {
@@ -278,7 +287,7 @@ impl Plugin {
                 Err(_) => self.metrics.commit_failed(commit.rule),
             }
         }
-        value
+        Some(settlement)
     }
 
     /// Adaptive concurrency rules, from the root context's tick: this worker's latencies

@@ -38,7 +38,8 @@ use crate::lease::{Held, LeaseSlot, Settled, SettledOutcome, Spend};
 use crate::reservoir::{Found, WorkerTable};
 use crate::response::RuleVerdict;
 use crate::rules::{
-    Cost, Fact, FactSource, Facts, FailureMode, GlobalRule, Reservoir, Rule, RuleId, Scope,
+    Commit, CommitSource, Cost, Fact, FactSource, Facts, FailureMode, GlobalRule, Reservoir, Rule,
+    RuleId, Scope,
 };
 use crate::store::slot_table::SlotTable;
 use crate::store::{Placement, SharedStore, StoreError, UpdateError, Updated, Vacancy};
@@ -1241,6 +1242,21 @@ impl Engine {
             }
         }
         wanted
+    }
+
+    /// Whether a rule that reads its cost from the response body (`commit.body`) matches
+    /// the request: the filter then asks the upstream for an uncompressed body, which is
+    /// the only kind it can read.
+    pub fn reads_response_body<S: FactSource>(&self, facts: &mut Facts<'_, S>) -> bool {
+        self.config.rules.iter().any(|rule| {
+            matches!(
+                rule.commit,
+                Some(Commit {
+                    source: CommitSource::Body { .. },
+                    ..
+                })
+            ) && rule.matches(facts)
+        })
     }
 
     pub fn rule_name(&self, rule: RuleId) -> &str {

@@ -150,8 +150,9 @@ pub struct Rule {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Commit {
     pub source: CommitSource,
-    /// What a request costs when its response does not say: an upstream error (5xx), a
-    /// reset or aborted stream, or no usage found.
+    /// What a request costs when the upstream answered an error status (5xx). Any other
+    /// response without a readable usage keeps its estimate
+    /// ([`crate::usage::settlement`]).
     pub on_error: u64,
 }
 

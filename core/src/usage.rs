@@ -11,15 +11,21 @@
 //! final usage event (OpenAI's `stream_options.include_usage`) both end with the totals.
 //!
 //! Memory is bounded: a JSON body is kept up to `max_bytes` (beyond, the usage is
-//! unknown), and a stream is read line by line, no line longer than `max_bytes` kept.
+//! unknown), and a stream is read line by line, no line or event longer than
+//! `max_bytes` kept. What a response then costs — its usage, `on_error` for an upstream
+//! 5xx, or its estimate when the usage cannot be read — is [`settlement`]'s to say.
 
 use std::collections::HashMap;
 
-/// The fields read when a rule names none: OpenAI (`usage.total_tokens`), Anthropic
+pub mod settlement;
+
+/// The fields read when a rule names none: OpenAI (`usage.total_tokens`; in a Responses
+/// API stream, `response.usage.total_tokens` of its `response.completed` event), Anthropic
 /// (`usage.input_tokens` + `usage.output_tokens`; in a stream the input count comes in
 /// `message_start`'s `message.usage`), Gemini (`usageMetadata.totalTokenCount`).
 pub const DEFAULT_FIELDS: &[&str] = &[
     "usage.total_tokens",
+    "response.usage.total_tokens",
     "usage.input_tokens+usage.output_tokens",
     "message.usage.input_tokens+usage.output_tokens",
     "usageMetadata.totalTokenCount",
@@ -65,15 +71,35 @@ impl UsageField {
 }
 
 impl UsageField {
-    /// The field's value in `value`, when every path has a whole number.
-    fn read(&self, value: &serde_json::Value) -> Option<u64> {
+    /// The most tokens the field allows in a request body `value`: `None` when a path is
+    /// missing or `null` (a backend reads that as "not set"); `u64::MAX` for a term that
+    /// is there but is not a whole number of tokens (a fraction, a negative number, a
+    /// string, a number beyond `u64`), so that the rule's `max` applies: a client cannot
+    /// lower its estimate with a value its backend may read otherwise.
+    fn read_bound(&self, value: &serde_json::Value) -> Option<u64> {
         self.terms.iter().try_fold(0u64, |sum, path| {
-            path.iter()
+            let found = path
+                .iter()
                 .try_fold(value, |v, segment| v.get(segment.as_str()))
-                .and_then(serde_json::Value::as_u64)
-                .map(|n| sum.saturating_add(n))
+                .filter(|v| !v.is_null())?;
+            Some(sum.saturating_add(whole_number(found).unwrap_or(u64::MAX)))
         })
     }
+}
+
+/// `value` as a whole number ≥ 0: an integer, or a JSON number such as `8000.0` or `8e3`
+/// whose value is one (below 2^64).
+fn whole_number(value: &serde_json::Value) -> Option<u64> {
+    if let Some(n) = value.as_u64() {
+        return Some(n);
+    }
+    let f = value.as_f64()?;
+    // 2^64 as a float: every whole f64 below it converts exactly.
+    let beyond = 18_446_744_073_709_551_616.0_f64;
+    if f.fract() == 0.0 && (0.0..beyond).contains(&f) {
+        return Some(f as u64);
+    }
+    None
 }
 
 /// The fields a request's most output tokens are read from when a rule names none:
@@ -88,8 +114,9 @@ pub const DEFAULT_MAX_TOKENS_FIELDS: &[&str] = &[
 ];
 
 /// How a rule estimates a request's cost from its JSON body: the most tokens it may
-/// generate (the first of `fields` the body has) plus its prompt, estimated from the
-/// body's size (`bytes_per_prompt_token`; 0: not counted).
+/// generate (the largest of the `fields` the body has: a client cannot pick a small field
+/// its backend ignores) plus its prompt, estimated from the body's size
+/// (`bytes_per_prompt_token`; 0: not counted).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct BodyEstimate {
     pub fields: Vec<UsageField>,
@@ -110,8 +137,9 @@ pub enum RequestBody<'a> {
 
 impl BodyEstimate {
     /// The estimate for `body`: `None` when the body says nothing (absent, not JSON, no
-    /// field: the rule's `default` applies), `u64::MAX` when it is too large to read
-    /// (the rule's `max` applies).
+    /// field or only `null` ones: the rule's `default` applies), `u64::MAX` when it is too
+    /// large to read or a field holds something other than a whole number ≥ 0 (the
+    /// rule's `max` applies).
     pub fn estimate(&self, body: RequestBody<'_>) -> Option<u64> {
         let bytes = match body {
             RequestBody::Absent => return None,
@@ -119,7 +147,11 @@ impl BodyEstimate {
             RequestBody::Complete(bytes) => bytes,
         };
         let value = serde_json::from_slice::<serde_json::Value>(bytes).ok()?;
-        let output = self.fields.iter().find_map(|field| field.read(&value))?;
+        let output = self
+            .fields
+            .iter()
+            .filter_map(|field| field.read_bound(&value))
+            .max()?;
         let prompt = match self.bytes_per_prompt_token {
             0 => 0,
             per => (bytes.len() as u64).div_ceil(per),
@@ -128,16 +160,46 @@ impl BodyEstimate {
     }
 }
 
+/// Why a response's usage could not be read: each reason is counted apart, and none
+/// refunds the estimate (see [`settlement`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Unread {
+    /// No field had a value: not JSON, no usage object, or a stream without a usage
+    /// event (an OpenAI stream without `stream_options.include_usage`).
+    NoUsage,
+    /// The JSON body, or an event of the stream, was longer than `max_bytes`, and no
+    /// usage was found in the rest.
+    TooLarge,
+    /// The body has a `content-encoding` other than `identity`: it is not read.
+    Compressed,
+}
+
 /// Reads one response's usage as its body goes by.
+///
+/// A JSON body is kept whole (up to `max_bytes`) and read when it ends. An event stream
+/// is read as the SSE standard reads it: lines end with CRLF, LF or a bare CR; an event
+/// is its `data:` lines joined with "\n" (one optional space after the colon dropped),
+/// read when a blank line ends it. An event that is not JSON as a whole is read line by
+/// line, for streams that put one JSON document on each `data:` line without blank
+/// lines between them.
 #[derive(Debug)]
 pub struct UsageScanner {
     fields: Vec<UsageField>,
     stream: bool,
+    compressed: bool,
     max_bytes: usize,
     /// The JSON body so far, or the stream's unfinished line.
     pending: Vec<u8>,
     /// The body, or the current line, went over `max_bytes`.
     overflow: bool,
+    /// The stream's current event: its data lines, each followed by "\n".
+    data: Vec<u8>,
+    /// The current event went over `max_bytes`: it is skipped.
+    data_overflow: bool,
+    /// The last piece ended with a CR: an LF that starts the next one ends no line.
+    after_cr: bool,
+    /// Something was dropped for its size.
+    dropped: bool,
     /// The latest value seen for each path.
     latest: HashMap<Vec<String>, u64>,
 }
@@ -148,11 +210,29 @@ impl UsageScanner {
         UsageScanner {
             fields: fields.to_vec(),
             stream,
+            compressed: false,
             max_bytes,
             pending: Vec::new(),
             overflow: false,
+            data: Vec::new(),
+            data_overflow: false,
+            after_cr: false,
+            dropped: false,
             latest: HashMap::new(),
         }
+    }
+
+    /// A scanner for a response with these `content-type` and `content-encoding`
+    /// headers: an event stream or a JSON body; a compressed body is not read.
+    pub fn for_response(
+        fields: &[UsageField],
+        max_bytes: usize,
+        content_type: Option<&[u8]>,
+        content_encoding: Option<&[u8]>,
+    ) -> UsageScanner {
+        let mut scanner = UsageScanner::new(fields, Self::is_event_stream(content_type), max_bytes);
+        scanner.compressed = !Self::is_identity(content_encoding);
+        scanner
     }
 
     /// Whether a response of `content_type` is an event stream.
@@ -162,77 +242,169 @@ impl UsageScanner {
             .is_some_and(|c| c.eq_ignore_ascii_case(b"text/event-stream"))
     }
 
+    /// Whether a body with this `content-encoding` is as sent: no header, or only
+    /// `identity` (and empty entries) in its list.
+    pub fn is_identity(content_encoding: Option<&[u8]>) -> bool {
+        content_encoding.is_none_or(|value| {
+            value.split(|&b| b == b',').all(|coding| {
+                let coding = coding.trim_ascii();
+                coding.is_empty() || coding.eq_ignore_ascii_case(b"identity")
+            })
+        })
+    }
+
     /// The next piece of the body.
-    pub fn feed(&mut self, mut chunk: &[u8]) {
+    pub fn feed(&mut self, chunk: &[u8]) {
+        if self.compressed {
+            return;
+        }
         if !self.stream {
-            if self.overflow || self.pending.len() + chunk.len() > self.max_bytes {
+            if self.overflow || self.pending.len().saturating_add(chunk.len()) > self.max_bytes {
                 self.overflow = true;
+                self.dropped = true;
                 self.pending = Vec::new();
             } else {
                 self.pending.extend_from_slice(chunk);
             }
             return;
         }
-        while let Some(end) = chunk.iter().position(|&b| b == b'\n') {
-            let (line, rest) = chunk.split_at(end);
-            if !self.overflow && self.pending.len() + line.len() <= self.max_bytes {
-                self.pending.extend_from_slice(line);
-                let line = std::mem::take(&mut self.pending);
-                self.event_line(&line);
+        let mut rest = chunk;
+        if std::mem::take(&mut self.after_cr) {
+            if let Some(tail) = rest.strip_prefix(b"\n") {
+                rest = tail;
             }
-            self.pending.clear();
-            self.overflow = false;
-            chunk = rest.get(1..).unwrap_or_default();
         }
-        if self.overflow || self.pending.len() + chunk.len() > self.max_bytes {
-            self.overflow = true;
-            self.pending.clear();
-        } else {
-            self.pending.extend_from_slice(chunk);
+        while let Some(end) = rest.iter().position(|&b| b == b'\n' || b == b'\r') {
+            let (line, tail) = rest.split_at(end);
+            self.extend_line(line);
+            self.end_line();
+            rest = match tail {
+                [b'\r', b'\n', after @ ..] => after,
+                [b'\r'] => {
+                    self.after_cr = true;
+                    &[]
+                }
+                [_, after @ ..] => after,
+                [] => &[],
+            };
         }
+        self.extend_line(rest);
     }
 
-    /// The body ended: the usage it carried, if any field could be read.
-    pub fn finish(mut self) -> Option<u64> {
-        let pending = std::mem::take(&mut self.pending);
-        if self.stream {
-            if !self.overflow {
-                self.event_line(&pending);
-            }
-        } else if !self.overflow {
-            self.record(&pending);
+    /// The body ended (or was cut: what it carried until then): the usage, or why there
+    /// is none.
+    pub fn finish(mut self) -> Result<u64, Unread> {
+        if self.compressed {
+            return Err(Unread::Compressed);
         }
-        self.fields.iter().find_map(|field| {
+        if self.stream {
+            // An event the stream did not close with a blank line is read all the same:
+            // its lines came whole from the upstream.
+            if !self.pending.is_empty() || self.overflow {
+                self.end_line();
+            }
+            self.event_line(b"");
+        } else if !self.overflow {
+            let body = std::mem::take(&mut self.pending);
+            self.record(&body);
+        }
+        let usage = self.fields.iter().find_map(|field| {
             field.terms.iter().try_fold(0u64, |sum, path| {
                 self.latest.get(path).map(|v| sum.saturating_add(*v))
             })
-        })
-    }
-
-    /// One line of the stream: a `data:` line carries a JSON event.
-    fn event_line(&mut self, line: &[u8]) {
-        let line = line.strip_suffix(b"\r").unwrap_or(line);
-        if let Some(data) = line.strip_prefix(b"data:") {
-            self.record(data);
+        });
+        match usage {
+            Some(usage) => Ok(usage),
+            None if self.dropped => Err(Unread::TooLarge),
+            None => Err(Unread::NoUsage),
         }
     }
 
-    /// Records the values of every field's paths found in one JSON document.
-    fn record(&mut self, json: &[u8]) {
-        let Ok(value) = serde_json::from_slice::<serde_json::Value>(json) else {
+    /// More of the stream's current line, dropped past `max_bytes`.
+    fn extend_line(&mut self, piece: &[u8]) {
+        if self.overflow || self.pending.len().saturating_add(piece.len()) > self.max_bytes {
+            self.overflow = true;
+            self.dropped = true;
+            self.pending.clear();
+        } else {
+            self.pending.extend_from_slice(piece);
+        }
+    }
+
+    /// The current line ended. A line dropped for its size may have been part of an
+    /// event: that event is skipped.
+    fn end_line(&mut self) {
+        if std::mem::take(&mut self.overflow) {
+            self.data_overflow = true;
+            self.data.clear();
+        } else {
+            let line = std::mem::take(&mut self.pending);
+            self.event_line(&line);
+        }
+        self.pending.clear();
+    }
+
+    /// One line of the stream: a `data:` line adds to the event, a blank line ends it.
+    fn event_line(&mut self, line: &[u8]) {
+        if line.is_empty() {
+            let data = std::mem::take(&mut self.data);
+            if !std::mem::take(&mut self.data_overflow) {
+                self.dispatch(&data);
+            }
             return;
+        }
+        let (field, value) = match line.iter().position(|&b| b == b':') {
+            Some(colon) => {
+                let (field, value) = line.split_at(colon);
+                let value = value.get(1..).unwrap_or_default();
+                (field, value.strip_prefix(b" ").unwrap_or(value))
+            }
+            None => (line, &[][..]),
+        };
+        if field != b"data" || self.data_overflow {
+            return;
+        }
+        if self.data.len().saturating_add(value.len()) >= self.max_bytes {
+            self.data_overflow = true;
+            self.dropped = true;
+            self.data.clear();
+        } else {
+            self.data.extend_from_slice(value);
+            self.data.push(b'\n');
+        }
+    }
+
+    /// An event's data: one JSON document, or one per line.
+    fn dispatch(&mut self, data: &[u8]) {
+        let data = data.strip_suffix(b"\n").unwrap_or(data);
+        if data.is_empty() || self.record(data) {
+            return;
+        }
+        if data.contains(&b'\n') {
+            for line in data.split(|&b| b == b'\n') {
+                self.record(line);
+            }
+        }
+    }
+
+    /// Records the values of every field's paths found in one JSON document; false when
+    /// it is not JSON.
+    fn record(&mut self, json: &[u8]) -> bool {
+        let Ok(value) = serde_json::from_slice::<serde_json::Value>(json) else {
+            return false;
         };
         for field in &self.fields {
             for path in &field.terms {
                 let found = path
                     .iter()
                     .try_fold(&value, |v, segment| v.get(segment.as_str()))
-                    .and_then(serde_json::Value::as_u64);
+                    .and_then(whole_number);
                 if let Some(n) = found {
                     self.latest.insert(path.clone(), n);
                 }
             }
         }
+        true
     }
 }
 
@@ -251,6 +423,10 @@ mod tests {
     }
 
     fn scan(body: &[u8], stream: bool, chunk: usize) -> Option<u64> {
+        scan_why(body, stream, chunk).ok()
+    }
+
+    fn scan_why(body: &[u8], stream: bool, chunk: usize) -> Result<u64, Unread> {
         let mut s = UsageScanner::new(&defaults(), stream, 4096);
         for piece in body.chunks(chunk) {
             s.feed(piece);
@@ -286,6 +462,85 @@ mod tests {
             assert_eq!(scan(gemini, true, chunk), Some(33));
         }
         assert_eq!(scan(b"data: {\"choices\":[]}\n\n", true, 3), None);
+    }
+
+    #[test]
+    fn event_streams_with_bare_cr_line_ends_are_read() {
+        let cr = b"event: message\rdata: {\"choices\":[]}\r\rdata: {\"usage\":{\"total_tokens\":57}}\r\r";
+        let mixed = b"data: {\"usage\":{\"total_tokens\":5}}\r\n\r\ndata: {\"usage\":{\"total_tokens\":6}}\r\rdata: {\"usage\":{\"total_tokens\":8}}\n\n";
+        for chunk in [1, 2, 3, 5, 4096] {
+            assert_eq!(scan(cr, true, chunk), Some(57), "chunks of {chunk}");
+            assert_eq!(scan(mixed, true, chunk), Some(8), "chunks of {chunk}");
+        }
+    }
+
+    #[test]
+    fn an_event_whose_json_spans_several_data_lines_is_read() {
+        // SSE joins an event's data lines with "\n": here, valid JSON.
+        let split = b"data: {\"choices\":[],\ndata: \"usage\":\n\
+                      data:{\"total_tokens\":64}}\n\ndata: [DONE]\n\n";
+        for chunk in [1, 4, 4096] {
+            assert_eq!(scan(split, true, chunk), Some(64), "chunks of {chunk}");
+        }
+        // Lines of one event that are each an event of their own (no blank line between
+        // them) are still read one by one.
+        let unseparated =
+            b"data: {\"usage\":{\"total_tokens\":3}}\ndata: {\"usage\":{\"total_tokens\":9}}\n\n";
+        assert_eq!(scan(unseparated, true, 7), Some(9));
+    }
+
+    #[test]
+    fn the_responses_api_stream_usage_is_read_by_default() {
+        let stream = b"event: response.created\n\
+            data: {\"type\":\"response.created\",\"response\":{\"id\":\"r\",\"usage\":null}}\n\n\
+            event: response.output_text.delta\n\
+            data: {\"type\":\"response.output_text.delta\",\"delta\":\"Hi\"}\n\n\
+            event: response.completed\n\
+            data: {\"type\":\"response.completed\",\"response\":{\"id\":\"r\",\"usage\":{\"input_tokens\":11,\"output_tokens\":31,\"total_tokens\":42}}}\n\n";
+        for chunk in [1, 9, 4096] {
+            assert_eq!(scan(stream, true, chunk), Some(42), "chunks of {chunk}");
+        }
+    }
+
+    #[test]
+    fn the_scanner_says_why_it_found_no_usage() {
+        assert_eq!(
+            scan_why(b"{\"choices\":[]}", false, 3),
+            Err(Unread::NoUsage)
+        );
+        assert_eq!(
+            scan_why(b"data: {\"choices\":[]}\n\ndata: [DONE]\n\n", true, 3),
+            Err(Unread::NoUsage)
+        );
+        let mut big = b"{\"usage\":{\"total_tokens\":5},\"pad\":\"".to_vec();
+        big.extend(std::iter::repeat_n(b'x', 5000));
+        big.extend(b"\"}");
+        assert_eq!(scan_why(&big, false, 100), Err(Unread::TooLarge));
+        let mut event = b"data: {\"usage\":{\"total_tokens\":5},\n".to_vec();
+        for _ in 0..100 {
+            event.extend(b"data: \"pad\": \"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\",\n");
+        }
+        event.extend(b"data: \"end\": 1}\n\n");
+        assert_eq!(
+            scan_why(&event, true, 64),
+            Err(Unread::TooLarge),
+            "an event over the cap"
+        );
+        let gzip = |encoding: &[u8]| {
+            let mut s = UsageScanner::for_response(
+                &defaults(),
+                4096,
+                Some(b"application/json"),
+                Some(encoding),
+            );
+            s.feed(br#"{"usage":{"total_tokens":5}}"#);
+            s.finish()
+        };
+        assert_eq!(gzip(b"gzip"), Err(Unread::Compressed));
+        assert_eq!(gzip(b"identity, br"), Err(Unread::Compressed));
+        assert_eq!(gzip(b"Identity"), Ok(5));
+        assert_eq!(gzip(b""), Ok(5));
+        assert!(UsageScanner::is_identity(None));
     }
 
     #[test]
@@ -349,6 +604,67 @@ mod tests {
             output_only.estimate(RequestBody::Complete(openai)),
             Some(500)
         );
+    }
+
+    fn default_estimate() -> BodyEstimate {
+        BodyEstimate {
+            fields: DEFAULT_MAX_TOKENS_FIELDS
+                .iter()
+                .map(|f| UsageField::parse(f).unwrap())
+                .collect(),
+            bytes_per_prompt_token: 0,
+            max_bytes: 1024,
+        }
+    }
+
+    #[test]
+    fn the_estimate_is_the_largest_max_token_field_not_the_first() {
+        let estimate = default_estimate();
+        let body = |text: &str| estimate.estimate(RequestBody::Complete(text.as_bytes()));
+        assert_eq!(
+            body(r#"{"max_tokens":1,"max_completion_tokens":8000}"#),
+            Some(8000)
+        );
+        assert_eq!(
+            body(r#"{"max_completion_tokens":8000,"max_tokens":1}"#),
+            Some(8000)
+        );
+        assert_eq!(
+            body(
+                r#"{"max_tokens":5,"max_output_tokens":7,"generationConfig":{"maxOutputTokens":6}}"#
+            ),
+            Some(7)
+        );
+        // null is what a backend reads as "not set": the other fields, or the default.
+        assert_eq!(
+            body(r#"{"max_tokens":null,"max_completion_tokens":30}"#),
+            Some(30)
+        );
+        assert_eq!(body(r#"{"max_tokens":null}"#), None);
+    }
+
+    #[test]
+    fn integral_json_numbers_are_read_and_other_values_estimate_the_max() {
+        let estimate = default_estimate();
+        let body = |text: &str| estimate.estimate(RequestBody::Complete(text.as_bytes()));
+        assert_eq!(body(r#"{"max_tokens":8000.0}"#), Some(8000));
+        assert_eq!(body(r#"{"max_tokens":8e3}"#), Some(8000));
+        assert_eq!(body(r#"{"max_tokens":8.0E+3}"#), Some(8000));
+        assert_eq!(body(r#"{"max_tokens":-0.0}"#), Some(0));
+        // Not a whole number of tokens a backend could mean: the rule's max (u64::MAX,
+        // clamped to `max` by the caller), never the default.
+        for odd in [
+            r#"{"max_tokens":8000.5}"#,
+            r#"{"max_tokens":-1}"#,
+            r#"{"max_tokens":-8e3}"#,
+            r#"{"max_tokens":1e300}"#,
+            r#"{"max_tokens":"8000"}"#,
+            r#"{"max_tokens":true}"#,
+            r#"{"max_tokens":{"n":5}}"#,
+            r#"{"max_tokens":1,"max_completion_tokens":"lots"}"#,
+        ] {
+            assert_eq!(body(odd), Some(u64::MAX), "{odd}");
+        }
     }
 
     #[test]

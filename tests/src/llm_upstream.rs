@@ -7,10 +7,20 @@
 //! - `x-llm-usage: N` — the tokens the response reports (default 0);
 //! - `x-llm-format`: `openai` (default: `usage.total_tokens`), `anthropic`
 //!   (`input_tokens` + `output_tokens`, in a stream split between `message_start` and
-//!   `message_delta`), or `header` (an `x-tokens-used: N` response header, body `ok`);
+//!   `message_delta`), `responses` (OpenAI's Responses API: in a stream, the usage under
+//!   `response.usage` of the `response.completed` event), or `header` (an
+//!   `x-tokens-used: N` response header, body `ok`);
 //! - `x-llm-stream: 1` — `text/event-stream`, chunked, events spread over the duration;
+//! - `x-llm-usage-event: 0` — an OpenAI stream without its usage event (a request
+//!   without `stream_options.include_usage`);
+//! - `x-llm-line-end: cr` or `crlf` — the stream's lines end so (default LF);
+//! - `x-llm-split-data: 1` — each event's JSON spread over two `data:` lines;
+//! - `x-llm-content-encoding: E` — a `content-encoding: E` response header (the body is
+//!   not encoded: enough to see that weir does not read it);
 //! - `x-llm-duration-ms: D` — how long the response takes (default 0);
 //! - `x-llm-status: S` — answer status `S` with an error body and no usage.
+//!
+//! Every 200 answer echoes the request's `accept-encoding` in `x-llm-accept-encoding`.
 //!
 //! Plain blocking std code, a thread per connection, keep-alive. It counts the requests
 //! it answered and those whose client went away before the end (a write failed).
@@ -95,6 +105,12 @@ struct Ask {
     stream: bool,
     duration_ms: u64,
     status: u16,
+    /// The OpenAI stream's usage event is sent.
+    usage_event: bool,
+    line_end: String,
+    split_data: bool,
+    /// Response headers: `content-encoding` and the `accept-encoding` echo.
+    extra_headers: String,
 }
 
 fn serve(conn: TcpStream, counters: &Counters) {
@@ -123,8 +139,11 @@ impl Ask {
         let mut ask = Ask {
             format: "openai".to_string(),
             status: 200,
+            usage_event: true,
+            line_end: "lf".to_string(),
             ..Ask::default()
         };
+        let mut accept_encoding = String::new();
         for (name, value) in headers {
             match name.as_str() {
                 "x-llm-usage" => ask.usage = value.parse().ok()?,
@@ -132,9 +151,17 @@ impl Ask {
                 "x-llm-stream" => ask.stream = value == "1",
                 "x-llm-duration-ms" => ask.duration_ms = value.parse().ok()?,
                 "x-llm-status" => ask.status = value.parse().ok()?,
+                "x-llm-usage-event" => ask.usage_event = value != "0",
+                "x-llm-line-end" => ask.line_end = value.clone(),
+                "x-llm-split-data" => ask.split_data = value == "1",
+                "x-llm-content-encoding" => {
+                    ask.extra_headers += &format!("content-encoding: {value}\r\n");
+                }
+                "accept-encoding" => accept_encoding = value.clone(),
                 _ => {}
             }
         }
+        ask.extra_headers += &format!("x-llm-accept-encoding: {accept_encoding}\r\n");
         Some(ask)
     }
 }
@@ -184,15 +211,20 @@ fn answer(w: &mut TcpStream, ask: &Ask) -> io::Result<()> {
         };
         return write!(
             w,
-            "HTTP/1.1 200 OK\r\ncontent-type: {content_type}\r\n{extra}content-length: {}\r\n\r\n{body}",
+            "HTTP/1.1 200 OK\r\ncontent-type: {content_type}\r\n{extra}{}content-length: {}\r\n\r\n{body}",
+            ask.extra_headers,
             body.len()
         );
     }
     write!(
         w,
-        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n{}transfer-encoding: chunked\r\n\r\n",
+        ask.extra_headers
     )?;
-    let events = stream_events(ask);
+    let events: Vec<String> = stream_events(ask)
+        .iter()
+        .map(|event| shape(event, ask))
+        .collect();
     let pause = Duration::from_millis(ask.duration_ms / events.len().max(1) as u64);
     for event in &events {
         thread::sleep(pause);
@@ -203,9 +235,47 @@ fn answer(w: &mut TcpStream, ask: &Ask) -> io::Result<()> {
     w.flush()
 }
 
+/// An event (written with LF line ends, one `data:` line) as `ask` wants it: its JSON
+/// over two `data:` lines (split after its first comma), its lines ended by CR or CRLF.
+fn shape(event: &str, ask: &Ask) -> String {
+    let mut event = event.to_string();
+    if ask.split_data {
+        event = event
+            .split('\n')
+            .map(
+                |line| match line.strip_prefix("data: ").and_then(|d| d.split_once(',')) {
+                    Some((head, tail)) => format!("data: {head},\ndata:{tail}"),
+                    None => line.to_string(),
+                },
+            )
+            .collect::<Vec<_>>()
+            .join("\n");
+    }
+    match ask.line_end.as_str() {
+        "cr" => event.replace('\n', "\r"),
+        "crlf" => event.replace('\n', "\r\n"),
+        _ => event,
+    }
+}
+
 /// The events of a streamed answer: a few content deltas, then the usage.
 fn stream_events(ask: &Ask) -> Vec<String> {
     let words = ["Rate", " limits", " are", " fun", "."];
+    if ask.format == "responses" {
+        let input = ask.usage / 3;
+        let mut events = vec![
+            "event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":\"resp_1\",\"status\":\"in_progress\",\"usage\":null}}\n\n".to_string(),
+        ];
+        events.extend(words.iter().map(|w| {
+            format!("event: response.output_text.delta\ndata: {{\"type\":\"response.output_text.delta\",\"delta\":\"{w}\"}}\n\n")
+        }));
+        events.push(format!(
+            "event: response.completed\ndata: {{\"type\":\"response.completed\",\"response\":{{\"id\":\"resp_1\",\"status\":\"completed\",\"usage\":{{\"input_tokens\":{input},\"output_tokens\":{},\"total_tokens\":{}}}}}}}\n\n",
+            ask.usage - input,
+            ask.usage
+        ));
+        return events;
+    }
     if ask.format == "anthropic" {
         let input = ask.usage / 3;
         let mut events = vec![format!(
@@ -227,6 +297,10 @@ fn stream_events(ask: &Ask) -> Vec<String> {
             format!("data: {{\"object\":\"chat.completion.chunk\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{w}\"}}}}]}}\n\n")
         })
         .collect();
+    if !ask.usage_event {
+        events.push("data: [DONE]\n\n".to_string());
+        return events;
+    }
     events.push(format!(
         "data: {{\"object\":\"chat.completion.chunk\",\"choices\":[],\"usage\":{{\"prompt_tokens\":1,\"completion_tokens\":{},\"total_tokens\":{}}}}}\n\n",
         ask.usage.saturating_sub(1),

@@ -187,8 +187,10 @@ fn whole_budget(commit: &str) -> String {
     )
 }
 
+/// A 5xx is the upstream's failure: its estimate comes back (`on_error`). A stream the
+/// client leaves before its usage came is the client's choice: it keeps its estimate.
 #[test]
-fn upstream_errors_and_aborted_streams_give_the_reservation_back() {
+fn upstream_errors_give_the_reservation_back_and_aborted_streams_keep_it() {
     let upstream = LlmUpstream::start();
     let envoy = start(&whole_budget(r#"{"body":{}}"#), &upstream, 1);
     let mut client = Client::connect(envoy.http_port).unwrap();
@@ -216,12 +218,126 @@ fn upstream_errors_and_aborted_streams_give_the_reservation_back() {
     assert_eq!(client.request(chat("globex", 1, 1)).unwrap().status, 429);
     drop(stream);
     let left = Instant::now();
+    // Three requests of acme and the aborted one settled.
     wait_until(Duration::from_secs(3), Duration::ZERO, || {
-        envoy.weir_stat("rule.tokens.commit_on_error") == 2
+        envoy.weir_stat("rule.tokens.committed") == 4
     });
-    assert_eq!(envoy.weir_stat("rule.tokens.commit_on_error"), 2);
     eprintln!("the aborted stream was settled within {:?}", left.elapsed());
-    assert_eq!(client.request(chat("globex", 1000, 5)).unwrap().status, 200);
+    // Settled at its estimate: the budget stays spent.
+    assert_eq!(client.request(chat("globex", 1, 1)).unwrap().status, 429);
+    assert_eq!(envoy.weir_stat("rule.tokens.commit_aborted"), 1);
+    assert_eq!(envoy.weir_stat("rule.tokens.commit_on_error"), 1);
+    // Refunded: the 503's 1,000, and 990 of a 1,000 estimate that used 10.
+    assert_eq!(
+        envoy.weir_stat("rule.tokens.commit_units_refunded"),
+        1000 + 990
+    );
+    envoy.assert_no_panic();
+}
+
+/// docs/algorithms.md's example against OpenAI streams sent without
+/// `stream_options.include_usage` (no usage event): each is charged its estimate, 4,000
+/// (no `max_tokens`), so five spend the key's 20,000 and the sixth is limited. The
+/// upstream was asked for uncompressed bodies.
+#[test]
+fn a_stream_without_usage_is_charged_its_estimate() {
+    let upstream = LlmUpstream::start();
+    let envoy = start(
+        &weir_e2e::documented_json("docs/algorithms.md", "llm-token-example"),
+        &upstream,
+        2,
+    );
+    let mut client = Client::connect(envoy.http_port).unwrap();
+    let stream = || {
+        Request::post("/v1/chat/completions", r#"{"model":"m","stream":true}"#)
+            .header("x-api-key", "key-1")
+            .header("accept-encoding", "gzip, br")
+            .header("x-llm-usage", "10")
+            .header("x-llm-stream", "1")
+            .header("x-llm-usage-event", "0")
+    };
+    let mut asked = Vec::new();
+    for i in 0..5 {
+        let r = client.request(stream()).unwrap();
+        assert_eq!(r.status, 200, "request {i}");
+        asked.push(r.header("x-llm-accept-encoding").unwrap_or("").to_string());
+    }
+    let sixth = client.request(stream()).unwrap();
+    assert_eq!(sixth.status, 429, "the estimates spent the budget");
+    assert_eq!(
+        asked,
+        vec!["identity"; 5],
+        "what the upstream was asked for"
+    );
+    assert_eq!(envoy.weir_stat("rule.llm-tokens.commit_no_usage"), 5);
+    assert_eq!(envoy.weir_stat("rule.llm-tokens.commit_on_error"), 0);
+    assert_eq!(envoy.weir_stat("rule.llm-tokens.commit_units_refunded"), 0);
+    envoy.assert_no_panic();
+}
+
+/// OpenAI's Responses API stream (the usage in `response.completed`'s
+/// `response.usage`), streams with bare-CR or CRLF line ends, and events whose JSON
+/// spans two `data:` lines: each is read, and charged its usage.
+#[test]
+fn responses_api_streams_and_other_event_shapes_are_read() {
+    let upstream = LlmUpstream::start();
+    let envoy = start(&whole_budget(r#"{"body":{}}"#), &upstream, 1);
+    let mut client = Client::connect(envoy.http_port).unwrap();
+    let shapes = [
+        ("responses", "lf", "0"),
+        ("responses", "cr", "1"),
+        ("openai", "cr", "0"),
+        ("openai", "crlf", "1"),
+    ];
+    for (i, (format, line_end, split)) in shapes.iter().enumerate() {
+        let tenant = format!("t{i}");
+        let r = client
+            .request(
+                chat(&tenant, 1000, 600)
+                    .header("x-llm-format", format)
+                    .header("x-llm-stream", "1")
+                    .header("x-llm-line-end", line_end)
+                    .header("x-llm-split-data", split),
+            )
+            .unwrap();
+        assert_eq!(r.status, 200);
+        // 600 spent of 1,000: 400 fit, 401 do not.
+        let shape = format!("{format} {line_end} split {split}");
+        assert_eq!(
+            client.request(chat(&tenant, 401, 0)).unwrap().status,
+            429,
+            "{shape}"
+        );
+        assert_eq!(
+            client.request(chat(&tenant, 400, 0)).unwrap().status,
+            200,
+            "{shape}"
+        );
+    }
+    assert_eq!(envoy.weir_stat("rule.tokens.commit_usage_read"), 8);
+    envoy.assert_no_panic();
+}
+
+/// A response that comes back compressed although weir asked for `identity` cannot be
+/// read: it keeps its estimate.
+#[test]
+fn a_compressed_response_keeps_its_estimate() {
+    let upstream = LlmUpstream::start();
+    let envoy = start(&whole_budget(r#"{"body":{}}"#), &upstream, 1);
+    let mut client = Client::connect(envoy.http_port).unwrap();
+    for stream in ["0", "1"] {
+        let tenant = format!("t{stream}");
+        let r = client
+            .request(
+                chat(&tenant, 1000, 10)
+                    .header("x-llm-stream", stream)
+                    .header("x-llm-content-encoding", "gzip"),
+            )
+            .unwrap();
+        assert_eq!(r.status, 200);
+        assert_eq!(client.request(chat(&tenant, 1, 0)).unwrap().status, 429);
+    }
+    assert_eq!(envoy.weir_stat("rule.tokens.commit_compressed"), 2);
     envoy.assert_no_panic();
 }
 
