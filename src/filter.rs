@@ -59,6 +59,8 @@ pub struct Filter {
     /// What the request body read for an estimate keeps of its VM's
     /// `max_buffered_bytes`.
     request_body_kept: Buffered,
+    /// What the response body read for a usage keeps of it.
+    response_body_kept: Buffered,
     /// The request's facts, read before its headers went on to wait for its body.
     read_facts: Option<ReadFacts>,
 }
@@ -100,6 +102,7 @@ impl Filter {
             reading_body: None,
             request_body: BodySeen::Absent,
             request_body_kept: Buffered::default(),
+            response_body_kept: Buffered::default(),
             read_facts: None,
         }
     }
@@ -321,11 +324,13 @@ impl Filter {
     pub fn on_response_body(&mut self, size: usize, end_of_stream: bool) -> Action {
         if self.settling.iter().any(|s| s.scanner.is_some()) {
             let chunk = host::response_body(size).ok().flatten().unwrap_or_default();
+            self.keep_within_budget(chunk.len());
             for s in &mut self.settling {
                 if let Some(scanner) = s.scanner.as_mut() {
                     scanner.feed(&chunk);
                 }
             }
+            self.keep_within_budget(0);
             if end_of_stream {
                 self.settle_all(true);
             }
@@ -416,10 +421,36 @@ impl Filter {
 
     /// Settles every cost still open with what its body said: the response `ended`, or
     /// was cut (the client went away, a reset) before its end.
+    /// Takes room in the VM's `max_buffered_bytes` for what the scanners keep and
+    /// `incoming` more bytes each; without room, they stop reading (each request keeps
+    /// its estimate, as for a body over `max_bytes`) and give their bytes back.
+    fn keep_within_budget(&mut self, incoming: usize) {
+        let Some(plugin) = self.plugin.clone() else {
+            return;
+        };
+        let scanners = || self.settling.iter().filter_map(|s| s.scanner.as_ref());
+        let wanted = scanners().fold(0usize, |sum, scanner| {
+            sum.saturating_add(scanner.buffered().saturating_add(incoming))
+        });
+        let mut budget = plugin.buffers.borrow_mut();
+        if self.response_body_kept.grow_to(&mut budget, wanted) {
+            return;
+        }
+        plugin.metrics.buffer_full();
+        for s in &mut self.settling {
+            if let Some(scanner) = s.scanner.as_mut() {
+                scanner.give_up();
+            }
+        }
+        self.response_body_kept.release(&mut budget);
+    }
+
     fn settle_all(&mut self, ended: bool) {
         let Some(plugin) = self.plugin.clone() else {
             return;
         };
+        self.response_body_kept
+            .release(&mut plugin.buffers.borrow_mut());
         for mut s in std::mem::take(&mut self.settling) {
             let seen = ResponseSeen {
                 status: self.status,

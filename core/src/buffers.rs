@@ -5,10 +5,13 @@
 //! JSON response keeps the body until it ends: each up to its `max_bytes` (1 MiB by
 //! default, 16 MiB at most). Alone that is bounded per request, not per VM: 10,000
 //! requests held with 512 KiB bodies would be 5 GiB in a wasm32 VM that can address 4.
-//! So every request body a worker's VM keeps is taken from one [`BufferBudget`]
-//! (`max_buffered_bytes`, 64 MiB by default), and one that does not fit is not read:
-//! the rule estimates it as a body over its `max_bytes`, at the cost's `max` (an upper
-//! bound: the client can only lose).
+//! So every byte a worker's VM keeps for a request is taken from one [`BufferBudget`]
+//! (`max_buffered_bytes`, 64 MiB by default), and what does not fit is not kept:
+//!
+//! - a request body that does not fit is not read: the rule estimates it as a body over
+//!   its `max_bytes`, at the cost's `max` (an upper bound: the client can only lose);
+//! - a response body that stops fitting is not read further: the request keeps the
+//!   estimate it reserved, as for a body over `max_bytes`.
 //!
 //! Each request holds its share through a [`Buffered`], which gives back exactly what it
 //! took, however the request ends.

@@ -200,6 +200,8 @@ pub struct UsageScanner {
     after_cr: bool,
     /// Something was dropped for its size.
     dropped: bool,
+    /// Reading stopped: the VM's buffer budget had no room ([`UsageScanner::give_up`]).
+    gave_up: bool,
     /// The latest value seen for each path.
     latest: HashMap<Vec<String>, u64>,
 }
@@ -218,8 +220,23 @@ impl UsageScanner {
             data_overflow: false,
             after_cr: false,
             dropped: false,
+            gave_up: false,
             latest: HashMap::new(),
         }
+    }
+
+    /// Bytes kept for the rest of the body: the JSON body so far, or the stream's
+    /// unfinished line and event.
+    pub fn buffered(&self) -> usize {
+        self.pending.len().saturating_add(self.data.len())
+    }
+
+    /// Stops reading and drops what is kept (the VM's buffer budget had no room): the
+    /// usage is unread, as for a body over `max_bytes`.
+    pub fn give_up(&mut self) {
+        self.gave_up = true;
+        self.pending = Vec::new();
+        self.data = Vec::new();
     }
 
     /// A scanner for a response with these `content-type` and `content-encoding`
@@ -255,7 +272,7 @@ impl UsageScanner {
 
     /// The next piece of the body.
     pub fn feed(&mut self, chunk: &[u8]) {
-        if self.compressed {
+        if self.compressed || self.gave_up {
             return;
         }
         if !self.stream {
@@ -296,6 +313,9 @@ impl UsageScanner {
     pub fn finish(mut self) -> Result<u64, Unread> {
         if self.compressed {
             return Err(Unread::Compressed);
+        }
+        if self.gave_up {
+            return Err(Unread::TooLarge);
         }
         if self.stream {
             // An event the stream did not close with a blank line is read all the same:
@@ -432,6 +452,21 @@ mod tests {
             s.feed(piece);
         }
         s.finish()
+    }
+
+    #[test]
+    fn a_scanner_that_gives_up_reads_no_usage_and_keeps_nothing() {
+        let fields = [UsageField::parse("usage.total_tokens").unwrap()];
+        for stream in [false, true] {
+            let mut scanner = UsageScanner::new(&fields, stream, 1 << 20);
+            scanner.feed(b"data: {\"usage\":{\"total_tokens\":5}}\n\n{\"usage\":");
+            assert!(scanner.buffered() > 0);
+            scanner.give_up();
+            assert_eq!(scanner.buffered(), 0);
+            scanner.feed(b"{\"total_tokens\":7}}");
+            assert_eq!(scanner.buffered(), 0, "nothing kept after giving up");
+            assert_eq!(scanner.finish(), Err(Unread::TooLarge));
+        }
     }
 
     #[test]

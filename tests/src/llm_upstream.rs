@@ -18,6 +18,9 @@
 //! - `x-llm-content-encoding: E` — a `content-encoding: E` response header (the body is
 //!   not encoded: enough to see that weir does not read it);
 //! - `x-llm-duration-ms: D` — how long the response takes (default 0);
+//! - `x-llm-pad: N` — an OpenAI JSON answer's content is N bytes longer, and its body is
+//!   sent in two halves with the duration between them (a large body the filter keeps
+//!   while it comes);
 //! - `x-llm-status: S` — answer status `S` with an error body and no usage.
 //!
 //! Every 200 answer echoes the request's `accept-encoding` in `x-llm-accept-encoding`.
@@ -109,6 +112,8 @@ struct Ask {
     usage_event: bool,
     line_end: String,
     split_data: bool,
+    /// Bytes added to a JSON answer's content.
+    pad: usize,
     /// Response headers: `content-encoding` and the `accept-encoding` echo.
     extra_headers: String,
 }
@@ -154,6 +159,7 @@ impl Ask {
                 "x-llm-usage-event" => ask.usage_event = value != "0",
                 "x-llm-line-end" => ask.line_end = value.clone(),
                 "x-llm-split-data" => ask.split_data = value == "1",
+                "x-llm-pad" => ask.pad = value.parse().ok()?,
                 "x-llm-content-encoding" => {
                     ask.extra_headers += &format!("content-encoding: {value}\r\n");
                 }
@@ -178,7 +184,9 @@ fn answer(w: &mut TcpStream, ask: &Ask) -> io::Result<()> {
         );
     }
     if !ask.stream {
-        thread::sleep(Duration::from_millis(ask.duration_ms));
+        if ask.pad == 0 {
+            thread::sleep(Duration::from_millis(ask.duration_ms));
+        }
         let (content_type, extra, body) = match ask.format.as_str() {
             "header" => (
                 "text/plain",
@@ -202,19 +210,29 @@ fn answer(w: &mut TcpStream, ask: &Ask) -> io::Result<()> {
                     "application/json",
                     String::new(),
                     format!(
-                        r#"{{"id":"chatcmpl-test","object":"chat.completion","choices":[{{"index":0,"message":{{"role":"assistant","content":"hi"}}}}],"usage":{{"prompt_tokens":{prompt},"completion_tokens":{},"total_tokens":{}}}}}"#,
+                        r#"{{"id":"chatcmpl-test","object":"chat.completion","choices":[{{"index":0,"message":{{"role":"assistant","content":"hi{}"}}}}],"usage":{{"prompt_tokens":{prompt},"completion_tokens":{},"total_tokens":{}}}}}"#,
+                        "x".repeat(ask.pad),
                         ask.usage - prompt,
                         ask.usage
                     ),
                 )
             }
         };
-        return write!(
+        write!(
             w,
-            "HTTP/1.1 200 OK\r\ncontent-type: {content_type}\r\n{extra}{}content-length: {}\r\n\r\n{body}",
+            "HTTP/1.1 200 OK\r\ncontent-type: {content_type}\r\n{extra}{}content-length: {}\r\n\r\n",
             ask.extra_headers,
             body.len()
-        );
+        )?;
+        if ask.pad == 0 {
+            return w.write_all(body.as_bytes());
+        }
+        let (first, second) = body.as_bytes().split_at(body.len() / 2);
+        w.write_all(first)?;
+        w.flush()?;
+        thread::sleep(Duration::from_millis(ask.duration_ms));
+        w.write_all(second)?;
+        return w.flush();
     }
     write!(
         w,
