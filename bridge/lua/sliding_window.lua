@@ -95,7 +95,17 @@ if stored then
   local p, c, s = string.match(stored, '^(%d+) (%d+) (%d+)$')
   if p then
     p, c, s = tonumber(p), tonumber(c), tonumber(s)
-    if s == aligned or (s > aligned and s - idiv(s, w) * w == 0) then
+    if s > aligned and s - idiv(s, w) * w == 0 then
+      -- A state from a later window than now's (the clock went back): nothing but a
+      -- peek is admitted until that window starts.
+      local retry = '-1'
+      if cost > 0 and cost <= limit then retry = ns_of_us(s - now) end
+      local reset_at = now
+      if c > 0 then reset_at = s + 2 * w elseif p > 0 then reset_at = s + w end
+      local allowed = 0
+      if cost == 0 then allowed = 1 end
+      return {allowed, 0, limit, 0, retry, ns_of_us(reset_at - now), now, '0', '0', '0'}
+    elseif s == aligned then
       prev, curr, start = p, c, s
     elseif s + w == aligned then
       prev, curr, start = c, 0, aligned

@@ -395,9 +395,11 @@ pub static SLIDING_WINDOW: &[Scenario] = &[
             allow(T0 + 25 * S_US, 8, 10, 0, 15 * S_NS),
             // Two windows later both counts are forgotten.
             allow(T0 + 50 * S_US, 10, 10, 0, 20 * S_NS),
-            // The clock went back 5 s: no time elapsed, still at the start of T0 + 50 s's
-            // window, which is full; then (10 − e) + 1 ≤ 10 from e = 1 s after T0 + 60 s.
-            deny(T0 + 45 * S_US, 1, 10, 0, Some(16 * S_NS), 25 * S_NS),
+            // The clock went back 5 s, behind the window the key counts in: nothing is
+            // admitted until that window starts (the units of the window the request
+            // happens in are not held any more).
+            deny(T0 + 45 * S_US, 1, 10, 0, Some(5 * S_NS), 25 * S_NS),
+            allow(T0 + 45 * S_US, 0, 10, 0, 25 * S_NS),
         ],
     },
 ];

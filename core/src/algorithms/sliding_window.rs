@@ -102,8 +102,11 @@ impl SlidingWindow {
         self.window.window_us
     }
 
-    /// Decides `cost` units at `now_us`. A state from a later window than now's (the
-    /// clock went back) is read as if no time had elapsed: at the start of its window.
+    /// Decides `cost` units at `now_us`. A state from a later window than now's (this
+    /// request read the clock before another that counted in the next window: a worker
+    /// that lost a compare-and-swap race, a Redis clock that went back) admits nothing
+    /// until its window starts: the units of now's window it no longer holds could not
+    /// be weighed, and one admitted now would count in a window it did not happen in.
     pub fn decide(
         &self,
         state: Option<State>,
@@ -113,12 +116,10 @@ impl SlidingWindow {
         let w = self.window.window_us;
         let aligned = self.window.start_of(now_us);
         let (prev, curr, start) = match state {
-            Some(s)
-                if s.window_start_us == aligned
-                    || self.window.is_later_window(s.window_start_us, aligned) =>
-            {
-                (s.prev, s.curr, s.window_start_us)
+            Some(s) if self.window.is_later_window(s.window_start_us, aligned) => {
+                return (self.behind(s, now_us, cost), None);
             }
+            Some(s) if s.window_start_us == aligned => (s.prev, s.curr, s.window_start_us),
             Some(s) if s.window_start_us.checked_add(w) == Some(aligned) => (s.curr, 0, aligned),
             _ => (0, 0, aligned),
         };
@@ -175,6 +176,27 @@ impl SlidingWindow {
 
     /// When the estimate drops to 0: two windows after the start of the current one if
     /// it counted anything, the end of the current one if only the previous did.
+    /// The decision for a request whose clock is behind the key's window: nothing but
+    /// a peek is admitted, and a cost that can fit is retried when the window starts.
+    fn behind(&self, s: State, now_us: u64, cost: u64) -> Decision {
+        let w = u128::from(self.window.window_us);
+        let reset_at = if s.curr > 0 {
+            add_us(s.window_start_us, 2 * w)
+        } else if s.prev > 0 {
+            add_us(s.window_start_us, w)
+        } else {
+            now_us
+        };
+        Decision {
+            allowed: cost == 0,
+            limit: self.window.limit,
+            remaining: 0,
+            retry_after_ns: (cost > 0 && cost <= self.window.limit)
+                .then(|| until_ns(s.window_start_us, now_us)),
+            reset_after_ns: until_ns(reset_at, now_us),
+        }
+    }
+
     pub fn idle_at_us(&self, state: &State) -> u64 {
         let w = u128::from(self.window.window_us);
         if state.curr > 0 {
