@@ -16,8 +16,11 @@ mod support;
 use std::collections::BTreeMap;
 
 use support::{engine, evaluate, evaluate_on, user, FakeRequest, Rng, T0};
+use weir_core::adaptive::SharedRecord;
+use weir_core::concurrency::{place_epoch, PLACE_EPOCH_US};
 use weir_core::engine::{Engine, PendingCommit};
 use weir_core::store::memory::MemoryStore;
+use weir_core::store::{SharedStore, StoreError, UpdateError, MAX_CAS_ATTEMPTS};
 use weir_core::worker::Worker;
 
 const MS: u64 = 1_000;
@@ -29,9 +32,15 @@ fn fixed(max: u64) -> Engine {
     ))
 }
 
-/// Admits one request; its pending release when allowed.
-fn admit(e: &Engine, store: &MemoryStore, req: &FakeRequest, now: u64) -> Option<PendingCommit> {
-    let eval = evaluate(e, store, req, now);
+/// Admits one request on `worker`; its pending release when allowed.
+fn admit(
+    e: &Engine,
+    store: &MemoryStore,
+    worker: &mut Worker,
+    req: &FakeRequest,
+    now: u64,
+) -> Option<PendingCommit> {
+    let eval = evaluate_on(e, store, worker, req, now);
     if eval.denied_by.is_some() {
         assert!(eval.commits.is_empty(), "a denial holds nothing");
         return None;
@@ -40,8 +49,25 @@ fn admit(e: &Engine, store: &MemoryStore, req: &FakeRequest, now: u64) -> Option
     eval.commits.into_iter().next()
 }
 
-fn end(e: &Engine, store: &MemoryStore, open: &PendingCommit, now: u64) {
-    assert_eq!(e.commit(store, open, 0, now), Ok(true));
+/// The stream of `open`, admitted by `worker`, ends: its place is given back.
+fn end(e: &Engine, store: &MemoryStore, worker: &mut Worker, open: &PendingCommit, now: u64) {
+    assert_eq!(e.end_in_flight(store, worker, open, now), Ok(true));
+}
+
+/// Requests open by (end, id): the worker that admitted each, its release, its start.
+type Open = BTreeMap<(u64, u64), (usize, PendingCommit, u64)>;
+
+/// Ends the requests of `open` due by `now`: their latencies observed, their places
+/// given back by the workers that admitted them.
+fn end_due(e: &Engine, store: &MemoryStore, workers: &mut [Worker], open: &mut Open, now: u64) {
+    while let Some((&(ends, id), _)) = open.iter().next() {
+        if ends > now {
+            break;
+        }
+        let (w, pending, started) = open.remove(&(ends, id)).unwrap();
+        e.observe_latency(&mut workers[w], &pending, ends - started);
+        end(e, store, &mut workers[w], &pending, ends);
+    }
 }
 
 #[test]
@@ -49,8 +75,9 @@ fn exactly_max_in_flight_per_key_and_other_keys_unaffected() {
     let e = fixed(3);
     let store = MemoryStore::new();
     e.prepare(&store).unwrap();
+    let w = &mut e.worker();
     let open: Vec<_> = (0..5)
-        .filter_map(|i| admit(&e, &store, &user("alice"), T0 + i))
+        .filter_map(|i| admit(&e, &store, w, &user("alice"), T0 + i))
         .collect();
     assert_eq!(open.len(), 3);
     let denied = evaluate(&e, &store, &user("alice"), T0 + 10);
@@ -60,14 +87,14 @@ fn exactly_max_in_flight_per_key_and_other_keys_unaffected() {
     // Bob has his own three.
     assert_eq!(
         (0..3)
-            .filter_map(|i| admit(&e, &store, &user("bob"), T0 + 20 + i))
+            .filter_map(|i| admit(&e, &store, w, &user("bob"), T0 + 20 + i))
             .count(),
         3
     );
     // One of Alice's ends: exactly one more fits, long before any window would pass.
-    end(&e, &store, &open[1], T0 + 30);
-    assert!(admit(&e, &store, &user("alice"), T0 + 31).is_some());
-    assert!(admit(&e, &store, &user("alice"), T0 + 32).is_none());
+    end(&e, &store, w, &open[1], T0 + 30);
+    assert!(admit(&e, &store, w, &user("alice"), T0 + 31).is_some());
+    assert!(admit(&e, &store, w, &user("alice"), T0 + 32).is_none());
 }
 
 /// Many workers, requests of random lengths, some ending early (aborted), 10,000 in
@@ -80,7 +107,7 @@ fn ten_thousand_requests_with_aborts_never_exceed_the_limit_and_leak_nothing() {
     e.prepare(&store).unwrap();
     let mut workers: Vec<Worker> = (0..4).map(|_| e.worker()).collect();
     let mut rng = Rng(0x5eed_c0ff_ee00);
-    let mut open: BTreeMap<(u64, u64), PendingCommit> = BTreeMap::new();
+    let mut open: BTreeMap<(u64, u64), (usize, PendingCommit)> = BTreeMap::new();
     let (mut admitted, mut most_open) = (0, 0);
     let mut now = T0;
     for i in 0..10_000u64 {
@@ -89,11 +116,11 @@ fn ten_thousand_requests_with_aborts_never_exceed_the_limit_and_leak_nothing() {
             if ends > now {
                 break;
             }
-            let pending = open.remove(&(ends, id)).unwrap();
-            end(&e, &store, &pending, ends);
+            let (w, pending) = open.remove(&(ends, id)).unwrap();
+            end(&e, &store, &mut workers[w], &pending, ends);
         }
-        let worker = &mut workers[rng.below(4) as usize];
-        let eval = evaluate_on(&e, &store, worker, &user("tenant"), now);
+        let w = rng.below(4) as usize;
+        let eval = evaluate_on(&e, &store, &mut workers[w], &user("tenant"), now);
         if eval.denied_by.is_none() {
             admitted += 1;
             // A third are aborted by their client after a few ms; the rest last up to 50.
@@ -102,19 +129,27 @@ fn ten_thousand_requests_with_aborts_never_exceed_the_limit_and_leak_nothing() {
             } else {
                 rng.below(50 * MS)
             };
-            open.insert((now + length, i), eval.commits[0].clone());
+            open.insert((now + length, i), (w, eval.commits[0].clone()));
             most_open = most_open.max(open.len());
         }
         assert!(open.len() <= 8, "{} open at {now}", open.len());
     }
-    for ((ends, _), pending) in std::mem::take(&mut open) {
-        end(&e, &store, &pending, ends);
+    for ((ends, _), (w, pending)) in std::mem::take(&mut open) {
+        end(&e, &store, &mut workers[w], &pending, ends);
     }
     assert_eq!(most_open, 8, "the limit was reached");
     assert!(admitted > 1_000, "{admitted}");
     // Nothing leaked: 8 fit again, the 9th does not.
     let again = (0..9)
-        .filter_map(|k| admit(&e, &store, &user("tenant"), now + MS * 100 + k))
+        .filter_map(|k| {
+            admit(
+                &e,
+                &store,
+                &mut workers[0],
+                &user("tenant"),
+                now + MS * 100 + k,
+            )
+        })
         .count();
     assert_eq!(again, 8);
 }
@@ -129,18 +164,19 @@ fn a_later_rule_denying_gives_the_place_back_through_the_commit() {
     );
     let store = MemoryStore::new();
     e.prepare(&store).unwrap();
-    let first = admit(&e, &store, &user("a"), T0).unwrap();
-    end(&e, &store, &first, T0 + 1);
-    let denied = evaluate(&e, &store, &user("a"), T0 + 2);
+    let w = &mut e.worker();
+    let first = admit(&e, &store, w, &user("a"), T0).unwrap();
+    end(&e, &store, w, &first, T0 + 1);
+    let denied = evaluate_on(&e, &store, w, &user("a"), T0 + 2);
     assert_eq!(denied.denied_by.map(|r| r.0), Some(1));
     assert_eq!(
         denied.commits.len(),
         1,
         "the concurrency rule's place to give back"
     );
-    end(&e, &store, &denied.commits[0], T0 + 3);
+    end(&e, &store, w, &denied.commits[0], T0 + 3);
     // The place is free: the concurrency rule admits again (the window still denies).
-    let again = evaluate(&e, &store, &user("a"), T0 + 4);
+    let again = evaluate_on(&e, &store, w, &user("a"), T0 + 4);
     assert_eq!(again.denied_by.map(|r| r.0), Some(1));
 }
 
@@ -172,20 +208,13 @@ fn an_adaptive_limit_finds_the_knee_of_a_saturated_service() {
     let store = MemoryStore::new();
     e.prepare(&store).unwrap();
     let mut workers: Vec<Worker> = (0..2).map(|_| e.worker()).collect();
-    let mut open: BTreeMap<(u64, u64), (usize, PendingCommit, u64)> = BTreeMap::new();
+    let mut open = Open::new();
     let mut limits = Vec::new();
     let mut now = T0;
     let mut next_tick = T0;
     for i in 0..60_000u64 {
         now += 500; // 2,000 requests a second offered
-        while let Some((&(ends, id), _)) = open.iter().next() {
-            if ends > now {
-                break;
-            }
-            let (w, pending, started) = open.remove(&(ends, id)).unwrap();
-            e.observe_latency(&mut workers[w], &pending, ends - started);
-            end(&e, &store, &pending, ends);
-        }
+        end_due(&e, &store, &mut workers, &mut open, now);
         if now >= next_tick {
             for worker in &mut workers {
                 if let Some(a) = e.adapt(&store, worker, now).first() {
@@ -243,7 +272,7 @@ fn per_key_service(
             }
             let (w, k, pending, started) = open.remove(&(ends, id)).unwrap();
             e.observe_latency(&mut workers[w], &pending, ends - started);
-            end(&e, &store, &pending, ends);
+            end(&e, &store, &mut workers[w], &pending, ends);
             in_flight[k] -= 1;
         }
         if now >= next_tick {
@@ -315,7 +344,7 @@ fn keys_beyond_adaptive_keys_wait_for_a_record_and_take_an_idle_one() {
         let eval = evaluate_on(&e, &store, worker, &user(key), now);
         for pending in &eval.commits {
             e.observe_latency(worker, pending, 20 * MS);
-            end(&e, &store, pending, now);
+            end(&e, &store, worker, pending, now);
         }
         let without = eval.reports[0].key_without_controller;
         (e.rule_verdicts(&eval)[0].policy.quota, without)
@@ -347,4 +376,192 @@ fn keys_beyond_adaptive_keys_wait_for_a_record_and_take_an_idle_one() {
     let (step, q) = got.expect("k2 never got a controller");
     assert!(step <= 8, "took {step} ticks");
     assert_eq!(q, 1, "a new controller starts at initial");
+}
+
+/// Defect 5: a give-back that lost every CAS race (or met a store error) was never
+/// retried, and the key was denied an hour later with nothing in flight. Now the worker
+/// keeps it marked ended and gives it back on its next tick.
+#[test]
+fn a_give_back_refused_by_shared_data_is_finished_on_the_next_tick() {
+    let e = fixed(2);
+    let store = MemoryStore::new();
+    e.prepare(&store).unwrap();
+    let w = &mut e.worker();
+    let a = admit(&e, &store, w, &user("k"), T0).unwrap();
+    let b = admit(&e, &store, w, &user("k"), T0 + 1).unwrap();
+    // Every attempt of a's give-back loses its race.
+    store.fail_next_writes(MAX_CAS_ATTEMPTS, StoreError::CasMismatch);
+    assert_eq!(
+        e.end_in_flight(&store, w, &a, T0 + 2),
+        Err(UpdateError::GaveUp {
+            attempts: MAX_CAS_ATTEMPTS
+        })
+    );
+    // b's give-back meets a host error.
+    store.fail_next_writes(1, StoreError::Host(7));
+    assert!(e.end_in_flight(&store, w, &b, T0 + 3).is_err());
+    // Until then both still count: another worker is denied.
+    let mut other = e.worker();
+    assert!(admit(&e, &store, &mut other, &user("k"), T0 + 4).is_none());
+    // The next tick gives both back.
+    let tended = e.tend_places(&store, w, T0 + 100 * MS);
+    assert_eq!((tended.failed, tended.given_back), (0, 2));
+    assert!(w.places.is_empty(), "{:?}", w.places);
+    // The key is free: two fit again.
+    let open: Vec<_> = (0..3)
+        .filter_map(|i| admit(&e, &store, &mut other, &user("k"), T0 + 200 * MS + i))
+        .collect();
+    assert_eq!(open.len(), 2);
+}
+
+/// A key of `max_in_flight` 1 whose only request ended at T0 + 1 and whose give-back
+/// lost every CAS race: still marked ended in the worker.
+fn one_refused_give_back() -> (Engine, MemoryStore, Worker) {
+    let e = fixed(1);
+    let store = MemoryStore::new();
+    e.prepare(&store).unwrap();
+    let mut w = e.worker();
+    let a = admit(&e, &store, &mut w, &user("k"), T0).unwrap();
+    store.fail_next_writes(MAX_CAS_ATTEMPTS, StoreError::CasMismatch);
+    assert!(e.end_in_flight(&store, &mut w, &a, T0 + 1).is_err());
+    (e, store, w)
+}
+
+/// A worker's own write of a key carries its ended places: a give-back that failed is
+/// done by the worker's next admission of the key, tick or not.
+#[test]
+fn a_workers_next_admission_of_the_key_gives_its_ended_places_back() {
+    let (e, store, mut worker) = one_refused_give_back();
+    let w = &mut worker;
+    assert!(admit(&e, &store, w, &user("k"), T0 + 2).is_some());
+    assert_eq!(w.places.units(), 1);
+}
+
+/// Defect 5, the tick alone: a give-back that failed is retried on the tick even if no
+/// request of the key comes, and a tick that fails too leaves it for the next.
+#[test]
+fn a_failed_give_back_waits_in_the_worker_until_a_tick_succeeds() {
+    let (e, store, mut worker) = one_refused_give_back();
+    let w = &mut worker;
+    assert_eq!(w.places.units(), 1, "kept, marked ended");
+    assert!(admit(&e, &store, &mut e.worker(), &user("k"), T0 + 2).is_none());
+    // The first tick fails as well.
+    store.fail_next_writes(1, StoreError::Host(3));
+    let tended = e.tend_places(&store, w, T0 + 100 * MS);
+    assert_eq!((tended.failed, tended.given_back), (1, 0));
+    let tended = e.tend_places(&store, w, T0 + 200 * MS);
+    assert_eq!((tended.failed, tended.given_back), (0, 1));
+    assert!(w.places.is_empty());
+    assert!(admit(&e, &store, &mut e.worker(), &user("k"), T0 + 201 * MS).is_some());
+}
+
+/// Defect 5, leaked places: a VM that dies with requests in flight never gives them
+/// back. Its places are dropped once no live worker re-counted them for a whole epoch:
+/// at the start of the second epoch after the one they were counted in (at most
+/// `2 × PLACE_EPOCH_US`). A live worker's place, re-counted on its ticks, stays.
+#[test]
+fn places_of_a_dead_worker_come_back_within_two_epochs_and_live_ones_stay() {
+    let e = fixed(3);
+    let store = MemoryStore::new();
+    e.prepare(&store).unwrap();
+    let mut live = e.worker();
+    let held = admit(&e, &store, &mut live, &user("k"), T0).unwrap();
+    {
+        let mut dead = e.worker();
+        for i in 1..=2 {
+            assert!(admit(&e, &store, &mut dead, &user("k"), T0 + i).is_some());
+        }
+        // The VM dies: its worker and its requests are gone, nothing is given back.
+    }
+    let back_at = (place_epoch(T0) + 2) * PLACE_EPOCH_US;
+    assert!(back_at - T0 <= 2 * PLACE_EPOCH_US);
+    let mut probe = e.worker();
+    let mut now = T0;
+    let mut first_admitted = None;
+    while now < T0 + 30 * PLACE_EPOCH_US && first_admitted.is_none() {
+        now += 100 * MS;
+        e.tend_places(&store, &mut live, now);
+        if let Some(open) = admit(&e, &store, &mut probe, &user("k"), now) {
+            first_admitted = Some(now);
+            end(&e, &store, &mut probe, &open, now);
+        }
+    }
+    let first_admitted = first_admitted.expect("the dead worker's places never came back");
+    assert!(
+        first_admitted >= back_at && first_admitted < back_at + 100 * MS,
+        "back {} ms after the admission, expected {} ms",
+        (first_admitted - T0) / MS,
+        (back_at - T0) / MS
+    );
+    // Thirty seconds on, the live worker's place still counts: exactly 2 fit.
+    let mut later = T0 + 30 * PLACE_EPOCH_US;
+    while now < later {
+        now += 100 * MS;
+        e.tend_places(&store, &mut live, now);
+    }
+    later += 1;
+    let open: Vec<_> = (0..3)
+        .filter_map(|i| admit(&e, &store, &mut probe, &user("k"), later + i))
+        .collect();
+    assert_eq!(open.len(), 2);
+    // And it is given back when its stream ends.
+    end(&e, &store, &mut live, &held, later + 10);
+    assert!(admit(&e, &store, &mut probe, &user("k"), later + 11).is_some());
+}
+
+/// The shared-data key of a `per_key` rule's record `index` (or the rule's record).
+fn record_key(rule: &str, index: Option<u32>) -> String {
+    match index {
+        Some(i) => format!("weir/v1/{rule}/adaptive/{i}"),
+        None => format!("weir/v1/{rule}/adaptive"),
+    }
+}
+
+/// Defect 6: after a reload that lowers `max_in_flight` from 50 to 10, a key whose
+/// controller had reached 50 was decided against 50 until the next tick. The limit of
+/// the moment is clamped to the rule's `max_in_flight` at every decision.
+#[test]
+fn a_reload_lowering_max_in_flight_from_50_to_10_admits_at_most_10() {
+    for per_key in [true, false] {
+        let config = |max: u64| {
+            let keyed = if per_key {
+                r#","per_key":true,"keys":1"#
+            } else {
+                ""
+            };
+            format!(
+                r#"{{"rules":[{{"name":"tenants","key":[{{"header":"x-user"}}],
+                "limit":{{"algorithm":"concurrency","max_in_flight":{max},
+                "adaptive":{{"interval":"200ms"{keyed}}}}}}}]}}"#
+            )
+        };
+        let store = MemoryStore::new();
+        let before = engine(&config(50));
+        before.prepare(&store).unwrap();
+        let mut w = before.worker();
+        for pending in &evaluate_on(&before, &store, &mut w, &user("k"), T0).commits {
+            end(&before, &store, &mut w, pending, T0);
+        }
+        before.adapt(&store, &mut w, T0);
+        // The controller had grown to 50.
+        let key = record_key("tenants", per_key.then_some(0));
+        let (value, version) = store.get(&key).unwrap();
+        let mut record = SharedRecord::decode(&value.unwrap()).unwrap();
+        record.controller.limit_milli = 50_000;
+        store
+            .compare_and_set(&key, &record.encode(), version.unwrap())
+            .unwrap();
+        // Reloaded: the same rule with max_in_flight 10, decided before any tick.
+        let after = engine(&config(10));
+        after.prepare(&store).unwrap();
+        let mut w = after.worker();
+        let admitted = (0..50)
+            .filter(|i| {
+                let eval = evaluate_on(&after, &store, &mut w, &user("k"), T0 + MS + i);
+                assert!(eval.verdicts[0].decision.limit <= 10);
+                eval.denied_by.is_none()
+            })
+            .count();
+        assert!(admitted <= 10, "per_key {per_key}: {admitted} admitted");
+    }
 }
