@@ -935,9 +935,9 @@ impl Engine {
                     adaptive,
                     max_in_flight: limit.max_in_flight,
                 };
-                // Keys not seen for two intervals are forgotten: their records go stale
-                // (after three) and can serve other keys.
-                keyed.forget_idle(now_us.saturating_sub(adaptive.interval_us.saturating_mul(2)));
+                // Keys not seen for a while are forgotten: their records go stale (a
+                // while later) and can serve other keys.
+                keyed.forget_idle(now_us.saturating_sub(adaptive.forget_after_us()));
                 for (&(set_hash, fingerprint), entry) in keyed.entries.iter_mut() {
                     let hash = KeyHash {
                         set_hash,
