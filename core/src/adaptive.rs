@@ -71,6 +71,29 @@ const STEPS_PER_DOUBLING: f64 = 8.0;
 /// Fewest latencies an interval needs before the controller acts on it.
 pub const MIN_SAMPLES: u64 = 10;
 
+/// A response as the filter sees it when its headers arrive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Response {
+    /// `:status` (0 when unreadable).
+    pub status: u16,
+    /// Whether the upstream sent it (Envoy's `response.code_details` is
+    /// `via_upstream`), or a local reply did — weir's own, another filter's, or Envoy's
+    /// router (a 504 timeout, a 503 with no healthy host); `None` when unknown.
+    pub from_upstream: Option<bool>,
+}
+
+/// Whether a response's latency measures the service, for the controller's samples:
+/// only answers the upstream gave, with a status from 100 to 399. A local reply
+/// measures nothing of the service; a 5xx is a failure, often a fast one (a refused
+/// connection, an overloaded service shedding), and a 4xx is usually answered before
+/// the work (a bad request, a missing token, a 404, the service's own 429): fast
+/// answers that would drag the baseline down, after which normal latencies look like
+/// congestion and the limit halves towards `min`. What is left is what the limit
+/// protects: the service doing its work.
+pub fn measures_service(response: Response) -> bool {
+    response.from_upstream != Some(false) && (100..400).contains(&response.status)
+}
+
 /// `adaptive`: parameters of the controller, validated. Fractions are in parts per
 /// million so that rules stay comparable for equality.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -560,6 +583,35 @@ mod tests {
             tolerance_ppm: 1_250_000,
             key_controllers: None,
         }
+    }
+
+    #[test]
+    fn only_upstream_answers_below_400_are_sampled() {
+        let upstream = |status| Response {
+            status,
+            from_upstream: Some(true),
+        };
+        for status in [100, 200, 204, 301, 304, 399] {
+            assert!(measures_service(upstream(status)), "{status}");
+        }
+        for status in [0, 400, 401, 404, 429, 500, 503, 504] {
+            assert!(!measures_service(upstream(status)), "{status}");
+        }
+        // A local reply, whatever its status (a direct response of 200, weir's 429).
+        for status in [200, 429, 503] {
+            let local = Response {
+                status,
+                from_upstream: Some(false),
+            };
+            assert!(!measures_service(local), "{status}");
+        }
+        // Where Envoy does not say, the status decides.
+        let unknown = |status| Response {
+            status,
+            from_upstream: None,
+        };
+        assert!(measures_service(unknown(200)));
+        assert!(!measures_service(unknown(503)));
     }
 
     #[test]

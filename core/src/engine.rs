@@ -24,7 +24,8 @@
 //! cost every request a failed call.
 
 use crate::adaptive::{
-    Adaptive, ControllerState, KeyedEntry, KeyedLatencies, SharedRecord, WorkerLatency, KEY_PROBES,
+    measures_service, Adaptive, ControllerState, KeyedEntry, KeyedLatencies, Response,
+    SharedRecord, WorkerLatency, KEY_PROBES,
 };
 use crate::algorithms::{
     Ahead, Decision, GlobalLimit, Hold, Limit, SlotState, TakenAhead, NS_PER_US,
@@ -898,6 +899,24 @@ impl Engine {
         if let Some(latency) = worker_latency(worker, admitted.rule, hash) {
             latency.sketch.record(latency_us);
         }
+    }
+
+    /// The response of a request admitted by an adaptive concurrency rule (`admitted`)
+    /// came back `latency_us` after the rule admitted it: recorded only when it
+    /// measures the service ([`crate::adaptive::measures_service`]). Returns whether it
+    /// was.
+    pub fn observe_response(
+        &self,
+        worker: &mut Worker,
+        admitted: &PendingCommit,
+        response: Response,
+        latency_us: u64,
+    ) -> bool {
+        if !measures_service(response) {
+            return false;
+        }
+        self.observe_latency(worker, admitted, latency_us);
+        true
     }
 
     /// Whether `rule` is an adaptive concurrency rule (its latencies are wanted).

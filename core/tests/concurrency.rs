@@ -16,7 +16,7 @@ mod support;
 use std::collections::BTreeMap;
 
 use support::{engine, evaluate, evaluate_on, user, FakeRequest, Rng, T0};
-use weir_core::adaptive::SharedRecord;
+use weir_core::adaptive::{Response, SharedRecord};
 use weir_core::concurrency::{place_epoch, PLACE_EPOCH_US};
 use weir_core::engine::{Engine, PendingCommit};
 use weir_core::store::memory::MemoryStore;
@@ -196,18 +196,43 @@ fn shadow_concurrency_rules_count_but_never_deny() {
     assert_eq!((first.commits.len(), second.commits.len()), (1, 0));
 }
 
-/// A service that serves 8 requests at once in 20 ms and queues the rest, offered far
-/// more than it can take by two workers: the adaptive limit, starting at 1, finds the
-/// knee and stays near it.
-#[test]
-fn an_adaptive_limit_finds_the_knee_of_a_saturated_service() {
+/// An adaptive rule for every request (interval 200 ms, `max_in_flight` 100), its store
+/// and two workers.
+fn adaptive_route() -> (Engine, MemoryStore, Vec<Worker>) {
     let e = engine(
         r#"{"rules":[{"name":"route","limit":{"algorithm":"concurrency","max_in_flight":100,
             "adaptive":{"interval":"200ms"}}}]}"#,
     );
     let store = MemoryStore::new();
     e.prepare(&store).unwrap();
-    let mut workers: Vec<Worker> = (0..2).map(|_| e.worker()).collect();
+    let workers = (0..2).map(|_| e.worker()).collect();
+    (e, store, workers)
+}
+
+/// Every 100 ms, each worker merges its latencies: the limits they decide with after.
+fn tick_if_due(
+    e: &Engine,
+    store: &MemoryStore,
+    workers: &mut [Worker],
+    now: u64,
+    next_tick: &mut u64,
+) -> Vec<u64> {
+    if now < *next_tick {
+        return Vec::new();
+    }
+    *next_tick = now + 100 * MS;
+    workers
+        .iter_mut()
+        .filter_map(|worker| e.adapt(store, worker, now).first().map(|a| a.limit))
+        .collect()
+}
+
+/// A service that serves 8 requests at once in 20 ms and queues the rest, offered far
+/// more than it can take by two workers: the adaptive limit, starting at 1, finds the
+/// knee and stays near it.
+#[test]
+fn an_adaptive_limit_finds_the_knee_of_a_saturated_service() {
+    let (e, store, mut workers) = adaptive_route();
     let mut open = Open::new();
     let mut limits = Vec::new();
     let mut now = T0;
@@ -215,14 +240,7 @@ fn an_adaptive_limit_finds_the_knee_of_a_saturated_service() {
     for i in 0..60_000u64 {
         now += 500; // 2,000 requests a second offered
         end_due(&e, &store, &mut workers, &mut open, now);
-        if now >= next_tick {
-            for worker in &mut workers {
-                if let Some(a) = e.adapt(&store, worker, now).first() {
-                    limits.push(a.limit);
-                }
-            }
-            next_tick = now + 100 * MS;
-        }
+        limits.extend(tick_if_due(&e, &store, &mut workers, now, &mut next_tick));
         let w = (i % 2) as usize;
         let eval = evaluate_on(&e, &store, &mut workers[w], &user("x"), now);
         if eval.denied_by.is_none() {
@@ -627,4 +645,67 @@ fn a_reload_lowering_max_in_flight_from_50_to_10_admits_at_most_10() {
             .count();
         assert!(admitted <= 10, "per_key {per_key}: {admitted} admitted");
     }
+}
+
+/// Defect 9: every response's latency was sampled, fast failures included, so an
+/// interval of fast failures dragged the baseline down and the limit then halved
+/// towards `min` against a service that had recovered. Only upstream answers from 100
+/// to 399 are sampled now. A service of 8 × 20 ms offered 2,000 requests a second;
+/// from 15 s to 17 s nine requests in ten fail in 1 ms with a 503 (a dependency down).
+#[test]
+fn an_interval_of_fast_failures_does_not_halve_the_limit() {
+    let (e, store, mut workers) = adaptive_route();
+    // (ends, id) -> (worker, release, start, status)
+    let mut open: BTreeMap<(u64, u64), (usize, PendingCommit, u64, u16)> = BTreeMap::new();
+    let mut limits = Vec::new();
+    let (mut now, mut next_tick) = (T0, T0);
+    let failing = T0 + 15_000 * MS..T0 + 17_000 * MS;
+    for i in 0..60_000u64 {
+        now += 500;
+        while let Some((&(ends, id), _)) = open.iter().next() {
+            if ends > now {
+                break;
+            }
+            let (w, pending, started, status) = open.remove(&(ends, id)).unwrap();
+            let response = Response {
+                status,
+                from_upstream: Some(true),
+            };
+            e.observe_response(&mut workers[w], &pending, response, ends - started);
+            end(&e, &store, &mut workers[w], &pending, ends);
+        }
+        let limit = tick_if_due(&e, &store, &mut workers, now, &mut next_tick);
+        limits.extend(limit.into_iter().map(|l| (now - T0, l)));
+        let w = (i % 2) as usize;
+        let eval = evaluate_on(&e, &store, &mut workers[w], &user("x"), now);
+        if eval.denied_by.is_some() {
+            continue;
+        }
+        let commit = eval.commits[0].clone();
+        if failing.contains(&now) && i % 10 != 0 {
+            open.insert((now + MS, i), (w, commit, now, 503));
+            continue;
+        }
+        // 20 ms of service, stretched by the queue beyond 8 served.
+        let served = open.values().filter(|o| o.3 == 200).count() as u64 + 1;
+        let latency = 20 * MS * served.max(8) / 8;
+        open.insert((now + latency, i), (w, commit, now, 200));
+    }
+    let before: Vec<u64> = limits
+        .iter()
+        .filter(|(t, _)| (10_000 * MS..15_000 * MS).contains(t))
+        .map(|(_, l)| *l)
+        .collect();
+    let after: Vec<u64> = limits
+        .iter()
+        .filter(|(t, _)| *t >= 15_000 * MS)
+        .map(|(_, l)| *l)
+        .collect();
+    let settled = *before.iter().min().unwrap();
+    assert!(settled >= 8, "before: {before:?}");
+    let lowest = *after.iter().min().unwrap();
+    assert!(
+        lowest * 4 >= settled * 3,
+        "settled at {settled} or more, then down to {lowest}: {after:?}"
+    );
 }
