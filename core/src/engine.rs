@@ -218,7 +218,8 @@ pub struct Evaluation {
     /// The request was held and released (or its release came too late).
     pub delayed: Option<Delayed>,
     /// Rules whose cost is corrected when the response ends (`commit`), one per rule
-    /// that admitted the request: settle each with [`Engine::commit`].
+    /// that admitted the request: settle each with [`Engine::commit`] (a concurrency
+    /// rule's place: give it back with [`Engine::end_in_flight`] on the same worker).
     pub commits: Vec<PendingCommit>,
 }
 
@@ -754,7 +755,8 @@ impl Engine {
     /// most [`MAX_WANT`]), known at `now_us` (see
     /// [`crate::algorithms::SlotAlgorithm::settle`]). Returns whether
     /// the key's state changed: a key that lost its slot since, or a refund no longer
-    /// exact, changes nothing.
+    /// exact, changes nothing. A concurrency rule's place is not settled here but given
+    /// back with [`Engine::end_in_flight`], which knows the worker's places.
     pub fn commit<S: SharedStore>(
         &self,
         store: &S,
@@ -1501,7 +1503,8 @@ fn decide_in_slot<S: SharedStore>(
 
 /// A concurrency rule: the key's count in flight against the rule's limit (the
 /// worker's adaptive limit of the moment, or `max_in_flight`). An admission is given
-/// back when the stream ends ([`PendingCommit`], settled by [`Engine::commit`]).
+/// back when the stream ends ([`PendingCommit`], given back by [`Engine::end_in_flight`]
+/// on the worker that admitted it, which keeps its places in [`Worker::places`]).
 fn decide_in_flight<S: SharedStore>(
     eval: &mut Evaluation,
     store: &S,

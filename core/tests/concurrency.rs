@@ -709,3 +709,229 @@ fn an_interval_of_fast_failures_does_not_halve_the_limit() {
         "settled at {settled} or more, then down to {lowest}: {after:?}"
     );
 }
+
+/// One random run of [`random_walks_never_exceed_the_limit_and_give_every_place_back`]:
+/// its seed, and what it did, for a failure's message.
+#[derive(Debug, Default)]
+struct Walk {
+    admitted: u64,
+    failed_give_backs: u64,
+    dead_workers: u64,
+    reloads: u64,
+}
+
+/// The config of a random walk: `max` in flight per key, costs from a header, a fixed
+/// limit (`kind` 0), one adaptive controller (1) or one per key (2).
+fn walk_config(kind: u64, max: u64) -> String {
+    let adaptive = match kind {
+        0 => "",
+        1 => r#","adaptive":{"interval":"100ms"}"#,
+        _ => r#","adaptive":{"interval":"20ms","per_key":true,"keys":2}"#,
+    };
+    format!(
+        r#"{{"rules":[{{"name":"walk","key":[{{"header":"x-user"}}],
+        "cost":{{"header":"x-cost","default":1,"max":{max}}},
+        "limit":{{"algorithm":"concurrency","max_in_flight":{max}{adaptive}}}}}]}}"#
+    )
+}
+
+/// Defects 5 and 6, searched: random configs (`max_in_flight` 1–8, costs 1–3, fixed or
+/// adaptive, one controller or one per key), 1–4 workers, 1–3 keys, requests of random
+/// lengths (a third aborted early), CAS mismatches and host errors injected at random
+/// into admissions and give-backs, workers that die with requests in flight, reloads
+/// that change `max_in_flight`, workers ticking every 10–500 ms. At every admission the
+/// units admitted with a place and still open (on live workers) stay within the
+/// current `max_in_flight` (an admission the store failed is let through without a
+/// place, as for every local rule, and is not counted); once every stream has ended,
+/// every key is free again within the documented bound: at once for places given back,
+/// by the next tick for give-backs shared data refused, and within 2 epochs
+/// (`2 × PLACE_EPOCH_US`) for the places of dead workers.
+#[test]
+fn random_walks_never_exceed_the_limit_and_give_every_place_back() {
+    const WALKS: u64 = 300;
+    let mut total = Walk::default();
+    for seed in 1..=WALKS {
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ seed.wrapping_mul(0x2545_f491));
+        let walk = random_walk(&mut rng);
+        let walk = walk.unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+        assert!(walk.admitted > 0, "seed {seed}: {walk:?}");
+        total.admitted += walk.admitted;
+        total.failed_give_backs += walk.failed_give_backs;
+        total.dead_workers += walk.dead_workers;
+        total.reloads += walk.reloads;
+    }
+    eprintln!("{WALKS} walks: {total:?}");
+}
+
+/// One time in `one_in`, the next 1 to 32 writes fail: CAS mismatches (as many races
+/// lost) or host errors.
+fn maybe_fail_writes(rng: &mut Rng, store: &MemoryStore, one_in: u64) {
+    if rng.below(one_in) != 0 {
+        return;
+    }
+    let error = if rng.below(2) == 0 {
+        StoreError::CasMismatch
+    } else {
+        StoreError::Host(1)
+    };
+    store.fail_next_writes(1 + rng.below(u64::from(MAX_CAS_ATTEMPTS)) as u32, error);
+}
+
+fn random_walk(rng: &mut Rng) -> Result<Walk, String> {
+    let mut walk = Walk::default();
+    let store = MemoryStore::new();
+    let mut max = 1 + rng.below(8);
+    let e = engine(&walk_config(rng.below(3), max));
+    e.prepare(&store).unwrap();
+    let engines_made = 1 + rng.below(2);
+    let workers_n = 1 + rng.below(4) as usize;
+    let keys = 1 + rng.below(3);
+    // Workers: (engine generation, worker, next tick, alive). A reload makes new
+    // workers on the new engine; the old ones keep their requests and their ticks.
+    let mut engines = vec![e];
+    let mut workers: Vec<(usize, Worker, u64, bool)> = (0..workers_n)
+        .map(|_| (0, engines[0].worker(), T0, true))
+        .collect();
+    // (ends, id) -> (worker, release, cost, key)
+    let mut open: BTreeMap<(u64, u64), (usize, PendingCommit, u64, u64)> = BTreeMap::new();
+    let tick_every = (10 + rng.below(490)) * MS;
+    let mut now = T0;
+    let mut last_death = None;
+    for i in 0..400u64 {
+        now += if rng.below(20) == 0 {
+            rng.below(3 * PLACE_EPOCH_US)
+        } else {
+            rng.below(20 * MS)
+        };
+        // Streams that ended give their places back (maybe refused by shared data).
+        while let Some((&(ends, id), _)) = open.iter().next() {
+            if ends > now {
+                break;
+            }
+            let (w, pending, _, _) = open.remove(&(ends, id)).unwrap();
+            maybe_fail_writes(rng, &store, 8);
+            let (generation, worker, _, _) = &mut workers[w];
+            // Latencies as fast as they come: adaptive limits grow (slow start).
+            engines[*generation].observe_latency(worker, &pending, 10 * MS);
+            if engines[*generation]
+                .end_in_flight(&store, worker, &pending, ends)
+                .is_err()
+            {
+                walk.failed_give_backs += 1;
+            }
+            store.fail_next_writes(0, StoreError::CasMismatch);
+        }
+        for (generation, worker, next_tick, alive) in &mut workers {
+            if *alive && now >= *next_tick {
+                engines[*generation].tend_places(&store, worker, now);
+                engines[*generation].adapt(&store, worker, now);
+                *next_tick = now + tick_every;
+            }
+        }
+        match rng.below(100) {
+            // A worker dies with its requests: they are gone, nothing is given back.
+            0 => {
+                let w = rng.below(workers.len() as u64) as usize;
+                if workers[w].3 {
+                    workers[w].3 = false;
+                    open.retain(|_, o| o.0 != w);
+                    walk.dead_workers += 1;
+                    last_death = Some(now);
+                    let generation = engines.len() - 1;
+                    workers.push((generation, engines[generation].worker(), now, true));
+                }
+                continue;
+            }
+            // A reload: a new max_in_flight, new workers; the old keep their requests.
+            1 if (engines.len() as u64) <= engines_made => {
+                max = 1 + rng.below(8);
+                let next = engine(&walk_config(rng.below(3), max));
+                next.prepare(&store).unwrap();
+                engines.push(next);
+                let generation = engines.len() - 1;
+                for _ in 0..workers_n {
+                    workers.push((generation, engines[generation].worker(), now, true));
+                }
+                walk.reloads += 1;
+                continue;
+            }
+            _ => {}
+        }
+        // A request, on a live worker of the current engine.
+        let generation = engines.len() - 1;
+        let live: Vec<usize> = (0..workers.len())
+            .filter(|&w| workers[w].0 == generation && workers[w].3)
+            .collect();
+        let w = live[rng.below(live.len() as u64) as usize];
+        let cost = 1 + rng.below(3);
+        let key = rng.below(keys);
+        let req = user(&format!("u{key}")).header("x-cost", cost.to_string());
+        maybe_fail_writes(rng, &store, 10);
+        let eval = evaluate_on(&engines[generation], &store, &mut workers[w].1, &req, now);
+        store.fail_next_writes(0, StoreError::CasMismatch);
+        let Some(pending) = eval.commits.first().cloned() else {
+            continue;
+        };
+        walk.admitted += 1;
+        // What the request costs: its header, capped at the rule's `max`.
+        let cost = pending.reserved;
+        let open_of_key: u64 = open.values().filter(|o| o.3 == key).map(|o| o.2).sum();
+        if open_of_key + cost > max {
+            return Err(format!(
+                "{} units open with max_in_flight {max} after admitting {cost} at {} ms: {walk:?}",
+                open_of_key + cost,
+                (now - T0) / MS
+            ));
+        }
+        let length = if rng.below(3) == 0 {
+            rng.below(5 * MS)
+        } else {
+            rng.below(2 * PLACE_EPOCH_US)
+        };
+        open.insert((now + length, i), (w, pending, cost, key));
+    }
+    // Everything ends.
+    for ((ends, _), (w, pending, _, _)) in std::mem::take(&mut open) {
+        let (generation, worker, _, _) = &mut workers[w];
+        now = now.max(ends);
+        if engines[*generation]
+            .end_in_flight(&store, worker, &pending, now)
+            .is_err()
+        {
+            walk.failed_give_backs += 1;
+        }
+    }
+    // The bound: live workers' places at their next tick, dead ones' within 2 epochs.
+    let ended = now;
+    let bound = match last_death {
+        Some(_) => ended + 2 * PLACE_EPOCH_US + tick_every,
+        None => ended + tick_every,
+    };
+    while now < bound {
+        now += tick_every.min(bound - now).max(1);
+        for (generation, worker, _, alive) in &mut workers {
+            if *alive {
+                engines[*generation].tend_places(&store, worker, now);
+            }
+        }
+    }
+    // A probe with a fixed limit of the same rule (the same table) counts what fits.
+    let fixed = engine(&walk_config(0, max));
+    let mut probe = fixed.worker();
+    for key in 0..keys {
+        let fits = (0..=max)
+            .filter(|k| {
+                let req = user(&format!("u{key}"));
+                let eval = evaluate_on(&fixed, &store, &mut probe, &req, now + k);
+                !eval.denied() && !eval.commits.is_empty()
+            })
+            .count() as u64;
+        if fits != max {
+            return Err(format!(
+                "key u{key}: {fits} of {max} fit {} ms after every stream ended: {walk:?}",
+                (now - ended) / MS
+            ));
+        }
+    }
+    Ok(walk)
+}
