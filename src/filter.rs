@@ -15,6 +15,7 @@ use crate::plugin::Plugin;
 use crate::store::{ReadFacts, RequestFacts, SharedData};
 use std::fmt::Write as _;
 use std::rc::Rc;
+use weir_core::adaptive::Response;
 use weir_core::buffers::Buffered;
 use weir_core::engine::{BridgeError, Evaluation, PendingCommit, RuleOutcome, Source};
 use weir_core::flight::Join;
@@ -362,17 +363,28 @@ impl Filter {
         let content_type = host::response_header("content-type").ok().flatten();
         let content_encoding = host::response_header("content-encoding").ok().flatten();
         let mut now_known = Vec::new();
-        let mut now_us = None;
+        // Adaptive rules sample the latency of what measures the service: the core
+        // decides which responses do (`weir_core::adaptive::measures_service`).
+        let mut seen = None;
         for s in &self.settling {
             if plugin.engine.is_adaptive(s.commit.rule) {
-                let Some(now) = now_us.or_else(|| host::now_us().ok()) else {
+                let Some((now, response)) = seen.or_else(|| {
+                    let response = Response {
+                        status: status.unwrap_or(0),
+                        from_upstream: from_upstream(),
+                    };
+                    Some((host::now_us().ok()?, response))
+                }) else {
                     continue;
                 };
-                now_us = Some(now);
+                seen = Some((now, response));
                 let latency = now.saturating_sub(s.commit.counted_at_us);
-                plugin
-                    .engine
-                    .observe_latency(&mut plugin.worker.borrow_mut(), &s.commit, latency);
+                plugin.engine.observe_response(
+                    &mut plugin.worker.borrow_mut(),
+                    &s.commit,
+                    response,
+                    latency,
+                );
             }
         }
         for s in &mut self.settling {
@@ -735,6 +747,14 @@ impl Filter {
             }
         }
     }
+}
+
+/// Whether the upstream sent the response (Envoy's `response.code_details` is
+/// `via_upstream`) or a local reply did; `None` when the host does not say.
+fn from_upstream() -> Option<bool> {
+    let path = ["response".to_string(), "code_details".to_string()];
+    let details = host::property(&path).ok().flatten()?;
+    Some(details == b"via_upstream")
 }
 
 fn is_grpc_request() -> bool {

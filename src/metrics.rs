@@ -42,8 +42,10 @@
 //! `commit_units_refunded`, `commit_units_charged`
 //! (the actual cost above the estimate) and `commit_errors` (shared data failed: the
 //! estimate stands). Concurrency rules count `in_flight_released` (streams ended, their
-//! places given back) and `in_flight_release_errors` (shared data failed: the place
-//! stays taken); adaptive ones have the gauges `concurrency_limit`, `latency_sample_us`
+//! places given back at once or, when shared data refused, on the worker's next tick),
+//! `in_flight_release_errors` (shared data refused a give-back at the stream's end: the
+//! tick retries it) and `in_flight_reclaimed` (units of places no live worker re-counted
+//! for a whole epoch, dropped: a VM that died with requests in flight); adaptive ones have the gauges `concurrency_limit`, `latency_sample_us`
 //! (the last interval's latency quantile) and `latency_baseline_us` — with `per_key`,
 //! whose limits are one per key, none of these but the counter `keys_without_controller`
 //! (requests whose key had no controller of its own: decided against `max_in_flight`).
@@ -103,6 +105,7 @@ struct RuleMetrics {
     commit_errors: Stat,
     in_flight_released: Stat,
     in_flight_release_errors: Stat,
+    in_flight_reclaimed: Stat,
     keys_without_controller: Stat,
     /// Adaptive concurrency rules: the limit, the last interval's latency sample and
     /// the baseline, recorded when a worker merges.
@@ -270,6 +273,7 @@ impl Metrics {
                 in_flight_released: r.counter(&format!("{prefix}.in_flight_released"))?,
                 in_flight_release_errors: r
                     .counter(&format!("{prefix}.in_flight_release_errors"))?,
+                in_flight_reclaimed: r.counter(&format!("{prefix}.in_flight_reclaimed"))?,
                 keys_without_controller: r.counter(&format!("{prefix}.keys_without_controller"))?,
                 adaptive,
             });
@@ -414,16 +418,25 @@ impl Metrics {
         }
     }
 
-    /// A concurrency rule's place given back (`ok`), or not (shared data failed: the
-    /// key keeps one unit too many in flight).
+    /// A concurrency rule's stream ended: its place is given back now (`ok`), or on
+    /// the worker's next tick (shared data refused now).
     pub fn in_flight_released(&self, rule: RuleId, ok: bool) {
         if let Some(rule) = self.rules.get(rule.index()) {
-            let stat = if ok {
-                rule.in_flight_released
-            } else {
-                rule.in_flight_release_errors
-            };
-            self.bump(stat, 1);
+            self.bump(rule.in_flight_released, 1);
+            if !ok {
+                self.bump(rule.in_flight_release_errors, 1);
+            }
+        }
+    }
+
+    /// Units of a concurrency rule's places dropped because no live worker re-counted
+    /// them for a whole epoch.
+    pub fn in_flight_reclaimed(&self, rule: RuleId, units: u64) {
+        if let Some(rule) = self.rules.get(rule.index()) {
+            self.bump(
+                rule.in_flight_reclaimed,
+                i64::try_from(units).unwrap_or(i64::MAX),
+            );
         }
     }
 
@@ -527,6 +540,12 @@ impl Metrics {
             }
             if report.key_without_controller {
                 self.bump(rule.keys_without_controller, 1);
+            }
+            if report.in_flight_reclaimed > 0 {
+                self.bump(
+                    rule.in_flight_reclaimed,
+                    i64::try_from(report.in_flight_reclaimed).unwrap_or(i64::MAX),
+                );
             }
             if report.cas_retries > 0 {
                 self.bump(self.cas_retries, i64::from(report.cas_retries));

@@ -48,8 +48,12 @@ pub struct Plugin {
     /// Bytes this VM keeps for its requests in flight, against `max_buffered_bytes`.
     pub buffers: RefCell<BufferBudget>,
     /// The tick period set last (ms): every [`weir_core::delay::RELEASE_TICK_MS`] while
-    /// requests are held, [`COMMIT_TICK_MS`] while commits wait, else every metrics flush.
+    /// requests are held, [`COMMIT_TICK_MS`] while commits or places wait, else every
+    /// metrics flush.
     tick_ms: Cell<u32>,
+    /// Places of concurrency rules wait to be given back or re-counted (see
+    /// [`Plugin::tend_places`]).
+    places_due: Cell<bool>,
 }
 
 /// How often commits waiting for the bridge are sent.
@@ -152,6 +156,7 @@ impl Plugin {
             worker: RefCell::new(engine.worker()),
             commits: RefCell::new(CommitQueue::default()),
             tick_ms: Cell::new(SLOW_TICK_MS),
+            places_due: Cell::new(false),
             engine,
             seed: Cell::new(seed),
             metrics,
@@ -253,10 +258,21 @@ impl Plugin {
         let rule = self.engine.config.rule(commit.rule)?;
         let now_us = || host::now_us().unwrap_or(commit.counted_at_us);
         let Some(cost) = &rule.commit else {
-            // A concurrency rule: the stream is over.
-            let released = self.engine.commit(&SharedData, commit, 0, now_us());
-            self.metrics
-                .in_flight_released(commit.rule, released.is_ok());
+            // A concurrency rule: the stream is over. A give-back shared data refuses
+            // stays marked in the worker and is done on its next tick.
+            let released = match self.worker.try_borrow_mut() {
+                Ok(mut worker) => self
+                    .engine
+                    .end_in_flight(&SharedData, &mut worker, commit, now_us())
+                    .is_ok(),
+                // Never expected (no caller holds the worker here); the place is then
+                // dropped when its epoch passes, as a dead VM's would be.
+                Err(_) => false,
+            };
+            self.metrics.in_flight_released(commit.rule, released);
+            if !released {
+                self.adjust_tick();
+            }
             return None;
         };
         let settlement = match seen {
@@ -313,13 +329,39 @@ impl Plugin {
         }
     }
 
+    /// Concurrency rules, from the root context's tick: places whose give-back failed
+    /// are given back, places counted in an older epoch re-counted (see
+    /// `weir_core::concurrency`), at most a bounded number of keys per tick.
+    pub fn tend_places(&self, now_us: u64) {
+        let Ok(mut worker) = self.worker.try_borrow_mut() else {
+            return;
+        };
+        if worker.places.is_empty() {
+            self.places_due.set(false);
+            return;
+        }
+        let tended = self.engine.tend_places(&SharedData, &mut worker, now_us);
+        for &(rule, units) in &tended.reclaimed {
+            self.metrics.in_flight_reclaimed(rule, units);
+        }
+        self.places_due.set(tended.more_due || tended.failed > 0);
+    }
+
     /// The tick this plugin needs: every [`RELEASE_TICK_MS`] while requests are held,
-    /// every [`COMMIT_TICK_MS`] while commits wait for the bridge, else every metrics
-    /// flush. Called after a request is held or a commit queued, and on every tick.
+    /// every [`COMMIT_TICK_MS`] while commits wait for the bridge or places of
+    /// concurrency rules wait to be given back, else every metrics flush. Called after a
+    /// request is held, a commit queued or a give-back refused, and on every tick.
     pub fn adjust_tick(&self) {
-        let period = if !self.worker.borrow().waiting.is_empty() {
+        let period = if self
+            .worker
+            .try_borrow()
+            .is_ok_and(|w| !w.waiting.is_empty())
+        {
             RELEASE_TICK_MS
-        } else if self.commits.borrow().is_waiting() {
+        } else if self.commits.borrow().is_waiting()
+            || self.places_due.get()
+            || self.worker.try_borrow().is_ok_and(|w| w.places.has_ended())
+        {
             COMMIT_TICK_MS
         } else {
             SLOW_TICK_MS
@@ -424,9 +466,11 @@ impl Plugin {
         format!("configured {} rules: {}", rules.len(), rules.join(", "))
     }
 
-    /// Periodic work of the VM: send pending metrics, adopt the stored seed if a racing
+    /// Periodic work of the VM: tend the places of concurrency rules, send pending
+    /// metrics, adopt the stored seed if a racing
     /// VM's replaced ours. Returns whether the seed changed.
     pub fn on_tick(&self, now_us: u64) -> bool {
+        self.tend_places(now_us);
         self.metrics.flush(now_us);
         match seed::reload(&SharedData, self.seed.get()) {
             Ok(Some(stored)) => {

@@ -47,10 +47,15 @@
 //!
 //! With `per_key`, each key has such a record of its own, among `keys` records made when
 //! the plugin starts: a key looks for its own in [`KEY_PROBES`] records from the one its
-//! hash names and claims the first that is free — nobody's, or untouched for
-//! [`STALE_INTERVALS`] intervals ([`SharedRecord::free_for`]). A worker keeps the
+//! hash names and claims the first that is free — nobody's, or untouched (no worker
+//! merged into it) for [`Adaptive::stale_after_us`]: [`STALE_INTERVALS`] intervals, and
+//! never less than [`MIN_STALE_US`] of wall time ([`SharedRecord::free_for`]). Workers
+//! merge every key they keep on each tick (every 100 ms or sooner), so a record in use
+//! is touched many times within [`MIN_STALE_US`] whatever the interval: an interval
+//! shorter than a tick cannot make a busy key's record look stale. A worker keeps the
 //! latencies of at most `keys` keys ([`KeyedLatencies`]) and forgets those it has not
-//! seen for two intervals, so the records of keys gone idle go stale and serve others.
+//! seen for [`Adaptive::forget_after_us`], so the records of keys gone idle go stale
+//! and serve others.
 
 use std::collections::BTreeMap;
 
@@ -65,6 +70,29 @@ const STEPS_PER_DOUBLING: f64 = 8.0;
 
 /// Fewest latencies an interval needs before the controller acts on it.
 pub const MIN_SAMPLES: u64 = 10;
+
+/// A response as the filter sees it when its headers arrive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Response {
+    /// `:status` (0 when unreadable).
+    pub status: u16,
+    /// Whether the upstream sent it (Envoy's `response.code_details` is
+    /// `via_upstream`), or a local reply did — weir's own, another filter's, or Envoy's
+    /// router (a 504 timeout, a 503 with no healthy host); `None` when unknown.
+    pub from_upstream: Option<bool>,
+}
+
+/// Whether a response's latency measures the service, for the controller's samples:
+/// only answers the upstream gave, with a status from 100 to 399. A local reply
+/// measures nothing of the service; a 5xx is a failure, often a fast one (a refused
+/// connection, an overloaded service shedding), and a 4xx is usually answered before
+/// the work (a bad request, a missing token, a 404, the service's own 429): fast
+/// answers that would drag the baseline down, after which normal latencies look like
+/// congestion and the limit halves towards `min`. What is left is what the limit
+/// protects: the service doing its work.
+pub fn measures_service(response: Response) -> bool {
+    response.from_upstream != Some(false) && (100..400).contains(&response.status)
+}
 
 /// `adaptive`: parameters of the controller, validated. Fractions are in parts per
 /// million so that rules stay comparable for equality.
@@ -95,6 +123,13 @@ pub const MAX_KEY_CONTROLLERS: u32 = 1_024;
 pub const KEY_PROBES: u32 = 4;
 /// A key's record nobody merged into for this many intervals is free for another key.
 pub const STALE_INTERVALS: u64 = 3;
+/// ... and never before this much wall time untouched, µs: many ticks of every worker
+/// (a worker ticks at least every 100 ms), whatever the interval.
+pub const MIN_STALE_US: u64 = 3_000_000;
+/// A worker forgets a key it has not seen for this many intervals, and never before
+/// [`MIN_FORGET_US`] (before its record can go stale).
+pub const FORGET_INTERVALS: u64 = 2;
+pub const MIN_FORGET_US: u64 = 2_000_000;
 
 impl Adaptive {
     /// Checks every field but `initial_limit` against the rule's `max_in_flight`.
@@ -135,6 +170,21 @@ impl Adaptive {
             }
         }
         Ok(())
+    }
+
+    /// How long a key's record must go untouched before another key may take it, µs.
+    pub fn stale_after_us(&self) -> u64 {
+        self.interval_us
+            .saturating_mul(STALE_INTERVALS)
+            .max(MIN_STALE_US)
+    }
+
+    /// How long a worker keeps a key it has not seen, µs (shorter than
+    /// [`Adaptive::stale_after_us`], so a forgotten key's record goes stale).
+    pub fn forget_after_us(&self) -> u64 {
+        self.interval_us
+            .saturating_mul(FORGET_INTERVALS)
+            .max(MIN_FORGET_US)
     }
 
     /// The controller's state before any interval.
@@ -318,9 +368,11 @@ pub struct SharedRecord {
     /// With `per_key`, the fingerprint of the key whose controller this is (0: none yet);
     /// 0 for a rule's record.
     pub owner: u64,
+    /// When a worker last merged into the record (or claimed it), µs.
+    pub touched_us: u64,
 }
 
-const HEADER_BYTES: usize = 7 * 8;
+const HEADER_BYTES: usize = 8 * 8;
 /// The size of an encoded record.
 pub const RECORD_BYTES: usize = HEADER_BYTES + SKETCH_BUCKETS * 4;
 
@@ -336,6 +388,7 @@ impl SharedRecord {
             u64::from(c.slow_start),
             self.peak_in_flight,
             self.owner,
+            self.touched_us,
         ] {
             out.extend_from_slice(&word.to_le_bytes());
         }
@@ -364,6 +417,7 @@ impl SharedRecord {
         };
         let peak_in_flight = next();
         let owner = next();
+        let touched_us = next();
         let mut sketch = LatencySketch::default();
         for (slot, bytes) in sketch.counts.iter_mut().zip(counts.chunks_exact(4)) {
             *slot = u32::from_le_bytes(bytes.try_into().unwrap_or([0; 4]));
@@ -373,6 +427,7 @@ impl SharedRecord {
             peak_in_flight,
             sketch,
             owner,
+            touched_us,
         })
     }
 
@@ -381,18 +436,16 @@ impl SharedRecord {
         SharedRecord {
             controller: adaptive.start(now_us),
             owner,
+            touched_us: now_us,
             ..SharedRecord::default()
         }
     }
 
-    /// Whether the key `owner` may take this record: it is nobody's, or its key has
-    /// not been merged into for [`STALE_INTERVALS`] intervals (it went idle).
+    /// Whether the key `owner` may take this record: it is nobody's, or no worker has
+    /// merged into it for [`Adaptive::stale_after_us`] (its key went idle).
     pub fn free_for(&self, owner: u64, adaptive: &Adaptive, now_us: u64) -> bool {
-        let idle_since = self
-            .controller
-            .interval_started_us
-            .saturating_add(adaptive.interval_us.saturating_mul(STALE_INTERVALS));
-        self.owner == 0 || self.owner == owner || now_us >= idle_since
+        let stale_at = self.touched_us.saturating_add(adaptive.stale_after_us());
+        self.owner == 0 || self.owner == owner || now_us >= stale_at
     }
 
     /// Adds a worker's interval into the record and, when the interval is over at
@@ -409,6 +462,7 @@ impl SharedRecord {
             controller: adaptive.start(now_us),
             ..SharedRecord::default()
         });
+        record.touched_us = record.touched_us.max(now_us);
         record.sketch.merge(&worker.sketch);
         record.peak_in_flight = record.peak_in_flight.max(worker.peak_in_flight);
         let ends_at = record
@@ -532,6 +586,35 @@ mod tests {
     }
 
     #[test]
+    fn only_upstream_answers_below_400_are_sampled() {
+        let upstream = |status| Response {
+            status,
+            from_upstream: Some(true),
+        };
+        for status in [100, 200, 204, 301, 304, 399] {
+            assert!(measures_service(upstream(status)), "{status}");
+        }
+        for status in [0, 400, 401, 404, 429, 500, 503, 504] {
+            assert!(!measures_service(upstream(status)), "{status}");
+        }
+        // A local reply, whatever its status (a direct response of 200, weir's 429).
+        for status in [200, 429, 503] {
+            let local = Response {
+                status,
+                from_upstream: Some(false),
+            };
+            assert!(!measures_service(local), "{status}");
+        }
+        // Where Envoy does not say, the status decides.
+        let unknown = |status| Response {
+            status,
+            from_upstream: None,
+        };
+        assert!(measures_service(unknown(200)));
+        assert!(!measures_service(unknown(503)));
+    }
+
+    #[test]
     fn quantiles_are_within_a_bucket_of_the_truth() {
         let mut sketch = LatencySketch::default();
         for ms in 1..=100u64 {
@@ -566,7 +649,7 @@ mod tests {
     }
 
     #[test]
-    fn a_keys_record_is_free_once_nobody_merged_for_three_intervals() {
+    fn a_keys_record_is_free_once_nobody_merged_for_three_intervals_or_3s() {
         let a = adaptive();
         let record = SharedRecord::claimed(7, &a, 1_000_000);
         assert_eq!(SharedRecord::decode(&record.encode()), Some(record.clone()));
@@ -581,6 +664,18 @@ mod tests {
             "another key, three intervals later"
         );
         assert!(SharedRecord::default().free_for(8, &a, 0), "nobody's");
+        // A merge touches it, whatever the interval: with 20 ms intervals it stays its
+        // key's for 3 s after the last merge, not 60 ms.
+        let short = Adaptive {
+            interval_us: 20_000,
+            ..a
+        };
+        let worker = WorkerLatency::new(&short);
+        let merged = SharedRecord::merge(Some(record), &worker, &short, 100, 2_000_000);
+        assert!(!merged.free_for(8, &short, 4_999_999));
+        assert!(merged.free_for(8, &short, 5_000_000));
+        assert_eq!(short.forget_after_us(), 2_000_000);
+        assert_eq!(a.stale_after_us(), 3_000_000);
     }
 
     #[test]

@@ -24,13 +24,14 @@
 //! cost every request a failed call.
 
 use crate::adaptive::{
-    Adaptive, ControllerState, KeyedEntry, KeyedLatencies, SharedRecord, WorkerLatency, KEY_PROBES,
+    measures_service, Adaptive, ControllerState, KeyedEntry, KeyedLatencies, Response,
+    SharedRecord, WorkerLatency, KEY_PROBES,
 };
 use crate::algorithms::{
     Ahead, Decision, GlobalLimit, Hold, Limit, SlotState, TakenAhead, NS_PER_US,
 };
 use crate::bounds::MAX_WANT;
-use crate::concurrency::Concurrency;
+use crate::concurrency::{place_epoch, Concurrency, KeyPlaces, MAX_PLACE_UPDATES_PER_TICK};
 use crate::config::Config;
 use crate::delay::RELEASE_SLACK_US;
 use crate::key::{encode_part, KeyHash, KeyHasher, Seed};
@@ -130,6 +131,9 @@ pub struct RuleReport {
     /// own (every record it may use belongs to an active key, or the worker's table of
     /// keys was full of keys with samples waiting): against `max_in_flight`.
     pub key_without_controller: bool,
+    /// A concurrency rule's write dropped this many units of the key's places that no
+    /// live worker had re-counted for a whole epoch (see [`crate::concurrency`]).
+    pub in_flight_reclaimed: u64,
 }
 
 impl RuleReport {
@@ -149,6 +153,7 @@ impl RuleReport {
             reservoir_lost: None,
             delay_queue_full: false,
             key_without_controller: false,
+            in_flight_reclaimed: 0,
         }
     }
 
@@ -214,7 +219,8 @@ pub struct Evaluation {
     /// The request was held and released (or its release came too late).
     pub delayed: Option<Delayed>,
     /// Rules whose cost is corrected when the response ends (`commit`), one per rule
-    /// that admitted the request: settle each with [`Engine::commit`].
+    /// that admitted the request: settle each with [`Engine::commit`] (a concurrency
+    /// rule's place: give it back with [`Engine::end_in_flight`] on the same worker).
     pub commits: Vec<PendingCommit>,
 }
 
@@ -462,6 +468,19 @@ pub struct Adapted {
     pub key: Option<u64>,
 }
 
+/// What a worker's tick did to its places of concurrency rules, for metrics.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TendedPlaces {
+    /// Units of ended requests given back on this tick (their give-back had failed).
+    pub given_back: u64,
+    /// Keys whose update failed again: tried on the next tick.
+    pub failed: u64,
+    /// Per rule, units of other places dropped (no live worker re-counted them).
+    pub reclaimed: Vec<(RuleId, u64)>,
+    /// More keys are due than one tick updates: tick again soon.
+    pub more_due: bool,
+}
+
 impl Engine {
     pub fn new(config: Config) -> Self {
         Self::with_namespace(config, "")
@@ -489,7 +508,7 @@ impl Engine {
                     rule.max_keys,
                 )),
                 Scope::Concurrency(_) => {
-                    RuleTables::Local(SlotTable::new(&owner(rule), "concurrency", rule.max_keys))
+                    RuleTables::Local(SlotTable::new(&owner(rule), "in-flight", rule.max_keys))
                 }
                 Scope::Global(global) => RuleTables::Global {
                     leases: SlotTable::new(&owner(rule), &lease_label(global), rule.max_keys),
@@ -737,7 +756,8 @@ impl Engine {
     /// most [`MAX_WANT`]), known at `now_us` (see
     /// [`crate::algorithms::SlotAlgorithm::settle`]). Returns whether
     /// the key's state changed: a key that lost its slot since, or a refund no longer
-    /// exact, changes nothing.
+    /// exact, changes nothing. A concurrency rule's place is not settled here but given
+    /// back with [`Engine::end_in_flight`], which knows the worker's places.
     pub fn commit<S: SharedStore>(
         &self,
         store: &S,
@@ -755,12 +775,10 @@ impl Engine {
             return Ok(false);
         };
         // Counted in this Envoy's shared data: by a local rule, or by a global rule's
-        // local fallback while the bridge failed (its share's slots).
+        // local fallback while the bridge failed (its share's slots). A concurrency
+        // rule's place is given back by `end_in_flight`, which knows the worker's places.
         let (limit, table) = match (&rule.scope, self.tables.get(commit.rule.index())) {
             (Scope::Local(limit), Some(RuleTables::Local(table))) => (limit, table),
-            (Scope::Concurrency(c), Some(RuleTables::Local(table))) => {
-                return release_in_flight(store, table, c, commit, now_us)
-            }
             (
                 Scope::Global(GlobalRule {
                     failure_mode: FailureMode::Local(limit),
@@ -786,6 +804,103 @@ impl Engine {
             .map(|updated| updated.result)
     }
 
+    /// The stream of a request a concurrency rule admitted (`admitted`: its commit for
+    /// the rule) ended at `now_us`, however it ended: its place is marked ended in the
+    /// worker and given back. Never fails closed: when shared data refuses (an error, or
+    /// every CAS attempt lost), the worker keeps it marked and [`Engine::tend_places`]
+    /// gives it back on the next tick. Returns whether the key's state was written now;
+    /// the error says why not.
+    pub fn end_in_flight<S: SharedStore>(
+        &self,
+        store: &S,
+        worker: &mut Worker,
+        admitted: &PendingCommit,
+        now_us: u64,
+    ) -> Result<bool, UpdateError> {
+        let CommitKey::Local(hash) = &admitted.key else {
+            return Ok(false);
+        };
+        let id = (admitted.rule.index(), hash.set_hash, hash.fingerprint);
+        let held = worker.places.get(id).ended(admitted.reserved);
+        worker.places.set(id, held);
+        self.give_back(store, worker, id, now_us)
+            .map(|(wrote, _)| wrote)
+    }
+
+    /// The worker's tick for concurrency rules: gives back the places whose give-back
+    /// failed, and re-counts in the current epoch those counted in an older one, for up to
+    /// [`MAX_PLACE_UPDATES_PER_TICK`] keys. Places are only ever dropped from a key when
+    /// no live worker re-counted them for a whole epoch.
+    pub fn tend_places<S: SharedStore>(
+        &self,
+        store: &S,
+        worker: &mut Worker,
+        now_us: u64,
+    ) -> TendedPlaces {
+        let mut tended = TendedPlaces::default();
+        let due = worker
+            .places
+            .due(place_epoch(now_us), MAX_PLACE_UPDATES_PER_TICK + 1);
+        tended.more_due = due.len() > MAX_PLACE_UPDATES_PER_TICK;
+        for (id, held) in due.into_iter().take(MAX_PLACE_UPDATES_PER_TICK) {
+            match self.give_back(store, worker, id, now_us) {
+                Ok((_, dropped)) => {
+                    tended.given_back += held.ended;
+                    if let (Ok(rule), true) = (u16::try_from(id.0), dropped > 0) {
+                        tended.reclaimed.push((RuleId(rule), dropped));
+                    }
+                }
+                Err(_) => tended.failed += 1,
+            }
+        }
+        tended
+    }
+
+    /// Writes the worker's places of one key (ended ones given back, open ones re-counted
+    /// in the current epoch); on success the worker's [`KeyPlaces`] say so. Returns whether
+    /// the state was written and the units of other places dropped.
+    fn give_back<S: SharedStore>(
+        &self,
+        store: &S,
+        worker: &mut Worker,
+        id: (usize, u64, u64),
+        now_us: u64,
+    ) -> Result<(bool, u64), UpdateError> {
+        let held = worker.places.get(id);
+        let (
+            Some(Rule {
+                scope: Scope::Concurrency(limit),
+                ..
+            }),
+            Some(RuleTables::Local(table)),
+        ) = (self.config.rules.get(id.0), self.tables.get(id.0))
+        else {
+            // Not a concurrency rule of this config: nothing of it is counted here.
+            worker.places.set(id, KeyPlaces::default());
+            return Ok((false, 0));
+        };
+        let hash = KeyHash {
+            set_hash: id.1,
+            fingerprint: id.2,
+        };
+        let vacancy = |state: SlotState| Vacancy {
+            idle_at_us: Concurrency::idle_at_us(state),
+            in_use: Concurrency::in_use(state, now_us),
+        };
+        let updated = table.update(store, &hash, now_us, vacancy, |state| {
+            let (next, dropped) = limit.give_back(state, held, place_epoch(now_us));
+            ((next.map(|s| s.b), dropped), next)
+        })?;
+        let (written, dropped) = updated.result;
+        match written {
+            Some(epoch) => worker.places.set(id, held.wrote(0, epoch)),
+            // Nothing to write: the key lost its slot, or nothing was due.
+            None if held.settled_in(place_epoch(now_us)) => {}
+            None => worker.places.set(id, KeyPlaces::default()),
+        }
+        Ok((written.is_some(), dropped))
+    }
+
     /// A response of a request admitted by an adaptive concurrency rule came back
     /// `latency_us` after the rule admitted it (`admitted`: the request's commit for the
     /// rule): the worker records it for its next merge ([`Engine::adapt`]).
@@ -796,6 +911,24 @@ impl Engine {
         if let Some(latency) = worker_latency(worker, admitted.rule, hash) {
             latency.sketch.record(latency_us);
         }
+    }
+
+    /// The response of a request admitted by an adaptive concurrency rule (`admitted`)
+    /// came back `latency_us` after the rule admitted it: recorded only when it
+    /// measures the service ([`crate::adaptive::measures_service`]). Returns whether it
+    /// was.
+    pub fn observe_response(
+        &self,
+        worker: &mut Worker,
+        admitted: &PendingCommit,
+        response: Response,
+        latency_us: u64,
+    ) -> bool {
+        if !measures_service(response) {
+            return false;
+        }
+        self.observe_latency(worker, admitted, latency_us);
+        true
     }
 
     /// Whether `rule` is an adaptive concurrency rule (its latencies are wanted).
@@ -831,10 +964,11 @@ impl Engine {
                     store,
                     base,
                     adaptive,
+                    max_in_flight: limit.max_in_flight,
                 };
-                // Keys not seen for two intervals are forgotten: their records go stale
-                // (after three) and can serve other keys.
-                keyed.forget_idle(now_us.saturating_sub(adaptive.interval_us.saturating_mul(2)));
+                // Keys not seen for a while are forgotten: their records go stale (a
+                // while later) and can serve other keys.
+                keyed.forget_idle(now_us.saturating_sub(adaptive.forget_after_us()));
                 for (&(set_hash, fingerprint), entry) in keyed.entries.iter_mut() {
                     let hash = KeyHash {
                         set_hash,
@@ -1394,7 +1528,8 @@ fn decide_in_slot<S: SharedStore>(
 
 /// A concurrency rule: the key's count in flight against the rule's limit (the
 /// worker's adaptive limit of the moment, or `max_in_flight`). An admission is given
-/// back when the stream ends ([`PendingCommit`], settled by [`Engine::commit`]).
+/// back when the stream ends ([`PendingCommit`], given back by [`Engine::end_in_flight`]
+/// on the worker that admitted it, which keeps its places in [`Worker::places`]).
 fn decide_in_flight<S: SharedStore>(
     eval: &mut Evaluation,
     store: &S,
@@ -1412,6 +1547,7 @@ fn decide_in_flight<S: SharedStore>(
                 store,
                 base,
                 adaptive: &adaptive,
+                max_in_flight: limit.max_in_flight,
             }
             .entry(keyed, &applied.hash, applied.now_us);
             match found {
@@ -1426,17 +1562,31 @@ fn decide_in_flight<S: SharedStore>(
             .latency(applied.rule.id)
             .map_or(limit.max_in_flight, |l| l.limit),
     };
+    let now_us = applied.now_us;
     let vacancy = |state: SlotState| Vacancy {
         idle_at_us: Concurrency::idle_at_us(state),
-        in_use: Concurrency::in_use(state),
+        in_use: Concurrency::in_use(state, now_us),
     };
-    let updated = table.update(store, &applied.hash, applied.now_us, vacancy, |state| {
-        limit.decide(state, now_limit, applied.cost)
+    let id = (
+        applied.rule.id.index(),
+        applied.hash.set_hash,
+        applied.hash.fingerprint,
+    );
+    let held = worker.places.get(id);
+    let epoch = place_epoch(now_us);
+    let updated = table.update(store, &applied.hash, now_us, vacancy, |state| {
+        limit.admit(state, held, epoch, now_limit, applied.cost)
     });
     report.add_update(&updated);
     match updated {
         Ok(updated) => {
-            let decision = updated.result;
+            let admission = updated.result;
+            let decision = admission.decision;
+            report.in_flight_reclaimed = admission.dropped;
+            if updated.placement.is_some() {
+                let admitted = if decision.allowed { applied.cost } else { 0 };
+                worker.places.set(id, held.wrote(admitted, admission.epoch));
+            }
             let in_flight = decision.limit.saturating_sub(decision.remaining);
             if let Some(latency) = worker_latency(worker, applied.rule.id, &applied.hash) {
                 latency.peak_in_flight = latency.peak_in_flight.max(in_flight);
@@ -1529,6 +1679,9 @@ struct KeyRecords<'a, S> {
     store: &'a S,
     base: &'a str,
     adaptive: &'a Adaptive,
+    /// The rule's ceiling now: a record's limit from before a reload that lowered it
+    /// is clamped to it.
+    max_in_flight: u64,
 }
 
 impl<S: SharedStore> KeyRecords<'_, S> {
@@ -1579,7 +1732,13 @@ impl<S: SharedStore> KeyRecords<'_, S> {
                 continue;
             };
             match value.as_deref().and_then(SharedRecord::decode) {
-                Some(r) if r.owner == owner => return Some((index, r.controller.limit())),
+                Some(r) if r.owner == owner => {
+                    let limit = r
+                        .controller
+                        .limit()
+                        .clamp(self.adaptive.min_limit, self.max_in_flight);
+                    return Some((index, limit));
+                }
                 Some(r) if !r.free_for(owner, self.adaptive, now_us) => {}
                 _ => {
                     free = free.or(Some((index, version)));
@@ -1593,29 +1752,6 @@ impl<S: SharedStore> KeyRecords<'_, S> {
             .ok()?;
         Some((index, claimed.controller.limit()))
     }
-}
-
-/// Gives back what a concurrency rule admitted: its stream ended.
-fn release_in_flight<S: SharedStore>(
-    store: &S,
-    table: &SlotTable,
-    limit: &Concurrency,
-    commit: &PendingCommit,
-    now_us: u64,
-) -> Result<bool, UpdateError> {
-    let CommitKey::Local(hash) = &commit.key else {
-        return Ok(false);
-    };
-    let vacancy = |state: SlotState| Vacancy {
-        idle_at_us: Concurrency::idle_at_us(state),
-        in_use: Concurrency::in_use(state),
-    };
-    table
-        .update(store, hash, now_us, vacancy, |state| {
-            let next = limit.release(state, commit.reserved);
-            (next.is_some(), next)
-        })
-        .map(|updated| updated.result)
 }
 
 /// Records a local rule's decision, or holds the request when the rule did.

@@ -1,8 +1,10 @@
 //! What one worker (one Wasm VM serving requests) keeps for a plugin beside shared
 //! data: its reservoirs of local rules, its held requests, and the latencies and
-//! limits of its adaptive concurrency rules.
+//! limits of its adaptive concurrency rules, and the places it holds of concurrency
+//! rules.
 
 use crate::adaptive::{KeyedLatencies, WorkerLatency};
+use crate::concurrency::Places;
 use crate::delay::Waiting;
 use crate::reservoir::Reservoirs;
 use crate::rules::{Rule, RuleId};
@@ -17,6 +19,9 @@ pub struct Worker {
     /// One per rule, at its id's index: `Some` for adaptive concurrency rules with a
     /// controller per key (`per_key`).
     pub keyed: Vec<Option<KeyedLatencies>>,
+    /// The places this worker holds of concurrency rules' keys, re-counted every epoch
+    /// and given back when their streams end (see [`crate::concurrency`]).
+    pub places: Places,
 }
 
 impl Worker {
@@ -41,6 +46,7 @@ impl Worker {
                         .map(KeyedLatencies::new)
                 })
                 .collect(),
+            places: Places::default(),
         }
     }
 

@@ -362,3 +362,49 @@ fn per_key_adaptive_limits_follow_each_tenants_own_service() {
     assert_eq!(stat("in_flight_released"), stat("allowed"));
     envoy.assert_no_panic();
 }
+
+/// Adaptive samples measure the service: a local reply is not sampled even when its
+/// status is 200 (a `direct_response` route; the filter reads Envoy's
+/// `response.code_details`, which is `via_upstream` only for the upstream's answers),
+/// while the upstream's answers are.
+#[test]
+fn local_replies_are_not_sampled_by_an_adaptive_rule() {
+    let _alone = one_at_a_time();
+    let upstream = KneeUpstream::start(4, Duration::from_millis(5));
+    let config = r#"{"rules":[{"name":"service","limit":{"algorithm":"concurrency",
+        "max_in_flight":200,"adaptive":{"interval":"100ms"}}}]}"#;
+    let routes = format!(
+        "- match: {{ prefix: \"/local\" }}\n  direct_response: {{ status: 200, body: {{ inline_string: \"local\" }} }}\n{}",
+        KneeUpstream::routes_yaml("5s")
+    );
+    let bootstrap = Bootstrap::new()
+        .http_filter(wasm_filter_yaml(config, &weir_wasm()))
+        .cluster(upstream.cluster_yaml())
+        .routes(routes);
+    let envoy = Envoy::start(&bootstrap, 2);
+    let sample = || {
+        envoy
+            .stat("wasmcustom.weir.weir.rule.service.latency_sample_us")
+            .unwrap_or(0)
+    };
+    let send = |path: &str, n: usize| {
+        let mut c = Client::connect(envoy.http_port).unwrap();
+        for _ in 0..n {
+            assert_eq!(c.request(Request::get(path)).unwrap().status, 200);
+        }
+    };
+    send("/local", 300);
+    thread::sleep(Duration::from_millis(700));
+    assert_eq!(sample(), 0, "local replies were sampled");
+    send("/work", 300);
+    assert!(
+        wait_until(
+            Duration::from_secs(5),
+            Duration::from_millis(50),
+            || sample() > 0
+        ),
+        "the upstream's answers were not sampled"
+    );
+    assert_eq!(upstream.received(), 300);
+    envoy.assert_no_panic();
+}
