@@ -257,9 +257,9 @@ fn a_token_bucket_refunds_only_until_its_next_refill() {
 fn a_token_bucket_charges_an_excess_as_debt_that_delays_its_refills() {
     let e = committed_rule(FINE_BUCKET, 400);
     let limit = local(&e);
-    // 50 tokens left, 400 more than estimated: 350 owed, 3.5 refills of 100 → the next
-    // 4 refills are pushed back (rounded up: the 50 the 4th has beyond the debt are
-    // lost, never lent).
+    // 50 tokens left, 400 more than estimated: 350 owed, 3.5 refills of 100 → paid by
+    // the 4th refill, which leaves 50: the bucket is stored at that refill with them
+    // (none before it, 50 from it on).
     assert_eq!(
         limit.settle(Some(bucket_state(100, T0)), T0, 10, 60, T0),
         Some(bucket_state(50, T0)),
@@ -267,7 +267,17 @@ fn a_token_bucket_charges_an_excess_as_debt_that_delays_its_refills() {
     );
     assert_eq!(
         limit.settle(Some(bucket_state(50, T0)), T0, 100, 500, T0 + 20 * MS),
-        Some(bucket_state(0, T0 + 400 * MS))
+        Some(bucket_state(50, T0 + 400 * MS))
+    );
+    // A second debt on top: 30 of the 50 to come, then 80 more, 1 refill (20 left).
+    let owed = Some(bucket_state(50, T0 + 400 * MS));
+    assert_eq!(
+        limit.settle(owed, T0, 100, 130, T0 + 30 * MS),
+        Some(bucket_state(20, T0 + 400 * MS))
+    );
+    assert_eq!(
+        limit.settle(owed, T0, 100, 230, T0 + 30 * MS),
+        Some(bucket_state(20, T0 + 500 * MS))
     );
 
     // Through the engine: the key is denied until the debt is repaid, and says when.
@@ -290,6 +300,112 @@ fn a_token_bucket_charges_an_excess_as_debt_that_delays_its_refills() {
     );
     assert!(evaluate(&e, &store, &ask(100), T0 + 1_099 * MS).denied());
     assert!(!evaluate(&e, &store, &ask(100), T0 + 1_100 * MS).denied());
+}
+
+#[test]
+fn a_key_without_state_is_charged_its_excess_from_a_fresh_start() {
+    // Issue 19, defect 4: a key whose state is gone (its slot taken over, its Redis key
+    // expired: a full bucket, a window over) while a response ran keeps the excess.
+    let bucket = local(&committed_rule(FINE_BUCKET, 400));
+    assert_eq!(
+        bucket.settle(None, T0, 100, 600, T0 + 5 * S),
+        Some(bucket_state(1_500, T0 + 5 * S)),
+        "a full bucket from now, less the 500 over the estimate"
+    );
+    // 2,500 over: the whole bucket and 500 owed, 5 refills of 100 from now.
+    assert_eq!(
+        bucket.settle(None, T0, 100, 2_600, T0 + 5 * S),
+        Some(bucket_state(0, T0 + 5 * S + 500 * MS))
+    );
+    assert_eq!(
+        bucket.settle(None, T0, 600, 100, T0 + 5 * S),
+        None,
+        "no refund"
+    );
+    let window = local(&committed_rule(SMALL_WINDOW, 400));
+    let counted = |count, start| SlotState { a: count, b: start };
+    assert_eq!(
+        window.settle(None, T0, 100, 700, T0 + 3 * S),
+        Some(counted(600, T0 + 2 * S)),
+        "counted in now's window"
+    );
+    assert_eq!(window.settle(None, T0, 700, 100, T0 + 3 * S), None);
+}
+
+#[test]
+fn a_token_bucket_debt_is_exact_not_rounded_up_per_commit() {
+    // Issue 19, defect 11: four commits of 240 tokens of debt each, refill 500 a second.
+    // Rounded up per commit, each pushed the refills a whole second (4 s, the first 500
+    // at 5 s); exactly, the 960 owed are paid at 2 s, with 40 left over from that refill.
+    let e = committed_rule(
+        r#"{"algorithm":"token_bucket","capacity":1000,"refill":500,"period":"1s"}"#,
+        1_000,
+    );
+    let store = MemoryStore::new();
+    e.prepare(&store).unwrap();
+    let ask = |n: u64| user("grace").header("x-estimate", n.to_string());
+    let admitted: Vec<_> = (0..4)
+        .map(|_| evaluate(&e, &store, &ask(250), T0))
+        .collect();
+    assert!(admitted.iter().all(|a| !a.denied()), "the bucket's 1,000");
+    for (i, a) in admitted.iter().enumerate() {
+        assert!(e
+            .commit(&store, &a.commits[0], 490, T0 + (10 + i as u64) * MS)
+            .unwrap());
+    }
+    let retry_at = |n: u64, now: u64| {
+        let denied = evaluate(&e, &store, &ask(n), now);
+        assert!(denied.denied(), "{n} at {}", now - T0);
+        now + denied.verdicts[0].decision.retry_after_ns.unwrap() / 1_000
+    };
+    // The 40 left over at 2 s exist from 2 s on, not before; 41 wait for the 3 s refill.
+    assert_eq!(
+        retry_at(40, T0 + 100 * MS),
+        T0 + 2 * S,
+        "honest Retry-After"
+    );
+    assert_eq!(retry_at(40, T0 + 2 * S - 1), T0 + 2 * S);
+    assert_eq!(retry_at(41, T0 + 2 * S), T0 + 3 * S);
+    assert!(!evaluate(&e, &store, &ask(40), T0 + 2 * S).denied());
+    assert!(!evaluate(&e, &store, &ask(500), T0 + 3 * S).denied());
+}
+
+#[test]
+fn a_fixed_window_carries_what_it_cannot_hold_into_the_next_windows() {
+    // Issue 19, defect 11: an excess beyond the window's limit is debt the next windows
+    // repay, `limit` per window, not forgiven when the window ends.
+    let e = committed_rule(SMALL_WINDOW, 400);
+    let store = MemoryStore::new();
+    e.prepare(&store).unwrap();
+    let ask = |n: u64| user("heidi").header("x-estimate", n.to_string());
+    let first = evaluate(&e, &store, &ask(400), T0);
+    for _ in 0..4 {
+        assert!(!evaluate(&e, &store, &ask(400), T0).denied());
+    }
+    // 4,600 over the estimate on a full window: 6,600 counted, 4,600 carried into the
+    // next window, 2,600 into the one after, 600 into the third.
+    assert!(e.commit(&store, &first.commits[0], 5_000, T0 + S).unwrap());
+    let next = evaluate(&e, &store, &ask(1), T0 + 2 * S);
+    assert!(next.denied(), "the next window repays the debt");
+    let decision = next.verdicts[0].decision;
+    assert_eq!(decision.retry_after_ns, Some(4_000_000_000), "at T0 + 6 s");
+    assert_eq!(
+        decision.reset_after_ns, 6_000_000_000,
+        "the debt ends at T0 + 8 s"
+    );
+    assert!(evaluate(&e, &store, &ask(1), T0 + 6 * S - 1).denied());
+    assert!(!evaluate(&e, &store, &ask(400), T0 + 6 * S).denied());
+    assert!(!evaluate(&e, &store, &ask(400), T0 + 6 * S).denied());
+    assert!(!evaluate(&e, &store, &ask(400), T0 + 6 * S).denied());
+    assert!(
+        !evaluate(&e, &store, &ask(200), T0 + 6 * S).denied(),
+        "1,400 left"
+    );
+    assert!(evaluate(&e, &store, &ask(1), T0 + 6 * S).denied());
+    assert!(
+        !evaluate(&e, &store, &ask(400), T0 + 8 * S).denied(),
+        "paid"
+    );
 }
 
 #[test]
