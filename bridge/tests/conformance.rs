@@ -590,6 +590,13 @@ impl SlotPair<'_> {
             stored, self.state,
             "{ctx}: Redis holds (left), the core stores (right)"
         );
+        if let (Some(next), Some(_)) = (next, stored) {
+            assert_eq!(
+                self.redis.int(&["PEXPIRETIME", &inv.keys[0]]).await,
+                self.limit.idle_at_us(next).div_ceil(1000) as i64,
+                "{ctx}: a settled key lives until its state (its debt) carries no information"
+            );
+        }
     }
 }
 
