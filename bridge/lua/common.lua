@@ -46,6 +46,21 @@ local function bucket_refilled(tokens, last, now, capacity, refill, period)
   return tokens, last + periods * period
 end
 
+-- A fixed window's count read in the window starting at `now_start`: the count of that
+-- window, or of a later aligned one (the clock went back), as stored; an earlier aligned
+-- window's debt, `limit` repaid per window since (k × limit is formed only below the
+-- count, so it stays exact); 0 for a misaligned start. Returns the count and the start of
+-- the window it counts in.
+local function window_current(count, start, now_start, limit, window)
+  local aligned = start - idiv(start, window) * window == 0
+  if start == now_start or (start > now_start and aligned) then return count, start end
+  if start < now_start and aligned then
+    local k = idiv(now_start - start, window)
+    if k < idiv(count + limit - 1, limit) then return count - k * limit, now_start end
+  end
+  return 0, now_start
+end
+
 -- The key's deadline (ms since the epoch, for PXAT/PEXPIREAT) when its state stops
 -- carrying information at idle_at_us: Redis keeps a key while its ms clock reads at most
 -- the deadline, so rounding up keeps it for every instant before idle_at_us.

@@ -1,12 +1,15 @@
 -- weir fixed window: acquire `cost` to `want` units from one key, atomically.
 --
--- Runs after common.lua (clock_us, idiv, ns_of_us, int, expire_at_ms), in one chunk.
+-- Runs after common.lua (clock_us, idiv, ns_of_us, int, window_current, expire_at_ms), in
+-- one chunk.
 --
 -- Mirrors weir_core::algorithms::fixed_window::FixedWindow::decide and Limit::acquire:
--- windows [k × window, (k + 1) × window) aligned to the Unix epoch, one counter each.
+-- windows [k × window, (k + 1) × window) aligned to the Unix epoch, one counter each. A
+-- count above the limit (a debt a settle left, fixed_window_settle.lua) is carried into
+-- the next windows, `limit` less per window elapsed.
 --
 -- KEYS[1]  state key weir:{<tag>}:fixed_window, a string "<count> <window_start_us>"
---          (absent = nothing counted in the current window).
+--          (absent = nothing counted in the current window, and no debt).
 -- ARGV[1]  now_us override: 0 = Redis TIME (production); > 0 pins the clock (tests).
 --          Key deadlines (PXAT) are absolute instants of this clock, so a pinned
 --          clock behind Redis's real one writes keys that are already expired.
@@ -24,12 +27,13 @@
 -- the two durations as decimal strings of ns ("-1" = no retry time), now_us in µs.
 --
 -- Exactness: counts and instants in µs, all below 2^53 (the bridge bounds the limit and
--- the window).
+-- the window; a settle keeps a debt below 2^49 units and its last window within 2^48 µs
+-- of its clock, so the windows it spans times the window stay exact too).
 --
 -- Why atomic: read-compare-increment; two requests seeing count = limit − 1 must not
--- both pass. The TTL is the end of the counted window: after it the count means nothing.
--- A count from a later window (the clock went back, e.g. after a failover to a node
--- whose clock is behind) stays current, as in the core.
+-- both pass. The TTL is the end of the counted window (an acquire never leaves debt):
+-- after it the count means nothing. A count from a later window (the clock went back,
+-- e.g. after a failover to a node whose clock is behind) stays current, as in the core.
 
 local key = KEYS[1]
 local now = clock_us()
@@ -45,22 +49,28 @@ local stored = redis.call('GET', key)
 if stored then
   local c, s = string.match(stored, '^(%d+) (%d+)$')
   if c then
-    c, s = tonumber(c), tonumber(s)
-    -- The current window, or a later aligned one; anything else counts as 0.
-    if s == start or (s > start and s - idiv(s, window) * window == 0) then
-      count, window_start = c, s
-    end
+    count, window_start = window_current(tonumber(c), tonumber(s), start, limit, window)
   end
 end
 
 local until_end = ns_of_us(window_start + window - now)
 
+-- The end of the last window `n` units reach into (at least the current one).
+local function idle_at(n)
+  local windows = idiv(n + limit - 1, limit)
+  if windows < 1 then windows = 1 end
+  return window_start + windows * window
+end
+
 if count + cost > limit then
   local retry = '-1'
-  if cost <= limit then retry = until_end end
+  if cost <= limit then
+    -- The window that carries little enough: ceil((count + cost − limit) / limit) on.
+    retry = ns_of_us(window_start + idiv(count + cost - 1, limit) * window - now)
+  end
   local remaining = limit - count
   if remaining < 0 then remaining = 0 end
-  return {0, 0, limit, remaining, retry, until_end, now, '0', '0', '0'}
+  return {0, 0, limit, remaining, retry, ns_of_us(idle_at(count) - now), now, '0', '0', '0'}
 end
 
 local granted = limit - count

@@ -6,6 +6,11 @@
 //!   (k + 1) × window)`. Every key rolls over at the same instants, which keeps the
 //!   state to one counter and makes `reset_after` the same for everyone.
 //! - **count**: the units allowed so far in the key's current window.
+//! - **debt**: a count above the limit, left by a cost settled after the response
+//!   (`commit`) that was larger than its estimate. What the window cannot hold is carried
+//!   into the next ones: each later window starts with the count less `limit` per
+//!   window elapsed (never below 0), so a window repays at most its own limit and later
+//!   requests repay the rest. Without debt, a count from an earlier window is 0.
 //!
 //! The trade-off is the boundary: a client may spend `limit` at the end of one window
 //! and `limit` again at the start of the next, up to 2 × limit within a short span. The
@@ -25,12 +30,16 @@
 //! assert_eq!(d.retry_after_ns, Some(50_000_000_000)); // the next minute
 //! ```
 
-use super::time::until_ns;
+use super::time::{sat_u64, until_ns};
 use super::window::{self, Window, Windowed};
 use super::{
     values_of, AlgorithmKind, AlgorithmSpec, Decision, GlobalLimit, Limit, ParamError, Policy,
-    SlotAlgorithm, SlotState,
+    SlotAlgorithm, SlotState, MAX_SCRIPT_EXACT,
 };
+
+/// The largest count a settle leaves (2^49 units): with the limit at most 2^48, every
+/// sum the Lua scripts form with it stays below 2^53, where doubles are exact.
+const MAX_DEBT_COUNT: u128 = 1 << 49;
 
 pub const SPEC: AlgorithmSpec = AlgorithmSpec {
     kind: AlgorithmKind::FixedWindow,
@@ -55,15 +64,16 @@ pub struct FixedWindow {
 /// The per-key state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct State {
-    /// Units allowed in the window starting at `window_start_us` (slot word `a`).
+    /// Units counted in the window starting at `window_start_us` (slot word `a`); above
+    /// the limit, a debt that the next windows carry (`limit` less per window).
     pub count: u64,
     /// Start of the window counted, µs since the Unix epoch (slot word `b`).
     pub window_start_us: u64,
 }
 
 impl State {
-    /// Any slot decodes: a count from another window is ignored, and a count beyond the
-    /// limit only denies until its window ends.
+    /// Any slot decodes: a count from an earlier window carries what the limit of the
+    /// windows since could not hold, one from a misaligned start is ignored.
     pub fn from_slot(s: SlotState) -> Self {
         State {
             count: s.a,
@@ -95,7 +105,9 @@ impl FixedWindow {
 
     /// Decides `cost` units at `now_us`. A state from a later window than now's (the
     /// clock went back) is read as if no time had elapsed: its window is still current.
-    /// A state from any other window counts as 0.
+    /// A state from an earlier window carries its debt (see the module docs); a
+    /// misaligned one counts as 0. A request denied by a debt is told the window in
+    /// which it fits, not the end of the current one.
     pub fn decide(
         &self,
         state: Option<State>,
@@ -103,43 +115,73 @@ impl FixedWindow {
         cost: u64,
     ) -> (Decision, Option<State>) {
         let limit = self.window.limit;
-        let start = self.window.start_of(now_us);
-        let current = match state {
-            Some(s)
-                if s.window_start_us == start
-                    || self.window.is_later_window(s.window_start_us, start) =>
-            {
-                s
-            }
-            _ => State {
-                count: 0,
-                window_start_us: start,
-            },
-        };
+        let current = self.current(state, now_us);
         let allowed = u128::from(current.count) + u128::from(cost) <= u128::from(limit);
-        let count = if allowed {
-            current.count + cost
+        let after = if allowed {
+            State {
+                count: current.count + cost,
+                ..current
+            }
         } else {
-            current.count
+            current
         };
-        let until_end = until_ns(self.window.end_of(current.window_start_us), now_us);
+        // Denied: the count is above `limit − cost`; the window that carries little
+        // enough of it is `⌈(count + cost − limit) / limit⌉` windows on (the next one
+        // unless there is debt).
+        let retry_after_ns = (!allowed && cost <= limit).then(|| {
+            let windows = (u128::from(current.count) + u128::from(cost) - u128::from(limit))
+                .div_ceil(u128::from(limit));
+            until_ns(self.windows_on(current.window_start_us, windows), now_us)
+        });
         let decision = Decision {
             allowed,
             limit,
-            remaining: limit.saturating_sub(count),
-            retry_after_ns: (!allowed && cost <= limit).then_some(until_end),
-            reset_after_ns: until_end,
+            remaining: limit.saturating_sub(after.count),
+            retry_after_ns,
+            reset_after_ns: until_ns(self.idle_at_us(&after), now_us),
         };
-        let new_state = (allowed && cost > 0).then_some(State {
-            count,
-            window_start_us: current.window_start_us,
-        });
+        let new_state = (allowed && cost > 0).then_some(after);
         (decision, new_state)
     }
 
-    /// The end of the state's window.
+    /// The state read at `now_us`: the current window's count, the debt an earlier
+    /// window carries into it, or a later window's (the clock went back).
+    fn current(&self, state: Option<State>, now_us: u64) -> State {
+        let start = self.window.start_of(now_us);
+        let fresh = State {
+            count: 0,
+            window_start_us: start,
+        };
+        let Some(s) = state else {
+            return fresh;
+        };
+        if s.window_start_us == start || self.window.is_later_window(s.window_start_us, start) {
+            return s;
+        }
+        if s.window_start_us > start || !s.window_start_us.is_multiple_of(self.window.window_us) {
+            return fresh;
+        }
+        // Aligned and earlier: `limit` repaid per window elapsed.
+        let elapsed = u128::from((start - s.window_start_us) / self.window.window_us);
+        let repaid = elapsed * u128::from(self.window.limit);
+        State {
+            count: sat_u64(u128::from(s.count).saturating_sub(repaid)),
+            window_start_us: start,
+        }
+    }
+
+    /// The start of the window `windows` after the one starting at `start_us`.
+    fn windows_on(&self, start_us: u64, windows: u128) -> u64 {
+        sat_u64(u128::from(start_us) + windows * u128::from(self.window.window_us))
+    }
+
+    /// The end of the last window the state's count reaches into: the end of its own
+    /// window, or later while it carries debt.
     pub fn idle_at_us(&self, state: &State) -> u64 {
-        self.window.end_of(state.window_start_us)
+        let windows = u128::from(state.count)
+            .div_ceil(u128::from(self.window.limit))
+            .max(1);
+        self.windows_on(state.window_start_us, windows)
     }
 
     /// `limit` units per window.
@@ -168,9 +210,11 @@ impl Windowed for FixedWindow {
 
 impl SlotAlgorithm for FixedWindow {
     /// A refund while the window the request was counted in is the key's window: the
-    /// count is then exactly what the actual cost would have made it. An excess is
-    /// added to now's window (the key's debt, beyond the limit if need be: denied until
-    /// the window ends).
+    /// count is then exactly what the actual cost would have made it (and so is the
+    /// debt it carries, if the key has written nothing since). An excess is added to
+    /// now's window, carried debt included, beyond the limit if need be: what the window
+    /// cannot hold is carried into the next ones (see the module docs), as far as
+    /// [`MAX_SCRIPT_EXACT`] µs past now and never above 2^49 units; the rest is forgiven.
     fn settle(
         &self,
         state: SlotState,
@@ -187,22 +231,20 @@ impl SlotAlgorithm for FixedWindow {
             let count = s.count.saturating_sub(reserved - actual);
             return Some(State { count, ..s }.to_slot());
         }
-        let excess = actual - reserved;
-        let now_start = self.window.start_of(now_us);
-        let current = s.window_start_us == now_start
-            || self.window.is_later_window(s.window_start_us, now_start);
-        let next = if current {
+        let current = self.current(Some(s), now_us);
+        let count = u128::from(current.count) + u128::from(actual - reserved);
+        // The windows up to MAX_SCRIPT_EXACT µs past now, each holding `limit`.
+        let horizon = u128::from(now_us) + u128::from(MAX_SCRIPT_EXACT);
+        let windows = horizon.saturating_sub(u128::from(current.window_start_us))
+            / u128::from(self.window.window_us);
+        let most = (windows * u128::from(self.window.limit)).min(MAX_DEBT_COUNT);
+        Some(
             State {
-                count: s.count.saturating_add(excess),
-                ..s
+                count: sat_u64(count.min(most)),
+                ..current
             }
-        } else {
-            State {
-                count: excess,
-                window_start_us: now_start,
-            }
-        };
-        Some(next.to_slot())
+            .to_slot(),
+        )
     }
 
     /// Until the window ends: spent later, a unit would count against the next window.

@@ -363,7 +363,10 @@ pub trait SlotAlgorithm: Algorithm + SlotCodec {
     /// that happened to the key since could have depended on the units being counted
     /// otherwise (the same window, the same refill period); later it is forgotten (the
     /// key admitted less than it could have, never more). An excess is charged now, so
-    /// the requests that follow repay it.
+    /// the requests that follow repay it: beyond what the key has left, it is a debt the
+    /// key carries exactly (a token bucket's later refills, a window's later windows),
+    /// at most [`MAX_SCRIPT_EXACT`] µs (about 8.9 years) ahead of `now_us` — what lies
+    /// beyond is forgiven, so every instant the Lua scripts form stays exact.
     fn settle(
         &self,
         state: SlotState,
@@ -752,7 +755,11 @@ impl Limit {
         }
     }
 
-    /// See [`SlotAlgorithm::settle`]: a key without state has nothing to settle.
+    /// See [`SlotAlgorithm::settle`]. A key without state (never seen, its slot taken
+    /// over, its Redis key expired) is a fresh key at `now_us`: it has nothing to refund
+    /// (it is full: the refund would be capped away), and an excess is charged to the
+    /// state a request deciding now would have started from — a debt is never dropped
+    /// because the key went quiet while the response ran.
     pub fn settle(
         &self,
         state: Option<SlotState>,
@@ -761,11 +768,12 @@ impl Limit {
         actual: u64,
         now_us: u64,
     ) -> Option<SlotState> {
-        if reserved == actual {
+        if actual == reserved || (actual < reserved && state.is_none()) {
             return None;
         }
+        let state = state.unwrap_or_else(|| self.state_with_remaining(self.max_cost(), now_us));
         self.algorithm()
-            .settle(state?, counted_at_us, reserved, actual, now_us)
+            .settle(state, counted_at_us, reserved, actual, now_us)
     }
 
     /// See [`SlotAlgorithm::state_with_remaining`].

@@ -69,7 +69,9 @@ pub struct TokenBucket {
 pub struct State {
     /// Tokens in the bucket at `last_refill_us` (slot word `a`).
     pub tokens: u64,
-    /// The instant of the last refill, µs since the Unix epoch (slot word `b`).
+    /// The instant of the last refill, µs since the Unix epoch (slot word `b`). Ahead of
+    /// now it is a refill still to come (a held request counted at it, a debt paid by
+    /// it): the bucket holds `tokens` from then on, none before.
     pub last_refill_us: u64,
 }
 
@@ -278,8 +280,12 @@ impl SlotAlgorithm for TokenBucket {
     /// A refund while no refill came since the request was counted: the bucket then
     /// holds exactly what it would have after the actual cost (refills are where the
     /// capacity cuts, and none happened). An excess takes tokens now; what the bucket
-    /// lacks is a debt paid by the next refills, which are pushed back by as many
-    /// periods as it takes (rounded up).
+    /// lacks is a debt paid by the next refills, exactly: the bucket is stored at the
+    /// refill that pays the last of it, holding what that refill leaves over (tokens a
+    /// reader before that instant does not see, [`TokenBucket::decide`]) — as a bucket
+    /// allowed to go below zero would hold them. A debt reaching further than
+    /// [`MAX_SCRIPT_EXACT`] µs past now is paid by the refills until then and the rest
+    /// forgiven.
     fn settle(
         &self,
         state: SlotState,
@@ -311,13 +317,22 @@ impl SlotAlgorithm for TokenBucket {
         }
         // A refill above the capacity only fills the bucket: the debt is paid at most a
         // bucketful per period (as the Redis script, which gets the capped refill).
-        let debt = excess - now.tokens;
-        let periods = u128::from(debt.div_ceil(self.script_refill()));
-        let pushed = u128::from(now.last_refill_us) + periods * u128::from(self.period_us);
+        let refill = u128::from(self.script_refill());
+        let period = u128::from(self.period_us);
+        let last = u128::from(now.last_refill_us);
+        let debt = u128::from(excess - now.tokens);
+        let periods = debt.div_ceil(refill);
+        let horizon = u128::from(now_us) + u128::from(MAX_SCRIPT_EXACT);
+        let most = horizon.saturating_sub(last) / period;
+        let (periods, tokens) = if periods > most {
+            (most, 0)
+        } else {
+            (periods, periods * refill - debt)
+        };
         Some(
             State {
-                tokens: 0,
-                last_refill_us: sat_u64(pushed),
+                tokens: sat_u64(tokens),
+                last_refill_us: sat_u64(last + periods * period),
             }
             .to_slot(),
         )
