@@ -49,7 +49,22 @@ local stored = redis.call('GET', key)
 if stored then
   local c, s = string.match(stored, '^(%d+) (%d+)$')
   if c then
-    count, window_start = window_current(tonumber(c), tonumber(s), start, limit, window)
+    c, s = tonumber(c), tonumber(s)
+    if s > start and s - idiv(s, window) * window == 0 then
+      -- A state from a later window than now's (the clock went back): nothing but a
+      -- peek is admitted until the first window from the key's that has room.
+      local retry = '-1'
+      if cost > 0 and cost <= limit then
+        retry = ns_of_us(s + idiv(c + cost - 1, limit) * window - now)
+      end
+      local windows = idiv(c + limit - 1, limit)
+      if windows < 1 then windows = 1 end
+      local allowed = 0
+      if cost == 0 then allowed = 1 end
+      return {allowed, 0, limit, 0, retry, ns_of_us(s + windows * window - now), now,
+        '0', '0', '0'}
+    end
+    count, window_start = window_current(c, s, start, limit, window)
   end
 end
 

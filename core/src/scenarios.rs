@@ -354,9 +354,10 @@ pub static FIXED_WINDOW: &[Scenario] = &[
             allow(T0 + 10 * S_US, 3, 3, 0, 10 * S_NS),
             deny(T0 + 19_999_999, 1, 3, 0, Some(1_000), 1_000),
             allow(T0 + 20 * S_US, 1, 3, 2, 10 * S_NS),
-            // The clock went back into the previous window: no time elapsed, the count
-            // and the window are still those of T0 + 20 s.
-            allow(T0 + 15 * S_US, 1, 3, 1, 15 * S_NS),
+            // The clock went back into the previous window, behind the key's: nothing
+            // is admitted until the key's window (T0 + 20 s) starts.
+            deny(T0 + 15 * S_US, 1, 3, 0, Some(5 * S_NS), 15 * S_NS),
+            allow(T0 + 15 * S_US, 0, 3, 0, 15 * S_NS),
             // A count from an older window counts as 0.
             allow(T0 + 45 * S_US, 2, 3, 1, 5 * S_NS),
         ],

@@ -103,11 +103,14 @@ impl FixedWindow {
         self.window.window_us
     }
 
-    /// Decides `cost` units at `now_us`. A state from a later window than now's (the
-    /// clock went back) is read as if no time had elapsed: its window is still current.
-    /// A state from an earlier window carries its debt (see the module docs); a
-    /// misaligned one counts as 0. A request denied by a debt is told the window in
-    /// which it fits, not the end of the current one.
+    /// Decides `cost` units at `now_us`. A state from a later window than now's (this
+    /// request read the clock before another that counted in the next window: a worker
+    /// that lost a compare-and-swap race, a Redis clock that went back) admits nothing
+    /// until the window it fits in: now's window is not counted any more, and a unit
+    /// admitted now would count in a window it did not happen in. A state from an
+    /// earlier window carries its debt (see the module docs); a misaligned one counts
+    /// as 0. A request denied by a debt is told the window in which it fits, not the end
+    /// of the current one.
     pub fn decide(
         &self,
         state: Option<State>,
@@ -115,6 +118,12 @@ impl FixedWindow {
         cost: u64,
     ) -> (Decision, Option<State>) {
         let limit = self.window.limit;
+        if let Some(s) = state.filter(|s| {
+            self.window
+                .is_later_window(s.window_start_us, self.window.start_of(now_us))
+        }) {
+            return (self.behind(s, now_us, cost), None);
+        }
         let current = self.current(state, now_us);
         let allowed = u128::from(current.count) + u128::from(cost) <= u128::from(limit);
         let after = if allowed {
@@ -145,7 +154,8 @@ impl FixedWindow {
     }
 
     /// The state read at `now_us`: the current window's count, the debt an earlier
-    /// window carries into it, or a later window's (the clock went back).
+    /// window carries into it, or a later window's (the clock went back: a settle
+    /// counts there).
     fn current(&self, state: Option<State>, now_us: u64) -> State {
         let start = self.window.start_of(now_us);
         let fresh = State {
@@ -167,6 +177,24 @@ impl FixedWindow {
         State {
             count: sat_u64(u128::from(s.count).saturating_sub(repaid)),
             window_start_us: start,
+        }
+    }
+
+    /// The decision for a request whose clock is behind the key's window: nothing but
+    /// a peek is admitted, and a cost that can fit is retried in the first window from
+    /// the key's that has room for it.
+    fn behind(&self, s: State, now_us: u64, cost: u64) -> Decision {
+        let limit = self.window.limit;
+        let retry_after_ns = (cost > 0 && cost <= limit).then(|| {
+            let windows = (u128::from(s.count) + u128::from(cost) - 1) / u128::from(limit);
+            until_ns(self.windows_on(s.window_start_us, windows), now_us)
+        });
+        Decision {
+            allowed: cost == 0,
+            limit,
+            remaining: 0,
+            retry_after_ns,
+            reset_after_ns: until_ns(self.idle_at_us(&s), now_us),
         }
     }
 
