@@ -747,11 +747,11 @@ fn a_changed_figure_fails_the_check() {
         ("2.5×", "5×"),
         ("1,010", "1,011"),
     ] {
-        let path = dir.write("bad.md", &good.replacen(from, to, 1));
+        let path = dir.write("bad.md", good.replacen(from, to, 1));
         let wrong = check_quoted_figures(&[path]).expect_err(to);
         assert_eq!(wrong.len(), 1, "{to}: {wrong:?}");
     }
-    let path = dir.write("bad.md", &good.replace("median -->", "mean -->"));
+    let path = dir.write("bad.md", good.replace("median -->", "mean -->"));
     assert!(check_quoted_figures(&[path]).is_err());
 }
 
@@ -766,4 +766,207 @@ fn numbers_before_markers_are_found_as_documented() {
     );
     assert_eq!(last_number("12.7 %, and 9.").as_deref(), Some("9"));
     assert_eq!(last_number("none"), None);
+}
+
+// ---------------------------------------------------------------------------------------
+// Stat names and links
+
+/// The stats `src/metrics.rs` defines: a rule's (`limited`, from `{prefix}.limited` and
+/// the gauges' names, and the `commit_*` reasons) and the plugin's (`bridge.calls`).
+fn defined_stats() -> (BTreeSet<String>, BTreeSet<String>) {
+    let src = std::fs::read_to_string(repo_root().join("src/metrics.rs")).unwrap();
+    let after = |marker: &str| -> Vec<String> {
+        src.split(marker)
+            .skip(1)
+            .map(|rest| {
+                rest.chars()
+                    .take_while(|c| c.is_ascii_lowercase() || *c == '_' || *c == '.')
+                    .collect::<String>()
+            })
+            .filter(|name| !name.is_empty())
+            .collect()
+    };
+    let mut rule: BTreeSet<String> = after("{prefix}.").into_iter().collect();
+    rule.extend(after("gauge(\""));
+    rule.extend(
+        weir_core::usage::settlement::SettleReason::ALL
+            .iter()
+            .map(|r| r.stat_name().to_string()),
+    );
+    let plugin: BTreeSet<String> = after("{base}.")
+        .into_iter()
+        .filter(|name| !name.starts_with("rule."))
+        .collect();
+    assert!(
+        rule.len() >= 30 && plugin.len() >= 10,
+        "{rule:?} {plugin:?}"
+    );
+    (rule, plugin)
+}
+
+/// Every stat the docs name (`weir.PLUGIN.rule.NAME.limited`, `weir.PLUGIN.bridge.calls`,
+/// a row of operations.md's table of rule stats) is one the filter defines, and that table
+/// lists every rule stat the filter defines.
+#[test]
+fn every_stat_the_docs_name_is_one_the_filter_defines() {
+    let (rule, plugin) = defined_stats();
+    let name_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '<' | '>');
+    let mut named = 0;
+    for path in doc_files() {
+        let text = std::fs::read_to_string(&path).unwrap();
+        let file = repo_relative(&path);
+        for (i, line) in text.lines().enumerate() {
+            let at = format!("{file}:{}", i + 1);
+            // `weir.<plugin>.<group>.…`: the words after the plugin's name.
+            for (start, _) in line.match_indices("weir.") {
+                let words: Vec<&str> = line[start + 5..]
+                    .split(|c: char| !(name_char(c) || c == '.'))
+                    .next()
+                    .unwrap_or("")
+                    .split('.')
+                    .collect();
+                let stat = match words.as_slice() {
+                    [_, "rule", _, stat, ..] => (stat.to_string(), &rule),
+                    [_, group @ ("bridge" | "store" | "vm"), stat, ..] => {
+                        (format!("{group}.{stat}"), &plugin)
+                    }
+                    _ => continue,
+                };
+                // `weir.PLUGIN.rule.NAME.…`, `RULE.COUNTER`: a placeholder, not a name.
+                let placeholder = |c: char| c.is_ascii_uppercase() || c == '<';
+                if stat.0.is_empty() || stat.0.ends_with('.') || stat.0.contains(placeholder) {
+                    continue;
+                }
+                assert!(
+                    stat.1.contains(&stat.0),
+                    "{at}: no stat `{}` in src/metrics.rs",
+                    stat.0
+                );
+                named += 1;
+            }
+        }
+    }
+    let operations = std::fs::read_to_string(repo_root().join("docs/operations.md")).unwrap();
+    let table: BTreeSet<String> = operations
+        .lines()
+        .filter_map(|line| {
+            let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+            match cells.as_slice() {
+                ["", name, "counter" | "gauge" | "histogram", ..] => {
+                    Some(name.trim_matches('`').to_string())
+                }
+                _ => None,
+            }
+        })
+        .collect();
+    for name in &table {
+        assert!(
+            rule.contains(name) || plugin.contains(name),
+            "docs/operations.md lists `{name}`, which src/metrics.rs does not define"
+        );
+    }
+    for name in &rule {
+        assert!(
+            table.contains(name),
+            "docs/operations.md does not list the rule stat `{name}`"
+        );
+    }
+    eprintln!(
+        "{named} stat names in the docs, {} rows of the stats table",
+        table.len()
+    );
+    assert!(named >= 15, "only {named} stat names found");
+}
+
+/// GitHub's anchor for a heading: lower case, letters, digits, `-` and `_` kept, spaces
+/// made `-`, everything else dropped.
+fn anchor(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter_map(|c| match c {
+            ' ' => Some('-'),
+            c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The anchors of a Markdown text's headings (outside code blocks); a repeated heading
+/// gets `-1`, `-2`, … as on GitHub.
+fn anchors(text: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let mut in_code = false;
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            in_code = !in_code;
+        }
+        let Some(heading) = line.strip_prefix('#').filter(|_| !in_code) else {
+            continue;
+        };
+        let base = anchor(heading.trim_start_matches('#'));
+        let mut name = base.clone();
+        let mut n = 0;
+        while !out.insert(name.clone()) {
+            n += 1;
+            name = format!("{base}-{n}");
+        }
+    }
+    out
+}
+
+/// Every link to a section of the docs (`[x](global.md#leases)`, `[x](#reservoirs)`)
+/// names a heading that exists: a renamed section breaks its links here, not for readers.
+#[test]
+fn every_link_to_a_section_finds_its_heading() {
+    let files = doc_files();
+    let mut checked = 0;
+    for path in &files {
+        let text = std::fs::read_to_string(path).unwrap();
+        let file = repo_relative(path);
+        for (i, line) in text.lines().enumerate() {
+            for (start, _) in line.match_indices("](") {
+                let target = line[start + 2..].split(')').next().unwrap_or("");
+                let Some((doc, section)) = target.split_once('#') else {
+                    continue;
+                };
+                if doc.contains("://") {
+                    continue;
+                }
+                let linked = if doc.is_empty() {
+                    path.clone()
+                } else {
+                    path.parent().unwrap().join(doc)
+                };
+                let linked_text = std::fs::read_to_string(&linked)
+                    .unwrap_or_else(|e| panic!("{file}:{}: {target}: {e}", i + 1));
+                assert!(
+                    anchors(&linked_text).contains(section),
+                    "{file}:{}: `{target}`: no heading with the anchor #{section}",
+                    i + 1
+                );
+                checked += 1;
+            }
+        }
+    }
+    eprintln!("{checked} links to sections");
+    assert!(checked >= 40, "only {checked} links to sections");
+}
+
+#[test]
+fn anchors_are_made_as_on_github() {
+    assert_eq!(
+        anchor(" Reservoirs: local limits without shared-data calls"),
+        "reservoirs-local-limits-without-shared-data-calls"
+    );
+    assert_eq!(
+        anchor("Cost after the response (`commit`)"),
+        "cost-after-the-response-commit"
+    );
+    let found = anchors("# A\n```\n# not a heading\n```\n## A\n### B_c\n");
+    assert_eq!(
+        found,
+        ["a", "a-1", "b_c"].map(String::from).into_iter().collect()
+    );
 }
