@@ -916,8 +916,10 @@ fn render_main(json_path: &Path, plot_it: bool) {
         .unwrap_or_else(|| fail("--render: expected OUT/bench/results.json"));
     let png = out.join(PNG);
     let drew = plot_it && !results.accuracy.runs.is_empty() && plot(json_path, &png);
+    // `--no-plot` keeps the picture already there (the page still shows it).
+    let picture = drew || (!plot_it && png.is_file());
     let md_path = out.join("benchmarks.md");
-    std::fs::write(&md_path, page::markdown(&results, drew.then_some(PNG)))
+    std::fs::write(&md_path, page::markdown(&results, picture.then_some(PNG)))
         .unwrap_or_else(|e| panic!("cannot write {}: {e}", md_path.display()));
     log(format!("wrote {}", md_path.display()));
 }
@@ -1109,5 +1111,47 @@ fn check_smoke(out: &Path, r: &Results, scenarios: &[Scenario]) {
             eprintln!("  - {p}");
         }
         std::process::exit(1);
+    }
+}
+
+#[cfg(test)]
+mod committed_pages {
+    use super::*;
+
+    /// Renders `docs/bench/NAME.json` with `render` (given its results, generation time and
+    /// command) and asserts that `docs/PAGE` is exactly that: every figure on the page is
+    /// the data's.
+    fn assert_page_renders<R: serde::de::DeserializeOwned>(
+        name: &str,
+        page: &str,
+        render: impl Fn(&R, &str, &str) -> String,
+    ) {
+        let docs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs");
+        let json = std::fs::read_to_string(docs.join(format!("bench/{name}.json"))).unwrap();
+        let json: serde_json::Value = serde_json::from_str(&json).unwrap();
+        let results: R = serde_json::from_value(json["results"].clone()).unwrap();
+        let text = |k: &str| json[k].as_str().unwrap_or_else(|| panic!("no {k}"));
+        let rendered = render(&results, text("generated_utc"), text("command"));
+        let committed = std::fs::read_to_string(docs.join(page)).unwrap();
+        assert!(
+            committed == rendered,
+            "docs/{page} is not what docs/bench/{name}.json renders to"
+        );
+    }
+
+    #[test]
+    fn the_features_page_is_what_its_json_renders() {
+        assert_page_renders("features", "benchmarks-features.md", features::markdown);
+    }
+
+    #[test]
+    fn the_concurrency_page_is_what_its_json_renders() {
+        assert_page_renders(
+            "concurrency",
+            "benchmarks-concurrency.md",
+            |r: &concurrency::ConcurrencyResults, generated, command| {
+                concurrency::markdown(r, generated, command, Some("benchmarks-concurrency.png"))
+            },
+        );
     }
 }

@@ -139,8 +139,38 @@ fn cost_section(r: &Results) -> String {
         o.push_str(&format!("- **{}**: {}.\n", x.id, x.description));
     }
     o.push('\n');
+    o.push_str(&saturation_note(r));
     o.push_str(&run_health(r));
     o
+}
+
+/// What the saturated scenario measured: wrk runs a closed loop, so the key is over its
+/// limit only in rounds where weir answers faster than the limit admits.
+fn saturation_note(r: &Results) -> String {
+    let id = Scenario::WeirGlobalSaturated.id();
+    let (Some(x), Some((_, samples))) = (
+        r.scenarios.iter().find(|x| x.id == id),
+        r.samples.iter().find(|(s, _)| s == id),
+    ) else {
+        return String::new();
+    };
+    let without = samples
+        .iter()
+        .filter(|s| s.limited_fraction() == 0.0)
+        .count();
+    format!(
+        "In this run **{id}** answered no 429 at all in {without} of {} rounds; its median \
+         requests/s, {}, is about the key's limit of 1,000/s, and its median p50 answer took {} µs: wrk's connections waited for them, so the offered load fell to about \
+         what was admitted. Its figures are mostly those of a key at its limit, decided with \
+         {} bridge calls per request, not of requests denied locally (non-2xx {} % in the \
+         median round, at most {} %).\n\n",
+        samples.len(),
+        num(x.rps.median, 0),
+        num(x.p50_us.median, 0),
+        num(x.bridge_calls_per_request.median, 2),
+        num(x.non_2xx_pct.median, 1),
+        num(x.non_2xx_pct.max, 1),
+    )
 }
 
 fn cost_table(r: &Results) -> Table {
@@ -271,7 +301,7 @@ fn accuracy_section(r: &Results, png_name: Option<&str>) -> String {
 fn accuracy_intro(a: &AccuracyResults) -> String {
     format!(
         "## Accuracy\n\nA GCRA limit of {} requests/s with burst {} (so {} at once, then one \
-         every {} ms) on one key, offered {} requests/s (5×) for {} s by a paced load generator \
+         every {} ms) on one key, scheduled at {} requests/s (5× the limit) for {} s by a paced load generator \
          (`bench/src/accuracy.rs`: {} threads, each with one keep-alive connection, sending on a \
          fixed schedule); the 20× run offers the same load to a limit of {}/s, burst {}; the \
          idle-then-burst run offers twice the rate, stops for 0.5 s (longer than the key's \
@@ -309,7 +339,7 @@ fn accuracy_table(a: &AccuracyResults) -> Table {
     let mut t = Table::new(&[
         "mode",
         "sent req/s",
-        "× limit",
+        "× limit (sent)",
         "admitted",
         "exact bound",
         "over",
@@ -329,7 +359,7 @@ fn accuracy_table(a: &AccuracyResults) -> Table {
         t.row(vec![
             x.mode.title().to_string(),
             num(x.sent_rps, 0),
-            format!("{:.0}×", x.multiple),
+            format!("{}×", num(x.sent_rps / x.rate as f64, 1)),
             num(x.admitted as f64, 0),
             if bounded {
                 num(x.exact_bound, 0)
@@ -366,6 +396,17 @@ fn accuracy_table(a: &AccuracyResults) -> Table {
 
 fn accuracy_notes(a: &AccuracyResults) -> String {
     let mut o = String::new();
+    for x in a.runs.iter().filter(|x| behind_schedule(x)) {
+        o.push_str(&format!(
+            "- **{}**: the generator fell behind its schedule (by up to {} ms): it sent {} \
+             requests/s, {}× the limit, not the {}× its name says.\n",
+            x.mode.label(),
+            num(x.max_lag_ms, 0),
+            num(x.sent_rps, 0),
+            num(x.sent_rps / x.rate as f64, 1),
+            num(x.multiple, 0),
+        ));
+    }
     for x in a.runs.iter().filter(|x| x.violation.is_some()) {
         o.push_str(&format!(
             "- **{}**: {}\n",
@@ -387,6 +428,11 @@ fn accuracy_notes(a: &AccuracyResults) -> String {
     }
     o.push('\n');
     o
+}
+
+/// Whether a run sent less than 90 % of what its schedule offered.
+fn behind_schedule(x: &PacedRun) -> bool {
+    x.sent_rps < 0.9 * x.multiple * x.rate as f64
 }
 
 fn per_second_table(a: &AccuracyResults) -> Table {
@@ -550,6 +596,22 @@ mod tests {
             assert!(page.contains(x.mode.title()), "{:?}", x.mode);
         }
         assert!(page.contains("## Targets"));
+    }
+
+    /// `docs/benchmarks.md` is exactly what the committed JSON renders to: every figure on
+    /// the page, prose included, is the data's (re-render with `weir-bench --render
+    /// docs/bench/results.json` after changing this module).
+    #[test]
+    fn the_committed_page_is_what_the_committed_results_render() {
+        let docs = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs");
+        let text = std::fs::read_to_string(format!("{docs}/bench/results.json")).unwrap();
+        let results: Results = serde_json::from_str(&text).unwrap();
+        let page = std::fs::read_to_string(format!("{docs}/benchmarks.md")).unwrap();
+        assert!(
+            page == markdown(&results, Some(crate::PNG)),
+            "docs/benchmarks.md is not what docs/bench/results.json renders to: \
+             run `cargo run -p weir-bench -- --render docs/bench/results.json --no-plot`"
+        );
     }
 
     #[test]

@@ -128,7 +128,7 @@ impl Scenario {
                 "the same global rule with `lease.max` 1000 and `lease.ttl` 900ms (the hold; it costs 900,000 of the 999,999 burst, which this limit can afford; the default, a quarter of the burst, is 250 ms): requests are served from leases in shared data"
             }
             Scenario::WeirGlobalSaturated => {
-                "weir, one global GCRA key (no key parts) of 1,000/s, burst 99, `lease.max` 50, `ttl` 20ms, `horizon` 100ms, offered all wrk can send: almost every request is denied locally from a reservation or a cached denial"
+                "weir, one global GCRA key (no key parts) of 1,000/s, burst 99, `lease.max` 50, `ttl` 20ms, `horizon` 100ms, offered all wrk can send (a closed loop: each connection sends its next request when the last is answered, so what is offered depends on how fast weir answers; the non-2xx column shows how many were denied)"
             }
             Scenario::WeirNoMatch => {
                 "diagnostic: weir with one local rule whose `match` (path prefix `/never/`) never holds: the filter's fixed cost"

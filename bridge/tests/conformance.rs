@@ -32,7 +32,7 @@ use weir_core::algorithms::sliding_window::SlidingWindow;
 use weir_core::algorithms::token_bucket::TokenBucket;
 use weir_core::algorithms::GlobalLimit;
 use weir_core::algorithms::{AlgorithmKind, Ask, Decision, Limit, SlotState};
-use weir_core::scenarios::{self, expected, limit_of, Scenario, T0};
+use weir_core::scenarios::{self, expected, limit_of, log_of, Scenario, T0};
 
 fn decision_of(reply: &ScriptReply) -> Decision {
     reply.grant.decision
@@ -93,7 +93,7 @@ impl<'a> SlotPair<'a> {
 async fn scenario_tables_agree() {
     let redis = Redis::start().await;
     let base = future_base(T0);
-    let all: Vec<&Scenario> = scenarios::all().collect();
+    let all: Vec<&Scenario> = scenarios::slot_tables().collect();
     assert!(all.len() >= 10, "the tables are all there");
     for (n, scenario) in all.iter().enumerate() {
         let mut pair = SlotPair::new(&redis, limit_of(scenario.algo), format!("scenario-{n}"));
@@ -102,6 +102,36 @@ async fn scenario_tables_agree() {
             let now = step.now_us - T0 + base;
             let (decision, granted) = pair.step(&ctx, now, step.cost, step.cost).await;
             // GCRA rows are compared by their Decision, not the CL.THROTTLE reply.
+            assert_eq!(decision, expected(step), "{ctx}: the core and the table");
+            assert_eq!(granted, if step.allowed { step.cost } else { 0 }, "{ctx}");
+        }
+    }
+}
+
+/// The sliding log's table ([`scenarios::SLIDING_LOG`]): it has no slot state, so the log
+/// is kept beside the script (see [`log_step`]) and each row is decided both ways.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sliding_log_table_agrees() {
+    let redis = Redis::start().await;
+    let base = future_base(T0);
+    assert!(!scenarios::SLIDING_LOG.is_empty());
+    for (n, scenario) in scenarios::SLIDING_LOG.iter().enumerate() {
+        let log = log_of(scenario.algo);
+        let descriptor = format!("log-scenario-{n}");
+        let mut events = Vec::new();
+        for (i, step) in scenario.steps.iter().enumerate() {
+            let ctx = format!("{} step {i}", scenario.name);
+            let now = step.now_us - T0 + base;
+            let (decision, granted) = log_step(
+                &redis,
+                &log,
+                &descriptor,
+                &mut events,
+                now,
+                step.cost,
+                step.cost,
+            )
+            .await;
             assert_eq!(decision, expected(step), "{ctx}: the core and the table");
             assert_eq!(granted, if step.allowed { step.cost } else { 0 }, "{ctx}");
         }

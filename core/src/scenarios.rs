@@ -1,7 +1,11 @@
 //! The behavioural scenario tables: one key, a sequence of requests at explicit instants,
 //! and what each must be told. Every backend runs the same rows: the pure functions and
 //! the slot table on the in-memory store (`core/tests/algorithms.rs`), and the Redis Lua
-//! scripts on a real cluster (weir-bridge's `tests/conformance.rs`).
+//! scripts on a real cluster (weir-bridge's `tests/conformance.rs`). There is one table
+//! per algorithm; [`slot_tables`] chains those of the algorithms whose state fits a slot.
+//! [`SLIDING_LOG`] is apart: a sliding log keeps one event per unit and runs only in
+//! Redis, so it has no slot state and no slot table; its runners keep the log (the
+//! events' times) beside the pure [`SlidingLog`] and compare the same decisions.
 //!
 //! Compiled only with the `scenarios` feature, which the test suites turn on.
 //!
@@ -13,6 +17,7 @@
 //! outcome are ns (`retry_after_ns`, `reset_after_ns`); `throttle` is redis-cell's
 //! `CL.THROTTLE` reply, in whole seconds.
 
+use crate::algorithms::sliding_log::SlidingLog;
 use crate::algorithms::{AlgorithmKind, Decision, GlobalLimit, Limit};
 
 /// An instant: 2023-11-14T22:13:20Z, on a 10 s boundary (20 s into its minute).
@@ -65,6 +70,14 @@ impl Algo {
         }
     }
 
+    pub const fn sliding_log(limit: u64, window_us: u64) -> Algo {
+        Algo {
+            kind: AlgorithmKind::SlidingLog,
+            values: [limit, window_us, 0],
+            len: 2,
+        }
+    }
+
     pub fn values(&self) -> &[u64] {
         self.values.get(..self.len).unwrap_or(&self.values)
     }
@@ -76,6 +89,14 @@ pub fn limit_of(algo: Algo) -> Limit {
     match GlobalLimit::build(algo.kind, algo.values()) {
         Ok(GlobalLimit::Slot(limit)) => limit,
         other => unreachable!("{algo:?} is not a valid slot limit: {other:?}"),
+    }
+}
+
+/// The core's sliding log for [`SLIDING_LOG`]'s rows.
+pub fn log_of(algo: Algo) -> SlidingLog {
+    match GlobalLimit::build(algo.kind, algo.values()) {
+        Ok(GlobalLimit::SlidingLog(log)) => log,
+        other => unreachable!("{algo:?} is not a valid sliding log: {other:?}"),
     }
 }
 
@@ -172,7 +193,8 @@ impl Step {
     }
 }
 
-pub fn all() -> impl Iterator<Item = &'static Scenario> {
+/// The tables of the algorithms with slot state (every algorithm but the sliding log).
+pub fn slot_tables() -> impl Iterator<Item = &'static Scenario> {
     GCRA.iter()
         .chain(TOKEN_BUCKET)
         .chain(FIXED_WINDOW)
@@ -401,6 +423,38 @@ pub static SLIDING_WINDOW: &[Scenario] = &[
             // happens in are not held any more).
             deny(T0 + 45 * S_US, 1, 10, 0, Some(5 * S_NS), 25 * S_NS),
             allow(T0 + 45 * S_US, 0, 10, 0, 25 * S_NS),
+        ],
+    },
+];
+
+#[rustfmt::skip]
+pub static SLIDING_LOG: &[Scenario] = &[
+    Scenario {
+        // Exact asks (no hold): each granted unit is an event at `now`, and leaves the log
+        // one window later. An allowed request's reset is one window; a denial's and a
+        // peek's is when the newest event leaves.
+        name: "sliding_log: 3 per 10 s",
+        algo: Algo::sliding_log(3, 10 * S_US),
+        steps: &[
+            allow(T0, 1, 3, 2, 10 * S_NS),
+            allow(T0 + 2 * S_US, 1, 3, 1, 10 * S_NS),
+            // Two units fit when the oldest event (T0) has left: at T0 + 10 s.
+            deny(T0 + 4 * S_US, 2, 3, 1, Some(6 * S_NS), 8 * S_NS),
+            allow(T0 + 4 * S_US, 1, 3, 0, 10 * S_NS),
+            deny(T0 + 5 * S_US, 1, 3, 0, Some(5 * S_NS), 9 * S_NS),
+            // A peek (cost 0) is allowed and logs nothing.
+            allow(T0 + 5 * S_US, 0, 3, 0, 9 * S_NS),
+            // One µs before T0's event leaves, and a denial adds nothing to the log.
+            deny(T0 + 10 * S_US - 1, 1, 3, 0, Some(1_000), 4 * S_NS + 1_000),
+            allow(T0 + 10 * S_US, 1, 3, 0, 10 * S_NS),
+            // More than the limit never fits.
+            deny(T0 + 10 * S_US, 4, 3, 0, None, 10 * S_NS),
+            allow(T0 + 12 * S_US, 1, 3, 0, 10 * S_NS),
+            // Every event has left: the whole limit at once.
+            allow(T0 + 30 * S_US, 3, 3, 0, 10 * S_NS),
+            // The clock went back 5 s: the events logged at T0 + 30 s still count, and
+            // leave at T0 + 40 s.
+            deny(T0 + 25 * S_US, 1, 3, 0, Some(15 * S_NS), 15 * S_NS),
         ],
     },
 ];

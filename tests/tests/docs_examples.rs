@@ -1,4 +1,6 @@
-//! Every example in `README.md` and `docs/*.md` works: what a reader copies is what runs.
+//! Every example in `README.md`, `bridge/README.md` and `docs/*.md` works: what a reader
+//! copies is what runs, and every benchmark figure the prose quotes is in the committed
+//! data (`docs/bench/*.json`, see [`QuotedFigure`]).
 //!
 //! Each fenced block is checked by its language. An HTML comment on the line right before
 //! the opening fence (invisible in rendered Markdown) changes what is expected:
@@ -37,7 +39,7 @@ struct Block {
 
 fn doc_files() -> Vec<PathBuf> {
     let root = repo_root();
-    let mut files = vec![root.join("README.md")];
+    let mut files = vec![root.join("README.md"), root.join("bridge/README.md")];
     let mut docs: Vec<PathBuf> = std::fs::read_dir(root.join("docs"))
         .unwrap()
         .map(|e| e.unwrap().path())
@@ -531,4 +533,440 @@ fn blocks_and_markers_are_found_as_documented() {
     assert_eq!(found[1].marker, None);
     assert_eq!(found[1].text, "- name: x");
     assert_eq!(found[2].lang, "sh");
+}
+
+// ---------------------------------------------------------------------------------------
+// Figures quoted from the benchmarks
+
+/// A figure the prose quotes from the committed benchmark data, marked by an HTML comment
+/// right after it (invisible in rendered Markdown):
+///
+/// `… 5.49<!-- bench: results.json scenarios[weir-local-half-limited].host_calls_per_request.median --> host calls …`
+///
+/// The marker names a file of `docs/bench/`, a path into its JSON and, optionally, what
+/// is done to the value before it is compared: `per` (the figure is 1 / value: "1 request
+/// in 243") or `/PATH` (value ÷ another value of the same file). The path is keys
+/// separated by dots; `[3]` indexes a list, `[weir-local]` picks the list element that is
+/// an object with a string field equal to `weir-local`, or a list whose first element is.
+/// The figure is the last number on the line before the marker (thousands separators
+/// allowed); the value, rounded to the figure's decimals, must print as the figure.
+#[derive(Debug)]
+struct QuotedFigure {
+    /// `docs/operations.md:255`
+    at: String,
+    /// `5.49`, separators removed.
+    figure: String,
+    file: String,
+    path: String,
+    op: Option<String>,
+}
+
+/// Every `<!-- bench: … -->` marker of a Markdown text, with the figure before it.
+fn quoted_figures(text: &str, file: &str) -> Vec<QuotedFigure> {
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let mut rest = line;
+        let mut before = String::new();
+        while let Some(start) = rest.find("<!-- bench:") {
+            before.push_str(&rest[..start]);
+            let after = &rest[start + "<!-- bench:".len()..];
+            let end = after
+                .find("-->")
+                .unwrap_or_else(|| panic!("{file}:{}: a bench marker is never closed", i + 1));
+            let words: Vec<&str> = after[..end].split_whitespace().collect();
+            let at = format!("{file}:{}", i + 1);
+            let (file_name, path, op) = match words.as_slice() {
+                [f, p] => (f, p, None),
+                [f, p, o] => (f, p, Some(o.to_string())),
+                _ => panic!("{at}: a bench marker is `<!-- bench: FILE PATH [per | /PATH] -->`"),
+            };
+            out.push(QuotedFigure {
+                figure: last_number(&before)
+                    .unwrap_or_else(|| panic!("{at}: no figure before the bench marker")),
+                at,
+                file: file_name.to_string(),
+                path: path.to_string(),
+                op,
+            });
+            rest = &after[end + 3..];
+        }
+    }
+    out
+}
+
+/// The last number of `text` (`1,024`, `-3.7`, `0.0041`), thousands separators removed.
+fn last_number(text: &str) -> Option<String> {
+    let chars: Vec<char> = text.chars().collect();
+    let end = chars.iter().rposition(char::is_ascii_digit)? + 1;
+    let mut start = end;
+    while start > 0 {
+        let c = chars[start - 1];
+        let digit_follows = chars.get(start).is_some_and(char::is_ascii_digit);
+        let digit_precedes = start >= 2 && chars[start - 2].is_ascii_digit();
+        if c.is_ascii_digit() || ((c == ',' || c == '.') && digit_follows && digit_precedes) {
+            start -= 1;
+        } else {
+            break;
+        }
+    }
+    if start > 0 && chars[start - 1] == '-' {
+        start -= 1;
+    }
+    Some(chars[start..end].iter().filter(|c| **c != ',').collect())
+}
+
+/// The value at `path` in `json` (see [`QuotedFigure`]).
+fn at_path<'a>(json: &'a Value, path: &str) -> Result<&'a Value, String> {
+    let mut value = json;
+    for segment in path.split('.') {
+        let (name, selectors) = match segment.find('[') {
+            Some(i) => (&segment[..i], &segment[i..]),
+            None => (segment, ""),
+        };
+        if !name.is_empty() {
+            value = value
+                .get(name)
+                .ok_or_else(|| format!("no `{name}` (in `{segment}`)"))?;
+        }
+        for selector in selectors.split(']').filter(|s| !s.is_empty()) {
+            let wanted = selector
+                .strip_prefix('[')
+                .ok_or_else(|| format!("bad selector `{selector}` in `{segment}`"))?;
+            let items = value
+                .as_array()
+                .ok_or_else(|| format!("`{segment}`: [{wanted}] on something not a list"))?;
+            value = match wanted.parse::<usize>() {
+                Ok(i) => items.get(i),
+                Err(_) => items.iter().find(|item| match item {
+                    Value::Object(map) => map.values().any(|v| v.as_str() == Some(wanted)),
+                    Value::Array(pair) => pair.first().and_then(Value::as_str) == Some(wanted),
+                    _ => false,
+                }),
+            }
+            .ok_or_else(|| format!("`{segment}`: no element [{wanted}]"))?;
+        }
+    }
+    Ok(value)
+}
+
+/// What the marker says the figure must be, printed with the figure's decimals.
+fn expected_figure(quote: &QuotedFigure, data: &Value) -> Result<String, String> {
+    let number = |path: &str| {
+        at_path(data, path)?
+            .as_f64()
+            .ok_or_else(|| format!("`{path}` is not a number"))
+    };
+    let value = number(&quote.path)?;
+    let value = match quote.op.as_deref() {
+        None => value,
+        Some("per") => 1.0 / value,
+        Some(op) => match op.strip_prefix('/') {
+            Some(divisor) => value / number(divisor)?,
+            None => return Err(format!("unknown operation `{op}` (per, /PATH)")),
+        },
+    };
+    let decimals = quote.figure.split_once('.').map_or(0, |(_, d)| d.len());
+    let printed = format!("{value:.decimals$}");
+    // `-0` and `0` are the same figure.
+    Ok(
+        if printed
+            .trim_start_matches('-')
+            .chars()
+            .all(|c| c == '0' || c == '.')
+        {
+            printed.trim_start_matches('-').to_string()
+        } else {
+            printed
+        },
+    )
+}
+
+/// Checks every marked figure of `files` against `docs/bench/`; returns how many.
+fn check_quoted_figures(files: &[PathBuf]) -> Result<usize, Vec<String>> {
+    let bench = repo_root().join("docs/bench");
+    let mut data: std::collections::BTreeMap<String, Value> = Default::default();
+    let mut wrong = Vec::new();
+    let mut checked = 0;
+    for path in files {
+        let text = std::fs::read_to_string(path).unwrap();
+        for quote in quoted_figures(&text, &repo_relative(path)) {
+            let json = data.entry(quote.file.clone()).or_insert_with(|| {
+                let file = bench.join(&quote.file);
+                let text = std::fs::read_to_string(&file)
+                    .unwrap_or_else(|e| panic!("{}: {}: {e}", quote.at, file.display()));
+                serde_json::from_str(&text).unwrap()
+            });
+            match expected_figure(&quote, json) {
+                Ok(expected) if expected == quote.figure => checked += 1,
+                Ok(expected) => wrong.push(format!(
+                    "{}: quotes {} but docs/bench/{} {} says {expected}",
+                    quote.at, quote.figure, quote.file, quote.path
+                )),
+                Err(e) => wrong.push(format!(
+                    "{}: docs/bench/{} {}: {e}",
+                    quote.at, quote.file, quote.path
+                )),
+            }
+        }
+    }
+    if wrong.is_empty() {
+        Ok(checked)
+    } else {
+        Err(wrong)
+    }
+}
+
+/// Figures the prose quotes from the benchmarks are the committed data's: change a figure,
+/// or re-run the benchmark so that the data changes, and this fails until both agree.
+/// (The generated pages, `docs/benchmarks*.md`, are checked in the bench crate: they must
+/// be what `weir-bench` renders from the same JSON.)
+#[test]
+fn every_benchmark_figure_quoted_in_prose_is_in_the_committed_data() {
+    let checked = check_quoted_figures(&doc_files()).unwrap_or_else(|wrong| {
+        panic!(
+            "figures that are not in the committed benchmark data:\n{}",
+            wrong.join("\n")
+        )
+    });
+    eprintln!("{checked} quoted benchmark figures match docs/bench/*.json");
+    assert!(checked >= 20, "only {checked} marked benchmark figures");
+}
+
+#[test]
+fn a_changed_figure_fails_the_check() {
+    let dir = TestDir::new("docs-figures");
+    let good = "weir-local made 4.01<!-- bench: results.json scenarios[weir-local].host_calls_per_request.median --> host calls, \
+                1 bridge call in 243<!-- bench: results.json scenarios[weir-global-leases].bridge_calls_per_request.median per -->, \
+                sent 2.5×<!-- bench: results.json accuracy.runs[global_exact].sent_rps /accuracy.runs[global_exact].rate --> the limit, \
+                1,010<!-- bench: features.json results.delay[0].admitted --> admitted\n";
+    let path = dir.write("good.md", good);
+    assert_eq!(check_quoted_figures(&[path]), Ok(4));
+    for (from, to) in [
+        ("4.01", "4.02"),
+        ("243", "52"),
+        ("2.5×", "5×"),
+        ("1,010", "1,011"),
+    ] {
+        let path = dir.write("bad.md", good.replacen(from, to, 1));
+        let wrong = check_quoted_figures(&[path]).expect_err(to);
+        assert_eq!(wrong.len(), 1, "{to}: {wrong:?}");
+    }
+    let path = dir.write("bad.md", good.replace("median -->", "mean -->"));
+    assert!(check_quoted_figures(&[path]).is_err());
+}
+
+#[test]
+fn numbers_before_markers_are_found_as_documented() {
+    assert_eq!(last_number("made 1,024 requests").as_deref(), Some("1024"));
+    assert_eq!(last_number("rest -3.7 µs").as_deref(), Some("-3.7"));
+    assert_eq!(last_number("1 request in 243").as_deref(), Some("243"));
+    assert_eq!(
+        last_number("0.0041 per request (").as_deref(),
+        Some("0.0041")
+    );
+    assert_eq!(last_number("12.7 %, and 9.").as_deref(), Some("9"));
+    assert_eq!(last_number("none"), None);
+}
+
+// ---------------------------------------------------------------------------------------
+// Stat names and links
+
+/// The stats `src/metrics.rs` defines: a rule's (`limited`, from `{prefix}.limited` and
+/// the gauges' names, and the `commit_*` reasons) and the plugin's (`bridge.calls`).
+fn defined_stats() -> (BTreeSet<String>, BTreeSet<String>) {
+    let src = std::fs::read_to_string(repo_root().join("src/metrics.rs")).unwrap();
+    let after = |marker: &str| -> Vec<String> {
+        src.split(marker)
+            .skip(1)
+            .map(|rest| {
+                rest.chars()
+                    .take_while(|c| c.is_ascii_lowercase() || *c == '_' || *c == '.')
+                    .collect::<String>()
+            })
+            .filter(|name| !name.is_empty())
+            .collect()
+    };
+    let mut rule: BTreeSet<String> = after("{prefix}.").into_iter().collect();
+    rule.extend(after("gauge(\""));
+    rule.extend(
+        weir_core::usage::settlement::SettleReason::ALL
+            .iter()
+            .map(|r| r.stat_name().to_string()),
+    );
+    let plugin: BTreeSet<String> = after("{base}.")
+        .into_iter()
+        .filter(|name| !name.starts_with("rule."))
+        .collect();
+    assert!(
+        rule.len() >= 30 && plugin.len() >= 10,
+        "{rule:?} {plugin:?}"
+    );
+    (rule, plugin)
+}
+
+/// Every stat the docs name (`weir.PLUGIN.rule.NAME.limited`, `weir.PLUGIN.bridge.calls`,
+/// a row of operations.md's table of rule stats) is one the filter defines, and that table
+/// lists every rule stat the filter defines.
+#[test]
+fn every_stat_the_docs_name_is_one_the_filter_defines() {
+    let (rule, plugin) = defined_stats();
+    let name_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '<' | '>');
+    let mut named = 0;
+    for path in doc_files() {
+        let text = std::fs::read_to_string(&path).unwrap();
+        let file = repo_relative(&path);
+        for (i, line) in text.lines().enumerate() {
+            let at = format!("{file}:{}", i + 1);
+            // `weir.<plugin>.<group>.…`: the words after the plugin's name.
+            for (start, _) in line.match_indices("weir.") {
+                let words: Vec<&str> = line[start + 5..]
+                    .split(|c: char| !(name_char(c) || c == '.'))
+                    .next()
+                    .unwrap_or("")
+                    .split('.')
+                    .collect();
+                let stat = match words.as_slice() {
+                    [_, "rule", _, stat, ..] => (stat.to_string(), &rule),
+                    [_, group @ ("bridge" | "store" | "vm"), stat, ..] => {
+                        (format!("{group}.{stat}"), &plugin)
+                    }
+                    _ => continue,
+                };
+                // `weir.PLUGIN.rule.NAME.…`, `RULE.COUNTER`: a placeholder, not a name.
+                let placeholder = |c: char| c.is_ascii_uppercase() || c == '<';
+                if stat.0.is_empty() || stat.0.ends_with('.') || stat.0.contains(placeholder) {
+                    continue;
+                }
+                assert!(
+                    stat.1.contains(&stat.0),
+                    "{at}: no stat `{}` in src/metrics.rs",
+                    stat.0
+                );
+                named += 1;
+            }
+        }
+    }
+    let operations = std::fs::read_to_string(repo_root().join("docs/operations.md")).unwrap();
+    let table: BTreeSet<String> = operations
+        .lines()
+        .filter_map(|line| {
+            let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+            match cells.as_slice() {
+                ["", name, "counter" | "gauge" | "histogram", ..] => {
+                    Some(name.trim_matches('`').to_string())
+                }
+                _ => None,
+            }
+        })
+        .collect();
+    for name in &table {
+        assert!(
+            rule.contains(name) || plugin.contains(name),
+            "docs/operations.md lists `{name}`, which src/metrics.rs does not define"
+        );
+    }
+    for name in &rule {
+        assert!(
+            table.contains(name),
+            "docs/operations.md does not list the rule stat `{name}`"
+        );
+    }
+    eprintln!(
+        "{named} stat names in the docs, {} rows of the stats table",
+        table.len()
+    );
+    assert!(named >= 15, "only {named} stat names found");
+}
+
+/// GitHub's anchor for a heading: lower case, letters, digits, `-` and `_` kept, spaces
+/// made `-`, everything else dropped.
+fn anchor(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter_map(|c| match c {
+            ' ' => Some('-'),
+            c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The anchors of a Markdown text's headings (outside code blocks); a repeated heading
+/// gets `-1`, `-2`, … as on GitHub.
+fn anchors(text: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let mut in_code = false;
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            in_code = !in_code;
+        }
+        let Some(heading) = line.strip_prefix('#').filter(|_| !in_code) else {
+            continue;
+        };
+        let base = anchor(heading.trim_start_matches('#'));
+        let mut name = base.clone();
+        let mut n = 0;
+        while !out.insert(name.clone()) {
+            n += 1;
+            name = format!("{base}-{n}");
+        }
+    }
+    out
+}
+
+/// Every link to a section of the docs (`[x](global.md#leases)`, `[x](#reservoirs)`)
+/// names a heading that exists: a renamed section breaks its links here, not for readers.
+#[test]
+fn every_link_to_a_section_finds_its_heading() {
+    let files = doc_files();
+    let mut checked = 0;
+    for path in &files {
+        let text = std::fs::read_to_string(path).unwrap();
+        let file = repo_relative(path);
+        for (i, line) in text.lines().enumerate() {
+            for (start, _) in line.match_indices("](") {
+                let target = line[start + 2..].split(')').next().unwrap_or("");
+                let Some((doc, section)) = target.split_once('#') else {
+                    continue;
+                };
+                if doc.contains("://") {
+                    continue;
+                }
+                let linked = if doc.is_empty() {
+                    path.clone()
+                } else {
+                    path.parent().unwrap().join(doc)
+                };
+                let linked_text = std::fs::read_to_string(&linked)
+                    .unwrap_or_else(|e| panic!("{file}:{}: {target}: {e}", i + 1));
+                assert!(
+                    anchors(&linked_text).contains(section),
+                    "{file}:{}: `{target}`: no heading with the anchor #{section}",
+                    i + 1
+                );
+                checked += 1;
+            }
+        }
+    }
+    eprintln!("{checked} links to sections");
+    assert!(checked >= 40, "only {checked} links to sections");
+}
+
+#[test]
+fn anchors_are_made_as_on_github() {
+    assert_eq!(
+        anchor(" Reservoirs: local limits without shared-data calls"),
+        "reservoirs-local-limits-without-shared-data-calls"
+    );
+    assert_eq!(
+        anchor("Cost after the response (`commit`)"),
+        "cost-after-the-response-commit"
+    );
+    let found = anchors("# A\n```\n# not a heading\n```\n## A\n### B_c\n");
+    assert_eq!(
+        found,
+        ["a", "a-1", "b_c"].map(String::from).into_iter().collect()
+    );
 }
