@@ -22,7 +22,7 @@ use weir_bridge::scripts::Invocation;
 use weir_bridge::{app, state_from_client, AppState};
 use weir_core::algorithms::Ask;
 use weir_core::wire::v1::{AcquireRequest, AcquireResponse, ACQUIRE_PATH};
-use weir_core::wire::{v2, v3, SECRET_HEADER};
+use weir_core::wire::{v2, v3, CheckedItem, SECRET_HEADER};
 use weir_e2e::{key_slot, redis_cli_at, wait_until, Process, RedisCluster};
 
 const SECRET: &str = "bridge-test-secret";
@@ -61,10 +61,10 @@ async fn acquire(state: &AppState, items: &[Json]) -> AcquireResponse {
 
 /// The Redis state key of one item, as the bridge builds it.
 fn key_of(items_json: &str, index: usize) -> String {
-    let (request, limits) = AcquireRequest::parse(items_json.as_bytes()).unwrap();
-    let item = &request.items[index];
+    let request = AcquireRequest::parse(items_json.as_bytes()).unwrap();
+    let CheckedItem { item, limit } = &request.items[index];
     Invocation::for_limit(
-        &limits[index],
+        limit,
         &request.domain,
         &item.rule,
         &item.descriptor,

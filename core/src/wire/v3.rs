@@ -22,8 +22,10 @@
 //! [`super::v2`]: a filter that never commits needs nothing new, and a bridge that
 //! predates this path answers it 404 (the filter counts a failed commit).
 
-use super::{check_envelope, check_item, parse_body, status_error, ReplyError, WireLimit};
-use crate::algorithms::GlobalLimit;
+use super::{
+    check_envelope, check_item, parse_body, status_error, Checked, CheckedItem, ReplyError,
+    WireLimit,
+};
 use crate::bounds::MAX_WANT;
 use crate::field_error::strip_position;
 use crate::field_error::FieldError;
@@ -70,19 +72,17 @@ pub struct Committed {
 }
 
 impl CommitRequest {
-    /// Parses and validates a request body; every error names the field.
-    pub fn parse(body: &[u8]) -> Result<(CommitRequest, Vec<GlobalLimit>), FieldError> {
-        let request: CommitRequest = parse_body(body)?;
-        let limits = request.validate()?;
-        Ok((request, limits))
+    /// Parses and checks a request body; every error names the field.
+    pub fn parse(body: &[u8]) -> Result<Checked<CommitItem>, FieldError> {
+        parse_body::<CommitRequest>(body)?.check()
     }
 
-    /// Checks sizes and parameters, and that each algorithm can settle; returns each
-    /// item's compiled limit.
-    pub fn validate(&self) -> Result<Vec<GlobalLimit>, FieldError> {
+    /// Checks sizes and parameters, and that each algorithm can settle; keeps each item
+    /// with its compiled limit.
+    pub fn check(self) -> Result<Checked<CommitItem>, FieldError> {
         check_envelope(&self.domain, self.items.len())?;
-        let mut limits = Vec::with_capacity(self.items.len());
-        for (i, item) in self.items.iter().enumerate() {
+        let mut items: Vec<CheckedItem<CommitItem>> = Vec::with_capacity(self.items.len());
+        for (i, item) in self.items.into_iter().enumerate() {
             let at = format!("items[{i}]");
             let limit = check_item(
                 &at,
@@ -125,9 +125,12 @@ impl CommitRequest {
                     ),
                 ));
             }
-            limits.push(limit);
+            items.push(CheckedItem { item, limit });
         }
-        Ok(limits)
+        Ok(Checked {
+            domain: self.domain,
+            items,
+        })
     }
 }
 
@@ -181,9 +184,10 @@ mod tests {
     #[test]
     fn a_commit_round_trips_and_is_validated_field_by_field() {
         let good = item(AlgorithmKind::TokenBucket, &[10_000, 10_000, 3_600_000_000]);
-        let (parsed, limits) = CommitRequest::parse(&body(vec![good.clone()])).unwrap();
-        assert_eq!(parsed.items, vec![good.clone()]);
-        assert_eq!(limits[0].kind(), AlgorithmKind::TokenBucket);
+        let parsed = CommitRequest::parse(&body(vec![good.clone()])).unwrap();
+        assert_eq!(parsed.domain, "weir");
+        assert_eq!(parsed.items[0].item, good);
+        assert_eq!(parsed.items[0].limit.kind(), AlgorithmKind::TokenBucket);
         let text = String::from_utf8(body(vec![good.clone()])).unwrap();
         assert!(text.contains(r#""period_us":3600000000"#), "{text}");
 
