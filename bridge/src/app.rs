@@ -116,7 +116,7 @@ async fn decide_v2(
     Ok(v2::Reply { items })
 }
 
-/// `POST /v3/commit`: every item settled on its own, in order.
+/// `POST /v3/commit`: every item settled on its own, in order, answered with its id.
 async fn commit_v3(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -154,7 +154,10 @@ async fn settle_v3(
             api
         })?;
         state.metrics.commit(&item.rule, changed);
-        items.push(v3::Committed { settled: changed });
+        items.push(v3::Committed {
+            id: item.id,
+            settled: changed,
+        });
     }
     Ok(v3::CommitReply { items })
 }

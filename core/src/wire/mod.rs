@@ -11,7 +11,8 @@
 //! - [`v1`] (`POST /v1/acquire`), what filters before it send: results in order,
 //!   evaluation stops at the first denial, leases expire by `lease_ttl_ns`.
 //! - [`v3`] (`POST /v3/commit`), beside v2: the costs of global rules with `commit`,
-//!   settled when the responses ended.
+//!   settled when the responses ended; each item carries an id its result echoes, and
+//!   results are matched to commits by id, in any order.
 //!
 //! What both share is here: a limit's form ([`WireLimit`]), the secret header, the
 //! checks every item gets, and what can go wrong with a reply. Sizes are bounded by
