@@ -380,7 +380,11 @@ impl Plugin {
         let mut queue = self.commits.borrow_mut();
         while queue.is_waiting() && queue.in_flight.len() < MAX_COMMIT_CALLS {
             let take = queue.waiting.len().min(MAX_ITEMS);
-            let batch: Vec<QueuedCommit> = queue.waiting.drain(..take).collect();
+            let mut batch: Vec<QueuedCommit> = queue.waiting.drain(..take).collect();
+            // Ids unique within the call: the reply is matched to the batch by them.
+            for (id, commit) in (0u16..).zip(batch.iter_mut()) {
+                commit.item.id = id;
+            }
             let body = self
                 .engine
                 .commit_request(batch.iter().map(|c| c.item.clone()).collect());
@@ -411,8 +415,8 @@ impl Plugin {
         }
     }
 
-    /// The answer to a commit call: each item settled or not, or the call failed (the
-    /// estimates stand).
+    /// The answer to a commit call: each commit settled or not (its result found by its
+    /// id), or the call failed (the estimates stand): a bad reply fails the whole call.
     pub fn commits_answered(&self, commits: Vec<QueuedCommit>, body_size: usize) {
         let status = host::http_call_response_header(":status")
             .ok()
@@ -427,8 +431,8 @@ impl Plugin {
         } else {
             Vec::new()
         };
-        let reply = match v3::decode_reply(status, &body, commits.len()) {
-            Ok(reply) => reply,
+        let answered = match v3::decode_reply(status, &body, &commits, |c| c.item.id) {
+            Ok(answered) => answered,
             Err(error) => {
                 host::log(
                     host::LogLevel::Warn,
@@ -443,7 +447,7 @@ impl Plugin {
                 return;
             }
         };
-        for (commit, result) in commits.iter().zip(&reply.items) {
+        for (commit, result) in answered {
             if result.settled {
                 self.metrics
                     .commit_settled(commit.rule, commit.item.reserved, commit.item.actual);

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use subtle::ConstantTimeEq;
 use weir_core::algorithms::{Ask, GlobalLimit};
 use weir_core::bounds::MAX_BODY_BYTES;
-use weir_core::wire::{v1, v2, v3, SECRET_HEADER};
+use weir_core::wire::{v1, v2, v3, CheckedItem, SECRET_HEADER};
 
 /// The shared secret, kept as its SHA-256 so that the comparison takes the same time
 /// whatever the length or content of what a client sends.
@@ -96,10 +96,9 @@ async fn decide_v2(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<v2::Reply, ApiError> {
     let body = authorized_body(state, headers, body)?;
-    let (request, limits) =
-        v2::Request::parse(&body).map_err(|e| ApiError::BadRequest(e.to_string()))?;
+    let request = v2::Request::parse(&body).map_err(|e| ApiError::BadRequest(e.to_string()))?;
     let mut items = Vec::with_capacity(request.items.len());
-    for (item, limit) in request.items.iter().zip(&limits) {
+    for CheckedItem { item, limit } in &request.items {
         let reply = run_item(
             state,
             limit,
@@ -117,7 +116,7 @@ async fn decide_v2(
     Ok(v2::Reply { items })
 }
 
-/// `POST /v3/commit`: every item settled on its own, in order.
+/// `POST /v3/commit`: every item settled on its own, in order, answered with its id.
 async fn commit_v3(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -132,10 +131,10 @@ async fn settle_v3(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<v3::CommitReply, ApiError> {
     let body = authorized_body(state, headers, body)?;
-    let (request, limits) =
+    let request =
         v3::CommitRequest::parse(&body).map_err(|e| ApiError::BadRequest(e.to_string()))?;
     let mut items = Vec::with_capacity(request.items.len());
-    for (item, limit) in request.items.iter().zip(&limits) {
+    for CheckedItem { item, limit } in &request.items {
         let settle = Settle {
             counted_at_us: item.counted_at_us,
             reserved: item.reserved,
@@ -155,7 +154,10 @@ async fn settle_v3(
             api
         })?;
         state.metrics.commit(&item.rule, changed);
-        items.push(v3::Committed { settled: changed });
+        items.push(v3::Committed {
+            id: item.id,
+            settled: changed,
+        });
     }
     Ok(v3::CommitReply { items })
 }
@@ -176,11 +178,11 @@ async fn decide_v1(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<v1::AcquireResponse, ApiError> {
     let body = authorized_body(state, headers, body)?;
-    let (request, limits) =
+    let request =
         v1::AcquireRequest::parse(&body).map_err(|e| ApiError::BadRequest(e.to_string()))?;
     let mut now_us = None;
     let mut items = Vec::with_capacity(request.items.len());
-    for (item, limit) in request.items.iter().zip(&limits) {
+    for CheckedItem { item, limit } in &request.items {
         let ask = Ask::exact(item.cost).with_want(item.want);
         let reply = run_item(
             state,

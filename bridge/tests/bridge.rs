@@ -22,7 +22,7 @@ use weir_bridge::scripts::Invocation;
 use weir_bridge::{app, state_from_client, AppState};
 use weir_core::algorithms::Ask;
 use weir_core::wire::v1::{AcquireRequest, AcquireResponse, ACQUIRE_PATH};
-use weir_core::wire::{v2, v3, SECRET_HEADER};
+use weir_core::wire::{v2, v3, CheckedItem, SECRET_HEADER};
 use weir_e2e::{key_slot, redis_cli_at, wait_until, Process, RedisCluster};
 
 const SECRET: &str = "bridge-test-secret";
@@ -61,10 +61,10 @@ async fn acquire(state: &AppState, items: &[Json]) -> AcquireResponse {
 
 /// The Redis state key of one item, as the bridge builds it.
 fn key_of(items_json: &str, index: usize) -> String {
-    let (request, limits) = AcquireRequest::parse(items_json.as_bytes()).unwrap();
-    let item = &request.items[index];
+    let request = AcquireRequest::parse(items_json.as_bytes()).unwrap();
+    let CheckedItem { item, limit } = &request.items[index];
     Invocation::for_limit(
-        &limits[index],
+        limit,
         &request.domain,
         &item.rule,
         &item.descriptor,
@@ -450,8 +450,9 @@ fn sigint_stops_too() {
 }
 
 /// `/v3/commit` beside `/v2/acquire`: a reservation settled with a smaller actual cost
-/// gives its units back to the next acquire; an algorithm that cannot settle is a 400
-/// naming the field; the secret is required; the metrics count the commits.
+/// gives its units back to the next acquire; every result echoes its item's id; an item
+/// without an id, or an algorithm that cannot settle, is a 400 naming the field; the
+/// secret is required; the metrics count the commits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn commits_settle_what_acquire_counted() {
     let cluster = RedisCluster::start(3, 1);
@@ -469,10 +470,13 @@ async fn commits_settle_what_acquire_counted() {
             "descriptor": ["=acme"], "limit": limit, "cost": cost, "want": cost}]})
         .to_string()
     };
+    let item = |id: u16, counted_at: u64, reserved: u64, actual: u64, limit: &Json| {
+        json!({"id": id, "rule": "tokens", "descriptor": ["=acme"], "limit": limit,
+            "counted_at_us": counted_at, "reserved": reserved, "actual": actual})
+    };
     let commit = |counted_at: u64, reserved: u64, actual: u64, limit: &Json| {
-        json!({"domain": "bridge-test", "items": [{"rule": "tokens", "descriptor": ["=acme"],
-            "limit": limit, "counted_at_us": counted_at, "reserved": reserved, "actual": actual}]})
-        .to_string()
+        json!({"domain": "bridge-test", "items": [item(9, counted_at, reserved, actual, limit)]})
+            .to_string()
     };
     let reply = |text: &str| -> Json { serde_json::from_str(text).unwrap() };
 
@@ -496,7 +500,7 @@ async fn commits_settle_what_acquire_counted() {
     )
     .await;
     assert_eq!(status, StatusCode::OK, "{text}");
-    assert_eq!(reply(&text), json!({"items": [{"settled": true}]}));
+    assert_eq!(reply(&text), json!({"items": [{"id": 9, "settled": true}]}));
     let (_, text) = call(&state, post(v2::ACQUIRE_PATH, acquire_v2(30), true)).await;
     let after = reply(&text)["items"][0].clone();
     assert_eq!(
@@ -504,6 +508,24 @@ async fn commits_settle_what_acquire_counted() {
         (json!(true), json!(60)),
         "70 came back: 90 − 30"
     );
+
+    // Each result carries its item's id: an exact estimate (nothing to change) and an
+    // excess (charged now).
+    let counted_at = after["now_us"].as_u64().unwrap();
+    let two = json!({"domain": "bridge-test", "items": [item(5, counted_at, 30, 30, &limit),
+        item(2, counted_at, 1, 2, &limit)]});
+    let (status, text) = call(&state, post(v3::COMMIT_PATH, two.to_string(), true)).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    assert_eq!(
+        reply(&text),
+        json!({"items": [{"id": 5, "settled": false}, {"id": 2, "settled": true}]})
+    );
+    // A commit without ids (the v3 before them, never released) is refused.
+    let mut without_id = two.clone();
+    without_id["items"][0].as_object_mut().unwrap().remove("id");
+    let (status, text) = call(&state, post(v3::COMMIT_PATH, without_id.to_string(), true)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(text.contains("items[0]: missing field `id`"), "{text}");
 
     let gcra = json!({"algorithm": "gcra", "rate": 10, "period_us": 1_000_000, "burst": 9});
     let (status, text) = call(
@@ -523,7 +545,11 @@ async fn commits_settle_what_acquire_counted() {
     )
     .await;
     assert!(
-        metrics.contains(r#"weir_bridge_commits_total{rule="tokens",result="settled"} 1"#),
+        metrics.contains(r#"weir_bridge_commits_total{rule="tokens",result="settled"} 2"#),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(r#"weir_bridge_commits_total{rule="tokens",result="unchanged"} 1"#),
         "{metrics}"
     );
 }

@@ -1046,6 +1046,7 @@ impl Engine {
             return None;
         };
         Some(v3::CommitItem {
+            id: 0, // numbered when its batch is sent
             rule: rule.name.clone(),
             descriptor: descriptor.clone(),
             limit: WireLimit::from(&global.redis_limit),

@@ -21,7 +21,7 @@ use crate::engine::{Engine, Evaluation, RuleOutcome};
 use crate::key::Seed;
 use crate::rules::{FactSource, Facts, RuleId, Scope};
 use crate::store::memory::MemoryStore;
-use crate::wire::{v2, ReplyError};
+use crate::wire::{v2, CheckedItem, ReplyError};
 use crate::worker::Worker;
 
 /// weir-bridge's `POST /v2/acquire` on a model of Redis: each item decided in order by
@@ -50,10 +50,10 @@ impl ModelBridge {
         {
             return Err((503, r#"{"error":"redis unavailable"}"#.to_string()));
         }
-        let (request, limits) = v2::Request::parse(body).map_err(|e| (400, e.to_string()))?;
+        let request = v2::Request::parse(body).map_err(|e| (400, e.to_string()))?;
         self.calls += 1;
         let mut items = Vec::with_capacity(request.items.len());
-        for (item, limit) in request.items.iter().zip(&limits) {
+        for CheckedItem { item, limit } in &request.items {
             self.items += 1;
             let key = format!(
                 "{}\u{0}{}\u{0}{}\u{0}{:?}\u{0}{:?}",

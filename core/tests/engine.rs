@@ -304,9 +304,9 @@ fn the_largest_bridge_request_a_config_can_build_is_accepted() {
         "{} bytes > {MAX_BODY_BYTES}",
         body.len()
     );
-    let (request, _) = v2::Request::parse(&body).unwrap_or_else(|e| panic!("refused: {e}"));
+    let request = v2::Request::parse(&body).unwrap_or_else(|e| panic!("refused: {e}"));
     assert_eq!(
-        request.items[0].cost, 1_000_000,
+        request.items[0].item.cost, 1_000_000,
         "the cost is capped at the wire's want"
     );
 }

@@ -60,10 +60,13 @@ fn reply(items: Vec<Granted>) -> Result<v2::Reply, ReplyError> {
 }
 
 /// The request body the engine would send, parsed back as the bridge reads it.
-fn sent_request(e: &Engine, eval: &Evaluation) -> v2::Request {
+fn sent_items(e: &Engine, eval: &Evaluation) -> Vec<v2::Item> {
     v2::Request::parse(&e.bridge_request(&eval.pending))
         .unwrap_or_else(|err| panic!("the bridge would refuse it: {err}"))
-        .0
+        .items
+        .into_iter()
+        .map(|checked| checked.item)
+        .collect()
 }
 
 #[test]
@@ -73,8 +76,8 @@ fn exact_global_rules_ask_the_bridge_every_time() {
     e.prepare(&store).unwrap();
     for _ in 0..3 {
         let mut eval = eval_at(&e, &store, T0);
-        let request = sent_request(&e, &eval);
-        let item = &request.items[0];
+        let items = sent_items(&e, &eval);
+        let item = &items[0];
         assert_eq!((item.id, item.cost, item.want, item.reserve), (0, 1, 1, 0));
         assert_eq!((item.hold_us, item.horizon_us, item.shadow), (0, 0, false));
         assert_eq!(item.descriptor, ["=acme"]);
@@ -207,7 +210,7 @@ fn a_saturated_gcra_key_is_served_by_reservation() {
     let store = MemoryStore::new();
     e.prepare(&store).unwrap();
     let mut eval = eval_at(&e, &store, T0);
-    let item = &sent_request(&e, &eval).items[0];
+    let item = &sent_items(&e, &eval)[0];
     assert_eq!((item.hold_us, item.horizon_us), (20_000, 100_000));
     // Redis: saturated; 3 units reserved, due 1, 2 and 3 ms after it decided.
     let mut reserved = result(false, 3, 0);
@@ -268,13 +271,9 @@ fn a_shadow_global_rule_does_not_switch_off_the_rules_after_it() {
     let store = MemoryStore::new();
     e.prepare(&store).unwrap();
     let mut eval = eval_at(&e, &store, T0);
-    let request = sent_request(&e, &eval);
+    let items = sent_items(&e, &eval);
     assert_eq!(
-        request
-            .items
-            .iter()
-            .map(|i| (i.id, i.shadow))
-            .collect::<Vec<_>>(),
+        items.iter().map(|i| (i.id, i.shadow)).collect::<Vec<_>>(),
         [(0, true), (1, false)]
     );
     // The bridge goes on past the shadow denial and denies the enforcing rule too.
@@ -455,9 +454,9 @@ fn the_longest_lease_a_config_accepts_is_one_the_bridge_accepts() {
     let store = MemoryStore::new();
     e.prepare(&store).unwrap();
     let eval = eval_at(&e, &store, T0);
-    let sent = sent_request(&e, &eval);
+    let sent = sent_items(&e, &eval);
     assert_eq!(
-        (sent.items[0].hold_us, sent.items[0].horizon_us),
+        (sent[0].hold_us, sent[0].horizon_us),
         (3_600_000_000, 10_000_000)
     );
     for (ttl, horizon, field) in [

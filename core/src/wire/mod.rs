@@ -11,7 +11,8 @@
 //! - [`v1`] (`POST /v1/acquire`), what filters before it send: results in order,
 //!   evaluation stops at the first denial, leases expire by `lease_ttl_ns`.
 //! - [`v3`] (`POST /v3/commit`), beside v2: the costs of global rules with `commit`,
-//!   settled when the responses ended.
+//!   settled when the responses ended; each item carries an id its result echoes, and
+//!   results are matched to commits by id, in any order.
 //!
 //! What both share is here: a limit's form ([`WireLimit`]), the secret header, the
 //! checks every item gets, and what can go wrong with a reply. Sizes are bounded by
@@ -166,6 +167,22 @@ impl<'de> Deserialize<'de> for AlgorithmName {
     }
 }
 
+/// A request body that passed every check: what each version's `parse` returns. Each
+/// item is kept with the limit it compiled to, so that no caller pairs items with limits
+/// by position.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Checked<T> {
+    pub domain: String,
+    pub items: Vec<CheckedItem<T>>,
+}
+
+/// One item as the request carried it, and its compiled limit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckedItem<T> {
+    pub item: T,
+    pub limit: GlobalLimit,
+}
+
 /// What every wire version checks first: the domain's name, and 1 to [`MAX_ITEMS`] items.
 pub(crate) fn check_envelope(domain: &str, items: usize) -> Result<(), FieldError> {
     check_name("domain", domain).map_err(|e| FieldError::new("domain", e))?;
@@ -176,6 +193,23 @@ pub(crate) fn check_envelope(domain: &str, items: usize) -> Result<(), FieldErro
         ));
     }
     Ok(())
+}
+
+/// An item's `id` (under `at`), refused when one of the `earlier` items has it already:
+/// results are matched to items by id, so ids are unique within a request.
+pub(crate) fn check_id<T>(
+    at: &str,
+    id: u16,
+    earlier: &[CheckedItem<T>],
+    id_of: impl Fn(&T) -> u16,
+) -> Result<(), FieldError> {
+    match earlier.iter().position(|other| id_of(&other.item) == id) {
+        Some(first) => Err(FieldError::new(
+            format!("{at}.id"),
+            format!("{id} is also the id of items[{first}]"),
+        )),
+        None => Ok(()),
+    }
 }
 
 /// The fields every item of every version has, checked the same way: the rule's name,

@@ -22,8 +22,7 @@
 //! exceed a GCRA or token-bucket bound in a short interval (docs/global.md): v2 fixes
 //! that.
 
-use super::{check_envelope, check_item, parse_body, WireLimit};
-use crate::algorithms::GlobalLimit;
+use super::{check_envelope, check_item, parse_body, Checked, CheckedItem, WireLimit};
 use crate::field_error::FieldError;
 use serde::{Deserialize, Serialize};
 
@@ -68,31 +67,35 @@ pub struct ItemResult {
 }
 
 impl AcquireRequest {
-    /// Parses and validates a request body; every error names the field.
-    pub fn parse(body: &[u8]) -> Result<(AcquireRequest, Vec<GlobalLimit>), FieldError> {
-        let request: AcquireRequest = parse_body(body)?;
-        let limits = request.validate()?;
-        Ok((request, limits))
+    /// Parses and checks a request body; every error names the field.
+    pub fn parse(body: &[u8]) -> Result<Checked<AcquireItem>, FieldError> {
+        parse_body::<AcquireRequest>(body)?.check()
     }
 
-    /// Checks sizes and parameters (including what Lua cannot compute exactly); returns
-    /// each item's compiled limit.
-    pub fn validate(&self) -> Result<Vec<GlobalLimit>, FieldError> {
+    /// Checks sizes and parameters (including what Lua cannot compute exactly); keeps
+    /// each item with its compiled limit.
+    pub fn check(self) -> Result<Checked<AcquireItem>, FieldError> {
         check_envelope(&self.domain, self.items.len())?;
-        self.items
-            .iter()
+        let items = self
+            .items
+            .into_iter()
             .enumerate()
             .map(|(i, item)| {
-                check_item(
+                let limit = check_item(
                     &format!("items[{i}]"),
                     &item.rule,
                     &item.descriptor,
                     &item.limit,
                     item.cost,
                     item.want,
-                )
+                )?;
+                Ok(CheckedItem { item, limit })
             })
-            .collect()
+            .collect::<Result<_, FieldError>>()?;
+        Ok(Checked {
+            domain: self.domain,
+            items,
+        })
     }
 }
 

@@ -27,8 +27,11 @@
 //! its due time. `limit` and `remaining` are those of the limit Redis enforces, which for
 //! a GCRA rule with leases has the burst the hold costs taken off.
 
-use super::{check_envelope, check_item, parse_body, status_error, ReplyError, WireLimit};
-use crate::algorithms::{Ask, Decision, GlobalLimit, Grant};
+use super::{
+    check_envelope, check_id, check_item, parse_body, status_error, Checked, CheckedItem,
+    ReplyError, WireLimit,
+};
+use crate::algorithms::{Ask, Decision, Grant};
 use crate::bounds::{MAX_BODY_BYTES, MAX_LEASE_HORIZON_US, MAX_LEASE_TTL_US, MAX_WANT};
 use crate::field_error::{strip_position, FieldError};
 use serde::{Deserialize, Serialize};
@@ -139,28 +142,19 @@ impl Granted {
 }
 
 impl Request {
-    /// Parses and validates a request body; every error names the field.
-    pub fn parse(body: &[u8]) -> Result<(Request, Vec<GlobalLimit>), FieldError> {
-        let request: Request = parse_body(body)?;
-        let limits = request.validate()?;
-        Ok((request, limits))
+    /// Parses and checks a request body; every error names the field.
+    pub fn parse(body: &[u8]) -> Result<Checked<Item>, FieldError> {
+        parse_body::<Request>(body)?.check()
     }
 
     /// Checks sizes, ids and parameters (including what Lua cannot compute exactly);
-    /// returns each item's compiled limit.
-    pub fn validate(&self) -> Result<Vec<GlobalLimit>, FieldError> {
+    /// keeps each item with its compiled limit.
+    pub fn check(self) -> Result<Checked<Item>, FieldError> {
         check_envelope(&self.domain, self.items.len())?;
-        let mut limits = Vec::with_capacity(self.items.len());
-        for (i, item) in self.items.iter().enumerate() {
+        let mut items: Vec<CheckedItem<Item>> = Vec::with_capacity(self.items.len());
+        for (i, item) in self.items.into_iter().enumerate() {
             let at = format!("items[{i}]");
-            if let Some(first) = self.items.iter().position(|other| other.id == item.id) {
-                if first < i {
-                    return Err(FieldError::new(
-                        format!("{at}.id"),
-                        format!("{} is also the id of items[{first}]", item.id),
-                    ));
-                }
-            }
+            check_id(&at, item.id, &items, |other| other.id)?;
             let limit = check_item(
                 &at,
                 &item.rule,
@@ -182,9 +176,12 @@ impl Request {
             bounded("reserve", item.reserve, MAX_WANT)?;
             bounded("hold_us", item.hold_us, MAX_LEASE_TTL_US)?;
             bounded("horizon_us", item.horizon_us, MAX_LEASE_HORIZON_US)?;
-            limits.push(limit);
+            items.push(CheckedItem { item, limit });
         }
-        Ok(limits)
+        Ok(Checked {
+            domain: self.domain,
+            items,
+        })
     }
 }
 
@@ -290,11 +287,13 @@ mod tests {
         };
         let parse = |items: &[String]| {
             let body = format!(r#"{{"domain":"weir","items":[{}]}}"#, items.join(","));
-            Request::parse(body.as_bytes()).map(|(r, _)| r)
+            Request::parse(body.as_bytes())
         };
         let ok = parse(&[item(0, ""), item(7, r#","hold_us":5000,"shadow":true"#)]).unwrap();
-        assert_eq!(ok.items[1].ask().hold_us, 5_000);
-        assert!(ok.items[1].shadow && !ok.items[0].shadow);
+        assert_eq!(ok.items[1].item.ask().hold_us, 5_000);
+        assert!(ok.items[1].item.shadow && !ok.items[0].item.shadow);
+        assert_eq!(ok.items[1].item.id, 7);
+        assert_eq!(ok.items[1].limit, ok.items[1].item.limit.compile().unwrap());
         assert_eq!(
             parse(&[item(4, ""), item(4, "")]).unwrap_err().to_string(),
             "items[1].id: 4 is also the id of items[0]"
