@@ -23,6 +23,15 @@
 //! of this plugin are skipped for [`BRIDGE_BACKOFF_US`] so that a failing bridge does not
 //! cost every request a failed call.
 
+mod report;
+
+mod evaluation;
+
+pub use evaluation::{BridgeError, Delayed, Evaluation, HeldRequest, PendingCommit, PendingItem};
+pub use report::{FailureOutcome, RuleOutcome, RuleReport, Source, Verdict};
+
+use evaluation::{applies, Applied, CommitKey, HoldOffer, Resume, Served};
+
 use crate::adaptive::{
     measures_service, Adaptive, ControllerState, KeyedEntry, KeyedLatencies, Response,
     SharedRecord, WorkerLatency, KEY_PROBES,
@@ -34,7 +43,7 @@ use crate::bounds::MAX_WANT;
 use crate::concurrency::{place_epoch, Concurrency, KeyPlaces, MAX_PLACE_UPDATES_PER_TICK};
 use crate::config::Config;
 use crate::delay::RELEASE_SLACK_US;
-use crate::key::{encode_part, KeyHash, KeyHasher, Seed};
+use crate::key::{encode_part, KeyHash, Seed};
 use crate::lease::{Held, LeaseSlot, Settled, SettledOutcome, Spend};
 use crate::reservoir::{Found, WorkerTable};
 use crate::response::RuleVerdict;
@@ -43,7 +52,7 @@ use crate::rules::{
     RuleId, Scope,
 };
 use crate::store::slot_table::SlotTable;
-use crate::store::{Placement, SharedStore, StoreError, UpdateError, Updated, Vacancy};
+use crate::store::{SharedStore, StoreError, UpdateError, Updated, Vacancy};
 use crate::wire::v2::{self, Granted, Sent};
 use crate::wire::v3;
 use crate::wire::{ReplyError, WireLimit};
@@ -56,357 +65,6 @@ pub const COMMIT_DENIAL_CACHE_US: u64 = 20_000;
 
 /// How long a failed bridge is left alone before it is tried again.
 pub const BRIDGE_BACKOFF_US: u64 = 1_000_000;
-
-/// What happened to one rule on one request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RuleOutcome {
-    /// The rule's match did not hold.
-    NotMatched,
-    /// A key source had no value and no default: the rule did not apply.
-    KeyMissing,
-    Allowed,
-    Limited,
-    /// A shadow rule that would have denied.
-    ShadowLimited,
-    /// The store failed; the local rule let the request through.
-    StoreFailed(UpdateError),
-    /// The bridge could not answer; the rule's failure mode decided.
-    BridgeFailed(FailureOutcome),
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FailureOutcome {
-    Allowed,
-    /// `failure_mode: deny` (or a shadow rule that would have).
-    Denied,
-    /// `failure_mode: local`: decided by the local share; `true` if allowed.
-    Local {
-        allowed: bool,
-    },
-}
-
-/// Where a decision came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Source {
-    /// A local rule's slot.
-    Slot,
-    /// Units this worker took ahead for a local rule (no shared-data call).
-    Reservoir,
-    /// Units this Envoy held for a global rule (a lease or a reservation).
-    Lease,
-    /// A cached denial (of a global rule in shared data, of a local rule in the worker).
-    DenialCache,
-    /// The bridge, i.e. Redis.
-    Bridge,
-    /// A global rule's local fallback.
-    Fallback,
-}
-
-/// A rule's report for metrics and logs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RuleReport {
-    pub rule: RuleId,
-    pub outcome: RuleOutcome,
-    pub source: Option<Source>,
-    /// When the decision was made, µs since the epoch: this Envoy's clock, or Redis's
-    /// for a decision of the bridge.
-    pub decided_at_us: u64,
-    /// What the request costs under this rule (0 when it did not apply).
-    pub cost: u64,
-    pub placement: Option<Placement>,
-    /// CAS attempts lost, over every table update the rule made.
-    pub cas_retries: u32,
-    /// A global rule's lease table failed (the bridge or the failure mode decided).
-    pub lease_store_error: Option<UpdateError>,
-    /// Reservoirs: units this request's take put in the worker's reservoir, units that
-    /// expired unspent in it, and the units lost with another key's entry when the
-    /// worker's table was full (`Some`: an entry was taken).
-    pub reservoir_taken: u64,
-    pub reservoir_expired: u64,
-    pub reservoir_lost: Option<u64>,
-    /// A delaying rule denied a request that would have fitted within its `max`,
-    /// because the worker already held `queue` requests for it.
-    pub delay_queue_full: bool,
-    /// A `per_key` adaptive rule decided this request's key without a controller of its
-    /// own (every record it may use belongs to an active key, or the worker's table of
-    /// keys was full of keys with samples waiting): against `max_in_flight`.
-    pub key_without_controller: bool,
-    /// A concurrency rule's write dropped this many units of the key's places that no
-    /// live worker had re-counted for a whole epoch (see [`crate::concurrency`]).
-    pub in_flight_reclaimed: u64,
-}
-
-impl RuleReport {
-    /// A rule looked at `now_us`, not matched until said otherwise.
-    pub fn new(rule: RuleId, now_us: u64) -> Self {
-        RuleReport {
-            rule,
-            outcome: RuleOutcome::NotMatched,
-            source: None,
-            decided_at_us: now_us,
-            cost: 0,
-            placement: None,
-            cas_retries: 0,
-            lease_store_error: None,
-            reservoir_taken: 0,
-            reservoir_expired: 0,
-            reservoir_lost: None,
-            delay_queue_full: false,
-            key_without_controller: false,
-            in_flight_reclaimed: 0,
-        }
-    }
-
-    /// Adds what one table update did (or how it failed) to the report.
-    fn add_update<R>(&mut self, update: &Result<Updated<R>, UpdateError>) {
-        match update {
-            Ok(u) => {
-                self.placement = self.placement.or(u.placement);
-                self.cas_retries = self.cas_retries.saturating_add(u.cas_retries);
-            }
-            Err(e) => self.cas_retries = self.cas_retries.saturating_add(e.lost_attempts()),
-        }
-    }
-}
-
-/// An enforcing rule's decision, for the RateLimit headers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Verdict {
-    pub rule: RuleId,
-    pub decision: Decision,
-}
-
-/// A global rule that needs the bridge.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PendingItem {
-    pub rule: RuleId,
-    pub hash: KeyHash,
-    pub descriptor: Vec<String>,
-    pub cost: u64,
-    /// Units to take now when they are free (a lease), and to reserve when not.
-    pub want: u64,
-    pub reserve: u64,
-    /// What this Envoy last heard of the key: units remaining, and when (µs).
-    pub last_known: Option<(u64, u64)>,
-    /// What the lease lookup found (placement, CAS retries, a store error): the rule's
-    /// final report starts from it.
-    pub lookup: RuleReport,
-}
-
-/// The state of one request's evaluation. It owns everything, so the filter can keep
-/// it while the request waits for the bridge.
-#[derive(Debug, Default)]
-pub struct Evaluation {
-    /// One per enforcing rule that decided, in order; at most one is a denial.
-    pub verdicts: Vec<Verdict>,
-    /// The enforcing rule that denied the request.
-    pub denied_by: Option<RuleId>,
-    /// A rule whose bridge failed with `failure_mode: deny`.
-    pub unavailable: Option<RuleId>,
-    /// One per rule decided or skipped, in the order they were settled (rules after a
-    /// denial are not looked at; a rule waiting for the bridge gets its report with the
-    /// reply, from its [`PendingItem::lookup`]).
-    pub reports: Vec<RuleReport>,
-    /// The shadow rules that would have denied.
-    pub shadow_limited: Vec<RuleId>,
-    /// Global rules to ask the bridge about (empty once completed).
-    pub pending: Vec<PendingItem>,
-    /// Set when the bridge failed or was skipped (see [`BRIDGE_BACKOFF_US`]).
-    pub bridge_error: Option<BridgeError>,
-    /// A rule holds the request instead of denying it (`on_limit.delay`): the request
-    /// waits until [`Hold::due_us`], then goes on with [`Engine::release`].
-    pub held: Option<HeldRequest>,
-    /// The request was held and released (or its release came too late).
-    pub delayed: Option<Delayed>,
-    /// Rules whose cost is corrected when the response ends (`commit`), one per rule
-    /// that admitted the request: settle each with [`Engine::commit`] (a concurrency
-    /// rule's place: give it back with [`Engine::end_in_flight`] on the same worker).
-    pub commits: Vec<PendingCommit>,
-}
-
-/// What a rule with a commit counted for a request, to be settled with the response's
-/// actual cost.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PendingCommit {
-    pub rule: RuleId,
-    key: CommitKey,
-    /// Units counted when the request was admitted (its estimated cost).
-    pub reserved: u64,
-    /// When they were counted: this Envoy's clock for a local rule, Redis's for a global
-    /// one.
-    pub counted_at_us: u64,
-}
-
-/// Where the units of a pending commit were counted.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum CommitKey {
-    /// In this Envoy's shared data.
-    Local(KeyHash),
-    /// In Redis: the key's descriptor, to settle through the bridge (`/v3/commit`).
-    Global(Vec<String>),
-}
-
-impl PendingCommit {
-    /// Whether it is settled in Redis (through the bridge), not in shared data.
-    pub fn is_global(&self) -> bool {
-        matches!(self.key, CommitKey::Global(_))
-    }
-}
-
-/// A request a rule holds: its place in the key's schedule is taken; the rule's
-/// decision is recorded when the request is released.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct HeldRequest {
-    pub rule: RuleId,
-    pub hold: Hold,
-    /// When the request arrived (µs): its delay's `max` counts from then.
-    pub arrived_us: u64,
-    decision: Decision,
-    report: RuleReport,
-}
-
-/// A held request's release.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Delayed {
-    pub rule: RuleId,
-    /// From the request's arrival to its release.
-    pub waited_us: u64,
-    /// The release came after [`Hold::release_by_us`]: the slot was lost and the rule
-    /// decided the request again.
-    pub late: bool,
-}
-
-/// A delaying rule's offer to hold the request it would deny.
-#[derive(Debug, Clone, Copy)]
-struct HoldOffer {
-    /// What is left of the delay's `max` for this request.
-    max_wait_us: u64,
-    /// The worker has room for one more held request of the rule.
-    room: bool,
-}
-
-impl HoldOffer {
-    /// Whether a denial with `retry_after_ns` would be held (given room).
-    fn covers(&self, retry_after_ns: Option<u64>) -> bool {
-        retry_after_ns.is_some_and(|ns| ns.div_ceil(NS_PER_US) <= self.max_wait_us)
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum BridgeError {
-    /// Not called: it failed less than [`BRIDGE_BACKOFF_US`] ago.
-    Skipped,
-    /// Not called: the call already asking about these keys had all the waiters it
-    /// may hold (see `crate::flight`).
-    Busy,
-    Reply(ReplyError),
-}
-
-impl Evaluation {
-    /// The request must not reach the upstream.
-    pub fn denied(&self) -> bool {
-        self.denied_by.is_some() || self.unavailable.is_some()
-    }
-
-    /// No further rule is looked at now: the request is denied or held.
-    fn stopped(&self) -> bool {
-        self.denied() || self.held.is_some()
-    }
-
-    /// Some rule has counted the request already (or will, at the bridge): holding it
-    /// then would admit it later than that rule counted it.
-    fn counted(&self) -> bool {
-        !self.pending.is_empty()
-            || self
-                .reports
-                .iter()
-                .any(|r| r.outcome == RuleOutcome::Allowed && r.cost > 0)
-    }
-
-    /// Turns a hold into a denial at `now_us` (the request cannot wait: its worker is
-    /// going away): the holding rule denies it, retry when it would have been released.
-    /// Its place in the schedule is not given back.
-    pub fn deny_held(&mut self, now_us: u64) {
-        let Some(held) = self.held.take() else {
-            return;
-        };
-        let mut report = held.report;
-        report.outcome = RuleOutcome::Limited;
-        report.decided_at_us = now_us;
-        self.reports.push(report);
-        let decision = Decision {
-            allowed: false,
-            remaining: 0,
-            retry_after_ns: Some(
-                held.hold
-                    .due_us
-                    .saturating_sub(now_us)
-                    .max(1)
-                    .saturating_mul(NS_PER_US),
-            ),
-            ..held.decision
-        };
-        self.verdicts.push(Verdict {
-            rule: held.rule,
-            decision,
-        });
-        self.denied_by = Some(held.rule);
-    }
-
-    /// Holds the request for `rule`; its decision is recorded on release.
-    fn hold(&mut self, report: RuleReport, rule: &Rule, decision: Decision, hold: Hold) {
-        self.held = Some(HeldRequest {
-            rule: rule.id,
-            hold,
-            arrived_us: report.decided_at_us,
-            decision,
-            report,
-        });
-    }
-
-    /// Records a decided rule: its report, and for enforcing rules the verdict (a
-    /// denial stops the evaluation); shadow denials are only noted.
-    fn record(&mut self, mut report: RuleReport, rule: &Rule, decision: Decision) {
-        report.outcome = match (decision.allowed, rule.shadow) {
-            (true, _) => RuleOutcome::Allowed,
-            (false, true) => RuleOutcome::ShadowLimited,
-            (false, false) => RuleOutcome::Limited,
-        };
-        self.reports.push(report);
-        if rule.shadow {
-            if !decision.allowed {
-                self.shadow_limited.push(rule.id);
-            }
-            return;
-        }
-        self.verdicts.push(Verdict {
-            rule: rule.id,
-            decision,
-        });
-        if !decision.allowed {
-            self.denied_by = Some(rule.id);
-        }
-    }
-}
-
-/// A rule that applies to the request decided at `now_us`: its key's hash and the
-/// request's cost.
-struct Applied<'a> {
-    rule: &'a Rule,
-    hash: KeyHash,
-    cost: u64,
-    now_us: u64,
-}
-
-impl Applied<'_> {
-    /// The rule's report, before its decision.
-    fn report(&self) -> RuleReport {
-        RuleReport {
-            cost: self.cost,
-            ..RuleReport::new(self.rule.id, self.now_us)
-        }
-    }
-}
 
 /// A limit decided in a slot table of this Envoy, and what to call the decision.
 struct SlotDecision<'a> {
@@ -1440,41 +1098,6 @@ fn lease_label(global: &GlobalRule) -> String {
     format!("lease-{}-{}", global.redis_limit.kind(), values.join("-"))
 }
 
-/// Where an evaluation starts: the first rule to look at, and when the request arrived.
-#[derive(Debug, Clone, Copy)]
-struct Resume {
-    first_rule: usize,
-    arrived_us: u64,
-}
-
-/// Whether `rule` applies to the request, and if so its key's hash and the cost. A rule
-/// that does not match or whose key is missing is reported here.
-fn applies<'r, F: FactSource>(
-    rule: &'r Rule,
-    seed: &Seed,
-    facts: &mut Facts<'_, F>,
-    now_us: u64,
-    eval: &mut Evaluation,
-) -> Option<Applied<'r>> {
-    let mut report = RuleReport::new(rule.id, now_us);
-    if !rule.matches(facts) {
-        eval.reports.push(report);
-        return None;
-    }
-    let mut hasher = KeyHasher::new(seed);
-    if !rule.visit_key(facts, |origin, bytes| hasher.part(origin, bytes)) {
-        report.outcome = RuleOutcome::KeyMissing;
-        eval.reports.push(report);
-        return None;
-    }
-    Some(Applied {
-        rule,
-        hash: hasher.finish(),
-        cost: rule.cost(facts),
-        now_us,
-    })
-}
-
 /// Decides a limit in a slot table and records it; a store failure lets the request
 /// through and is reported. A key without state starts from `seed` when there is one
 /// (a local fallback starts from what this Envoy last knew of the global key, so an
@@ -1898,62 +1521,6 @@ fn decide_with_reservoir<S: SharedStore>(
     *entry = entry.settle(settled, now_us);
     report.reservoir_taken = taken.units;
     record_or_hold(eval, report, applied.rule, decision, None, offer);
-}
-
-/// A decision served from what a slot holds (units, a cached denial), without asking
-/// shared data or the bridge.
-struct Served {
-    source: Source,
-    decision: Decision,
-    /// When a spent unit's admission counts (see [`Spend::Spent`]).
-    at_us: Option<u64>,
-}
-
-impl Served {
-    /// What `spend` decided from `slot` (`None`: a miss), for a limit of `quota`, with
-    /// `units` as the source of a spent or not-yet-due unit. RateLimit numbers are what
-    /// the slot last heard from the shared bucket or Redis, plus what it holds.
-    fn from_spend(
-        spend: Spend,
-        slot: &LeaseSlot,
-        quota: u64,
-        now_us: u64,
-        units: Source,
-    ) -> Option<Served> {
-        let (remaining, reset_after_ns) = slot.remote_view(now_us);
-        let decision = |allowed: bool, retry_after_ns: Option<u64>| Decision {
-            allowed,
-            limit: quota,
-            remaining: if allowed { remaining.min(quota) } else { 0 },
-            retry_after_ns,
-            reset_after_ns,
-        };
-        let (source, decision, at_us) = match spend {
-            Spend::Spent { at_us, .. } => (units, decision(true, None), Some(at_us)),
-            Spend::NotYetDue { retry_after_ns } => {
-                (units, decision(false, Some(retry_after_ns)), None)
-            }
-            Spend::Denied { retry_after_ns } => (
-                Source::DenialCache,
-                decision(false, Some(retry_after_ns)),
-                None,
-            ),
-            Spend::Miss { .. } => return None,
-        };
-        Some(Served {
-            source,
-            decision,
-            at_us,
-        })
-    }
-
-    fn record(self, eval: &mut Evaluation, mut report: RuleReport, rule: &Rule) {
-        if let Some(at_us) = self.at_us {
-            report.decided_at_us = at_us;
-        }
-        report.source = Some(self.source);
-        eval.record(report, rule, self.decision);
-    }
 }
 
 /// A global rule and its lease table.
