@@ -43,7 +43,7 @@ pub struct TendedPlaces {
 /// A concurrency rule as the engine runs it: its limit, its slots, and with `adaptive`
 /// the records of its controllers.
 #[derive(Debug)]
-pub(super) struct ConcurrencyRule {
+pub(super) struct ConcurrencyRuntime {
     limit: Concurrency,
     slots: SlotTable,
     controllers: Option<Controllers>,
@@ -58,10 +58,10 @@ struct Controllers {
     base: String,
 }
 
-impl ConcurrencyRule {
+impl ConcurrencyRuntime {
     /// The rule's runtime, its slot table and records named after `owner`.
     pub(super) fn new(rule: &Rule, limit: &Concurrency, owner: &str) -> Self {
-        ConcurrencyRule {
+        ConcurrencyRuntime {
             limit: limit.clone(),
             slots: SlotTable::new(owner, "in-flight", rule.max_keys),
             controllers: limit.adaptive.map(|adaptive| Controllers {

@@ -65,16 +65,16 @@ impl LimitTable {
 /// A local rule as the engine runs it: its limit and slots, and what its worker may do
 /// beside them (take units ahead, hold a request it would deny).
 #[derive(Debug)]
-pub(super) struct LocalRule {
+pub(super) struct LocalRuntime {
     pub(super) slots: LimitTable,
     reservoir: Option<Reservoir>,
     delay: Option<Delay>,
 }
 
-impl LocalRule {
+impl LocalRuntime {
     /// The rule's runtime, its slot table named after `owner`.
     pub(super) fn new(rule: &Rule, limit: &Limit, owner: &str) -> Self {
-        LocalRule {
+        LocalRuntime {
             slots: LimitTable {
                 limit: limit.clone(),
                 table: SlotTable::new(owner, limit.kind().name(), rule.max_keys),

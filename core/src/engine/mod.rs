@@ -295,7 +295,7 @@ impl Engine {
         tended
     }
 
-    /// Writes the worker's places of one key (see [`ConcurrencyRule::give_back`]); the
+    /// Writes the worker's places of one key (see [`ConcurrencyRuntime::give_back`]); the
     /// places of a rule that is not a concurrency rule of this config are forgotten.
     fn give_back<S: SharedStore>(
         &self,

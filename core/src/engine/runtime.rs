@@ -5,17 +5,17 @@ use crate::config::Config;
 use crate::rules::{Rule, RuleId, Scope};
 use crate::store::{SharedStore, StoreError};
 
-use super::concurrency::ConcurrencyRule;
+use super::concurrency::ConcurrencyRuntime;
 use super::global::GlobalRuntime;
-use super::local::LocalRule;
+use super::local::LocalRuntime;
 
 /// One rule's runtime: what its scope decides with, and the tables it owns.
 #[derive(Debug)]
 pub(super) enum RuleRuntime {
     /// Its slots in shared data (and the worker's reservoir and delay settings).
-    Local(LocalRule),
+    Local(LocalRuntime),
     /// Its slots of requests in flight, and an adaptive rule's controllers.
-    Concurrency(ConcurrencyRule),
+    Concurrency(ConcurrencyRuntime),
     /// Its lease table, and the local share's slots with `failure_mode: local`.
     Global(GlobalRuntime),
 }
@@ -24,9 +24,9 @@ impl RuleRuntime {
     /// The runtime of `rule`, its tables named after `owner`.
     fn new(rule: &Rule, owner: &str) -> Self {
         match &rule.scope {
-            Scope::Local(limit) => RuleRuntime::Local(LocalRule::new(rule, limit, owner)),
+            Scope::Local(limit) => RuleRuntime::Local(LocalRuntime::new(rule, limit, owner)),
             Scope::Concurrency(limit) => {
-                RuleRuntime::Concurrency(ConcurrencyRule::new(rule, limit, owner))
+                RuleRuntime::Concurrency(ConcurrencyRuntime::new(rule, limit, owner))
             }
             Scope::Global(global) => RuleRuntime::Global(GlobalRuntime::new(rule, global, owner)),
         }
