@@ -27,7 +27,8 @@
 //! - [`delay`]: a worker's requests held instead of denied (`on_limit.delay`).
 //! - [`worker`]: what one worker keeps beside shared data (reservoirs, held requests).
 //! - [`response`]: what a client sees (status, RateLimit headers, body).
-//! - [`engine`]: one request through every rule.
+//! - [`engine`]: one request through every rule; one file per scope (local,
+//!   concurrency, global) around each rule's runtime value.
 //! - [`flight`]: bridge calls in flight, one per key (single flight).
 //! - `scenarios` (feature `scenarios`): behaviour tables the core and the bridge share.
 //! - `simulation` (feature `simulation`): many Envoys and a model of the bridge, in

@@ -36,6 +36,19 @@ const CORE_LAYERS: &[&str] = &[
     "simulation",
 ];
 
+/// The files of `core/src/engine/`, lowest first: each uses (`super::<file>`) only the
+/// ones before it. `mod` declares them all and comes last.
+const ENGINE_LAYERS: &[&str] = &[
+    "report",
+    "evaluation",
+    "local",
+    "concurrency",
+    "global",
+    "runtime",
+    "bridge",
+    "mod",
+];
+
 /// The filter's glue modules, lowest first.
 const FILTER_LAYERS: &[&str] = &[
     "host", "store", "metrics", "plugin", "filter", "root", "abi",
@@ -75,6 +88,12 @@ fn module_files(dir: &Path) -> Vec<(String, PathBuf)> {
 
 /// The top-level modules a source file names as `crate::<module>`, comments ignored.
 fn uses(source: &str) -> BTreeSet<String> {
+    named_after(source, "crate::")
+}
+
+/// The names a source file puts right after `prefix` (`crate::`, `super::`), comments
+/// ignored.
+fn named_after(source: &str, prefix: &str) -> BTreeSet<String> {
     let mut found = BTreeSet::new();
     for line in source.lines() {
         let code = match line.find("//") {
@@ -82,8 +101,8 @@ fn uses(source: &str) -> BTreeSet<String> {
             None => line,
         };
         let mut rest = code;
-        while let Some(at) = rest.find("crate::") {
-            let after = &rest[at + "crate::".len()..];
+        while let Some(at) = rest.find(prefix) {
+            let after = &rest[at + prefix.len()..];
             let name: String = after
                 .chars()
                 .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
@@ -145,6 +164,48 @@ fn core_modules_only_use_lower_layers() {
         &Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
         CORE_LAYERS,
     );
+}
+
+#[test]
+fn engine_files_only_use_lower_files() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/engine");
+    let rank = |m: &str| ENGINE_LAYERS.iter().position(|l| *l == m);
+    let mut problems = Vec::new();
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .collect();
+    files.sort();
+    assert!(!files.is_empty(), "no sources under {}", dir.display());
+    for path in &files {
+        let file = path.file_stem().unwrap().to_string_lossy().to_string();
+        let Some(own) = rank(&file) else {
+            problems.push(format!(
+                "{}: file `{file}` is in no layer; add it to ENGINE_LAYERS in core/tests/layers.rs",
+                path.display()
+            ));
+            continue;
+        };
+        let source = std::fs::read_to_string(path).unwrap();
+        let mut used = named_after(&source, "super::");
+        used.extend(named_after(&source, "crate::engine::"));
+        for used in used {
+            match rank(&used) {
+                Some(r) if r < own => {}
+                Some(_) => problems.push(format!(
+                    "{}: `{file}` uses `{used}`, which is not below it",
+                    path.display()
+                )),
+                // `super::Engine` and the like: the root re-exports them, but a file below
+                // it names the file that defines them.
+                None => problems.push(format!(
+                    "{}: `{file}` uses `{used}` of the engine's root: name the file that defines it",
+                    path.display()
+                )),
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
 
 #[test]

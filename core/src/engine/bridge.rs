@@ -1,0 +1,224 @@
+//! An evaluation's call to the bridge: the items it asks about, the reply that completes
+//! it, the failure modes when there is none, and the backoff that spares a failing bridge
+//! a call per request. Also the `/v3/commit` call settling global rules' commits.
+
+use crate::rules::RuleId;
+use crate::store::SharedStore;
+use crate::wire::v2::{self, Sent};
+use crate::wire::{v3, ReplyError};
+
+use super::evaluation::{Applied, BridgeError, CommitKey, Evaluation, PendingCommit, PendingItem};
+use super::runtime::{Engine, RuleRuntime};
+
+/// How long a failed bridge is left alone before it is tried again.
+pub const BRIDGE_BACKOFF_US: u64 = 1_000_000;
+
+impl Engine {
+    /// The bridge item settling a global rule's commit with its actual cost (capped at
+    /// what one item may carry); `None` for a local rule's.
+    pub fn global_commit(&self, commit: &PendingCommit, actual: u64) -> Option<v3::CommitItem> {
+        let CommitKey::Global(descriptor) = &commit.key else {
+            return None;
+        };
+        let (rule, RuleRuntime::Global(global)) = self.rule(commit.rule)? else {
+            return None;
+        };
+        Some(global.commit_item(rule, descriptor, commit, actual))
+    }
+
+    /// The body of a `/v3/commit` call.
+    pub fn commit_request(&self, items: Vec<v3::CommitItem>) -> Vec<u8> {
+        let domain = self
+            .config
+            .bridge
+            .as_ref()
+            .map_or("weir", |b| b.domain.as_str())
+            .to_string();
+        serde_json::to_vec(&v3::CommitRequest { domain, items }).unwrap_or_default()
+    }
+
+    /// Looks again at the rules still waiting for the bridge, at `now_us`: another call
+    /// for the same keys (single flight) may have left units or a denial since. Each rule
+    /// served that way is decided; the others stay pending, asking for what their
+    /// Envoy's demand now says.
+    pub fn revisit<S: SharedStore>(&self, eval: &mut Evaluation, store: &S, now_us: u64) {
+        let pending = std::mem::take(&mut eval.pending);
+        for mut item in pending {
+            if eval.denied() {
+                break;
+            }
+            let Some((rule, RuleRuntime::Global(global))) = self.rule(item.rule) else {
+                continue;
+            };
+            let applied = Applied {
+                rule,
+                hash: item.hash,
+                cost: item.cost,
+                now_us,
+            };
+            if let Some(asked) = global.spend_or_ask(eval, store, &applied) {
+                item.want = asked.want;
+                item.reserve = asked.reserve;
+                item.last_known = asked.last_known;
+                item.lookup = asked.lookup;
+                eval.pending.push(item);
+            }
+        }
+        self.after_local_decisions(eval, store, now_us);
+    }
+
+    /// Once every rule has been looked at: a denied request asks nobody; otherwise the
+    /// pending rules go to the bridge, unless it failed a moment ago.
+    pub(super) fn after_local_decisions<S: SharedStore>(
+        &self,
+        eval: &mut Evaluation,
+        store: &S,
+        now_us: u64,
+    ) {
+        if eval.denied() {
+            eval.pending.clear();
+        } else if !eval.pending.is_empty() && self.bridge_down(store, now_us) {
+            self.fail_pending(eval, store, now_us, BridgeError::Skipped);
+        }
+    }
+
+    /// The body of the `POST /v2/acquire` call for `pending`: one item per pending rule,
+    /// with the rule's id.
+    pub fn bridge_request(&self, pending: &[PendingItem]) -> Vec<u8> {
+        let domain = self
+            .config
+            .bridge
+            .as_ref()
+            .map_or("weir", |b| b.domain.as_str());
+        let items: Vec<v2::Item> = pending
+            .iter()
+            .filter_map(|item| match self.rule(item.rule)? {
+                (rule, RuleRuntime::Global(global)) => Some(global.wire_item(rule, item)),
+                (_, RuleRuntime::Local(_) | RuleRuntime::Concurrency(_)) => None,
+            })
+            .collect();
+        let request = v2::Request {
+            domain: domain.to_string(),
+            items,
+        };
+        serde_json::to_vec(&request).unwrap_or_default()
+    }
+
+    /// What a reply to `pending` is checked against (see [`v2::decode_reply`]).
+    pub fn sent(&self, pending: &[PendingItem]) -> Vec<Sent> {
+        pending
+            .iter()
+            .map(|item| Sent {
+                id: item.rule.0,
+                shadow: self.config.rule(item.rule).is_some_and(|r| r.shadow),
+            })
+            .collect()
+    }
+
+    /// Finishes an evaluation with the bridge's reply (or its failure), at `now_us`. The
+    /// call left at `sent_at_us`: Redis decided between the two, and what it granted is
+    /// anchored on both ([`crate::lease::Held::from_reply`]).
+    pub fn complete<S: SharedStore>(
+        &self,
+        eval: &mut Evaluation,
+        store: &S,
+        sent_at_us: u64,
+        now_us: u64,
+        reply: Result<v2::Reply, ReplyError>,
+    ) {
+        let reply = match reply {
+            Ok(reply) => reply,
+            Err(error) => {
+                self.note_bridge_down(store, now_us.saturating_add(BRIDGE_BACKOFF_US));
+                self.fail_pending(eval, store, now_us, BridgeError::Reply(error));
+                return;
+            }
+        };
+        let pending = std::mem::take(&mut eval.pending);
+        // Each result names its item by rule id; items after the bridge stopped were not
+        // decided, and are not charged.
+        for result in &reply.items {
+            let Some(item) = pending.iter().find(|item| item.rule.0 == result.id) else {
+                continue;
+            };
+            self.settle(eval, store, item, result, (sent_at_us, now_us));
+        }
+    }
+
+    /// Records the bridge's answer for one pending rule (the rule's runtime settles it).
+    fn settle<S: SharedStore>(
+        &self,
+        eval: &mut Evaluation,
+        store: &S,
+        item: &PendingItem,
+        result: &v2::Granted,
+        (sent_at_us, now_us): (u64, u64),
+    ) {
+        let Some((rule, RuleRuntime::Global(global))) = self.rule(item.rule) else {
+            return;
+        };
+        global.settle(eval, store, rule, item, result, (sent_at_us, now_us));
+    }
+
+    /// Applies each pending rule's failure mode now, without asking the bridge and
+    /// without holding later calls back.
+    pub fn fail_now<S: SharedStore>(
+        &self,
+        eval: &mut Evaluation,
+        store: &S,
+        now_us: u64,
+        error: BridgeError,
+    ) {
+        self.fail_pending(eval, store, now_us, error);
+    }
+
+    /// Applies each pending rule's failure mode.
+    fn fail_pending<S: SharedStore>(
+        &self,
+        eval: &mut Evaluation,
+        store: &S,
+        now_us: u64,
+        error: BridgeError,
+    ) {
+        eval.bridge_error = Some(error);
+        let pending = std::mem::take(&mut eval.pending);
+        for item in pending {
+            if eval.denied() {
+                break;
+            }
+            let Some((rule, RuleRuntime::Global(global))) = self.rule(item.rule) else {
+                continue;
+            };
+            global.fail(eval, store, rule, item, now_us);
+        }
+    }
+
+    /// Whether calls for `rule` may be shared between requests (see `crate::flight`): a
+    /// global rule with leases, whose answers serve whoever comes next.
+    pub fn shares_calls(&self, rule: RuleId) -> bool {
+        matches!(
+            self.rule(rule),
+            Some((_, RuleRuntime::Global(global))) if global.global.lease.is_some()
+        )
+    }
+
+    fn bridge_down<S: SharedStore>(&self, store: &S, now_us: u64) -> bool {
+        let Ok((Some(value), _)) = store.get(&self.bridge_down_key) else {
+            return false;
+        };
+        let until = <[u8; 8]>::try_from(value.as_slice()).map_or(0, u64::from_le_bytes);
+        now_us < until
+    }
+
+    /// Remembers that the bridge failed: calls are skipped until `until_us`. Racing
+    /// writers each write a time about a second ahead; whichever lands is good enough.
+    fn note_bridge_down<S: SharedStore>(&self, store: &S, until_us: u64) {
+        let key = &self.bridge_down_key;
+        let value = until_us.to_le_bytes();
+        let _ = match store.get(key) {
+            Ok((_, Some(version))) => store.compare_and_set(key, &value, version),
+            Ok((_, None)) => store.create(key, &value),
+            Err(e) => Err(e),
+        };
+    }
+}

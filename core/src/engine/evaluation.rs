@@ -1,0 +1,335 @@
+//! One request's evaluation as it goes: what each rule decided, what waits for the
+//! bridge, a request held by a delaying rule, and what is settled when the response
+//! ends — with the steps every scope shares (a rule that applies, a decision served from
+//! held units).
+
+use crate::algorithms::{Decision, Hold, NS_PER_US};
+use crate::key::{KeyHash, KeyHasher, Seed};
+use crate::lease::{LeaseSlot, Spend};
+use crate::rules::{FactSource, Facts, Rule, RuleId};
+use crate::wire::ReplyError;
+
+use super::report::{RuleOutcome, RuleReport, Source, Verdict};
+
+/// A global rule that needs the bridge.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PendingItem {
+    pub rule: RuleId,
+    pub hash: KeyHash,
+    pub descriptor: Vec<String>,
+    pub cost: u64,
+    /// Units to take now when they are free (a lease), and to reserve when not.
+    pub want: u64,
+    pub reserve: u64,
+    /// What this Envoy last heard of the key: units remaining, and when (µs).
+    pub last_known: Option<(u64, u64)>,
+    /// What the lease lookup found (placement, CAS retries, a store error): the rule's
+    /// final report starts from it.
+    pub lookup: RuleReport,
+}
+
+/// The state of one request's evaluation. It owns everything, so the filter can keep
+/// it while the request waits for the bridge.
+#[derive(Debug, Default)]
+pub struct Evaluation {
+    /// One per enforcing rule that decided, in order; at most one is a denial.
+    pub verdicts: Vec<Verdict>,
+    /// The enforcing rule that denied the request.
+    pub denied_by: Option<RuleId>,
+    /// A rule whose bridge failed with `failure_mode: deny`.
+    pub unavailable: Option<RuleId>,
+    /// One per rule decided or skipped, in the order they were settled (rules after a
+    /// denial are not looked at; a rule waiting for the bridge gets its report with the
+    /// reply, from its [`PendingItem::lookup`]).
+    pub reports: Vec<RuleReport>,
+    /// The shadow rules that would have denied.
+    pub shadow_limited: Vec<RuleId>,
+    /// Global rules to ask the bridge about (empty once completed).
+    pub pending: Vec<PendingItem>,
+    /// Set when the bridge failed or was skipped (see [`BRIDGE_BACKOFF_US`](super::BRIDGE_BACKOFF_US)).
+    pub bridge_error: Option<BridgeError>,
+    /// A rule holds the request instead of denying it (`on_limit.delay`): the request
+    /// waits until [`Hold::due_us`], then goes on with [`Engine::release`](super::Engine::release).
+    pub held: Option<HeldRequest>,
+    /// The request was held and released (or its release came too late).
+    pub delayed: Option<Delayed>,
+    /// Rules whose cost is corrected when the response ends (`commit`), one per rule
+    /// that admitted the request: settle each with [`Engine::commit`](super::Engine::commit) (a concurrency
+    /// rule's place: give it back with [`Engine::end_in_flight`](super::Engine::end_in_flight) on the same worker).
+    pub commits: Vec<PendingCommit>,
+}
+
+/// What a rule with a commit counted for a request, to be settled with the response's
+/// actual cost.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PendingCommit {
+    pub rule: RuleId,
+    pub(super) key: CommitKey,
+    /// Units counted when the request was admitted (its estimated cost).
+    pub reserved: u64,
+    /// When they were counted: this Envoy's clock for a local rule, Redis's for a global
+    /// one.
+    pub counted_at_us: u64,
+}
+
+/// Where the units of a pending commit were counted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum CommitKey {
+    /// In this Envoy's shared data.
+    Local(KeyHash),
+    /// In Redis: the key's descriptor, to settle through the bridge (`/v3/commit`).
+    Global(Vec<String>),
+}
+
+impl PendingCommit {
+    /// Whether it is settled in Redis (through the bridge), not in shared data.
+    pub fn is_global(&self) -> bool {
+        matches!(self.key, CommitKey::Global(_))
+    }
+}
+
+/// A request a rule holds: its place in the key's schedule is taken; the rule's
+/// decision is recorded when the request is released.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeldRequest {
+    pub rule: RuleId,
+    pub hold: Hold,
+    /// When the request arrived (µs): its delay's `max` counts from then.
+    pub arrived_us: u64,
+    pub(super) decision: Decision,
+    pub(super) report: RuleReport,
+}
+
+/// A held request's release.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Delayed {
+    pub rule: RuleId,
+    /// From the request's arrival to its release.
+    pub waited_us: u64,
+    /// The release came after [`Hold::release_by_us`]: the slot was lost and the rule
+    /// decided the request again.
+    pub late: bool,
+}
+
+/// A delaying rule's offer to hold the request it would deny.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct HoldOffer {
+    /// What is left of the delay's `max` for this request.
+    pub(super) max_wait_us: u64,
+    /// The worker has room for one more held request of the rule.
+    pub(super) room: bool,
+}
+
+impl HoldOffer {
+    /// Whether a denial with `retry_after_ns` would be held (given room).
+    pub(super) fn covers(&self, retry_after_ns: Option<u64>) -> bool {
+        retry_after_ns.is_some_and(|ns| ns.div_ceil(NS_PER_US) <= self.max_wait_us)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BridgeError {
+    /// Not called: it failed less than [`BRIDGE_BACKOFF_US`](super::BRIDGE_BACKOFF_US) ago.
+    Skipped,
+    /// Not called: the call already asking about these keys had all the waiters it
+    /// may hold (see `crate::flight`).
+    Busy,
+    Reply(ReplyError),
+}
+
+impl Evaluation {
+    /// The request must not reach the upstream.
+    pub fn denied(&self) -> bool {
+        self.denied_by.is_some() || self.unavailable.is_some()
+    }
+
+    /// No further rule is looked at now: the request is denied or held.
+    pub(super) fn stopped(&self) -> bool {
+        self.denied() || self.held.is_some()
+    }
+
+    /// Some rule has counted the request already (or will, at the bridge): holding it
+    /// then would admit it later than that rule counted it.
+    pub(super) fn counted(&self) -> bool {
+        !self.pending.is_empty()
+            || self
+                .reports
+                .iter()
+                .any(|r| r.outcome == RuleOutcome::Allowed && r.cost > 0)
+    }
+
+    /// Turns a hold into a denial at `now_us` (the request cannot wait: its worker is
+    /// going away): the holding rule denies it, retry when it would have been released.
+    /// Its place in the schedule is not given back.
+    pub fn deny_held(&mut self, now_us: u64) {
+        let Some(held) = self.held.take() else {
+            return;
+        };
+        let mut report = held.report;
+        report.outcome = RuleOutcome::Limited;
+        report.decided_at_us = now_us;
+        self.reports.push(report);
+        let decision = Decision {
+            allowed: false,
+            remaining: 0,
+            retry_after_ns: Some(
+                held.hold
+                    .due_us
+                    .saturating_sub(now_us)
+                    .max(1)
+                    .saturating_mul(NS_PER_US),
+            ),
+            ..held.decision
+        };
+        self.verdicts.push(Verdict {
+            rule: held.rule,
+            decision,
+        });
+        self.denied_by = Some(held.rule);
+    }
+
+    /// Holds the request for `rule`; its decision is recorded on release.
+    pub(super) fn hold(&mut self, report: RuleReport, rule: &Rule, decision: Decision, hold: Hold) {
+        self.held = Some(HeldRequest {
+            rule: rule.id,
+            hold,
+            arrived_us: report.decided_at_us,
+            decision,
+            report,
+        });
+    }
+
+    /// Records a decided rule: its report, and for enforcing rules the verdict (a
+    /// denial stops the evaluation); shadow denials are only noted.
+    pub(super) fn record(&mut self, mut report: RuleReport, rule: &Rule, decision: Decision) {
+        report.outcome = match (decision.allowed, rule.shadow) {
+            (true, _) => RuleOutcome::Allowed,
+            (false, true) => RuleOutcome::ShadowLimited,
+            (false, false) => RuleOutcome::Limited,
+        };
+        self.reports.push(report);
+        if rule.shadow {
+            if !decision.allowed {
+                self.shadow_limited.push(rule.id);
+            }
+            return;
+        }
+        self.verdicts.push(Verdict {
+            rule: rule.id,
+            decision,
+        });
+        if !decision.allowed {
+            self.denied_by = Some(rule.id);
+        }
+    }
+}
+
+/// A rule that applies to the request decided at `now_us`: its key's hash and the
+/// request's cost.
+pub(super) struct Applied<'a> {
+    pub(super) rule: &'a Rule,
+    pub(super) hash: KeyHash,
+    pub(super) cost: u64,
+    pub(super) now_us: u64,
+}
+
+impl Applied<'_> {
+    /// The rule's report, before its decision.
+    pub(super) fn report(&self) -> RuleReport {
+        RuleReport {
+            cost: self.cost,
+            ..RuleReport::new(self.rule.id, self.now_us)
+        }
+    }
+}
+
+/// Where an evaluation starts: the first rule to look at, and when the request arrived.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Resume {
+    pub(super) first_rule: usize,
+    pub(super) arrived_us: u64,
+}
+
+/// Whether `rule` applies to the request, and if so its key's hash and the cost. A rule
+/// that does not match or whose key is missing is reported here.
+pub(super) fn applies<'r, F: FactSource>(
+    rule: &'r Rule,
+    seed: &Seed,
+    facts: &mut Facts<'_, F>,
+    now_us: u64,
+    eval: &mut Evaluation,
+) -> Option<Applied<'r>> {
+    let mut report = RuleReport::new(rule.id, now_us);
+    if !rule.matches(facts) {
+        eval.reports.push(report);
+        return None;
+    }
+    let mut hasher = KeyHasher::new(seed);
+    if !rule.visit_key(facts, |origin, bytes| hasher.part(origin, bytes)) {
+        report.outcome = RuleOutcome::KeyMissing;
+        eval.reports.push(report);
+        return None;
+    }
+    Some(Applied {
+        rule,
+        hash: hasher.finish(),
+        cost: rule.cost(facts),
+        now_us,
+    })
+}
+
+/// A decision served from what a slot holds (units, a cached denial), without asking
+/// shared data or the bridge.
+pub(super) struct Served {
+    source: Source,
+    decision: Decision,
+    /// When a spent unit's admission counts (see [`Spend::Spent`]).
+    at_us: Option<u64>,
+}
+
+impl Served {
+    /// What `spend` decided from `slot` (`None`: a miss), for a limit of `quota`, with
+    /// `units` as the source of a spent or not-yet-due unit. RateLimit numbers are what
+    /// the slot last heard from the shared bucket or Redis, plus what it holds.
+    pub(super) fn from_spend(
+        spend: Spend,
+        slot: &LeaseSlot,
+        quota: u64,
+        now_us: u64,
+        units: Source,
+    ) -> Option<Served> {
+        let (remaining, reset_after_ns) = slot.remote_view(now_us);
+        let decision = |allowed: bool, retry_after_ns: Option<u64>| Decision {
+            allowed,
+            limit: quota,
+            remaining: if allowed { remaining.min(quota) } else { 0 },
+            retry_after_ns,
+            reset_after_ns,
+        };
+        let (source, decision, at_us) = match spend {
+            Spend::Spent { at_us, .. } => (units, decision(true, None), Some(at_us)),
+            Spend::NotYetDue { retry_after_ns } => {
+                (units, decision(false, Some(retry_after_ns)), None)
+            }
+            Spend::Denied { retry_after_ns } => (
+                Source::DenialCache,
+                decision(false, Some(retry_after_ns)),
+                None,
+            ),
+            Spend::Miss { .. } => return None,
+        };
+        Some(Served {
+            source,
+            decision,
+            at_us,
+        })
+    }
+
+    pub(super) fn record(self, eval: &mut Evaluation, mut report: RuleReport, rule: &Rule) {
+        if let Some(at_us) = self.at_us {
+            report.decided_at_us = at_us;
+        }
+        report.source = Some(self.source);
+        eval.record(report, rule, self.decision);
+    }
+}

@@ -1,0 +1,412 @@
+//! Global rules: one quota across every Envoy, kept in Redis by weir-bridge. A rule is
+//! served from what this Envoy holds for its key ([`crate::lease`]) or asks the bridge;
+//! the bridge's answer is settled in the rule's lease table, and when the bridge fails the
+//! rule's failure mode decides — with `failure_mode: local`, in a local share's slots.
+
+use crate::algorithms::{Decision, GlobalLimit, Limit};
+use crate::bounds::MAX_WANT;
+use crate::key::encode_part;
+use crate::lease::{Held, LeaseSlot, Settled, SettledOutcome, Spend};
+use crate::rules::{FactSource, Facts, FailureMode, GlobalRule, Rule};
+use crate::store::slot_table::SlotTable;
+use crate::store::SharedStore;
+use crate::wire::v2::{self, Granted};
+use crate::wire::{v3, WireLimit};
+
+use super::evaluation::{Applied, CommitKey, Evaluation, PendingCommit, PendingItem, Served};
+use super::local::{decide_in_slot, LimitTable, SlotDecision};
+use super::report::{FailureOutcome, RuleOutcome, RuleReport, Source};
+
+/// The longest a global rule with a commit trusts a denial from Redis: refunds of the
+/// requests in flight may free its units at any time, so a denial cached until the
+/// key's retry time (a refill an hour away) would deny what Redis would now admit.
+pub const COMMIT_DENIAL_CACHE_US: u64 = 20_000;
+
+/// A global rule as the engine runs it: the rule, its lease table, and what it does
+/// when the bridge cannot answer.
+#[derive(Debug)]
+pub(super) struct GlobalRuntime {
+    pub(super) global: GlobalRule,
+    leases: SlotTable<LeaseSlot>,
+    on_failure: OnFailure,
+}
+
+/// A global rule's failure mode, with the local share's slots for `failure_mode: local`.
+#[derive(Debug)]
+enum OnFailure {
+    Allow,
+    Deny,
+    Local(LimitTable),
+}
+
+impl GlobalRuntime {
+    /// The rule's runtime, its tables named after `owner`.
+    pub(super) fn new(rule: &Rule, global: &GlobalRule, owner: &str) -> Self {
+        let on_failure = match &global.failure_mode {
+            FailureMode::Allow => OnFailure::Allow,
+            FailureMode::Deny => OnFailure::Deny,
+            FailureMode::Local(limit) => OnFailure::Local(LimitTable {
+                limit: limit.clone(),
+                table: SlotTable::new(owner, &format!("fallback-{}", limit.kind()), rule.max_keys),
+            }),
+        };
+        GlobalRuntime {
+            global: global.clone(),
+            leases: SlotTable::new(owner, &lease_label(global), rule.max_keys),
+            on_failure,
+        }
+    }
+
+    pub(super) fn leases(&self) -> &SlotTable<LeaseSlot> {
+        &self.leases
+    }
+
+    /// The local share's slots (`failure_mode: local`).
+    pub(super) fn fallback(&self) -> Option<&LimitTable> {
+        match &self.on_failure {
+            OnFailure::Local(slots) => Some(slots),
+            OnFailure::Allow | OnFailure::Deny => None,
+        }
+    }
+
+    /// A global rule: served from what this Envoy holds for the key (units due, a
+    /// reservation not due yet, a cached denial) — then recorded here — or it must ask the
+    /// bridge, for as much as this Envoy's demand says.
+    pub(super) fn spend_or_ask<S: SharedStore>(
+        &self,
+        eval: &mut Evaluation,
+        store: &S,
+        applied: &Applied<'_>,
+    ) -> Option<Asked> {
+        let now_us = applied.now_us;
+        let mut report = applied.report();
+        let spent = self.leases.update(
+            store,
+            &applied.hash,
+            now_us,
+            |s: LeaseSlot| s.vacancy(),
+            |state| {
+                let (spend, next) = state.unwrap_or_default().spend(now_us, applied.cost);
+                ((spend, next), Some(next))
+            },
+        );
+        report.add_update(&spent);
+        let (spend, slot) = match spent {
+            Ok(updated) => updated.result,
+            Err(e) => {
+                report.lease_store_error = Some(e);
+                (Spend::Miss { demand_per_s: 0 }, LeaseSlot::default())
+            }
+        };
+        let quota = self.global.limit.policy().quota;
+        if let Some(served) = Served::from_spend(spend, &slot, quota, now_us, Source::Lease) {
+            served.record(eval, report, applied.rule);
+            return None;
+        }
+        let Spend::Miss { demand_per_s } = spend else {
+            return None;
+        };
+        let (want, reserve) = ask_for(&self.global, &slot, applied.cost, demand_per_s);
+        Some(Asked {
+            want,
+            reserve,
+            last_known: (slot.remote_at_us > 0)
+                .then_some((slot.remote_remaining, slot.remote_at_us)),
+            lookup: report,
+        })
+    }
+
+    /// Records the bridge's answer for one pending rule and writes what it leaves for
+    /// later requests: units held, or a cached denial.
+    pub(super) fn settle<S: SharedStore>(
+        &self,
+        eval: &mut Evaluation,
+        store: &S,
+        rule: &Rule,
+        item: &PendingItem,
+        result: &Granted,
+        (sent_at_us, now_us): (u64, u64),
+    ) {
+        let global = &self.global;
+        let settled = settled_from(
+            item,
+            result,
+            sent_at_us,
+            now_us,
+            global,
+            rule.commit.is_some(),
+        );
+        let stored = self.leases.update(
+            store,
+            &item.hash,
+            now_us,
+            |s: LeaseSlot| s.vacancy(),
+            |state| ((), Some(state.unwrap_or_default().settle(settled, now_us))),
+        );
+        let mut report = RuleReport {
+            source: Some(Source::Bridge),
+            decided_at_us: result.now_us,
+            ..item.lookup
+        };
+        report.add_update(&stored);
+        if let Err(e) = stored {
+            report.lease_store_error.get_or_insert(e);
+        }
+        let quota = global.limit.policy().quota;
+        let decision = Decision {
+            limit: quota,
+            remaining: result.remaining.min(quota),
+            ..result.decision()
+        };
+        if result.allowed && rule.commit.is_some() && item.cost > 0 {
+            // Counted in Redis at its clock: settled there when the response ends.
+            eval.commits.push(PendingCommit {
+                rule: rule.id,
+                key: CommitKey::Global(item.descriptor.clone()),
+                reserved: item.cost,
+                counted_at_us: result.now_us,
+            });
+        }
+        eval.record(report, rule, decision);
+    }
+
+    /// Applies the rule's failure mode to one pending item at `now_us`: allow, deny, or
+    /// decide in the local share's slots, starting from what this Envoy last knew of the
+    /// global key.
+    pub(super) fn fail<S: SharedStore>(
+        &self,
+        eval: &mut Evaluation,
+        store: &S,
+        rule: &Rule,
+        item: PendingItem,
+        now_us: u64,
+    ) {
+        let global = &self.global;
+        let mut report = RuleReport {
+            decided_at_us: now_us,
+            ..item.lookup
+        };
+        match &self.on_failure {
+            OnFailure::Allow => {
+                report.outcome = RuleOutcome::BridgeFailed(FailureOutcome::Allowed);
+                eval.reports.push(report);
+            }
+            OnFailure::Deny => {
+                report.outcome = RuleOutcome::BridgeFailed(FailureOutcome::Denied);
+                eval.reports.push(report);
+                if rule.shadow {
+                    eval.shadow_limited.push(rule.id);
+                } else {
+                    eval.unavailable = Some(rule.id);
+                }
+            }
+            OnFailure::Local(slots) => {
+                let limit = &slots.limit;
+                let seed = item.last_known.map(|(remaining, at_us)| {
+                    limit.state_with_remaining(remaining / global.expected_instances, at_us)
+                });
+                let applied = Applied {
+                    rule,
+                    hash: item.hash,
+                    cost: item.cost,
+                    now_us,
+                };
+                let slot = SlotDecision {
+                    slots,
+                    source: Source::Fallback,
+                };
+                decide_in_slot(eval, store, &applied, slot, report, seed, None);
+                // The verdict is recorded; the report says how it came.
+                if let Some(last) = eval.reports.last_mut() {
+                    if let RuleOutcome::Allowed | RuleOutcome::Limited = last.outcome {
+                        let allowed = last.outcome == RuleOutcome::Allowed;
+                        last.outcome = RuleOutcome::BridgeFailed(FailureOutcome::Local { allowed });
+                    }
+                }
+            }
+        }
+    }
+
+    /// The `/v2/acquire` item asking about `item`, with the rule's id.
+    pub(super) fn wire_item(&self, rule: &Rule, item: &PendingItem) -> v2::Item {
+        let global = &self.global;
+        v2::Item {
+            id: rule.id.0,
+            rule: rule.name.clone(),
+            descriptor: item.descriptor.clone(),
+            limit: WireLimit::from(&global.redis_limit),
+            cost: item.cost,
+            want: item.want,
+            reserve: item.reserve,
+            hold_us: global.lease.map_or(0, |l| l.hold_us),
+            horizon_us: global.lease.map_or(0, |l| l.horizon_us),
+            shadow: rule.shadow,
+        }
+    }
+
+    /// The `/v3/commit` item settling `commit` (counted in Redis under `descriptor`) with
+    /// its actual cost, capped at what one item may carry.
+    pub(super) fn commit_item(
+        &self,
+        rule: &Rule,
+        descriptor: &[String],
+        commit: &PendingCommit,
+        actual: u64,
+    ) -> v3::CommitItem {
+        v3::CommitItem {
+            id: 0, // numbered when its batch is sent
+            rule: rule.name.clone(),
+            descriptor: descriptor.to_vec(),
+            limit: WireLimit::from(&self.global.redis_limit),
+            counted_at_us: commit.counted_at_us,
+            reserved: commit.reserved,
+            actual: actual.min(MAX_WANT),
+        }
+    }
+}
+
+/// A global rule's lease table is labelled with the limit Redis enforces, parameters
+/// included: units held or denials cached under other parameters never apply.
+fn lease_label(global: &GlobalRule) -> String {
+    let values: Vec<String> = global
+        .redis_limit
+        .algorithm()
+        .parameters()
+        .iter()
+        .map(u64::to_string)
+        .collect();
+    format!("lease-{}-{}", global.redis_limit.kind(), values.join("-"))
+}
+
+/// What a global rule that must ask the bridge asks for.
+pub(super) struct Asked {
+    pub(super) want: u64,
+    pub(super) reserve: u64,
+    pub(super) last_known: Option<(u64, u64)>,
+    pub(super) lookup: RuleReport,
+}
+
+/// How much a global rule asks for: exact rules their cost. With leases, what this
+/// Envoy's demand would spend within the hold — but no more than an even share of what
+/// Redis had left last time — and, for a saturated GCRA key, what it would spend over the
+/// reservation horizon.
+fn ask_for(global: &GlobalRule, slot: &LeaseSlot, cost: u64, demand_per_s: u64) -> (u64, u64) {
+    let Some(lease) = global.lease else {
+        return (cost, 0);
+    };
+    if slot.held.count > 0 {
+        // Units held (too few for this request, or a reservation it cannot use): ask
+        // for this request alone, so a grant never replaces units Redis has counted.
+        return (cost, 0);
+    }
+    let over = |span_us: u64| {
+        let units = u128::from(demand_per_s) * u128::from(span_us);
+        u64::try_from(units.div_ceil(1_000_000)).unwrap_or(u64::MAX)
+    };
+    let mut want = over(lease.hold_us);
+    if slot.remote_at_us > 0 {
+        let share = (slot.remote_remaining / global.expected_instances.max(1)).max(1);
+        want = want.min(share);
+    }
+    let want = want.clamp(cost, lease.max.max(cost));
+    let reserve = if has_schedule(global) && lease.horizon_us > 0 {
+        over(lease.horizon_us).clamp(cost, lease.max.max(cost))
+    } else {
+        0
+    };
+    (want, reserve)
+}
+
+/// Whether the rule's Redis limit has a schedule whose slots can be reserved (GCRA).
+fn has_schedule(global: &GlobalRule) -> bool {
+    matches!(global.redis_limit, GlobalLimit::Slot(Limit::Gcra(_)))
+}
+
+/// A global rule queued for the bridge, with its descriptor (built only now: facts are
+/// cached, so visiting the key again costs no host call).
+pub(super) fn pending_item<F: FactSource>(
+    applied: Applied<'_>,
+    facts: &mut Facts<'_, F>,
+    asked: Asked,
+) -> PendingItem {
+    let mut descriptor = Vec::new();
+    applied.rule.visit_key(facts, |origin, bytes| {
+        descriptor.push(encode_part(origin, bytes))
+    });
+    PendingItem {
+        rule: applied.rule.id,
+        hash: applied.hash,
+        descriptor,
+        cost: applied.cost,
+        want: asked.want,
+        reserve: asked.reserve,
+        last_known: asked.last_known,
+        lookup: asked.lookup,
+    }
+}
+
+/// What a result leaves in the key's slot: the units granted beyond the request's own
+/// (a lease's leftover, or a whole reservation), or a cached denial for requests of at
+/// least this cost, until the result's retry time counted from when the call left.
+///
+/// A saturated token bucket or sliding-window counter frees a unit or two at a time and
+/// every Envoy would ask for each: such a key is asked about at most once per horizon —
+/// a cached denial lasts at least that long, and so does one after a grant that left
+/// Redis with nothing. What frees up meanwhile is not lost: it waits in Redis (tokens up
+/// to the capacity, a window's unspent share) for whoever asks next. GCRA reserves its
+/// schedule instead; a fixed window's retry time is its end anyway; a sliding log's unit
+/// claimed late would leave the log late too, so it is asked for when due.
+fn settled_from(
+    item: &PendingItem,
+    result: &Granted,
+    sent_at_us: u64,
+    now_us: u64,
+    global: &GlobalRule,
+    commits: bool,
+) -> Settled {
+    let floor_us = match (&global.redis_limit, global.lease) {
+        (GlobalLimit::Slot(Limit::TokenBucket(_) | Limit::SlidingWindow(_)), Some(lease)) => {
+            lease.horizon_us
+        }
+        _ => 0,
+    };
+    let extra = if result.allowed {
+        result.granted.saturating_sub(item.cost)
+    } else {
+        result.granted
+    };
+    let outcome = if extra > 0 {
+        let held = Held::from_reply(
+            extra,
+            result.due_ns,
+            result.spacing_ns,
+            result.valid_ns,
+            sent_at_us,
+            now_us,
+        );
+        SettledOutcome::Held(held)
+    } else if !result.allowed {
+        let mut retry_us = result.retry_after_ns.unwrap_or(result.reset_after_ns) / 1_000;
+        if commits {
+            // Commits give units back at any time: a denial is trusted only briefly.
+            retry_us = retry_us.min(COMMIT_DENIAL_CACHE_US);
+        }
+        SettledOutcome::Denied {
+            until_us: sent_at_us.saturating_add(retry_us.max(floor_us)),
+            cost: item.cost,
+        }
+    } else {
+        SettledOutcome::Nothing
+    };
+    let exhausted_until_us = if result.allowed && result.remaining == 0 && floor_us > 0 {
+        sent_at_us.saturating_add(floor_us)
+    } else {
+        0
+    };
+    Settled {
+        outcome,
+        exhausted_until_us,
+        remaining: result.remaining,
+        reset_after_ns: result.reset_after_ns,
+    }
+}

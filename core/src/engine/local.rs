@@ -1,0 +1,334 @@
+//! Local rules: decided in this Envoy's shared data, in the rule's slot table — or from
+//! what the worker took ahead for the key (a reservoir), or held instead of denied (a
+//! delay). A global rule's local fallback decides here too, in its own slots.
+
+use crate::algorithms::{Ahead, Decision, Hold, Limit, SlotState, TakenAhead, NS_PER_US};
+use crate::bounds::MAX_WANT;
+use crate::delay::RELEASE_SLACK_US;
+use crate::key::KeyHash;
+use crate::lease::{Held, Settled, SettledOutcome, Spend};
+use crate::reservoir::{Found, WorkerTable};
+use crate::rules::{Delay, Reservoir, Rule};
+use crate::store::slot_table::SlotTable;
+use crate::store::{SharedStore, UpdateError, Updated, Vacancy};
+use crate::worker::Worker;
+
+use super::evaluation::{Applied, CommitKey, Evaluation, HoldOffer, PendingCommit, Served};
+use super::report::{RuleOutcome, RuleReport, Source};
+
+/// A limit and the slot table of this Envoy it is decided in.
+#[derive(Debug)]
+pub(super) struct LimitTable {
+    pub(super) limit: Limit,
+    pub(super) table: SlotTable,
+}
+
+impl LimitTable {
+    /// Runs `decide` on the key's state in the table, with CAS (see [`SlotTable::update`]).
+    fn update<S: SharedStore, R>(
+        &self,
+        store: &S,
+        hash: &KeyHash,
+        now_us: u64,
+        decide: impl FnMut(Option<SlotState>) -> (R, Option<SlotState>),
+    ) -> Result<Updated<R>, UpdateError> {
+        let vacancy = |state: SlotState| Vacancy {
+            idle_at_us: self.limit.idle_at_us(state),
+            in_use: self.limit.in_use(state, now_us),
+        };
+        self.table.update(store, hash, now_us, vacancy, decide)
+    }
+
+    /// Settles what the key counted for a request (`commit`) with its actual cost (at
+    /// most [`MAX_WANT`]), known at `now_us`; returns whether the key's state changed.
+    pub(super) fn settle<S: SharedStore>(
+        &self,
+        store: &S,
+        hash: &KeyHash,
+        commit: &PendingCommit,
+        actual: u64,
+        now_us: u64,
+    ) -> Result<bool, UpdateError> {
+        // What one response may claim: as for a global rule's item (a response saying
+        // 2^64 tokens would push the key's refills out of reach).
+        let actual = actual.min(MAX_WANT);
+        self.update(store, hash, now_us, |state| {
+            let next =
+                self.limit
+                    .settle(state, commit.counted_at_us, commit.reserved, actual, now_us);
+            (next.is_some(), next)
+        })
+        .map(|updated| updated.result)
+    }
+}
+
+/// A local rule as the engine runs it: its limit and slots, and what its worker may do
+/// beside them (take units ahead, hold a request it would deny).
+#[derive(Debug)]
+pub(super) struct LocalRuntime {
+    pub(super) slots: LimitTable,
+    reservoir: Option<Reservoir>,
+    delay: Option<Delay>,
+}
+
+impl LocalRuntime {
+    /// The rule's runtime, its slot table named after `owner`.
+    pub(super) fn new(rule: &Rule, limit: &Limit, owner: &str) -> Self {
+        LocalRuntime {
+            slots: LimitTable {
+                limit: limit.clone(),
+                table: SlotTable::new(owner, limit.kind().name(), rule.max_keys),
+            },
+            reservoir: rule.reservoir,
+            delay: rule.delay,
+        }
+    }
+
+    /// Decides the rule for a request that arrived at `arrived_us`: from the worker's
+    /// reservoir when the rule has one, else in the slot; held when the rule delays.
+    pub(super) fn decide<S: SharedStore>(
+        &self,
+        eval: &mut Evaluation,
+        store: &S,
+        worker: &mut Worker,
+        applied: &Applied<'_>,
+        arrived_us: u64,
+    ) {
+        let rule = applied.rule;
+        let now_us = applied.now_us;
+        let slot = SlotDecision {
+            slots: &self.slots,
+            source: Source::Slot,
+        };
+        // A rule holds a request only when no rule counted it before: it
+        // would be admitted later than they counted it.
+        let offer = self.delay.filter(|_| !eval.counted()).map(|d| HoldOffer {
+            max_wait_us: d.max_us.saturating_sub(now_us.saturating_sub(arrived_us)),
+            room: worker.waiting.has_room(rule.id),
+        });
+        match (self.reservoir, worker.reservoirs.table(rule.id)) {
+            (Some(settings), Some(table)) => {
+                let reservoir = ReservoirDecision {
+                    settings,
+                    worker: table,
+                };
+                decide_with_reservoir(eval, store, applied, slot, reservoir, offer);
+            }
+            _ => {
+                let report = applied.report();
+                decide_in_slot(eval, store, applied, slot, report, None, offer);
+            }
+        }
+        if let Some(held) = eval.held.as_mut() {
+            held.arrived_us = arrived_us;
+        }
+    }
+}
+
+/// A limit decided in a slot table of this Envoy, and what to call the decision.
+pub(super) struct SlotDecision<'a> {
+    pub(super) slots: &'a LimitTable,
+    pub(super) source: Source,
+}
+
+/// Decides a limit in a slot table and records it; a store failure lets the request
+/// through and is reported. A key without state starts from `seed` when there is one
+/// (a local fallback starts from what this Envoy last knew of the global key, so an
+/// exhausted key does not restart full).
+pub(super) fn decide_in_slot<S: SharedStore>(
+    eval: &mut Evaluation,
+    store: &S,
+    applied: &Applied<'_>,
+    slot: SlotDecision<'_>,
+    mut report: RuleReport,
+    seed: Option<SlotState>,
+    offer: Option<HoldOffer>,
+) {
+    let now_us = applied.now_us;
+    report.source = Some(slot.source);
+    let updated = slot.slots.update(store, &applied.hash, now_us, |state| {
+        let state = state.or(seed);
+        match offer.filter(|o| o.room) {
+            Some(o) => {
+                let (decision, hold, next) = slot.slots.limit.hold(
+                    state,
+                    now_us,
+                    applied.cost,
+                    o.max_wait_us,
+                    RELEASE_SLACK_US,
+                );
+                ((decision, hold), next)
+            }
+            None => {
+                let (decision, next) = slot.slots.limit.decide(state, now_us, applied.cost);
+                ((decision, None), next)
+            }
+        }
+    });
+    report.add_update(&updated);
+    match updated {
+        Ok(updated) => {
+            let (decision, hold) = updated.result;
+            if decision.allowed && applied.rule.commit.is_some() && applied.cost > 0 {
+                eval.commits.push(PendingCommit {
+                    rule: applied.rule.id,
+                    key: CommitKey::Local(applied.hash),
+                    reserved: applied.cost,
+                    counted_at_us: now_us,
+                });
+            }
+            record_or_hold(eval, report, applied.rule, decision, hold, offer);
+        }
+        Err(error) => {
+            report.outcome = RuleOutcome::StoreFailed(error);
+            eval.reports.push(report);
+        }
+    }
+}
+
+/// Records a local rule's decision, or holds the request when the rule did.
+fn record_or_hold(
+    eval: &mut Evaluation,
+    mut report: RuleReport,
+    rule: &Rule,
+    decision: Decision,
+    hold: Option<Hold>,
+    offer: Option<HoldOffer>,
+) {
+    if let Some(hold) = hold {
+        eval.hold(report, rule, decision, hold);
+        return;
+    }
+    report.delay_queue_full =
+        !decision.allowed && offer.is_some_and(|o| !o.room && o.covers(decision.retry_after_ns));
+    eval.record(report, rule, decision);
+}
+
+/// A local rule's reservoir settings and this worker's table of them.
+struct ReservoirDecision<'a> {
+    settings: Reservoir,
+    worker: &'a mut WorkerTable,
+}
+
+/// A local rule with reservoirs: served from what this worker took ahead for the key, or
+/// denied by what it cached, with no shared-data call; otherwise decided in the slot
+/// like any local rule, taking ahead what the worker's demand for the key would spend
+/// within the hold (see [`Limit::take_ahead`]).
+fn decide_with_reservoir<S: SharedStore>(
+    eval: &mut Evaluation,
+    store: &S,
+    applied: &Applied<'_>,
+    slot: SlotDecision<'_>,
+    reservoir: ReservoirDecision<'_>,
+    offer: Option<HoldOffer>,
+) {
+    let now_us = applied.now_us;
+    let cost = applied.cost;
+    let mut report = applied.report();
+    let (entry, found) = reservoir.worker.entry(&applied.hash, now_us);
+    report.reservoir_lost = match found {
+        Found::Evicted { lost_units } => Some(lost_units),
+        Found::Existing | Found::Empty => None,
+    };
+    let held_before = entry.held.count;
+    let (spend, next) = entry.spend(now_us, cost);
+    *entry = next;
+    let spent = match spend {
+        Spend::Spent { .. } => cost,
+        _ => 0,
+    };
+    report.reservoir_expired = held_before.saturating_sub(spent + next.held.count);
+    let quota = slot.slots.limit.policy().quota;
+    // A cached denial the rule's delay covers goes to shared data, to be held there.
+    let demand_per_s = match spend {
+        Spend::Miss { demand_per_s } => demand_per_s,
+        Spend::Denied { retry_after_ns }
+            if offer.is_some_and(|o| o.covers(Some(retry_after_ns))) =>
+        {
+            0
+        }
+        _ => {
+            if let Some(served) = Served::from_spend(spend, &next, quota, now_us, Source::Reservoir)
+            {
+                served.record(eval, report, applied.rule);
+            }
+            return;
+        }
+    };
+    // Units still held (too few for this request) are not added to: a worker keeps one
+    // take at a time.
+    let settings = reservoir.settings;
+    let ahead = Ahead {
+        max: if entry.held.count > 0 {
+            0
+        } else {
+            settings.max.saturating_sub(cost)
+        },
+        demand_per_s,
+        hold_us: settings.hold_us,
+    };
+    report.source = Some(Source::Slot);
+    let updated = slot.slots.update(store, &applied.hash, now_us, |state| {
+        let (decision, taken, next) = slot.slots.limit.take_ahead(state, now_us, cost, ahead);
+        match offer.filter(|o| o.room && !decision.allowed) {
+            Some(o) => {
+                let (decision, hold, next) =
+                    slot.slots
+                        .limit
+                        .hold(state, now_us, cost, o.max_wait_us, RELEASE_SLACK_US);
+                ((decision, TakenAhead::default(), hold), next)
+            }
+            None => ((decision, taken, None), next),
+        }
+    });
+    report.add_update(&updated);
+    let (decision, taken, hold) = match updated {
+        Ok(updated) => updated.result,
+        Err(error) => {
+            report.outcome = RuleOutcome::StoreFailed(error);
+            eval.reports.push(report);
+            return;
+        }
+    };
+    if hold.is_some() {
+        // Nothing to cache: the request has its place in the schedule.
+        *entry = entry.settle(
+            Settled {
+                outcome: SettledOutcome::Nothing,
+                exhausted_until_us: 0,
+                remaining: decision.remaining,
+                reset_after_ns: decision.reset_after_ns,
+            },
+            now_us,
+        );
+        record_or_hold(eval, report, applied.rule, decision, hold, offer);
+        return;
+    }
+    let outcome = if taken.units > 0 {
+        // Spendable until just before the end of their validity (a window's end belongs
+        // to the next window).
+        let window_us = (taken.valid_ns / NS_PER_US).saturating_sub(1);
+        SettledOutcome::Held(Held {
+            count: taken.units,
+            next_due_ns: now_us.saturating_mul(NS_PER_US),
+            spacing_ns: 0,
+            window_us,
+        })
+    } else if let (false, Some(retry_after_ns)) = (decision.allowed, decision.retry_after_ns) {
+        SettledOutcome::Denied {
+            until_us: now_us.saturating_add(retry_after_ns / NS_PER_US),
+            cost,
+        }
+    } else {
+        SettledOutcome::Nothing
+    };
+    let settled = Settled {
+        outcome,
+        exhausted_until_us: 0,
+        remaining: decision.remaining.saturating_sub(taken.units),
+        reset_after_ns: decision.reset_after_ns,
+    };
+    *entry = entry.settle(settled, now_us);
+    report.reservoir_taken = taken.units;
+    record_or_hold(eval, report, applied.rule, decision, None, offer);
+}

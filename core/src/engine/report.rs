@@ -1,0 +1,125 @@
+//! What the engine says of one rule on one request: its outcome, where the decision came
+//! from, the report for metrics and logs, and an enforcing rule's verdict.
+
+use crate::algorithms::Decision;
+use crate::rules::RuleId;
+use crate::store::{Placement, UpdateError, Updated};
+
+/// What happened to one rule on one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RuleOutcome {
+    /// The rule's match did not hold.
+    NotMatched,
+    /// A key source had no value and no default: the rule did not apply.
+    KeyMissing,
+    Allowed,
+    Limited,
+    /// A shadow rule that would have denied.
+    ShadowLimited,
+    /// The store failed; the local rule let the request through.
+    StoreFailed(UpdateError),
+    /// The bridge could not answer; the rule's failure mode decided.
+    BridgeFailed(FailureOutcome),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureOutcome {
+    Allowed,
+    /// `failure_mode: deny` (or a shadow rule that would have).
+    Denied,
+    /// `failure_mode: local`: decided by the local share; `true` if allowed.
+    Local {
+        allowed: bool,
+    },
+}
+
+/// Where a decision came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// A local rule's slot.
+    Slot,
+    /// Units this worker took ahead for a local rule (no shared-data call).
+    Reservoir,
+    /// Units this Envoy held for a global rule (a lease or a reservation).
+    Lease,
+    /// A cached denial (of a global rule in shared data, of a local rule in the worker).
+    DenialCache,
+    /// The bridge, i.e. Redis.
+    Bridge,
+    /// A global rule's local fallback.
+    Fallback,
+}
+
+/// A rule's report for metrics and logs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RuleReport {
+    pub rule: RuleId,
+    pub outcome: RuleOutcome,
+    pub source: Option<Source>,
+    /// When the decision was made, µs since the epoch: this Envoy's clock, or Redis's
+    /// for a decision of the bridge.
+    pub decided_at_us: u64,
+    /// What the request costs under this rule (0 when it did not apply).
+    pub cost: u64,
+    pub placement: Option<Placement>,
+    /// CAS attempts lost, over every table update the rule made.
+    pub cas_retries: u32,
+    /// A global rule's lease table failed (the bridge or the failure mode decided).
+    pub lease_store_error: Option<UpdateError>,
+    /// Reservoirs: units this request's take put in the worker's reservoir, units that
+    /// expired unspent in it, and the units lost with another key's entry when the
+    /// worker's table was full (`Some`: an entry was taken).
+    pub reservoir_taken: u64,
+    pub reservoir_expired: u64,
+    pub reservoir_lost: Option<u64>,
+    /// A delaying rule denied a request that would have fitted within its `max`,
+    /// because the worker already held `queue` requests for it.
+    pub delay_queue_full: bool,
+    /// A `per_key` adaptive rule decided this request's key without a controller of its
+    /// own (every record it may use belongs to an active key, or the worker's table of
+    /// keys was full of keys with samples waiting): against `max_in_flight`.
+    pub key_without_controller: bool,
+    /// A concurrency rule's write dropped this many units of the key's places that no
+    /// live worker had re-counted for a whole epoch (see [`crate::concurrency`]).
+    pub in_flight_reclaimed: u64,
+}
+
+impl RuleReport {
+    /// A rule looked at `now_us`, not matched until said otherwise.
+    pub fn new(rule: RuleId, now_us: u64) -> Self {
+        RuleReport {
+            rule,
+            outcome: RuleOutcome::NotMatched,
+            source: None,
+            decided_at_us: now_us,
+            cost: 0,
+            placement: None,
+            cas_retries: 0,
+            lease_store_error: None,
+            reservoir_taken: 0,
+            reservoir_expired: 0,
+            reservoir_lost: None,
+            delay_queue_full: false,
+            key_without_controller: false,
+            in_flight_reclaimed: 0,
+        }
+    }
+
+    /// Adds what one table update did (or how it failed) to the report.
+    pub(super) fn add_update<R>(&mut self, update: &Result<Updated<R>, UpdateError>) {
+        match update {
+            Ok(u) => {
+                self.placement = self.placement.or(u.placement);
+                self.cas_retries = self.cas_retries.saturating_add(u.cas_retries);
+            }
+            Err(e) => self.cas_retries = self.cas_retries.saturating_add(e.lost_attempts()),
+        }
+    }
+}
+
+/// An enforcing rule's decision, for the RateLimit headers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Verdict {
+    pub rule: RuleId,
+    pub decision: Decision,
+}

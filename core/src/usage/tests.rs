@@ -1,0 +1,282 @@
+#[cfg(target_arch = "wasm32")]
+use wasm_bindgen_test::wasm_bindgen_test as test;
+
+use super::*;
+
+fn defaults() -> Vec<UsageField> {
+    DEFAULT_FIELDS
+        .iter()
+        .map(|f| UsageField::parse(f).unwrap())
+        .collect()
+}
+
+fn scan(body: &[u8], stream: bool, chunk: usize) -> Option<u64> {
+    scan_why(body, stream, chunk).ok()
+}
+
+fn scan_why(body: &[u8], stream: bool, chunk: usize) -> Result<u64, Unread> {
+    let mut s = UsageScanner::new(&defaults(), stream, 4096);
+    for piece in body.chunks(chunk) {
+        s.feed(piece);
+    }
+    s.finish()
+}
+
+#[test]
+fn a_scanner_that_gives_up_reads_no_usage_and_keeps_nothing() {
+    let fields = [UsageField::parse("usage.total_tokens").unwrap()];
+    for stream in [false, true] {
+        let mut scanner = UsageScanner::new(&fields, stream, 1 << 20);
+        scanner.feed(b"data: {\"usage\":{\"total_tokens\":5}}\n\n{\"usage\":");
+        assert!(scanner.buffered() > 0);
+        scanner.give_up();
+        assert_eq!(scanner.buffered(), 0);
+        scanner.feed(b"{\"total_tokens\":7}}");
+        assert_eq!(scanner.buffered(), 0, "nothing kept after giving up");
+        assert_eq!(scanner.finish(), Err(Unread::TooLarge));
+    }
+}
+
+#[test]
+fn the_usage_of_openai_anthropic_and_gemini_bodies() {
+    let openai = br#"{"id":"x","choices":[],"usage":{"prompt_tokens":9,"completion_tokens":12,"total_tokens":21}}"#;
+    let anthropic = br#"{"type":"message","usage":{"input_tokens":10,"output_tokens":25}}"#;
+    let gemini =
+        br#"{"candidates":[],"usageMetadata":{"promptTokenCount":4,"totalTokenCount":40}}"#;
+    for chunk in [1, 7, 4096] {
+        assert_eq!(scan(openai, false, chunk), Some(21));
+        assert_eq!(scan(anthropic, false, chunk), Some(35));
+        assert_eq!(scan(gemini, false, chunk), Some(40));
+    }
+    assert_eq!(scan(br#"{"usage":{}}"#, false, 10), None);
+    assert_eq!(scan(b"not json", false, 10), None);
+}
+
+#[test]
+fn the_usage_of_event_streams_is_their_last_count() {
+    let openai = b"data: {\"choices\":[{\"delta\":{\"content\":\"Hi\"}}]}\n\n\
+                       data: {\"choices\":[],\"usage\":{\"total_tokens\":57}}\n\ndata: [DONE]\n\n";
+    let anthropic = b"event: message_start\r\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":25,\"output_tokens\":1}}}\r\n\r\n\
+                          event: message_delta\r\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":15}}\r\n\r\n";
+    let gemini = b"data: {\"usageMetadata\":{\"totalTokenCount\":10}}\n\ndata: {\"usageMetadata\":{\"totalTokenCount\":33}}\n\n";
+    for chunk in [1, 5, 4096] {
+        assert_eq!(scan(openai, true, chunk), Some(57));
+        assert_eq!(scan(anthropic, true, chunk), Some(40));
+        assert_eq!(scan(gemini, true, chunk), Some(33));
+    }
+    assert_eq!(scan(b"data: {\"choices\":[]}\n\n", true, 3), None);
+}
+
+#[test]
+fn event_streams_with_bare_cr_line_ends_are_read() {
+    let cr =
+        b"event: message\rdata: {\"choices\":[]}\r\rdata: {\"usage\":{\"total_tokens\":57}}\r\r";
+    let mixed = b"data: {\"usage\":{\"total_tokens\":5}}\r\n\r\ndata: {\"usage\":{\"total_tokens\":6}}\r\rdata: {\"usage\":{\"total_tokens\":8}}\n\n";
+    for chunk in [1, 2, 3, 5, 4096] {
+        assert_eq!(scan(cr, true, chunk), Some(57), "chunks of {chunk}");
+        assert_eq!(scan(mixed, true, chunk), Some(8), "chunks of {chunk}");
+    }
+}
+
+#[test]
+fn an_event_whose_json_spans_several_data_lines_is_read() {
+    // SSE joins an event's data lines with "\n": here, valid JSON.
+    let split = b"data: {\"choices\":[],\ndata: \"usage\":\n\
+                      data:{\"total_tokens\":64}}\n\ndata: [DONE]\n\n";
+    for chunk in [1, 4, 4096] {
+        assert_eq!(scan(split, true, chunk), Some(64), "chunks of {chunk}");
+    }
+    // Lines of one event that are each an event of their own (no blank line between
+    // them) are still read one by one.
+    let unseparated =
+        b"data: {\"usage\":{\"total_tokens\":3}}\ndata: {\"usage\":{\"total_tokens\":9}}\n\n";
+    assert_eq!(scan(unseparated, true, 7), Some(9));
+}
+
+#[test]
+fn the_responses_api_stream_usage_is_read_by_default() {
+    let stream = b"event: response.created\n\
+            data: {\"type\":\"response.created\",\"response\":{\"id\":\"r\",\"usage\":null}}\n\n\
+            event: response.output_text.delta\n\
+            data: {\"type\":\"response.output_text.delta\",\"delta\":\"Hi\"}\n\n\
+            event: response.completed\n\
+            data: {\"type\":\"response.completed\",\"response\":{\"id\":\"r\",\"usage\":{\"input_tokens\":11,\"output_tokens\":31,\"total_tokens\":42}}}\n\n";
+    for chunk in [1, 9, 4096] {
+        assert_eq!(scan(stream, true, chunk), Some(42), "chunks of {chunk}");
+    }
+}
+
+#[test]
+fn the_scanner_says_why_it_found_no_usage() {
+    assert_eq!(
+        scan_why(b"{\"choices\":[]}", false, 3),
+        Err(Unread::NoUsage)
+    );
+    assert_eq!(
+        scan_why(b"data: {\"choices\":[]}\n\ndata: [DONE]\n\n", true, 3),
+        Err(Unread::NoUsage)
+    );
+    let mut big = b"{\"usage\":{\"total_tokens\":5},\"pad\":\"".to_vec();
+    big.extend(std::iter::repeat_n(b'x', 5000));
+    big.extend(b"\"}");
+    assert_eq!(scan_why(&big, false, 100), Err(Unread::TooLarge));
+    let mut event = b"data: {\"usage\":{\"total_tokens\":5},\n".to_vec();
+    for _ in 0..100 {
+        event.extend(b"data: \"pad\": \"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\",\n");
+    }
+    event.extend(b"data: \"end\": 1}\n\n");
+    assert_eq!(
+        scan_why(&event, true, 64),
+        Err(Unread::TooLarge),
+        "an event over the cap"
+    );
+    let gzip = |encoding: &[u8]| {
+        let mut s = UsageScanner::for_response(
+            &defaults(),
+            4096,
+            Some(b"application/json"),
+            Some(encoding),
+        );
+        s.feed(br#"{"usage":{"total_tokens":5}}"#);
+        s.finish()
+    };
+    assert_eq!(gzip(b"gzip"), Err(Unread::Compressed));
+    assert_eq!(gzip(b"identity, br"), Err(Unread::Compressed));
+    assert_eq!(gzip(b"Identity"), Ok(5));
+    assert_eq!(gzip(b""), Ok(5));
+    assert!(UsageScanner::is_identity(None));
+}
+
+#[test]
+fn bodies_and_lines_beyond_the_cap_are_dropped_not_kept() {
+    let mut big = b"{\"usage\":{\"total_tokens\":5},\"pad\":\"".to_vec();
+    big.extend(std::iter::repeat_n(b'x', 5000));
+    big.extend(b"\"}");
+    assert_eq!(scan(&big, false, 100), None, "over 4096 bytes: unknown");
+    let mut stream = b"data: {\"pad\":\"".to_vec();
+    stream.extend(std::iter::repeat_n(b'x', 5000));
+    stream.extend(
+        b"\",\"usage\":{\"total_tokens\":99}}\n\ndata: {\"usage\":{\"total_tokens\":7}}\n\n",
+    );
+    assert_eq!(
+        scan(&stream, true, 100),
+        Some(7),
+        "the long line is skipped"
+    );
+}
+
+#[test]
+fn a_request_is_estimated_from_its_max_tokens_and_its_size() {
+    let estimate = BodyEstimate {
+        fields: DEFAULT_MAX_TOKENS_FIELDS
+            .iter()
+            .map(|f| UsageField::parse(f).unwrap())
+            .collect(),
+        bytes_per_prompt_token: 4,
+        max_bytes: 1024,
+    };
+    let openai = br#"{"model":"m","max_completion_tokens":500,"messages":[]}"#;
+    assert_eq!(openai.len(), 55);
+    assert_eq!(
+        estimate.estimate(RequestBody::Complete(openai)),
+        Some(500 + 14)
+    );
+    let gemini = br#"{"generationConfig":{"maxOutputTokens":64}}"#;
+    assert_eq!(
+        estimate.estimate(RequestBody::Complete(gemini)),
+        Some(64 + 11)
+    );
+    let without = br#"{"model":"m","messages":[]}"#;
+    assert_eq!(estimate.estimate(RequestBody::Complete(without)), None);
+    assert_eq!(
+        estimate.estimate(RequestBody::Complete(b"max_tokens=5")),
+        None
+    );
+    assert_eq!(estimate.estimate(RequestBody::Absent), None);
+    assert_eq!(estimate.estimate(RequestBody::TooLarge), Some(u64::MAX));
+    let huge = br#"{"max_tokens":18446744073709551615,"x":1}"#;
+    assert_eq!(
+        estimate.estimate(RequestBody::Complete(huge)),
+        Some(u64::MAX),
+        "saturates"
+    );
+    let output_only = BodyEstimate {
+        bytes_per_prompt_token: 0,
+        ..estimate
+    };
+    assert_eq!(
+        output_only.estimate(RequestBody::Complete(openai)),
+        Some(500)
+    );
+}
+
+fn default_estimate() -> BodyEstimate {
+    BodyEstimate {
+        fields: DEFAULT_MAX_TOKENS_FIELDS
+            .iter()
+            .map(|f| UsageField::parse(f).unwrap())
+            .collect(),
+        bytes_per_prompt_token: 0,
+        max_bytes: 1024,
+    }
+}
+
+#[test]
+fn the_estimate_is_the_largest_max_token_field_not_the_first() {
+    let estimate = default_estimate();
+    let body = |text: &str| estimate.estimate(RequestBody::Complete(text.as_bytes()));
+    assert_eq!(
+        body(r#"{"max_tokens":1,"max_completion_tokens":8000}"#),
+        Some(8000)
+    );
+    assert_eq!(
+        body(r#"{"max_completion_tokens":8000,"max_tokens":1}"#),
+        Some(8000)
+    );
+    assert_eq!(
+        body(r#"{"max_tokens":5,"max_output_tokens":7,"generationConfig":{"maxOutputTokens":6}}"#),
+        Some(7)
+    );
+    // null is what a backend reads as "not set": the other fields, or the default.
+    assert_eq!(
+        body(r#"{"max_tokens":null,"max_completion_tokens":30}"#),
+        Some(30)
+    );
+    assert_eq!(body(r#"{"max_tokens":null}"#), None);
+}
+
+#[test]
+fn integral_json_numbers_are_read_and_other_values_estimate_the_max() {
+    let estimate = default_estimate();
+    let body = |text: &str| estimate.estimate(RequestBody::Complete(text.as_bytes()));
+    assert_eq!(body(r#"{"max_tokens":8000.0}"#), Some(8000));
+    assert_eq!(body(r#"{"max_tokens":8e3}"#), Some(8000));
+    assert_eq!(body(r#"{"max_tokens":8.0E+3}"#), Some(8000));
+    assert_eq!(body(r#"{"max_tokens":-0.0}"#), Some(0));
+    // Not a whole number of tokens a backend could mean: the rule's max (u64::MAX,
+    // clamped to `max` by the caller), never the default.
+    for odd in [
+        r#"{"max_tokens":8000.5}"#,
+        r#"{"max_tokens":-1}"#,
+        r#"{"max_tokens":-8e3}"#,
+        r#"{"max_tokens":1e300}"#,
+        r#"{"max_tokens":"8000"}"#,
+        r#"{"max_tokens":true}"#,
+        r#"{"max_tokens":{"n":5}}"#,
+        r#"{"max_tokens":1,"max_completion_tokens":"lots"}"#,
+    ] {
+        assert_eq!(body(odd), Some(u64::MAX), "{odd}");
+    }
+}
+
+#[test]
+fn fields_parse_with_errors_that_say_what_is_wrong() {
+    assert!(UsageField::parse("usage.total_tokens").is_ok());
+    assert_eq!(
+        UsageField::parse("usage..x").unwrap_err(),
+        "\"usage..x\" is not a dotted path (empty segment)"
+    );
+    assert!(UsageField::parse("a+b+c+d+e+f+g+h+i")
+        .unwrap_err()
+        .contains("9 terms"));
+}
