@@ -8,7 +8,7 @@ use crate::bounds::{check_name, MAX_LEASE_HORIZON_US, MAX_LEASE_TTL_US, MAX_WANT
 use crate::config::raw::{
     RawFailureMode, RawGlobal, RawLease, RawOnLimit, RawReservoir, RawRule, RawScope,
 };
-use crate::field_error::quoted;
+use crate::field_error::{quoted, FieldError};
 use crate::rules::{
     Delay, FailureMode, GlobalRule, Lease, RequestMatch, Reservoir, Rule, RuleId, Scope,
 };
@@ -66,10 +66,27 @@ pub(super) fn compile(
     let max_cost = match &scope {
         Scope::Local(limit) => limit.max_cost(),
         // A global request asks the bridge for at least its cost, and the wire caps that.
-        Scope::Global(global) => global.limit.max_cost().min(MAX_WANT),
+        // Redis decides with its own limit: a GCRA lease pays for its hold with burst, so
+        // a cost the configured burst admits may never fit the one Redis runs (the bridge
+        // refused such a request with 400, and every global rule of the plugin went to
+        // its failure mode for a second: a client could choose it).
+        Scope::Global(global) => global.redis_limit.max_cost().min(MAX_WANT),
         Scope::Concurrency(c) => c.max_in_flight,
     };
-    let cost = cost::compile(raw.cost, max_cost, &format!("{at}.cost"), facts)?;
+    let cost =
+        cost::compile(raw.cost, max_cost, &format!("{at}.cost"), facts).map_err(
+            |e| match &scope {
+                Scope::Global(g) if g.redis_limit.max_cost() < g.limit.max_cost() => FieldError {
+                    message: format!(
+                        "{} in Redis, where the lease pays for its `ttl` with {} of the burst",
+                        e.message,
+                        g.limit.max_cost() - g.redis_limit.max_cost()
+                    ),
+                    ..e
+                },
+                _ => e,
+            },
+        )?;
     let max_keys = max_keys(raw.max_keys, at)?;
     let commit = match raw.commit {
         None => None,
