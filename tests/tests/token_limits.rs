@@ -505,7 +505,11 @@ fn the_estimate_is_read_from_the_request_body() {
     // No body at all: the default.
     let get = Request::get("/v1/models").header("x-tenant", "acme");
     assert_eq!(client.request(get).unwrap().status, 429);
-    // The upstream got every admitted request's body whole.
+    // The upstream got every admitted request's body whole (it counts an answer once
+    // written, which may be just after the client read it).
+    wait_until(Duration::from_secs(2), Duration::from_millis(5), || {
+        upstream.answered() >= 3
+    });
     assert_eq!(upstream.answered(), 3);
     envoy.assert_no_panic();
 }
