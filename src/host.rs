@@ -1,67 +1,20 @@
-//! The only module that talks to the host.
-//!
-//! These are the proxy-wasm ABI calls weir uses (ABI 0.2.1), declared here rather than
-//! taken from an SDK, whose helpers `panic!` on statuses they do not expect — and a panic
-//! traps the VM for every request on the worker. Every status maps to a [`HostError`];
-//! callers decide what an error means (usually: log, count, fail open). The callbacks
-//! the other way are in [`crate::abi`].
+//! The only module that talks to the host: the proxy-wasm ABI calls weir makes (ABI
+//! 0.2.1), declared here rather than taken from an SDK, whose helpers `panic!` on
+//! statuses they do not expect — and a panic traps the VM for every request on the
+//! worker. [`WasmHost`] is the core's [`Host`] over them: one ABI call per method, every
+//! status a [`HostError`]. The callbacks the other way are in [`crate::abi`].
 //!
 //! Memory the host returns was allocated through our `proxy_on_memory_allocate` (a
 //! boxed slice of exactly the requested size), so it is taken back with
 //! `Vec::from_raw_parts(ptr, len, len)`.
 
 use std::cell::Cell;
-use std::fmt;
 use std::ptr::null_mut;
 
-/// A status other than `Ok` from the host.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct HostError(pub u32);
-
-pub const NOT_FOUND: u32 = 1;
-pub const CAS_MISMATCH: u32 = 8;
-
-impl fmt::Display for HostError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // proxy-wasm's status codes (proxy_status_t).
-        let name = match self.0 {
-            1 => "NotFound",
-            2 => "BadArgument",
-            3 => "SerializationFailure",
-            4 => "ParseFailure",
-            5 => "BadExpression",
-            6 => "InvalidMemoryAccess",
-            7 => "Empty",
-            8 => "CasMismatch",
-            9 => "ResultMismatch",
-            10 => "InternalFailure",
-            11 => "BrokenConnection",
-            12 => "Unimplemented",
-            _ => "Unknown",
-        };
-        write!(f, "{name} ({})", self.0)
-    }
-}
-
-pub type HostResult<T> = Result<T, HostError>;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u32)]
-pub enum LogLevel {
-    Debug = 1,
-    Info = 2,
-    Warn = 3,
-    Error = 4,
-    Critical = 5,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u32)]
-pub enum MetricType {
-    Counter = 0,
-    Gauge = 1,
-    Histogram = 2,
-}
+use weir_core::filter::host::{
+    store_error, Host, HostError, HostResult, LogLevel, MetricType, NOT_FOUND,
+};
+use weir_core::store::{SharedStore, StoreError};
 
 const MAP_REQUEST_HEADERS: u32 = 0;
 const MAP_RESPONSE_HEADERS: u32 = 2;
@@ -205,13 +158,13 @@ pub fn log(level: LogLevel, message: &str) {
 /// Whether the host would print messages at `level` (so callers can skip formatting).
 /// Whether Envoy logs `level` for this plugin, as of the last [`refresh_log_level`]: a
 /// denied request logs at debug, and asking the host every time would cost it a call.
-pub fn log_enabled(level: LogLevel) -> bool {
+fn log_enabled(level: LogLevel) -> bool {
     LOG_LEVEL.with(Cell::get) <= level as u32
 }
 
 /// Reads Envoy's log level for this plugin (at configure time and on every tick, so a
 /// change through Envoy's admin `/logging` applies within a tick).
-pub fn refresh_log_level() {
+fn refresh_log_level() {
     count_call();
     let mut current = 0u32;
     let level = match unsafe { proxy_get_log_level(&mut current) } {
@@ -234,20 +187,20 @@ fn count_call() {
 }
 
 /// Host calls this VM has made since it started: every function of this module that
-/// crosses into the host counts one (the `host_calls` stat, see `crate::metrics`).
-pub fn calls_made() -> u64 {
+/// crosses into the host counts one (the `vm.host_calls` stat, see `weir_core::filter::metrics`).
+fn calls_made() -> u64 {
     HOST_CALLS.with(Cell::get)
 }
 
 /// Microseconds since the Unix epoch.
-pub fn now_us() -> HostResult<u64> {
+fn now_us() -> HostResult<u64> {
     count_call();
     let mut ns = 0u64;
     ok(unsafe { proxy_get_current_time_nanoseconds(&mut ns) })?;
     Ok(ns / 1_000)
 }
 
-pub fn set_tick_period_ms(period: u32) -> HostResult<()> {
+fn set_tick_period_ms(period: u32) -> HostResult<()> {
     count_call();
     ok(unsafe { proxy_set_tick_period_milliseconds(period) })
 }
@@ -260,21 +213,21 @@ fn buffer(buffer_type: u32, max_size: usize) -> HostResult<Option<Vec<u8>>> {
     found(status, data, size)
 }
 
-pub fn plugin_configuration(max_size: usize) -> HostResult<Option<Vec<u8>>> {
+fn plugin_configuration(max_size: usize) -> HostResult<Option<Vec<u8>>> {
     buffer(BUFFER_PLUGIN_CONFIGURATION, max_size)
 }
 
 /// The request body Envoy buffered for this filter, up to `max_size` bytes.
-pub fn request_body(max_size: usize) -> HostResult<Option<Vec<u8>>> {
+fn request_body(max_size: usize) -> HostResult<Option<Vec<u8>>> {
     buffer(BUFFER_HTTP_REQUEST_BODY, max_size)
 }
 
 /// The piece of the response body this callback was given (`size` bytes).
-pub fn response_body(size: usize) -> HostResult<Option<Vec<u8>>> {
+fn response_body(size: usize) -> HostResult<Option<Vec<u8>>> {
     buffer(BUFFER_HTTP_RESPONSE_BODY, size)
 }
 
-pub fn http_call_response_body(max_size: usize) -> HostResult<Option<Vec<u8>>> {
+fn http_call_response_body(max_size: usize) -> HostResult<Option<Vec<u8>>> {
     buffer(BUFFER_HTTP_CALL_RESPONSE_BODY, max_size)
 }
 
@@ -288,19 +241,19 @@ fn map_value(map_type: u32, name: &str) -> HostResult<Option<Vec<u8>>> {
     found(status, data, size)
 }
 
-pub fn request_header(name: &str) -> HostResult<Option<Vec<u8>>> {
+fn request_header(name: &str) -> HostResult<Option<Vec<u8>>> {
     map_value(MAP_REQUEST_HEADERS, name)
 }
 
-pub fn response_header(name: &str) -> HostResult<Option<Vec<u8>>> {
+fn response_header(name: &str) -> HostResult<Option<Vec<u8>>> {
     map_value(MAP_RESPONSE_HEADERS, name)
 }
 
-pub fn http_call_response_header(name: &str) -> HostResult<Option<Vec<u8>>> {
+fn http_call_response_header(name: &str) -> HostResult<Option<Vec<u8>>> {
     map_value(MAP_HTTP_CALL_RESPONSE_HEADERS, name)
 }
 
-pub fn add_response_header(name: &str, value: &str) -> HostResult<()> {
+fn add_response_header(name: &str, value: &str) -> HostResult<()> {
     count_call();
     ok(unsafe {
         proxy_add_header_map_value(
@@ -314,7 +267,7 @@ pub fn add_response_header(name: &str, value: &str) -> HostResult<()> {
 }
 
 /// Sets a request header, replacing any value it had.
-pub fn replace_request_header(name: &str, value: &str) -> HostResult<()> {
+fn replace_request_header(name: &str, value: &str) -> HostResult<()> {
     count_call();
     ok(unsafe {
         proxy_replace_header_map_value(
@@ -328,7 +281,7 @@ pub fn replace_request_header(name: &str, value: &str) -> HostResult<()> {
 }
 
 /// An Envoy attribute by path, e.g. `["source", "address"]`.
-pub fn property(path: &[String]) -> HostResult<Option<Vec<u8>>> {
+fn property(path: &[String]) -> HostResult<Option<Vec<u8>>> {
     count_call();
     let mut serialized = Vec::with_capacity(path.iter().map(|p| p.len() + 1).sum());
     for (i, part) in path.iter().enumerate() {
@@ -345,7 +298,7 @@ pub fn property(path: &[String]) -> HostResult<Option<Vec<u8>>> {
 }
 
 /// The value and version of a shared-data key (`(None, None)` when it does not exist).
-pub fn shared_get(key: &str) -> HostResult<(Option<Vec<u8>>, Option<u32>)> {
+fn shared_get(key: &str) -> HostResult<(Option<Vec<u8>>, Option<u32>)> {
     count_call();
     let mut data = null_mut();
     let mut size = 0;
@@ -362,7 +315,7 @@ pub fn shared_get(key: &str) -> HostResult<(Option<Vec<u8>>, Option<u32>)> {
     }
 }
 
-pub fn shared_set(key: &str, value: &[u8], cas: Option<u32>) -> HostResult<()> {
+fn shared_set(key: &str, value: &[u8], cas: Option<u32>) -> HostResult<()> {
     count_call();
     ok(unsafe {
         proxy_set_shared_data(
@@ -399,7 +352,7 @@ fn serialize_headers<V: AsRef<[u8]>>(headers: &[(&str, V)]) -> Vec<u8> {
 
 /// Answers the request locally. `grpc_status` ≥ 0 makes Envoy send a gRPC
 /// trailers-only response with that status (HTTP 200) and `body` as `grpc-message`.
-pub fn send_local_response<V: AsRef<[u8]>>(
+fn send_local_response<V: AsRef<[u8]>>(
     status: u32,
     headers: &[(&str, V)],
     body: &[u8],
@@ -425,8 +378,8 @@ pub fn send_local_response<V: AsRef<[u8]>>(
 /// Starts an HTTP call to Envoy cluster `upstream`; returns its token. The answer (or a
 /// 503/504 made up by Envoy) arrives in `proxy_on_http_call_response` with this token.
 /// Envoy makes the call on the plugin's root context, so it outlives the request that
-/// started it; [`crate::abi`] routes the answer by token.
-pub fn http_call(
+/// started it; the core routes the answer by token (`weir_core::filter::Vm`).
+fn http_call(
     upstream: &str,
     headers: &[(&str, &str)],
     body: &[u8],
@@ -456,7 +409,7 @@ pub fn http_call(
 
 /// Makes `context_id` the context later host calls act on (resuming or answering a
 /// request other than the one whose callback is running).
-pub fn set_effective_context(context_id: u32) -> HostResult<()> {
+fn set_effective_context(context_id: u32) -> HostResult<()> {
     count_call();
     ok(unsafe { proxy_set_effective_context(context_id) })
 }
@@ -464,29 +417,173 @@ pub fn set_effective_context(context_id: u32) -> HostResult<()> {
 /// Sets a property of the current request: Envoy keeps it as filter state under
 /// `wasm.<name>`, which access logs (`%FILTER_STATE(wasm.<name>:PLAIN)%`) and later
 /// filters can read.
-pub fn set_property(name: &str, value: &[u8]) -> HostResult<()> {
+fn set_property(name: &str, value: &[u8]) -> HostResult<()> {
     count_call();
     ok(unsafe { proxy_set_property(name.as_ptr(), name.len(), value.as_ptr(), value.len()) })
 }
 
-pub fn resume_http_request() -> HostResult<()> {
+fn resume_http_request() -> HostResult<()> {
     count_call();
     ok(unsafe { proxy_continue_stream(STREAM_HTTP_REQUEST) })
 }
 
-pub fn define_metric(metric_type: MetricType, name: &str) -> HostResult<u32> {
+fn define_metric(metric_type: MetricType, name: &str) -> HostResult<u32> {
     count_call();
     let mut id = 0u32;
     ok(unsafe { proxy_define_metric(metric_type as u32, name.as_ptr(), name.len(), &mut id) })?;
     Ok(id)
 }
 
-pub fn increment_metric(id: u32, offset: i64) -> HostResult<()> {
+fn increment_metric(id: u32, offset: i64) -> HostResult<()> {
     count_call();
     ok(unsafe { proxy_increment_metric(id, offset) })
 }
 
-pub fn record_metric(id: u32, value: u64) -> HostResult<()> {
+fn record_metric(id: u32, value: u64) -> HostResult<()> {
     count_call();
     ok(unsafe { proxy_record_metric(id, value) })
+}
+
+/// The core's host seam over the ABI: what `weir_core::filter` asks, one ABI call each.
+pub struct WasmHost;
+
+impl SharedStore for WasmHost {
+    fn get(&self, key: &str) -> Result<(Option<Vec<u8>>, Option<u32>), StoreError> {
+        shared_get(key).map_err(store_error)
+    }
+
+    fn compare_and_set(&self, key: &str, value: &[u8], version: u32) -> Result<(), StoreError> {
+        // A version of 0 would be an unconditional write: never pass one (a `get` never
+        // returns it).
+        if version == 0 {
+            return Err(StoreError::CasMismatch);
+        }
+        shared_set(key, value, Some(version)).map_err(store_error)
+    }
+
+    fn create(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
+        shared_set(key, value, None).map_err(store_error)
+    }
+}
+
+impl Host for WasmHost {
+    fn now_us(&self) -> HostResult<u64> {
+        now_us()
+    }
+
+    fn log(&self, level: LogLevel, message: &str) {
+        log(level, message);
+    }
+
+    fn log_enabled(&self, level: LogLevel) -> bool {
+        log_enabled(level)
+    }
+
+    fn refresh_log_level(&self) {
+        refresh_log_level();
+    }
+
+    fn calls_made(&self) -> u64 {
+        calls_made()
+    }
+
+    fn set_tick_period_ms(&self, period_ms: u32) -> HostResult<()> {
+        set_tick_period_ms(period_ms)
+    }
+
+    fn plugin_configuration(&self, max_size: usize) -> HostResult<Option<Vec<u8>>> {
+        plugin_configuration(max_size)
+    }
+
+    /// WASI's environment: Envoy's `vm_config.environment_variables`.
+    fn environment_variable(&self, name: &str) -> Option<String> {
+        std::env::var(name).ok()
+    }
+
+    /// WASI's `random_get`, which Envoy serves from the OS.
+    fn entropy(&self) -> Result<[u8; 16], String> {
+        let mut seed = [0u8; 16];
+        getrandom::fill(&mut seed).map_err(|e| e.to_string())?;
+        Ok(seed)
+    }
+
+    fn define_metric(&self, metric_type: MetricType, name: &str) -> HostResult<u32> {
+        define_metric(metric_type, name)
+    }
+
+    fn increment_metric(&self, id: u32, offset: i64) -> HostResult<()> {
+        increment_metric(id, offset)
+    }
+
+    fn record_metric(&self, id: u32, value: u64) -> HostResult<()> {
+        record_metric(id, value)
+    }
+
+    fn set_effective_context(&self, context_id: u32) -> HostResult<()> {
+        set_effective_context(context_id)
+    }
+
+    fn property(&self, path: &[String]) -> HostResult<Option<Vec<u8>>> {
+        property(path)
+    }
+
+    fn set_property(&self, name: &str, value: &[u8]) -> HostResult<()> {
+        set_property(name, value)
+    }
+
+    fn request_header(&self, name: &str) -> HostResult<Option<Vec<u8>>> {
+        request_header(name)
+    }
+
+    fn replace_request_header(&self, name: &str, value: &str) -> HostResult<()> {
+        replace_request_header(name, value)
+    }
+
+    fn request_body(&self, max_size: usize) -> HostResult<Option<Vec<u8>>> {
+        request_body(max_size)
+    }
+
+    fn response_header(&self, name: &str) -> HostResult<Option<Vec<u8>>> {
+        response_header(name)
+    }
+
+    fn add_response_header(&self, name: &str, value: &str) -> HostResult<()> {
+        add_response_header(name, value)
+    }
+
+    fn response_body(&self, size: usize) -> HostResult<Option<Vec<u8>>> {
+        response_body(size)
+    }
+
+    fn send_local_response(
+        &self,
+        status: u32,
+        headers: &[(&str, &str)],
+        body: &[u8],
+        grpc_status: i32,
+    ) -> HostResult<()> {
+        send_local_response(status, headers, body, grpc_status)
+    }
+
+    fn resume_request(&self) -> HostResult<()> {
+        resume_http_request()
+    }
+
+    fn dispatch_call(
+        &self,
+        cluster: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+        timeout_ms: u64,
+    ) -> HostResult<u32> {
+        http_call(cluster, headers, body, timeout_ms)
+    }
+
+    fn call_response_header(&self, name: &str) -> HostResult<Option<Vec<u8>>> {
+        http_call_response_header(name)
+    }
+
+    fn call_response_body(&self, max_size: usize) -> HostResult<Option<Vec<u8>>> {
+        http_call_response_body(max_size)
+    }
 }

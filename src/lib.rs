@@ -1,24 +1,14 @@
-//! weir as a proxy-wasm HTTP filter: glue between Envoy and `weir_core`.
+//! weir as a proxy-wasm HTTP filter: the ABI, translated. The request lifecycle is
+//! `weir_core::filter`; this crate only connects it to Envoy.
 //!
-//! - [`host`]: the only module that calls the host ABI; every status becomes a `Result`.
-//! - [`store`]: the core's store contract over Envoy shared data, and request facts
-//!   read from the host.
-//! - [`metrics`]: Envoy stats for every decision.
-//! - [`plugin`]: what a configured VM holds: it compiles the plugin JSON, shares the
-//!   seed, creates the slot tables, defines the metrics and makes the bridge calls.
-//! - [`filter`]: per request, asks the core for a decision and carries it out.
-//! - [`root`]: one plugin's root context: configure and tick.
-//! - [`abi`]: the callbacks Envoy makes, routed to the contexts.
+//! - [`host`]: the only module that calls the host ABI; [`host::WasmHost`] is the core's
+//!   `Host` over it, every status a `Result`.
+//! - [`abi`]: the callbacks Envoy makes, each a call into the core's `Vm`.
 //!
 //! Each uses only the ones listed before it (`core/tests/layers.rs` checks).
 
 pub mod abi;
-pub mod filter;
 pub mod host;
-pub mod metrics;
-pub mod plugin;
-pub mod root;
-pub mod store;
 
 #[cfg(target_os = "wasi")]
 extern "C" {
@@ -36,6 +26,9 @@ pub extern "C" fn _initialize() {
         __wasm_call_ctors();
     }
     std::panic::set_hook(Box::new(|info| {
-        host::log(host::LogLevel::Critical, &format!("panic: {info}"));
+        host::log(
+            weir_core::filter::host::LogLevel::Critical,
+            &format!("panic: {info}"),
+        );
     }));
 }

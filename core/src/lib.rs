@@ -30,6 +30,8 @@
 //! - [`engine`]: one request through every rule; one file per scope (local,
 //!   concurrency, global) around each rule's runtime value.
 //! - [`flight`]: bridge calls in flight, one per key (single flight).
+//! - [`filter`]: a request's whole lifecycle in Envoy, behind a host seam (the
+//!   [`filter::host::Host`] trait): the filter crate only translates the ABI.
 //! - `scenarios` (feature `scenarios`): behaviour tables the core and the bridge share.
 //! - `simulation` (feature `simulation`): many Envoys and a model of the bridge, in
 //!   process, for tests and weir-bench.
@@ -73,6 +75,8 @@ pub mod response;
 pub mod engine;
 
 pub mod flight;
+
+pub mod filter;
 
 #[cfg(feature = "scenarios")]
 pub mod scenarios;

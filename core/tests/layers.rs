@@ -32,6 +32,7 @@ const CORE_LAYERS: &[&str] = &[
     "wire",
     "engine",
     "flight",
+    "filter",
     "scenarios",
     "simulation",
 ];
@@ -49,10 +50,14 @@ const ENGINE_LAYERS: &[&str] = &[
     "mod",
 ];
 
-/// The filter's glue modules, lowest first.
-const FILTER_LAYERS: &[&str] = &[
-    "host", "store", "metrics", "plugin", "filter", "root", "abi",
+/// The files of `core/src/filter/`, lowest first, as for the engine.
+const FILTER_FILE_LAYERS: &[&str] = &[
+    "host", "facts", "metrics", "plugin", "settling", "reply", "request", "root", "vm", "scripted",
+    "mod",
 ];
+
+/// The filter crate's modules (the ABI translation), lowest first.
+const FILTER_LAYERS: &[&str] = &["host", "abi"];
 
 /// Every `.rs` file under `dir`, with the top-level module it belongs to (`lib.rs` and
 /// binaries belong to none).
@@ -168,8 +173,20 @@ fn core_modules_only_use_lower_layers() {
 
 #[test]
 fn engine_files_only_use_lower_files() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/engine");
-    let rank = |m: &str| ENGINE_LAYERS.iter().position(|l| *l == m);
+    check_files("engine", ENGINE_LAYERS);
+}
+
+#[test]
+fn filter_files_only_use_lower_files() {
+    check_files("filter", FILTER_FILE_LAYERS);
+}
+
+/// Every use between two files of `core/src/<module>/`, checked against `layers`.
+fn check_files(module: &str, layers: &[&str]) {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("src")
+        .join(module);
+    let rank = |m: &str| layers.iter().position(|l| *l == m);
     let mut problems = Vec::new();
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .unwrap()
@@ -181,14 +198,14 @@ fn engine_files_only_use_lower_files() {
         let file = path.file_stem().unwrap().to_string_lossy().to_string();
         let Some(own) = rank(&file) else {
             problems.push(format!(
-                "{}: file `{file}` is in no layer; add it to ENGINE_LAYERS in core/tests/layers.rs",
+                "{}: file `{file}` is in no layer; add it to the {module} list in core/tests/layers.rs",
                 path.display()
             ));
             continue;
         };
         let source = std::fs::read_to_string(path).unwrap();
         let mut used = named_after(&source, "super::");
-        used.extend(named_after(&source, "crate::engine::"));
+        used.extend(named_after(&source, &format!("crate::{module}::")));
         for used in used {
             match rank(&used) {
                 Some(r) if r < own => {}
@@ -199,7 +216,7 @@ fn engine_files_only_use_lower_files() {
                 // `super::Engine` and the like: the root re-exports them, but a file below
                 // it names the file that defines them.
                 None => problems.push(format!(
-                    "{}: `{file}` uses `{used}` of the engine's root: name the file that defines it",
+                    "{}: `{file}` uses `{used}` of the {module}'s root: name the file that defines it",
                     path.display()
                 )),
             }

@@ -771,10 +771,10 @@ fn numbers_before_markers_are_found_as_documented() {
 // ---------------------------------------------------------------------------------------
 // Stat names and links
 
-/// The stats `src/metrics.rs` defines: a rule's (`limited`, from `{prefix}.limited` and
+/// The stats `core/src/filter/metrics.rs` defines: a rule's (`limited`, from `{prefix}.limited` and
 /// the gauges' names, and the `commit_*` reasons) and the plugin's (`bridge.calls`).
 fn defined_stats() -> (BTreeSet<String>, BTreeSet<String>) {
-    let src = std::fs::read_to_string(repo_root().join("src/metrics.rs")).unwrap();
+    let src = std::fs::read_to_string(repo_root().join("core/src/filter/metrics.rs")).unwrap();
     let after = |marker: &str| -> Vec<String> {
         src.split(marker)
             .skip(1)
@@ -839,7 +839,7 @@ fn every_stat_the_docs_name_is_one_the_filter_defines() {
                 }
                 assert!(
                     stat.1.contains(&stat.0),
-                    "{at}: no stat `{}` in src/metrics.rs",
+                    "{at}: no stat `{}` in core/src/filter/metrics.rs",
                     stat.0
                 );
                 named += 1;
@@ -862,7 +862,7 @@ fn every_stat_the_docs_name_is_one_the_filter_defines() {
     for name in &table {
         assert!(
             rule.contains(name) || plugin.contains(name),
-            "docs/operations.md lists `{name}`, which src/metrics.rs does not define"
+            "docs/operations.md lists `{name}`, which core/src/filter/metrics.rs does not define"
         );
     }
     for name in &rule {

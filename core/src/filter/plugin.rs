@@ -5,24 +5,23 @@
 //! per worker), so everything here is idempotent: the seed is whatever the first VM
 //! stored, tables that exist keep their state, metrics map to the same stats.
 
-use crate::host;
-use crate::metrics::{Metrics, RuleStats};
-use crate::store::SharedData;
+use super::host::{Host, LogLevel};
+use super::metrics::{Metrics, RuleStats, FLUSH_INTERVAL_US};
+use crate::bounds::MAX_ITEMS;
+use crate::bounds::{MAX_BODY_BYTES, MAX_CONFIG_BYTES};
+use crate::buffers::BufferBudget;
+use crate::config;
+use crate::delay::RELEASE_TICK_MS;
+use crate::engine::{Engine, Evaluation, PendingCommit};
+use crate::flight::{Call, Flights};
+use crate::key::Seed;
+use crate::rules::Rule;
+use crate::rules::RuleId;
+use crate::store::seed;
+use crate::usage::settlement::{ResponseSeen, Settlement};
+use crate::wire::{v2, v3, ReplyError, SECRET_HEADER};
+use crate::worker::Worker;
 use std::cell::{Cell, RefCell};
-use weir_core::bounds::MAX_ITEMS;
-use weir_core::bounds::{MAX_BODY_BYTES, MAX_CONFIG_BYTES};
-use weir_core::buffers::BufferBudget;
-use weir_core::config;
-use weir_core::delay::RELEASE_TICK_MS;
-use weir_core::engine::{Engine, Evaluation, PendingCommit};
-use weir_core::flight::{Call, Flights};
-use weir_core::key::Seed;
-use weir_core::rules::Rule;
-use weir_core::rules::RuleId;
-use weir_core::store::seed;
-use weir_core::usage::settlement::{ResponseSeen, Settlement};
-use weir_core::wire::{v2, v3, ReplyError, SECRET_HEADER};
-use weir_core::worker::Worker;
 
 /// The most sets of a table read at configure time to estimate its `slots_in_use`
 /// gauge: a table of a million keys costs this many host calls, not 250,000.
@@ -30,12 +29,12 @@ const GAUGE_SAMPLE_SETS: u32 = 256;
 
 /// The tick when no request is held: idle workers send their metrics, every VM checks
 /// its hashing seed.
-pub const SLOW_TICK_MS: u32 = (crate::metrics::FLUSH_INTERVAL_US / 1_000) as u32;
+pub const SLOW_TICK_MS: u32 = (FLUSH_INTERVAL_US / 1_000) as u32;
 
 pub struct Plugin {
     pub engine: Engine,
     /// The process's hashing seed; replaced if a racing VM's seed is the one stored
-    /// (see `weir_core::store::seed`).
+    /// (see `crate::store::seed`).
     pub seed: Cell<Seed>,
     pub metrics: Metrics,
     /// Bridge calls of this plugin in flight in this VM.
@@ -47,7 +46,7 @@ pub struct Plugin {
     pub commits: RefCell<CommitQueue>,
     /// Bytes this VM keeps for its requests in flight, against `max_buffered_bytes`.
     pub buffers: RefCell<BufferBudget>,
-    /// The tick period set last (ms): every [`weir_core::delay::RELEASE_TICK_MS`] while
+    /// The tick period set last (ms): every [`crate::delay::RELEASE_TICK_MS`] while
     /// requests are held, [`COMMIT_TICK_MS`] while commits or places wait, else every
     /// metrics flush.
     tick_ms: Cell<u32>,
@@ -101,18 +100,19 @@ impl CommitQueue {
 impl Plugin {
     /// Reads, compiles and prepares the plugin configuration. The error is the line to
     /// log: it names the field and the value that were wrong.
-    pub fn configure() -> Result<Plugin, String> {
+    pub fn configure<H: Host>(host: &H) -> Result<Plugin, String> {
         // One byte more than allowed, so that a config that is too large gets the size
         // message, not a parse error at the cut.
-        let json = host::plugin_configuration(MAX_CONFIG_BYTES + 1)
+        let json = host
+            .plugin_configuration(MAX_CONFIG_BYTES + 1)
             .map_err(|e| format!("cannot read the plugin configuration: {e}"))?
             .unwrap_or_default();
         let mut config = config::parse(&json).map_err(|e| format!("invalid configuration: {e}"))?;
         if let Some(bridge) = config.bridge.as_mut() {
             if let Some(name) = &bridge.secret_env {
                 // WASI's environment: Envoy's `vm_config.environment_variables`.
-                match std::env::var(name) {
-                    Ok(secret) if !secret.is_empty() => bridge.secret = Some(secret),
+                match host.environment_variable(name) {
+                    Some(secret) if !secret.is_empty() => bridge.secret = Some(secret),
                     _ => {
                         return Err(format!(
                             "invalid configuration: bridge.secret_env: the environment variable {name:?} is \
@@ -122,18 +122,22 @@ impl Plugin {
                 }
             }
         }
-        let seed = seed::load_or_create(&SharedData, fresh_seed()?)
+        let fresh = host
+            .entropy()
+            .map_err(|e| format!("no entropy for the hashing seed: {e}"))?;
+        let seed = seed::load_or_create(host, fresh)
             .map_err(|e| format!("cannot share the hashing seed: {e}"))?;
         // Envoy's plugin name (the filter's `config.name`; in Istio the WasmPlugin's
         // namespace.name) keeps the tables of two plugins in one VM apart.
-        let plugin_name = host::property(&["plugin_name".to_string()])
+        let plugin_name = host
+            .property(&["plugin_name".to_string()])
             .ok()
             .flatten()
             .and_then(|name| String::from_utf8(name).ok())
             .unwrap_or_default();
         let engine = Engine::with_namespace(config, &plugin_name);
         engine
-            .prepare(&SharedData)
+            .prepare(host)
             .map_err(|e| format!("cannot create the slot tables: {e}"))?;
         let rules: Vec<RuleStats<'_>> = engine
             .config
@@ -143,13 +147,13 @@ impl Plugin {
                 name: rule.name.as_str(),
                 capacity: engine.capacity(rule.id),
                 in_use: engine
-                    .estimate_slots_in_use(rule.id, &SharedData, GAUGE_SAMPLE_SETS)
+                    .estimate_slots_in_use(rule.id, host, GAUGE_SAMPLE_SETS)
                     .unwrap_or(0),
                 // A `per_key` rule's limits are one per key: no gauge holds them.
                 adaptive_gauges: rule.adaptive().is_some_and(|a| a.key_controllers.is_none()),
             })
             .collect();
-        let metrics = Metrics::define(&plugin_name, &rules)
+        let metrics = Metrics::define(host, &plugin_name, &rules)
             .map_err(|e| format!("cannot define metrics: {e}"))?;
         Ok(Plugin {
             buffers: RefCell::new(BufferBudget::new(engine.config.max_buffered_bytes)),
@@ -167,8 +171,9 @@ impl Plugin {
     /// Sends `eval.pending` to the bridge for the request `owner`; the call is in
     /// flight, holding the evaluation, until its answer comes. Gives the evaluation back
     /// when the call cannot be made.
-    pub fn call_bridge(
+    pub fn call_bridge<H: Host>(
         &self,
+        host: &H,
         owner: u32,
         eval: Evaluation,
         now_us: u64,
@@ -186,7 +191,7 @@ impl Plugin {
         if let Some(secret) = &bridge.secret {
             headers.push((SECRET_HEADER, secret.as_str()));
         }
-        match host::http_call(&bridge.cluster, &headers, &body, bridge.timeout_ms) {
+        match host.dispatch_call(&bridge.cluster, &headers, &body, bridge.timeout_ms) {
             Ok(token) => {
                 self.metrics.bridge_call();
                 let keys = eval
@@ -207,8 +212,8 @@ impl Plugin {
             }
             // A cluster Envoy does not know, or no resources for the call.
             Err(e) => {
-                host::log(
-                    host::LogLevel::Warn,
+                host.log(
+                    LogLevel::Warn,
                     &format!(
                         "#{owner}: cannot call the bridge cluster {:?}: {e}",
                         bridge.cluster
@@ -221,12 +226,14 @@ impl Plugin {
 
     /// The answer of the call `call` made, read in the callback of its response: its
     /// status (0: none, the connection failed) and body, decoded against what was sent.
-    pub fn read_bridge_reply(
+    pub fn read_bridge_reply<H: Host>(
         &self,
+        host: &H,
         call: &Call,
         body_size: usize,
     ) -> Result<v2::Reply, ReplyError> {
-        let status = host::http_call_response_header(":status")
+        let status = host
+            .call_response_header(":status")
             .ok()
             .flatten()
             .and_then(|s| {
@@ -238,7 +245,8 @@ impl Plugin {
         if body_size > MAX_BODY_BYTES {
             return Err(ReplyError::BadBody(format!("{body_size} bytes")));
         }
-        let body = host::http_call_response_body(body_size)
+        let body = host
+            .call_response_body(body_size)
             .ok()
             .flatten()
             .unwrap_or_default();
@@ -250,20 +258,21 @@ impl Plugin {
     /// the request never reached the upstream, it costs nothing), a concurrency rule's
     /// place given back. Returns the settlement, for the log (`None` for a concurrency
     /// rule).
-    pub fn settle(
+    pub fn settle<H: Host>(
         &self,
+        host: &H,
         commit: &PendingCommit,
         seen: Option<&ResponseSeen>,
     ) -> Option<Settlement> {
         let rule = self.engine.config.rule(commit.rule)?;
-        let now_us = || host::now_us().unwrap_or(commit.counted_at_us);
+        let now_us = || host.now_us().unwrap_or(commit.counted_at_us);
         let Some(cost) = &rule.commit else {
             // A concurrency rule: the stream is over. A give-back shared data refuses
             // stays marked in the worker and is done on its next tick.
             let released = match self.worker.try_borrow_mut() {
                 Ok(mut worker) => self
                     .engine
-                    .end_in_flight(&SharedData, &mut worker, commit, now_us())
+                    .end_in_flight(host, &mut worker, commit, now_us())
                     .is_ok(),
                 // Never expected (no caller holds the worker here); the place is then
                 // dropped when its epoch passes, as a dead VM's would be.
@@ -271,7 +280,7 @@ impl Plugin {
             };
             self.metrics.in_flight_released(commit.rule, released);
             if !released {
-                self.adjust_tick();
+                self.adjust_tick(host);
             }
             return None;
         };
@@ -289,13 +298,13 @@ impl Plugin {
                     item,
                 });
                 if queued {
-                    self.adjust_tick();
+                    self.adjust_tick(host);
                 } else {
                     self.metrics.commit_failed(commit.rule);
                 }
             }
         } else {
-            match self.engine.commit(&SharedData, commit, value, now_us()) {
+            match self.engine.commit(host, commit, value, now_us()) {
                 Ok(true) => self
                     .metrics
                     .commit_settled(commit.rule, commit.reserved, value),
@@ -307,8 +316,8 @@ impl Plugin {
     }
 
     /// Adaptive concurrency rules, from the root context's tick: this worker's latencies
-    /// merged into shared data, its limits taken back (see `weir_core::adaptive`).
-    pub fn adapt(&self) {
+    /// merged into shared data, its limits taken back (see `crate::adaptive`).
+    pub fn adapt<H: Host>(&self, host: &H) {
         if !self
             .engine
             .config
@@ -318,21 +327,21 @@ impl Plugin {
         {
             return;
         }
-        let Ok(now_us) = host::now_us() else {
+        let Ok(now_us) = host.now_us() else {
             return;
         };
         let adapted = self
             .engine
-            .adapt(&SharedData, &mut self.worker.borrow_mut(), now_us);
+            .adapt(host, &mut self.worker.borrow_mut(), now_us);
         for a in &adapted {
-            self.metrics.adapted(a);
+            self.metrics.adapted(host, a);
         }
     }
 
     /// Concurrency rules, from the root context's tick: places whose give-back failed
     /// are given back, places counted in an older epoch re-counted (see
-    /// `weir_core::concurrency`), at most a bounded number of keys per tick.
-    pub fn tend_places(&self, now_us: u64) {
+    /// `crate::concurrency`), at most a bounded number of keys per tick.
+    pub fn tend_places<H: Host>(&self, host: &H, now_us: u64) {
         let Ok(mut worker) = self.worker.try_borrow_mut() else {
             return;
         };
@@ -340,7 +349,7 @@ impl Plugin {
             self.places_due.set(false);
             return;
         }
-        let tended = self.engine.tend_places(&SharedData, &mut worker, now_us);
+        let tended = self.engine.tend_places(host, &mut worker, now_us);
         for &(rule, units) in &tended.reclaimed {
             self.metrics.in_flight_reclaimed(rule, units);
         }
@@ -351,7 +360,7 @@ impl Plugin {
     /// every [`COMMIT_TICK_MS`] while commits wait for the bridge or places of
     /// concurrency rules wait to be given back, else every metrics flush. Called after a
     /// request is held, a commit queued or a give-back refused, and on every tick.
-    pub fn adjust_tick(&self) {
+    pub fn adjust_tick<H: Host>(&self, host: &H) {
         let period = if self
             .worker
             .try_borrow()
@@ -366,14 +375,14 @@ impl Plugin {
         } else {
             SLOW_TICK_MS
         };
-        if period != self.tick_ms.get() && host::set_tick_period_ms(period).is_ok() {
+        if period != self.tick_ms.get() && host.set_tick_period_ms(period).is_ok() {
             self.tick_ms.set(period);
         }
     }
 
     /// Sends the commits waiting for the bridge (from the root context's tick), in calls
     /// of at most [`MAX_ITEMS`] items, at most [`MAX_COMMIT_CALLS`] in flight.
-    pub fn send_commits(&self) {
+    pub fn send_commits<H: Host>(&self, host: &H) {
         let Some(bridge) = &self.engine.config.bridge else {
             return;
         };
@@ -397,11 +406,11 @@ impl Plugin {
             if let Some(secret) = &bridge.secret {
                 headers.push((SECRET_HEADER, secret.as_str()));
             }
-            match host::http_call(&bridge.cluster, &headers, &body, bridge.timeout_ms) {
+            match host.dispatch_call(&bridge.cluster, &headers, &body, bridge.timeout_ms) {
                 Ok(token) => queue.in_flight.push((token, batch)),
                 Err(e) => {
-                    host::log(
-                        host::LogLevel::Warn,
+                    host.log(
+                        LogLevel::Warn,
                         &format!(
                             "cannot send commits to the bridge cluster {:?}: {e}",
                             bridge.cluster
@@ -417,14 +426,20 @@ impl Plugin {
 
     /// The answer to a commit call: each commit settled or not (its result found by its
     /// id), or the call failed (the estimates stand): a bad reply fails the whole call.
-    pub fn commits_answered(&self, commits: Vec<QueuedCommit>, body_size: usize) {
-        let status = host::http_call_response_header(":status")
+    pub fn commits_answered<H: Host>(
+        &self,
+        host: &H,
+        commits: Vec<QueuedCommit>,
+        body_size: usize,
+    ) {
+        let status = host
+            .call_response_header(":status")
             .ok()
             .flatten()
             .and_then(|s| std::str::from_utf8(&s).ok()?.parse::<u16>().ok())
             .unwrap_or(0);
         let body = if body_size <= MAX_BODY_BYTES {
-            host::http_call_response_body(body_size)
+            host.call_response_body(body_size)
                 .ok()
                 .flatten()
                 .unwrap_or_default()
@@ -434,8 +449,8 @@ impl Plugin {
         let answered = match v3::decode_reply(status, &body, &commits, |c| c.item.id) {
             Ok(answered) => answered,
             Err(error) => {
-                host::log(
-                    host::LogLevel::Warn,
+                host.log(
+                    LogLevel::Warn,
                     &format!(
                         "the bridge did not settle {} commits ({error}): their estimates stand",
                         commits.len()
@@ -473,10 +488,10 @@ impl Plugin {
     /// Periodic work of the VM: tend the places of concurrency rules, send pending
     /// metrics, adopt the stored seed if a racing
     /// VM's replaced ours. Returns whether the seed changed.
-    pub fn on_tick(&self, now_us: u64) -> bool {
-        self.tend_places(now_us);
-        self.metrics.flush(now_us);
-        match seed::reload(&SharedData, self.seed.get()) {
+    pub fn on_tick<H: Host>(&self, host: &H, now_us: u64) -> bool {
+        self.tend_places(host, now_us);
+        self.metrics.flush(host, now_us);
+        match seed::reload(host, self.seed.get()) {
             Ok(Some(stored)) => {
                 self.seed.set(stored);
                 // Keys hash to other fingerprints now: what the reservoirs hold under
@@ -487,10 +502,4 @@ impl Plugin {
             _ => false,
         }
     }
-}
-
-fn fresh_seed() -> Result<[u8; 16], String> {
-    let mut seed = [0u8; 16];
-    getrandom::fill(&mut seed).map_err(|e| format!("no entropy for the hashing seed: {e}"))?;
-    Ok(seed)
 }

@@ -57,15 +57,15 @@
 //! [`FLUSH_INTERVAL_US`] — by the next request after that, or by the root context's tick
 //! when the worker is idle — so stats lag traffic by at most about a tenth of a second.
 
-use crate::host::{self, HostResult, MetricType};
-use std::cell::Cell;
-use weir_core::engine::{
+use super::host::{Host, HostResult, MetricType};
+use crate::engine::{
     Adapted, BridgeError, Delayed, Evaluation, FailureOutcome, RuleOutcome, Source,
 };
-use weir_core::rules::RuleId;
-use weir_core::store::{Placement, UpdateError};
-use weir_core::usage::settlement::SettleReason;
-use weir_core::wire::ReplyError;
+use crate::rules::RuleId;
+use crate::store::{Placement, UpdateError};
+use crate::usage::settlement::SettleReason;
+use crate::wire::ReplyError;
+use std::cell::Cell;
 
 /// How often increments kept in the VM are sent to Envoy.
 pub const FLUSH_INTERVAL_US: u64 = 100_000;
@@ -125,7 +125,7 @@ struct CommitReasons {
 }
 
 impl CommitReasons {
-    fn define(r: &mut Registry, prefix: &str) -> HostResult<CommitReasons> {
+    fn define<H: Host>(r: &mut Registry<'_, H>, prefix: &str) -> HostResult<CommitReasons> {
         let mut stat =
             |reason: SettleReason| r.counter(&format!("{prefix}.{}", reason.stat_name()));
         Ok(CommitReasons {
@@ -192,19 +192,19 @@ pub struct Metrics {
     host_calls: Stat,
     /// Bytes a request could not keep: the VM's `max_buffered_bytes` was full.
     buffer_full: Stat,
-    /// [`host::calls_made`] at the last flush.
+    /// [`Host::calls_made`] at the last flush.
     host_calls_flushed: Cell<u64>,
 }
 
 /// Defines host metrics and hands out their [`Stat`]s.
-#[derive(Default)]
-struct Registry {
+struct Registry<'h, H> {
+    host: &'h H,
     pending: Vec<(u32, Cell<i64>)>,
 }
 
-impl Registry {
+impl<H: Host> Registry<'_, H> {
     fn define(&mut self, metric_type: MetricType, name: &str) -> HostResult<Stat> {
-        let id = host::define_metric(metric_type, name)?;
+        let id = self.host.define_metric(metric_type, name)?;
         self.pending.push((id, Cell::new(0)));
         Ok(Stat(self.pending.len() - 1))
     }
@@ -216,15 +216,22 @@ impl Registry {
 
 impl Metrics {
     /// Defines every metric of `plugin`, with `rules` in config order.
-    pub fn define(plugin: &str, rules_and_tables: &[RuleStats<'_>]) -> HostResult<Metrics> {
-        let mut r = Registry::default();
+    pub fn define<H: Host>(
+        host: &H,
+        plugin: &str,
+        rules_and_tables: &[RuleStats<'_>],
+    ) -> HostResult<Metrics> {
+        let mut r = Registry {
+            host,
+            pending: Vec::new(),
+        };
         let mut rules = Vec::with_capacity(rules_and_tables.len());
         let base = format!("weir.{}", stat_segment(plugin));
         for rule in rules_and_tables {
             let (name, capacity, in_use) = (rule.name, rule.capacity, rule.in_use);
             let adaptive = if rule.adaptive_gauges {
                 let gauge = |what: &str| {
-                    host::define_metric(MetricType::Gauge, &format!("{base}.rule.{name}.{what}"))
+                    host.define_metric(MetricType::Gauge, &format!("{base}.rule.{name}.{what}"))
                 };
                 Some(AdaptiveGauges {
                     limit: gauge("concurrency_limit")?,
@@ -237,10 +244,10 @@ impl Metrics {
             let prefix = format!("{base}.rule.{name}");
             let slots_in_use = r.define(MetricType::Gauge, &format!("{prefix}.slots_in_use"))?;
             let capacity_id =
-                host::define_metric(MetricType::Gauge, &format!("{prefix}.slots_capacity"))?;
-            host::record_metric(capacity_id, capacity)?;
+                host.define_metric(MetricType::Gauge, &format!("{prefix}.slots_capacity"))?;
+            host.record_metric(capacity_id, capacity)?;
             if let Some((id, _)) = r.pending.get(slots_in_use.0) {
-                host::record_metric(*id, in_use)?;
+                host.record_metric(*id, in_use)?;
             }
             rules.push(RuleMetrics {
                 allowed: r.counter(&format!("{prefix}.allowed"))?,
@@ -291,7 +298,7 @@ impl Metrics {
         let bridge_bad_status = r.counter(&format!("{base}.bridge.errors_status"))?;
         let bridge_bad_body = r.counter(&format!("{base}.bridge.errors_bad_body"))?;
         let bridge_latency_us =
-            host::define_metric(MetricType::Histogram, &format!("{base}.bridge.latency_us"))?;
+            host.define_metric(MetricType::Histogram, &format!("{base}.bridge.latency_us"))?;
         let host_calls = r.counter(&format!("{base}.vm.host_calls"))?;
         let buffer_full = r.counter(&format!("{base}.vm.buffer_full"))?;
         Ok(Metrics {
@@ -313,7 +320,7 @@ impl Metrics {
             bridge_latency_us,
             host_calls,
             buffer_full,
-            host_calls_flushed: Cell::new(host::calls_made()),
+            host_calls_flushed: Cell::new(host.calls_made()),
         })
     }
 
@@ -324,23 +331,23 @@ impl Metrics {
     }
 
     /// Sends the increments kept since the last flush.
-    pub fn flush(&self, now_us: u64) {
+    pub fn flush<H: Host>(&self, host: &H, now_us: u64) {
         self.last_flush_us.set(now_us);
-        let calls = host::calls_made();
+        let calls = host.calls_made();
         let made = calls.wrapping_sub(self.host_calls_flushed.replace(calls));
         self.bump(self.host_calls, i64::try_from(made).unwrap_or(i64::MAX));
         for (id, delta) in &self.pending {
             let by = delta.replace(0);
             if by != 0 {
                 // A stat that cannot be incremented is not worth failing anything for.
-                let _ = host::increment_metric(*id, by);
+                let _ = host.increment_metric(*id, by);
             }
         }
     }
 
-    fn flush_if_due(&self, now_us: u64) {
+    fn flush_if_due<H: Host>(&self, host: &H, now_us: u64) {
         if now_us.saturating_sub(self.last_flush_us.get()) >= FLUSH_INTERVAL_US {
-            self.flush(now_us);
+            self.flush(host, now_us);
         }
     }
 
@@ -358,8 +365,8 @@ impl Metrics {
         self.bump(self.bridge_joined, 1);
     }
 
-    pub fn bridge_latency(&self, us: u64) {
-        let _ = host::record_metric(self.bridge_latency_us, us);
+    pub fn bridge_latency<H: Host>(&self, host: &H, us: u64) {
+        let _ = host.record_metric(self.bridge_latency_us, us);
     }
 
     /// A rule held a request instead of denying it.
@@ -441,7 +448,7 @@ impl Metrics {
     }
 
     /// An adaptive rule's controller as a worker merged it.
-    pub fn adapted(&self, adapted: &Adapted) {
+    pub fn adapted<H: Host>(&self, host: &H, adapted: &Adapted) {
         // A key's controller: a gauge holds one value, and a rule has a limit per key.
         if adapted.key.is_some() {
             return;
@@ -453,10 +460,10 @@ impl Metrics {
         else {
             return;
         };
-        let _ = host::record_metric(gauges.limit, adapted.limit);
+        let _ = host.record_metric(gauges.limit, adapted.limit);
         if adapted.controller.last_sample_us > 0 {
-            let _ = host::record_metric(gauges.sample_us, adapted.controller.last_sample_us);
-            let _ = host::record_metric(gauges.baseline_us, adapted.controller.baseline_us);
+            let _ = host.record_metric(gauges.sample_us, adapted.controller.last_sample_us);
+            let _ = host.record_metric(gauges.baseline_us, adapted.controller.baseline_us);
         }
     }
 
@@ -471,7 +478,7 @@ impl Metrics {
     }
 
     /// Counts one request's evaluation, finished at `now_us`.
-    pub fn record(&self, eval: &Evaluation, now_us: u64) {
+    pub fn record<H: Host>(&self, host: &H, eval: &Evaluation, now_us: u64) {
         match &eval.bridge_error {
             Some(BridgeError::Skipped) => self.bump(self.bridge_skipped, 1),
             Some(BridgeError::Busy) => self.bump(self.bridge_busy, 1),
@@ -557,7 +564,7 @@ impl Metrics {
                 Some(Placement::Existing) | None => {}
             }
         }
-        self.flush_if_due(now_us);
+        self.flush_if_due(host, now_us);
     }
 }
 

@@ -1,0 +1,467 @@
+//! One request's decision, carried out.
+//!
+//! `on_request_headers` asks the core's engine. Local rules and global rules served from
+//! what this Envoy holds (a lease, a reservation, a cached denial) are decided at once.
+//! Global rules that need Redis either wait for a call of this VM already asking about
+//! their keys (single flight, see `crate::flight`), or go to weir-bridge in one call
+//! of their own; the request is paused meanwhile. The call's answer arrives through
+//! [`super::Vm`], which completes the evaluation and hands it back here
+//! ([`Request::on_own_call_answered`]), then wakes the requests that waited on it
+//! ([`Request::on_flight_landed`]). Envoy bounds each call by the bridge timeout (a
+//! timed-out call arrives as a 504), so a paused request always moves on.
+
+use super::facts::{ReadFacts, RequestFacts};
+use super::host::{self, Host, LogLevel};
+use super::plugin::Plugin;
+use super::reply::Reply;
+use super::settling::{settle, Settlements};
+use crate::buffers::Buffered;
+use crate::engine::{BridgeError, Evaluation};
+use crate::flight::Join;
+use crate::rules::Facts;
+use crate::usage::RequestBody;
+use std::rc::Rc;
+
+/// The response header of a request that was held: how long, in ms.
+pub const DELAY_HEADER: &str = "x-weir-delay-ms";
+
+/// What to tell Envoy after a callback.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum Action {
+    Continue = 0,
+    Pause = 1,
+}
+
+/// One request's context: where its evaluation is while it waits, and what it does with
+/// the response.
+pub struct Request {
+    context_id: u32,
+    plugin: Option<Rc<Plugin>>,
+    /// The evaluation of a request waiting on another request's call, and that call.
+    waiting: Option<(u32, Evaluation)>,
+    /// The evaluation of a request a rule holds (`on_limit.delay`) until it is due.
+    held: Option<Evaluation>,
+    /// What the request is answered, or the headers the upstream's response gets.
+    reply: Reply,
+    /// Costs and places to settle when the response ends.
+    settlements: Settlements,
+    /// A rule estimates this request's cost from its body: the decision waits for the
+    /// body, buffered by Envoy up to this many bytes.
+    reading_body: Option<usize>,
+    /// What was read of the request body, kept until the request is decided.
+    request_body: BodySeen,
+    /// What the request body read for an estimate keeps of its VM's
+    /// `max_buffered_bytes`.
+    request_body_kept: Buffered,
+    /// The request's facts, read before its headers went on to wait for its body.
+    read_facts: Option<ReadFacts>,
+}
+
+/// The request body as read for a cost estimate.
+enum BodySeen {
+    Absent,
+    Complete(Vec<u8>),
+    TooLarge,
+}
+
+impl BodySeen {
+    fn as_request_body(&self) -> RequestBody<'_> {
+        match self {
+            BodySeen::Absent => RequestBody::Absent,
+            BodySeen::Complete(bytes) => RequestBody::Complete(bytes),
+            BodySeen::TooLarge => RequestBody::TooLarge,
+        }
+    }
+}
+
+impl Request {
+    pub fn new(context_id: u32, plugin: Option<Rc<Plugin>>) -> Self {
+        Request {
+            context_id,
+            plugin,
+            waiting: None,
+            held: None,
+            reply: Reply::new(context_id),
+            settlements: Settlements::default(),
+            reading_body: None,
+            request_body: BodySeen::Absent,
+            request_body_kept: Buffered::default(),
+            read_facts: None,
+        }
+    }
+
+    /// This request's facts: from the host, or as read before its headers went on.
+    fn facts<'a, H: Host>(&'a self, host: &'a H) -> RequestFacts<'a, H> {
+        RequestFacts {
+            host,
+            body: self.request_body.as_request_body(),
+            read: self.read_facts.as_ref(),
+        }
+    }
+
+    fn log<H: Host>(&self, host: &H, level: LogLevel, message: impl FnOnce() -> String) {
+        host::log(host, self.context_id, level, message);
+    }
+
+    pub fn on_request_headers<H: Host>(&mut self, host: &H, end_of_stream: bool) -> Action {
+        // A VM without a valid configuration never gets traffic (Envoy refused the
+        // config); if it does, the filter stays out of the way.
+        let Some(plugin) = self.plugin.clone() else {
+            return Action::Continue;
+        };
+        let (read_response, body_wanted) = {
+            let mut facts = Facts::new(&plugin.engine.config.facts, self.facts(host));
+            let read_response = plugin.engine.reads_response_body(&mut facts);
+            let body_wanted = if end_of_stream {
+                None
+            } else {
+                plugin.engine.request_body_wanted(&mut facts)
+            };
+            (read_response, body_wanted)
+        };
+        if read_response {
+            // A compressed body cannot be read (it keeps its estimate): ask the upstream
+            // for the body as it is.
+            if let Err(e) = host.replace_request_header("accept-encoding", "identity") {
+                self.log(host, LogLevel::Warn, || {
+                    format!("cannot set accept-encoding: identity ({e})")
+                });
+            }
+        }
+        if let Some(max_bytes) = body_wanted {
+            // Decided when the body is in. The headers go on: Envoy's Wasm host turns a
+            // paused header callback into "stop everything", body callbacks included, so
+            // the body could never be read. The upstream sees the headers; a request
+            // denied on its body is reset before its body is sent.
+            self.reading_body = Some(max_bytes);
+            self.read_facts = Some(ReadFacts::now(host, &plugin.engine.config.facts));
+            return Action::Continue;
+        }
+        self.decide(host, &plugin)
+    }
+
+    /// A piece of the request body, while a rule waits for it to estimate the cost:
+    /// Envoy buffers it until the end (or `max_bytes`, past which the rule charges its
+    /// `max`).
+    pub fn on_request_body<H: Host>(
+        &mut self,
+        host: &H,
+        size: usize,
+        end_of_stream: bool,
+    ) -> Action {
+        let (Some(plugin), Some(max_bytes)) = (self.plugin.clone(), self.reading_body) else {
+            return Action::Continue;
+        };
+        if size > max_bytes {
+            self.request_body = BodySeen::TooLarge;
+        } else if end_of_stream {
+            self.request_body = self.read_request_body(host, &plugin, size, max_bytes);
+        } else {
+            return Action::Pause;
+        }
+        self.reading_body = None;
+        self.decide(host, &plugin)
+    }
+
+    /// The request body (Envoy holds `size` bytes), copied into the VM if its budget has
+    /// room: else it is estimated as a body over `max_bytes` (at the cost's `max`).
+    fn read_request_body<H: Host>(
+        &mut self,
+        host: &H,
+        plugin: &Plugin,
+        size: usize,
+        max_bytes: usize,
+    ) -> BodySeen {
+        let mut budget = plugin.buffers.borrow_mut();
+        if !self.request_body_kept.grow_to(&mut budget, size) {
+            plugin.metrics.buffer_full();
+            return BodySeen::TooLarge;
+        }
+        let body = match host.request_body(size) {
+            Ok(Some(bytes)) if bytes.len() > max_bytes => BodySeen::TooLarge,
+            Ok(Some(bytes)) => BodySeen::Complete(bytes),
+            _ => BodySeen::Absent,
+        };
+        let kept = match &body {
+            BodySeen::Complete(bytes) => bytes.len(),
+            _ => 0,
+        };
+        self.request_body_kept.grow_to(&mut budget, kept);
+        body
+    }
+
+    /// Forgets the request body read for an estimate, and gives its bytes back.
+    fn drop_request_body(&mut self) {
+        self.request_body = BodySeen::Absent;
+        if let Some(plugin) = &self.plugin {
+            self.request_body_kept
+                .release(&mut plugin.buffers.borrow_mut());
+        }
+    }
+
+    /// Trailers end a request whose body a rule was waiting for.
+    pub fn on_request_trailers<H: Host>(&mut self, host: &H) -> Action {
+        let (Some(plugin), Some(max_bytes)) = (self.plugin.clone(), self.reading_body) else {
+            return Action::Continue;
+        };
+        self.request_body =
+            self.read_request_body(host, &plugin, max_bytes.saturating_add(1), max_bytes);
+        self.reading_body = None;
+        self.decide(host, &plugin)
+    }
+
+    /// Evaluates the request's rules now.
+    fn decide<H: Host>(&mut self, host: &H, plugin: &Rc<Plugin>) -> Action {
+        let Ok(now_us) = host.now_us() else {
+            return Action::Continue;
+        };
+        let engine = &plugin.engine;
+        let mut facts = Facts::new(&engine.config.facts, self.facts(host));
+        let eval = {
+            let mut worker = plugin.worker.borrow_mut();
+            let seed = plugin.seed.get();
+            engine.evaluate(host, &mut worker, &seed, &mut facts, now_us)
+        };
+        self.go_on(host, plugin, eval, now_us)
+    }
+
+    /// The request this filter holds is due (called from the root context's tick): the
+    /// rules go on from the one that held it, and the request is resumed, answered, or
+    /// held again (its release came too late for its slot).
+    pub fn on_hold_due<H: Host>(&mut self, host: &H, now_us: u64) {
+        let (Some(plugin), Some(mut eval)) = (self.plugin.clone(), self.held.take()) else {
+            return;
+        };
+        let engine = &plugin.engine;
+        let mut facts = Facts::new(&engine.config.facts, self.facts(host));
+        {
+            let mut worker = plugin.worker.borrow_mut();
+            let seed = plugin.seed.get();
+            engine.release(&mut eval, host, &mut worker, &seed, &mut facts, now_us);
+        }
+        if let Some(delayed) = &eval.delayed {
+            plugin.metrics.delay_released(delayed);
+            self.reply
+                .set_header(DELAY_HEADER, (delayed.waited_us / 1_000).to_string());
+        }
+        if self.go_on(host, &plugin, eval, now_us) == Action::Continue {
+            self.resume(host);
+        }
+    }
+
+    /// The plugin goes away while this request is held: it is answered as limited, with
+    /// the time it would have waited as its retry.
+    pub fn on_plugin_done<H: Host>(&mut self, host: &H, now_us: u64) {
+        let (Some(plugin), Some(mut eval)) = (self.plugin.clone(), self.held.take()) else {
+            return;
+        };
+        if let Some(held) = &eval.held {
+            plugin.metrics.delay_abandoned(held.rule);
+        }
+        eval.deny_held(now_us);
+        if self.finish(host, &plugin, &eval, now_us) {
+            self.resume(host);
+        }
+    }
+
+    /// Holds the request until its rule's slot is due.
+    fn hold<H: Host>(
+        &mut self,
+        host: &H,
+        plugin: &Plugin,
+        mut eval: Evaluation,
+        now_us: u64,
+    ) -> Action {
+        let Some(held) = eval.held else {
+            return Action::Continue;
+        };
+        let queued =
+            plugin
+                .worker
+                .borrow_mut()
+                .waiting
+                .hold(self.context_id, held.rule, held.hold.due_us);
+        if !queued {
+            // The engine holds only when the worker has room; should that ever not be
+            // so, the request is denied (its slot is lost, never admitted early).
+            eval.deny_held(now_us);
+            return if self.finish(host, plugin, &eval, now_us) {
+                Action::Continue
+            } else {
+                Action::Pause
+            };
+        }
+        plugin.metrics.delay_held(held.rule);
+        self.held = Some(eval);
+        plugin.adjust_tick(host);
+        Action::Pause
+    }
+
+    /// The answer to this request's own bridge call, with its evaluation completed. The
+    /// request is paused: resume it, unless it was answered here.
+    pub fn on_own_call_answered<H: Host>(&mut self, host: &H, eval: Evaluation, now_us: u64) {
+        let Some(plugin) = self.plugin.clone() else {
+            return;
+        };
+        if self.finish(host, &plugin, &eval, now_us) {
+            self.resume(host);
+        }
+    }
+
+    /// The call this request waited on has landed: what it brought is in the lease
+    /// table. Look again; ask the bridge only if this request still misses.
+    pub fn on_flight_landed<H: Host>(&mut self, host: &H, now_us: u64) {
+        let (Some(plugin), Some((_, mut eval))) = (self.plugin.clone(), self.waiting.take()) else {
+            return;
+        };
+        plugin.engine.revisit(&mut eval, host, now_us);
+        if self.go_on(host, &plugin, eval, now_us) == Action::Continue {
+            self.resume(host);
+        }
+    }
+
+    /// The request is gone: stop waiting on a call, or leave the held requests (the
+    /// slot it was given is not handed back: it counts as admitted).
+    pub fn on_delete<H: Host>(&mut self, host: &H) {
+        self.drop_request_body();
+        // A response that never ended (reset, aborted): what is still open settles with
+        // the usage its body reported before it was cut, or else keeps its estimate (the
+        // client chooses when it hangs up).
+        if let Some(plugin) = &self.plugin {
+            if !self.settlements.is_empty() {
+                self.settlements.settle_all(host, plugin, false);
+            }
+        }
+        if let (Some(plugin), Some((token, eval))) = (&self.plugin, &self.waiting) {
+            plugin
+                .flights
+                .borrow_mut()
+                .forget_waiter(*token, self.context_id);
+            // What rules before the global ones counted: the request never reached the
+            // upstream (a concurrency rule's place is given back).
+            for commit in &eval.commits {
+                settle(host, plugin, self.context_id, commit, None);
+            }
+        }
+        if let (Some(plugin), Some(_)) = (&self.plugin, &self.held) {
+            let forgotten = plugin.worker.borrow_mut().waiting.forget(self.context_id);
+            if let Some(rule) = forgotten {
+                plugin.metrics.delay_abandoned(rule);
+            }
+        }
+    }
+
+    /// Takes an evaluation as far as it can go now: wait on another call for its
+    /// pending rules, send its own, or finish it. `Pause` while it waits or when the
+    /// filter answered the request.
+    fn go_on<H: Host>(
+        &mut self,
+        host: &H,
+        plugin: &Plugin,
+        mut eval: Evaluation,
+        now_us: u64,
+    ) -> Action {
+        if eval.held.is_some() {
+            return self.hold(host, plugin, eval, now_us);
+        }
+        let engine = &plugin.engine;
+        if !eval.pending.is_empty() {
+            let joined = plugin
+                .flights
+                .borrow_mut()
+                .join(self.context_id, &eval.pending, |rule| {
+                    engine.shares_calls(rule)
+                });
+            match joined {
+                Join::Waiting(token) => {
+                    plugin.metrics.bridge_joined();
+                    self.waiting = Some((token, eval));
+                    return Action::Pause;
+                }
+                Join::Full => {
+                    engine.fail_now(&mut eval, host, now_us, BridgeError::Busy);
+                }
+                Join::Alone => match plugin.call_bridge(host, self.context_id, eval, now_us) {
+                    Ok(()) => return Action::Pause,
+                    Err(failed) => {
+                        let (back, error) = *failed;
+                        eval = back;
+                        engine.complete(&mut eval, host, now_us, now_us, Err(error));
+                    }
+                },
+            }
+        }
+        if self.finish(host, plugin, &eval, now_us) {
+            Action::Continue
+        } else {
+            Action::Pause
+        }
+    }
+
+    fn resume<H: Host>(&self, host: &H) {
+        if let Err(e) = host.resume_request() {
+            self.log(host, LogLevel::Error, || {
+                format!("cannot resume the request: {e}")
+            });
+        }
+    }
+
+    /// Carries out a finished evaluation (see [`Reply::carry_out`]); an admitted request
+    /// settles what its rules counted when its response ends, a denied one at once (it
+    /// never reached the upstream: it cost nothing). Returns whether it may go on.
+    fn finish<H: Host>(
+        &mut self,
+        host: &H,
+        plugin: &Plugin,
+        eval: &Evaluation,
+        now_us: u64,
+    ) -> bool {
+        // Decided: what was read for an estimate is not needed any more.
+        self.drop_request_body();
+        self.read_facts = None;
+        if !self.reply.carry_out(host, plugin, eval, now_us) {
+            for commit in &eval.commits {
+                settle(host, plugin, self.context_id, commit, None);
+            }
+            return false;
+        }
+        // Also when the host refused to send a denial: the request goes on to the
+        // upstream, so what the rules counted stays counted until its response ends.
+        self.settlements = Settlements::new(self.context_id, &eval.commits);
+        true
+    }
+
+    pub fn on_response_headers<H: Host>(&mut self, host: &H, end_of_stream: bool) -> Action {
+        self.reply.on_response_headers(host);
+        if let Some(plugin) = &self.plugin {
+            self.settlements
+                .on_response_headers(host, plugin, end_of_stream);
+        }
+        Action::Continue
+    }
+
+    /// A piece of the response body: rules reading their cost from it read it.
+    pub fn on_response_body<H: Host>(
+        &mut self,
+        host: &H,
+        size: usize,
+        end_of_stream: bool,
+    ) -> Action {
+        if let Some(plugin) = &self.plugin {
+            self.settlements
+                .on_response_body(host, plugin, size, end_of_stream);
+        }
+        Action::Continue
+    }
+
+    /// Trailers end a response: what its body said settles now.
+    pub fn on_response_trailers<H: Host>(&mut self, host: &H) -> Action {
+        if let Some(plugin) = &self.plugin {
+            if !self.settlements.is_empty() {
+                self.settlements.settle_all(host, plugin, true);
+            }
+        }
+        Action::Continue
+    }
+}

@@ -1,0 +1,612 @@
+//! A scripted host: Envoy's side of the proxy-wasm ABI, played in process, so a
+//! request's whole lifecycle runs natively (tests, and the benchmark's counts).
+//!
+//! [`ScriptedHost`] answers the [`Host`] calls the way Envoy does: shared data with
+//! Envoy's semantics (a [`MemoryStore`]), an effective context that callbacks act on,
+//! request and response headers and bodies per stream, local replies and resumes
+//! recorded per stream, calls out recorded with a token, stats kept by id, a clock the
+//! script moves. [`Envoy`] drives a [`Vm`] over it: it creates contexts and makes the
+//! callbacks in the order Envoy makes them, and answers calls when the script says so.
+//!
+//! Calls on a context that does not exist (a request already deleted) fail as Envoy's
+//! do, with `BadArgument`, and are counted in [`HostState::misdirected`]: a lifecycle
+//! that resumes or answers a request that is gone is a bug these tests see.
+
+use super::host::{Host, HostError, HostResult, LogLevel, MetricType};
+use super::request::Action;
+use super::vm::Vm;
+use crate::store::memory::MemoryStore;
+use crate::store::{SharedStore, StoreError};
+use std::cell::{RefCell, RefMut};
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+const BAD_ARGUMENT: HostError = HostError(2);
+const NOT_FOUND: HostError = HostError(super::host::NOT_FOUND);
+
+/// One HTTP stream as Envoy holds it.
+#[derive(Debug, Default, Clone)]
+pub struct Stream {
+    /// The root context of the stream's plugin.
+    pub root: u32,
+    pub request_headers: Vec<(String, String)>,
+    pub request_body: Vec<u8>,
+    pub response_headers: Vec<(String, String)>,
+    /// The piece of the response body of the running callback.
+    pub response_chunk: Vec<u8>,
+    /// Attributes the filter may read (`source.address`, `response.code_details`).
+    pub attributes: HashMap<Vec<String>, Vec<u8>>,
+    /// Properties the filter set (Envoy's filter state `wasm.<name>`).
+    pub filter_state: HashMap<String, Vec<u8>>,
+    /// Times the filter resumed the stream.
+    pub resumed: u32,
+    /// The local reply the filter sent, if it did.
+    pub local_reply: Option<LocalReply>,
+    /// Headers the filter added to the response.
+    pub added_response_headers: Vec<(String, String)>,
+}
+
+impl Stream {
+    fn header(headers: &[(String, String)], name: &str) -> Option<Vec<u8>> {
+        headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.clone().into_bytes())
+    }
+
+    /// A header the filter added to the response.
+    pub fn added(&self, name: &str) -> Option<&str> {
+        self.added_response_headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalReply {
+    pub status: u32,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+    pub grpc_status: i32,
+}
+
+/// A call the filter made.
+#[derive(Debug, Clone)]
+pub struct Dispatched {
+    pub token: u32,
+    /// The context that was effective when the call was made.
+    pub from_context: u32,
+    /// The root context of that context's plugin: Envoy answers there.
+    pub root: u32,
+    pub cluster: String,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+    pub timeout_ms: u64,
+    /// Answered by the script already.
+    pub answered: bool,
+}
+
+impl Dispatched {
+    pub fn path(&self) -> &str {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == ":path")
+            .map_or("", |(_, v)| v.as_str())
+    }
+}
+
+/// A stat as the filter defined it, and its value.
+#[derive(Debug, Clone)]
+pub struct Metric {
+    pub metric_type: MetricType,
+    pub name: String,
+    pub value: i64,
+}
+
+/// What Envoy refuses, when the script wants it to.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Refusals {
+    /// `dispatch_call` fails (no such cluster).
+    pub dispatch: bool,
+    /// `send_local_response` fails.
+    pub local_response: bool,
+}
+
+/// Everything the scripted host knows and recorded.
+#[derive(Debug, Default)]
+pub struct HostState {
+    pub now_us: u64,
+    /// The context host calls act on.
+    pub effective: u32,
+    pub roots: HashSet<u32>,
+    /// Each root context's plugin configuration and name.
+    pub configurations: HashMap<u32, (Vec<u8>, String)>,
+    pub environment: HashMap<String, String>,
+    pub logs: Vec<(LogLevel, String)>,
+    /// Every host call, and by method.
+    pub calls: u64,
+    pub calls_by_method: BTreeMap<&'static str, u64>,
+    /// The tick period each root context asked for.
+    pub tick_ms: HashMap<u32, u32>,
+    pub streams: HashMap<u32, Stream>,
+    pub dispatched: Vec<Dispatched>,
+    /// The answer of the call whose callback is running: status (0: none) and body.
+    pub answering: Option<(u16, Vec<u8>)>,
+    pub metrics: Vec<Metric>,
+    pub refuse: Refusals,
+    /// Calls made on a context that does not exist.
+    pub misdirected: u32,
+}
+
+impl HostState {
+    /// The value of the stat `name` (counters as sent by the filter's flushes).
+    pub fn metric(&self, name: &str) -> Option<i64> {
+        self.metrics
+            .iter()
+            .find(|m| m.name == name)
+            .map(|m| m.value)
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct ScriptedHost {
+    /// Shared data, seen by every VM that shares this host.
+    pub store: MemoryStore,
+    state: RefCell<HostState>,
+}
+
+impl ScriptedHost {
+    pub fn state(&self) -> RefMut<'_, HostState> {
+        self.state.borrow_mut()
+    }
+
+    /// Counts a call of `method`, and gives the state to act on.
+    fn call(&self, method: &'static str) -> RefMut<'_, HostState> {
+        let mut state = self.state.borrow_mut();
+        state.calls += 1;
+        *state.calls_by_method.entry(method).or_insert(0) += 1;
+        state
+    }
+
+    /// The effective context's stream.
+    fn stream<R>(&self, method: &'static str, f: impl FnOnce(&mut Stream) -> R) -> HostResult<R> {
+        let mut state = self.call(method);
+        let effective = state.effective;
+        match state.streams.get_mut(&effective) {
+            Some(stream) => Ok(f(stream)),
+            None => {
+                state.misdirected += 1;
+                Err(BAD_ARGUMENT)
+            }
+        }
+    }
+}
+
+impl SharedStore for ScriptedHost {
+    fn get(&self, key: &str) -> Result<(Option<Vec<u8>>, Option<u32>), StoreError> {
+        drop(self.call("get_shared_data"));
+        self.store.get(key)
+    }
+
+    fn compare_and_set(&self, key: &str, value: &[u8], version: u32) -> Result<(), StoreError> {
+        drop(self.call("set_shared_data"));
+        self.store.compare_and_set(key, value, version)
+    }
+
+    fn create(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
+        drop(self.call("set_shared_data"));
+        self.store.create(key, value)
+    }
+}
+
+impl Host for ScriptedHost {
+    fn now_us(&self) -> HostResult<u64> {
+        Ok(self.call("get_current_time").now_us)
+    }
+
+    fn log(&self, level: LogLevel, message: &str) {
+        self.call("log").logs.push((level, message.to_string()));
+    }
+
+    fn log_enabled(&self, _level: LogLevel) -> bool {
+        true
+    }
+
+    fn refresh_log_level(&self) {
+        drop(self.call("get_log_level"));
+    }
+
+    fn calls_made(&self) -> u64 {
+        self.state.borrow().calls
+    }
+
+    fn set_tick_period_ms(&self, period_ms: u32) -> HostResult<()> {
+        let mut state = self.call("set_tick_period");
+        // Envoy sets the tick of the effective context's root context.
+        let effective = state.effective;
+        let root = state.streams.get(&effective).map_or(effective, |s| s.root);
+        state.tick_ms.insert(root, period_ms);
+        Ok(())
+    }
+
+    fn plugin_configuration(&self, max_size: usize) -> HostResult<Option<Vec<u8>>> {
+        let state = self.call("get_buffer_bytes");
+        let (config, _) = state
+            .configurations
+            .get(&state.effective)
+            .ok_or(NOT_FOUND)?;
+        Ok(Some(config.iter().copied().take(max_size).collect()))
+    }
+
+    fn environment_variable(&self, name: &str) -> Option<String> {
+        self.state.borrow().environment.get(name).cloned()
+    }
+
+    fn entropy(&self) -> Result<[u8; 16], String> {
+        Ok(*b"scripted-entropy")
+    }
+
+    fn define_metric(&self, metric_type: MetricType, name: &str) -> HostResult<u32> {
+        let mut state = self.call("define_metric");
+        // Envoy maps one name to one stat, whoever defines it.
+        if let Some(id) = state.metrics.iter().position(|m| m.name == name) {
+            return u32::try_from(id).map_err(|_| BAD_ARGUMENT);
+        }
+        state.metrics.push(Metric {
+            metric_type,
+            name: name.to_string(),
+            value: 0,
+        });
+        u32::try_from(state.metrics.len() - 1).map_err(|_| BAD_ARGUMENT)
+    }
+
+    fn increment_metric(&self, id: u32, offset: i64) -> HostResult<()> {
+        let mut state = self.call("increment_metric");
+        let metric = state.metrics.get_mut(id as usize).ok_or(NOT_FOUND)?;
+        metric.value = metric.value.saturating_add(offset);
+        Ok(())
+    }
+
+    fn record_metric(&self, id: u32, value: u64) -> HostResult<()> {
+        let mut state = self.call("record_metric");
+        let metric = state.metrics.get_mut(id as usize).ok_or(NOT_FOUND)?;
+        metric.value = i64::try_from(value).unwrap_or(i64::MAX);
+        Ok(())
+    }
+
+    fn set_effective_context(&self, context_id: u32) -> HostResult<()> {
+        let mut state = self.call("set_effective_context");
+        if state.roots.contains(&context_id) || state.streams.contains_key(&context_id) {
+            state.effective = context_id;
+            Ok(())
+        } else {
+            state.misdirected += 1;
+            Err(BAD_ARGUMENT)
+        }
+    }
+
+    fn property(&self, path: &[String]) -> HostResult<Option<Vec<u8>>> {
+        if path == ["plugin_name"] {
+            let state = self.call("get_property");
+            let root = match state.streams.get(&state.effective) {
+                Some(stream) => stream.root,
+                None => state.effective,
+            };
+            return Ok(state
+                .configurations
+                .get(&root)
+                .map(|(_, name)| name.clone().into_bytes()));
+        }
+        self.stream("get_property", |s| s.attributes.get(path).cloned())
+    }
+
+    fn set_property(&self, name: &str, value: &[u8]) -> HostResult<()> {
+        self.stream("set_property", |s| {
+            s.filter_state.insert(name.to_string(), value.to_vec());
+        })
+    }
+
+    fn request_header(&self, name: &str) -> HostResult<Option<Vec<u8>>> {
+        self.stream("get_header_map_value", |s| {
+            Stream::header(&s.request_headers, name)
+        })
+    }
+
+    fn replace_request_header(&self, name: &str, value: &str) -> HostResult<()> {
+        self.stream("replace_header_map_value", |s| {
+            s.request_headers
+                .retain(|(n, _)| !n.eq_ignore_ascii_case(name));
+            s.request_headers
+                .push((name.to_string(), value.to_string()));
+        })
+    }
+
+    fn request_body(&self, max_size: usize) -> HostResult<Option<Vec<u8>>> {
+        self.stream("get_buffer_bytes", |s| {
+            Some(s.request_body.iter().copied().take(max_size).collect())
+        })
+    }
+
+    fn response_header(&self, name: &str) -> HostResult<Option<Vec<u8>>> {
+        self.stream("get_header_map_value", |s| {
+            Stream::header(&s.response_headers, name)
+        })
+    }
+
+    fn add_response_header(&self, name: &str, value: &str) -> HostResult<()> {
+        self.stream("add_header_map_value", |s| {
+            s.added_response_headers
+                .push((name.to_string(), value.to_string()));
+        })
+    }
+
+    fn response_body(&self, size: usize) -> HostResult<Option<Vec<u8>>> {
+        self.stream("get_buffer_bytes", |s| {
+            Some(s.response_chunk.iter().copied().take(size).collect())
+        })
+    }
+
+    fn send_local_response(
+        &self,
+        status: u32,
+        headers: &[(&str, &str)],
+        body: &[u8],
+        grpc_status: i32,
+    ) -> HostResult<()> {
+        if self.state.borrow().refuse.local_response {
+            drop(self.call("send_local_response"));
+            return Err(BAD_ARGUMENT);
+        }
+        self.stream("send_local_response", |s| {
+            s.local_reply = Some(LocalReply {
+                status,
+                headers: headers
+                    .iter()
+                    .map(|(n, v)| (n.to_string(), v.to_string()))
+                    .collect(),
+                body: body.to_vec(),
+                grpc_status,
+            });
+        })
+    }
+
+    fn resume_request(&self) -> HostResult<()> {
+        self.stream("continue_stream", |s| s.resumed += 1)
+    }
+
+    fn dispatch_call(
+        &self,
+        cluster: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+        timeout_ms: u64,
+    ) -> HostResult<u32> {
+        let mut state = self.call("http_call");
+        if state.refuse.dispatch {
+            return Err(BAD_ARGUMENT);
+        }
+        let token = u32::try_from(state.dispatched.len() + 1).map_err(|_| BAD_ARGUMENT)?;
+        let from_context = state.effective;
+        let root = state
+            .streams
+            .get(&from_context)
+            .map_or(from_context, |s| s.root);
+        state.dispatched.push(Dispatched {
+            token,
+            from_context,
+            root,
+            cluster: cluster.to_string(),
+            headers: headers
+                .iter()
+                .map(|(n, v)| (n.to_string(), v.to_string()))
+                .collect(),
+            body: body.to_vec(),
+            timeout_ms,
+            answered: false,
+        });
+        Ok(token)
+    }
+
+    fn call_response_header(&self, name: &str) -> HostResult<Option<Vec<u8>>> {
+        let state = self.call("get_header_map_value");
+        let (status, _) = state.answering.as_ref().ok_or(NOT_FOUND)?;
+        Ok((name == ":status" && *status != 0).then(|| status.to_string().into_bytes()))
+    }
+
+    fn call_response_body(&self, max_size: usize) -> HostResult<Option<Vec<u8>>> {
+        let state = self.call("get_buffer_bytes");
+        let (_, body) = state.answering.as_ref().ok_or(NOT_FOUND)?;
+        Ok(Some(body.iter().copied().take(max_size).collect()))
+    }
+}
+
+/// Envoy, as far as one VM sees it: contexts created and callbacks made in Envoy's
+/// order, over a [`ScriptedHost`].
+#[derive(Default)]
+pub struct Envoy {
+    pub host: ScriptedHost,
+    pub vm: Vm,
+    /// The root context new requests go to (the latest configured).
+    pub root: u32,
+    next_context: u32,
+}
+
+impl Envoy {
+    /// A VM with one plugin of `config` (JSON), named `weir`; the error is the log line
+    /// of a configuration Envoy would refuse.
+    pub fn new(config: &str) -> Result<Envoy, String> {
+        let mut envoy = Envoy::default();
+        envoy.configure(config)?;
+        Ok(envoy)
+    }
+
+    /// A new root context with `config`, as Envoy makes on a config update; new requests
+    /// go to it, requests of older ones stay with theirs. Returns its id.
+    pub fn configure(&mut self, config: &str) -> Result<u32, String> {
+        let root = self.new_context_id();
+        {
+            let mut state = self.host.state();
+            state.roots.insert(root);
+            state
+                .configurations
+                .insert(root, (config.as_bytes().to_vec(), "weir".to_string()));
+            state.effective = root;
+        }
+        self.vm.on_context_create(root, 0);
+        if !self.vm.on_configure(&self.host, root) {
+            let state = self.host.state();
+            let last = state.logs.last().map(|(_, line)| line.clone());
+            return Err(last.unwrap_or_default());
+        }
+        self.root = root;
+        Ok(root)
+    }
+
+    fn new_context_id(&mut self) -> u32 {
+        self.next_context += 1;
+        self.next_context
+    }
+
+    pub fn now_us(&self) -> u64 {
+        self.host.state.borrow().now_us
+    }
+
+    pub fn advance_us(&mut self, us: u64) {
+        self.host.state().now_us += us;
+    }
+
+    pub fn set_now_us(&mut self, now_us: u64) {
+        self.host.state().now_us = now_us;
+    }
+
+    fn enter(&self, context_id: u32) {
+        self.host.state().effective = context_id;
+    }
+
+    /// A request with `headers` and no body: its context and what the filter said.
+    pub fn request(&mut self, headers: &[(&str, &str)]) -> (u32, Action) {
+        let context = self.open_stream(headers);
+        let action = self.vm.on_request_headers(&self.host, context, true);
+        (context, action)
+    }
+
+    /// A request with `headers` then `body`: what the filter said to the headers and to
+    /// the body.
+    pub fn request_with_body(
+        &mut self,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> (u32, Action, Action) {
+        let context = self.open_stream(headers);
+        let on_headers = self.vm.on_request_headers(&self.host, context, false);
+        self.host
+            .state()
+            .streams
+            .entry(context)
+            .or_default()
+            .request_body = body.to_vec();
+        self.enter(context);
+        let on_body = self
+            .vm
+            .on_request_body(&self.host, context, body.len(), true);
+        (context, on_headers, on_body)
+    }
+
+    fn open_stream(&mut self, headers: &[(&str, &str)]) -> u32 {
+        let context = self.new_context_id();
+        let root = self.root;
+        {
+            let mut state = self.host.state();
+            let stream = Stream {
+                root,
+                request_headers: headers
+                    .iter()
+                    .map(|(n, v)| (n.to_string(), v.to_string()))
+                    .collect(),
+                ..Stream::default()
+            };
+            state.streams.insert(context, stream);
+            state.effective = context;
+        }
+        self.vm.on_context_create(context, root);
+        context
+    }
+
+    /// The upstream answers `context` with `status`, `headers` and `body` (in one piece).
+    pub fn respond(&mut self, context: u32, status: u16, headers: &[(&str, &str)], body: &[u8]) {
+        {
+            let mut state = self.host.state();
+            let Some(stream) = state.streams.get_mut(&context) else {
+                return;
+            };
+            stream.response_headers = vec![(":status".to_string(), status.to_string())];
+            stream
+                .response_headers
+                .extend(headers.iter().map(|(n, v)| (n.to_string(), v.to_string())));
+            stream.attributes.insert(
+                vec!["response".to_string(), "code_details".to_string()],
+                b"via_upstream".to_vec(),
+            );
+            stream.response_chunk = body.to_vec();
+            state.effective = context;
+        }
+        self.vm
+            .on_response_headers(&self.host, context, body.is_empty());
+        if !body.is_empty() {
+            self.enter(context);
+            self.vm
+                .on_response_body(&self.host, context, body.len(), true);
+        }
+    }
+
+    /// The stream is over (ended, reset or the client went away): Envoy's last
+    /// callbacks for it, then it is gone.
+    pub fn close(&mut self, context: u32) {
+        self.enter(context);
+        self.vm.on_done(&self.host, context);
+        self.vm.on_delete(&self.host, context);
+        self.host.state().streams.remove(&context);
+    }
+
+    /// The root context `root`'s tick.
+    pub fn tick(&mut self, root: u32) {
+        self.enter(root);
+        self.vm.on_tick(&self.host, root);
+    }
+
+    /// Calls made and not answered yet.
+    pub fn open_calls(&self) -> Vec<Dispatched> {
+        self.host
+            .state
+            .borrow()
+            .dispatched
+            .iter()
+            .filter(|d| !d.answered)
+            .cloned()
+            .collect()
+    }
+
+    /// Envoy delivers the answer of the call `token` (`status` 0: no response) on the
+    /// root context of the plugin that made it.
+    pub fn answer(&mut self, token: u32, status: u16, body: &[u8]) {
+        let root = {
+            let mut state = self.host.state();
+            let Some(call) = state.dispatched.iter_mut().find(|d| d.token == token) else {
+                return;
+            };
+            call.answered = true;
+            let root = call.root;
+            state.answering = Some((status, body.to_vec()));
+            state.effective = root;
+            root
+        };
+        self.vm
+            .on_http_call_response(&self.host, root, token, body.len());
+        self.host.state().answering = None;
+    }
+
+    /// The stream `context` as Envoy holds it (a clone).
+    pub fn stream(&self, context: u32) -> Option<Stream> {
+        self.host.state.borrow().streams.get(&context).cloned()
+    }
+}

@@ -1,0 +1,244 @@
+//! The contexts of one VM and every callback Envoy makes, routed to them.
+
+use super::host::Host;
+use super::request::{Action, Request};
+use super::root::Root;
+use std::collections::HashMap;
+
+/// The contexts of one VM (one per worker thread, and the main thread's): a root context
+/// per plugin, a request context per HTTP stream, created and deleted as Envoy says.
+/// Callbacks for a context that does not exist (never created, or deleted) do nothing:
+/// nothing here panics on an input the host sends.
+#[derive(Default)]
+pub struct Vm {
+    roots: HashMap<u32, Root>,
+    requests: HashMap<u32, Request>,
+    /// Whether a plugin of this VM reads request or response bodies (a cost from the
+    /// body, a `commit`): Envoy calls the body callbacks for every chunk of every
+    /// request once they are exported, and without such a plugin they return at once.
+    reads_bodies: bool,
+}
+
+impl Vm {
+    /// A context is created: a plugin's root context (`parent_id` 0) or a request's,
+    /// under the root context of its plugin.
+    pub fn on_context_create(&mut self, context_id: u32, parent_id: u32) {
+        if parent_id == 0 {
+            self.roots.insert(context_id, Root::new(context_id));
+            return;
+        }
+        if let Some(root) = self.roots.get(&parent_id) {
+            let request = root.new_request(context_id);
+            self.requests.insert(context_id, request);
+        }
+    }
+
+    /// The plugin's configuration; false makes Envoy refuse it.
+    pub fn on_configure<H: Host>(&mut self, host: &H, root_id: u32) -> bool {
+        let Some(root) = self.roots.get_mut(&root_id) else {
+            return false;
+        };
+        let ok = root.on_configure(host);
+        if root
+            .plugin()
+            .is_some_and(|p| p.engine.config.reads_bodies())
+        {
+            self.reads_bodies = true;
+        }
+        ok
+    }
+
+    /// Whether the body and trailer callbacks have work in this VM.
+    pub fn reads_bodies(&self) -> bool {
+        self.reads_bodies
+    }
+
+    /// The root context's tick: its periodic work, commits sent, adaptive limits
+    /// merged, then the held requests that are due are released, each in its own
+    /// context.
+    pub fn on_tick<H: Host>(&mut self, host: &H, root_id: u32) {
+        let Some(root) = self.roots.get(&root_id) else {
+            return;
+        };
+        root.on_tick(host);
+        let Some(plugin) = root.plugin().cloned() else {
+            return;
+        };
+        plugin.send_commits(host);
+        plugin.adapt(host);
+        if plugin.worker.borrow().waiting.is_empty() {
+            plugin.adjust_tick(host);
+            return;
+        }
+        let Ok(now_us) = host.now_us() else {
+            return;
+        };
+        let due = plugin.worker.borrow_mut().waiting.take_due(now_us);
+        for context in due {
+            self.in_request(host, context, |request| request.on_hold_due(host, now_us));
+        }
+        let _ = host.set_effective_context(root_id);
+        plugin.adjust_tick(host);
+    }
+
+    /// Runs `f` on the request `context_id` after making it the effective context, from
+    /// a callback of another context (the tick, a call's answer).
+    fn in_request<H: Host>(&mut self, host: &H, context_id: u32, f: impl FnOnce(&mut Request)) {
+        if let Some(request) = self.requests.get_mut(&context_id) {
+            if host.set_effective_context(context_id).is_ok() {
+                f(request);
+            }
+        }
+    }
+
+    /// Runs `f` on the request whose callback this is.
+    fn request(&mut self, context_id: u32, f: impl FnOnce(&mut Request) -> Action) -> Action {
+        self.requests
+            .get_mut(&context_id)
+            .map_or(Action::Continue, f)
+    }
+
+    /// Runs a body or trailers callback `f` on the request whose callback this is, if
+    /// a plugin of the VM reads bodies.
+    fn body_request(&mut self, context_id: u32, f: impl FnOnce(&mut Request) -> Action) -> Action {
+        if !self.reads_bodies {
+            return Action::Continue;
+        }
+        self.request(context_id, f)
+    }
+
+    pub fn on_request_headers<H: Host>(
+        &mut self,
+        host: &H,
+        context_id: u32,
+        end_of_stream: bool,
+    ) -> Action {
+        self.request(context_id, |r| r.on_request_headers(host, end_of_stream))
+    }
+
+    pub fn on_request_body<H: Host>(
+        &mut self,
+        host: &H,
+        context_id: u32,
+        body_size: usize,
+        end_of_stream: bool,
+    ) -> Action {
+        self.body_request(context_id, |r| {
+            r.on_request_body(host, body_size, end_of_stream)
+        })
+    }
+
+    pub fn on_request_trailers<H: Host>(&mut self, host: &H, context_id: u32) -> Action {
+        self.body_request(context_id, |r| r.on_request_trailers(host))
+    }
+
+    pub fn on_response_headers<H: Host>(
+        &mut self,
+        host: &H,
+        context_id: u32,
+        end_of_stream: bool,
+    ) -> Action {
+        self.request(context_id, |r| r.on_response_headers(host, end_of_stream))
+    }
+
+    pub fn on_response_body<H: Host>(
+        &mut self,
+        host: &H,
+        context_id: u32,
+        body_size: usize,
+        end_of_stream: bool,
+    ) -> Action {
+        self.body_request(context_id, |r| {
+            r.on_response_body(host, body_size, end_of_stream)
+        })
+    }
+
+    pub fn on_response_trailers<H: Host>(&mut self, host: &H, context_id: u32) -> Action {
+        self.body_request(context_id, |r| r.on_response_trailers(host))
+    }
+
+    /// A context is done. Should a root context be torn down while its plugin still
+    /// holds requests, each is answered now (429, its remaining wait as the retry)
+    /// rather than left hanging. (Envoy stopping on SIGTERM closes the connections
+    /// first: then there is nothing left to answer.) Always true: weir finishes at once.
+    pub fn on_done<H: Host>(&mut self, host: &H, context_id: u32) -> bool {
+        let plugin = self
+            .roots
+            .get(&context_id)
+            .and_then(|r| r.plugin().cloned());
+        if let Some(plugin) = plugin {
+            let held = plugin.worker.borrow_mut().waiting.take_all();
+            if !held.is_empty() {
+                let now_us = host.now_us().unwrap_or(0);
+                for context in held {
+                    self.in_request(host, context, |r| r.on_plugin_done(host, now_us));
+                }
+                let _ = host.set_effective_context(context_id);
+            }
+        }
+        true
+    }
+
+    /// A context is gone: a request stops waiting on a call or being held, and settles
+    /// what its response never will.
+    pub fn on_delete<H: Host>(&mut self, host: &H, context_id: u32) {
+        self.roots.remove(&context_id);
+        if let Some(mut request) = self.requests.remove(&context_id) {
+            request.on_delete(host);
+        }
+    }
+
+    /// The answer of a call, on the root context of the plugin that made it. A commit
+    /// call settles its commits. A bridge call's evaluation is completed (what Redis
+    /// granted goes into the lease table even if its request is gone), its request
+    /// resumed or answered — or, gone, its outcome counted and what it held settled —
+    /// then every request that waited on it looks again.
+    pub fn on_http_call_response<H: Host>(
+        &mut self,
+        host: &H,
+        root_id: u32,
+        token: u32,
+        body_size: usize,
+    ) {
+        let Some(plugin) = self.roots.get(&root_id).and_then(|r| r.plugin().cloned()) else {
+            return;
+        };
+        let commits = plugin.commits.borrow_mut().land(token);
+        if let Some(commits) = commits {
+            plugin.commits_answered(host, commits, body_size);
+            return;
+        }
+        let Some(call) = plugin.flights.borrow_mut().land(token) else {
+            return;
+        };
+        let now_us = host.now_us().unwrap_or(call.sent_at_us);
+        plugin
+            .metrics
+            .bridge_latency(host, now_us.saturating_sub(call.sent_at_us));
+        let reply = plugin.read_bridge_reply(host, &call, body_size);
+        let mut eval = call.eval;
+        plugin
+            .engine
+            .complete(&mut eval, host, call.sent_at_us, now_us, reply);
+        let owner = self
+            .requests
+            .get_mut(&call.owner)
+            .filter(|_| host.set_effective_context(call.owner).is_ok());
+        if let Some(owner) = owner {
+            owner.on_own_call_answered(host, eval, now_us);
+        } else {
+            // Its request is gone; what the call decided is still counted, and what its
+            // rules hold for a response that will never come is settled now (a
+            // concurrency rule's place given back; an estimate given back too: the
+            // request, paused for this call, never reached the upstream).
+            plugin.metrics.record(host, &eval, now_us);
+            for commit in &eval.commits {
+                plugin.settle(host, commit, None);
+            }
+        }
+        for waiter in call.waiters {
+            self.in_request(host, waiter, |r| r.on_flight_landed(host, now_us));
+        }
+        let _ = host.set_effective_context(root_id);
+    }
+}

@@ -1,0 +1,490 @@
+//! A request's whole lifecycle through the filter, with a scripted host playing Envoy
+//! (`weir_core::filter::scripted`) and weir-bridge's model answering calls: pausing for
+//! a call, the answer arriving after its request is gone, requests joined on one call,
+//! held requests released or abandoned, costs settled after a denial or the response,
+//! a reload while a call is out, and the tick's work. No Envoy: what these check is the
+//! order of callbacks and host calls, which the end-to-end suite can only see from
+//! outside.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+use weir_core::filter::scripted::{Envoy, LocalReply};
+use weir_core::filter::{Action, DELAY_HEADER};
+use weir_core::simulation::ModelBridge;
+use weir_core::wire::{v2, v3};
+
+#[cfg(target_arch = "wasm32")]
+use wasm_bindgen_test::wasm_bindgen_test as test;
+
+const T0: u64 = 1_750_000_000_000_000;
+const MS: u64 = 1_000;
+
+/// A global token bucket of 6,000 a minute per `x-user`, leasing up to 10 units for 1 s.
+const LEASED: &str = r#"{"bridge":{"cluster":"weir_bridge"},"rules":[
+    {"name":"tenant","scope":"global","key":[{"header":"x-user"}],
+     "limit":{"algorithm":"token_bucket","capacity":6000,"refill":6000,"period":"1m"},
+     "global":{"lease":{"max":10,"ttl":"1s"}}}]}"#;
+
+fn envoy(config: &str) -> Envoy {
+    let mut envoy = Envoy::new(config).unwrap_or_else(|e| panic!("config refused: {e}"));
+    envoy.set_now_us(T0);
+    envoy
+}
+
+fn user(name: &str) -> [(&str, &str); 2] {
+    [(":path", "/"), ("x-user", name)]
+}
+
+/// Answers every open call as weir-bridge would, from `bridge`'s model of Redis.
+fn answer_calls(envoy: &mut Envoy, bridge: &mut ModelBridge) {
+    for call in envoy.open_calls() {
+        assert_eq!(call.path(), v2::ACQUIRE_PATH);
+        assert_eq!(call.cluster, "weir_bridge");
+        match bridge.acquire(&call.body, envoy.now_us()) {
+            Ok(reply) => envoy.answer(call.token, 200, &serde_json::to_vec(&reply).unwrap()),
+            Err((status, body)) => envoy.answer(call.token, status, body.as_bytes()),
+        }
+    }
+}
+
+/// One request of `name` through the bridge and to its response's end: the key's demand
+/// is known after it, so the next call asks for a lease.
+fn warm_up(envoy: &mut Envoy, bridge: &mut ModelBridge, name: &str) {
+    let (context, action) = envoy.request(&user(name));
+    assert_eq!(action, Action::Pause);
+    answer_calls(envoy, bridge);
+    assert_eq!(resumed(envoy, context), 1);
+    envoy.respond(context, 200, &[], b"");
+    envoy.close(context);
+    envoy.advance_us(MS);
+}
+
+/// Sends the VM's pending stats: a tick after a flush interval.
+fn flush_stats(envoy: &mut Envoy) {
+    envoy.advance_us(200 * MS);
+    let root = envoy.root;
+    envoy.tick(root);
+}
+
+/// A stat of the plugin `weir`, as the VM last sent it.
+fn stat_of(envoy: &Envoy, name: &str) -> i64 {
+    envoy
+        .host
+        .state()
+        .metric(&format!("weir.weir.{name}"))
+        .unwrap_or_else(|| panic!("no stat {name}"))
+}
+
+fn resumed(envoy: &Envoy, context: u32) -> u32 {
+    envoy.stream(context).map_or(0, |s| s.resumed)
+}
+
+fn reply_of(envoy: &Envoy, context: u32) -> Option<LocalReply> {
+    envoy.stream(context).and_then(|s| s.local_reply)
+}
+
+#[test]
+fn a_bridge_answer_after_its_request_is_gone_is_counted_leased_and_settled() {
+    // A concurrency rule counts the request before the global rule pauses it: its
+    // place must come back when the answer finds the request gone.
+    let mut envoy = envoy(
+        r#"{"bridge":{"cluster":"weir_bridge"},"rules":[
+        {"name":"inflight","key":[{"header":"x-user"}],
+         "limit":{"algorithm":"concurrency","max_in_flight":1}},
+        {"name":"tenant","scope":"global","key":[{"header":"x-user"}],
+         "limit":{"algorithm":"token_bucket","capacity":6000,"refill":6000,"period":"1m"},
+         "global":{"lease":{"max":10,"ttl":"1s"}}}]}"#,
+    );
+    let mut bridge = ModelBridge::default();
+    warm_up(&mut envoy, &mut bridge, "acme");
+    let (gone, action) = envoy.request(&user("acme"));
+    assert_eq!(action, Action::Pause, "no units held: the key asks Redis");
+    assert_eq!(envoy.open_calls().len(), 1);
+    envoy.close(gone);
+
+    envoy.advance_us(2 * MS);
+    answer_calls(&mut envoy, &mut bridge);
+    assert_eq!(
+        envoy.host.state().misdirected,
+        0,
+        "nothing was resumed or answered on the gone request's context"
+    );
+
+    // What Redis leased is in the lease table, and the gone request's place is back:
+    // the next request of the key is decided at once, with no call.
+    let (next, action) = envoy.request(&user("acme"));
+    assert_eq!(action, Action::Continue);
+    assert!(reply_of(&envoy, next).is_none());
+    assert!(envoy.open_calls().is_empty(), "served from the lease");
+    assert_eq!(bridge.calls, 2);
+
+    flush_stats(&mut envoy);
+    let stat = |name: &str| stat_of(&envoy, name);
+    assert_eq!(
+        stat("rule.tenant.bridge_decisions"),
+        2,
+        "the gone request's decision counts"
+    );
+    assert_eq!(stat("rule.tenant.lease_hits"), 1);
+    assert_eq!(stat("rule.inflight.in_flight_released"), 2);
+    assert_eq!(stat("bridge.calls"), 2);
+}
+
+#[test]
+fn two_requests_joined_on_one_call_are_both_resumed_by_its_answer() {
+    let mut envoy = envoy(LEASED);
+    let mut bridge = ModelBridge::default();
+    warm_up(&mut envoy, &mut bridge, "acme");
+    let (owner, first) = envoy.request(&user("acme"));
+    let (waiter, second) = envoy.request(&user("acme"));
+    let (left, third) = envoy.request(&user("acme"));
+    assert_eq!(
+        (first, second, third),
+        (Action::Pause, Action::Pause, Action::Pause)
+    );
+    assert_eq!(
+        envoy.open_calls().len(),
+        1,
+        "one call for the key: the others wait on it"
+    );
+    envoy.close(left);
+
+    envoy.advance_us(MS);
+    answer_calls(&mut envoy, &mut bridge);
+    assert_eq!(resumed(&envoy, owner), 1);
+    assert_eq!(
+        resumed(&envoy, waiter),
+        1,
+        "the waiter looked again and found the lease"
+    );
+    assert!(reply_of(&envoy, owner).is_none() && reply_of(&envoy, waiter).is_none());
+    assert!(
+        envoy.open_calls().is_empty(),
+        "the lease served the waiter: no second call"
+    );
+    assert_eq!(
+        envoy.host.state().misdirected,
+        0,
+        "the waiter that left was not woken"
+    );
+
+    flush_stats(&mut envoy);
+    let stat = |name: &str| stat_of(&envoy, name);
+    assert_eq!(stat("bridge.calls"), 2);
+    assert_eq!(stat("bridge.joined"), 2);
+    assert_eq!(stat("rule.tenant.allowed"), 3);
+}
+
+#[test]
+fn a_held_request_is_released_by_the_tick_and_its_response_says_how_long() {
+    // 10 a second, one at a time: the second request's slot is 100 ms after the first.
+    let mut envoy = envoy(
+        r#"{"rules":[{"name":"api","key":[{"header":"x-user"}],
+        "limit":{"algorithm":"gcra","rate":10,"period":"1s","burst":0},
+        "on_limit":{"delay":{"max":"1s"}}}]}"#,
+    );
+    let (_, first) = envoy.request(&user("acme"));
+    let (held, second) = envoy.request(&user("acme"));
+    assert_eq!((first, second), (Action::Continue, Action::Pause));
+    let root = envoy.root;
+    assert!(
+        envoy.host.state().tick_ms[&root] <= 10,
+        "the tick speeds up while a request is held"
+    );
+
+    envoy.advance_us(50 * MS);
+    envoy.tick(root);
+    assert_eq!(resumed(&envoy, held), 0, "not due yet");
+    envoy.advance_us(51 * MS);
+    envoy.tick(root);
+    assert_eq!(
+        resumed(&envoy, held),
+        1,
+        "released on the tick after its slot"
+    );
+    assert!(reply_of(&envoy, held).is_none());
+
+    envoy.respond(held, 200, &[], b"");
+    let waited: u64 = envoy
+        .stream(held)
+        .unwrap()
+        .added(DELAY_HEADER)
+        .expect("a released request says how long it waited")
+        .parse()
+        .unwrap();
+    assert_eq!(waited, 101, "held from its arrival to its release");
+    flush_stats(&mut envoy);
+    let stat = |name: &str| stat_of(&envoy, name);
+    assert_eq!(stat("rule.api.delayed"), 1);
+    assert_eq!(
+        envoy.host.state().tick_ms[&root],
+        100,
+        "idle again: the slow tick"
+    );
+}
+
+#[test]
+fn a_held_request_abandoned_is_not_released_and_keeps_its_slot() {
+    let mut envoy = envoy(
+        r#"{"rules":[{"name":"api","key":[{"header":"x-user"}],
+        "limit":{"algorithm":"gcra","rate":10,"period":"1s","burst":0},
+        "on_limit":{"delay":{"max":"1s"}}}]}"#,
+    );
+    let root = envoy.root;
+    let (_, first) = envoy.request(&user("acme"));
+    let (held, second) = envoy.request(&user("acme"));
+    assert_eq!((first, second), (Action::Continue, Action::Pause));
+    envoy.advance_us(20 * MS);
+    envoy.close(held);
+
+    envoy.advance_us(100 * MS);
+    envoy.tick(root);
+    assert_eq!(
+        envoy.host.state().misdirected,
+        0,
+        "nothing released on a gone context"
+    );
+    // The slot the abandoned request was given counts as admitted: a request arriving
+    // at its time waits for the slot after it.
+    let (_, third) = envoy.request(&user("acme"));
+    assert_eq!(
+        third,
+        Action::Pause,
+        "the abandoned request's slot was not handed back"
+    );
+    flush_stats(&mut envoy);
+    let stat = |name: &str| stat_of(&envoy, name);
+    assert_eq!(stat("rule.api.delay_abandoned"), 1);
+}
+
+/// A token budget per user (settled with the response's `x-tokens`), and one request a
+/// minute per session.
+const BUDGET_AND_SESSIONS: &str = r#"{"rules":[
+    {"name":"llm","key":[{"header":"x-user"}],
+     "limit":{"algorithm":"fixed_window","limit":1000,"window":"1m"},
+     "cost":{"header":"x-estimate","max":500},"commit":{"header":"x-tokens"}},
+    {"name":"sessions","key":[{"header":"x-session"}],
+     "limit":{"algorithm":"fixed_window","limit":1,"window":"1m"}}]}"#;
+
+fn ask(session: &str) -> [(&str, &str); 4] {
+    [
+        (":path", "/v1/chat"),
+        ("x-user", "acme"),
+        ("x-session", session),
+        ("x-estimate", "500"),
+    ]
+}
+
+#[test]
+fn a_request_denied_after_another_rule_counted_it_gives_its_estimate_back() {
+    let mut envoy = envoy(BUDGET_AND_SESSIONS);
+    let (_, first) = envoy.request(&ask("s1"));
+    assert_eq!(first, Action::Continue);
+    let (denied, second) = envoy.request(&ask("s1"));
+    assert_eq!(second, Action::Pause, "answered here");
+    assert_eq!(reply_of(&envoy, denied).unwrap().status, 429);
+    // The budget's 500 reserved for the denied request came back: another session
+    // still has 500 of the 1,000.
+    let (_, third) = envoy.request(&ask("s2"));
+    assert_eq!(third, Action::Continue);
+    flush_stats(&mut envoy);
+    let stat = |name: &str| stat_of(&envoy, name);
+    assert_eq!(stat("rule.llm.commit_not_forwarded"), 1);
+    assert_eq!(stat("rule.sessions.limited"), 1);
+}
+
+#[test]
+fn a_denial_the_host_refuses_to_send_keeps_the_estimate_until_the_response_ends() {
+    let mut envoy = envoy(BUDGET_AND_SESSIONS);
+    let (_, first) = envoy.request(&ask("s1"));
+    assert_eq!(first, Action::Continue);
+    envoy.host.state().refuse.local_response = true;
+    let (forwarded, second) = envoy.request(&ask("s1"));
+    assert_eq!(
+        second,
+        Action::Continue,
+        "a reply that cannot be sent must not hang it"
+    );
+    envoy.host.state().refuse.local_response = false;
+    // It goes on to the upstream: its 500 stays counted, so the budget is spent.
+    let (spent, third) = envoy.request(&ask("s2"));
+    assert_eq!(third, Action::Pause);
+    assert_eq!(reply_of(&envoy, spent).unwrap().status, 429);
+    // Its response says it cost 100: 400 come back, and a fourth session fits 400.
+    envoy.respond(forwarded, 200, &[("x-tokens", "100")], b"");
+    let (_, fourth) = envoy.request(&[
+        (":path", "/v1/chat"),
+        ("x-user", "acme"),
+        ("x-session", "s4"),
+        ("x-estimate", "400"),
+    ]);
+    assert_eq!(fourth, Action::Continue);
+    flush_stats(&mut envoy);
+    let stat = |name: &str| stat_of(&envoy, name);
+    // The budget itself denied the one answered with 429: it counted nothing to give
+    // back. The one that went on was not settled as never forwarded either.
+    assert_eq!(stat("rule.llm.commit_not_forwarded"), 0);
+    assert_eq!(stat("rule.llm.commit_units_refunded"), 400);
+}
+
+#[test]
+fn a_reload_while_a_call_is_out_answers_the_call_on_the_old_plugin() {
+    let mut envoy = envoy(LEASED);
+    let mut bridge = ModelBridge::default();
+    let old_root = envoy.root;
+    let (before, action) = envoy.request(&user("acme"));
+    assert_eq!(action, Action::Pause);
+
+    // The new config: one request a minute per user, decided locally.
+    let new_root = envoy
+        .configure(
+            r#"{"rules":[{"name":"per_user","key":[{"header":"x-user"}],
+            "limit":{"algorithm":"fixed_window","limit":1,"window":"1m"}}]}"#,
+        )
+        .unwrap();
+    assert_ne!(new_root, old_root);
+    let (_, first) = envoy.request(&user("acme"));
+    let (limited, second) = envoy.request(&user("acme"));
+    assert_eq!((first, second), (Action::Continue, Action::Pause));
+    assert_eq!(reply_of(&envoy, limited).unwrap().status, 429);
+    assert_eq!(
+        envoy.open_calls().len(),
+        1,
+        "the new plugin has no global rule"
+    );
+
+    envoy.advance_us(MS);
+    answer_calls(&mut envoy, &mut bridge);
+    assert_eq!(
+        resumed(&envoy, before),
+        1,
+        "the old plugin's request goes on"
+    );
+    assert!(reply_of(&envoy, before).is_none());
+    assert_eq!(envoy.host.state().misdirected, 0);
+    // Both plugins keep ticking, each with its own work.
+    envoy.tick(old_root);
+    envoy.tick(new_root);
+}
+
+#[test]
+fn the_tick_sends_global_commits_and_counts_their_answer() {
+    let mut envoy = envoy(
+        r#"{"bridge":{"cluster":"weir_bridge"},"rules":[
+        {"name":"llm","scope":"global","key":[{"header":"x-user"}],
+         "limit":{"algorithm":"token_bucket","capacity":10000,"refill":10000,"period":"1m"},
+         "cost":{"header":"x-estimate","max":500},"commit":{"header":"x-tokens"}}]}"#,
+    );
+    let mut bridge = ModelBridge::default();
+    let root = envoy.root;
+    let (request, action) = envoy.request(&[("x-user", "acme"), ("x-estimate", "500")]);
+    assert_eq!(action, Action::Pause);
+    answer_calls(&mut envoy, &mut bridge);
+    assert_eq!(resumed(&envoy, request), 1);
+
+    envoy.respond(request, 200, &[("x-tokens", "120")], b"");
+    assert_eq!(
+        envoy.host.state().tick_ms[&root],
+        10,
+        "a commit waits: the tick speeds up"
+    );
+    assert!(
+        envoy.open_calls().is_empty(),
+        "commits go out on the tick, not in the request"
+    );
+    envoy.advance_us(10 * MS);
+    envoy.tick(root);
+    let calls = envoy.open_calls();
+    let [commit] = &calls[..] else {
+        panic!("one commit call: {calls:?}")
+    };
+    assert_eq!(commit.path(), v3::COMMIT_PATH);
+    let checked = v3::CommitRequest::parse(&commit.body).unwrap();
+    let [item] = &checked.items[..] else {
+        panic!("one item: {:?}", checked.items)
+    };
+    assert_eq!((item.item.reserved, item.item.actual), (500, 120));
+    let reply = v3::CommitReply {
+        items: vec![v3::Committed {
+            id: item.item.id,
+            settled: true,
+        }],
+    };
+    envoy.answer(commit.token, 200, &serde_json::to_vec(&reply).unwrap());
+    flush_stats(&mut envoy);
+    let stat = |name: &str| stat_of(&envoy, name);
+    assert_eq!(stat("rule.llm.committed"), 1);
+    assert_eq!(stat("rule.llm.commit_units_refunded"), 380);
+    assert_eq!(stat("rule.llm.commit_errors"), 0);
+    assert_eq!(
+        envoy.host.state().tick_ms[&root],
+        100,
+        "nothing waits: the slow tick"
+    );
+}
+
+#[test]
+fn a_failed_call_applies_the_failure_mode_and_resumes_or_answers() {
+    let mut envoy = envoy(
+        r#"{"bridge":{"cluster":"weir_bridge"},"rules":[
+        {"name":"tenant","scope":"global","key":[{"header":"x-user"}],"global":{"failure_mode":"deny"},
+         "limit":{"algorithm":"token_bucket","capacity":100,"refill":100,"period":"1m"}}]}"#,
+    );
+    let (request, action) = envoy.request(&user("acme"));
+    assert_eq!(action, Action::Pause);
+    let token = envoy.open_calls()[0].token;
+    envoy.answer(token, 504, b"upstream request timeout");
+    assert_eq!(resumed(&envoy, request), 0);
+    assert_eq!(reply_of(&envoy, request).unwrap().status, 503);
+    // The bridge failed less than a second ago: the next request is not paused for it.
+    let (skipped, action) = envoy.request(&user("acme"));
+    assert_eq!(action, Action::Pause, "answered here");
+    assert!(envoy.open_calls().is_empty());
+    assert_eq!(reply_of(&envoy, skipped).unwrap().status, 503);
+    // No cluster to call: the failure mode decides at once.
+    envoy.advance_us(2_000 * MS);
+    envoy.host.state().refuse.dispatch = true;
+    let (refused, _) = envoy.request(&user("acme"));
+    assert_eq!(reply_of(&envoy, refused).unwrap().status, 503);
+    flush_stats(&mut envoy);
+    let stat = |name: &str| stat_of(&envoy, name);
+    assert_eq!(stat("bridge.errors_timeout"), 1);
+    assert_eq!(stat("bridge.skipped"), 1);
+    assert_eq!(stat("rule.tenant.failure_denied"), 3);
+}
+
+#[test]
+fn callbacks_for_contexts_that_do_not_exist_do_nothing() {
+    let mut envoy = envoy(LEASED);
+    let host = &envoy.host;
+    let vm = &mut envoy.vm;
+    assert_eq!(vm.on_request_headers(host, 99, true), Action::Continue);
+    assert_eq!(vm.on_request_body(host, 99, 10, true), Action::Continue);
+    assert_eq!(vm.on_request_trailers(host, 99), Action::Continue);
+    assert_eq!(vm.on_response_headers(host, 99, true), Action::Continue);
+    assert_eq!(vm.on_response_body(host, 99, 10, true), Action::Continue);
+    assert_eq!(vm.on_response_trailers(host, 99), Action::Continue);
+    vm.on_tick(host, 99);
+    vm.on_http_call_response(host, 99, 1, 0);
+    vm.on_http_call_response(host, envoy.root, 12345, 0);
+    assert!(vm.on_done(host, 99));
+    vm.on_delete(host, 99);
+    assert!(!vm.on_configure(host, 99));
+    vm.on_context_create(100, 99);
+    assert_eq!(host.state().misdirected, 0);
+}
+
+#[test]
+fn a_configuration_envoy_must_refuse_names_the_field() {
+    let error = Envoy::new(
+        r#"{"rules":[{"name":"a","limit":{"algorithm":"gcra","rate":0,"period":"1s"}}]}"#,
+    )
+    .err()
+    .expect("refused");
+    assert!(error.contains("rate"), "{error}");
+}
