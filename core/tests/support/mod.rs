@@ -2,6 +2,9 @@
 //! instant and the seed they run at.
 #![allow(dead_code, clippy::unwrap_used)]
 
+pub mod commits;
+pub mod places;
+
 use std::collections::HashMap;
 use weir_core::config;
 use weir_core::engine::{Engine, Evaluation, RuleOutcome};
