@@ -4,6 +4,7 @@
 
 pub mod commits;
 pub mod places;
+pub mod search;
 
 use std::collections::HashMap;
 use weir_core::config;

@@ -1,0 +1,221 @@
+//! What the two searches (`search.rs`, local; `search_global.rs`) share: how many cases
+//! from which seed, log-uniform draws, a random limit over the whole range the config
+//! accepts, and a schedule of bursts and idle gaps.
+#![allow(dead_code, clippy::unwrap_used, clippy::indexing_slicing)]
+
+use super::{user, FakeRequest, Rng, T0};
+use std::collections::BTreeMap;
+use weir_core::algorithms::GlobalLimit;
+use weir_core::config;
+use weir_core::conformance::{self, Admission, Violation};
+use weir_core::engine::Engine;
+
+pub const MS: u64 = 1_000;
+/// The longest reservoir hold the config accepts (1 min).
+pub const MAX_RESERVOIR_HOLD_US: u64 = 60 * S;
+pub const S: u64 = 1_000_000;
+
+pub fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// The seeds of one search: `WEIR_SEARCH_SEED..+WEIR_SEARCH_CASES`.
+pub fn seeds(default_cases: u64) -> std::ops::Range<u64> {
+    let from = env_u64("WEIR_SEARCH_SEED", 1);
+    from..from + env_u64("WEIR_SEARCH_CASES", default_cases)
+}
+
+/// A number drawn log-uniformly from `lo..=hi` (every order of magnitude as likely), so
+/// that 3 and 37,911 are drawn as often as 100.
+pub fn log_uniform(rng: &mut Rng, lo: u64, hi: u64) -> u64 {
+    let (lo_f, hi_f) = ((lo.max(1)) as f64, (hi.max(lo.max(1))) as f64);
+    let unit = (rng.next() >> 11) as f64 / (1u64 << 53) as f64;
+    let x = (lo_f.ln() + unit * (hi_f.ln() - lo_f.ln())).exp();
+    (x as u64).clamp(lo, hi)
+}
+
+pub fn chance(rng: &mut Rng, one_in: u64) -> bool {
+    rng.below(one_in) == 0
+}
+
+/// A limit, drawn: its JSON, its units per second (about), and its largest cost.
+pub struct DrawnLimit {
+    pub json: String,
+    pub name: &'static str,
+    pub per_s: f64,
+    pub max_cost: u64,
+    /// The time scale of the limit (period or window), µs.
+    pub scale_us: u64,
+}
+
+pub fn draw_limit(rng: &mut Rng, algorithms: &[&'static str]) -> DrawnLimit {
+    let name = algorithms[rng.below(algorithms.len() as u64) as usize];
+    // A period or window from 1 ms to 1 min, any µs count.
+    let scale_us = log_uniform(rng, MS, 60 * S);
+    match name {
+        "gcra" => {
+            let rate = log_uniform(rng, 1, 5_000);
+            let burst = if chance(rng, 4) {
+                0
+            } else {
+                log_uniform(rng, 1, 300)
+            };
+            DrawnLimit {
+                json: format!(
+                    r#"{{"algorithm":"gcra","rate":{rate},"period":"{scale_us}us","burst":{burst}}}"#
+                ),
+                name,
+                per_s: rate as f64 * S as f64 / scale_us as f64,
+                max_cost: burst + 1,
+                scale_us,
+            }
+        }
+        "token_bucket" => {
+            let capacity = log_uniform(rng, 1, 2_000);
+            let refill = if chance(rng, 3) {
+                capacity
+            } else {
+                log_uniform(rng, 1, capacity.saturating_mul(2))
+            };
+            DrawnLimit {
+                json: format!(
+                    r#"{{"algorithm":"token_bucket","capacity":{capacity},"refill":{refill},"period":"{scale_us}us"}}"#
+                ),
+                name,
+                per_s: refill.min(capacity) as f64 * S as f64 / scale_us as f64,
+                max_cost: capacity,
+                scale_us,
+            }
+        }
+        _ => {
+            let limit = log_uniform(rng, 1, 2_000);
+            DrawnLimit {
+                json: format!(
+                    r#"{{"algorithm":"{name}","limit":{limit},"window":"{scale_us}us"}}"#
+                ),
+                name,
+                per_s: limit as f64 * S as f64 / scale_us as f64,
+                max_cost: limit,
+                scale_us,
+            }
+        }
+    }
+}
+
+/// One request of a schedule.
+#[derive(Clone, Debug)]
+pub struct Request {
+    pub at_us: u64,
+    /// A worker (local) or an Envoy (global).
+    pub at: usize,
+    pub user: usize,
+    /// Its cost, or its estimate when the rule commits.
+    pub cost: u64,
+    /// What it really costs (commit): the usage its response reports.
+    pub actual: u64,
+    /// How long its response takes, µs.
+    pub duration_us: u64,
+}
+
+/// A schedule of bursts, steady stretches and idle gaps around the limit's rate, at most
+/// `max_requests` long.
+#[allow(clippy::too_many_arguments)]
+pub fn draw_schedule(
+    rng: &mut Rng,
+    limit: &DrawnLimit,
+    places: usize,
+    users: usize,
+    max_requests: usize,
+    cost_max: u64,
+    lying: bool,
+) -> Vec<Request> {
+    let mut out = Vec::new();
+    let mut at = T0 + rng.below(limit.scale_us.max(1));
+    while out.len() < max_requests {
+        match rng.below(4) {
+            // Idle: from a sliver of the period to several of them.
+            0 => at += log_uniform(rng, 1, limit.scale_us.saturating_mul(4)),
+            // A burst: many requests within a few µs.
+            1 => {
+                for _ in 0..log_uniform(rng, 2, 200) {
+                    at += rng.below(3);
+                    out.push(draw_request(rng, at, places, users, cost_max, lying, limit));
+                }
+            }
+            // Steady at 0.1× to 30× the rate.
+            _ => {
+                let factor = log_uniform(rng, 1, 300) as f64 / 10.0;
+                let gap_us = (S as f64 / (limit.per_s * factor)).max(1.0);
+                for _ in 0..log_uniform(rng, 5, 400) {
+                    at += 1 + rng.below((2.0 * gap_us) as u64 + 1);
+                    out.push(draw_request(rng, at, places, users, cost_max, lying, limit));
+                }
+            }
+        }
+    }
+    out.truncate(max_requests);
+    out
+}
+
+pub fn draw_request(
+    rng: &mut Rng,
+    at_us: u64,
+    places: usize,
+    users: usize,
+    cost_max: u64,
+    lying: bool,
+    limit: &DrawnLimit,
+) -> Request {
+    let cost = if cost_max <= 1 || chance(rng, 2) {
+        1
+    } else {
+        1 + rng.below(cost_max)
+    };
+    let actual = if lying {
+        cost.saturating_add(rng.below(cost.saturating_mul(2) + 1))
+    } else {
+        rng.below(cost + 1)
+    };
+    Request {
+        at_us,
+        at: rng.below(places as u64) as usize,
+        user: rng.below(users as u64) as usize,
+        cost,
+        actual,
+        duration_us: rng.below(limit.scale_us.saturating_mul(3) + 1),
+    }
+}
+
+/// The engine of a drawn config, or `None` when the config check refuses it (a
+/// combination no user can write: the search counts them).
+pub fn accepted(json: &str) -> Option<Engine> {
+    match config::parse(json.as_bytes()) {
+        Ok(c) => Some(Engine::new(c)),
+        Err(e) => {
+            if std::env::var("WEIR_SEARCH_REFUSED").is_ok() {
+                println!("refused: {e}");
+            }
+            None
+        }
+    }
+}
+pub fn request_of(r: &Request) -> FakeRequest {
+    user(&format!("u{}", r.user))
+        .header("x-cost", r.cost.to_string())
+        .header("x-tokens", r.actual.to_string())
+}
+
+/// The first key whose admissions break `limit`'s bound.
+pub fn violation(
+    limit: &GlobalLimit,
+    admissions: &BTreeMap<usize, Vec<Admission>>,
+) -> Option<(usize, Violation)> {
+    admissions.iter().find_map(|(user, a)| {
+        let mut a = a.clone();
+        a.sort_by_key(|a| a.at_us);
+        conformance::check(limit, &a).err().map(|v| (*user, v))
+    })
+}
