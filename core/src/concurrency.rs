@@ -185,7 +185,7 @@ impl KeyPlaces {
     }
 
     /// Nothing to give back, nothing to re-count in `epoch`.
-    pub fn settled_in(self, epoch: u64) -> bool {
+    pub fn up_to_date_in(self, epoch: u64) -> bool {
         self.ended == 0 && (self.counted == 0 || self.epoch == epoch)
     }
 
@@ -237,7 +237,7 @@ impl Places {
     pub fn due(&self, epoch: u64, max: usize) -> Vec<((usize, u64, u64), KeyPlaces)> {
         self.held
             .iter()
-            .filter(|(_, h)| !h.settled_in(epoch))
+            .filter(|(_, h)| !h.up_to_date_in(epoch))
             .take(max)
             .map(|(id, h)| (*id, *h))
             .collect()
@@ -337,7 +337,7 @@ impl Concurrency {
             reset_after_ns: 0,
         };
         // Denied, but the worker's own places may still have to be written.
-        let next = (!mine.settled_in(epoch)).then(|| s.state());
+        let next = (!mine.up_to_date_in(epoch)).then(|| s.state());
         let admission = Admission {
             decision,
             dropped,
@@ -355,7 +355,7 @@ impl Concurrency {
         mine: KeyPlaces,
         epoch: u64,
     ) -> (Option<SlotState>, u64) {
-        if mine.settled_in(epoch) {
+        if mine.up_to_date_in(epoch) {
             return (None, 0);
         }
         let (s, dropped) = mine.apply(state, epoch);

@@ -346,22 +346,22 @@ impl LeaseSlot {
         (Spend::Miss { demand_per_s }, self)
     }
 
-    /// What a bridge reply leaves in the slot: units granted beyond the request's own are
+    /// Records a reply in the slot: units granted beyond the request's own are
     /// held (`held`), or a denial is cached for requests of at least `cost` until
     /// `denied_until_us`; and what Redis said is remembered.
-    pub fn settle(mut self, reply: Settled, now_us: u64) -> LeaseSlot {
+    pub fn record(mut self, reply: SlotReply, now_us: u64) -> LeaseSlot {
         self.held.drop_expired(now_us);
         match reply.outcome {
-            SettledOutcome::Held(held) => {
+            SlotReplyOutcome::Held(held) => {
                 self.held = self.held.merge(held);
                 self.denied_until_us = 0;
             }
-            SettledOutcome::Denied { until_us, cost } => {
+            SlotReplyOutcome::Denied { until_us, cost } => {
                 // Units already held stay: they are paid for in Redis.
                 self.denied_until_us = until_us;
                 self.denied_cost = cost;
             }
-            SettledOutcome::Nothing => {}
+            SlotReplyOutcome::Nothing => {}
         }
         if reply.exhausted_until_us > self.denied_until_us {
             self.denied_until_us = reply.exhausted_until_us;
@@ -387,10 +387,11 @@ impl LeaseSlot {
     }
 }
 
-/// A bridge reply for one key, as the slot stores it.
+/// A reply for one key as the slot keeps it: the bridge's (a lease), or for a reservoir what
+/// the key's slot in shared data gave.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Settled {
-    pub outcome: SettledOutcome,
+pub struct SlotReply {
+    pub outcome: SlotReplyOutcome,
     /// Requests its held units cannot serve are denied until then (0: none): a key that
     /// Redis said is exhausted is not asked about again sooner.
     pub exhausted_until_us: u64,
@@ -399,7 +400,7 @@ pub struct Settled {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SettledOutcome {
+pub enum SlotReplyOutcome {
     /// Units to hold (a lease's leftover, or a reservation).
     Held(Held),
     /// Deny requests of at least `cost` until `until_us`.
@@ -540,9 +541,9 @@ mod tests {
 
     #[test]
     fn denials_hold_for_the_cost_that_was_denied_and_above() {
-        let slot = LeaseSlot::default().settle(
-            Settled {
-                outcome: SettledOutcome::Denied {
+        let slot = LeaseSlot::default().record(
+            SlotReply {
+                outcome: SlotReplyOutcome::Denied {
                     until_us: NOW + 5 * MS,
                     cost: 10,
                 },

@@ -141,12 +141,12 @@ impl Engine {
             let Some(item) = pending.iter().find(|item| item.rule.0 == result.id) else {
                 continue;
             };
-            self.settle(eval, store, item, result, (sent_at_us, now_us));
+            self.record_reply(eval, store, item, result, (sent_at_us, now_us));
         }
     }
 
-    /// Records the bridge's answer for one pending rule (the rule's runtime settles it).
-    fn settle<S: SharedStore>(
+    /// Records the bridge's answer for one pending rule in the rule's runtime.
+    fn record_reply<S: SharedStore>(
         &self,
         eval: &mut Evaluation,
         store: &S,
@@ -157,7 +157,7 @@ impl Engine {
         let Some((rule, RuleRuntime::Global(global))) = self.rule(item.rule) else {
             return;
         };
-        global.settle(eval, store, rule, item, result, (sent_at_us, now_us));
+        global.record_reply(eval, store, rule, item, result, (sent_at_us, now_us));
     }
 
     /// Applies each pending rule's failure mode now, without asking the bridge and

@@ -217,7 +217,7 @@ impl ConcurrencyRuntime {
         match written {
             Some(epoch) => worker.places.set(id, held.wrote(0, epoch)),
             // Nothing to write: the key lost its slot, or nothing was due.
-            None if held.settled_in(place_epoch(now_us)) => {}
+            None if held.up_to_date_in(place_epoch(now_us)) => {}
             None => worker.places.set(id, KeyPlaces::default()),
         }
         Ok((written.is_some(), dropped))

@@ -1,12 +1,12 @@
 //! Global rules: one quota across every Envoy, kept in Redis by weir-bridge. A rule is
 //! served from what this Envoy holds for its key ([`crate::lease`]) or asks the bridge;
-//! the bridge's answer is settled in the rule's lease table, and when the bridge fails the
+//! the bridge's answer is recorded in the rule's lease table, and when the bridge fails the
 //! rule's failure mode decides — with `failure_mode: local`, in a local share's slots.
 
 use crate::algorithms::{Decision, GlobalLimit, Limit};
 use crate::bounds::MAX_WANT;
 use crate::key::encode_part;
-use crate::lease::{Held, LeaseSlot, Settled, SettledOutcome, Spend};
+use crate::lease::{Held, LeaseSlot, SlotReply, SlotReplyOutcome, Spend};
 use crate::rules::{FactSource, Facts, FailureMode, GlobalRule, Rule};
 use crate::store::slot_table::SlotTable;
 use crate::store::SharedStore;
@@ -118,7 +118,7 @@ impl GlobalRuntime {
 
     /// Records the bridge's answer for one pending rule and writes what it leaves for
     /// later requests: units held, or a cached denial.
-    pub(super) fn settle<S: SharedStore>(
+    pub(super) fn record_reply<S: SharedStore>(
         &self,
         eval: &mut Evaluation,
         store: &S,
@@ -128,7 +128,7 @@ impl GlobalRuntime {
         (sent_at_us, now_us): (u64, u64),
     ) {
         let global = &self.global;
-        let settled = settled_from(
+        let reply = slot_reply(
             item,
             result,
             sent_at_us,
@@ -141,7 +141,7 @@ impl GlobalRuntime {
             &item.hash,
             now_us,
             |s: LeaseSlot| s.vacancy(),
-            |state| ((), Some(state.unwrap_or_default().settle(settled, now_us))),
+            |state| ((), Some(state.unwrap_or_default().record(reply, now_us))),
         );
         let mut report = RuleReport {
             source: Some(Source::Bridge),
@@ -356,14 +356,14 @@ pub(super) fn pending_item<F: FactSource>(
 /// to the capacity, a window's unspent share) for whoever asks next. GCRA reserves its
 /// schedule instead; a fixed window's retry time is its end anyway; a sliding log's unit
 /// claimed late would leave the log late too, so it is asked for when due.
-fn settled_from(
+fn slot_reply(
     item: &PendingItem,
     result: &Granted,
     sent_at_us: u64,
     now_us: u64,
     global: &GlobalRule,
     commits: bool,
-) -> Settled {
+) -> SlotReply {
     let floor_us = match (&global.redis_limit, global.lease) {
         (GlobalLimit::Slot(Limit::TokenBucket(_) | Limit::SlidingWindow(_)), Some(lease)) => {
             lease.horizon_us
@@ -384,26 +384,26 @@ fn settled_from(
             sent_at_us,
             now_us,
         );
-        SettledOutcome::Held(held)
+        SlotReplyOutcome::Held(held)
     } else if !result.allowed {
         let mut retry_us = result.retry_after_ns.unwrap_or(result.reset_after_ns) / 1_000;
         if commits {
             // Commits give units back at any time: a denial is trusted only briefly.
             retry_us = retry_us.min(COMMIT_DENIAL_CACHE_US);
         }
-        SettledOutcome::Denied {
+        SlotReplyOutcome::Denied {
             until_us: sent_at_us.saturating_add(retry_us.max(floor_us)),
             cost: item.cost,
         }
     } else {
-        SettledOutcome::Nothing
+        SlotReplyOutcome::Nothing
     };
     let exhausted_until_us = if result.allowed && result.remaining == 0 && floor_us > 0 {
         sent_at_us.saturating_add(floor_us)
     } else {
         0
     };
-    Settled {
+    SlotReply {
         outcome,
         exhausted_until_us,
         remaining: result.remaining,

@@ -6,7 +6,7 @@ use crate::algorithms::{Ahead, Decision, Hold, Limit, SlotState, TakenAhead, NS_
 use crate::bounds::MAX_WANT;
 use crate::delay::RELEASE_SLACK_US;
 use crate::key::KeyHash;
-use crate::lease::{Held, Settled, SettledOutcome, Spend};
+use crate::lease::{Held, SlotReply, SlotReplyOutcome, Spend};
 use crate::reservoir::{Found, WorkerTable};
 use crate::rules::{Delay, Reservoir, Rule};
 use crate::store::slot_table::SlotTable;
@@ -292,9 +292,9 @@ fn decide_with_reservoir<S: SharedStore>(
     };
     if hold.is_some() {
         // Nothing to cache: the request has its place in the schedule.
-        *entry = entry.settle(
-            Settled {
-                outcome: SettledOutcome::Nothing,
+        *entry = entry.record(
+            SlotReply {
+                outcome: SlotReplyOutcome::Nothing,
                 exhausted_until_us: 0,
                 remaining: decision.remaining,
                 reset_after_ns: decision.reset_after_ns,
@@ -308,27 +308,27 @@ fn decide_with_reservoir<S: SharedStore>(
         // Spendable until just before the end of their validity (a window's end belongs
         // to the next window).
         let window_us = (taken.valid_ns / NS_PER_US).saturating_sub(1);
-        SettledOutcome::Held(Held {
+        SlotReplyOutcome::Held(Held {
             count: taken.units,
             next_due_ns: now_us.saturating_mul(NS_PER_US),
             spacing_ns: 0,
             window_us,
         })
     } else if let (false, Some(retry_after_ns)) = (decision.allowed, decision.retry_after_ns) {
-        SettledOutcome::Denied {
+        SlotReplyOutcome::Denied {
             until_us: now_us.saturating_add(retry_after_ns / NS_PER_US),
             cost,
         }
     } else {
-        SettledOutcome::Nothing
+        SlotReplyOutcome::Nothing
     };
-    let settled = Settled {
+    let reply = SlotReply {
         outcome,
         exhausted_until_us: 0,
         remaining: decision.remaining.saturating_sub(taken.units),
         reset_after_ns: decision.reset_after_ns,
     };
-    *entry = entry.settle(settled, now_us);
+    *entry = entry.record(reply, now_us);
     report.reservoir_taken = taken.units;
     record_or_hold(eval, report, applied.rule, decision, None, offer);
 }
