@@ -30,7 +30,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use support::{evaluate_on, user, FakeRequest, Rng, SEED, T0};
-use weir_core::algorithms::{AlgorithmKind, GlobalLimit};
+use weir_core::algorithms::{AlgorithmKind, AlgorithmSpec, GlobalLimit};
 use weir_core::config;
 use weir_core::conformance::{self, Admission, Violation};
 use weir_core::delay::RELEASE_SLACK_US;
@@ -82,6 +82,11 @@ struct DrawnLimit {
     max_cost: u64,
     /// The time scale of the limit (period or window), µs.
     scale_us: u64,
+}
+
+/// What the algorithm called `name` can do.
+fn spec_of(name: &str) -> &'static AlgorithmSpec {
+    AlgorithmKind::from_name(name).unwrap().spec()
 }
 
 fn draw_limit(rng: &mut Rng, algorithms: &[&'static str]) -> DrawnLimit {
@@ -259,7 +264,7 @@ fn draw_local(seed: u64) -> LocalCase {
         r#""name":"r","key":[{{"header":"x-user"}}],"limit":{}"#,
         limit.json
     );
-    let commits = matches!(limit.name, "token_bucket" | "fixed_window");
+    let commits = spec_of(limit.name).settles();
     let commit = (commits && chance(&mut rng, 3)).then(|| {
         if chance(&mut rng, 3) {
             Commit::Lying
@@ -297,7 +302,7 @@ fn draw_local(seed: u64) -> LocalCase {
     // Delays: for the algorithms with a schedule, not with a commit or in shadow mode
     // (the check refuses both). Up to a few periods, so that most holds wait for a
     // refill or a slot.
-    let delays = matches!(limit.name, "gcra" | "token_bucket") && commit.is_none() && !shadow;
+    let delays = spec_of(limit.name).can_hold && commit.is_none() && !shadow;
     if delays && chance(&mut rng, 2) {
         let max_us =
             (limit.scale_us / 4 + rng.below(limit.scale_us.saturating_mul(5))).clamp(MS, 60 * S);
@@ -610,7 +615,7 @@ fn draw_global(seed: u64) -> GlobalCase {
         let max = log_uniform(&mut rng, 1, 200);
         let ttl_us = log_uniform(&mut rng, MS, limit.scale_us.clamp(MS, 10 * S));
         write!(lease, r#","lease":{{"max":{max},"ttl":"{ttl_us}us""#).unwrap();
-        if limit.name == "gcra" && chance(&mut rng, 2) {
+        if spec_of(limit.name).has_schedule && chance(&mut rng, 2) {
             let horizon_us = log_uniform(&mut rng, MS, 10 * S);
             write!(lease, r#","horizon":"{horizon_us}us""#).unwrap();
         }
@@ -757,11 +762,15 @@ fn global_violation(limit: &GlobalLimit, run: &GlobalRun) -> Option<(usize, Viol
 /// `limit` admitting `units` more at once: the GCRA burst, the bucket's capacity, the
 /// window's limit grown by them.
 fn with_extra_units(limit: &GlobalLimit, units: u64) -> GlobalLimit {
-    let kind = limit.kind();
+    let spec = limit.kind().spec();
     let mut values = limit.algorithm().parameters();
-    let at = if kind == AlgorithmKind::Gcra { 2 } else { 0 };
+    let at = spec
+        .parameters
+        .iter()
+        .position(|p| p.name == spec.limit_parameter.name)
+        .unwrap();
     values[at] = values[at].saturating_add(units);
-    GlobalLimit::build(kind, &values).unwrap()
+    GlobalLimit::build(spec.kind, &values).unwrap()
 }
 
 fn check_global(case: &GlobalCase) -> Result<Option<GlobalRun>, String> {

@@ -4,10 +4,7 @@
 
 use std::fmt;
 
-use super::{
-    fixed_window, gcra, sliding_log, sliding_window, token_bucket, Algorithm, AlgorithmSpec,
-    ParamError, Parameter, Policy, SlotAlgorithm,
-};
+use super::{Algorithm, AlgorithmSpec, ParamError, Parameter, Policy, SlotAlgorithm};
 
 /// The algorithms, as named in the config and on the wire. This enum and
 /// [`AlgorithmKind::spec`] are the one list of them.
@@ -31,11 +28,11 @@ impl AlgorithmKind {
 
     pub fn spec(self) -> &'static AlgorithmSpec {
         match self {
-            AlgorithmKind::TokenBucket => &token_bucket::SPEC,
-            AlgorithmKind::Gcra => &gcra::SPEC,
-            AlgorithmKind::FixedWindow => &fixed_window::SPEC,
-            AlgorithmKind::SlidingWindow => &sliding_window::SPEC,
-            AlgorithmKind::SlidingLog => &sliding_log::SPEC,
+            AlgorithmKind::TokenBucket => &super::token_bucket::SPEC,
+            AlgorithmKind::Gcra => &super::gcra::SPEC,
+            AlgorithmKind::FixedWindow => &super::fixed_window::SPEC,
+            AlgorithmKind::SlidingWindow => &super::sliding_window::SPEC,
+            AlgorithmKind::SlidingLog => &super::sliding_log::SPEC,
         }
     }
 
@@ -45,6 +42,19 @@ impl AlgorithmKind {
 
     pub fn from_name(name: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|kind| kind.name() == name)
+    }
+
+    /// The names of the algorithms whose spec answers `yes`, sorted: what a message
+    /// offers instead when an algorithm cannot do something.
+    pub fn names_where(yes: impl Fn(&AlgorithmSpec) -> bool) -> Vec<&'static str> {
+        let mut names: Vec<&'static str> = Self::ALL
+            .into_iter()
+            .map(AlgorithmKind::spec)
+            .filter(|spec| yes(spec))
+            .map(|spec| spec.name)
+            .collect();
+        names.sort_unstable();
+        names
     }
 
     /// Every parameter name any algorithm takes, once each, in the order of
@@ -73,10 +83,10 @@ impl fmt::Display for AlgorithmKind {
 /// fixed-size state and runs only in Redis: it is a [`GlobalLimit`], never a `Limit`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Limit {
-    TokenBucket(token_bucket::TokenBucket),
-    Gcra(gcra::Gcra),
-    FixedWindow(fixed_window::FixedWindow),
-    SlidingWindow(sliding_window::SlidingWindow),
+    TokenBucket(super::token_bucket::TokenBucket),
+    Gcra(super::gcra::Gcra),
+    FixedWindow(super::fixed_window::FixedWindow),
+    SlidingWindow(super::sliding_window::SlidingWindow),
 }
 
 impl Limit {
@@ -100,7 +110,7 @@ impl Limit {
 pub enum GlobalLimit {
     /// An algorithm with slot state (it can also run locally).
     Slot(Limit),
-    SlidingLog(sliding_log::SlidingLog),
+    SlidingLog(super::sliding_log::SlidingLog),
 }
 
 impl GlobalLimit {
@@ -210,6 +220,53 @@ mod tests {
         }
         let short = GlobalLimit::build(AlgorithmKind::Gcra, &[1]).unwrap_err();
         assert_eq!(short.field, "period");
+    }
+
+    /// A sample limit of every kind, in the order of [`AlgorithmKind::ALL`].
+    fn samples() -> Vec<GlobalLimit> {
+        AlgorithmKind::ALL
+            .into_iter()
+            .map(|kind| {
+                let values: &[u64] = match kind.spec().parameters.len() {
+                    2 => &[5, 60_000_000],
+                    _ => &[10, 2_000_000, 3],
+                };
+                GlobalLimit::build(kind, values).unwrap()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_spec_answers_what_the_algorithm_does() {
+        let now_us = 1_700_000_000_000_000;
+        for limit in samples() {
+            let spec = limit.kind().spec();
+            // The limit is the limit parameter's value plus `plus`.
+            let at = spec
+                .parameters
+                .iter()
+                .position(|p| p.name == spec.limit_parameter.name)
+                .unwrap();
+            let values = limit.algorithm().parameters();
+            assert_eq!(
+                limit.max_cost(),
+                values[at] + spec.limit_parameter.plus,
+                "{}",
+                spec.name
+            );
+            let grown = spec.with_extra_limits(&values, 2).unwrap();
+            let grown = GlobalLimit::build(spec.kind, &grown).unwrap();
+            assert_eq!(grown.max_cost(), 3 * limit.max_cost(), "{}", spec.name);
+            let Some(slot) = limit.as_slot() else {
+                assert!(!spec.can_hold && !spec.has_schedule, "{}", spec.name);
+                continue;
+            };
+            let algorithm = slot.algorithm();
+            let holds = algorithm.delay_window(now_us, 1, 0).is_some();
+            assert_eq!(spec.can_hold, holds, "{}: can_hold", spec.name);
+            let reserves = algorithm.reserve(None, now_us, 1, 60_000_000).is_some();
+            assert_eq!(spec.has_schedule, reserves, "{}: has_schedule", spec.name);
+        }
     }
 
     #[test]

@@ -20,14 +20,17 @@
 //! ## One home per algorithm
 //!
 //! Each algorithm lives in its own module, which holds everything weir knows about it:
-//! its [`AlgorithmSpec`] (name, parameter table, Lua script name, builder), parameter
-//! validation, its state and the state's slot codec, the decision, and its
-//! [`Algorithm`] implementation (policy, local share, lease lifetime, the Lua script's
-//! arguments and the limits of exact arithmetic in Lua). The config, the wire format and
-//! the bridge read all of that through the spec and the traits; the only list of
+//! its [`AlgorithmSpec`] (name, parameter table, Lua script name, builder, and what it
+//! can do: hold a request, reserve its schedule, settle a cost, which parameter its
+//! limit is made of), parameter validation, its state and the state's slot codec, the
+//! decision, and its [`Algorithm`] implementation (policy, local share, lease lifetime
+//! and cost, the Lua script's arguments, the limits of exact arithmetic in Lua, and its
+//! bound, checked). The config, the wire format, the engine, the conformance checker and
+//! the bridge ask the spec and the traits, never an algorithm's name; the only list of
 //! algorithms is [`AlgorithmKind`] with [`AlgorithmKind::spec`], and the only dispatch is
-//! [`Limit::algorithm`] / [`GlobalLimit::algorithm`]. docs/algorithms.md ("Adding an
-//! algorithm") lists the files a new one needs.
+//! [`Limit::algorithm`] / [`GlobalLimit::algorithm`], both in `kind.rs`.
+//! docs/algorithms.md ("Adding an algorithm") lists the files a new one needs, and
+//! `core/tests/adding_an_algorithm.rs` keeps that list true.
 //!
 //! ```
 //! use weir_core::algorithms::{gcra::Gcra, Limit};
@@ -63,17 +66,20 @@ pub const NS_PER_US: u64 = 1_000;
 /// parameters that would break it, for the config checker and the bridge alike.
 pub const MAX_SCRIPT_EXACT: u64 = 1 << 48;
 
+mod bound;
 mod kind;
 mod limit;
 mod outcome;
 mod spec;
 mod traits;
 
+pub use bound::{Admission, Breach};
 pub use kind::{AlgorithmKind, GlobalLimit, Limit};
 pub use outcome::{
-    Ahead, Ask, Decision, Grant, Hold, Policy, Reservation, SlotState, TakenAhead, RESERVOIR_SHARE,
+    Ahead, Ask, Decision, Grant, Hold, LeaseCost, Policy, Reservation, SlotState, TakenAhead,
+    RESERVOIR_SHARE,
 };
 use spec::values_of;
-pub use spec::{AlgorithmSpec, ParamError, Parameter, Unit};
+pub use spec::{AlgorithmSpec, LimitParameter, ParamError, Parameter, Unit};
 use traits::slot_algorithm;
 pub use traits::{Algorithm, SlotAlgorithm, SlotCodec};

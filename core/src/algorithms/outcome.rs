@@ -1,5 +1,7 @@
 //! What decisions and grants answer, named as clients and the bridge see them.
 
+use super::GlobalLimit;
+
 /// The outcome of one decision, named as clients see it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Decision {
@@ -132,4 +134,23 @@ impl Grant {
             valid_ns: 0,
         }
     }
+}
+
+/// What a global rule's lease costs its key in Redis ([`super::Algorithm::lease_cost`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaseCost {
+    /// Nothing: the algorithm's own bound caps how long a leased unit lives.
+    Free,
+    /// `units` of the burst: a unit spent up to the ttl after it was counted must have
+    /// been paid for when it was, so Redis decides with `limit`, the burst reduced by
+    /// them.
+    Burst { units: u64, limit: GlobalLimit },
+    /// The ttl costs `units` of the burst, one unit per `per_unit_us`, and the burst has
+    /// only `burst` (at most `affordable_us` of ttl), or the ttl is 0.
+    Unaffordable {
+        units: u64,
+        burst: u64,
+        per_unit_us: u64,
+        affordable_us: u64,
+    },
 }

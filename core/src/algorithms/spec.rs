@@ -95,12 +95,59 @@ pub struct AlgorithmSpec {
     pub extra_script_keys: &'static [&'static str],
     /// Validates the values (in the order of `parameters`) and builds the limit.
     pub build: fn(&[u64]) -> Result<GlobalLimit, ParamError>,
+    /// The parameter the limit (the most a key admits at once) is made of.
+    pub limit_parameter: LimitParameter,
+    /// Whether a request that does not fit yet can be held until it does
+    /// (`on_limit.delay`): [`SlotAlgorithm::delay_window`] answers for it.
+    ///
+    /// [`SlotAlgorithm::delay_window`]: super::SlotAlgorithm::delay_window
+    pub can_hold: bool,
+    /// Whether the key has a future schedule whose slots can be reserved ahead of the
+    /// requests that will spend them (`lease.horizon`): [`SlotAlgorithm::reserve`]
+    /// answers for it.
+    ///
+    /// [`SlotAlgorithm::reserve`]: super::SlotAlgorithm::reserve
+    pub has_schedule: bool,
+    /// Whether a saturated key frees a unit or two at a time (a refill, a window sliding
+    /// on), so that every Envoy would ask Redis for each: a global rule with a lease then
+    /// asks about such a key at most once per horizon (a choice of the engine, not a
+    /// property a test can prove).
+    pub frees_gradually: bool,
+}
+
+/// The parameter a limit is made of: the most a key admits at once is its value plus
+/// `plus` (GCRA: `burst + 1`; a bucket's capacity, a window's limit: `+ 0`). What a bound
+/// a few bursts looser grows (the simulation's local fallback, the search's slack).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LimitParameter {
+    pub name: &'static str,
+    pub plus: u64,
 }
 
 impl AlgorithmSpec {
     /// The parameter called `name`, if the algorithm takes one.
     pub fn parameter(&self, name: &str) -> Option<&'static Parameter> {
         self.parameters.iter().find(|p| p.name == name)
+    }
+
+    /// Whether a cost can be settled after the response (`commit`): the algorithm can
+    /// take back or add units, in shared data ([`SlotAlgorithm::settle`]) and in Redis
+    /// (its settle script).
+    ///
+    /// [`SlotAlgorithm::settle`]: super::SlotAlgorithm::settle
+    pub fn settles(&self) -> bool {
+        self.settle_script.is_some()
+    }
+
+    /// `values` (in the order of `parameters`) with the limit's parameter grown so that
+    /// the limit is `extra + 1` times what it was, or `None` when they are too few.
+    pub fn with_extra_limits(&self, values: &[u64], extra: u64) -> Option<Vec<u64>> {
+        let LimitParameter { name, plus } = self.limit_parameter;
+        let at = self.parameters.iter().position(|p| p.name == name)?;
+        let mut values = values.to_vec();
+        let value = values.get_mut(at)?;
+        *value = value.saturating_add(extra.saturating_mul(value.saturating_add(plus)));
+        Some(values)
     }
 }
 

@@ -2,7 +2,10 @@
 //! [`SlotAlgorithm`] for those whose state fits a slot. Callers ask these, never an
 //! algorithm's name.
 
-use super::{AlgorithmSpec, Decision, Limit, ParamError, Policy, Reservation, SlotState};
+use super::{
+    Admission, AlgorithmSpec, Breach, Decision, LeaseCost, Limit, ParamError, Policy, Reservation,
+    SlotState,
+};
 
 /// What every algorithm knows about itself, whatever its state.
 pub trait Algorithm {
@@ -28,6 +31,28 @@ pub trait Algorithm {
     /// Refuses parameters the Lua script cannot decide exactly with doubles (see
     /// [`MAX_SCRIPT_EXACT`](super::MAX_SCRIPT_EXACT)), naming the parameter.
     fn check_script_exact(&self) -> Result<(), ParamError>;
+
+    /// How long a leased unit may be spent after it is due when the rule's `lease.ttl`
+    /// is not set, given the rule's default `default_us`. By default: that default.
+    fn default_lease_ttl_us(&self, default_us: u64) -> u64 {
+        default_us
+    }
+
+    /// What a global rule's lease whose units may be spent up to `ttl_us` after they
+    /// are due costs the key in Redis. By default nothing: the algorithm's own bound
+    /// caps how long a leased unit lives ([`Algorithm::lease_ttl_ns`],
+    /// [`SlotAlgorithm::lease_cap_ns`]).
+    fn lease_cost(&self, ttl_us: u64) -> LeaseCost {
+        let _ = ttl_us;
+        LeaseCost::Free
+    }
+
+    /// The first place where `sorted` (one key's admissions, sorted stably by time)
+    /// breaks the algorithm's own bound, or `None`: the bound each algorithm promises a
+    /// client of one central limiter, which [`crate::conformance::check`] holds every
+    /// path to. Exact, in integers; each implementation says its bound and what a
+    /// [`Breach`] of it reports.
+    fn check_bound(&self, sorted: &[Admission]) -> Option<Breach>;
 }
 
 /// The decision of an algorithm whose per-key state fits one [`SlotState`], in terms of
@@ -97,12 +122,6 @@ pub trait SlotAlgorithm: Algorithm + SlotCodec {
         None
     }
 
-    /// Whether [`SlotAlgorithm::settle`] can correct a cost after the response: the
-    /// algorithms whose spec names a settle script (Redis must be able to do it too).
-    fn settles_after_response(&self) -> bool {
-        self.spec().settle_script.is_some()
-    }
-
     /// A request counted at `counted_at_us` with `reserved` units really cost `actual`,
     /// known at `now_us` (its response ended): `state` with the difference settled, or
     /// `None` to write nothing. A refund is given only while it is exact — while nothing
@@ -111,8 +130,9 @@ pub trait SlotAlgorithm: Algorithm + SlotCodec {
     /// key admitted less than it could have, never more). An excess is charged now, so
     /// the requests that follow repay it: beyond what the key has left, it is a debt the
     /// key carries exactly (a token bucket's later refills, a window's later windows),
-    /// at most [`MAX_SCRIPT_EXACT`](super::MAX_SCRIPT_EXACT) µs (about 8.9 years) ahead of `now_us` — what lies
-    /// beyond is forgiven, so every instant the Lua scripts form stays exact.
+    /// at most [`MAX_SCRIPT_EXACT`](super::MAX_SCRIPT_EXACT) µs (about 8.9 years) ahead
+    /// of `now_us` — what lies beyond is forgiven, so every instant the Lua scripts form
+    /// stays exact.
     fn settle(
         &self,
         state: SlotState,
