@@ -14,7 +14,7 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
 use std::sync::Mutex;
 
-use crate::algorithms::{AlgorithmKind, GlobalLimit, SlotState};
+use crate::algorithms::{GlobalLimit, SlotState};
 use crate::config;
 use crate::conformance::Admission;
 use crate::engine::{Engine, Evaluation, RuleOutcome};
@@ -191,23 +191,17 @@ pub fn configured_limit(engine: &Engine, rule: RuleId) -> Option<GlobalLimit> {
     }
 }
 
-/// `limit` with `extra` more bursts: the GCRA burst grown by `extra × (burst + 1)`, a
-/// token bucket's capacity or a window's limit by `extra ×` itself. A bound a little above
+/// `limit` with `extra` more bursts: the parameter its limit is made of
+/// ([`crate::algorithms::AlgorithmSpec::limit_parameter`]) grown so that the limit is
+/// `extra + 1` times its own (the GCRA burst by `extra × (burst + 1)`, a token bucket's
+/// capacity or a window's limit by `extra ×` itself). A bound a little above
 /// the algorithm's own, for paths documented to exceed it by that much (the local fallback
 /// around an outage: docs/global.md).
 pub fn with_extra_bursts(limit: &GlobalLimit, extra: u64) -> GlobalLimit {
-    let kind = limit.kind();
-    let mut values = limit.algorithm().parameters();
-    // The parameter tables: gcra (rate, period, burst); token bucket (capacity, refill,
-    // period); windows and log (limit, window).
-    let (at, unit_more) = match kind {
-        AlgorithmKind::Gcra => (2, 1),
-        _ => (0, 0),
-    };
-    if let Some(burst) = values.get_mut(at) {
-        *burst = burst.saturating_add(extra.saturating_mul(*burst + unit_more));
-    }
-    GlobalLimit::build(kind, &values).unwrap_or_else(|_| limit.clone())
+    let spec = limit.kind().spec();
+    spec.with_extra_limits(&limit.algorithm().parameters(), extra)
+        .and_then(|values| GlobalLimit::build(spec.kind, &values).ok())
+        .unwrap_or_else(|| limit.clone())
 }
 
 /// A request to play: when it arrives, at which Envoy.

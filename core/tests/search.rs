@@ -79,7 +79,7 @@ fn draw_local(seed: u64) -> LocalCase {
         r#""name":"r","key":[{{"header":"x-user"}}],"limit":{}"#,
         limit.json
     );
-    let commits = matches!(limit.name, "token_bucket" | "fixed_window");
+    let commits = spec_of(limit.name).settles();
     let commit = (commits && chance(&mut rng, 3)).then(|| {
         if chance(&mut rng, 3) {
             Commit::Lying
@@ -117,7 +117,7 @@ fn draw_local(seed: u64) -> LocalCase {
     // Delays: for the algorithms with a schedule, not with a commit or in shadow mode
     // (the check refuses both). Up to a few periods, so that most holds wait for a
     // refill or a slot.
-    let delays = matches!(limit.name, "gcra" | "token_bucket") && commit.is_none() && !shadow;
+    let delays = spec_of(limit.name).can_hold && commit.is_none() && !shadow;
     if delays && chance(&mut rng, 2) {
         let max_us =
             (limit.scale_us / 4 + rng.below(limit.scale_us.saturating_mul(5))).clamp(MS, 60 * S);

@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use support::{FakeRequest, Rng, T0};
-use weir_core::algorithms::{AlgorithmKind, GlobalLimit};
+use weir_core::algorithms::GlobalLimit;
 use weir_core::conformance::{self, Admission, Violation};
 use weir_core::engine::{BridgeError, FailureOutcome, RuleOutcome, Source};
 use weir_core::rules::RuleId;
@@ -65,7 +65,7 @@ fn draw_global(seed: u64) -> GlobalCase {
         let max = log_uniform(&mut rng, 1, 200);
         let ttl_us = log_uniform(&mut rng, MS, limit.scale_us.clamp(MS, 10 * S));
         write!(lease, r#","lease":{{"max":{max},"ttl":"{ttl_us}us""#).unwrap();
-        if limit.name == "gcra" && chance(&mut rng, 2) {
+        if spec_of(limit.name).has_schedule && chance(&mut rng, 2) {
             let horizon_us = log_uniform(&mut rng, MS, 10 * S);
             write!(lease, r#","horizon":"{horizon_us}us""#).unwrap();
         }
@@ -212,11 +212,15 @@ fn global_violation(limit: &GlobalLimit, run: &GlobalRun) -> Option<(usize, Viol
 /// `limit` admitting `units` more at once: the GCRA burst, the bucket's capacity, the
 /// window's limit grown by them.
 fn with_extra_units(limit: &GlobalLimit, units: u64) -> GlobalLimit {
-    let kind = limit.kind();
+    let spec = limit.kind().spec();
     let mut values = limit.algorithm().parameters();
-    let at = if kind == AlgorithmKind::Gcra { 2 } else { 0 };
+    let at = spec
+        .parameters
+        .iter()
+        .position(|p| p.name == spec.limit_parameter.name)
+        .unwrap();
     values[at] = values[at].saturating_add(units);
-    GlobalLimit::build(kind, &values).unwrap()
+    GlobalLimit::build(spec.kind, &values).unwrap()
 }
 
 fn check_global(case: &GlobalCase) -> Result<Option<GlobalRun>, String> {

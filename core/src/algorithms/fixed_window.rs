@@ -31,10 +31,10 @@
 //! ```
 
 use super::time::{sat_u64, until_ns};
-use super::window::{self, Window, Windowed};
+use super::window::{self, Window, WindowSum, Windowed};
 use super::{
-    values_of, AlgorithmKind, AlgorithmSpec, Decision, GlobalLimit, Limit, ParamError, Policy,
-    SlotAlgorithm, SlotState, MAX_SCRIPT_EXACT,
+    values_of, Admission, AlgorithmKind, AlgorithmSpec, Breach, Decision, GlobalLimit, Limit,
+    ParamError, Policy, SlotAlgorithm, SlotState, MAX_SCRIPT_EXACT,
 };
 
 /// The largest count a settle leaves (2^49 units): with the limit at most 2^48, every
@@ -53,6 +53,10 @@ pub const SPEC: AlgorithmSpec = AlgorithmSpec {
         let [limit, window_us] = values_of(values, window::PARAMETERS)?;
         FixedWindow::new(limit, window_us).map(|w| GlobalLimit::Slot(Limit::FixedWindow(w)))
     },
+    limit_parameter: window::LIMIT_PARAMETER,
+    can_hold: false,
+    has_schedule: false,
+    frees_gradually: false,
 };
 
 /// Fixed-window parameters, validated.
@@ -234,6 +238,14 @@ impl Windowed for FixedWindow {
     fn lease_ttl_ns(&self, now_us: u64) -> Option<u64> {
         Some(self.window.until_window_end_ns(now_us))
     }
+
+    /// The bound (limit `N`, window `W`): windows `[kW, (k + 1)W)` aligned to the
+    /// epoch of the µs clock; every window's sum is at most `N`.
+    ///
+    /// A breach reports as `allowed` `N`; `first` is the window's first admission.
+    fn check_bound(&self, sorted: &[Admission]) -> Option<Breach> {
+        breach(self, sorted)
+    }
 }
 
 impl SlotAlgorithm for FixedWindow {
@@ -292,3 +304,26 @@ impl SlotAlgorithm for FixedWindow {
 }
 
 super::slot_algorithm!(FixedWindow);
+
+/// Every window `[kW, (k + 1)W)` holds at most `N`.
+fn breach(w: &FixedWindow, sorted: &[Admission]) -> Option<Breach> {
+    let (limit, width) = (w.limit(), w.window_us());
+    let mut current: Option<WindowSum> = None;
+    for (j, a) in sorted.iter().enumerate() {
+        let window = WindowSum::add(current, a.at_us / width, j, a.cost);
+        current = Some(window);
+        if window.sum > u128::from(limit) {
+            let start = u128::from(window.k) * u128::from(width);
+            let end = start + u128::from(width);
+            let interval = format!("the window [{start}us, {end}us)");
+            return Some(Breach::over_limit(
+                window.first,
+                j,
+                window.sum,
+                limit,
+                interval,
+            ));
+        }
+    }
+    None
+}

@@ -47,8 +47,9 @@
 //!   over-report by one unit when `T` is not a whole number of microseconds.
 
 use super::{
-    values_of, Algorithm, AlgorithmKind, AlgorithmSpec, Decision, GlobalLimit, Limit, ParamError,
-    Parameter, Policy, Reservation, SlotAlgorithm, SlotState, Unit, NS_PER_US,
+    values_of, Admission, Algorithm, AlgorithmKind, AlgorithmSpec, Breach, Decision, GlobalLimit,
+    LeaseCost, Limit, LimitParameter, ParamError, Parameter, Policy, Reservation, SlotAlgorithm,
+    SlotState, Unit, NS_PER_US,
 };
 
 const PARAMETERS: &[Parameter] = &[
@@ -69,6 +70,13 @@ pub const SPEC: AlgorithmSpec = AlgorithmSpec {
         let [rate, period_us, burst] = values_of(values, PARAMETERS)?;
         Gcra::new(burst, rate, period_us).map(|g| GlobalLimit::Slot(Limit::Gcra(g)))
     },
+    limit_parameter: LimitParameter {
+        name: "burst",
+        plus: 1,
+    },
+    can_hold: true,
+    has_schedule: true,
+    frees_gradually: false,
 };
 
 /// The largest tolerance `τ = T × (burst + 1)` accepted, in ns: 2^52 ns, about 52 days.
@@ -339,6 +347,53 @@ impl Algorithm for Gcra {
     fn check_script_exact(&self) -> Result<(), ParamError> {
         Ok(())
     }
+
+    /// The bound (burst `b`, emission interval `T`, tolerance `τ = (b + 1)·T`, both in ns):
+    /// for all `i ≤ j`, `(S_j − S_(i−1))·T ≤ τ + (t_j − t_i)` with `t` in ns: over any
+    /// stretch, `b + 1` units plus one per `T` elapsed. Each admitted unit pushes the TAT
+    /// by `T`, and an admission needs `TAT − τ ≤ now`; over admissions `i..=j` the TAT rises
+    /// by at least `T·(S_j − S_(i−1))` from at least `t_i` and ends at most at `t_j + τ`.
+    /// A central GCRA with its TAT in ns never breaks it. Checked in one pass: with
+    /// `m = min over i ≤ j of (S_(i−1)·T − t_i)`, a violation is `S_j·T − t_j − m > τ`.
+    ///
+    /// A breach reports as `allowed` `⌊(τ + (t_last − t_first)) / T⌋`, over the stretch
+    /// with the largest excess (the shortest one on a tie).
+    fn check_bound(&self, sorted: &[Admission]) -> Option<Breach> {
+        breach(self, sorted)
+    }
+
+    /// ⌊burst / 4⌋ × T: a quarter of the burst pays for the hold, at most `default_us`.
+    fn default_lease_ttl_us(&self, default_us: u64) -> u64 {
+        (self.burst / 4)
+            .saturating_mul(self.emission_interval_ns / NS_PER_US)
+            .min(default_us)
+    }
+
+    /// Paid with burst: a leased unit may be spent up to `ttl_us` after it was counted,
+    /// which a schedule can only keep if the key counted it that much earlier, so Redis
+    /// decides with the burst reduced by `⌈ttl / T⌉` units (a smaller burst of valid
+    /// parameters is valid: the reduced limit always builds).
+    fn lease_cost(&self, ttl_us: u64) -> LeaseCost {
+        let t_ns = self.emission_interval_ns;
+        let units =
+            u64::try_from((u128::from(ttl_us) * u128::from(NS_PER_US)).div_ceil(u128::from(t_ns)))
+                .unwrap_or(u64::MAX);
+        let reduced = (ttl_us > 0 && units <= self.burst)
+            .then(|| Gcra::new(self.burst - units, self.rate, self.period_us).ok())
+            .flatten();
+        match reduced {
+            Some(g) => LeaseCost::Burst {
+                units,
+                limit: GlobalLimit::Slot(Limit::Gcra(g)),
+            },
+            None => LeaseCost::Unaffordable {
+                units,
+                burst: self.burst,
+                per_unit_us: t_ns.div_ceil(NS_PER_US).max(1),
+                affordable_us: self.burst.saturating_mul(t_ns / NS_PER_US),
+            },
+        }
+    }
 }
 
 impl SlotAlgorithm for Gcra {
@@ -435,4 +490,61 @@ fn clamp_u64(x: i128) -> u64 {
 
 fn clamp_i64(x: i128) -> i64 {
     i64::try_from(x).unwrap_or(if x < 0 { i64::MIN } else { i64::MAX })
+}
+
+/// `S_(i−1)·T − t_i` for the best start `i` so far, with what the report needs of it.
+#[derive(Debug, Clone, Copy)]
+struct GcraStart {
+    key: i128,
+    index: usize,
+    at_us: u64,
+    sum_before: u128,
+}
+
+/// `(S_j − S_(i−1))·T ≤ τ + (t_j − t_i)`, in ns. Until the first violation every
+/// `S_j·T` is at most `τ + t_j − t_1 < 2^76`, and a cost times `T` is below `2^117`,
+/// so i128 holds every value the pass forms; the checked operations only guard that.
+fn breach(g: &Gcra, sorted: &[Admission]) -> Option<Breach> {
+    let t = i128::from(g.emission_interval_ns());
+    let tau = i128::from(g.tolerance_ns());
+    let ns = |at_us: u64| i128::from(at_us) * i128::from(NS_PER_US);
+    let times_t = |sum: u128| i128::try_from(sum).ok()?.checked_mul(t);
+    let mut sum: u128 = 0;
+    let mut best: Option<GcraStart> = None;
+    for (j, a) in sorted.iter().enumerate() {
+        let now = ns(a.at_us);
+        // A product beyond i128 is no smallest start: skipping it changes nothing.
+        if let Some(key) = times_t(sum).map(|x| x - now) {
+            // `<=`: on a tie the later start, the shorter stretch.
+            if best.is_none_or(|b| key <= b.key) {
+                best = Some(GcraStart {
+                    key,
+                    index: j,
+                    at_us: a.at_us,
+                    sum_before: sum,
+                });
+            }
+        }
+        sum = sum.saturating_add(u128::from(a.cost));
+        // Set at the first admission (`S_0·T − t_1` always fits), so never `None` here.
+        let start = best?;
+        let excess = times_t(sum).and_then(|x| x.checked_sub(now)?.checked_sub(start.key));
+        // Beyond i128 the excess is beyond τ too (`m ≤ −t_1`, and `S_j·T > 2^127`).
+        if excess.is_some_and(|e| e <= tau) {
+            continue;
+        }
+        let span_ns = now - ns(start.at_us);
+        let allowed = (tau + span_ns) / t;
+        return Some(Breach {
+            first: start.index,
+            last: j,
+            admitted: sum - start.sum_before,
+            allowed: u128::try_from(allowed).unwrap_or(0),
+            why: format!(
+                "{} × T ({t}ns) is more than τ ({tau}ns) + {span_ns}ns",
+                sum - start.sum_before,
+            ),
+        });
+    }
+    None
 }

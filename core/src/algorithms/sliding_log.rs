@@ -24,8 +24,8 @@
 use super::sliding_window::SlidingWindow;
 use super::window::{self, Window, Windowed};
 use super::{
-    values_of, AlgorithmKind, AlgorithmSpec, Ask, Decision, GlobalLimit, Grant, Limit, ParamError,
-    Policy, NS_PER_US,
+    values_of, Admission, AlgorithmKind, AlgorithmSpec, Ask, Breach, Decision, GlobalLimit, Grant,
+    Limit, ParamError, Policy, NS_PER_US,
 };
 
 pub const SPEC: AlgorithmSpec = AlgorithmSpec {
@@ -43,6 +43,10 @@ pub const SPEC: AlgorithmSpec = AlgorithmSpec {
         let [limit, window_us] = values_of(values, window::PARAMETERS)?;
         SlidingLog::new(limit, window_us).map(GlobalLimit::SlidingLog)
     },
+    limit_parameter: window::LIMIT_PARAMETER,
+    can_hold: false,
+    has_schedule: false,
+    frees_gradually: false,
 };
 
 /// The log's second Redis key, `<state key>:seq`: a counter that keeps members unique
@@ -161,6 +165,46 @@ impl Windowed for SlidingLog {
     fn lease_ttl_ns(&self, _now_us: u64) -> Option<u64> {
         Some(self.window.window_us.saturating_mul(NS_PER_US))
     }
+
+    /// The bound (limit `N`, window `W`): for every `j`, the sum over the
+    /// admissions with `t ∈ (t_j − W, t_j]` is at most `N`: an event at `t` counts while
+    /// `now − W < t`, as the Lua script trims (`ZREMRANGEBYSCORE key -inf now−window`).
+    ///
+    /// A breach reports as `allowed` `N`; `first` is the first admission inside
+    /// `(t_last − W, t_last]`.
+    fn check_bound(&self, sorted: &[Admission]) -> Option<Breach> {
+        breach(self, sorted)
+    }
+
+    /// A tenth of the window (at least 1 µs, at most `default_us`): a leased unit stays
+    /// in the log that much longer.
+    fn default_lease_ttl_us(&self, default_us: u64) -> u64 {
+        (self.window_us() / 10).min(default_us).max(1)
+    }
+}
+
+/// Every `(t_j − W, t_j]` holds at most `N`: two pointers.
+fn breach(l: &SlidingLog, sorted: &[Admission]) -> Option<Breach> {
+    let (limit, width) = (l.limit(), l.window_us());
+    let mut first = 0;
+    let mut sum: u128 = 0;
+    for (j, a) in sorted.iter().enumerate() {
+        sum = sum.saturating_add(u128::from(a.cost));
+        // Events at or before t_j − W have left (the Lua trim's inclusive bound).
+        while let Some(old) = sorted.get(first) {
+            if u128::from(old.at_us) + u128::from(width) > u128::from(a.at_us) {
+                break;
+            }
+            sum = sum.saturating_sub(u128::from(old.cost));
+            first += 1;
+        }
+        if sum > u128::from(limit) {
+            let from = i128::from(a.at_us) - i128::from(width);
+            let interval = format!("the log's window ({from}us, {}us]", a.at_us);
+            return Some(Breach::over_limit(first, j, sum, limit, interval));
+        }
+    }
+    None
 }
 
 #[cfg(test)]

@@ -30,10 +30,10 @@
 //! ```
 
 use super::time::{add_us, sat_u64, until_ns};
-use super::window::{self, Window, Windowed};
+use super::window::{self, Window, WindowSum, Windowed};
 use super::{
-    values_of, AlgorithmKind, AlgorithmSpec, Decision, GlobalLimit, Limit, ParamError, Policy,
-    SlotAlgorithm, SlotState,
+    values_of, Admission, AlgorithmKind, AlgorithmSpec, Breach, Decision, GlobalLimit, Limit,
+    ParamError, Policy, SlotAlgorithm, SlotState,
 };
 
 pub const SPEC: AlgorithmSpec = AlgorithmSpec {
@@ -48,6 +48,10 @@ pub const SPEC: AlgorithmSpec = AlgorithmSpec {
         let [limit, window_us] = values_of(values, window::PARAMETERS)?;
         SlidingWindow::new(limit, window_us).map(|w| GlobalLimit::Slot(Limit::SlidingWindow(w)))
     },
+    limit_parameter: window::LIMIT_PARAMETER,
+    can_hold: false,
+    has_schedule: false,
+    frees_gradually: true,
 };
 
 /// Sliding-window parameters, validated.
@@ -252,6 +256,20 @@ impl Windowed for SlidingWindow {
     fn lease_ttl_ns(&self, now_us: u64) -> Option<u64> {
         Some(self.window.until_window_end_ns(now_us))
     }
+
+    /// The bound (limit `N`, window `W`, windows as the fixed window's): at
+    /// every admission `j`, in window `k`, `e = t_j − kW` into it, with `prev` the sum over
+    /// window `k − 1` and `cur` the sum over window `k` up to and including `j` (the
+    /// admissions at the same instant sorted before `j` included), the algorithm's own
+    /// integer test holds: `prev·(W − e) + cur·W ≤ N·W`.
+    ///
+    /// A breach reports as `allowed` `N + ⌊prev·e / W⌋` for the sum `prev + cur`, which is the
+    /// algorithm's test divided by `W`: the units of the previous window that have slid out
+    /// no longer count. `first` is the previous window's first admission (the current
+    /// window's if the previous one has none).
+    fn check_bound(&self, sorted: &[Admission]) -> Option<Breach> {
+        breach(self, sorted)
+    }
 }
 
 impl SlotAlgorithm for SlidingWindow {
@@ -275,3 +293,55 @@ impl SlotAlgorithm for SlidingWindow {
 }
 
 super::slot_algorithm!(SlidingWindow);
+
+/// `prev·(W − e) + cur·W ≤ N·W` at every admission, as `SlidingWindow::decide` tests it.
+fn breach(w: &SlidingWindow, sorted: &[Admission]) -> Option<Breach> {
+    let (limit, width) = (w.limit(), w.window_us());
+    let w128 = u128::from(width);
+    let budget = u128::from(limit) * w128;
+    let mut current: Option<WindowSum> = None;
+    let mut previous: Option<WindowSum> = None;
+    for (j, a) in sorted.iter().enumerate() {
+        let k = a.at_us / width;
+        let cur = WindowSum::add(current, k, j, a.cost);
+        if cur.first == j {
+            previous = current;
+        }
+        current = Some(cur);
+        let prev = previous.filter(|p| p.k.checked_add(1) == Some(k));
+        let prev_sum = prev.map_or(0, |p| p.sum);
+        let elapsed = u128::from(a.at_us % width);
+        // As in `decide`: a product beyond u128 does not fit.
+        let weighed = prev_sum
+            .checked_mul(w128 - elapsed)
+            .and_then(|x| x.checked_add(cur.sum.checked_mul(w128)?));
+        if weighed.is_some_and(|x| x <= budget) {
+            continue;
+        }
+        // ⌊prev·e / W⌋ without overflow: e < W.
+        let slid_out = (prev_sum / w128) * elapsed + (prev_sum % w128) * elapsed / w128;
+        let prev_first = prev.map(|p| p.first);
+        let prev_text = match prev_first {
+            Some(first) => format!("admissions {first}..={}", cur.first - 1),
+            None => "none".to_string(),
+        };
+        return Some(Breach {
+            first: prev_first.unwrap_or(cur.first),
+            last: j,
+            admitted: prev_sum.saturating_add(cur.sum),
+            allowed: u128::from(limit).saturating_add(slid_out),
+            why: format!(
+                "at {}us, {elapsed}us into its window, the previous window's {prev_sum} \
+                 units ({prev_text}) weigh ({width} − {elapsed})/{width} and this window's \
+                 {} units (admissions {}..={j}) count in full: {prev_sum} × {} + {} × \
+                 {width} is more than {limit} × {width}",
+                a.at_us,
+                cur.sum,
+                cur.first,
+                w128 - elapsed,
+                cur.sum,
+            ),
+        });
+    }
+    None
+}

@@ -31,8 +31,9 @@
 
 use super::time::{sat_u64, until_ns};
 use super::{
-    values_of, Algorithm, AlgorithmKind, AlgorithmSpec, Decision, GlobalLimit, Limit, ParamError,
-    Parameter, Policy, SlotAlgorithm, SlotState, Unit, MAX_SCRIPT_EXACT, NS_PER_US,
+    values_of, Admission, Algorithm, AlgorithmKind, AlgorithmSpec, Breach, Decision, GlobalLimit,
+    Limit, LimitParameter, ParamError, Parameter, Policy, SlotAlgorithm, SlotState, Unit,
+    MAX_SCRIPT_EXACT, NS_PER_US,
 };
 
 const PARAMETERS: &[Parameter] = &[
@@ -54,6 +55,13 @@ pub const SPEC: AlgorithmSpec = AlgorithmSpec {
         TokenBucket::new(capacity, refill, period_us)
             .map(|b| GlobalLimit::Slot(Limit::TokenBucket(b)))
     },
+    limit_parameter: LimitParameter {
+        name: "capacity",
+        plus: 0,
+    },
+    can_hold: true,
+    has_schedule: false,
+    frees_gradually: true,
 };
 
 /// Token-bucket parameters, validated.
@@ -274,6 +282,23 @@ impl Algorithm for TokenBucket {
         }
         Ok(())
     }
+
+    /// The bound, with discrete refills (capacity `C`, refill `R` every period `P`):
+    /// refills happen every `P` from the key's first request, a phase the checker cannot
+    /// know, so the bound is the one every phase keeps: for all `i ≤ j`,
+    /// `S_j − S_(i−1) ≤ C + R·⌈(t_j − t_i) / P⌉`, the most refill instants any phase puts
+    /// in `(t_i, t_j]`. Not the continuous `C + R·(t_j − t_i)/P`: a central bucket takes
+    /// `C` just before a refill and `R` just after, `C + R` within a microsecond.
+    /// With `k = ⌊t/P⌋` and `r = t mod P`, `⌈(t_j − t_i)/P⌉ = k_j − k_i + [r_j > r_i]`,
+    /// so for each `j` the worst `i` is the one with the largest `R·k_i − S_(i−1)` among
+    /// the earlier admissions whose remainder is below `r_j` (one more refill instant) and
+    /// among those at or above it: two prefix-maximum Fenwick trees over the remainders.
+    ///
+    /// A breach reports as `allowed` `C + R·⌈(t_last − t_first) / P⌉`, chosen the same
+    /// way.
+    fn check_bound(&self, sorted: &[Admission]) -> Option<Breach> {
+        breach(self, sorted)
+    }
 }
 
 impl SlotAlgorithm for TokenBucket {
@@ -368,3 +393,131 @@ impl SlotAlgorithm for TokenBucket {
 }
 
 super::slot_algorithm!(TokenBucket);
+
+/// An earlier admission `i` as a start for the token bucket: `R·k_i` and `S_(i−1)`,
+/// whose difference ranks it (see [`TbStart::beats`]).
+#[derive(Debug, Clone, Copy)]
+struct TbStart {
+    /// `R·⌊t_i / P⌋`: below `2^128` since both factors are below `2^64`.
+    refills: u128,
+    sum_before: u128,
+    index: usize,
+    at_us: u64,
+}
+
+impl TbStart {
+    /// A larger `R·k − S` (a worse stretch for every later end), or the same and later.
+    /// The difference may need 129 bits, so the sides are compared as
+    /// `R·k_a + S_b` against `R·k_b + S_a`, each summed with its carry.
+    fn beats(&self, other: &TbStart) -> bool {
+        let wide = |x: u128, y: u128| {
+            let (sum, carry) = x.overflowing_add(y);
+            (carry, sum)
+        };
+        let mine = wide(self.refills, other.sum_before);
+        let theirs = wide(other.refills, self.sum_before);
+        mine > theirs || (mine == theirs && self.index > other.index)
+    }
+}
+
+/// A Fenwick tree answering "the best start among positions below `len`".
+struct PrefixBest {
+    nodes: Vec<Option<TbStart>>,
+}
+
+impl PrefixBest {
+    fn new(len: usize) -> Self {
+        PrefixBest {
+            nodes: vec![None; len],
+        }
+    }
+
+    fn insert(&mut self, position: usize, start: TbStart) {
+        let mut i = position + 1;
+        while let Some(node) = self.nodes.get_mut(i - 1) {
+            if node.is_none_or(|n| start.beats(&n)) {
+                *node = Some(start);
+            }
+            i += i & i.wrapping_neg();
+        }
+    }
+
+    fn best_below(&self, len: usize) -> Option<TbStart> {
+        let mut best: Option<TbStart> = None;
+        let mut i = len;
+        while i > 0 {
+            if let Some(Some(node)) = self.nodes.get(i - 1) {
+                if best.is_none_or(|b| node.beats(&b)) {
+                    best = Some(*node);
+                }
+            }
+            i &= i - 1;
+        }
+        best
+    }
+}
+
+/// `S_j − S_(i−1) ≤ C + R·⌈(t_j − t_i)/P⌉`, the bound of every refill phase.
+fn breach(b: &TokenBucket, sorted: &[Admission]) -> Option<Breach> {
+    let (capacity, refill, period) = (b.capacity(), b.refill(), b.period_us());
+    let mut remainders: Vec<u64> = sorted.iter().map(|a| a.at_us % period).collect();
+    remainders.sort_unstable();
+    remainders.dedup();
+    let ranks = remainders.len();
+    // `below` by rank: the starts with a smaller remainder. `at_or_above` by rank
+    // reversed: the starts with the same or a larger one.
+    let mut below = PrefixBest::new(ranks);
+    let mut at_or_above = PrefixBest::new(ranks);
+    let mut sum: u128 = 0;
+    for (j, a) in sorted.iter().enumerate() {
+        let k = a.at_us / period;
+        let rank = remainders.partition_point(|&r| r < a.at_us % period);
+        let start = TbStart {
+            refills: u128::from(refill) * u128::from(k),
+            sum_before: sum,
+            index: j,
+            at_us: a.at_us,
+        };
+        below.insert(rank, start);
+        at_or_above.insert(ranks - 1 - rank, start);
+        sum = sum.saturating_add(u128::from(a.cost));
+
+        // Refill instants any phase can put in (t_i, t_j]: k_j − k_i, plus one when
+        // r_i < r_j. The worst start of each kind, then the worse of the two.
+        let candidates = [
+            (below.best_below(rank), 1),
+            (at_or_above.best_below(ranks - rank), 0),
+        ];
+        let mut worst: Option<(u128, TbStart, u128)> = None;
+        for (start, extra) in candidates {
+            let Some(start) = start else { continue };
+            let instants = u128::from(k - start.at_us / period) + extra;
+            let admitted = sum - start.sum_before;
+            let allowed = u128::from(refill)
+                .checked_mul(instants)
+                .and_then(|x| x.checked_add(u128::from(capacity)));
+            let Some(allowed) = allowed.filter(|&x| admitted > x) else {
+                continue;
+            };
+            let excess = admitted - allowed;
+            if worst.is_none_or(|(e, s, _)| excess > e || (excess == e && start.index > s.index)) {
+                worst = Some((excess, start, instants));
+            }
+        }
+        if let Some((excess, start, instants)) = worst {
+            let admitted = sum - start.sum_before;
+            return Some(Breach {
+                first: start.index,
+                last: j,
+                admitted,
+                allowed: admitted - excess,
+                why: format!(
+                    "capacity {capacity} + {refill} × {instants} refill instant(s), the most \
+                     that any phase of refills every {period}us puts in ({}us, {}us]",
+                    start.at_us, a.at_us,
+                ),
+            });
+        }
+    }
+    None
+}

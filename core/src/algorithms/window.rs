@@ -3,8 +3,8 @@
 
 use super::time::until_ns;
 use super::{
-    Algorithm, AlgorithmSpec, Limit, ParamError, Parameter, Policy, Unit, MAX_SCRIPT_EXACT,
-    NS_PER_US,
+    Admission, Algorithm, AlgorithmSpec, Breach, Limit, LimitParameter, ParamError, Parameter,
+    Policy, Unit, MAX_SCRIPT_EXACT, NS_PER_US,
 };
 
 /// A window algorithm: what differs between the three; [`Algorithm`] follows for each.
@@ -18,6 +18,14 @@ pub(crate) trait Windowed {
 
     /// See [`Algorithm::lease_ttl_ns`].
     fn lease_ttl_ns(&self, now_us: u64) -> Option<u64>;
+
+    /// See [`Algorithm::check_bound`].
+    fn check_bound(&self, sorted: &[Admission]) -> Option<Breach>;
+
+    /// See [`Algorithm::default_lease_ttl_us`].
+    fn default_lease_ttl_us(&self, default_us: u64) -> u64 {
+        default_us
+    }
 }
 
 impl<T: Windowed> Algorithm for T {
@@ -49,6 +57,14 @@ impl<T: Windowed> Algorithm for T {
     fn check_script_exact(&self) -> Result<(), ParamError> {
         self.window().check_script_exact()
     }
+
+    fn default_lease_ttl_us(&self, default_us: u64) -> u64 {
+        Windowed::default_lease_ttl_us(self, default_us)
+    }
+
+    fn check_bound(&self, sorted: &[Admission]) -> Option<Breach> {
+        Windowed::check_bound(self, sorted)
+    }
 }
 
 /// `limit` and `window`, in this order.
@@ -56,6 +72,12 @@ pub(crate) const PARAMETERS: &[Parameter] = &[
     Parameter::required("limit", Unit::Count),
     Parameter::required("window", Unit::Duration),
 ];
+
+/// A window's limit is its `limit`.
+pub(crate) const LIMIT_PARAMETER: LimitParameter = LimitParameter {
+    name: "limit",
+    plus: 0,
+};
 
 /// `limit` units per `window_us`, validated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -141,5 +163,31 @@ impl Window {
             ));
         }
         Ok(())
+    }
+}
+
+/// The admissions of one window (fixed, or of the sliding-window counter): its number,
+/// its first admission and their sum so far.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct WindowSum {
+    pub k: u64,
+    pub first: usize,
+    pub sum: u128,
+}
+
+impl WindowSum {
+    /// `current` with admission `j` (in window `k`) added, or a new window.
+    pub(crate) fn add(current: Option<WindowSum>, k: u64, j: usize, cost: u64) -> WindowSum {
+        match current {
+            Some(c) if c.k == k => WindowSum {
+                sum: c.sum.saturating_add(u128::from(cost)),
+                ..c
+            },
+            _ => WindowSum {
+                k,
+                first: j,
+                sum: u128::from(cost),
+            },
+        }
     }
 }

@@ -3,7 +3,7 @@
 //! the bridge's answer is recorded in the rule's lease table, and when the bridge fails the
 //! rule's failure mode decides — with `failure_mode: local`, in a local share's slots.
 
-use crate::algorithms::{Decision, GlobalLimit, Limit};
+use crate::algorithms::Decision;
 use crate::bounds::MAX_WANT;
 use crate::key::encode_part;
 use crate::lease::{Held, LeaseSlot, SlotReply, SlotReplyOutcome, Spend};
@@ -317,9 +317,9 @@ fn ask_for(global: &GlobalRule, slot: &LeaseSlot, cost: u64, demand_per_s: u64) 
     (want, reserve)
 }
 
-/// Whether the rule's Redis limit has a schedule whose slots can be reserved (GCRA).
+/// Whether the rule's Redis limit has a schedule whose slots can be reserved.
 fn has_schedule(global: &GlobalRule) -> bool {
-    matches!(global.redis_limit, GlobalLimit::Slot(Limit::Gcra(_)))
+    global.redis_limit.kind().spec().has_schedule
 }
 
 /// A global rule queued for the bridge, with its descriptor (built only now: facts are
@@ -364,10 +364,8 @@ fn slot_reply(
     global: &GlobalRule,
     commits: bool,
 ) -> SlotReply {
-    let floor_us = match (&global.redis_limit, global.lease) {
-        (GlobalLimit::Slot(Limit::TokenBucket(_) | Limit::SlidingWindow(_)), Some(lease)) => {
-            lease.horizon_us
-        }
+    let floor_us = match global.lease {
+        Some(lease) if global.redis_limit.kind().spec().frees_gradually => lease.horizon_us,
         _ => 0,
     };
     let extra = if result.allowed {

@@ -5,7 +5,7 @@
 
 use super::{user, FakeRequest, Rng, T0};
 use std::collections::BTreeMap;
-use weir_core::algorithms::GlobalLimit;
+use weir_core::algorithms::{AlgorithmKind, AlgorithmSpec, GlobalLimit};
 use weir_core::config;
 use weir_core::conformance::{self, Admission, Violation};
 use weir_core::engine::Engine;
@@ -49,6 +49,11 @@ pub struct DrawnLimit {
     pub max_cost: u64,
     /// The time scale of the limit (period or window), µs.
     pub scale_us: u64,
+}
+
+/// What the algorithm called `name` can do.
+pub fn spec_of(name: &str) -> &'static AlgorithmSpec {
+    AlgorithmKind::from_name(name).unwrap().spec()
 }
 
 pub fn draw_limit(rng: &mut Rng, algorithms: &[&'static str]) -> DrawnLimit {

@@ -2,8 +2,7 @@
 //! it tracks; the other fields are compiled by their own modules.
 
 use super::{cost, error, key, limit, matcher, Interner, Result, DEFAULT_MAX_KEYS, MAX_MAX_KEYS};
-use crate::algorithms::gcra::Gcra;
-use crate::algorithms::{GlobalLimit, Limit};
+use crate::algorithms::{AlgorithmKind, AlgorithmSpec, GlobalLimit, LeaseCost};
 use crate::bounds::{check_name, MAX_LEASE_HORIZON_US, MAX_LEASE_TTL_US, MAX_WANT};
 use crate::config::raw::{
     RawFailureMode, RawGlobal, RawLease, RawOnLimit, RawReservoir, RawRule, RawScope,
@@ -93,14 +92,11 @@ pub(super) fn compile(
         Some(commit) => {
             let at = format!("{at}.commit");
             let (kind, settles) = match &scope {
-                Scope::Local(limit) => (
-                    limit.kind().name(),
-                    limit.algorithm().settles_after_response(),
-                ),
+                Scope::Local(limit) => (limit.kind().name(), limit.kind().spec().settles()),
                 Scope::Concurrency(_) => (limit::CONCURRENCY, false),
                 Scope::Global(global) => (
                     global.limit.kind().name(),
-                    matches!(&global.redis_limit, GlobalLimit::Slot(l) if l.algorithm().settles_after_response()),
+                    global.redis_limit.kind().spec().settles(),
                 ),
             };
             if !settles {
@@ -108,7 +104,8 @@ pub(super) fn compile(
                     at,
                     format!(
                         "a cost known after the response needs a limit that can take back \
-                         or add units: algorithm \"fixed_window\" or \"token_bucket\", not {}",
+                         or add units: algorithm {}, not {}",
+                        one_of(AlgorithmKind::names_where(AlgorithmSpec::settles)),
                         quoted(kind)
                     ),
                 ));
@@ -279,12 +276,12 @@ fn delay(raw: RawOnLimit, scope: &Scope, shadow: bool, at: &str) -> Result<Optio
             ))
         }
     };
-    if !matches!(limit, Limit::Gcra(_) | Limit::TokenBucket(_)) {
+    if !limit.kind().spec().can_hold {
         return Err(error(
             at,
             format!(
-                "delay needs a schedule to hold requests on: algorithm \"gcra\" or \"token_bucket\", \
-                 not {}",
+                "delay needs a schedule to hold requests on: algorithm {}, not {}",
+                one_of(AlgorithmKind::names_where(|spec| spec.can_hold)),
                 quoted(limit.kind().name())
             ),
         ));
@@ -439,9 +436,9 @@ fn global_rule(limit: GlobalLimit, raw: Option<RawGlobal>, at: &str) -> Result<G
     })
 }
 
-/// A rule's lease settings, and the limit Redis enforces with them: a GCRA key pays for
-/// the hold with burst (`⌈hold / T⌉` units), every other algorithm bounds the hold by its
-/// own windows or refills.
+/// A rule's lease settings, and the limit Redis enforces with them: what the algorithm
+/// says the lease costs ([`crate::algorithms::Algorithm::lease_cost`]; a GCRA key pays
+/// for the hold with burst, the others bound it by their own windows or refills).
 fn lease(limit: &GlobalLimit, raw: RawLease, at: &str) -> Result<(Option<Lease>, GlobalLimit)> {
     // Units a call may take or reserve; a lease now never gets more than the limit
     // admits at once, a reservation may span more of the schedule.
@@ -467,73 +464,53 @@ fn lease(limit: &GlobalLimit, raw: RawLease, at: &str) -> Result<(Option<Lease>,
             ),
         ));
     }
-    let gcra = match limit {
-        GlobalLimit::Slot(Limit::Gcra(g)) => Some(g),
-        _ => None,
-    };
     if max == 1 {
         // Exact: every request asks Redis; nothing waits, nothing to pay for.
         return Ok((None, limit.clone()));
     }
-    let Some(gcra) = gcra else {
-        let hold_us = raw
-            .ttl
-            .as_ref()
-            .map_or_else(|| default_hold_us(limit), |ttl| ttl.us);
-        let lease = Lease {
-            max,
-            hold_us,
-            horizon_us: raw.horizon.map_or(DEFAULT_HORIZON_US, |h| h.us),
-        };
-        return Ok((Some(lease), limit.clone()));
+    let algorithm = limit.algorithm();
+    let hold_us = raw.ttl.as_ref().map_or_else(
+        || algorithm.default_lease_ttl_us(DEFAULT_LEASE_TTL_US),
+        |ttl| ttl.us,
+    );
+    let redis_limit = match algorithm.lease_cost(hold_us) {
+        LeaseCost::Free => limit.clone(),
+        LeaseCost::Burst { limit, .. } => limit,
+        LeaseCost::Unaffordable {
+            units,
+            burst,
+            per_unit_us,
+            affordable_us,
+        } => {
+            return Err(error(
+                at,
+                format!(
+                    "a {} lease holds each unit for up to `ttl` and pays for it with burst, one \
+                     unit per {per_unit_us}us; with a burst of {burst}{}: use exact calls \
+                     (`max`: 1), raise the burst, or set `ttl` to at most {affordable_us}us",
+                    algorithm.spec().name,
+                    match &raw.ttl {
+                        Some(ttl) => format!(" a `ttl` of {} costs {units}", quoted(&ttl.text)),
+                        None => " the default `ttl` (a quarter of the burst) is 0".to_string(),
+                    },
+                ),
+            ))
+        }
     };
-    let interval_us = gcra.emission_interval_ns().div_ceil(1_000).max(1);
-    let hold_us = match &raw.ttl {
-        Some(ttl) => ttl.us,
-        // A quarter of the burst pays for the hold by default.
-        None => (gcra.burst() / 4)
-            .saturating_mul(gcra.emission_interval_ns() / 1_000)
-            .min(DEFAULT_LEASE_TTL_US),
-    };
-    let paid = u64::try_from(
-        (u128::from(hold_us) * 1_000).div_ceil(u128::from(gcra.emission_interval_ns())),
-    )
-    .unwrap_or(u64::MAX);
-    if hold_us == 0 || paid > gcra.burst() {
-        let affordable_us = gcra
-            .burst()
-            .saturating_mul(gcra.emission_interval_ns() / 1_000);
-        return Err(error(
-            at,
-            format!(
-                "a gcra lease holds each unit for up to `ttl` and pays for it with burst, one \
-                 unit per {interval_us}us; with a burst of {}{}: use exact calls (`max`: 1), \
-                 raise the burst, or set `ttl` to at most {affordable_us}us",
-                gcra.burst(),
-                match &raw.ttl {
-                    Some(ttl) => format!(" a `ttl` of {} costs {paid}", quoted(&ttl.text)),
-                    None => " the default `ttl` (a quarter of the burst) is 0".to_string(),
-                },
-            ),
-        ));
-    }
-    let reduced = Gcra::new(gcra.burst() - paid, gcra.rate(), gcra.period_us())
-        .map_err(|e| error(at, e.to_string()))?;
-    let redis_limit = GlobalLimit::Slot(Limit::Gcra(reduced));
-    let horizon_us = raw.horizon.map_or(DEFAULT_HORIZON_US, |h| h.us);
     let lease = Lease {
         max,
         hold_us,
-        horizon_us,
+        horizon_us: raw.horizon.map_or(DEFAULT_HORIZON_US, |h| h.us),
     };
     Ok((Some(lease), redis_limit))
 }
 
-/// How long a unit may wait when `ttl` is not set: a second, or a tenth of the window for
-/// a sliding log (whose leased units stay in the log that much longer).
-fn default_hold_us(limit: &GlobalLimit) -> u64 {
-    match limit {
-        GlobalLimit::SlidingLog(log) => (log.window_us() / 10).clamp(1, DEFAULT_LEASE_TTL_US),
-        GlobalLimit::Slot(_) => DEFAULT_LEASE_TTL_US,
+/// `"a" or "b"`, `"a", "b" or "c"`: the names a message offers.
+fn one_of(names: Vec<&str>) -> String {
+    let quoted: Vec<String> = names.into_iter().map(quoted).collect();
+    match quoted.split_last() {
+        Some((last, [])) => last.clone(),
+        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+        None => "none".to_string(),
     }
 }
