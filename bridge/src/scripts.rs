@@ -9,7 +9,7 @@
 //! | 2 | `cost` |
 //! | 3 | `want` (≥ cost): units to take now |
 //! | 4 | `reserve`: units of the future schedule to reserve when cost does not fit (GCRA) |
-//! | 5 | `hold_us`: how long a unit may be spent after it is due |
+//! | 5 | `ttl_us`: the lease's ttl, how long a unit may be spent after it is due (`hold_us` on the wire) |
 //! | 6 | `horizon_us`: how far ahead reserved units may be due |
 //! | 7.. | the algorithm's script arguments (`Algorithm::script_args` in the core) |
 //!
@@ -137,7 +137,7 @@ impl Invocation {
             ask.cost,
             ask.want,
             ask.reserve,
-            ask.hold_us,
+            ask.ttl_us,
             ask.horizon_us,
         ];
         args.extend(limit.algorithm().script_args());
@@ -323,7 +323,7 @@ mod tests {
             cost: 1,
             want: 4,
             reserve: 9,
-            hold_us: 250,
+            ttl_us: 250,
             horizon_us: 1_000,
         };
         let inv = Invocation::for_limit(&gcra, "weir", "r", &["=alice".into()], 0, ask);

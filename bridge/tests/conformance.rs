@@ -241,7 +241,7 @@ async fn log_step(
     log_step_ask(redis, log, descriptor, events, now, ask).await
 }
 
-/// The same for any ask: units are logged at `now + hold_us`.
+/// The same for any ask: units are logged at `now + ttl_us`.
 async fn log_step_ask(
     redis: &Redis,
     log: &SlidingLog,
@@ -260,7 +260,7 @@ async fn log_step_ask(
     assert_eq!(reply.now_us, now);
     let (decision, granted) = (grant.decision, grant.granted);
     // Keep the core's log sorted (the clock may go back) and trimmed like Redis's.
-    let logged_at = now + ask.hold_us;
+    let logged_at = now + ask.ttl_us;
     let at = events.partition_point(|&t| t <= logged_at);
     events.splice(at..at, std::iter::repeat_n(logged_at, granted as usize));
     if now >= log.window_us() {
@@ -371,8 +371,8 @@ async fn random_walk(redis: &Redis, kind: AlgorithmKind, seed: u64, steps: usize
             } else {
                 cost + rng.range(0, 20)
             };
-            // Holds and horizons around the limit's own scale, sometimes none.
-            let hold_us = if rng.chance(30) {
+            // Ttls and horizons around the limit's own scale, sometimes none.
+            let ttl_us = if rng.chance(30) {
                 0
             } else {
                 (scale * rng.range(0, 128) / 64).min(3_600_000_000)
@@ -389,7 +389,7 @@ async fn random_walk(redis: &Redis, kind: AlgorithmKind, seed: u64, steps: usize
                 cost,
                 want,
                 reserve,
-                hold_us,
+                ttl_us,
                 horizon_us,
             };
             let ctx = format!("{kind} seed {seed} step {done} limit {limit:?}");

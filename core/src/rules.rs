@@ -223,7 +223,7 @@ pub struct Lease {
     pub max: u64,
     /// Longest a unit may wait to be spent after it is due (µs): a unit is dropped, not
     /// carried, past it.
-    pub hold_us: u64,
+    pub ttl_us: u64,
     /// At saturation, the span (µs) one call covers: a GCRA key reserves the slots of
     /// its schedule due within it; every key, once denied, is not asked about again
     /// sooner (its cached denial lasts at least this long).

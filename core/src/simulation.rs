@@ -78,7 +78,7 @@ impl ModelBridge {
                     events.retain(|&t| t.saturating_add(window_us) > now_us);
                     let ask = item.ask();
                     let grant = log.grant(events, now_us, ask);
-                    let at = now_us.saturating_add(ask.hold_us);
+                    let at = now_us.saturating_add(ask.ttl_us);
                     let from = events.partition_point(|&t| t <= at);
                     let logged = usize::try_from(grant.granted).unwrap_or(usize::MAX);
                     events.splice(from..from, std::iter::repeat_n(at, logged));

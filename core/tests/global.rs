@@ -79,7 +79,7 @@ fn exact_global_rules_ask_the_bridge_every_time() {
         let items = sent_items(&e, &eval);
         let item = &items[0];
         assert_eq!((item.id, item.cost, item.want, item.reserve), (0, 1, 1, 0));
-        assert_eq!((item.hold_us, item.horizon_us, item.shadow), (0, 0, false));
+        assert_eq!((item.ttl_us, item.horizon_us, item.shadow), (0, 0, false));
         assert_eq!(item.descriptor, ["=acme"]);
         e.complete(&mut eval, &store, T0, T0, reply(vec![result(true, 1, 50)]));
         assert!(!eval.denied());
@@ -211,7 +211,7 @@ fn a_saturated_gcra_key_is_served_by_reservation() {
     e.prepare(&store).unwrap();
     let mut eval = eval_at(&e, &store, T0);
     let item = &sent_items(&e, &eval)[0];
-    assert_eq!((item.hold_us, item.horizon_us), (20_000, 100_000));
+    assert_eq!((item.ttl_us, item.horizon_us), (20_000, 100_000));
     // Redis: saturated; 3 units reserved, due 1, 2 and 3 ms after it decided.
     let mut reserved = result(false, 3, 0);
     reserved.retry_after_ns = Some(1_000_000);
@@ -456,7 +456,7 @@ fn the_longest_lease_a_config_accepts_is_one_the_bridge_accepts() {
     let eval = eval_at(&e, &store, T0);
     let sent = sent_items(&e, &eval);
     assert_eq!(
-        (sent[0].hold_us, sent[0].horizon_us),
+        (sent[0].ttl_us, sent[0].horizon_us),
         (3_600_000_000, 10_000_000)
     );
     for (ttl, horizon, field) in [

@@ -72,8 +72,8 @@ impl Limit {
     /// What the key grants `ask` at `now_us`: the request's decision and the units
     /// granted ahead of it — as many as fit now, up to `want`, when the request fits;
     /// else a reservation of the future schedule when the algorithm has one and `ask`
-    /// wants it. Units granted now may be spent until `hold_us` or the algorithm's own
-    /// cap ([`SlotAlgorithm::lease_cap_ns`]), reserved ones `hold_us` after each is due.
+    /// wants it. Units granted now may be spent until `ttl_us` or the algorithm's own
+    /// cap ([`SlotAlgorithm::lease_cap_ns`]), reserved ones `ttl_us` after each is due.
     ///
     /// This is the reference weir-bridge's Lua scripts are checked against, field for
     /// field, for the slot algorithms.
@@ -83,7 +83,7 @@ impl Limit {
         now_us: u64,
         ask: Ask,
     ) -> (Grant, Option<SlotState>) {
-        let hold_ns = ask.hold_us.saturating_mul(NS_PER_US);
+        let ttl_ns = ask.ttl_us.saturating_mul(NS_PER_US);
         let (decision, granted, next) = self.acquire(state, now_us, ask.cost, ask.want);
         if decision.allowed {
             // Units granted (a peek grants none, and none has a validity).
@@ -91,7 +91,7 @@ impl Limit {
                 Some(after) if granted > 0 => self
                     .algorithm()
                     .lease_cap_ns(after, now_us)
-                    .map_or(hold_ns, |cap| cap.min(hold_ns)),
+                    .map_or(ttl_ns, |cap| cap.min(ttl_ns)),
                 _ => 0,
             };
             let grant = Grant {
@@ -116,7 +116,7 @@ impl Limit {
                     granted: r.units,
                     due_ns: r.due_ns,
                     spacing_ns: r.spacing_ns,
-                    valid_ns: hold_ns,
+                    valid_ns: ttl_ns,
                 };
                 (grant, Some(next))
             }

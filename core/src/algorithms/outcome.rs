@@ -82,8 +82,8 @@ pub struct Ask {
     pub want: u64,
     /// Units to reserve from the future schedule when `cost` does not fit now (0: none).
     pub reserve: u64,
-    /// How long after its due time a unit may be spent (µs): the rule's hold.
-    pub hold_us: u64,
+    /// How long after its due time a unit may be spent (µs): the lease's ttl.
+    pub ttl_us: u64,
     /// How far ahead reserved units may be due (µs).
     pub horizon_us: u64,
 }
@@ -95,7 +95,7 @@ impl Ask {
             cost,
             want: cost,
             reserve: 0,
-            hold_us: 0,
+            ttl_us: 0,
             horizon_us: 0,
         }
     }

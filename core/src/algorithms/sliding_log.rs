@@ -91,7 +91,7 @@ impl SlidingLog {
 
     /// What the log grants `ask` at `now_us` (the reference of the Lua script): up to
     /// `want` units when `cost` fits. Each granted unit is logged at `now_us +
-    /// ask.hold_us`, the latest instant it may be spent, so the log counts it in every
+    /// ask.ttl_us`, the latest instant it may be spent, so the log counts it in every
     /// window that can contain its real spend; it may be spent until then.
     pub fn grant(&self, events: &[u64], now_us: u64, ask: Ask) -> Grant {
         let Window { limit, window_us } = self.window;
@@ -133,7 +133,7 @@ impl SlidingLog {
             remaining: free - granted,
             retry_after_ns: None,
             reset_after_ns: if granted > 0 {
-                ns(ask.hold_us.saturating_add(window_us))
+                ns(ask.ttl_us.saturating_add(window_us))
             } else {
                 idle_ns()
             },
@@ -143,7 +143,7 @@ impl SlidingLog {
             granted,
             due_ns: 0,
             spacing_ns: 0,
-            valid_ns: if granted > 0 { ns(ask.hold_us) } else { 0 },
+            valid_ns: if granted > 0 { ns(ask.ttl_us) } else { 0 },
         }
     }
 }

@@ -238,7 +238,7 @@ impl GlobalRuntime {
             cost: item.cost,
             want: item.want,
             reserve: item.reserve,
-            hold_us: global.lease.map_or(0, |l| l.hold_us),
+            ttl_us: global.lease.map_or(0, |l| l.ttl_us),
             horizon_us: global.lease.map_or(0, |l| l.horizon_us),
             shadow: rule.shadow,
         }
@@ -303,7 +303,7 @@ fn ask_for(global: &GlobalRule, slot: &LeaseSlot, cost: u64, demand_per_s: u64) 
         let units = u128::from(demand_per_s) * u128::from(span_us);
         u64::try_from(units.div_ceil(1_000_000)).unwrap_or(u64::MAX)
     };
-    let mut want = over(lease.hold_us);
+    let mut want = over(lease.ttl_us);
     if slot.remote_at_us > 0 {
         let share = (slot.remote_remaining / global.expected_instances.max(1)).max(1);
         want = want.min(share);

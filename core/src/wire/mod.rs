@@ -5,7 +5,7 @@
 //!
 //! - [`v2`] (`POST /v2/acquire`), what this filter sends: each item carries an id the
 //!   reply echoes, whether it is a shadow rule (the bridge goes on past a shadow item's
-//!   denial), how long granted units may wait (`hold_us`) and how far ahead a saturated
+//!   denial), how long granted units may wait (`hold_us`, the lease's ttl) and how far ahead a saturated
 //!   key may be reserved; each result says when its units are due and how long each
 //!   stays valid.
 //! - [`v1`] (`POST /v1/acquire`), what filters before it send: results in order,

@@ -20,7 +20,7 @@
 //!
 //! What an item asks is a [`crate::algorithms::Ask`]: `cost` units now, up to `want`
 //! when they are free (a lease), else up to `reserve` units of the key's future schedule
-//! due within `horizon_us` (GCRA); every unit may be spent up to `hold_us` after it is
+//! due within `horizon_us` (GCRA); every unit may be spent up to the lease's ttl (`hold_us`) after it is
 //! due. What it gets is a [`crate::algorithms::Grant`]: `granted` units consumed in Redis
 //! (the request's own included when `allowed`), unit `i` due at `due_ns + i × spacing_ns`
 //! after `now_us` (Redis's clock when it decided), each spendable for `valid_ns` after
@@ -57,8 +57,9 @@ pub struct Item {
     pub want: u64,
     #[serde(default)]
     pub reserve: u64,
-    #[serde(default)]
-    pub hold_us: u64,
+    /// The lease's ttl, µs (`hold_us` on the wire since v2).
+    #[serde(default, rename = "hold_us")]
+    pub ttl_us: u64,
     #[serde(default)]
     pub horizon_us: u64,
     /// A shadow rule's item: its denial does not stop the evaluation.
@@ -72,7 +73,7 @@ impl Item {
             cost: self.cost,
             want: self.want,
             reserve: self.reserve,
-            hold_us: self.hold_us,
+            ttl_us: self.ttl_us,
             horizon_us: self.horizon_us,
         }
     }
@@ -174,7 +175,7 @@ impl Request {
                 }
             };
             bounded("reserve", item.reserve, MAX_WANT)?;
-            bounded("hold_us", item.hold_us, MAX_LEASE_TTL_US)?;
+            bounded("hold_us", item.ttl_us, MAX_LEASE_TTL_US)?;
             bounded("horizon_us", item.horizon_us, MAX_LEASE_HORIZON_US)?;
             items.push(CheckedItem { item, limit });
         }
@@ -290,7 +291,7 @@ mod tests {
             Request::parse(body.as_bytes())
         };
         let ok = parse(&[item(0, ""), item(7, r#","hold_us":5000,"shadow":true"#)]).unwrap();
-        assert_eq!(ok.items[1].item.ask().hold_us, 5_000);
+        assert_eq!(ok.items[1].item.ask().ttl_us, 5_000);
         assert!(ok.items[1].item.shadow && !ok.items[0].item.shadow);
         assert_eq!(ok.items[1].item.id, 7);
         assert_eq!(ok.items[1].limit, ok.items[1].item.limit.compile().unwrap());

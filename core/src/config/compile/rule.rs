@@ -469,11 +469,11 @@ fn lease(limit: &GlobalLimit, raw: RawLease, at: &str) -> Result<(Option<Lease>,
         return Ok((None, limit.clone()));
     }
     let algorithm = limit.algorithm();
-    let hold_us = raw.ttl.as_ref().map_or_else(
+    let ttl_us = raw.ttl.as_ref().map_or_else(
         || algorithm.default_lease_ttl_us(DEFAULT_LEASE_TTL_US),
         |ttl| ttl.us,
     );
-    let redis_limit = match algorithm.lease_cost(hold_us) {
+    let redis_limit = match algorithm.lease_cost(ttl_us) {
         LeaseCost::Free => limit.clone(),
         LeaseCost::Burst { limit, .. } => limit,
         LeaseCost::Unaffordable {
@@ -499,7 +499,7 @@ fn lease(limit: &GlobalLimit, raw: RawLease, at: &str) -> Result<(Option<Lease>,
     };
     let lease = Lease {
         max,
-        hold_us,
+        ttl_us,
         horizon_us: raw.horizon.map_or(DEFAULT_HORIZON_US, |h| h.us),
     };
     Ok((Some(lease), redis_limit))
