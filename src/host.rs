@@ -15,6 +15,7 @@ use weir_core::filter::host::{
     store_error, Host, HostError, HostResult, LogLevel, MetricType, NOT_FOUND,
 };
 use weir_core::store::{SharedStore, StoreError};
+use weir_core::time::{Micros, Nanos};
 
 const MAP_REQUEST_HEADERS: u32 = 0;
 const MAP_RESPONSE_HEADERS: u32 = 2;
@@ -192,12 +193,12 @@ fn calls_made() -> u64 {
     HOST_CALLS.with(Cell::get)
 }
 
-/// Microseconds since the Unix epoch.
-fn now_us() -> HostResult<u64> {
+/// The host's clock, read in ns and kept in µs.
+fn now() -> HostResult<Micros> {
     count_call();
     let mut ns = 0u64;
     ok(unsafe { proxy_get_current_time_nanoseconds(&mut ns) })?;
-    Ok(ns / 1_000)
+    Ok(Nanos(ns).as_micros_floor())
 }
 
 fn set_tick_period_ms(period: u32) -> HostResult<()> {
@@ -467,8 +468,8 @@ impl SharedStore for WasmHost {
 }
 
 impl Host for WasmHost {
-    fn now_us(&self) -> HostResult<u64> {
-        now_us()
+    fn now(&self) -> HostResult<Micros> {
+        now()
     }
 
     fn log(&self, level: LogLevel, message: &str) {

@@ -18,6 +18,7 @@
 use crate::engine::{Evaluation, PendingItem};
 use crate::key::KeyHash;
 use crate::rules::RuleId;
+use crate::time::Micros;
 use std::collections::HashMap;
 
 /// Requests that may wait on one call.
@@ -35,7 +36,7 @@ pub struct Call {
     /// The request that made it (it may be gone by the time the answer comes).
     pub owner: u32,
     /// When the call left, µs.
-    pub sent_at_us: u64,
+    pub sent_at: Micros,
     /// The owner's evaluation, completed with the answer.
     pub eval: Evaluation,
     /// The keys it asks about that other requests may wait on.
@@ -153,7 +154,7 @@ mod tests {
     fn call(owner: u32, items: &[PendingItem]) -> Call {
         Call {
             owner,
-            sent_at_us: 0,
+            sent_at: Micros::ZERO,
             eval: Evaluation::default(),
             keys: items.iter().map(|i| (i.rule, i.hash)).collect(),
             waiters: Vec::new(),

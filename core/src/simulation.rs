@@ -21,6 +21,7 @@ use crate::engine::{Engine, Evaluation, RuleOutcome};
 use crate::key::Seed;
 use crate::rules::{FactSource, Facts, RuleId, Scope};
 use crate::store::memory::MemoryStore;
+use crate::time::Micros;
 use crate::wire::{v2, CheckedItem, ReplyError};
 use crate::worker::Worker;
 
@@ -125,8 +126,13 @@ impl SimEnvoy {
             .worker
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        self.engine
-            .evaluate(&self.store, &mut worker, &self.seed, &mut facts, now_us)
+        self.engine.evaluate(
+            &self.store,
+            &mut worker,
+            &self.seed,
+            &mut facts,
+            Micros(now_us),
+        )
     }
 
     /// The body of the bridge call for an evaluation's pending rules.
@@ -146,7 +152,7 @@ impl SimEnvoy {
         let sent = self.engine.sent(&eval.pending);
         let reply = answer.and_then(|(status, body)| v2::decode_reply(status, body, &sent));
         self.engine
-            .complete(eval, &self.store, sent_at_us, now_us, reply);
+            .complete(eval, &self.store, Micros(sent_at_us), Micros(now_us), reply);
     }
 
     /// Finishes an evaluation with a reply already decoded.
@@ -157,8 +163,13 @@ impl SimEnvoy {
         now_us: u64,
         reply: v2::Reply,
     ) {
-        self.engine
-            .complete(eval, &self.store, sent_at_us, now_us, Ok(reply));
+        self.engine.complete(
+            eval,
+            &self.store,
+            Micros(sent_at_us),
+            Micros(now_us),
+            Ok(reply),
+        );
     }
 }
 

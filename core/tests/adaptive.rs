@@ -19,6 +19,7 @@ use weir_core::adaptive::{Response, SharedRecord};
 use weir_core::engine::{Engine, PendingCommit};
 use weir_core::store::memory::MemoryStore;
 use weir_core::store::SharedStore;
+use weir_core::time::Micros;
 use weir_core::worker::Worker;
 
 const MS: u64 = 1_000;
@@ -50,7 +51,7 @@ fn tick_if_due(
     *next_tick = now + 100 * MS;
     workers
         .iter_mut()
-        .filter_map(|worker| e.adapt(store, worker, now).first().map(|a| a.limit))
+        .filter_map(|worker| e.adapt(store, worker, Micros(now)).first().map(|a| a.limit))
         .collect()
 }
 
@@ -116,13 +117,13 @@ fn per_key_service(
                 break;
             }
             let (w, k, pending, started) = open.remove(&(ends, id)).unwrap();
-            e.observe_latency(&mut workers[w], &pending, ends - started);
+            e.observe_latency(&mut workers[w], &pending, Micros(ends - started));
             end(&e, &store, &mut workers[w], &pending, ends);
             in_flight[k] -= 1;
         }
         if now >= next_tick {
             for worker in &mut workers {
-                e.adapt(&store, worker, now);
+                e.adapt(&store, worker, Micros(now));
             }
             next_tick = now + 100 * MS;
         }
@@ -188,7 +189,7 @@ fn keys_beyond_adaptive_keys_wait_for_a_record_and_take_an_idle_one() {
     let quota = |worker: &mut Worker, key: &str, now: u64| {
         let eval = evaluate_on(&e, &store, worker, &user(key), now);
         for pending in &eval.commits {
-            e.observe_latency(worker, pending, 20 * MS);
+            e.observe_latency(worker, pending, Micros(20 * MS));
             end(&e, &store, worker, pending, now);
         }
         let without = eval.reports[0].key_without_controller;
@@ -204,7 +205,7 @@ fn keys_beyond_adaptive_keys_wait_for_a_record_and_take_an_idle_one() {
         quota(&mut worker, "k0", now);
         quota(&mut worker, "k1", now);
         assert_eq!(quota(&mut worker, "k2", now), (100, true));
-        e.adapt(&store, &mut worker, now);
+        e.adapt(&store, &mut worker, Micros(now));
     }
     // Then only k2: the worker keeps 2 keys, so k2 makes room by forgetting k0 and k1
     // (idle, nothing to merge); nobody merges into their records any more, which go
@@ -214,7 +215,7 @@ fn keys_beyond_adaptive_keys_wait_for_a_record_and_take_an_idle_one() {
     for step in 0..80 {
         now += 100 * MS;
         let (q, without) = quota(&mut worker, "k2", now);
-        e.adapt(&store, &mut worker, now);
+        e.adapt(&store, &mut worker, Micros(now));
         if !without {
             got = Some((step, q));
             break;
@@ -262,7 +263,7 @@ fn a_busy_keys_controller_stays_its_own_with_an_interval_of_20ms() {
         end_due(&e, &store, &mut workers, &mut open, now);
         for (w, worker) in workers.iter_mut().enumerate() {
             if now >= next_tick[w] {
-                e.adapt(&store, worker, now);
+                e.adapt(&store, worker, Micros(now));
                 next_tick[w] = now + 100 * MS;
             }
         }
@@ -319,7 +320,7 @@ fn a_reload_lowering_max_in_flight_from_50_to_10_admits_at_most_10() {
         for pending in &evaluate_on(&before, &store, &mut w, &user("k"), T0).commits {
             end(&before, &store, &mut w, pending, T0);
         }
-        before.adapt(&store, &mut w, T0);
+        before.adapt(&store, &mut w, Micros(T0));
         // The controller had grown to 50.
         let key = record_key("tenants", per_key.then_some(0));
         let (value, version) = store.get(&key).unwrap();
@@ -367,7 +368,7 @@ fn an_interval_of_fast_failures_does_not_halve_the_limit() {
                 status,
                 from_upstream: Some(true),
             };
-            e.observe_response(&mut workers[w], &pending, response, ends - started);
+            e.observe_response(&mut workers[w], &pending, response, Micros(ends - started));
             end(&e, &store, &mut workers[w], &pending, ends);
         }
         let limit = tick_if_due(&e, &store, &mut workers, now, &mut next_tick);

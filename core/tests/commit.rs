@@ -30,6 +30,7 @@ use weir_core::engine::{Engine, PendingCommit};
 use weir_core::rules::{Fact, FactSource, Facts, RuleId};
 use weir_core::simulation::configured_limit;
 use weir_core::store::memory::MemoryStore;
+use weir_core::time::Micros;
 use weir_core::usage::RequestBody;
 
 const MS: u64 = 1_000;
@@ -80,7 +81,7 @@ fn run(
             }
             let ((end, _), (commit, cost)) = entry.remove_entry();
             if settle {
-                e.commit(&store, &commit, cost, end).unwrap();
+                e.commit(&store, &commit, cost, Micros(end)).unwrap();
             }
         }
         let estimate = 1 + rng.below(max_estimate);
@@ -95,7 +96,10 @@ fn run(
             panic!("one commit per admitted request: {:?}", eval.commits);
         };
         let commit = commit.clone();
-        assert_eq!((commit.reserved, commit.counted_at_us), (estimate, now));
+        assert_eq!(
+            (commit.reserved, commit.counted_at),
+            (estimate, Micros(now))
+        );
         let cost = actual(estimate, &mut rng);
         out.estimated += estimate;
         out.actual += cost;
@@ -273,7 +277,7 @@ fn a_token_bucket_charges_an_excess_as_debt_that_delays_its_refills() {
     assert!(!first.denied());
     // The whole bucket (2,000) is spent and 1,000 more owed: 10 refills of 100.
     assert!(e
-        .commit(&store, &first.commits[0], 3_000, T0 + 5 * MS)
+        .commit(&store, &first.commits[0], 3_000, Micros(T0 + 5 * MS))
         .unwrap());
     let denied = evaluate(&e, &store, &ask(100), T0 + 10 * MS);
     assert!(denied.denied());
@@ -335,7 +339,12 @@ fn a_token_bucket_debt_is_exact_not_rounded_up_per_commit() {
     assert!(admitted.iter().all(|a| !a.denied()), "the bucket's 1,000");
     for (i, a) in admitted.iter().enumerate() {
         assert!(e
-            .commit(&store, &a.commits[0], 490, T0 + (10 + i as u64) * MS)
+            .commit(
+                &store,
+                &a.commits[0],
+                490,
+                Micros(T0 + (10 + i as u64) * MS)
+            )
             .unwrap());
     }
     let retry_at = |n: u64, now: u64| {
@@ -369,7 +378,9 @@ fn a_fixed_window_carries_what_it_cannot_hold_into_the_next_windows() {
     }
     // 4,600 over the estimate on a full window: 6,600 counted, 4,600 carried into the
     // next window, 2,600 into the one after, 600 into the third.
-    assert!(e.commit(&store, &first.commits[0], 5_000, T0 + S).unwrap());
+    assert!(e
+        .commit(&store, &first.commits[0], 5_000, Micros(T0 + S))
+        .unwrap());
     let next = evaluate(&e, &store, &ask(1), T0 + 2 * S);
     assert!(next.denied(), "the next window repays the debt");
     let decision = next.verdicts[0].decision;
@@ -407,15 +418,19 @@ fn a_fixed_window_refunds_in_its_window_and_charges_debt_to_the_current_one() {
     }
     assert!(evaluate(&e, &store, &ask(1), T0).denied(), "2,000 reserved");
     // `a` cost 100: 300 back in its own window.
-    assert!(e.commit(&store, &a.commits[0], 100, T0 + 500 * MS).unwrap());
+    assert!(e
+        .commit(&store, &a.commits[0], 100, Micros(T0 + 500 * MS))
+        .unwrap());
     assert!(!evaluate(&e, &store, &ask(300), T0 + 600 * MS).denied());
     assert!(evaluate(&e, &store, &ask(1), T0 + 600 * MS).denied());
     // `b` ends in the next window, once the key counts in it: its refund is forgotten.
     let c = evaluate(&e, &store, &ask(100), T0 + 2_050 * MS);
-    assert!(!e.commit(&store, &b.commits[0], 0, T0 + 2_100 * MS).unwrap());
+    assert!(!e
+        .commit(&store, &b.commits[0], 0, Micros(T0 + 2_100 * MS))
+        .unwrap());
     // An excess in the current window counts there: 1,800 over → 100 left.
     assert!(e
-        .commit(&store, &c.commits[0], 1_900, T0 + 2_300 * MS)
+        .commit(&store, &c.commits[0], 1_900, Micros(T0 + 2_300 * MS))
         .unwrap());
     assert!(!evaluate(&e, &store, &ask(100), T0 + 2_400 * MS).denied());
     assert!(evaluate(&e, &store, &ask(1), T0 + 2_400 * MS).denied());
@@ -449,9 +464,10 @@ fn a_request_another_rule_denies_commits_nothing_and_shadow_rules_commit_too() {
     // The filter settles the shadow rule's reservation at 0 (the request never reached
     // the upstream): the estimate comes back.
     assert_eq!(second.commits.len(), 1);
-    assert!(e.commit(&store, &second.commits[0], 0, T0).unwrap());
+    assert!(e.commit(&store, &second.commits[0], 0, Micros(T0)).unwrap());
     assert!(
-        !e.commit(&store, &first.commits[0], 500, T0).unwrap(),
+        !e.commit(&store, &first.commits[0], 500, Micros(T0))
+            .unwrap(),
         "exact: nothing"
     );
 }
@@ -501,7 +517,13 @@ fn a_cost_estimated_from_the_body_reads_it_only_for_the_requests_it_matches() {
     );
     let cost = |body: RequestBody<'_>| {
         let mut facts = Facts::new(&e.config.facts, WithBody(at("/v1/chat/completions"), body));
-        let eval = e.evaluate(&store, &mut e.worker(), &support::SEED, &mut facts, T0);
+        let eval = e.evaluate(
+            &store,
+            &mut e.worker(),
+            &support::SEED,
+            &mut facts,
+            Micros(T0),
+        );
         assert!(!eval.denied());
         eval.reports[0].cost
     };
@@ -527,7 +549,9 @@ fn a_response_claiming_a_huge_cost_is_charged_at_most_a_million() {
     e.prepare(&store).unwrap();
     let ask = |n: u64| user("mallory").header("x-estimate", n.to_string());
     let first = evaluate(&e, &store, &ask(100), T0);
-    assert!(e.commit(&store, &first.commits[0], u64::MAX, T0).unwrap());
+    assert!(e
+        .commit(&store, &first.commits[0], u64::MAX, Micros(T0))
+        .unwrap());
     // 1,000,000 − 100 over the 1,900 left: 998,000 owed, 9,980 refills of 100 ms.
     let denied = evaluate(&e, &store, &ask(1), T0);
     let retry_s = denied.verdicts[0].decision.retry_after_ns.unwrap() / 1_000_000_000;

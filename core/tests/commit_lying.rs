@@ -24,6 +24,7 @@ use weir_core::algorithms::{GlobalLimit, Limit, SlotState};
 use weir_core::conformance::{self, Admission};
 use weir_core::engine::{Engine, PendingCommit};
 use weir_core::store::memory::MemoryStore;
+use weir_core::time::Micros;
 
 /// How a key is driven in [`lying_estimates`]: through the engine (the local path), or the
 /// pure algorithm with a deliberate mutant in its settle.
@@ -50,7 +51,7 @@ impl Key for EngineKey {
 
     fn settle(&mut self, ticket: &PendingCommit, actual: u64, now: u64) {
         self.engine
-            .commit(&self.store, ticket, actual, now)
+            .commit(&self.store, ticket, actual, Micros(now))
             .unwrap();
     }
 }

@@ -21,6 +21,7 @@ use weir_core::concurrency::{place_epoch, PLACE_EPOCH_US};
 use weir_core::engine::{Engine, PendingCommit};
 use weir_core::store::memory::MemoryStore;
 use weir_core::store::{StoreError, UpdateError, MAX_CAS_ATTEMPTS};
+use weir_core::time::Micros;
 use weir_core::worker::Worker;
 
 const MS: u64 = 1_000;
@@ -172,19 +173,19 @@ fn a_give_back_refused_by_shared_data_is_finished_on_the_next_tick() {
     // Every attempt of a's give-back loses its race.
     store.fail_next_writes(MAX_CAS_ATTEMPTS, StoreError::CasMismatch);
     assert_eq!(
-        e.end_in_flight(&store, w, &a, T0 + 2),
+        e.end_in_flight(&store, w, &a, Micros(T0 + 2)),
         Err(UpdateError::GaveUp {
             attempts: MAX_CAS_ATTEMPTS
         })
     );
     // b's give-back meets a host error.
     store.fail_next_writes(1, StoreError::Host(7));
-    assert!(e.end_in_flight(&store, w, &b, T0 + 3).is_err());
+    assert!(e.end_in_flight(&store, w, &b, Micros(T0 + 3)).is_err());
     // Until then both still count: another worker is denied.
     let mut other = e.worker();
     assert!(admit(&e, &store, &mut other, &user("k"), T0 + 4).is_none());
     // The next tick gives both back.
-    let tended = e.tend_places(&store, w, T0 + 100 * MS);
+    let tended = e.tend_places(&store, w, Micros(T0 + 100 * MS));
     assert_eq!((tended.failed, tended.given_back), (0, 2));
     assert!(w.places.is_empty(), "{:?}", w.places);
     // The key is free: two fit again.
@@ -203,7 +204,7 @@ fn one_refused_give_back() -> (Engine, MemoryStore, Worker) {
     let mut w = e.worker();
     let a = admit(&e, &store, &mut w, &user("k"), T0).unwrap();
     store.fail_next_writes(MAX_CAS_ATTEMPTS, StoreError::CasMismatch);
-    assert!(e.end_in_flight(&store, &mut w, &a, T0 + 1).is_err());
+    assert!(e.end_in_flight(&store, &mut w, &a, Micros(T0 + 1)).is_err());
     (e, store, w)
 }
 
@@ -227,9 +228,9 @@ fn a_failed_give_back_waits_in_the_worker_until_a_tick_succeeds() {
     assert!(admit(&e, &store, &mut e.worker(), &user("k"), T0 + 2).is_none());
     // The first tick fails as well.
     store.fail_next_writes(1, StoreError::Host(3));
-    let tended = e.tend_places(&store, w, T0 + 100 * MS);
+    let tended = e.tend_places(&store, w, Micros(T0 + 100 * MS));
     assert_eq!((tended.failed, tended.given_back), (1, 0));
-    let tended = e.tend_places(&store, w, T0 + 200 * MS);
+    let tended = e.tend_places(&store, w, Micros(T0 + 200 * MS));
     assert_eq!((tended.failed, tended.given_back), (0, 1));
     assert!(w.places.is_empty());
     assert!(admit(&e, &store, &mut e.worker(), &user("k"), T0 + 201 * MS).is_some());
@@ -260,7 +261,7 @@ fn places_of_a_dead_worker_come_back_within_two_epochs_and_live_ones_stay() {
     let mut first_admitted = None;
     while now < T0 + 30 * PLACE_EPOCH_US && first_admitted.is_none() {
         now += 100 * MS;
-        e.tend_places(&store, &mut live, now);
+        e.tend_places(&store, &mut live, Micros(now));
         if let Some(open) = admit(&e, &store, &mut probe, &user("k"), now) {
             first_admitted = Some(now);
             end(&e, &store, &mut probe, &open, now);
@@ -277,7 +278,7 @@ fn places_of_a_dead_worker_come_back_within_two_epochs_and_live_ones_stay() {
     let mut later = T0 + 30 * PLACE_EPOCH_US;
     while now < later {
         now += 100 * MS;
-        e.tend_places(&store, &mut live, now);
+        e.tend_places(&store, &mut live, Micros(now));
     }
     later += 1;
     let open: Vec<_> = (0..3)
@@ -391,9 +392,9 @@ fn random_walk(rng: &mut Rng) -> Result<Walk, String> {
             maybe_fail_writes(rng, &store, 8);
             let (generation, worker, _, _) = &mut workers[w];
             // Latencies as fast as they come: adaptive limits grow (slow start).
-            engines[*generation].observe_latency(worker, &pending, 10 * MS);
+            engines[*generation].observe_latency(worker, &pending, Micros(10 * MS));
             if engines[*generation]
-                .end_in_flight(&store, worker, &pending, ends)
+                .end_in_flight(&store, worker, &pending, Micros(ends))
                 .is_err()
             {
                 walk.failed_give_backs += 1;
@@ -402,8 +403,8 @@ fn random_walk(rng: &mut Rng) -> Result<Walk, String> {
         }
         for (generation, worker, next_tick, alive) in &mut workers {
             if *alive && now >= *next_tick {
-                engines[*generation].tend_places(&store, worker, now);
-                engines[*generation].adapt(&store, worker, now);
+                engines[*generation].tend_places(&store, worker, Micros(now));
+                engines[*generation].adapt(&store, worker, Micros(now));
                 *next_tick = now + tick_every;
             }
         }
@@ -474,7 +475,7 @@ fn random_walk(rng: &mut Rng) -> Result<Walk, String> {
         let (generation, worker, _, _) = &mut workers[w];
         now = now.max(ends);
         if engines[*generation]
-            .end_in_flight(&store, worker, &pending, now)
+            .end_in_flight(&store, worker, &pending, Micros(now))
             .is_err()
         {
             walk.failed_give_backs += 1;
@@ -490,7 +491,7 @@ fn random_walk(rng: &mut Rng) -> Result<Walk, String> {
         now += tick_every.min(bound - now).max(1);
         for (generation, worker, _, alive) in &mut workers {
             if *alive {
-                engines[*generation].tend_places(&store, worker, now);
+                engines[*generation].tend_places(&store, worker, Micros(now));
             }
         }
     }

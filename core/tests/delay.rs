@@ -26,6 +26,7 @@ use weir_core::engine::{Engine, Evaluation, RuleOutcome};
 use weir_core::rules::{Facts, RuleId};
 use weir_core::simulation::configured_limit;
 use weir_core::store::memory::MemoryStore;
+use weir_core::time::Micros;
 use weir_core::worker::Worker;
 
 const MS: u64 = 1_000;
@@ -107,7 +108,7 @@ fn run(
                     &mut worker_states[worker],
                     &SEED,
                     &mut facts,
-                    now,
+                    Micros(now),
                 );
                 if eval.delayed.unwrap().late {
                     out.late += 1;
@@ -138,7 +139,7 @@ fn run(
             continue;
         }
         if let Some(delayed) = eval.delayed {
-            assert_eq!(delayed.waited_us, now - arrived_us);
+            assert_eq!(delayed.waited, Micros(now - arrived_us));
         }
         let report = *eval.reports.last().unwrap();
         out.queue_full += u64::from(report.delay_queue_full);
@@ -285,12 +286,12 @@ fn a_request_is_not_held_by_a_rule_after_one_that_counted_it() {
         &mut worker,
         &SEED,
         &mut facts,
-        held.hold.due_us,
+        Micros(held.hold.due_us),
     );
     assert!(!second.denied());
     assert_eq!(second.reports.len(), 2);
     assert_eq!(second.reports[1].decided_at_us, held.hold.due_us);
-    assert_eq!(second.delayed.unwrap().waited_us, 999 * MS);
+    assert_eq!(second.delayed.unwrap().waited, Micros(999 * MS));
 }
 
 #[test]

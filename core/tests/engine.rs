@@ -16,6 +16,7 @@ use weir_core::engine::RuleOutcome;
 use weir_core::rules::{Facts, RuleId};
 use weir_core::store::memory::MemoryStore;
 use weir_core::store::{Placement, SharedStore, StoreError};
+use weir_core::time::Micros;
 
 #[cfg(target_arch = "wasm32")]
 use wasm_bindgen_test::wasm_bindgen_test as test;
@@ -67,7 +68,13 @@ fn tables_stay_bounded_and_reuse_idle_slots() {
 
     // One second later every bucket is full again: new keys take idle slots over.
     let mut facts = Facts::new(&e.config.facts, user("late"));
-    let eval = e.evaluate(&store, &mut e.worker(), &SEED, &mut facts, T0 + 1_000_000);
+    let eval = e.evaluate(
+        &store,
+        &mut e.worker(),
+        &SEED,
+        &mut facts,
+        Micros(T0 + 1_000_000),
+    );
     assert_eq!(eval.reports[0].placement, Some(Placement::Takeover));
 }
 
@@ -88,7 +95,7 @@ fn a_live_key_is_never_charged_by_another() {
     for i in 0..50 {
         run(&e, &store, &user(&format!("attacker-{i}")), T0);
         let mut facts = Facts::new(&e.config.facts, user("victim"));
-        let eval = e.evaluate(&store, &mut e.worker(), &SEED, &mut facts, T0);
+        let eval = e.evaluate(&store, &mut e.worker(), &SEED, &mut facts, Micros(T0));
         // Either still limited (its slot survived) or fresh (evicted): never "1 left".
         let remaining = eval.verdicts[0].decision.remaining;
         assert!(
@@ -139,7 +146,7 @@ fn cas_conflicts_are_retried_and_counted() {
     let mut allowed = 0;
     for _ in 0..10 {
         let mut facts = Facts::new(&e.config.facts, FakeRequest::default());
-        let eval = e.evaluate(&store, &mut e.worker(), &SEED, &mut facts, T0);
+        let eval = e.evaluate(&store, &mut e.worker(), &SEED, &mut facts, Micros(T0));
         retries += eval.reports[0].cas_retries;
         allowed += usize::from(!eval.denied());
     }
@@ -228,7 +235,7 @@ fn cost_headers_fall_back_to_the_default_and_stay_within_min_and_max() {
             req = req.header("x-cost", value);
         }
         let mut facts = Facts::new(&e.config.facts, req);
-        let eval = e.evaluate(&store, &mut e.worker(), &SEED, &mut facts, T0);
+        let eval = e.evaluate(&store, &mut e.worker(), &SEED, &mut facts, Micros(T0));
         spent += charged;
         assert_eq!(
             eval.verdicts[0].decision.remaining,
@@ -249,7 +256,7 @@ fn a_global_rule_never_asks_the_bridge_for_zero() {
     e.prepare(&store).unwrap();
     for zero in ["0", "00", " 0"] {
         let mut facts = Facts::new(&e.config.facts, user("acme").header("x-cost", zero));
-        let eval = e.evaluate(&store, &mut e.worker(), &SEED, &mut facts, T0);
+        let eval = e.evaluate(&store, &mut e.worker(), &SEED, &mut facts, Micros(T0));
         assert_eq!((eval.pending[0].cost, eval.pending[0].want), (1, 1));
     }
 }
@@ -296,7 +303,7 @@ fn the_largest_bridge_request_a_config_can_build_is_accepted() {
         .header("x-long", "l".repeat(10_000))
         .header("x-cost", "999999999");
     let mut facts = Facts::new(&e.config.facts, req);
-    let eval = e.evaluate(&store, &mut e.worker(), &SEED, &mut facts, T0);
+    let eval = e.evaluate(&store, &mut e.worker(), &SEED, &mut facts, Micros(T0));
     assert_eq!(eval.pending.len(), MAX_RULES);
     let body = e.bridge_request(&eval.pending);
     assert!(
@@ -362,7 +369,7 @@ fn an_update_never_writes_a_set_that_is_missing() {
     let store = MemoryStore::new();
     // Not prepared: the set is missing, so the rule fails open and writes nothing.
     let mut facts = Facts::new(&e.config.facts, FakeRequest::default());
-    let eval = e.evaluate(&store, &mut e.worker(), &SEED, &mut facts, T0);
+    let eval = e.evaluate(&store, &mut e.worker(), &SEED, &mut facts, Micros(T0));
     assert!(!eval.denied());
     assert_eq!(
         eval.reports[0].outcome,

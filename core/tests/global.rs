@@ -17,6 +17,7 @@ use weir_core::engine::{BridgeError, Engine, Evaluation, FailureOutcome, RuleOut
 use weir_core::rules::Scope;
 use weir_core::store::memory::MemoryStore;
 use weir_core::store::SharedStore;
+use weir_core::time::Micros;
 use weir_core::wire::v2::{self, Granted};
 use weir_core::wire::ReplyError;
 
@@ -81,7 +82,13 @@ fn exact_global_rules_ask_the_bridge_every_time() {
         assert_eq!((item.id, item.cost, item.want, item.reserve), (0, 1, 1, 0));
         assert_eq!((item.ttl_us, item.horizon_us, item.shadow), (0, 0, false));
         assert_eq!(item.descriptor, ["=acme"]);
-        e.complete(&mut eval, &store, T0, T0, reply(vec![result(true, 1, 50)]));
+        e.complete(
+            &mut eval,
+            &store,
+            Micros(T0),
+            Micros(T0),
+            reply(vec![result(true, 1, 50)]),
+        );
         assert!(!eval.denied());
         assert_eq!(eval.verdicts[0].decision.remaining, 50);
         assert_eq!(eval.reports[0].source, Some(Source::Bridge));
@@ -105,7 +112,13 @@ fn leases_are_sized_by_demand_and_spent_locally() {
             let want = item.want;
             let mut granted = result(true, want, 10_000);
             granted.valid_ns = 10_000_000;
-            e.complete(&mut eval, &store, now, now, reply(vec![granted]));
+            e.complete(
+                &mut eval,
+                &store,
+                Micros(now),
+                Micros(now),
+                reply(vec![granted]),
+            );
         } else {
             assert_eq!(eval.reports[0].source, Some(Source::Lease));
         }
@@ -127,7 +140,13 @@ fn held_units_are_spent_only_within_their_validity() {
     let mut granted = result(true, 50, 50);
     granted.valid_ns = 10_000_000;
     // The call left at T0 and came back 2 ms later: units expire 10 ms after T0.
-    e.complete(&mut eval, &store, T0, T0 + 2 * MS, reply(vec![granted]));
+    e.complete(
+        &mut eval,
+        &store,
+        Micros(T0),
+        Micros(T0 + 2 * MS),
+        reply(vec![granted]),
+    );
     let eval = eval_at(&e, &store, T0 + 10 * MS);
     assert_eq!(eval.reports[0].source, Some(Source::Lease));
     let eval = eval_at(&e, &store, T0 + 10 * MS + 1);
@@ -151,7 +170,13 @@ fn lease_served_requests_report_the_global_quota() {
     let mut granted = result(true, 10, 900);
     granted.limit = 1000;
     granted.valid_ns = 1_000_000_000;
-    e.complete(&mut eval, &store, T0, T0, reply(vec![granted]));
+    e.complete(
+        &mut eval,
+        &store,
+        Micros(T0),
+        Micros(T0),
+        reply(vec![granted]),
+    );
     let eval = eval_at(&e, &store, T0 + MS);
     assert_eq!(eval.reports[0].source, Some(Source::Lease));
     // What Redis had left plus the 8 units this Envoy still holds: not the lease's own 8.
@@ -171,7 +196,13 @@ fn a_denial_is_cached_for_its_cost_and_above() {
     e.prepare(&store).unwrap();
     let cost = |n: &str| user("acme").header("x-cost", n);
     let mut eval = evaluate(&e, &store, &cost("10"), T0);
-    e.complete(&mut eval, &store, T0, T0, reply(vec![result(false, 0, 4)]));
+    e.complete(
+        &mut eval,
+        &store,
+        Micros(T0),
+        Micros(T0),
+        reply(vec![result(false, 0, 4)]),
+    );
     assert!(eval.denied());
     for t in [1, MS, 4_999_999] {
         let eval = evaluate(&e, &store, &cost("10"), T0 + t);
@@ -216,7 +247,13 @@ fn a_saturated_gcra_key_is_served_by_reservation() {
     let mut reserved = result(false, 3, 0);
     reserved.retry_after_ns = Some(1_000_000);
     (reserved.due_ns, reserved.spacing_ns, reserved.valid_ns) = (1_000_000, 1_000_000, 20_000_000);
-    e.complete(&mut eval, &store, T0, T0, reply(vec![reserved]));
+    e.complete(
+        &mut eval,
+        &store,
+        Micros(T0),
+        Micros(T0),
+        reply(vec![reserved]),
+    );
     assert!(eval.denied());
     // Before the first unit is due: denied locally, told when.
     let eval = eval_at(&e, &store, T0 + 500);
@@ -283,8 +320,8 @@ fn a_shadow_global_rule_does_not_switch_off_the_rules_after_it() {
     e.complete(
         &mut eval,
         &store,
-        T0,
-        T0,
+        Micros(T0),
+        Micros(T0),
         reply(vec![shadow_denied, enforced]),
     );
     assert_eq!(eval.shadow_limited.len(), 1);
@@ -301,7 +338,13 @@ fn failure_modes_apply_and_the_bridge_is_left_alone_for_a_while() {
         let store = MemoryStore::new();
         e.prepare(&store).unwrap();
         let mut eval = eval_at(&e, &store, T0);
-        e.complete(&mut eval, &store, T0, T0, Err(ReplyError::NoResponse));
+        e.complete(
+            &mut eval,
+            &store,
+            Micros(T0),
+            Micros(T0),
+            Err(ReplyError::NoResponse),
+        );
         assert!(eval.denied_by.is_none(), "{mode}");
         assert_eq!(eval.unavailable.is_some(), expect_unavailable, "{mode}");
         assert!(store.get(e.bridge_down_key()).unwrap().0.is_some());
@@ -349,7 +392,13 @@ fn every_error_reply_starts_the_backoff_and_plugins_back_off_apart() {
     for (i, failure) in failures.into_iter().enumerate() {
         let now = T0 + i as u64 * 2_000_000;
         let mut eval = eval_at(&one, &store, now);
-        one.complete(&mut eval, &store, now, now, Err(failure.clone()));
+        one.complete(
+            &mut eval,
+            &store,
+            Micros(now),
+            Micros(now),
+            Err(failure.clone()),
+        );
         assert_eq!(
             eval_at(&one, &store, now + 1).bridge_error,
             Some(BridgeError::Skipped),
@@ -367,13 +416,25 @@ fn the_local_fallback_starts_from_what_the_envoy_last_knew() {
     let store = MemoryStore::new();
     e.prepare(&store).unwrap();
     let mut eval = eval_at(&e, &store, T0);
-    e.complete(&mut eval, &store, T0, T0, reply(vec![result(true, 1, 10)]));
+    e.complete(
+        &mut eval,
+        &store,
+        Micros(T0),
+        Micros(T0),
+        reply(vec![result(true, 1, 10)]),
+    );
     let mut allowed = 0;
     for i in 1..=40 {
         let now = T0 + i;
         let mut eval = eval_at(&e, &store, now);
         if !eval.pending.is_empty() {
-            e.complete(&mut eval, &store, now, now, Err(ReplyError::Unavailable));
+            e.complete(
+                &mut eval,
+                &store,
+                Micros(now),
+                Micros(now),
+                Err(ReplyError::Unavailable),
+            );
         }
         allowed += usize::from(!eval.denied());
     }
@@ -393,8 +454,8 @@ fn the_local_fallback_of_an_unknown_key_is_a_full_share() {
             e.complete(
                 &mut eval,
                 &store,
-                T0 + i,
-                T0 + i,
+                Micros(T0 + i),
+                Micros(T0 + i),
                 Err(ReplyError::Unavailable),
             );
         }
@@ -415,7 +476,13 @@ fn rules_after_a_bridge_denial_are_not_charged() {
     e.prepare(&store).unwrap();
     let mut eval = eval_at(&e, &store, T0);
     assert_eq!(eval.pending.len(), 2, "both rules go in one call");
-    e.complete(&mut eval, &store, T0, T0, reply(vec![result(false, 0, 0)]));
+    e.complete(
+        &mut eval,
+        &store,
+        Micros(T0),
+        Micros(T0),
+        reply(vec![result(false, 0, 0)]),
+    );
     assert!(eval.denied());
     assert_eq!(eval.reports.len(), 1, "the second rule was not evaluated");
 }
@@ -431,8 +498,14 @@ fn a_waiting_request_is_served_from_what_another_call_left() {
     assert_eq!((first.pending.len(), waiting.pending.len()), (1, 1));
     let mut granted = result(true, 5, 50);
     granted.valid_ns = 1_000_000_000;
-    e.complete(&mut first, &store, T0, T0 + 1, reply(vec![granted]));
-    e.revisit(&mut waiting, &store, T0 + 1);
+    e.complete(
+        &mut first,
+        &store,
+        Micros(T0),
+        Micros(T0 + 1),
+        reply(vec![granted]),
+    );
+    e.revisit(&mut waiting, &store, Micros(T0 + 1));
     assert!(waiting.pending.is_empty() && !waiting.denied());
     assert_eq!(waiting.reports[0].source, Some(Source::Lease));
 }
@@ -489,7 +562,13 @@ fn a_global_rules_local_fallback_settles_its_commits() {
             &user("acme").header("x-estimate", estimate.to_string()),
             now,
         );
-        e.complete(&mut eval, &store, now, now, Err(ReplyError::NoResponse));
+        e.complete(
+            &mut eval,
+            &store,
+            Micros(now),
+            Micros(now),
+            Err(ReplyError::NoResponse),
+        );
         eval
     };
     // The local share: 500 tokens. An estimate of 400 is admitted by the fallback…
@@ -503,12 +582,15 @@ fn a_global_rules_local_fallback_settles_its_commits() {
     };
     assert!(!commit.is_global(), "counted in this Envoy's shared data");
     // …and used 10: 390 come back, so 450 more fit.
-    assert!(e.commit(&store, commit, 10, T0 + MS).unwrap(), "settled");
+    assert!(
+        e.commit(&store, commit, 10, Micros(T0 + MS)).unwrap(),
+        "settled"
+    );
     let second = ask(450, T0 + 2 * MS);
     assert!(!second.denied(), "{:?}", second.reports);
     // Used 950: 500 more than reserved are charged; nothing fits now.
     assert!(e
-        .commit(&store, &second.commits[0], 950, T0 + 3 * MS)
+        .commit(&store, &second.commits[0], 950, Micros(T0 + 3 * MS))
         .unwrap());
     assert!(ask(1, T0 + 4 * MS).denied());
 }

@@ -40,6 +40,7 @@ use weir_core::engine::{Engine, Evaluation, PendingCommit, RuleOutcome};
 use weir_core::rules::{Facts, RuleId};
 use weir_core::simulation::configured_limit;
 use weir_core::store::memory::MemoryStore;
+use weir_core::time::Micros;
 use weir_core::worker::Worker;
 
 /// A local case: a rule over one Envoy's shared data and its workers.
@@ -220,7 +221,7 @@ fn run_local(case: &LocalCase, e: &Engine, schedule: &[Request]) -> LocalRun {
                     &mut workers[worker],
                     &SEED,
                     &mut facts,
-                    now,
+                    Micros(now),
                 );
                 if eval.delayed.is_some_and(|d| d.late) {
                     out.late += 1;
@@ -228,7 +229,7 @@ fn run_local(case: &LocalCase, e: &Engine, schedule: &[Request]) -> LocalRun {
                 (eval, i, worker, context)
             }
             Event::Settle { commit, actual } => {
-                e.commit(&store, &commit, actual, now).unwrap();
+                e.commit(&store, &commit, actual, Micros(now)).unwrap();
                 continue;
             }
         };

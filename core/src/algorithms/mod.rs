@@ -57,8 +57,8 @@ mod time;
 pub mod token_bucket;
 mod window;
 
-/// Nanoseconds in a microsecond.
-pub const NS_PER_US: u64 = 1_000;
+/// Nanoseconds in a microsecond (defined with the time types, [`crate::time`]).
+pub use crate::time::NS_PER_US;
 
 /// The largest count or duration (µs) a Lua script is given: 2^48 (about 8.9 years in
 /// µs). With instants below 2^52 µs (year 2112) every sum the scripts form stays below

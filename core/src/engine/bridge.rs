@@ -4,6 +4,7 @@
 
 use crate::rules::RuleId;
 use crate::store::SharedStore;
+use crate::time::Micros;
 use crate::wire::v2::{self, Sent};
 use crate::wire::{v3, ReplyError};
 
@@ -37,11 +38,12 @@ impl Engine {
         serde_json::to_vec(&v3::CommitRequest { domain, items }).unwrap_or_default()
     }
 
-    /// Looks again at the rules still waiting for the bridge, at `now_us`: another call
+    /// Looks again at the rules still waiting for the bridge, at `now`: another call
     /// for the same keys (single flight) may have left units or a denial since. Each rule
     /// served that way is decided; the others stay pending, asking for what their
     /// Envoy's demand now says.
-    pub fn revisit<S: SharedStore>(&self, eval: &mut Evaluation, store: &S, now_us: u64) {
+    pub fn revisit<S: SharedStore>(&self, eval: &mut Evaluation, store: &S, now: Micros) {
+        let now_us = now.us();
         let pending = std::mem::take(&mut eval.pending);
         for mut item in pending {
             if eval.denied() {
@@ -115,17 +117,18 @@ impl Engine {
             .collect()
     }
 
-    /// Finishes an evaluation with the bridge's reply (or its failure), at `now_us`. The
-    /// call left at `sent_at_us`: Redis decided between the two, and what it granted is
+    /// Finishes an evaluation with the bridge's reply (or its failure), at `now`. The
+    /// call left at `sent_at`: Redis decided between the two, and what it granted is
     /// anchored on both ([`crate::lease::Held::from_reply`]).
     pub fn complete<S: SharedStore>(
         &self,
         eval: &mut Evaluation,
         store: &S,
-        sent_at_us: u64,
-        now_us: u64,
+        sent_at: Micros,
+        now: Micros,
         reply: Result<v2::Reply, ReplyError>,
     ) {
+        let (sent_at_us, now_us) = (sent_at.us(), now.us());
         let reply = match reply {
             Ok(reply) => reply,
             Err(error) => {
@@ -166,10 +169,10 @@ impl Engine {
         &self,
         eval: &mut Evaluation,
         store: &S,
-        now_us: u64,
+        now: Micros,
         error: BridgeError,
     ) {
-        self.fail_pending(eval, store, now_us, error);
+        self.fail_pending(eval, store, now.us(), error);
     }
 
     /// Applies each pending rule's failure mode.

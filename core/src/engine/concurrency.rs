@@ -11,6 +11,7 @@ use crate::key::KeyHash;
 use crate::rules::{Rule, RuleId};
 use crate::store::slot_table::SlotTable;
 use crate::store::{SharedStore, StoreError, UpdateError, Vacancy};
+use crate::time::Micros;
 use crate::worker::Worker;
 
 use super::evaluation::{Applied, CommitKey, Evaluation, PendingCommit};
@@ -180,7 +181,7 @@ impl ConcurrencyRuntime {
                         rule: applied.rule.id,
                         key: CommitKey::Local(applied.hash),
                         reserved: applied.cost,
-                        counted_at_us: applied.now_us,
+                        counted_at: Micros(applied.now_us),
                     });
                 }
                 eval.record(report, applied.rule, decision);

@@ -3,10 +3,11 @@
 //! ends — with the steps every scope shares (a rule that applies, a decision served from
 //! held units).
 
-use crate::algorithms::{Decision, Hold, NS_PER_US};
+use crate::algorithms::{Decision, Hold};
 use crate::key::{KeyHash, KeyHasher, Seed};
 use crate::lease::{LeaseSlot, Spend};
 use crate::rules::{FactSource, Facts, Rule, RuleId};
+use crate::time::{Micros, Nanos};
 use crate::wire::ReplyError;
 
 use super::report::{RuleOutcome, RuleReport, Source, Verdict};
@@ -69,7 +70,7 @@ pub struct PendingCommit {
     pub reserved: u64,
     /// When they were counted: this Envoy's clock for a local rule, Redis's for a global
     /// one.
-    pub counted_at_us: u64,
+    pub counted_at: Micros,
 }
 
 /// Where the units of a pending commit were counted.
@@ -105,7 +106,7 @@ pub struct HeldRequest {
 pub struct Delayed {
     pub rule: RuleId,
     /// From the request's arrival to its release.
-    pub waited_us: u64,
+    pub waited: Micros,
     /// The release came after [`Hold::release_by_us`]: the slot was lost and the rule
     /// decided the request again.
     pub late: bool,
@@ -123,7 +124,7 @@ pub(super) struct HoldOffer {
 impl HoldOffer {
     /// Whether a denial with `retry_after_ns` would be held (given room).
     pub(super) fn covers(&self, retry_after_ns: Option<u64>) -> bool {
-        retry_after_ns.is_some_and(|ns| ns.div_ceil(NS_PER_US) <= self.max_wait_us)
+        retry_after_ns.is_some_and(|ns| Nanos(ns).as_micros_ceil().us() <= self.max_wait_us)
     }
 }
 
@@ -158,10 +159,11 @@ impl Evaluation {
                 .any(|r| r.outcome == RuleOutcome::Allowed && r.cost > 0)
     }
 
-    /// Turns a hold into a denial at `now_us` (the request cannot wait: its worker is
+    /// Turns a hold into a denial at `now` (the request cannot wait: its worker is
     /// going away): the holding rule denies it, retry when it would have been released.
     /// Its place in the schedule is not given back.
-    pub fn deny_held(&mut self, now_us: u64) {
+    pub fn deny_held(&mut self, now: Micros) {
+        let now_us = now.us();
         let Some(held) = self.held.take() else {
             return;
         };
@@ -173,11 +175,9 @@ impl Evaluation {
             allowed: false,
             remaining: 0,
             retry_after_ns: Some(
-                held.hold
-                    .due_us
-                    .saturating_sub(now_us)
-                    .max(1)
-                    .saturating_mul(NS_PER_US),
+                Micros(held.hold.due_us.saturating_sub(now_us).max(1))
+                    .as_nanos()
+                    .ns(),
             ),
             ..held.decision
         };

@@ -10,6 +10,7 @@ use crate::lease::{Held, LeaseSlot, SlotReply, SlotReplyOutcome, Spend};
 use crate::rules::{FactSource, Facts, FailureMode, GlobalRule, Rule};
 use crate::store::slot_table::SlotTable;
 use crate::store::SharedStore;
+use crate::time::{Micros, Nanos};
 use crate::wire::v2::{self, Granted};
 use crate::wire::{v3, WireLimit};
 
@@ -164,7 +165,7 @@ impl GlobalRuntime {
                 rule: rule.id,
                 key: CommitKey::Global(item.descriptor.clone()),
                 reserved: item.cost,
-                counted_at_us: result.now_us,
+                counted_at: Micros(result.now_us),
             });
         }
         eval.record(report, rule, decision);
@@ -258,7 +259,7 @@ impl GlobalRuntime {
             rule: rule.name.clone(),
             descriptor: descriptor.to_vec(),
             limit: WireLimit::from(&self.global.redis_limit),
-            counted_at_us: commit.counted_at_us,
+            counted_at_us: commit.counted_at.us(),
             reserved: commit.reserved,
             actual: actual.min(MAX_WANT),
         }
@@ -384,7 +385,9 @@ fn slot_reply(
         );
         SlotReplyOutcome::Held(held)
     } else if !result.allowed {
-        let mut retry_us = result.retry_after_ns.unwrap_or(result.reset_after_ns) / 1_000;
+        let mut retry_us = Nanos(result.retry_after_ns.unwrap_or(result.reset_after_ns))
+            .as_micros_floor()
+            .us();
         if commits {
             // Commits give units back at any time: a denial is trusted only briefly.
             retry_us = retry_us.min(COMMIT_DENIAL_CACHE_US);

@@ -2,7 +2,7 @@
 //! what the worker took ahead for the key (a reservoir), or held instead of denied (a
 //! delay). A global rule's local fallback decides here too, in its own slots.
 
-use crate::algorithms::{Ahead, Decision, Hold, Limit, SlotState, TakenAhead, NS_PER_US};
+use crate::algorithms::{Ahead, Decision, Hold, Limit, SlotState, TakenAhead};
 use crate::bounds::MAX_WANT;
 use crate::delay::RELEASE_SLACK_US;
 use crate::key::KeyHash;
@@ -11,6 +11,7 @@ use crate::reservoir::{Found, WorkerTable};
 use crate::rules::{Delay, Reservoir, Rule};
 use crate::store::slot_table::SlotTable;
 use crate::store::{SharedStore, UpdateError, Updated, Vacancy};
+use crate::time::{Micros, Nanos};
 use crate::worker::Worker;
 
 use super::evaluation::{Applied, CommitKey, Evaluation, HoldOffer, PendingCommit, Served};
@@ -53,9 +54,13 @@ impl LimitTable {
         // 2^64 tokens would push the key's refills out of reach).
         let actual = actual.min(MAX_WANT);
         self.update(store, hash, now_us, |state| {
-            let next =
-                self.limit
-                    .settle(state, commit.counted_at_us, commit.reserved, actual, now_us);
+            let next = self.limit.settle(
+                state,
+                commit.counted_at.us(),
+                commit.reserved,
+                actual,
+                now_us,
+            );
             (next.is_some(), next)
         })
         .map(|updated| updated.result)
@@ -174,7 +179,7 @@ pub(super) fn decide_in_slot<S: SharedStore>(
                     rule: applied.rule.id,
                     key: CommitKey::Local(applied.hash),
                     reserved: applied.cost,
-                    counted_at_us: now_us,
+                    counted_at: Micros(now_us),
                 });
             }
             record_or_hold(eval, report, applied.rule, decision, hold, offer);
@@ -307,16 +312,19 @@ fn decide_with_reservoir<S: SharedStore>(
     let outcome = if taken.units > 0 {
         // Spendable until just before the end of their validity (a window's end belongs
         // to the next window).
-        let window_us = (taken.valid_ns / NS_PER_US).saturating_sub(1);
+        let window_us = Nanos(taken.valid_ns)
+            .as_micros_floor()
+            .us()
+            .saturating_sub(1);
         SlotReplyOutcome::Held(Held {
             count: taken.units,
-            next_due_ns: now_us.saturating_mul(NS_PER_US),
+            next_due_ns: Micros(now_us).as_nanos().ns(),
             spacing_ns: 0,
             window_us,
         })
     } else if let (false, Some(retry_after_ns)) = (decision.allowed, decision.retry_after_ns) {
         SlotReplyOutcome::Denied {
-            until_us: now_us.saturating_add(retry_after_ns / NS_PER_US),
+            until_us: now_us.saturating_add(Nanos(retry_after_ns).as_micros_floor().us()),
             cost,
         }
     } else {

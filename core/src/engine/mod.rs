@@ -65,6 +65,7 @@ use crate::key::Seed;
 use crate::response::RuleVerdict;
 use crate::rules::{Commit, CommitSource, Cost, Fact, FactSource, Facts, RuleId, Scope};
 use crate::store::{SharedStore, StoreError, UpdateError};
+use crate::time::Micros;
 use crate::worker::Worker;
 
 use concurrency::worker_latency;
@@ -114,7 +115,7 @@ impl Engine {
         Ok(created)
     }
 
-    /// Evaluates every rule against one request at `now_us`. When `pending` is not empty
+    /// Evaluates every rule against one request at `now`. When `pending` is not empty
     /// (and the request not denied), send [`Engine::bridge_request`] and finish with
     /// [`Engine::complete`].
     ///
@@ -126,8 +127,9 @@ impl Engine {
         worker: &mut Worker,
         seed: &Seed,
         facts: &mut Facts<'_, F>,
-        now_us: u64,
+        now: Micros,
     ) -> Evaluation {
+        let now_us = now.us();
         let mut eval = Evaluation::default();
         let from = Resume {
             first_rule: 0,
@@ -137,7 +139,7 @@ impl Engine {
         eval
     }
 
-    /// Releases a held request at `now_us`. On time (by [`Hold::release_by_us`]), the
+    /// Releases a held request at `now`. On time (by [`Hold::release_by_us`]), the
     /// holding rule admits it and the rules after it decide now; later, its slot is
     /// lost and the holding rule decides it again, with what is left of its delay's
     /// `max` (it may hold the request once more).
@@ -148,8 +150,9 @@ impl Engine {
         worker: &mut Worker,
         seed: &Seed,
         facts: &mut Facts<'_, F>,
-        now_us: u64,
+        now: Micros,
     ) {
+        let now_us = now.us();
         let Some(held) = eval.held.take() else {
             return;
         };
@@ -159,7 +162,7 @@ impl Engine {
         let on_time = now_us <= held.hold.release_by_us;
         eval.delayed = Some(Delayed {
             rule: held.rule,
-            waited_us: now_us.saturating_sub(held.arrived_us),
+            waited: now.saturating_sub(Micros(held.arrived_us)),
             late: !on_time,
         });
         let first_rule = if on_time {
@@ -177,7 +180,7 @@ impl Engine {
         self.evaluate_from(eval, store, worker, seed, facts, from, now_us);
     }
 
-    /// Evaluates the rules from `from.first_rule` on, at `now_us`.
+    /// Evaluates the rules from `from.first_rule` on, at `now`.
     #[allow(clippy::too_many_arguments)]
     fn evaluate_from<F: FactSource, S: SharedStore>(
         &self,
@@ -214,7 +217,7 @@ impl Engine {
     }
 
     /// Settles what a rule counted for a request (`commit`) with its actual cost (at
-    /// most [`crate::bounds::MAX_WANT`]), known at `now_us` (see
+    /// most [`crate::bounds::MAX_WANT`]), known at `now` (see
     /// [`crate::algorithms::SlotAlgorithm::settle`]). Returns whether
     /// the key's state changed: a key that lost its slot since, or a refund no longer
     /// exact, changes nothing. A concurrency rule's place is not settled here but given
@@ -224,7 +227,7 @@ impl Engine {
         store: &S,
         commit: &PendingCommit,
         actual: u64,
-        now_us: u64,
+        now: Micros,
     ) -> Result<bool, UpdateError> {
         let CommitKey::Local(hash) = &commit.key else {
             return Ok(false);
@@ -240,11 +243,11 @@ impl Engine {
             },
             Some((_, RuleRuntime::Concurrency(_))) | None => return Ok(false),
         };
-        slots.settle(store, hash, commit, actual, now_us)
+        slots.settle(store, hash, commit, actual, now.us())
     }
 
     /// The stream of a request a concurrency rule admitted (`admitted`: its commit for
-    /// the rule) ended at `now_us`, however it ended: its place is marked ended in the
+    /// the rule) ended at `now`, however it ended: its place is marked ended in the
     /// worker and given back. Never fails closed: when shared data refuses (an error, or
     /// every CAS attempt lost), the worker keeps it marked and [`Engine::tend_places`]
     /// gives it back on the next tick. Returns whether the key's state was written now;
@@ -254,7 +257,7 @@ impl Engine {
         store: &S,
         worker: &mut Worker,
         admitted: &PendingCommit,
-        now_us: u64,
+        now: Micros,
     ) -> Result<bool, UpdateError> {
         let CommitKey::Local(hash) = &admitted.key else {
             return Ok(false);
@@ -262,7 +265,7 @@ impl Engine {
         let id = (admitted.rule.index(), hash.set_hash, hash.fingerprint);
         let held = worker.places.get(id).ended(admitted.reserved);
         worker.places.set(id, held);
-        self.give_back(store, worker, id, now_us)
+        self.give_back(store, worker, id, now.us())
             .map(|(wrote, _)| wrote)
     }
 
@@ -274,8 +277,9 @@ impl Engine {
         &self,
         store: &S,
         worker: &mut Worker,
-        now_us: u64,
+        now: Micros,
     ) -> TendedPlaces {
+        let now_us = now.us();
         let mut tended = TendedPlaces::default();
         let due = worker
             .places
@@ -316,19 +320,19 @@ impl Engine {
     }
 
     /// A response of a request admitted by an adaptive concurrency rule came back
-    /// `latency_us` after the rule admitted it (`admitted`: the request's commit for the
+    /// `latency` after the rule admitted it (`admitted`: the request's commit for the
     /// rule): the worker records it for its next merge ([`Engine::adapt`]).
-    pub fn observe_latency(&self, worker: &mut Worker, admitted: &PendingCommit, latency_us: u64) {
+    pub fn observe_latency(&self, worker: &mut Worker, admitted: &PendingCommit, latency: Micros) {
         let CommitKey::Local(hash) = &admitted.key else {
             return;
         };
-        if let Some(latency) = worker_latency(worker, admitted.rule, hash) {
-            latency.sketch.record(latency_us);
+        if let Some(observed) = worker_latency(worker, admitted.rule, hash) {
+            observed.sketch.record(latency.us());
         }
     }
 
     /// The response of a request admitted by an adaptive concurrency rule (`admitted`)
-    /// came back `latency_us` after the rule admitted it: recorded only when it
+    /// came back `latency` after the rule admitted it: recorded only when it
     /// measures the service ([`crate::adaptive::measures_service`]). Returns whether it
     /// was.
     pub fn observe_response(
@@ -336,12 +340,12 @@ impl Engine {
         worker: &mut Worker,
         admitted: &PendingCommit,
         response: Response,
-        latency_us: u64,
+        latency: Micros,
     ) -> bool {
         if !measures_service(response) {
             return false;
         }
-        self.observe_latency(worker, admitted, latency_us);
+        self.observe_latency(worker, admitted, latency);
         true
     }
 
@@ -359,8 +363,9 @@ impl Engine {
         &self,
         store: &S,
         worker: &mut Worker,
-        now_us: u64,
+        now: Micros,
     ) -> Vec<Adapted> {
+        let now_us = now.us();
         let mut adapted = Vec::new();
         for (rule, runtime) in self.rules() {
             if let RuleRuntime::Concurrency(concurrency) = runtime {

@@ -15,6 +15,7 @@
 //! answer, which arrive on the plugin's root context.
 
 use crate::store::SharedStore;
+use crate::time::Micros;
 use std::fmt;
 
 /// A status other than `Ok` from the host (proxy-wasm's `proxy_status_t`).
@@ -76,8 +77,8 @@ pub enum MetricType {
 pub trait Host: SharedStore {
     // The VM.
 
-    /// Microseconds since the Unix epoch.
-    fn now_us(&self) -> HostResult<u64>;
+    /// The host's clock: µs since the Unix epoch.
+    fn now(&self) -> HostResult<Micros>;
     fn log(&self, level: LogLevel, message: &str);
     /// Whether Envoy logs `level` for this plugin, as of the last
     /// [`Host::refresh_log_level`] (asking every time would cost a host call).

@@ -54,7 +54,7 @@
 //! clock, logs, stats): divided by requests, the cost floor the benchmark reports.
 //!
 //! Counting a request costs no host call: increments are kept in the VM and sent every
-//! [`FLUSH_INTERVAL_US`] — by the next request after that, or by the root context's tick
+//! [`FLUSH_INTERVAL`] — by the next request after that, or by the root context's tick
 //! when the worker is idle — so stats lag traffic by at most about a tenth of a second.
 
 use super::host::{Host, HostResult, MetricType};
@@ -63,12 +63,13 @@ use crate::engine::{
 };
 use crate::rules::RuleId;
 use crate::store::{Placement, UpdateError};
+use crate::time::Micros;
 use crate::usage::settlement::SettleReason;
 use crate::wire::ReplyError;
 use std::cell::Cell;
 
 /// How often increments kept in the VM are sent to Envoy.
-pub const FLUSH_INTERVAL_US: u64 = 100_000;
+pub const FLUSH_INTERVAL: Micros = Micros::from_millis(100);
 
 /// A counter or gauge: its index among the VM's pending increments.
 #[derive(Debug, Clone, Copy)]
@@ -174,7 +175,7 @@ pub struct RuleStats<'a> {
 pub struct Metrics {
     /// Host metric id and the increment not yet sent, per stat.
     pending: Vec<(u32, Cell<i64>)>,
-    last_flush_us: Cell<u64>,
+    last_flush: Cell<Micros>,
     rules: Vec<RuleMetrics>,
     cas_retries: Stat,
     cas_give_ups: Stat,
@@ -303,7 +304,7 @@ impl Metrics {
         let buffer_full = r.counter(&format!("{base}.vm.buffer_full"))?;
         Ok(Metrics {
             pending: r.pending,
-            last_flush_us: Cell::new(0),
+            last_flush: Cell::new(Micros::ZERO),
             rules,
             cas_retries,
             cas_give_ups,
@@ -331,8 +332,8 @@ impl Metrics {
     }
 
     /// Sends the increments kept since the last flush.
-    pub fn flush<H: Host>(&self, host: &H, now_us: u64) {
-        self.last_flush_us.set(now_us);
+    pub fn flush<H: Host>(&self, host: &H, now: Micros) {
+        self.last_flush.set(now);
         let calls = host.calls_made();
         let made = calls.wrapping_sub(self.host_calls_flushed.replace(calls));
         self.bump(self.host_calls, i64::try_from(made).unwrap_or(i64::MAX));
@@ -345,9 +346,9 @@ impl Metrics {
         }
     }
 
-    fn flush_if_due<H: Host>(&self, host: &H, now_us: u64) {
-        if now_us.saturating_sub(self.last_flush_us.get()) >= FLUSH_INTERVAL_US {
-            self.flush(host, now_us);
+    fn flush_if_due<H: Host>(&self, host: &H, now: Micros) {
+        if now.saturating_sub(self.last_flush.get()) >= FLUSH_INTERVAL {
+            self.flush(host, now);
         }
     }
 
@@ -365,8 +366,8 @@ impl Metrics {
         self.bump(self.bridge_joined, 1);
     }
 
-    pub fn bridge_latency<H: Host>(&self, host: &H, us: u64) {
-        let _ = host.record_metric(self.bridge_latency_us, us);
+    pub fn bridge_latency<H: Host>(&self, host: &H, latency: Micros) {
+        let _ = host.record_metric(self.bridge_latency_us, latency.us());
     }
 
     /// A rule held a request instead of denying it.
@@ -379,7 +380,7 @@ impl Metrics {
     /// A held request was released (on time or late).
     pub fn delay_released(&self, delayed: &Delayed) {
         if let Some(rule) = self.rules.get(delayed.rule.index()) {
-            let waited = i64::try_from(delayed.waited_us).unwrap_or(i64::MAX);
+            let waited = i64::try_from(delayed.waited.us()).unwrap_or(i64::MAX);
             self.bump(rule.delay_waited_us, waited);
             if delayed.late {
                 self.bump(rule.delay_late, 1);
@@ -477,8 +478,8 @@ impl Metrics {
         self.bump(stat, 1);
     }
 
-    /// Counts one request's evaluation, finished at `now_us`.
-    pub fn record<H: Host>(&self, host: &H, eval: &Evaluation, now_us: u64) {
+    /// Counts one request's evaluation, finished at `now`.
+    pub fn record<H: Host>(&self, host: &H, eval: &Evaluation, now: Micros) {
         match &eval.bridge_error {
             Some(BridgeError::Skipped) => self.bump(self.bridge_skipped, 1),
             Some(BridgeError::Busy) => self.bump(self.bridge_busy, 1),
@@ -564,7 +565,7 @@ impl Metrics {
                 Some(Placement::Existing) | None => {}
             }
         }
-        self.flush_if_due(host, now_us);
+        self.flush_if_due(host, now);
     }
 }
 

@@ -6,7 +6,7 @@
 //! stored, tables that exist keep their state, metrics map to the same stats.
 
 use super::host::{Host, LogLevel};
-use super::metrics::{Metrics, RuleStats, FLUSH_INTERVAL_US};
+use super::metrics::{Metrics, RuleStats, FLUSH_INTERVAL};
 use crate::bounds::MAX_ITEMS;
 use crate::bounds::{MAX_BODY_BYTES, MAX_CONFIG_BYTES};
 use crate::buffers::BufferBudget;
@@ -18,6 +18,7 @@ use crate::key::Seed;
 use crate::rules::Rule;
 use crate::rules::RuleId;
 use crate::store::seed;
+use crate::time::Micros;
 use crate::usage::settlement::{ResponseSeen, Settlement};
 use crate::wire::{v2, v3, ReplyError, SECRET_HEADER};
 use crate::worker::Worker;
@@ -29,7 +30,7 @@ const GAUGE_SAMPLE_SETS: u32 = 256;
 
 /// The tick when no request is held: idle workers send their metrics, every VM checks
 /// its hashing seed.
-pub const SLOW_TICK_MS: u32 = (FLUSH_INTERVAL_US / 1_000) as u32;
+pub const SLOW_TICK_MS: u32 = FLUSH_INTERVAL.as_millis() as u32;
 
 pub struct Plugin {
     pub engine: Engine,
@@ -176,7 +177,7 @@ impl Plugin {
         host: &H,
         owner: u32,
         eval: Evaluation,
-        now_us: u64,
+        now: Micros,
     ) -> Result<(), Box<(Evaluation, ReplyError)>> {
         let Some(bridge) = &self.engine.config.bridge else {
             return Err(Box::new((eval, ReplyError::Unavailable)));
@@ -202,7 +203,7 @@ impl Plugin {
                     .collect();
                 let call = Call {
                     owner,
-                    sent_at_us: now_us,
+                    sent_at: now,
                     eval,
                     keys,
                     waiters: Vec::new(),
@@ -265,14 +266,14 @@ impl Plugin {
         seen: Option<&ResponseSeen>,
     ) -> Option<Settlement> {
         let rule = self.engine.config.rule(commit.rule)?;
-        let now_us = || host.now_us().unwrap_or(commit.counted_at_us);
+        let now = || host.now().unwrap_or(commit.counted_at);
         let Some(cost) = &rule.commit else {
             // A concurrency rule: the stream is over. A give-back shared data refuses
             // stays marked in the worker and is done on its next tick.
             let released = match self.worker.try_borrow_mut() {
                 Ok(mut worker) => self
                     .engine
-                    .end_in_flight(host, &mut worker, commit, now_us())
+                    .end_in_flight(host, &mut worker, commit, now())
                     .is_ok(),
                 // Never expected (no caller holds the worker here); the place is then
                 // dropped when its epoch passes, as a dead VM's would be.
@@ -304,7 +305,7 @@ impl Plugin {
                 }
             }
         } else {
-            match self.engine.commit(host, commit, value, now_us()) {
+            match self.engine.commit(host, commit, value, now()) {
                 Ok(true) => self
                     .metrics
                     .commit_settled(commit.rule, commit.reserved, value),
@@ -327,12 +328,10 @@ impl Plugin {
         {
             return;
         }
-        let Ok(now_us) = host.now_us() else {
+        let Ok(now) = host.now() else {
             return;
         };
-        let adapted = self
-            .engine
-            .adapt(host, &mut self.worker.borrow_mut(), now_us);
+        let adapted = self.engine.adapt(host, &mut self.worker.borrow_mut(), now);
         for a in &adapted {
             self.metrics.adapted(host, a);
         }
@@ -341,7 +340,7 @@ impl Plugin {
     /// Concurrency rules, from the root context's tick: places whose give-back failed
     /// are given back, places counted in an older epoch re-counted (see
     /// `crate::concurrency`), at most a bounded number of keys per tick.
-    pub fn tend_places<H: Host>(&self, host: &H, now_us: u64) {
+    pub fn tend_places<H: Host>(&self, host: &H, now: Micros) {
         let Ok(mut worker) = self.worker.try_borrow_mut() else {
             return;
         };
@@ -349,7 +348,7 @@ impl Plugin {
             self.places_due.set(false);
             return;
         }
-        let tended = self.engine.tend_places(host, &mut worker, now_us);
+        let tended = self.engine.tend_places(host, &mut worker, now);
         for &(rule, units) in &tended.reclaimed {
             self.metrics.in_flight_reclaimed(rule, units);
         }
@@ -488,9 +487,9 @@ impl Plugin {
     /// Periodic work of the VM: tend the places of concurrency rules, send pending
     /// metrics, adopt the stored seed if a racing
     /// VM's replaced ours. Returns whether the seed changed.
-    pub fn on_tick<H: Host>(&self, host: &H, now_us: u64) -> bool {
-        self.tend_places(host, now_us);
-        self.metrics.flush(host, now_us);
+    pub fn on_tick<H: Host>(&self, host: &H, now: Micros) -> bool {
+        self.tend_places(host, now);
+        self.metrics.flush(host, now);
         match seed::reload(host, self.seed.get()) {
             Ok(Some(stored)) => {
                 self.seed.set(stored);

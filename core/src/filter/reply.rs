@@ -5,6 +5,7 @@ use super::host::{self, Host, LogLevel};
 use super::plugin::Plugin;
 use crate::engine::{BridgeError, Evaluation, RuleOutcome, Source};
 use crate::response::{self, Denial, FilterState, HeaderStyle};
+use crate::time::Micros;
 use std::fmt::Write as _;
 
 /// What a request is answered, or what the upstream's answer gets.
@@ -55,9 +56,9 @@ impl Reply {
         host: &H,
         plugin: &Plugin,
         eval: &Evaluation,
-        now_us: u64,
+        now: Micros,
     ) -> bool {
-        plugin.metrics.record(host, eval, now_us);
+        plugin.metrics.record(host, eval, now);
         let engine = &plugin.engine;
         let settings = &engine.config.response;
         if !eval.shadow_limited.is_empty() {

@@ -19,6 +19,7 @@ use crate::buffers::Buffered;
 use crate::engine::{BridgeError, Evaluation};
 use crate::flight::Join;
 use crate::rules::Facts;
+use crate::time::Micros;
 use crate::usage::RequestBody;
 use std::rc::Rc;
 
@@ -213,7 +214,7 @@ impl Request {
 
     /// Evaluates the request's rules now.
     fn decide<H: Host>(&mut self, host: &H, plugin: &Rc<Plugin>) -> Action {
-        let Ok(now_us) = host.now_us() else {
+        let Ok(now) = host.now() else {
             return Action::Continue;
         };
         let engine = &plugin.engine;
@@ -221,15 +222,15 @@ impl Request {
         let eval = {
             let mut worker = plugin.worker.borrow_mut();
             let seed = plugin.seed.get();
-            engine.evaluate(host, &mut worker, &seed, &mut facts, now_us)
+            engine.evaluate(host, &mut worker, &seed, &mut facts, now)
         };
-        self.go_on(host, plugin, eval, now_us)
+        self.go_on(host, plugin, eval, now)
     }
 
     /// The request this filter holds is due (called from the root context's tick): the
     /// rules go on from the one that held it, and the request is resumed, answered, or
     /// held again (its release came too late for its slot).
-    pub fn on_hold_due<H: Host>(&mut self, host: &H, now_us: u64) {
+    pub fn on_hold_due<H: Host>(&mut self, host: &H, now: Micros) {
         let (Some(plugin), Some(mut eval)) = (self.plugin.clone(), self.held.take()) else {
             return;
         };
@@ -238,29 +239,29 @@ impl Request {
         {
             let mut worker = plugin.worker.borrow_mut();
             let seed = plugin.seed.get();
-            engine.release(&mut eval, host, &mut worker, &seed, &mut facts, now_us);
+            engine.release(&mut eval, host, &mut worker, &seed, &mut facts, now);
         }
         if let Some(delayed) = &eval.delayed {
             plugin.metrics.delay_released(delayed);
             self.reply
-                .set_header(DELAY_HEADER, (delayed.waited_us / 1_000).to_string());
+                .set_header(DELAY_HEADER, delayed.waited.as_millis().to_string());
         }
-        if self.go_on(host, &plugin, eval, now_us) == Action::Continue {
+        if self.go_on(host, &plugin, eval, now) == Action::Continue {
             self.resume(host);
         }
     }
 
     /// The plugin goes away while this request is held: it is answered as limited, with
     /// the time it would have waited as its retry.
-    pub fn on_plugin_done<H: Host>(&mut self, host: &H, now_us: u64) {
+    pub fn on_plugin_done<H: Host>(&mut self, host: &H, now: Micros) {
         let (Some(plugin), Some(mut eval)) = (self.plugin.clone(), self.held.take()) else {
             return;
         };
         if let Some(held) = &eval.held {
             plugin.metrics.delay_abandoned(held.rule);
         }
-        eval.deny_held(now_us);
-        if self.finish(host, &plugin, &eval, now_us) {
+        eval.deny_held(now);
+        if self.finish(host, &plugin, &eval, now) {
             self.resume(host);
         }
     }
@@ -271,7 +272,7 @@ impl Request {
         host: &H,
         plugin: &Plugin,
         mut eval: Evaluation,
-        now_us: u64,
+        now: Micros,
     ) -> Action {
         let Some(held) = eval.held else {
             return Action::Continue;
@@ -285,8 +286,8 @@ impl Request {
         if !queued {
             // The engine holds only when the worker has room; should that ever not be
             // so, the request is denied (its slot is lost, never admitted early).
-            eval.deny_held(now_us);
-            return if self.finish(host, plugin, &eval, now_us) {
+            eval.deny_held(now);
+            return if self.finish(host, plugin, &eval, now) {
                 Action::Continue
             } else {
                 Action::Pause
@@ -300,23 +301,23 @@ impl Request {
 
     /// The answer to this request's own bridge call, with its evaluation completed. The
     /// request is paused: resume it, unless it was answered here.
-    pub fn on_own_call_answered<H: Host>(&mut self, host: &H, eval: Evaluation, now_us: u64) {
+    pub fn on_own_call_answered<H: Host>(&mut self, host: &H, eval: Evaluation, now: Micros) {
         let Some(plugin) = self.plugin.clone() else {
             return;
         };
-        if self.finish(host, &plugin, &eval, now_us) {
+        if self.finish(host, &plugin, &eval, now) {
             self.resume(host);
         }
     }
 
     /// The call this request waited on has landed: what it brought is in the lease
     /// table. Look again; ask the bridge only if this request still misses.
-    pub fn on_flight_landed<H: Host>(&mut self, host: &H, now_us: u64) {
+    pub fn on_flight_landed<H: Host>(&mut self, host: &H, now: Micros) {
         let (Some(plugin), Some((_, mut eval))) = (self.plugin.clone(), self.waiting.take()) else {
             return;
         };
-        plugin.engine.revisit(&mut eval, host, now_us);
-        if self.go_on(host, &plugin, eval, now_us) == Action::Continue {
+        plugin.engine.revisit(&mut eval, host, now);
+        if self.go_on(host, &plugin, eval, now) == Action::Continue {
             self.resume(host);
         }
     }
@@ -360,10 +361,10 @@ impl Request {
         host: &H,
         plugin: &Plugin,
         mut eval: Evaluation,
-        now_us: u64,
+        now: Micros,
     ) -> Action {
         if eval.held.is_some() {
-            return self.hold(host, plugin, eval, now_us);
+            return self.hold(host, plugin, eval, now);
         }
         let engine = &plugin.engine;
         if !eval.pending.is_empty() {
@@ -380,19 +381,19 @@ impl Request {
                     return Action::Pause;
                 }
                 Join::Full => {
-                    engine.fail_now(&mut eval, host, now_us, BridgeError::Busy);
+                    engine.fail_now(&mut eval, host, now, BridgeError::Busy);
                 }
-                Join::Alone => match plugin.call_bridge(host, self.context_id, eval, now_us) {
+                Join::Alone => match plugin.call_bridge(host, self.context_id, eval, now) {
                     Ok(()) => return Action::Pause,
                     Err(failed) => {
                         let (back, error) = *failed;
                         eval = back;
-                        engine.complete(&mut eval, host, now_us, now_us, Err(error));
+                        engine.complete(&mut eval, host, now, now, Err(error));
                     }
                 },
             }
         }
-        if self.finish(host, plugin, &eval, now_us) {
+        if self.finish(host, plugin, &eval, now) {
             Action::Continue
         } else {
             Action::Pause
@@ -415,12 +416,12 @@ impl Request {
         host: &H,
         plugin: &Plugin,
         eval: &Evaluation,
-        now_us: u64,
+        now: Micros,
     ) -> bool {
         // Decided: what was read for an estimate is not needed any more.
         self.drop_request_body();
         self.read_facts = None;
-        if !self.reply.carry_out(host, plugin, eval, now_us) {
+        if !self.reply.carry_out(host, plugin, eval, now) {
             for commit in &eval.commits {
                 settle(host, plugin, self.context_id, commit, None);
             }

@@ -58,8 +58,8 @@ impl Root {
     /// The plugin's periodic work: stats, the seed, places of concurrency rules.
     pub fn on_tick<H: Host>(&self, host: &H) {
         host.refresh_log_level();
-        if let (Some(plugin), Ok(now_us)) = (&self.plugin, host.now_us()) {
-            if plugin.on_tick(host, now_us) {
+        if let (Some(plugin), Ok(now)) = (&self.plugin, host.now()) {
+            if plugin.on_tick(host, now) {
                 self.log(
                     host,
                     LogLevel::Warn,

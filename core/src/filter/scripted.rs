@@ -17,6 +17,7 @@ use super::request::Action;
 use super::vm::Vm;
 use crate::store::memory::MemoryStore;
 use crate::store::{SharedStore, StoreError};
+use crate::time::Micros;
 use std::cell::{RefCell, RefMut};
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -200,8 +201,8 @@ impl SharedStore for ScriptedHost {
 }
 
 impl Host for ScriptedHost {
-    fn now_us(&self) -> HostResult<u64> {
-        Ok(self.call("get_current_time").now_us)
+    fn now(&self) -> HostResult<Micros> {
+        Ok(Micros(self.call("get_current_time").now_us))
     }
 
     fn log(&self, level: LogLevel, message: &str) {

@@ -108,12 +108,12 @@ impl Settlements {
                         status: status.unwrap_or(0),
                         from_upstream: from_upstream(host),
                     };
-                    Some((host.now_us().ok()?, response))
+                    Some((host.now().ok()?, response))
                 }) else {
                     continue;
                 };
                 seen = Some((now, response));
-                let latency = now.saturating_sub(s.commit.counted_at_us);
+                let latency = now.saturating_sub(s.commit.counted_at);
                 plugin.engine.observe_response(
                     &mut plugin.worker.borrow_mut(),
                     &s.commit,

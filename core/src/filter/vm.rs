@@ -3,6 +3,7 @@
 use super::host::Host;
 use super::request::{Action, Request};
 use super::root::Root;
+use crate::time::Micros;
 use std::collections::HashMap;
 
 /// The contexts of one VM (one per worker thread, and the main thread's): a root context
@@ -70,12 +71,12 @@ impl Vm {
             plugin.adjust_tick(host);
             return;
         }
-        let Ok(now_us) = host.now_us() else {
+        let Ok(now) = host.now() else {
             return;
         };
-        let due = plugin.worker.borrow_mut().waiting.take_due(now_us);
+        let due = plugin.worker.borrow_mut().waiting.take_due(now.us());
         for context in due {
-            self.in_request(host, context, |request| request.on_hold_due(host, now_us));
+            self.in_request(host, context, |request| request.on_hold_due(host, now));
         }
         let _ = host.set_effective_context(root_id);
         plugin.adjust_tick(host);
@@ -169,9 +170,9 @@ impl Vm {
         if let Some(plugin) = plugin {
             let held = plugin.worker.borrow_mut().waiting.take_all();
             if !held.is_empty() {
-                let now_us = host.now_us().unwrap_or(0);
+                let now = host.now().unwrap_or(Micros::ZERO);
                 for context in held {
-                    self.in_request(host, context, |r| r.on_plugin_done(host, now_us));
+                    self.in_request(host, context, |r| r.on_plugin_done(host, now));
                 }
                 let _ = host.set_effective_context(context_id);
             }
@@ -211,33 +212,33 @@ impl Vm {
         let Some(call) = plugin.flights.borrow_mut().land(token) else {
             return;
         };
-        let now_us = host.now_us().unwrap_or(call.sent_at_us);
+        let now = host.now().unwrap_or(call.sent_at);
         plugin
             .metrics
-            .bridge_latency(host, now_us.saturating_sub(call.sent_at_us));
+            .bridge_latency(host, now.saturating_sub(call.sent_at));
         let reply = plugin.read_bridge_reply(host, &call, body_size);
         let mut eval = call.eval;
         plugin
             .engine
-            .complete(&mut eval, host, call.sent_at_us, now_us, reply);
+            .complete(&mut eval, host, call.sent_at, now, reply);
         let owner = self
             .requests
             .get_mut(&call.owner)
             .filter(|_| host.set_effective_context(call.owner).is_ok());
         if let Some(owner) = owner {
-            owner.on_own_call_answered(host, eval, now_us);
+            owner.on_own_call_answered(host, eval, now);
         } else {
             // Its request is gone; what the call decided is still counted, and what its
             // rules hold for a response that will never come is settled now (a
             // concurrency rule's place given back; an estimate given back too: the
             // request, paused for this call, never reached the upstream).
-            plugin.metrics.record(host, &eval, now_us);
+            plugin.metrics.record(host, &eval, now);
             for commit in &eval.commits {
                 plugin.settle(host, commit, None);
             }
         }
         for waiter in call.waiters {
-            self.in_request(host, waiter, |r| r.on_flight_landed(host, now_us));
+            self.in_request(host, waiter, |r| r.on_flight_landed(host, now));
         }
         let _ = host.set_effective_context(root_id);
     }

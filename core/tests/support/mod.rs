@@ -12,6 +12,7 @@ use weir_core::engine::{Engine, Evaluation, RuleOutcome};
 use weir_core::key::Seed;
 use weir_core::rules::{Fact, FactSource, Facts};
 use weir_core::store::memory::MemoryStore;
+use weir_core::time::Micros;
 use weir_core::worker::Worker;
 
 pub const T0: u64 = 1_700_000_000_000_000;
@@ -54,7 +55,7 @@ pub fn evaluate_on(
     now: u64,
 ) -> Evaluation {
     let mut facts = Facts::new(&engine.config.facts, req.clone());
-    engine.evaluate(store, worker, &SEED, &mut facts, now)
+    engine.evaluate(store, worker, &SEED, &mut facts, Micros(now))
 }
 
 /// Runs one request; returns whether it was allowed and the first rule's outcome.

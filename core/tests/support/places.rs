@@ -6,6 +6,7 @@ use super::{evaluate_on, FakeRequest};
 use std::collections::BTreeMap;
 use weir_core::engine::{Engine, PendingCommit};
 use weir_core::store::memory::MemoryStore;
+use weir_core::time::Micros;
 use weir_core::worker::Worker;
 
 /// Admits one request on `worker`; its pending release when allowed.
@@ -27,7 +28,7 @@ pub fn admit(
 
 /// The stream of `open`, admitted by `worker`, ends: its place is given back.
 pub fn end(e: &Engine, store: &MemoryStore, worker: &mut Worker, open: &PendingCommit, now: u64) {
-    assert_eq!(e.end_in_flight(store, worker, open, now), Ok(true));
+    assert_eq!(e.end_in_flight(store, worker, open, Micros(now)), Ok(true));
 }
 
 /// Requests open by (end, id): the worker that admitted each, its release, its start.
@@ -41,7 +42,7 @@ pub fn end_due(e: &Engine, store: &MemoryStore, workers: &mut [Worker], open: &m
             break;
         }
         let (w, pending, started) = open.remove(&(ends, id)).unwrap();
-        e.observe_latency(&mut workers[w], &pending, ends - started);
+        e.observe_latency(&mut workers[w], &pending, Micros(ends - started));
         end(e, store, &mut workers[w], &pending, ends);
     }
 }
