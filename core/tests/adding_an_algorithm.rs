@@ -14,11 +14,13 @@
 //!   algorithm modules and in the files the table lists: a `matches!` on a kind or a
 //!   `"gcra"` anywhere else fails here (ask the spec or the traits instead);
 //! - every file the table lists names every slot algorithm (an entry nothing needs any
-//!   more fails too), on exactly as many lines as its `lines` column says when that is
-//!   a number: each of them is one line a new algorithm adds;
-//! - a test or example that names every slot algorithm as a variant of one enum
-//!   (`AlgorithmKind::…` or `Limit::…`: a match the compiler or a runner will make a new
-//!   one join, or a list of them all) is listed.
+//!   more fails too), its test modules included; on exactly as many lines of its code
+//!   as its `lines` column says when that is a number: each is one line a new algorithm
+//!   adds;
+//! - a file that enumerates the slot algorithms is listed: any source, test, fixture or
+//!   page with a line that names them all (a message that lists them, a table), and a
+//!   test or example that names every one as a variant of one enum (`AlgorithmKind::…`
+//!   or `Limit::…`: a match the compiler or a runner will make a new one join).
 #![cfg(not(target_arch = "wasm32"))]
 #![allow(
     clippy::unwrap_used,
@@ -153,28 +155,6 @@ fn names_as(line: &str, enumeration: &str, spec: &AlgorithmSpec) -> bool {
     has_word(line, &format!("{enumeration}::{}", variant(spec)), "")
 }
 
-/// The `.rs` files under `dir` (relative to the root), sorted.
-fn rust_files(dir: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut stack = vec![root().join(dir)];
-    while let Some(d) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for entry in entries {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                stack.push(path);
-            } else if path.extension().is_some_and(|e| e == "rs") {
-                let rel = path.strip_prefix(root()).unwrap();
-                out.push(rel.to_string_lossy().replace('\\', "/"));
-            }
-        }
-    }
-    out.sort();
-    out
-}
-
 fn read(path: &str) -> String {
     std::fs::read_to_string(root().join(path)).unwrap_or_else(|e| panic!("{path}: {e}"))
 }
@@ -225,7 +205,7 @@ fn only_the_listed_files_and_the_algorithm_modules_name_an_algorithm() {
         let files = if dir.ends_with(".rs") {
             vec![dir.to_string()]
         } else {
-            rust_files(dir)
+            files_ending(dir, &[".rs"])
         };
         for file in files {
             if listed.contains(&file) || homes.contains(&file) {
@@ -253,39 +233,50 @@ fn only_the_listed_files_and_the_algorithm_modules_name_an_algorithm() {
     );
 }
 
+/// The lines of `file`: for Rust, with comments left out (test modules kept).
+fn lines_of(file: &str, text: &str) -> Vec<String> {
+    if is_rust(file) {
+        text.lines().map(code_of).collect()
+    } else {
+        text.lines().map(str::to_string).collect()
+    }
+}
+
+fn is_rust(file: &str) -> bool {
+    file.ends_with(".rs")
+}
+
+/// Whether `line` of `file` names the algorithm of `spec`: as code names it in Rust, by
+/// its config name elsewhere.
+fn named_in(file: &str, line: &str, spec: &AlgorithmSpec) -> bool {
+    if is_rust(file) {
+        names(line, spec)
+    } else {
+        has_word(line, spec.name, "")
+    }
+}
+
 #[test]
 fn every_listed_file_names_every_algorithm_on_the_lines_it_says() {
     for (file, lines) in listed(&docs_rows()) {
         let text = read(&file);
-        let is_doc = file.ends_with(".md");
-        let code = if is_doc {
-            text
-        } else if file.contains("/tests/") || file.contains("/examples/") {
-            // Tests and examples keep their test modules: that is their code.
-            text.lines().map(code_of).collect::<Vec<_>>().join("\n")
-        } else {
-            code_of(&text)
-        };
         for spec in slot_specs() {
-            let count = code
-                .lines()
-                .filter(|line| {
-                    if is_doc {
-                        has_word(line, spec.name, "")
-                    } else {
-                        names(line, spec)
-                    }
-                })
-                .count();
+            // Anywhere, by any of its names (a test's message has them in backquotes).
             assert!(
-                count > 0,
+                lines_of(&file, &text)
+                    .iter()
+                    .any(|line| named_in(&file, line, spec) || has_word(line, spec.name, "")),
                 "{file} is listed but does not name {}",
                 spec.name
             );
             if let Some(lines) = lines {
+                let count = code_of(&text)
+                    .lines()
+                    .filter(|line| named_in(&file, line, spec))
+                    .count();
                 assert_eq!(
                     count, lines,
-                    "{file} names {} on {count} lines, docs/algorithms.md says {lines}",
+                    "{file} names {} on {count} lines of its code, docs/algorithms.md says {lines}",
                     spec.name
                 );
             }
@@ -293,29 +284,81 @@ fn every_listed_file_names_every_algorithm_on_the_lines_it_says() {
     }
 }
 
-#[test]
-fn every_test_that_enumerates_the_algorithms_is_listed() {
-    let listed: BTreeSet<String> = listed(&docs_rows()).into_iter().map(|(f, _)| f).collect();
-    let mut missing = Vec::new();
-    for dir in ["core/tests", "bridge/tests", "bridge/examples", "tests"] {
-        for file in rust_files(dir) {
-            if listed.contains(&file) {
-                continue;
-            }
-            let code: Vec<String> = read(&file).lines().map(code_of).collect();
-            let enumerates = ["AlgorithmKind", "Limit"].into_iter().any(|enumeration| {
-                slot_specs()
-                    .into_iter()
-                    .all(|spec| code.iter().any(|line| names_as(line, enumeration, spec)))
-            });
-            if enumerates {
-                missing.push(file);
+/// The files below `dir` (relative to the root) whose name ends with one of `endings`.
+fn files_ending(dir: &str, endings: &[&str]) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![root().join(dir)];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for entry in entries {
+            let path = entry.unwrap().path();
+            let rel = path.strip_prefix(root()).unwrap();
+            let rel = rel.to_string_lossy().replace('\\', "/");
+            if path.is_dir() {
+                stack.push(path);
+            } else if endings.iter().any(|e| rel.ends_with(e)) {
+                out.push(rel);
             }
         }
     }
+    out.sort();
+    out
+}
+
+/// Whether `lines` of `file` enumerate the slot algorithms: one line names them all (a
+/// message that lists them, a table), or, in a test or example, every one is named as a
+/// variant of the same enum (a match the compiler makes a new one join).
+fn enumerates(file: &str, lines: &[String]) -> bool {
+    let in_one_line = lines.iter().any(|line| {
+        slot_specs()
+            .into_iter()
+            .all(|spec| has_word(line, spec.name, ""))
+    });
+    let test_code =
+        is_rust(file) && !file.starts_with("core/src/") && !file.starts_with("bridge/src/");
+    let by_kind = test_code
+        && ["AlgorithmKind", "Limit"].into_iter().any(|enumeration| {
+            slot_specs()
+                .into_iter()
+                .all(|spec| lines.iter().any(|line| names_as(line, enumeration, spec)))
+        });
+    in_one_line || by_kind
+}
+
+#[test]
+fn every_file_that_enumerates_the_algorithms_is_listed() {
+    let listed: BTreeSet<String> = listed(&docs_rows()).into_iter().map(|(f, _)| f).collect();
+    let dirs = [
+        "core/src",
+        "core/tests",
+        "bridge/src",
+        "bridge/tests",
+        "bridge/examples",
+        "src",
+        "tests",
+        "docs",
+    ];
+    let mut files: Vec<String> = dirs
+        .into_iter()
+        .flat_map(|dir| files_ending(dir, &[".rs", ".expected", ".md"]))
+        .filter(|file| !file.starts_with("docs/bench/"))
+        // This file's own samples are not a list a new algorithm joins.
+        .filter(|file| file != "core/tests/adding_an_algorithm.rs")
+        .collect();
+    files.extend(["README.md".to_string(), "bridge/README.md".to_string()]);
+    let missing: Vec<String> = files
+        .into_iter()
+        .filter(|file| !listed.contains(file))
+        .filter(|file| {
+            std::fs::read_to_string(root().join(file))
+                .is_ok_and(|text| enumerates(file, &lines_of(file, &text)))
+        })
+        .collect();
     assert!(
         missing.is_empty(),
-        "these name every slot algorithm by its kind, so a new one joins them: list them in \
+        "these enumerate the slot algorithms, so a new one joins them: list them in \
          docs/algorithms.md (\"Adding an algorithm\"): {missing:?}"
     );
 }
@@ -335,6 +378,24 @@ fn the_checks_see_what_they_are_for() {
     assert!(!names(&code_of("    // Limit::Gcra in a comment"), gcra));
     assert_eq!(code_of("a // Limit::Gcra"), "a ");
     assert_eq!(code_of(r#"let s = "//"; x"#), r#"let s = "//"; x"#);
+    let message = "expected one of token_bucket, gcra, fixed_window, sliding_window, x";
+    assert!(enumerates(
+        "core/tests/config/bad/x.expected",
+        &[message.to_string()]
+    ));
+    assert!(!enumerates(
+        "docs/x.md",
+        &["gcra and token_bucket".to_string()]
+    ));
+    let kinds: Vec<String> = ["Gcra", "TokenBucket", "FixedWindow", "SlidingWindow"]
+        .iter()
+        .map(|v| format!("Limit::{v}(x) => 1,"))
+        .collect();
+    assert!(enumerates("core/tests/x.rs", &kinds));
+    assert!(
+        !enumerates("core/src/x.rs", &kinds),
+        "code is checked for strays instead"
+    );
     let table = "intro\n\n## Adding an algorithm\n\n| file | lines | what |\n|---|---|---|\n\
                  | `core/src/algorithms/<name>.rs` | new | the module |\n\
                  | `core/src/a.rs`, `docs/b.md` | 2 | x |\n\n## Next\n| `not/this.rs` | 1 | y |\n";
