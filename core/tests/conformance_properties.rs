@@ -1,0 +1,304 @@
+//! The conformance checker's properties (natively: proptest does not run under
+//! wasm32): a single central limiter never violates its bound, deliberate mutants always
+//! do, and the checker agrees with a brute-force reading of the bounds. The tables and
+//! worked mutants are in `conformance.rs`.
+#![cfg(not(target_arch = "wasm32"))]
+// Test code: a failed expectation is meant to panic, helpers included.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+#[path = "support/conformance.rs"]
+#[allow(dead_code)]
+mod checked;
+
+use checked::*;
+use weir_core::algorithms::{gcra::Gcra, AlgorithmKind, GlobalLimit, Limit};
+use weir_core::conformance::{check, Admission, Violation};
+use weir_core::scenarios::{S_US, T0};
+
+/// Properties over random limits and schedules (natively: proptest does not run under
+/// wasm32).
+#[cfg(not(target_arch = "wasm32"))]
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// A duration for small parameters: a few µs (so that instants collide with
+    /// boundaries), ms, or a second.
+    fn period() -> impl Strategy<Value = u64> {
+        prop_oneof![2u64..=50, 1_000u64..=2_000_000, Just(S_US)]
+    }
+
+    /// A limit of any algorithm with small parameters, and its natural time scale (µs):
+    /// how long an emptied key takes to be fresh again.
+    fn limits() -> impl Strategy<Value = (GlobalLimit, u64)> {
+        prop_oneof![
+            (0u64..=6, 1u64..=9, period()).prop_filter_map("valid gcra", |(b, r, p)| {
+                let g = Gcra::new(b, r, p).ok()?;
+                let scale = g.tolerance_ns().div_ceil(1_000);
+                Some((GlobalLimit::Slot(Limit::Gcra(g)), scale))
+            }),
+            (1u64..=8, 1u64..=10, period())
+                .prop_map(|(c, r, p)| (token_bucket(c, r, p), p * c.div_ceil(r))),
+            (1u64..=8, period()).prop_map(|(n, w)| (fixed_window(n, w), w)),
+            (1u64..=8, period()).prop_map(|(n, w)| (sliding_window(n, w), w)),
+            (1u64..=8, period()).prop_map(|(n, w)| (sliding_log(n, w), w)),
+        ]
+    }
+
+    /// The gap before a step: the same instant, 1 µs, a fraction of the scale, or an idle
+    /// stretch longer than it.
+    fn gap(scale: u64, kind: u8, frac: u64) -> u64 {
+        match kind {
+            0 => 0,
+            1 => 1,
+            2 => scale * frac / 64 + frac % 3,
+            _ => scale + scale * frac / 16 + frac % 5,
+        }
+    }
+
+    /// Steps: a gap, then a burst of requests at one instant, each a cost and the extra
+    /// units it would like (a lease when above 0).
+    type Step = (u8, u64, Vec<(u64, u64)>);
+
+    fn schedule() -> impl Strategy<Value = (u64, Vec<Step>)> {
+        let cost = prop_oneof![8 => 1u64..=3, 1 => Just(0u64), 1 => 4u64..=9];
+        let extra = prop_oneof![4 => Just(0u64), 1 => 1u64..=4];
+        let step = (
+            0u8..4,
+            0u64..=64,
+            prop::collection::vec((cost, extra), 1..8),
+        );
+        (0u64..1_000 * S_US, prop::collection::vec(step, 1..40))
+    }
+
+    /// Runs `steps` through `central` from `T0 + start`.
+    fn run(central: &mut Central, scale: u64, start: u64, steps: &[Step]) {
+        let mut now = T0 + start;
+        for (kind, frac, requests) in steps {
+            now += gap(scale, *kind, *frac);
+            for &(cost, extra) in requests {
+                central.request(now, cost, cost + extra);
+            }
+        }
+    }
+
+    /// Random admissions with small costs at instants that collide: for the brute force.
+    fn admissions() -> impl Strategy<Value = (u64, Vec<(u8, u64, u64)>)> {
+        let cost = prop_oneof![6 => 0u64..=3, 1 => 4u64..=12];
+        (
+            0u64..1_000 * S_US,
+            prop::collection::vec((0u8..4, 0u64..=64, cost), 0..40),
+        )
+    }
+
+    fn expect_violation_real(limit: &GlobalLimit, admitted: &[Admission]) -> Violation {
+        match check(limit, admitted) {
+            Ok(()) => panic!("a mutant passed {limit:?}: {admitted:?}"),
+            Err(v) => {
+                assert_real(limit, admitted, &v);
+                v
+            }
+        }
+    }
+
+    /// The most units a fresh key gets at once.
+    fn full(limit: &GlobalLimit) -> u64 {
+        limit.max_cost()
+    }
+
+    /// The same algorithm with one unit more of burst, capacity or limit.
+    fn plus_one(limit: &GlobalLimit) -> GlobalLimit {
+        let mut values = limit.algorithm().parameters();
+        let at = if limit.kind() == AlgorithmKind::Gcra {
+            2
+        } else {
+            0
+        };
+        values[at] += 1;
+        GlobalLimit::build(limit.kind(), &values).unwrap()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 4096, ..ProptestConfig::default() })]
+
+        /// Thousands of schedules, every algorithm: what one central limiter admits
+        /// (requests and leases alike, spent where granted) keeps the bound.
+        #[test]
+        fn a_single_central_limiter_never_violates(
+            (limit, scale) in limits(),
+            (start, steps) in schedule(),
+        ) {
+            let mut central = Central::new(&limit);
+            run(&mut central, scale, start, &steps);
+            if let Err(v) = check(&limit, &central.admitted) {
+                panic!("central {limit:?} violates: {v}\n{:?}", central.admitted);
+            }
+        }
+
+        /// On any admissions: Ok exactly when no prefix breaks the bound; otherwise the
+        /// violation ends at the first admission that does, and (stretches) starts
+        /// where the excess is largest, the latest such start.
+        #[test]
+        fn the_checker_agrees_with_the_definitions(
+            (limit, scale) in limits(),
+            (start, steps) in admissions(),
+        ) {
+            let mut now = T0 + start;
+            let mut list = Vec::new();
+            for (kind, frac, cost) in steps {
+                now += gap(scale, kind, frac);
+                list.push(at(now, cost));
+            }
+            // Unsorted input, sorted indices: reversed, so equal instants swap too.
+            list.reverse();
+            let s = sorted(&list);
+            let expected = (0..s.len()).find(|&j| breaks_at(&limit, &s, j));
+            match (check(&limit, &list), expected) {
+                (Ok(()), None) => {}
+                (Err(v), Some(j)) => {
+                    prop_assert_eq!(v.last, j, "{}", v);
+                    assert_real(&limit, &list, &v);
+                    if matches!(limit, GlobalLimit::Slot(Limit::Gcra(_) | Limit::TokenBucket(_))) {
+                        let excess = |i| stretch_excess(&limit, &s, i, j);
+                        let best = (0..=j).map(excess).max().unwrap();
+                        let latest = (0..=j).rev().find(|&i| excess(i) == best).unwrap();
+                        prop_assert_eq!(v.first, latest, "{}", v);
+                    }
+                }
+                (got, want) => panic!("checker {got:?}, definitions {want:?} for {s:?}"),
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 1024, ..ProptestConfig::default() })]
+
+        /// One unit more of burst, capacity or limit, hit with a burst at one instant
+        /// (after a random history and an idle stretch that empties the key).
+        #[test]
+        fn a_burst_one_too_large_always_violates(
+            (limit, scale) in limits(),
+            (start, steps) in schedule(),
+            history in any::<bool>(),
+        ) {
+            let mutant = plus_one(&limit);
+            let mut central = Central::new(&mutant);
+            let mut now = T0 + start;
+            if history {
+                run(&mut central, scale, start, &steps);
+                now = central.admitted.last().map_or(now, |a| a.at_us);
+                now = now.max(central.idle_at()) + 2 * scale + 1;
+            }
+            prop_assert_eq!(central.burst(now), full(&limit) + 1);
+            let v = expect_violation_real(&limit, &central.admitted);
+            prop_assert!(v.last < central.admitted.len());
+        }
+
+        /// Units granted at once, not spent, and spent after the key is fresh again
+        /// beside a fresh grant: GCRA and the token bucket idle until full, the windows
+        /// spend a window's units in the next (the counter: two windows on), the log at
+        /// the end of the next window.
+        #[test]
+        fn units_spent_after_their_lease_always_violate(
+            (limit, scale) in limits(),
+            start in 0u64..1_000 * S_US,
+            extra in 0u64..=64,
+            late in 0u64..=64,
+        ) {
+            let mut central = Central::new(&limit);
+            let t0 = T0 + start;
+            let n = full(&limit);
+            prop_assert_eq!(central.grant(t0, 1, n), Some(n));
+            let (fresh_at, saved_at) = match &limit {
+                GlobalLimit::Slot(Limit::Gcra(g)) => {
+                    // The saved units within τ of the fresh ones.
+                    let t1 = central.idle_at() + scale * extra / 64;
+                    let room = g.tolerance_ns().div_ceil(1_000) - 1;
+                    (t1, t1 + room * late / 64)
+                }
+                GlobalLimit::Slot(Limit::TokenBucket(b)) => {
+                    // Fewer refill instants between them than it takes R to make up C.
+                    let t1 = central.idle_at() + scale * extra / 64;
+                    let room = b.period_us() * ((b.capacity() - 1) / b.refill());
+                    (t1, t1 + room * late / 64)
+                }
+                GlobalLimit::Slot(Limit::FixedWindow(w)) => {
+                    let next = (t0 / w.window_us() + 1) * w.window_us();
+                    let t1 = next + (w.window_us() - 1) * extra / 64;
+                    (t1, t1 + (next + w.window_us() - 1 - t1) * late / 64)
+                }
+                GlobalLimit::Slot(Limit::SlidingWindow(w)) => {
+                    let next = (t0 / w.window_us() + 2) * w.window_us();
+                    let t1 = next + (w.window_us() - 1) * extra / 64;
+                    (t1, t1 + (next + w.window_us() - 1 - t1) * late / 64)
+                }
+                GlobalLimit::SlidingLog(l) => {
+                    let t1 = t0 + l.window_us() + (l.window_us() - 1) * extra / 64;
+                    (t1, t0 + 2 * l.window_us() - 1)
+                }
+            };
+            prop_assert_eq!(central.grant(fresh_at, 1, n), Some(n));
+            let spent = [at(fresh_at, n), at(saved_at, n)];
+            let v = expect_violation_real(&limit, &spent);
+            prop_assert_eq!((v.first, v.last), (0, 1));
+        }
+
+        /// A token bucket that refills 2R (R < C): drained, then emptied again at each of
+        /// its next refills.
+        #[test]
+        fn a_refill_counted_twice_always_violates(
+            capacity in 2u64..=10,
+            refill_at in 0u64..=100,
+            period in period(),
+            start in 0u64..1_000 * S_US,
+            refills in 1u64..=4,
+        ) {
+            let refill = 1 + (capacity - 2) * refill_at / 100; // 1..C−1
+            let limit = token_bucket(capacity, refill, period);
+            let mut mutant = Central::new(&token_bucket(capacity, 2 * refill, period));
+            let t0 = T0 + start;
+            prop_assert_eq!(mutant.burst(t0), capacity);
+            for m in 1..=refills {
+                prop_assert_eq!(mutant.burst(t0 + m * period), (2 * refill).min(capacity));
+            }
+            expect_violation_real(&limit, &mutant.admitted);
+        }
+
+        /// Windows 1 µs off, either way, with the limit on each side of the mutant's
+        /// boundary: a fixed window (both shifts), a counter whose windows start late,
+        /// a log that trims 1 µs early.
+        #[test]
+        fn a_window_boundary_off_by_one_always_violates(
+            limit_units in 1u64..=8,
+            window in 2u64..=3_000,
+            k in 0u64..1_000_000,
+            kind in 0u8..4,
+        ) {
+            let boundary = (T0 / window + k) * window;
+            let (limit, skew, times): (GlobalLimit, i64, Vec<u64>) = match kind {
+                // Counts (k+1)W in window k.
+                0 => (fixed_window(limit_units, window), -1, vec![boundary, boundary + 1]),
+                // Starts window k+1 at (k+1)W − 1.
+                1 => (fixed_window(limit_units, window), 1, vec![boundary - 2, boundary - 1]),
+                // The counter 1 µs late: a burst at (k+1)W, then at every µs after.
+                2 => (
+                    sliding_window(limit_units, window),
+                    -1,
+                    (boundary..boundary + 2 * window + 2).collect(),
+                ),
+                // The log trims events at now − W + 1.
+                _ => (sliding_log(limit_units, window), 1, vec![boundary, boundary + window - 1]),
+            };
+            let mut mutant = Central::skewed(&limit, skew);
+            for t in times {
+                mutant.burst(t);
+            }
+            expect_violation_real(&limit, &mutant.admitted);
+        }
+    }
+}
