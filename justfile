@@ -77,6 +77,10 @@ bench-sim:
     cargo build -p weir-bridge --release
     cargo run --release -q -p weir-bench -- simulate
 
+# What a request of each weir scenario costs in VM entries and host calls, counted on a scripted Envoy: the same on any machine (CI holds it to bench/counted-ceilings.json).
+counted:
+    cargo run --release -q -p weir-bench -- counted
+
 # The benchmark harness's own unit tests (report formatting, the empty filter's steps).
 test-bench:
     cargo test -p weir-bench -p weir-empty-filter

@@ -12,7 +12,8 @@ use std::cell::Cell;
 use std::ptr::null_mut;
 
 use weir_core::filter::host::{
-    store_error, Host, HostError, HostResult, LogLevel, MetricType, NOT_FOUND,
+    store_error, BoundaryCounts, CallKind, Host, HostError, HostResult, LogLevel, MetricType,
+    NOT_FOUND,
 };
 use weir_core::store::{SharedStore, StoreError};
 use weir_core::time::{Micros, Nanos};
@@ -137,6 +138,11 @@ unsafe fn take_bytes(data: *mut u8, size: usize) -> Vec<u8> {
     if data.is_null() {
         Vec::new()
     } else {
+        COUNTS.with(|c| {
+            let mut counts = c.get();
+            counts.bytes_in = counts.bytes_in.wrapping_add(size as u64);
+            c.set(counts);
+        });
         Vec::from_raw_parts(data, size, size)
     }
 }
@@ -151,7 +157,7 @@ fn found(status: u32, data: *mut u8, size: usize) -> HostResult<Option<Vec<u8>>>
 }
 
 pub fn log(level: LogLevel, message: &str) {
-    count_call();
+    count(CallKind::Log, message.len());
     // Nothing sensible to do if logging itself fails.
     let _ = unsafe { proxy_log(level as u32, message.as_ptr(), message.len()) };
 }
@@ -166,7 +172,7 @@ fn log_enabled(level: LogLevel) -> bool {
 /// Reads Envoy's log level for this plugin (at configure time and on every tick, so a
 /// change through Envoy's admin `/logging` applies within a tick).
 fn refresh_log_level() {
-    count_call();
+    count(CallKind::Log, 0);
     let mut current = 0u32;
     let level = match unsafe { proxy_get_log_level(&mut current) } {
         0 => current,
@@ -179,35 +185,45 @@ fn refresh_log_level() {
 thread_local! {
     /// Envoy's log level for this plugin (0 trace … 6 off); trace until first read.
     static LOG_LEVEL: Cell<u32> = const { Cell::new(0) };
-    /// Host calls this VM has made.
-    static HOST_CALLS: Cell<u64> = const { Cell::new(0) };
+    /// What crossed this VM's boundary since it started (the `vm.*` stats, see
+    /// `weir_core::filter::metrics`).
+    static COUNTS: Cell<BoundaryCounts> = Cell::new(BoundaryCounts::default());
 }
 
-fn count_call() {
-    HOST_CALLS.with(|c| c.set(c.get().wrapping_add(1)));
+/// Counts one call into the host, of `kind`, handing it `out` bytes (what it copies back
+/// is counted where it is taken, [`take_bytes`]).
+fn count(kind: CallKind, out: usize) {
+    COUNTS.with(|c| {
+        let mut counts = c.get();
+        counts.call(kind, out, 0);
+        c.set(counts);
+    });
 }
 
-/// Host calls this VM has made since it started: every function of this module that
-/// crosses into the host counts one (the `vm.host_calls` stat, see `weir_core::filter::metrics`).
-fn calls_made() -> u64 {
-    HOST_CALLS.with(Cell::get)
+/// Counts one callback Envoy made into the VM: every export of [`crate::abi`] calls it.
+pub fn entered() {
+    COUNTS.with(|c| {
+        let mut counts = c.get();
+        counts.entries = counts.entries.wrapping_add(1);
+        c.set(counts);
+    });
 }
 
 /// The host's clock, read in ns and kept in µs.
 fn now() -> HostResult<Micros> {
-    count_call();
+    count(CallKind::Clock, 0);
     let mut ns = 0u64;
     ok(unsafe { proxy_get_current_time_nanoseconds(&mut ns) })?;
     Ok(Nanos(ns).as_micros_floor())
 }
 
 fn set_tick_period_ms(period: u32) -> HostResult<()> {
-    count_call();
+    count(CallKind::Tick, 0);
     ok(unsafe { proxy_set_tick_period_milliseconds(period) })
 }
 
 fn buffer(buffer_type: u32, max_size: usize) -> HostResult<Option<Vec<u8>>> {
-    count_call();
+    count(CallKind::Body, 0);
     let mut data = null_mut();
     let mut size = 0;
     let status = unsafe { proxy_get_buffer_bytes(buffer_type, 0, max_size, &mut data, &mut size) };
@@ -233,7 +249,7 @@ fn http_call_response_body(max_size: usize) -> HostResult<Option<Vec<u8>>> {
 }
 
 fn map_value(map_type: u32, name: &str) -> HostResult<Option<Vec<u8>>> {
-    count_call();
+    count(CallKind::Header, name.len());
     let mut data = null_mut();
     let mut size = 0;
     let status = unsafe {
@@ -255,7 +271,7 @@ fn http_call_response_header(name: &str) -> HostResult<Option<Vec<u8>>> {
 }
 
 fn add_response_header(name: &str, value: &str) -> HostResult<()> {
-    count_call();
+    count(CallKind::Header, name.len() + value.len());
     ok(unsafe {
         proxy_add_header_map_value(
             MAP_RESPONSE_HEADERS,
@@ -269,7 +285,7 @@ fn add_response_header(name: &str, value: &str) -> HostResult<()> {
 
 /// Sets a request header, replacing any value it had.
 fn replace_request_header(name: &str, value: &str) -> HostResult<()> {
-    count_call();
+    count(CallKind::Header, name.len() + value.len());
     ok(unsafe {
         proxy_replace_header_map_value(
             MAP_REQUEST_HEADERS,
@@ -283,7 +299,6 @@ fn replace_request_header(name: &str, value: &str) -> HostResult<()> {
 
 /// An Envoy attribute by path, e.g. `["source", "address"]`.
 fn property(path: &[String]) -> HostResult<Option<Vec<u8>>> {
-    count_call();
     let mut serialized = Vec::with_capacity(path.iter().map(|p| p.len() + 1).sum());
     for (i, part) in path.iter().enumerate() {
         if i > 0 {
@@ -291,6 +306,7 @@ fn property(path: &[String]) -> HostResult<Option<Vec<u8>>> {
         }
         serialized.extend_from_slice(part.as_bytes());
     }
+    count(CallKind::Property, serialized.len());
     let mut data = null_mut();
     let mut size = 0;
     let status =
@@ -300,7 +316,7 @@ fn property(path: &[String]) -> HostResult<Option<Vec<u8>>> {
 
 /// The value and version of a shared-data key (`(None, None)` when it does not exist).
 fn shared_get(key: &str) -> HostResult<(Option<Vec<u8>>, Option<u32>)> {
-    count_call();
+    count(CallKind::SharedGet, key.len());
     let mut data = null_mut();
     let mut size = 0;
     let mut cas = 0u32;
@@ -317,7 +333,7 @@ fn shared_get(key: &str) -> HostResult<(Option<Vec<u8>>, Option<u32>)> {
 }
 
 fn shared_set(key: &str, value: &[u8], cas: Option<u32>) -> HostResult<()> {
-    count_call();
+    count(CallKind::SharedSet, key.len() + value.len());
     ok(unsafe {
         proxy_set_shared_data(
             key.as_ptr(),
@@ -359,9 +375,9 @@ fn send_local_response<V: AsRef<[u8]>>(
     body: &[u8],
     grpc_status: i32,
 ) -> HostResult<()> {
-    count_call();
     let details = b"weir_rate_limited";
     let headers = serialize_headers(headers);
+    count(CallKind::Stream, details.len() + body.len() + headers.len());
     ok(unsafe {
         proxy_send_local_response(
             status,
@@ -386,9 +402,12 @@ fn http_call(
     body: &[u8],
     timeout_ms: u64,
 ) -> HostResult<u32> {
-    count_call();
     let headers = serialize_headers(headers);
     let trailers = serialize_headers::<&str>(&[]);
+    count(
+        CallKind::Dispatch,
+        upstream.len() + headers.len() + body.len() + trailers.len(),
+    );
     let timeout = u32::try_from(timeout_ms).unwrap_or(u32::MAX);
     let mut token = 0u32;
     ok(unsafe {
@@ -411,7 +430,7 @@ fn http_call(
 /// Makes `context_id` the context later host calls act on (resuming or answering a
 /// request other than the one whose callback is running).
 fn set_effective_context(context_id: u32) -> HostResult<()> {
-    count_call();
+    count(CallKind::Stream, 0);
     ok(unsafe { proxy_set_effective_context(context_id) })
 }
 
@@ -419,29 +438,29 @@ fn set_effective_context(context_id: u32) -> HostResult<()> {
 /// `wasm.<name>`, which access logs (`%FILTER_STATE(wasm.<name>:PLAIN)%`) and later
 /// filters can read.
 fn set_property(name: &str, value: &[u8]) -> HostResult<()> {
-    count_call();
+    count(CallKind::Property, name.len() + value.len());
     ok(unsafe { proxy_set_property(name.as_ptr(), name.len(), value.as_ptr(), value.len()) })
 }
 
 fn resume_http_request() -> HostResult<()> {
-    count_call();
+    count(CallKind::Stream, 0);
     ok(unsafe { proxy_continue_stream(STREAM_HTTP_REQUEST) })
 }
 
 fn define_metric(metric_type: MetricType, name: &str) -> HostResult<u32> {
-    count_call();
+    count(CallKind::Stats, name.len());
     let mut id = 0u32;
     ok(unsafe { proxy_define_metric(metric_type as u32, name.as_ptr(), name.len(), &mut id) })?;
     Ok(id)
 }
 
 fn increment_metric(id: u32, offset: i64) -> HostResult<()> {
-    count_call();
+    count(CallKind::Stats, 0);
     ok(unsafe { proxy_increment_metric(id, offset) })
 }
 
 fn record_metric(id: u32, value: u64) -> HostResult<()> {
-    count_call();
+    count(CallKind::Stats, 0);
     ok(unsafe { proxy_record_metric(id, value) })
 }
 
@@ -484,8 +503,8 @@ impl Host for WasmHost {
         refresh_log_level();
     }
 
-    fn calls_made(&self) -> u64 {
-        calls_made()
+    fn counts(&self) -> BoundaryCounts {
+        COUNTS.with(Cell::get)
     }
 
     fn set_tick_period_ms(&self, period_ms: u32) -> HostResult<()> {

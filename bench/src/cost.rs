@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use weir_core::filter::host::CallKind;
 use weir_e2e::{parse_stats, redis_cli_at, Envoy};
 
 use crate::scenario::Scenario;
@@ -30,6 +31,15 @@ pub struct Sample {
     /// Calls weir's VMs made into Envoy (`vm.host_calls`; 0 for the other filters).
     #[serde(default)]
     pub host_calls: u64,
+    /// Callbacks Envoy made into weir's VMs (`vm.entries`; 0 for the other filters).
+    #[serde(default)]
+    pub vm_entries: u64,
+    /// weir's calls into Envoy by kind (`vm.calls.<kind>`).
+    #[serde(default)]
+    pub vm_calls: BTreeMap<String, u64>,
+    /// Bytes copied across weir's VM boundary, both ways (`vm.bytes_in` + `vm.bytes_out`).
+    #[serde(default)]
+    pub vm_bytes: u64,
     /// Bridge calls that failed, and requests that skipped the bridge after a failure.
     pub bridge_failures: u64,
     /// Every command on the Redis masters (commands run by scripts included).
@@ -77,11 +87,14 @@ impl Fleet {
 }
 
 /// Counters read from one Envoy.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 struct EnvoyCounters {
     requests: u64,
     bridge_calls: u64,
     host_calls: u64,
+    vm_entries: u64,
+    vm_calls: BTreeMap<String, u64>,
+    vm_bytes: u64,
     bridge_failures: u64,
 }
 
@@ -98,6 +111,19 @@ fn envoy_counters(envoy: &Envoy) -> EnvoyCounters {
         // The harness names the plugin `weir` (weir_e2e::wasm_filter_yaml).
         bridge_calls: get("wasmcustom.weir.weir.bridge.calls"),
         host_calls: get("wasmcustom.weir.weir.vm.host_calls"),
+        vm_entries: get("wasmcustom.weir.weir.vm.entries"),
+        vm_calls: CallKind::ALL
+            .iter()
+            .map(|k| {
+                let name = k.stat_name();
+                (
+                    name.to_string(),
+                    get(&format!("wasmcustom.weir.weir.vm.calls.{name}")),
+                )
+            })
+            .collect(),
+        vm_bytes: get("wasmcustom.weir.weir.vm.bytes_in")
+            + get("wasmcustom.weir.weir.vm.bytes_out"),
         bridge_failures: get("wasmcustom.weir.weir.bridge.skipped")
             + get("wasmcustom.weir.weir.bridge.busy")
             + get("wasmcustom.weir.weir.bridge.errors_timeout")
@@ -203,6 +229,18 @@ pub fn measure(
         runtime_us_per_request: per_request(run1.saturating_sub(run0)),
         bridge_calls: c1.bridge_calls.saturating_sub(c0.bridge_calls),
         host_calls: c1.host_calls.saturating_sub(c0.host_calls),
+        vm_entries: c1.vm_entries.saturating_sub(c0.vm_entries),
+        vm_calls: c1
+            .vm_calls
+            .iter()
+            .map(|(k, v)| {
+                (
+                    k.clone(),
+                    v.saturating_sub(c0.vm_calls.get(k).copied().unwrap_or(0)),
+                )
+            })
+            .collect(),
+        vm_bytes: c1.vm_bytes.saturating_sub(c0.vm_bytes),
         bridge_failures: c1.bridge_failures.saturating_sub(c0.bridge_failures),
         redis_commands: r1_all.saturating_sub(r0_all),
         redis_scripts: r1_scripts.saturating_sub(r0_scripts),

@@ -23,6 +23,7 @@
 mod accuracy;
 mod concurrency;
 mod cost;
+mod counted;
 mod features;
 mod page;
 mod report;
@@ -68,7 +69,8 @@ const USAGE: &str = "usage: weir-bench [--rounds N] [--duration SECS] [--warmup 
        weir-bench --render OUT/bench/results.json [--no-plot]
        weir-bench simulate [--smoke] [--out DIR]
        weir-bench features [--smoke] [--secs N] [--out DIR]
-       weir-bench concurrency [--smoke] [--secs N] [--out DIR] [--no-plot]";
+       weir-bench concurrency [--smoke] [--secs N] [--out DIR] [--no-plot]
+       weir-bench counted";
 
 impl Opts {
     fn parse(args: &[String]) -> Opts {
@@ -169,6 +171,11 @@ fn main() {
     if args.first().map(String::as_str) == Some("concurrency") {
         return concurrency_main(&args[1..]);
     }
+    if args.first().map(String::as_str) == Some("counted") {
+        // Same on any machine: no Envoy, no wrk (see counted.rs).
+        print!("{}", counted::table(&counted::count_all(10_000)));
+        return;
+    }
     if let Some(at) = args.iter().position(|a| a == "--render") {
         let json = args
             .get(at + 1)
@@ -258,6 +265,7 @@ fn main() {
             .into_iter()
             .map(|(s, v)| (s.id().to_string(), v))
             .collect(),
+        counted: counted::count_all(if opts.smoke { 1_000 } else { 10_000 }),
     };
     write_outputs(&opts, &out, &results);
     print_summary(&results, !opts.smoke);

@@ -65,6 +65,7 @@ pub fn markdown(r: &Results, png_name: Option<&str>) -> String {
         header(r),
         machine_table(r).markdown(),
         cost_section(r),
+        counted_section(r),
         accuracy_section(r, png_name),
         targets_section(&r.targets),
         running_section(),
@@ -226,6 +227,20 @@ fn ratio_table(r: &Results) -> Table {
             x.non_2xx_pct.show(1),
         ]);
     }
+    // Runs before the filter counted its VM entries (`vm.entries`) have no such column.
+    if r.scenarios
+        .iter()
+        .any(|x| x.vm_entries_per_request.median > 0.0)
+    {
+        t.head.push("VM entries/request".into());
+        for (row, x) in t.rows.iter_mut().zip(&r.scenarios) {
+            row.push(if x.id.starts_with("weir-") {
+                x.vm_entries_per_request.show(2)
+            } else {
+                "–".into()
+            });
+        }
+    }
     t
 }
 
@@ -239,6 +254,25 @@ fn host_calls(x: &Summary) -> String {
     } else {
         "–".into()
     }
+}
+
+/// The counted cost (no Envoy, the same on any machine) next to what Envoy counted.
+fn counted_section(r: &Results) -> String {
+    if r.counted.is_empty() {
+        return String::new();
+    }
+    format!(
+        "## Counted cost per request\n\nWhat a request of each weir scenario costs in units no \
+         machine changes: callbacks Envoy makes into the VM and calls the VM makes into Envoy, by \
+         kind. Counted on a scripted Envoy (`weir_core::filter::scripted`: the callbacks Envoy \
+         makes for a request answered by a direct response, bridge calls answered at once by \
+         weir-bridge's model), {} requests per scenario after a warm-up, with the scenario's \
+         configuration and traffic; `weir-bench counted` prints this table, and CI holds it to \
+         `bench/counted-ceilings.json`. The host calls and VM entries Envoy itself counted in the \
+         runs above (`vm.host_calls`, `vm.entries`) are in the table before.\n\n{}\n",
+        r.counted.first().map_or(0, |c| c.requests),
+        crate::counted::table(&r.counted)
+    )
 }
 
 fn run_health(r: &Results) -> String {

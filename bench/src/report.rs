@@ -3,6 +3,7 @@
 
 use crate::accuracy::{self, Mode, PacedRun};
 use crate::cost::{Sample, Samples};
+use crate::counted::Counted;
 use crate::scenario::Scenario;
 use crate::sys::Machine;
 
@@ -84,6 +85,12 @@ pub struct Summary {
     /// weir's calls into Envoy per request (`vm.host_calls`), 0 for the other filters.
     #[serde(default)]
     pub host_calls_per_request: Stat,
+    /// Envoy's callbacks into weir's VM per request (`vm.entries`), 0 for the others.
+    #[serde(default)]
+    pub vm_entries_per_request: Stat,
+    /// Bytes copied across weir's VM boundary per request, both ways.
+    #[serde(default)]
+    pub vm_bytes_per_request: Stat,
     pub redis_commands_per_request: Stat,
     pub redis_scripts_per_request: Stat,
     /// Responses that were not 2xx, % of wrk's requests.
@@ -115,6 +122,8 @@ pub fn summarize(samples: &Samples) -> Vec<Summary> {
             cpu_us_per_request: stat(v, &|x| x.cpu_us_per_request),
             bridge_calls_per_request: stat(v, &|x| x.per_request(x.bridge_calls)),
             host_calls_per_request: stat(v, &|x| x.per_request(x.host_calls)),
+            vm_entries_per_request: stat(v, &|x| x.per_request(x.vm_entries)),
+            vm_bytes_per_request: stat(v, &|x| x.per_request(x.vm_bytes)),
             redis_commands_per_request: stat(v, &|x| x.per_request(x.redis_commands)),
             redis_scripts_per_request: stat(v, &|x| x.per_request(x.redis_scripts)),
             non_2xx_pct: stat(v, &|x| x.limited_fraction() * 100.0),
@@ -337,6 +346,10 @@ pub struct Results {
     pub accuracy: AccuracyResults,
     /// Every measured wrk run, by scenario id.
     pub samples: Vec<(String, Vec<Sample>)>,
+    /// What each weir scenario's request costs in VM entries and host calls on a
+    /// scripted Envoy: the same on any machine (`weir-bench counted`).
+    #[serde(default)]
+    pub counted: Vec<Counted>,
 }
 
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]

@@ -50,11 +50,12 @@ impl fmt::Display for HostError {
 
 pub type HostResult<T> = Result<T, HostError>;
 
-/// proxy-wasm's log levels (trace is 0, off is 6).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+/// proxy-wasm's log levels (trace is 0, off is 6); Envoy's default is info.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
 #[repr(u32)]
 pub enum LogLevel {
     Debug = 1,
+    #[default]
     Info = 2,
     Warn = 3,
     Error = 4,
@@ -67,6 +68,101 @@ pub enum MetricType {
     Counter = 0,
     Gauge = 1,
     Histogram = 2,
+}
+
+/// The kinds of host call a VM counts (`vm.calls.<kind>`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallKind {
+    /// The clock.
+    Clock,
+    /// A request, response or call-answer header read, added or replaced.
+    Header,
+    /// A body or configuration buffer read.
+    Body,
+    /// A shared-data read.
+    SharedGet,
+    /// A shared-data write (compare-and-swap or create).
+    SharedSet,
+    /// An attribute read or a property set (filter state).
+    Property,
+    /// An HTTP call started.
+    Dispatch,
+    /// A request resumed or answered, or the effective context switched.
+    Stream,
+    /// A stat defined, incremented or recorded.
+    Stats,
+    /// A log line, or the log level read.
+    Log,
+    /// The tick period set.
+    Tick,
+}
+
+impl CallKind {
+    pub const ALL: [CallKind; 11] = [
+        CallKind::Clock,
+        CallKind::Header,
+        CallKind::Body,
+        CallKind::SharedGet,
+        CallKind::SharedSet,
+        CallKind::Property,
+        CallKind::Dispatch,
+        CallKind::Stream,
+        CallKind::Stats,
+        CallKind::Log,
+        CallKind::Tick,
+    ];
+
+    /// Its position in [`BoundaryCounts::calls`].
+    pub const fn index(self) -> usize {
+        self as usize
+    }
+
+    /// The last segment of its stat, `vm.calls.<name>`.
+    pub const fn stat_name(self) -> &'static str {
+        match self {
+            CallKind::Clock => "clock",
+            CallKind::Header => "header",
+            CallKind::Body => "body",
+            CallKind::SharedGet => "shared_get",
+            CallKind::SharedSet => "shared_set",
+            CallKind::Property => "property",
+            CallKind::Dispatch => "dispatch",
+            CallKind::Stream => "stream",
+            CallKind::Stats => "stats",
+            CallKind::Log => "log",
+            CallKind::Tick => "tick",
+        }
+    }
+}
+
+/// What crossed a VM's boundary with the host: machine-independent figures of what a
+/// request costs (the benchmark divides them by requests).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BoundaryCounts {
+    /// Callbacks the host made into the VM (every export, memory allocation included).
+    pub entries: u64,
+    /// Calls the VM made into the host, by [`CallKind::index`].
+    pub calls: [u64; CallKind::ALL.len()],
+    /// Bytes the host copied into the VM (values, bodies, answers).
+    pub bytes_in: u64,
+    /// Bytes the VM handed the host (keys, names, values, bodies).
+    pub bytes_out: u64,
+}
+
+impl BoundaryCounts {
+    /// Every call out, whatever its kind.
+    pub fn total_calls(&self) -> u64 {
+        self.calls.iter().sum()
+    }
+
+    /// Counts one call of `kind` that handed the host `out` bytes and got `into` back.
+    pub fn call(&mut self, kind: CallKind, out: usize, into: usize) {
+        if let Some(n) = self.calls.get_mut(kind.index()) {
+            *n = n.wrapping_add(1);
+        }
+        self.bytes_out = self.bytes_out.wrapping_add(out as u64);
+        self.bytes_in = self.bytes_in.wrapping_add(into as u64);
+    }
 }
 
 /// What the lifecycle asks of the proxy. Shared data is the [`SharedStore`] it extends.
@@ -85,8 +181,9 @@ pub trait Host: SharedStore {
     fn log_enabled(&self, level: LogLevel) -> bool;
     /// Reads the plugin's log level again (configure time and every tick).
     fn refresh_log_level(&self);
-    /// Host calls this VM has made since it started (the `vm.host_calls` stat).
-    fn calls_made(&self) -> u64;
+    /// What crossed this VM's boundary with the host since it started: callbacks in,
+    /// calls out by kind, bytes each way (the `vm.*` stats).
+    fn counts(&self) -> BoundaryCounts;
     fn set_tick_period_ms(&self, period_ms: u32) -> HostResult<()>;
     /// The plugin configuration, up to `max_size` bytes.
     fn plugin_configuration(&self, max_size: usize) -> HostResult<Option<Vec<u8>>>;

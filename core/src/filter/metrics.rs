@@ -49,15 +49,19 @@
 //! (the last interval's latency quantile) and `latency_baseline_us` — with `per_key`,
 //! whose limits are one per key, none of these but the counter `keys_without_controller`
 //! (requests whose key had no controller of its own: decided against `max_in_flight`).
-//! `weir.<plugin>.vm.host_calls`
-//! counts the calls every VM of the plugin made into Envoy (shared data, headers, the
-//! clock, logs, stats): divided by requests, the cost floor the benchmark reports.
+//! What crossed the boundary between the VM and Envoy, counted by every VM of the plugin
+//! (with two plugins in one VM, each counts the VM's): `weir.<plugin>.vm.host_calls`
+//! (every call into Envoy), `vm.calls.<kind>` by kind (`clock`, `header`, `body`,
+//! `shared_get`, `shared_set`, `property`, `dispatch`, `stream`, `stats`, `log`, `tick`),
+//! `vm.entries` (every callback Envoy made into the VM) and `vm.bytes_in` / `vm.bytes_out`
+//! (bytes copied in and handed out). Divided by requests, they are what a request costs
+//! in units no machine changes; the benchmark reports them.
 //!
 //! Counting a request costs no host call: increments are kept in the VM and sent every
 //! [`FLUSH_INTERVAL`] — by the next request after that, or by the root context's tick
 //! when the worker is idle — so stats lag traffic by at most about a tenth of a second.
 
-use super::host::{Host, HostResult, MetricType};
+use super::host::{BoundaryCounts, CallKind, Host, HostResult, MetricType};
 use crate::engine::{
     Adapted, BridgeError, Delayed, Evaluation, FailureOutcome, RuleOutcome, Source,
 };
@@ -190,11 +194,37 @@ pub struct Metrics {
     bridge_bad_status: Stat,
     bridge_bad_body: Stat,
     bridge_latency_us: u32,
-    host_calls: Stat,
+    boundary: BoundaryStats,
     /// Bytes a request could not keep: the VM's `max_buffered_bytes` was full.
     buffer_full: Stat,
-    /// [`Host::calls_made`] at the last flush.
-    host_calls_flushed: Cell<u64>,
+    /// [`Host::counts`] at the last flush.
+    counted: Cell<BoundaryCounts>,
+}
+
+/// The `vm.*` counters of what crossed the VM's boundary.
+#[derive(Debug)]
+struct BoundaryStats {
+    host_calls: Stat,
+    calls: Vec<Stat>,
+    entries: Stat,
+    bytes_in: Stat,
+    bytes_out: Stat,
+}
+
+impl BoundaryStats {
+    fn define<H: Host>(r: &mut Registry<'_, H>, base: &str) -> HostResult<BoundaryStats> {
+        let mut calls = Vec::with_capacity(CallKind::ALL.len());
+        for kind in CallKind::ALL {
+            calls.push(r.counter(&format!("{base}.vm.calls.{}", kind.stat_name()))?);
+        }
+        Ok(BoundaryStats {
+            host_calls: r.counter(&format!("{base}.vm.host_calls"))?,
+            calls,
+            entries: r.counter(&format!("{base}.vm.entries"))?,
+            bytes_in: r.counter(&format!("{base}.vm.bytes_in"))?,
+            bytes_out: r.counter(&format!("{base}.vm.bytes_out"))?,
+        })
+    }
 }
 
 /// Defines host metrics and hands out their [`Stat`]s.
@@ -300,7 +330,7 @@ impl Metrics {
         let bridge_bad_body = r.counter(&format!("{base}.bridge.errors_bad_body"))?;
         let bridge_latency_us =
             host.define_metric(MetricType::Histogram, &format!("{base}.bridge.latency_us"))?;
-        let host_calls = r.counter(&format!("{base}.vm.host_calls"))?;
+        let boundary = BoundaryStats::define(&mut r, &base)?;
         let buffer_full = r.counter(&format!("{base}.vm.buffer_full"))?;
         Ok(Metrics {
             pending: r.pending,
@@ -319,9 +349,9 @@ impl Metrics {
             bridge_bad_status,
             bridge_bad_body,
             bridge_latency_us,
-            host_calls,
+            boundary,
             buffer_full,
-            host_calls_flushed: Cell::new(host.calls_made()),
+            counted: Cell::new(host.counts()),
         })
     }
 
@@ -334,9 +364,20 @@ impl Metrics {
     /// Sends the increments kept since the last flush.
     pub fn flush<H: Host>(&self, host: &H, now: Micros) {
         self.last_flush.set(now);
-        let calls = host.calls_made();
-        let made = calls.wrapping_sub(self.host_calls_flushed.replace(calls));
-        self.bump(self.host_calls, i64::try_from(made).unwrap_or(i64::MAX));
+        let now_counted = host.counts();
+        let before = self.counted.replace(now_counted);
+        let delta = |now: u64, then: u64| i64::try_from(now.wrapping_sub(then)).unwrap_or(i64::MAX);
+        let b = &self.boundary;
+        self.bump(
+            b.host_calls,
+            delta(now_counted.total_calls(), before.total_calls()),
+        );
+        for ((stat, now), then) in b.calls.iter().zip(now_counted.calls).zip(before.calls) {
+            self.bump(*stat, delta(now, then));
+        }
+        self.bump(b.entries, delta(now_counted.entries, before.entries));
+        self.bump(b.bytes_in, delta(now_counted.bytes_in, before.bytes_in));
+        self.bump(b.bytes_out, delta(now_counted.bytes_out, before.bytes_out));
         for (id, delta) in &self.pending {
             let by = delta.replace(0);
             if by != 0 {

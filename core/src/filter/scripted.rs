@@ -12,7 +12,7 @@
 //! do, with `BadArgument`, and are counted in [`HostState::misdirected`]: a lifecycle
 //! that resumes or answers a request that is gone is a bug these tests see.
 
-use super::host::{Host, HostError, HostResult, LogLevel, MetricType};
+use super::host::{BoundaryCounts, CallKind, Host, HostError, HostResult, LogLevel, MetricType};
 use super::request::Action;
 use super::vm::Vm;
 use crate::store::memory::MemoryStore;
@@ -124,8 +124,11 @@ pub struct HostState {
     pub configurations: HashMap<u32, (Vec<u8>, String)>,
     pub environment: HashMap<String, String>,
     pub logs: Vec<(LogLevel, String)>,
-    /// Every host call, and by method.
-    pub calls: u64,
+    /// The plugin's log level: lines below it are not logged.
+    pub log_level: LogLevel,
+    /// Callbacks made into the VM and calls out by kind (bytes are not counted here),
+    /// and the calls by ABI function.
+    pub counts: BoundaryCounts,
     pub calls_by_method: BTreeMap<&'static str, u64>,
     /// The tick period each root context asked for.
     pub tick_ms: HashMap<u32, u32>,
@@ -149,6 +152,25 @@ impl HostState {
     }
 }
 
+/// The kind of an ABI function, as the filter crate counts it.
+fn kind_of(method: &str) -> CallKind {
+    match method {
+        "get_current_time" => CallKind::Clock,
+        "get_header_map_value" | "add_header_map_value" | "replace_header_map_value" => {
+            CallKind::Header
+        }
+        "get_buffer_bytes" => CallKind::Body,
+        "get_shared_data" => CallKind::SharedGet,
+        "set_shared_data" => CallKind::SharedSet,
+        "get_property" | "set_property" => CallKind::Property,
+        "http_call" => CallKind::Dispatch,
+        "define_metric" | "increment_metric" | "record_metric" => CallKind::Stats,
+        "log" | "get_log_level" => CallKind::Log,
+        "set_tick_period" => CallKind::Tick,
+        _ => CallKind::Stream,
+    }
+}
+
 #[derive(Debug, Default)]
 pub struct ScriptedHost {
     /// Shared data, seen by every VM that shares this host.
@@ -164,9 +186,18 @@ impl ScriptedHost {
     /// Counts a call of `method`, and gives the state to act on.
     fn call(&self, method: &'static str) -> RefMut<'_, HostState> {
         let mut state = self.state.borrow_mut();
-        state.calls += 1;
+        state.counts.call(kind_of(method), 0, 0);
         *state.calls_by_method.entry(method).or_insert(0) += 1;
         state
+    }
+
+    /// A value Envoy copies into the VM, through `proxy_on_memory_allocate`: one more
+    /// entry into the VM.
+    fn handed_in(&self, value: HostResult<Option<Vec<u8>>>) -> HostResult<Option<Vec<u8>>> {
+        if let Ok(Some(_)) = &value {
+            self.state.borrow_mut().counts.entries += 1;
+        }
+        value
     }
 
     /// The effective context's stream.
@@ -186,7 +217,11 @@ impl ScriptedHost {
 impl SharedStore for ScriptedHost {
     fn get(&self, key: &str) -> Result<(Option<Vec<u8>>, Option<u32>), StoreError> {
         drop(self.call("get_shared_data"));
-        self.store.get(key)
+        let found = self.store.get(key);
+        if let Ok((Some(_), _)) = &found {
+            self.state.borrow_mut().counts.entries += 1;
+        }
+        found
     }
 
     fn compare_and_set(&self, key: &str, value: &[u8], version: u32) -> Result<(), StoreError> {
@@ -209,16 +244,17 @@ impl Host for ScriptedHost {
         self.call("log").logs.push((level, message.to_string()));
     }
 
-    fn log_enabled(&self, _level: LogLevel) -> bool {
-        true
+    /// As Envoy's default log level (info): debug lines are not even built.
+    fn log_enabled(&self, level: LogLevel) -> bool {
+        level >= self.state.borrow().log_level
     }
 
     fn refresh_log_level(&self) {
         drop(self.call("get_log_level"));
     }
 
-    fn calls_made(&self) -> u64 {
-        self.state.borrow().calls
+    fn counts(&self) -> BoundaryCounts {
+        self.state.borrow().counts
     }
 
     fn set_tick_period_ms(&self, period_ms: u32) -> HostResult<()> {
@@ -231,12 +267,15 @@ impl Host for ScriptedHost {
     }
 
     fn plugin_configuration(&self, max_size: usize) -> HostResult<Option<Vec<u8>>> {
-        let state = self.call("get_buffer_bytes");
-        let (config, _) = state
-            .configurations
-            .get(&state.effective)
-            .ok_or(NOT_FOUND)?;
-        Ok(Some(config.iter().copied().take(max_size).collect()))
+        let config = {
+            let state = self.call("get_buffer_bytes");
+            let (config, _) = state
+                .configurations
+                .get(&state.effective)
+                .ok_or(NOT_FOUND)?;
+            config.iter().copied().take(max_size).collect()
+        };
+        self.handed_in(Ok(Some(config)))
     }
 
     fn environment_variable(&self, name: &str) -> Option<String> {
@@ -288,17 +327,21 @@ impl Host for ScriptedHost {
 
     fn property(&self, path: &[String]) -> HostResult<Option<Vec<u8>>> {
         if path == ["plugin_name"] {
-            let state = self.call("get_property");
-            let root = match state.streams.get(&state.effective) {
-                Some(stream) => stream.root,
-                None => state.effective,
+            let name = {
+                let state = self.call("get_property");
+                let root = match state.streams.get(&state.effective) {
+                    Some(stream) => stream.root,
+                    None => state.effective,
+                };
+                state
+                    .configurations
+                    .get(&root)
+                    .map(|(_, name)| name.clone().into_bytes())
             };
-            return Ok(state
-                .configurations
-                .get(&root)
-                .map(|(_, name)| name.clone().into_bytes()));
+            return self.handed_in(Ok(name));
         }
-        self.stream("get_property", |s| s.attributes.get(path).cloned())
+        let found = self.stream("get_property", |s| s.attributes.get(path).cloned());
+        self.handed_in(found)
     }
 
     fn set_property(&self, name: &str, value: &[u8]) -> HostResult<()> {
@@ -308,9 +351,10 @@ impl Host for ScriptedHost {
     }
 
     fn request_header(&self, name: &str) -> HostResult<Option<Vec<u8>>> {
-        self.stream("get_header_map_value", |s| {
+        let found = self.stream("get_header_map_value", |s| {
             Stream::header(&s.request_headers, name)
-        })
+        });
+        self.handed_in(found)
     }
 
     fn replace_request_header(&self, name: &str, value: &str) -> HostResult<()> {
@@ -323,15 +367,17 @@ impl Host for ScriptedHost {
     }
 
     fn request_body(&self, max_size: usize) -> HostResult<Option<Vec<u8>>> {
-        self.stream("get_buffer_bytes", |s| {
+        let found = self.stream("get_buffer_bytes", |s| {
             Some(s.request_body.iter().copied().take(max_size).collect())
-        })
+        });
+        self.handed_in(found)
     }
 
     fn response_header(&self, name: &str) -> HostResult<Option<Vec<u8>>> {
-        self.stream("get_header_map_value", |s| {
+        let found = self.stream("get_header_map_value", |s| {
             Stream::header(&s.response_headers, name)
-        })
+        });
+        self.handed_in(found)
     }
 
     fn add_response_header(&self, name: &str, value: &str) -> HostResult<()> {
@@ -342,9 +388,10 @@ impl Host for ScriptedHost {
     }
 
     fn response_body(&self, size: usize) -> HostResult<Option<Vec<u8>>> {
-        self.stream("get_buffer_bytes", |s| {
+        let found = self.stream("get_buffer_bytes", |s| {
             Some(s.response_chunk.iter().copied().take(size).collect())
-        })
+        });
+        self.handed_in(found)
     }
 
     fn send_local_response(
@@ -409,15 +456,21 @@ impl Host for ScriptedHost {
     }
 
     fn call_response_header(&self, name: &str) -> HostResult<Option<Vec<u8>>> {
-        let state = self.call("get_header_map_value");
-        let (status, _) = state.answering.as_ref().ok_or(NOT_FOUND)?;
-        Ok((name == ":status" && *status != 0).then(|| status.to_string().into_bytes()))
+        let found = {
+            let state = self.call("get_header_map_value");
+            let (status, _) = state.answering.as_ref().ok_or(NOT_FOUND)?;
+            (name == ":status" && *status != 0).then(|| status.to_string().into_bytes())
+        };
+        self.handed_in(Ok(found))
     }
 
     fn call_response_body(&self, max_size: usize) -> HostResult<Option<Vec<u8>>> {
-        let state = self.call("get_buffer_bytes");
-        let (_, body) = state.answering.as_ref().ok_or(NOT_FOUND)?;
-        Ok(Some(body.iter().copied().take(max_size).collect()))
+        let body = {
+            let state = self.call("get_buffer_bytes");
+            let (_, body) = state.answering.as_ref().ok_or(NOT_FOUND)?;
+            body.iter().copied().take(max_size).collect()
+        };
+        self.handed_in(Ok(Some(body)))
     }
 }
 
@@ -453,6 +506,9 @@ impl Envoy {
                 .insert(root, (config.as_bytes().to_vec(), "weir".to_string()));
             state.effective = root;
         }
+        // proxy_on_context_create, proxy_on_vm_start (weir's answers at once),
+        // proxy_on_configure.
+        self.entering(3);
         self.vm.on_context_create(root, 0);
         if !self.vm.on_configure(&self.host, root) {
             let state = self.host.state();
@@ -480,13 +536,22 @@ impl Envoy {
         self.host.state().now_us = now_us;
     }
 
+    /// Envoy makes a callback into the VM for `context_id`: it is the effective context.
     fn enter(&self, context_id: u32) {
-        self.host.state().effective = context_id;
+        let mut state = self.host.state();
+        state.effective = context_id;
+        state.counts.entries += 1;
+    }
+
+    /// Counts `n` more callbacks into the VM (the `proxy_on_*` exports Envoy calls).
+    fn entering(&self, n: u64) {
+        self.host.state().counts.entries += n;
     }
 
     /// A request with `headers` and no body: its context and what the filter said.
     pub fn request(&mut self, headers: &[(&str, &str)]) -> (u32, Action) {
         let context = self.open_stream(headers);
+        self.entering(1);
         let action = self.vm.on_request_headers(&self.host, context, true);
         (context, action)
     }
@@ -499,6 +564,7 @@ impl Envoy {
         body: &[u8],
     ) -> (u32, Action, Action) {
         let context = self.open_stream(headers);
+        self.entering(1);
         let on_headers = self.vm.on_request_headers(&self.host, context, false);
         self.host
             .state()
@@ -529,6 +595,7 @@ impl Envoy {
             state.streams.insert(context, stream);
             state.effective = context;
         }
+        self.entering(1);
         self.vm.on_context_create(context, root);
         context
     }
@@ -551,6 +618,7 @@ impl Envoy {
             stream.response_chunk = body.to_vec();
             state.effective = context;
         }
+        self.entering(1);
         self.vm
             .on_response_headers(&self.host, context, body.is_empty());
         if !body.is_empty() {
@@ -563,7 +631,9 @@ impl Envoy {
     /// The stream is over (ended, reset or the client went away): Envoy's last
     /// callbacks for it, then it is gone.
     pub fn close(&mut self, context: u32) {
+        // proxy_on_done, proxy_on_log (weir's does nothing), proxy_on_delete.
         self.enter(context);
+        self.entering(2);
         self.vm.on_done(&self.host, context);
         self.vm.on_delete(&self.host, context);
         self.host.state().streams.remove(&context);
@@ -601,6 +671,7 @@ impl Envoy {
             state.effective = root;
             root
         };
+        self.entering(1);
         self.vm
             .on_http_call_response(&self.host, root, token, body.len());
         self.host.state().answering = None;
