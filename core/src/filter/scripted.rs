@@ -631,9 +631,9 @@ impl Envoy {
     /// The stream is over (ended, reset or the client went away): Envoy's last
     /// callbacks for it, then it is gone.
     pub fn close(&mut self, context: u32) {
-        // proxy_on_done, proxy_on_log (weir's does nothing), proxy_on_delete.
+        // proxy_on_done, proxy_on_delete (weir exports no proxy_on_log).
         self.enter(context);
-        self.entering(2);
+        self.entering(1);
         self.vm.on_done(&self.host, context);
         self.vm.on_delete(&self.host, context);
         self.host.state().streams.remove(&context);
