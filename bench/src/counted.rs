@@ -2,8 +2,8 @@
 //! (`weir_core::filter::scripted`) with the scenario's traffic, counting what crosses the
 //! VM's boundary per request — callbacks Envoy makes into the VM, and calls the VM makes
 //! into Envoy, by kind. These counts come out the same on any machine (the scripted host
-//! makes the callbacks real Envoy makes for a request answered by a direct response, and
-//! answers bridge calls from weir-bridge's model at once), so CI holds them to committed
+//! makes the callbacks real Envoy makes for a request answered by the benchmark's direct
+//! response, body included, and answers bridge calls from weir-bridge's model at once), so CI holds them to committed
 //! ceilings (`bench/counted-ceilings.json`) where a time could only flake. Real Envoy's
 //! own counts of the same stats (`vm.entries`, `vm.calls.<kind>`) are in a full run's
 //! results.
@@ -103,8 +103,9 @@ pub fn count(scenario: Scenario, requests: u64) -> Option<Counted> {
             if n >= WARM_UP {
                 limited += 1;
             }
+            envoy.deliver_local_reply(context);
         } else {
-            envoy.respond(context, 200, &[], b"");
+            envoy.respond(context, 200, &[], weir_e2e::envoy::DEFAULT_BODY.as_bytes());
         }
         envoy.close(context);
     }

@@ -628,6 +628,38 @@ impl Envoy {
         }
     }
 
+    /// The local reply the filter sent for `context` goes out through the response
+    /// callbacks, as in Envoy: the filter that sent it sees its headers and body too.
+    pub fn deliver_local_reply(&mut self, context: u32) {
+        let reply = {
+            let mut state = self.host.state();
+            let Some(stream) = state.streams.get_mut(&context) else {
+                return;
+            };
+            let Some(reply) = stream.local_reply.clone() else {
+                return;
+            };
+            stream.response_headers = vec![(":status".to_string(), reply.status.to_string())];
+            stream
+                .response_headers
+                .extend(reply.headers.iter().cloned());
+            stream.attributes.insert(
+                vec!["response".to_string(), "code_details".to_string()],
+                b"weir_rate_limited".to_vec(),
+            );
+            stream.response_chunk = reply.body.clone();
+            reply
+        };
+        self.enter(context);
+        self.vm
+            .on_response_headers(&self.host, context, reply.body.is_empty());
+        if !reply.body.is_empty() {
+            self.enter(context);
+            self.vm
+                .on_response_body(&self.host, context, reply.body.len(), true);
+        }
+    }
+
     /// The stream is over (ended, reset or the client went away): Envoy's last
     /// callbacks for it, then it is gone.
     pub fn close(&mut self, context: u32) {
