@@ -195,7 +195,7 @@ thread_local! {
 fn count(kind: CallKind, out: usize) {
     COUNTS.with(|c| {
         let mut counts = c.get();
-        counts.call(kind, out, 0);
+        counts.call(kind, out);
         c.set(counts);
     });
 }

@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 
 use weir_core::filter::host::{BoundaryCounts, CallKind, Host};
-use weir_core::filter::scripted::Envoy;
+use weir_core::filter::scripted_envoy::Envoy;
 use weir_core::filter::Action;
 use weir_core::simulation::ModelBridge;
 

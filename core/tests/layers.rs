@@ -53,7 +53,17 @@ const ENGINE_LAYERS: &[&str] = &[
 
 /// The files of `core/src/filter/`, lowest first, as for the engine.
 const FILTER_FILE_LAYERS: &[&str] = &[
-    "host", "facts", "metrics", "plugin", "settling", "reply", "request", "root", "vm", "scripted",
+    "host",
+    "facts",
+    "metrics",
+    "plugin",
+    "settling",
+    "reply",
+    "request",
+    "root",
+    "vm",
+    "scripted",
+    "scripted_envoy",
     "mod",
 ];
 

@@ -13,7 +13,8 @@
     clippy::indexing_slicing
 )]
 
-use weir_core::filter::scripted::{Envoy, LocalReply};
+use weir_core::filter::scripted::LocalReply;
+use weir_core::filter::scripted_envoy::Envoy;
 use weir_core::filter::{Action, DELAY_HEADER};
 use weir_core::simulation::ModelBridge;
 use weir_core::wire::{v2, v3};
@@ -456,6 +457,33 @@ fn a_failed_call_applies_the_failure_mode_and_resumes_or_answers() {
     assert_eq!(stat("bridge.errors_timeout"), 1);
     assert_eq!(stat("bridge.skipped"), 1);
     assert_eq!(stat("rule.tenant.failure_denied"), 3);
+}
+
+#[test]
+fn a_cost_estimated_from_the_body_is_decided_when_the_body_is_in() {
+    // 1,500 tokens an hour; a request asking for 1,000 costs 1,009 (its size counted too).
+    let mut envoy = envoy(
+        r#"{"rules":[{"name":"llm","key":[{"header":"x-user"}],
+        "limit":{"algorithm":"token_bucket","capacity":1500,"refill":1500,"period":"1h"},
+        "cost":{"body":{"max_bytes":4096},"default":300,"max":1500}}]}"#,
+    );
+    let body = br#"{"max_tokens":1000,"messages":[]}"#;
+    let headers = [(":path", "/v1/chat"), ("x-user", "acme")];
+    let (first, on_headers, on_body) = envoy.request_with_body(&headers, body);
+    assert_eq!(
+        (on_headers, on_body),
+        (Action::Continue, Action::Continue),
+        "the headers go on, the body decides"
+    );
+    assert!(reply_of(&envoy, first).is_none());
+    // 491 tokens are left: the second is denied on its body, with what it read of its
+    // headers before they went on.
+    let (second, on_headers, on_body) = envoy.request_with_body(&headers, body);
+    assert_eq!((on_headers, on_body), (Action::Continue, Action::Pause));
+    assert_eq!(reply_of(&envoy, second).unwrap().status, 429);
+    flush_stats(&mut envoy);
+    assert_eq!(stat_of(&envoy, "rule.llm.allowed"), 1);
+    assert_eq!(stat_of(&envoy, "rule.llm.limited"), 1);
 }
 
 #[test]

@@ -155,13 +155,13 @@ impl BoundaryCounts {
         self.calls.iter().sum()
     }
 
-    /// Counts one call of `kind` that handed the host `out` bytes and got `into` back.
-    pub fn call(&mut self, kind: CallKind, out: usize, into: usize) {
+    /// Counts one call of `kind` that handed the host `out` bytes (what comes back is
+    /// counted where it is taken).
+    pub fn call(&mut self, kind: CallKind, out: usize) {
         if let Some(n) = self.calls.get_mut(kind.index()) {
             *n = n.wrapping_add(1);
         }
         self.bytes_out = self.bytes_out.wrapping_add(out as u64);
-        self.bytes_in = self.bytes_in.wrapping_add(into as u64);
     }
 }
 

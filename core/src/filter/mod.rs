@@ -17,8 +17,9 @@
 //!   settled when its response ends, and [`reply`] for the answer it gets).
 //! - [`root`]: one plugin's root context: configure and tick.
 //! - [`vm`]: the contexts of one VM ([`Vm`]), and every callback routed to them.
-//! - [`scripted`] (feature `simulation`): a scripted host that plays Envoy's part, for
-//!   tests and the benchmark's counts.
+//! - [`scripted`] and [`scripted_envoy`] (feature `simulation`): a scripted host that
+//!   plays Envoy's part, and Envoy's callbacks made over it, for tests and the
+//!   benchmark's counts.
 
 pub mod facts;
 pub mod host;
@@ -29,6 +30,8 @@ pub mod request;
 pub mod root;
 #[cfg(feature = "simulation")]
 pub mod scripted;
+#[cfg(feature = "simulation")]
+pub mod scripted_envoy;
 pub mod settling;
 pub mod vm;
 

@@ -6,7 +6,7 @@
 //! field was wrong and why. Envoy prefixes every line with the plugin's name, so ours
 //! carry only the context.
 
-use super::host::{Host, LogLevel};
+use super::host::{self, Host, LogLevel};
 use super::plugin::{Plugin, SLOW_TICK_MS};
 use super::request::Request;
 use std::rc::Rc;
@@ -25,9 +25,7 @@ impl Root {
     }
 
     fn log<H: Host>(&self, host: &H, level: LogLevel, message: &str) {
-        if host.log_enabled(level) {
-            host.log(level, &format!("#{}: {message}", self.context_id));
-        }
+        host::log(host, self.context_id, level, || message.to_string());
     }
 
     /// Compiles the plugin configuration; false when Envoy should refuse it.
