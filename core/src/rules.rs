@@ -221,13 +221,30 @@ pub struct GlobalRule {
 pub struct Lease {
     /// Most units taken at once, now or reserved (≥ 2).
     pub max: u64,
-    /// Longest a unit may wait to be spent after it is due (µs): a unit is dropped, not
-    /// carried, past it.
+    /// How long a unit may wait to be spent once its call is answered (µs): the hold a
+    /// call asks for is this plus the bridge's round trip, which the hold counts from
+    /// the call's departure; a unit is dropped, not carried, past its hold.
     pub ttl_us: u64,
+    /// The longest hold a call asks for (µs): `ttl` plus `bridge.timeout`, or for a GCRA
+    /// key as far beyond `ttl` as its burst pays for (Redis runs the burst reduced by it).
+    pub hold_max_us: u64,
     /// At saturation, the span (µs) one call covers: a GCRA key reserves the slots of
     /// its schedule due within it; every key, once denied, is not asked about again
     /// sooner (its cached denial lasts at least this long).
     pub horizon_us: u64,
+}
+
+impl Lease {
+    /// The hold a call asks for: `ttl` plus the bridge's round trip (µs, as measured),
+    /// which the hold counts from the call's departure, at most what the rule's Redis
+    /// limit paid for ([`Lease::hold_max_us`]). So a slow bridge does not eat the time a
+    /// unit may wait to be spent.
+    pub fn hold_for(&self, round_trip_us: u64) -> u64 {
+        self.ttl_us
+            .saturating_add(round_trip_us)
+            .min(self.hold_max_us)
+            .max(self.ttl_us)
+    }
 }
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FailureMode {

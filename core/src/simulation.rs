@@ -17,7 +17,8 @@ use std::sync::Mutex;
 use crate::algorithms::{GlobalLimit, SlotState};
 use crate::config;
 use crate::conformance::Admission;
-use crate::engine::{Engine, Evaluation, RuleOutcome};
+use crate::engine::{BridgeError, Engine, Evaluation, RuleOutcome};
+use crate::flight::{Call as FlightCall, Flights, Join};
 use crate::key::Seed;
 use crate::rules::{FactSource, Facts, RuleId, Scope};
 use crate::store::memory::MemoryStore;
@@ -228,6 +229,8 @@ pub struct Decided {
     pub index: usize,
     pub envoy: usize,
     pub arrived_us: u64,
+    /// When it was decided: on arrival, or when the answer it waited for landed.
+    pub decided_us: u64,
     pub eval: Evaluation,
 }
 
@@ -237,6 +240,14 @@ pub struct Simulation {
     pub bridge: ModelBridge,
     /// From a call leaving to Redis deciding, and again from there to the reply landing.
     pub half_latency_us: u64,
+    /// Whether each Envoy shares calls as one filter worker does ([`crate::flight`]): a
+    /// request whose keys a call of its Envoy already asks about waits for that call's
+    /// answer and looks again. Off (the default), every request that misses makes its
+    /// own call, so calls for one key overlap as they would across many workers.
+    pub single_flight: bool,
+    /// Each call's half latency varies by up to this much more (µs), drawn per call: so
+    /// a plugin's measured round trip, and the holds it asks for, change as it goes.
+    pub jitter_us: u64,
 }
 
 enum Event {
@@ -246,6 +257,8 @@ enum Event {
 }
 
 struct Call {
+    /// This call's half latency.
+    half_latency_us: u64,
     index: usize,
     envoy: usize,
     arrived_us: u64,
@@ -270,7 +283,46 @@ impl Simulation {
             envoys,
             bridge: ModelBridge::default(),
             half_latency_us,
+            single_flight: false,
+            jitter_us: 0,
         })
+    }
+
+    /// The half latency of call number `call`: the base, plus its share of the jitter.
+    fn half_latency_of(&self, call: usize) -> u64 {
+        if self.jitter_us == 0 {
+            return self.half_latency_us;
+        }
+        // splitmix64 of the call's number: the same run gives the same latencies.
+        let mut z = (call as u64)
+            .wrapping_add(1)
+            .wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^= z >> 31;
+        self.half_latency_us + z % (self.jitter_us + 1)
+    }
+
+    /// Sends the call of request `index` (of `envoy`, arrived at `arrived_us`) at
+    /// `now_us` as the next of `calls`; returns when Redis decides it.
+    fn send(
+        &self,
+        calls: &mut Vec<Option<Call>>,
+        (index, envoy, arrived_us): (usize, usize, u64),
+        now_us: u64,
+        eval: Evaluation,
+    ) -> u64 {
+        let half_latency_us = self.half_latency_of(calls.len());
+        calls.push(Some(Call {
+            half_latency_us,
+            index,
+            envoy,
+            arrived_us,
+            sent_at_us: now_us,
+            eval,
+            reply: None,
+        }));
+        now_us + half_latency_us
     }
 
     /// Plays `arrivals` (any order) to the end: every request decided, every call landed.
@@ -288,6 +340,10 @@ impl Simulation {
             push(&mut queue, &mut events, a.at_us, Event::Arrive(i));
         }
         let mut decided = Vec::with_capacity(arrivals.len());
+        // Single flight: each Envoy's calls that others may join, and the requests
+        // waiting on them (by arrival index).
+        let mut flights: Vec<Flights> = self.envoys.iter().map(|_| Flights::default()).collect();
+        let mut waiting: BTreeMap<u32, (u64, Evaluation)> = BTreeMap::new();
         while let Some(Reverse((now_us, _, at))) = queue.pop() {
             let Some(event) = events.get(at) else {
                 continue;
@@ -300,27 +356,46 @@ impl Simulation {
                     let Some(envoy) = self.envoys.get(arrival.envoy) else {
                         continue;
                     };
-                    let eval = envoy.evaluate(arrival.request.clone(), now_us);
+                    let mut eval = envoy.evaluate(arrival.request.clone(), now_us);
+                    let at_once = |eval| Decided {
+                        index,
+                        envoy: arrival.envoy,
+                        arrived_us: now_us,
+                        decided_us: now_us,
+                        eval,
+                    };
                     if eval.pending.is_empty() {
-                        decided.push(Decided {
-                            index,
-                            envoy: arrival.envoy,
-                            arrived_us: now_us,
-                            eval,
-                        });
-                    } else {
-                        let call = calls.len();
-                        calls.push(Some(Call {
-                            index,
-                            envoy: arrival.envoy,
-                            arrived_us: now_us,
-                            sent_at_us: now_us,
-                            eval,
-                            reply: None,
-                        }));
-                        let at = now_us + self.half_latency_us;
-                        push(&mut queue, &mut events, at, Event::Decide(call));
+                        decided.push(at_once(eval));
+                        continue;
                     }
+                    let waiter = u32::try_from(index).unwrap_or(u32::MAX);
+                    let Some(flights) = flights.get_mut(arrival.envoy) else {
+                        continue;
+                    };
+                    if self.single_flight {
+                        let shared = |rule| envoy.engine.shares_calls(rule);
+                        match flights.join(waiter, &eval.pending, shared) {
+                            Join::Waiting(_) => {
+                                waiting.insert(waiter, (now_us, eval));
+                                continue;
+                            }
+                            Join::Full => {
+                                // As the filter: the rules' failure modes, at once.
+                                let (store, now) = (&envoy.store, Micros(now_us));
+                                let busy = BridgeError::Busy;
+                                envoy.engine.fail_now(&mut eval, store, now, busy);
+                                decided.push(at_once(eval));
+                                continue;
+                            }
+                            Join::Alone => {}
+                        }
+                    }
+                    let call = calls.len();
+                    if self.single_flight {
+                        flights.start(call as u32, flight_call(&envoy.engine, &eval, now_us));
+                    }
+                    let at = self.send(&mut calls, (index, arrival.envoy, now_us), now_us, eval);
+                    push(&mut queue, &mut events, at, Event::Decide(call));
                 }
                 Event::Decide(call) => {
                     let Some(Some(c)) = calls.get_mut(call) else {
@@ -331,7 +406,7 @@ impl Simulation {
                     };
                     let body = envoy.bridge_request(&c.eval);
                     c.reply = Some(self.bridge.acquire(&body, now_us));
-                    let at = now_us + self.half_latency_us;
+                    let at = now_us + c.half_latency_us;
                     push(&mut queue, &mut events, at, Event::Land(call));
                 }
                 Event::Land(call) => {
@@ -357,11 +432,61 @@ impl Simulation {
                         index: c.index,
                         envoy: c.envoy,
                         arrived_us: c.arrived_us,
+                        decided_us: now_us,
                         eval: c.eval,
                     });
+                    // Its waiters look again: served from what it brought back, or they
+                    // make their own calls.
+                    let Some(flights) = flights.get_mut(c.envoy) else {
+                        continue;
+                    };
+                    let waiters = flights
+                        .land(call as u32)
+                        .map(|landed| landed.waiters)
+                        .unwrap_or_default();
+                    for waiter in waiters {
+                        let Some((arrived_us, mut eval)) = waiting.remove(&waiter) else {
+                            continue;
+                        };
+                        envoy
+                            .engine
+                            .revisit(&mut eval, &envoy.store, Micros(now_us));
+                        let index = waiter as usize;
+                        if eval.pending.is_empty() {
+                            decided.push(Decided {
+                                index,
+                                envoy: c.envoy,
+                                arrived_us,
+                                decided_us: now_us,
+                                eval,
+                            });
+                            continue;
+                        }
+                        let own = calls.len();
+                        flights.start(own as u32, flight_call(&envoy.engine, &eval, now_us));
+                        let at = self.send(&mut calls, (index, c.envoy, arrived_us), now_us, eval);
+                        push(&mut queue, &mut events, at, Event::Decide(own));
+                    }
                 }
             }
         }
         decided
+    }
+}
+
+/// What [`Flights`] keeps of a call: the keys others may wait on (the simulation keeps
+/// the evaluation itself).
+fn flight_call(engine: &Engine, eval: &Evaluation, now_us: u64) -> FlightCall {
+    FlightCall {
+        owner: 0,
+        sent_at: Micros(now_us),
+        eval: Evaluation::default(),
+        keys: eval
+            .pending
+            .iter()
+            .filter(|item| engine.shares_calls(item.rule))
+            .map(|item| (item.rule, item.hash))
+            .collect(),
+        waiters: Vec::new(),
     }
 }

@@ -224,7 +224,9 @@ fn a_denial_is_cached_for_its_cost_and_above() {
 
 #[test]
 fn a_saturated_gcra_key_is_served_by_reservation() {
-    // 1,000 per second, burst 99; units may wait 20 ms (20 of the burst pay for it).
+    // 1,000 per second, burst 99; units may wait 20 ms after the answer, and by default
+    // the hold covers a round trip of up to a quarter of the burst's time (24 ms): 44 of
+    // the burst pay for it.
     let e = engine(
         r#"{"bridge":{"cluster":"b"},"rules":[{"name":"tenant","scope":"global",
             "limit":{"algorithm":"gcra","rate":1000,"period":"1s","burst":99},
@@ -235,8 +237,8 @@ fn a_saturated_gcra_key_is_served_by_reservation() {
     };
     assert_eq!(
         global.redis_limit.max_cost(),
-        80,
-        "burst 99 − 20 for the hold"
+        56,
+        "burst 99 − 44 for the hold"
     );
     let store = MemoryStore::new();
     e.prepare(&store).unwrap();
@@ -273,6 +275,77 @@ fn a_saturated_gcra_key_is_served_by_reservation() {
 }
 
 #[test]
+fn a_slow_bridge_lengthens_the_hold_up_to_what_the_burst_paid_for() {
+    // A unit's hold counts from when its call left, so a call asks for `ttl` plus the
+    // round trip this plugin measured; a GCRA key's burst paid for at most `ttl` plus
+    // `round_trip` (here 30 ms of 99: 50 units).
+    let e = global(r#","global":{"lease":{"max":50,"ttl":"20ms"}}"#);
+    let asked_hold = |e: &Engine, store: &MemoryStore, at: u64| -> u64 {
+        let eval = eval_at(e, store, at);
+        sent_items(e, &eval)[0].ttl_us
+    };
+    let store = MemoryStore::new();
+    e.prepare(&store).unwrap();
+    assert_eq!(
+        asked_hold(&e, &store, T0),
+        20_000,
+        "no round trip measured yet"
+    );
+    // An answer 15 ms after its call left: later calls ask for 35 ms.
+    let mut eval = eval_at(&e, &store, T0);
+    let nothing = Granted {
+        retry_after_ns: None,
+        ..result(true, 1, 99)
+    };
+    e.complete(
+        &mut eval,
+        &store,
+        Micros(T0),
+        Micros(T0 + 15 * MS),
+        reply(vec![nothing]),
+    );
+    assert_eq!(e.round_trip_us(), 15_000);
+    let other = MemoryStore::new();
+    e.prepare(&other).unwrap();
+    assert_eq!(asked_hold(&e, &other, T0 + 20 * MS), 35_000);
+    // A faster answer lowers the estimate by a sixteenth of the difference, not at once.
+    e.note_round_trip(1_000);
+    assert_eq!(e.round_trip_us(), 15_000 - 875);
+    // A token bucket's hold is free in bound terms: up to `ttl` plus `bridge.timeout`.
+    e.note_round_trip(80_000);
+    assert_eq!(
+        e.round_trip_us(),
+        50_000,
+        "no answer is slower than the timeout"
+    );
+    assert_eq!(asked_hold(&e, &other, T0 + 30 * MS), 70_000);
+
+    // GCRA: the burst pays for `ttl` + `round_trip`, and no call asks for more.
+    let gcra = engine(
+        r#"{"bridge":{"cluster":"b"},"rules":[{"name":"t","scope":"global",
+            "limit":{"algorithm":"gcra","rate":1000,"period":"1s","burst":99},
+            "global":{"lease":{"max":50,"ttl":"20ms","round_trip":"30ms"}}}]}"#,
+    );
+    let Scope::Global(global) = &gcra.config.rules[0].scope else {
+        panic!("global")
+    };
+    assert_eq!(
+        global.redis_limit.max_cost(),
+        50,
+        "burst 99 − 50 for the hold"
+    );
+    gcra.note_round_trip(45_000);
+    let store = MemoryStore::new();
+    gcra.prepare(&store).unwrap();
+    let eval = evaluate(&gcra, &store, &user("acme"), T0);
+    assert_eq!(
+        sent_items(&gcra, &eval)[0].ttl_us,
+        50_000,
+        "capped at what was paid"
+    );
+}
+
+#[test]
 fn gcra_leases_pay_for_their_hold_with_burst() {
     let refused = |lease: &str| {
         let json = format!(
@@ -291,6 +364,13 @@ fn gcra_leases_pay_for_their_hold_with_burst() {
          exact calls (`max`: 1), raise the burst, or set `ttl` to at most 9000us"
     );
     assert!(refused(r#"{"max":5,"ttl":"5ms"}"#).is_ok());
+    // The round trip the hold covers is paid for too.
+    assert_eq!(
+        refused(r#"{"max":5,"ttl":"5ms","round_trip":"5ms"}"#).unwrap_err(),
+        "rules[0].global.lease.round_trip: \"5ms\" and `ttl` together cost 10 units of a \
+         burst of 9: at most 4000us of round trip fit"
+    );
+    assert!(refused(r#"{"max":5,"ttl":"5ms","round_trip":"4ms"}"#).is_ok());
     // A burst too small for the default hold (a quarter of it) cannot lease at all.
     let tiny = r#"{"bridge":{"cluster":"b"},"rules":[{"name":"r","scope":"global",
         "limit":{"algorithm":"gcra","rate":10,"period":"1s","burst":2},

@@ -36,11 +36,24 @@ struct GlobalCase {
     failure_mode: &'static str,
     outage: Option<(u64, u64)>,
     half_latency_us: u64,
+    /// Each call's half latency is up to this much longer (the measured round trip, and
+    /// the holds asked for, change as the case goes).
+    jitter_us: u64,
+    /// Envoys share calls per key, as one filter worker does.
+    single_flight: bool,
     schedule: Vec<Request>,
 }
 
 fn draw_global(seed: u64) -> GlobalCase {
     let mut rng = Rng(seed.wrapping_mul(0xd1b5_4a32_d192_ed03) | 1);
+    // Draws added later come from their own stream, so every earlier seed still draws
+    // the case it drew (the kept seeds stay the cases they were).
+    let mut more = Rng(seed.wrapping_mul(0x94d0_49bb_1331_11eb) | 1);
+    let timeout_us = if chance(&mut more, 2) {
+        log_uniform(&mut more, MS, 250 * MS)
+    } else {
+        50 * MS
+    };
     let limit = draw_limit(
         &mut rng,
         &[
@@ -65,6 +78,10 @@ fn draw_global(seed: u64) -> GlobalCase {
         let max = log_uniform(&mut rng, 1, 200);
         let ttl_us = log_uniform(&mut rng, MS, limit.scale_us.clamp(MS, 10 * S));
         write!(lease, r#","lease":{{"max":{max},"ttl":"{ttl_us}us""#).unwrap();
+        if chance(&mut more, 2) {
+            let round_trip_us = log_uniform(&mut more, 1, 100 * MS);
+            write!(lease, r#","round_trip":"{round_trip_us}us""#).unwrap();
+        }
         if spec_of(limit.name).has_schedule && chance(&mut rng, 2) {
             let horizon_us = log_uniform(&mut rng, MS, 10 * S);
             write!(lease, r#","horizon":"{horizon_us}us""#).unwrap();
@@ -83,7 +100,7 @@ fn draw_global(seed: u64) -> GlobalCase {
         String::new()
     };
     let config = format!(
-        r#"{{"bridge":{{"cluster":"weir_bridge"}},"rules":[{{"name":"r","scope":"global",
+        r#"{{"bridge":{{"cluster":"weir_bridge","timeout":"{timeout_us}us"}},"rules":[{{"name":"r","scope":"global",
             "key":[{{"header":"x-user"}}],"limit":{}{cost}{shadow},
             "global":{{"failure_mode":"{failure_mode}","expected_instances":{envoys}{lease}}}}}]}}"#,
         limit.json
@@ -103,6 +120,12 @@ fn draw_global(seed: u64) -> GlobalCase {
         failure_mode,
         outage,
         half_latency_us: log_uniform(&mut rng, 50, 20 * MS),
+        jitter_us: if chance(&mut more, 2) {
+            log_uniform(&mut more, 1, 20 * MS)
+        } else {
+            0
+        },
+        single_flight: chance(&mut more, 2),
         schedule,
     }
 }
@@ -127,6 +150,8 @@ struct GlobalRun {
 fn run_global(case: &GlobalCase, schedule: &[Request]) -> GlobalRun {
     let mut sim = Simulation::new(&case.config, case.envoys, case.half_latency_us).unwrap();
     sim.bridge.outages.extend(case.outage);
+    sim.single_flight = case.single_flight;
+    sim.jitter_us = case.jitter_us;
     let arrivals: Vec<Arrival<FakeRequest>> = schedule
         .iter()
         .map(|r| Arrival {
@@ -143,7 +168,6 @@ fn run_global(case: &GlobalCase, schedule: &[Request]) -> GlobalRun {
         .filter(|r| matches!(r.outcome, RuleOutcome::BridgeFailed(_)))
         .map(|r| r.decided_at_us)
         .collect();
-    let round_trip_us = 2 * case.half_latency_us;
     let mut out = GlobalRun {
         counted: BTreeMap::new(),
         with_fallback: BTreeMap::new(),
@@ -171,7 +195,7 @@ fn run_global(case: &GlobalCase, schedule: &[Request]) -> GlobalRun {
                     let in_flight = r.source == Some(Source::Bridge)
                         && failures
                             .iter()
-                            .any(|&f| d.arrived_us < f && f <= d.arrived_us + round_trip_us);
+                            .any(|&f| d.arrived_us < f && f <= d.decided_us);
                     if in_flight {
                         *out.in_flight_at_failure.entry(user).or_default() += r.cost;
                     }
@@ -253,14 +277,17 @@ fn check_global(case: &GlobalCase) -> Result<Option<GlobalRun>, String> {
     }
     let (user, v) = global_violation(&limit, &run_global(case, &case.schedule[..bad])).unwrap();
     Err(format!(
-        "seed {}: global {} ({} Envoys, failure_mode {}, outage {:?}, call {} us) breaks \
-         its bound after {} of {} requests, key u{user}: {v}\nconfig: {}",
+        "seed {}: global {} ({} Envoys, failure_mode {}, outage {:?}, call {} us + up to {} \
+         us, single flight {}) breaks its bound after {} of {} requests, key u{user}: {v}\n\
+         config: {}",
         case.seed,
         case.algorithm,
         case.envoys,
         case.failure_mode,
         case.outage,
         2 * case.half_latency_us,
+        2 * case.jitter_us,
+        case.single_flight,
         bad,
         case.schedule.len(),
         case.config,

@@ -124,6 +124,7 @@ pub(crate) struct RawLease {
     pub max: Option<u64>,
     pub ttl: Option<RawDuration>,
     pub horizon: Option<RawDuration>,
+    pub round_trip: Option<RawDuration>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]

@@ -2,7 +2,9 @@
 //! it, the failure modes when there is none, and the backoff that spares a failing bridge
 //! a call per request. Also the `/v3/commit` call settling global rules' commits.
 
-use crate::rules::RuleId;
+use std::sync::atomic::Ordering;
+
+use crate::rules::{Lease, RuleId};
 use crate::store::SharedStore;
 use crate::time::Micros;
 use crate::wire::v2::{self, Sent};
@@ -95,7 +97,9 @@ impl Engine {
         let items: Vec<v2::Item> = pending
             .iter()
             .filter_map(|item| match self.rule(item.rule)? {
-                (rule, RuleRuntime::Global(global)) => Some(global.wire_item(rule, item)),
+                (rule, RuleRuntime::Global(global)) => {
+                    Some(global.wire_item(rule, item, self.round_trip_us()))
+                }
                 (_, RuleRuntime::Local(_) | RuleRuntime::Concurrency(_)) => None,
             })
             .collect();
@@ -137,6 +141,7 @@ impl Engine {
                 return;
             }
         };
+        self.note_round_trip(now_us.saturating_sub(sent_at_us));
         let pending = std::mem::take(&mut eval.pending);
         // Each result names its item by rule id; items after the bridge stopped were not
         // decided, and are not charged.
@@ -161,6 +166,41 @@ impl Engine {
             return;
         };
         global.record_reply(eval, store, rule, item, result, (sent_at_us, now_us));
+    }
+
+    /// Counts one answered call's round trip into the plugin's estimate: a high quantile
+    /// of recent round trips, since a hold that covers only the typical one loses the
+    /// units of every slower call. A slower call raises it at once; faster ones lower it
+    /// by a sixteenth of the difference each (about 11 calls to halve it), so one fast
+    /// answer does not undo a slow bridge. At most the bridge's timeout: no answer is
+    /// slower.
+    pub fn note_round_trip(&self, sample_us: u64) {
+        let cap_us = self
+            .config
+            .bridge
+            .as_ref()
+            .map_or(u64::MAX, |b| b.timeout_ms.saturating_mul(1_000));
+        let sample_us = sample_us.min(cap_us);
+        let _ = self
+            .round_trip_us
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |estimate| {
+                Some(if sample_us >= estimate {
+                    sample_us
+                } else {
+                    estimate - (estimate - sample_us).div_ceil(16)
+                })
+            });
+    }
+
+    /// The bridge's round trip as this plugin measured it, µs (0 before its first answer).
+    pub fn round_trip_us(&self) -> u64 {
+        self.round_trip_us.load(Ordering::Relaxed)
+    }
+
+    /// The hold a call asks for a leased rule's units, with the round trip measured so
+    /// far ([`Lease::hold_for`]).
+    pub fn hold_for(&self, lease: &Lease) -> u64 {
+        lease.hold_for(self.round_trip_us())
     }
 
     /// Applies each pending rule's failure mode now, without asking the bridge and

@@ -228,8 +228,14 @@ impl GlobalRuntime {
         }
     }
 
-    /// The `/v2/acquire` item asking about `item`, with the rule's id.
-    pub(super) fn wire_item(&self, rule: &Rule, item: &PendingItem) -> v2::Item {
+    /// The `/v2/acquire` item asking about `item`, with the rule's id and the hold its
+    /// lease sizes from the bridge's measured round trip.
+    pub(super) fn wire_item(
+        &self,
+        rule: &Rule,
+        item: &PendingItem,
+        round_trip_us: u64,
+    ) -> v2::Item {
         let global = &self.global;
         v2::Item {
             id: rule.id.0,
@@ -239,7 +245,7 @@ impl GlobalRuntime {
             cost: item.cost,
             want: item.want,
             reserve: item.reserve,
-            ttl_us: global.lease.map_or(0, |l| l.ttl_us),
+            ttl_us: global.lease.map_or(0, |l| l.hold_for(round_trip_us)),
             horizon_us: global.lease.map_or(0, |l| l.horizon_us),
             shadow: rule.shadow,
         }

@@ -1,6 +1,8 @@
 //! Each rule as the engine runs it — its scope's parameters with the tables it decides
 //! in, built once per config — and the engine that holds them.
 
+use std::sync::atomic::AtomicU64;
+
 use crate::config::Config;
 use crate::rules::{Rule, RuleId, Scope};
 use crate::store::{SharedStore, StoreError};
@@ -87,6 +89,9 @@ pub struct Engine {
     /// The shared-data key holding the instant (µs, little-endian) until which this
     /// plugin's bridge is left alone.
     pub(super) bridge_down_key: String,
+    /// The bridge's round trip as this plugin's calls measured it (µs, see
+    /// [`Engine::note_round_trip`]): what a leased call adds to its `ttl`.
+    pub(super) round_trip_us: AtomicU64,
 }
 
 impl Engine {
@@ -121,6 +126,7 @@ impl Engine {
             config,
             runtimes,
             bridge_down_key,
+            round_trip_us: AtomicU64::new(0),
         }
     }
 

@@ -47,7 +47,9 @@ pub(super) fn compile(raw: RawConfig) -> Result<Config> {
     let mut facts = Interner {
         table: FactTable::default(),
     };
-    let has_bridge = raw.bridge.is_some();
+    // The bridge first: a leased global rule's hold pays for the bridge's timeout.
+    let bridge = raw.bridge.map(bridge::compile).transpose()?;
+    let bridge_timeout_us = bridge.as_ref().map(|b| b.timeout_ms.saturating_mul(1_000));
     let mut rules: Vec<Rule> = Vec::with_capacity(raw.rules.len());
     for (i, raw_rule) in raw.rules.into_iter().enumerate() {
         let at = format!("rules[{i}]");
@@ -64,11 +66,15 @@ pub(super) fn compile(raw: RawConfig) -> Result<Config> {
             ));
         }
         rules.push(rule::compile(
-            id, name, raw_rule, &at, has_bridge, &mut facts,
+            id,
+            name,
+            raw_rule,
+            &at,
+            bridge_timeout_us,
+            &mut facts,
         )?);
     }
     let response = response::compile(raw.response)?;
-    let bridge = raw.bridge.map(bridge::compile).transpose()?;
     let max_buffered_bytes = match raw.max_buffered_bytes {
         None => DEFAULT_MAX_BUFFERED_BYTES,
         Some(n) if (MIN_MAX_BUFFERED_BYTES..=MAX_MAX_BUFFERED_BYTES).contains(&n) => n,

@@ -1,6 +1,7 @@
 //! A rule: its name, where it is decided (scope and global settings) and how many keys
 //! it tracks; the other fields are compiled by their own modules.
 
+use super::bridge::MAX_BRIDGE_TIMEOUT_US;
 use super::{cost, error, key, limit, matcher, Interner, Result, DEFAULT_MAX_KEYS, MAX_MAX_KEYS};
 use crate::algorithms::{AlgorithmKind, AlgorithmSpec, GlobalLimit, LeaseCost};
 use crate::bounds::{check_name, MAX_LEASE_HORIZON_US, MAX_LEASE_TTL_US, MAX_WANT};
@@ -39,7 +40,7 @@ pub(super) fn compile(
     name: String,
     mut raw: RawRule,
     at: &str,
-    has_bridge: bool,
+    bridge_timeout_us: Option<u64>,
     facts: &mut Interner,
 ) -> Result<Rule> {
     let matcher = match raw.matcher.take() {
@@ -59,7 +60,7 @@ pub(super) fn compile(
         limit,
         raw.scope.unwrap_or(RawScope::Local),
         raw.global,
-        has_bridge,
+        bridge_timeout_us,
         at,
     )?;
     let max_cost = match &scope {
@@ -77,7 +78,8 @@ pub(super) fn compile(
             |e| match &scope {
                 Scope::Global(g) if g.redis_limit.max_cost() < g.limit.max_cost() => FieldError {
                     message: format!(
-                        "{} in Redis, where the lease pays for its `ttl` with {} of the burst",
+                        "{} in Redis, where the lease pays for its hold (`ttl` and the bridge's \
+                         round trip) with {} of the burst",
                         e.message,
                         g.limit.max_cost() - g.redis_limit.max_cost()
                     ),
@@ -362,7 +364,7 @@ fn scope(
     limit: GlobalLimit,
     scope: RawScope,
     global: Option<RawGlobal>,
-    has_bridge: bool,
+    bridge_timeout_us: Option<u64>,
     at: &str,
 ) -> Result<Scope> {
     match scope {
@@ -382,20 +384,26 @@ fn scope(
             }
         }
         RawScope::Global => {
-            if !has_bridge {
+            let Some(bridge_timeout_us) = bridge_timeout_us else {
                 return Err(error(
                     format!("{at}.scope"),
                     "global rules need the top-level \"bridge\" settings (the Envoy cluster \
                      of weir-bridge)",
                 ));
-            }
+            };
             limit::check_script_exact(&limit, &format!("{at}.limit"))?;
-            global_rule(limit, global, &format!("{at}.global")).map(Scope::Global)
+            global_rule(limit, global, bridge_timeout_us, &format!("{at}.global"))
+                .map(Scope::Global)
         }
     }
 }
 
-fn global_rule(limit: GlobalLimit, raw: Option<RawGlobal>, at: &str) -> Result<GlobalRule> {
+fn global_rule(
+    limit: GlobalLimit,
+    raw: Option<RawGlobal>,
+    bridge_timeout_us: u64,
+    at: &str,
+) -> Result<GlobalRule> {
     let (raw_lease, failure_mode, instances) = match raw {
         Some(g) => (g.lease, g.failure_mode, g.expected_instances),
         None => (None, None, None),
@@ -411,7 +419,7 @@ fn global_rule(limit: GlobalLimit, raw: Option<RawGlobal>, at: &str) -> Result<G
         }
     };
     let (lease, redis_limit) = match raw_lease {
-        Some(raw) => lease(&limit, raw, &format!("{at}.lease"))?,
+        Some(raw) => lease(&limit, raw, bridge_timeout_us, &format!("{at}.lease"))?,
         None => (None, limit.clone()),
     };
     let failure_mode = match failure_mode.unwrap_or(RawFailureMode::Allow) {
@@ -439,7 +447,18 @@ fn global_rule(limit: GlobalLimit, raw: Option<RawGlobal>, at: &str) -> Result<G
 /// A rule's lease settings, and the limit Redis enforces with them: what the algorithm
 /// says the lease costs ([`crate::algorithms::Algorithm::lease_cost`]; a GCRA key pays
 /// for the hold with burst, the others bound it by their own windows or refills).
-fn lease(limit: &GlobalLimit, raw: RawLease, at: &str) -> Result<(Option<Lease>, GlobalLimit)> {
+///
+/// A unit's hold counts from when the call left, so the bridge's round trip comes out of
+/// it: a call asks for `ttl` plus the round trip the plugin measured
+/// ([`crate::engine::Engine::hold_for`]), up to `ttl` plus `bridge.timeout` (no answer
+/// takes longer). A GCRA key pays for that longest hold, as far as its burst allows: at
+/// least `ttl`, which must be affordable.
+fn lease(
+    limit: &GlobalLimit,
+    raw: RawLease,
+    bridge_timeout_us: u64,
+    at: &str,
+) -> Result<(Option<Lease>, GlobalLimit)> {
     // Units a call may take or reserve; a lease now never gets more than the limit
     // admits at once, a reservation may span more of the schedule.
     let max = raw.max.unwrap_or(1);
@@ -473,9 +492,12 @@ fn lease(limit: &GlobalLimit, raw: RawLease, at: &str) -> Result<(Option<Lease>,
         || algorithm.default_lease_ttl_us(DEFAULT_LEASE_TTL_US),
         |ttl| ttl.us,
     );
-    let redis_limit = match algorithm.lease_cost(ttl_us) {
-        LeaseCost::Free => limit.clone(),
-        LeaseCost::Burst { limit, .. } => limit,
+    let paid_by = |hold_us: u64| match algorithm.lease_cost(hold_us) {
+        LeaseCost::Free => Some((hold_us, limit.clone())),
+        LeaseCost::Burst { limit, .. } => Some((hold_us, limit)),
+        LeaseCost::Unaffordable { .. } => None,
+    };
+    let at_ttl = match algorithm.lease_cost(ttl_us) {
         LeaseCost::Unaffordable {
             units,
             burst,
@@ -485,8 +507,8 @@ fn lease(limit: &GlobalLimit, raw: RawLease, at: &str) -> Result<(Option<Lease>,
             return Err(error(
                 at,
                 format!(
-                    "a {} lease holds each unit for up to `ttl` and pays for it with burst, one \
-                     unit per {per_unit_us}us; with a burst of {burst}{}: use exact calls \
+                    "a {} lease holds each unit for up to `ttl` and pays for it with burst, \
+                     one unit per {per_unit_us}us; with a burst of {burst}{}: use exact calls \
                      (`max`: 1), raise the burst, or set `ttl` to at most {affordable_us}us",
                     algorithm.spec().name,
                     match &raw.ttl {
@@ -494,12 +516,65 @@ fn lease(limit: &GlobalLimit, raw: RawLease, at: &str) -> Result<(Option<Lease>,
                         None => " the default `ttl` (a quarter of the burst) is 0".to_string(),
                     },
                 ),
+            ));
+        }
+        LeaseCost::Free => (ttl_us, limit.clone()),
+        LeaseCost::Burst { limit, .. } => (ttl_us, limit),
+    };
+    // The longest hold a call asks for: `ttl` and the round trip it may lose, which a
+    // key that pays with burst pays for. By default the slowest answer (`bridge.timeout`),
+    // but no more than the default `ttl` of a key paying with burst (a quarter of it),
+    // so `ttl` and the round trip together cost at most about half the burst.
+    let pays_with_burst = at_ttl.1 != *limit;
+    let round_trip_us = match &raw.round_trip {
+        Some(rt) if rt.us > MAX_BRIDGE_TIMEOUT_US => {
+            return Err(error(
+                format!("{at}.round_trip"),
+                format!(
+                    "{} is longer than 10s, the longest `bridge.timeout`",
+                    quoted(&rt.text)
+                ),
             ))
         }
+        Some(rt) => rt.us,
+        None if pays_with_burst => algorithm
+            .default_lease_ttl_us(bridge_timeout_us)
+            .min(bridge_timeout_us),
+        None => bridge_timeout_us,
+    };
+    let longest_us = ttl_us.saturating_add(round_trip_us).min(MAX_LEASE_TTL_US);
+    let (hold_max_us, redis_limit) = match paid_by(longest_us) {
+        Some(paid) => paid,
+        None => match (&raw.round_trip, algorithm.lease_cost(longest_us)) {
+            (
+                Some(rt),
+                LeaseCost::Unaffordable {
+                    units,
+                    burst,
+                    affordable_us,
+                    ..
+                },
+            ) => {
+                return Err(error(
+                    format!("{at}.round_trip"),
+                    format!(
+                        "{} and `ttl` together cost {units} units of a burst of {burst}: \
+                         at most {}us of round trip fit",
+                        quoted(&rt.text),
+                        affordable_us.saturating_sub(ttl_us)
+                    ),
+                ))
+            }
+            (None, LeaseCost::Unaffordable { affordable_us, .. }) if affordable_us > ttl_us => {
+                paid_by(affordable_us).unwrap_or(at_ttl)
+            }
+            _ => at_ttl,
+        },
     };
     let lease = Lease {
         max,
         ttl_us,
+        hold_max_us,
         horizon_us: raw.horizon.map_or(DEFAULT_HORIZON_US, |h| h.us),
     };
     Ok((Some(lease), redis_limit))
