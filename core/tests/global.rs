@@ -371,6 +371,18 @@ fn gcra_leases_pay_for_their_hold_with_burst() {
          burst of 9: at most 4000us of round trip fit"
     );
     assert!(refused(r#"{"max":5,"ttl":"5ms","round_trip":"4ms"}"#).is_ok());
+    // By default the round trip never leaves requests less than a quarter of the burst: a
+    // `ttl` that already costs more gets none (the benchmark's leased key keeps 100,000).
+    let leased = engine(
+        r#"{"bridge":{"cluster":"b","timeout":"250ms"},"rules":[{"name":"r","scope":"global",
+            "limit":{"algorithm":"gcra","rate":1000000,"period":"1s","burst":999999},
+            "global":{"lease":{"max":1000,"ttl":"900ms"}}}]}"#,
+    );
+    let Scope::Global(global) = &leased.config.rules[0].scope else {
+        panic!("global")
+    };
+    assert_eq!(global.redis_limit.max_cost(), 100_000);
+    assert_eq!(global.lease.map(|l| l.hold_max_us), Some(900_000));
     // A burst too small for the default hold (a quarter of it) cannot lease at all.
     let tiny = r#"{"bridge":{"cluster":"b"},"rules":[{"name":"r","scope":"global",
         "limit":{"algorithm":"gcra","rate":10,"period":"1s","burst":2},

@@ -522,9 +522,10 @@ fn lease(
         LeaseCost::Burst { limit, .. } => (ttl_us, limit),
     };
     // The longest hold a call asks for: `ttl` and the round trip it may lose, which a
-    // key that pays with burst pays for. By default the slowest answer (`bridge.timeout`),
-    // but no more than the default `ttl` of a key paying with burst (a quarter of it),
-    // so `ttl` and the round trip together cost at most about half the burst.
+    // key that pays with burst pays for. By default the slowest answer (`bridge.timeout`);
+    // for a key paying with burst at most its default `ttl` (a quarter of the burst's
+    // time), and never so much that less of the burst than that is left for requests
+    // (a `ttl` already leaving less gets no round trip by default).
     let pays_with_burst = at_ttl.1 != *limit;
     let round_trip_us = match &raw.round_trip {
         Some(rt) if rt.us > MAX_BRIDGE_TIMEOUT_US => {
@@ -537,9 +538,17 @@ fn lease(
             ))
         }
         Some(rt) => rt.us,
-        None if pays_with_burst => algorithm
-            .default_lease_ttl_us(bridge_timeout_us)
-            .min(bridge_timeout_us),
+        None if pays_with_burst => {
+            let quarter_us = algorithm.default_lease_ttl_us(MAX_LEASE_TTL_US);
+            let affordable_us = match algorithm.lease_cost(MAX_LEASE_TTL_US) {
+                LeaseCost::Unaffordable { affordable_us, .. } => affordable_us,
+                LeaseCost::Free | LeaseCost::Burst { .. } => MAX_LEASE_TTL_US,
+            };
+            let left_us = affordable_us
+                .saturating_sub(quarter_us)
+                .saturating_sub(ttl_us);
+            bridge_timeout_us.min(quarter_us).min(left_us)
+        }
         None => bridge_timeout_us,
     };
     let longest_us = ttl_us.saturating_add(round_trip_us).min(MAX_LEASE_TTL_US);
