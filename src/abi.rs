@@ -106,14 +106,10 @@ pub extern "C" fn proxy_on_response_trailers(context_id: u32, _trailers: usize) 
     action(|vm| vm.on_response_trailers(&WasmHost, context_id))
 }
 
-#[no_mangle]
-pub extern "C" fn proxy_on_done(context_id: u32) -> u32 {
-    host::entered();
-    u32::from(with_vm(|vm| vm.on_done(&WasmHost, context_id)).unwrap_or(true))
-}
-
-// No `proxy_on_log`: weir has nothing to do when Envoy logs a request, and a callback the
-// VM does not export is one Envoy does not make (a VM entry per request saved).
+// No `proxy_on_done` and no `proxy_on_log`: a callback the VM does not export is one
+// Envoy does not make (a VM entry per request saved each). Without `proxy_on_done` Envoy
+// takes a context as done at once and deletes it, which is all weir would answer (it
+// finishes its work in `proxy_on_delete`); weir has nothing to do when Envoy logs.
 
 #[no_mangle]
 pub extern "C" fn proxy_on_delete(context_id: u32) {

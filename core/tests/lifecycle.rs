@@ -181,9 +181,9 @@ fn two_requests_joined_on_one_call_are_both_resumed_by_its_answer() {
     assert_eq!(stat("rule.tenant.allowed"), 3);
 }
 
-#[test]
-fn a_held_request_is_released_by_the_tick_and_its_response_says_how_long() {
-    // 10 a second, one at a time: the second request's slot is 100 ms after the first.
+/// 10 a second, one at a time, delayed up to 1 s: a second request right after the
+/// first is held, its slot 100 ms after the first.
+fn one_held() -> (Envoy, u32) {
     let mut envoy = envoy(
         r#"{"rules":[{"name":"api","key":[{"header":"x-user"}],
         "limit":{"algorithm":"gcra","rate":10,"period":"1s","burst":0},
@@ -192,6 +192,12 @@ fn a_held_request_is_released_by_the_tick_and_its_response_says_how_long() {
     let (_, first) = envoy.request(&user("acme"));
     let (held, second) = envoy.request(&user("acme"));
     assert_eq!((first, second), (Action::Continue, Action::Pause));
+    (envoy, held)
+}
+
+#[test]
+fn a_held_request_is_released_by_the_tick_and_its_response_says_how_long() {
+    let (mut envoy, held) = one_held();
     let root = envoy.root;
     assert!(
         envoy.host.state().tick_ms[&root] <= 10,
@@ -231,15 +237,8 @@ fn a_held_request_is_released_by_the_tick_and_its_response_says_how_long() {
 
 #[test]
 fn a_held_request_abandoned_is_not_released_and_keeps_its_slot() {
-    let mut envoy = envoy(
-        r#"{"rules":[{"name":"api","key":[{"header":"x-user"}],
-        "limit":{"algorithm":"gcra","rate":10,"period":"1s","burst":0},
-        "on_limit":{"delay":{"max":"1s"}}}]}"#,
-    );
+    let (mut envoy, held) = one_held();
     let root = envoy.root;
-    let (_, first) = envoy.request(&user("acme"));
-    let (held, second) = envoy.request(&user("acme"));
-    assert_eq!((first, second), (Action::Continue, Action::Pause));
     envoy.advance_us(20 * MS);
     envoy.close(held);
 
@@ -261,6 +260,20 @@ fn a_held_request_abandoned_is_not_released_and_keeps_its_slot() {
     flush_stats(&mut envoy);
     let stat = |name: &str| stat_of(&envoy, name);
     assert_eq!(stat("rule.api.delay_abandoned"), 1);
+}
+
+#[test]
+fn a_plugin_torn_down_answers_the_requests_it_holds() {
+    // weir exports no `proxy_on_done`: its root's `proxy_on_delete` must not leave a held
+    // request hanging.
+    let (mut envoy, held) = one_held();
+    envoy.advance_us(30 * MS);
+    let root = envoy.root;
+    envoy.tear_down(root);
+    let reply = reply_of(&envoy, held).expect("answered when its plugin went away");
+    assert_eq!(reply.status, 429);
+    assert_eq!(resumed(&envoy, held), 0);
+    assert_eq!(envoy.host.state().misdirected, 0);
 }
 
 /// A token budget per user (settled with the response's `x-tokens`), and one request a
@@ -500,7 +513,6 @@ fn callbacks_for_contexts_that_do_not_exist_do_nothing() {
     vm.on_tick(host, 99);
     vm.on_http_call_response(host, 99, 1, 0);
     vm.on_http_call_response(host, envoy.root, 12345, 0);
-    assert!(vm.on_done(host, 99));
     vm.on_delete(host, 99);
     assert!(!vm.on_configure(host, 99));
     vm.on_context_create(100, 99);

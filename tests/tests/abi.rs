@@ -31,14 +31,16 @@ const HTTP_FILTER_CALLBACKS: &[(&str, Option<&str>)] = &[
     ("proxy_on_response_body", Some("on_response_body")),
     ("proxy_on_response_trailers", Some("on_response_trailers")),
     ("proxy_on_http_call_response", Some("on_http_call_response")),
-    ("proxy_on_done", Some("on_done")),
     ("proxy_on_delete", Some("on_delete")),
 ];
 
 /// Callbacks of the ABI for what weir does not do: exported, Envoy would call them
-/// (`proxy_on_log`: once per request, for nothing weir needs).
+/// (`proxy_on_log` and `proxy_on_done`: once per request each, for nothing weir needs;
+/// without `proxy_on_done` a context is done at once, and weir finishes in
+/// `proxy_on_delete`).
 const NOT_EXPORTED: &[&str] = &[
     "proxy_on_log",
+    "proxy_on_done",
     "proxy_on_new_connection",
     "proxy_on_downstream_data",
     "proxy_on_downstream_connection_close",

@@ -196,12 +196,19 @@ impl Envoy {
     /// The stream is over (ended, reset or the client went away): Envoy's last
     /// callbacks for it, then it is gone.
     pub fn close(&mut self, context: u32) {
-        // proxy_on_done, proxy_on_delete (weir exports no proxy_on_log).
+        // proxy_on_delete (weir exports neither proxy_on_done nor proxy_on_log).
         self.enter(context);
-        self.entering(1);
-        self.vm.on_done(&self.host, context);
         self.vm.on_delete(&self.host, context);
         self.host.state().streams.remove(&context);
+    }
+
+    /// Envoy tears the plugin of root context `root` down (a config update drained, a
+    /// listener removed): `proxy_on_delete` on it (weir exports no `proxy_on_done`, so
+    /// Envoy takes it as done at once).
+    pub fn tear_down(&mut self, root: u32) {
+        self.enter(root);
+        self.vm.on_delete(&self.host, root);
+        self.host.state().roots.remove(&root);
     }
 
     /// The root context `root`'s tick.

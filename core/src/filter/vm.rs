@@ -158,32 +158,28 @@ impl Vm {
         self.body_request(context_id, |r| r.on_response_trailers(host))
     }
 
-    /// A context is done. Should a root context be torn down while its plugin still
-    /// holds requests, each is answered now (429, its remaining wait as the retry)
-    /// rather than left hanging. (Envoy stopping on SIGTERM closes the connections
-    /// first: then there is nothing left to answer.) Always true: weir finishes at once.
-    pub fn on_done<H: Host>(&mut self, host: &H, context_id: u32) -> bool {
-        let plugin = self
-            .roots
-            .get(&context_id)
-            .and_then(|r| r.plugin().cloned());
-        if let Some(plugin) = plugin {
-            let held = plugin.worker.borrow_mut().waiting.take_all();
-            if !held.is_empty() {
-                let now = host.now().unwrap_or(Micros::ZERO);
-                for context in held {
-                    self.in_request(host, context, |r| r.on_plugin_done(host, now));
+    /// A context is gone. A request stops waiting on a call or being held, and settles
+    /// what its response never will. A root context torn down while its plugin still
+    /// holds requests answers each now (429, its remaining wait as the retry) rather than
+    /// leave it hanging. (Envoy stopping on SIGTERM closes the connections first: then
+    /// there is nothing left to answer.)
+    ///
+    /// weir exports no `proxy_on_done`: without it Envoy takes every context as done at
+    /// once and deletes it, which is what weir would answer, and a request costs one VM
+    /// entry less.
+    pub fn on_delete<H: Host>(&mut self, host: &H, context_id: u32) {
+        if let Some(root) = self.roots.remove(&context_id) {
+            if let Some(plugin) = root.plugin() {
+                let held = plugin.worker.borrow_mut().waiting.take_all();
+                if !held.is_empty() {
+                    let now = host.now().unwrap_or(Micros::ZERO);
+                    for context in held {
+                        self.in_request(host, context, |r| r.on_plugin_done(host, now));
+                    }
+                    let _ = host.set_effective_context(context_id);
                 }
-                let _ = host.set_effective_context(context_id);
             }
         }
-        true
-    }
-
-    /// A context is gone: a request stops waiting on a call or being held, and settles
-    /// what its response never will.
-    pub fn on_delete<H: Host>(&mut self, host: &H, context_id: u32) {
-        self.roots.remove(&context_id);
         if let Some(mut request) = self.requests.remove(&context_id) {
             request.on_delete(host);
         }
