@@ -27,7 +27,10 @@ pub enum HeaderStyle {
 /// `wasm.weir.decisions`), for access logs and later filters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FilterState {
-    /// Denied requests only (one host call on the denial path).
+    /// Denied requests only, and only `wasm.weir.rule` (one host call on the denial
+    /// path): what the shipped access log prints.
+    Rule,
+    /// Denied requests only, both entries (two host calls on the denial path).
     Denied,
     /// Every request a rule applied to.
     All,
@@ -62,7 +65,7 @@ impl Default for ResponseSettings {
             headers_on_allowed: false,
             body: None,
             shadow_header: None,
-            filter_state: FilterState::Denied,
+            filter_state: FilterState::Rule,
         }
     }
 }

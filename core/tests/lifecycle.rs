@@ -276,6 +276,42 @@ fn a_plugin_torn_down_answers_the_requests_it_holds() {
     assert_eq!(envoy.host.state().misdirected, 0);
 }
 
+#[test]
+fn a_denial_names_its_rule_in_filter_state_and_its_decisions_when_asked() {
+    let denied_state = |response: &str| {
+        let mut envoy = envoy(&format!(
+            r#"{{"rules":[{{"name":"api","key":[{{"header":"x-user"}}],
+            "limit":{{"algorithm":"gcra","rate":1,"period":"1h","burst":0}}}}]{response}}}"#
+        ));
+        let (allowed, _) = envoy.request(&user("acme"));
+        let (denied, _) = envoy.request(&user("acme"));
+        assert_eq!(reply_of(&envoy, denied).map(|r| r.status), Some(429));
+        let state = |context| {
+            let mut keys: Vec<String> = envoy
+                .stream(context)
+                .unwrap()
+                .filter_state
+                .keys()
+                .cloned()
+                .collect();
+            keys.sort();
+            keys
+        };
+        (state(allowed), state(denied))
+    };
+    // By default (`rule`): the denying rule only, one host call on the denial path.
+    let (allowed, denied) = denied_state("");
+    assert!(allowed.is_empty());
+    assert_eq!(denied, ["weir.rule"]);
+    let (allowed, denied) = denied_state(r#","response":{"filter_state":"denied"}"#);
+    assert!(allowed.is_empty());
+    assert_eq!(denied, ["weir.decisions", "weir.rule"]);
+    let (allowed, _) = denied_state(r#","response":{"filter_state":"all"}"#);
+    assert_eq!(allowed, ["weir.decisions", "weir.rule"]);
+    let (allowed, denied) = denied_state(r#","response":{"filter_state":"none"}"#);
+    assert!(allowed.is_empty() && denied.is_empty());
+}
+
 /// A token budget per user (settled with the response's `x-tokens`), and one request a
 /// minute per session.
 const BUDGET_AND_SESSIONS: &str = r#"{"rules":[

@@ -569,6 +569,7 @@ pub(crate) struct RawResponse {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub(crate) enum RawFilterState {
+    Rule,
     Denied,
     All,
     None,

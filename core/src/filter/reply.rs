@@ -88,9 +88,13 @@ impl Reply {
             });
         }
         let denied_rule = eval.denied_by.or(eval.unavailable);
-        match (settings.filter_state, denied_rule) {
+        let denied_name = denied_rule.map(|r| engine.rule_name(r));
+        match (settings.filter_state, denied_name) {
             (FilterState::All, _) | (FilterState::Denied, Some(_)) => {
-                self.set_filter_state(host, plugin, eval, denied_rule.map(|r| engine.rule_name(r)));
+                self.set_filter_state(host, plugin, eval, denied_name);
+            }
+            (FilterState::Rule, Some(rule)) => {
+                let _ = host.set_property("weir.rule", rule.as_bytes());
             }
             _ => {}
         }

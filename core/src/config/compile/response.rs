@@ -52,6 +52,7 @@ pub(super) fn compile(raw: Option<RawResponse>) -> Result<ResponseSettings> {
         shadow_header,
         filter_state: match raw.filter_state {
             None => defaults.filter_state,
+            Some(RawFilterState::Rule) => FilterState::Rule,
             Some(RawFilterState::Denied) => FilterState::Denied,
             Some(RawFilterState::All) => FilterState::All,
             Some(RawFilterState::None) => FilterState::None,
