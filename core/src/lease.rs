@@ -304,12 +304,27 @@ impl LeaseSlot {
 
     /// Serves a request of `cost` units at `now_us`. Returns the outcome and the slot to
     /// store (always written: the demand counts every request).
-    pub fn spend(mut self, now_us: u64, cost: u64) -> (Spend, LeaseSlot) {
+    pub fn spend(self, now_us: u64, cost: u64) -> (Spend, LeaseSlot) {
+        self.spend_with_demand(now_us, cost, 0)
+    }
+
+    /// [`LeaseSlot::spend`], counting `unwritten` more units of demand: requests this
+    /// worker denied from the slot without writing it.
+    pub fn spend_with_demand(
+        mut self,
+        now_us: u64,
+        cost: u64,
+        unwritten: u64,
+    ) -> (Spend, LeaseSlot) {
         if self.demand_since_us == 0 || self.demand_since_us > now_us {
             self.demand_since_us = now_us;
             self.demand = 0;
         }
-        self.demand = self.demand.saturating_add(cost).min(LOW_32);
+        self.demand = self
+            .demand
+            .saturating_add(cost)
+            .saturating_add(unwritten)
+            .min(LOW_32);
         self.held.drop_expired(now_us);
         let now_ns = now_us.saturating_mul(NS_PER_US);
         if cost > 0 && self.held.count >= cost && self.held.can_serve(cost) {

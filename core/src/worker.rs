@@ -1,11 +1,12 @@
 //! What one worker (one Wasm VM serving requests) keeps for a plugin beside shared
 //! data: its reservoirs of local rules, its held requests, and the latencies and
-//! limits of its adaptive concurrency rules, and the places it holds of concurrency
-//! rules.
+//! limits of its adaptive concurrency rules, the places it holds of concurrency
+//! rules, and the demand of global keys it has not written yet.
 
 use crate::adaptive::{KeyedLatencies, WorkerLatency};
 use crate::concurrency::Places;
 use crate::delay::Waiting;
+use crate::key::KeyHash;
 use crate::reservoir::Reservoirs;
 use crate::rules::{Rule, RuleId};
 
@@ -22,6 +23,52 @@ pub struct Worker {
     /// The places this worker holds of concurrency rules' keys, re-counted every epoch
     /// and given back when their streams end (see [`crate::concurrency`]).
     pub places: Places,
+    /// Demand of global keys' requests denied from their lease slot, not yet written
+    /// to it.
+    pub unwritten_demand: UnwrittenDemand,
+}
+
+/// Slots of [`UnwrittenDemand`].
+const UNWRITTEN_SLOTS: usize = 64;
+
+/// The demand of requests a global key's lease slot denied (a cached denial, or a
+/// reservation not yet due), kept by the worker instead of written: a denial then reads
+/// shared data and writes nothing, so a key under attack costs no CAS per request and
+/// no contention between workers. The next write of the key by this worker (a unit
+/// spent, a miss) adds it, so the demand that sizes reservations still counts every
+/// request. 64 slots, one key each by its hash: a key that takes another's slot drops
+/// that key's count (its demand then reads lower until its next requests).
+#[derive(Debug, Clone, Default)]
+pub struct UnwrittenDemand {
+    slots: Vec<(RuleId, u64, u64)>,
+}
+
+impl UnwrittenDemand {
+    /// Adds `cost` to the key's count.
+    pub fn add(&mut self, rule: RuleId, hash: &KeyHash, cost: u64) {
+        if self.slots.is_empty() {
+            self.slots = vec![(RuleId(0), 0, 0); UNWRITTEN_SLOTS];
+        }
+        let at = (hash.fingerprint % UNWRITTEN_SLOTS as u64) as usize;
+        if let Some(slot) = self.slots.get_mut(at) {
+            if slot.0 == rule && slot.1 == hash.fingerprint {
+                slot.2 = slot.2.saturating_add(cost);
+            } else {
+                *slot = (rule, hash.fingerprint, cost);
+            }
+        }
+    }
+
+    /// The key's count, taken (0 when it has none).
+    pub fn take(&mut self, rule: RuleId, hash: &KeyHash) -> u64 {
+        let at = (hash.fingerprint % UNWRITTEN_SLOTS as u64) as usize;
+        match self.slots.get_mut(at) {
+            Some(slot) if slot.0 == rule && slot.1 == hash.fingerprint => {
+                std::mem::take(&mut slot.2)
+            }
+            _ => 0,
+        }
+    }
 }
 
 impl Worker {
@@ -47,6 +94,7 @@ impl Worker {
                 })
                 .collect(),
             places: Places::default(),
+            unwritten_demand: UnwrittenDemand::default(),
         }
     }
 
@@ -60,5 +108,36 @@ impl Worker {
         self.latencies
             .get_mut(rule.index())
             .and_then(Option::as_mut)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    use super::*;
+
+    fn key(fingerprint: u64) -> KeyHash {
+        KeyHash {
+            set_hash: 0,
+            fingerprint,
+        }
+    }
+
+    #[test]
+    fn unwritten_demand_is_kept_per_key_and_taken_once() {
+        let mut d = UnwrittenDemand::default();
+        assert_eq!(d.take(RuleId(1), &key(7)), 0);
+        d.add(RuleId(1), &key(7), 3);
+        d.add(RuleId(1), &key(7), 2);
+        assert_eq!(d.take(RuleId(2), &key(7)), 0, "another rule's key");
+        assert_eq!(d.take(RuleId(1), &key(7)), 5);
+        assert_eq!(d.take(RuleId(1), &key(7)), 0, "taken");
+        // A key landing on a taken slot replaces it: the other key's count is dropped.
+        d.add(RuleId(1), &key(7), 4);
+        d.add(RuleId(1), &key(7 + UNWRITTEN_SLOTS as u64), 1);
+        assert_eq!(d.take(RuleId(1), &key(7)), 0);
+        assert_eq!(d.take(RuleId(1), &key(7 + UNWRITTEN_SLOTS as u64)), 1);
     }
 }

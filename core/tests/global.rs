@@ -60,6 +60,15 @@ fn reply(items: Vec<Granted>) -> Result<v2::Reply, ReplyError> {
     Ok(v2::Reply { items })
 }
 
+/// A fresh store where acme's first request, at T0, got `answer` at once.
+fn answered_at_t0(e: &Engine, answer: Result<v2::Reply, ReplyError>) -> (MemoryStore, Evaluation) {
+    let store = MemoryStore::new();
+    e.prepare(&store).unwrap();
+    let mut eval = eval_at(e, &store, T0);
+    e.complete(&mut eval, &store, Micros(T0), Micros(T0), answer);
+    (store, eval)
+}
+
 /// The request body the engine would send, parsed back as the bridge reads it.
 fn sent_items(e: &Engine, eval: &Evaluation) -> Vec<v2::Item> {
     v2::Request::parse(&e.bridge_request(&eval.pending))
@@ -220,6 +229,22 @@ fn a_denial_is_cached_for_its_cost_and_above() {
             .len(),
         1
     );
+}
+
+#[test]
+fn a_denial_from_the_lease_slot_writes_nothing() {
+    // Under attack every request of a denied key is answered from its lease slot: one
+    // read of shared data, no CAS, so workers do not contend on the key. (Before, each
+    // denial wrote its demand into the slot.)
+    let e = global("");
+    let (store, _) = answered_at_t0(&e, reply(vec![result(false, 0, 0)]));
+    store.fail_next_writes(1, weir_core::store::StoreError::Host(1));
+    for t in [1, MS, 2 * MS] {
+        let eval = eval_at(&e, &store, T0 + t);
+        assert!(eval.denied() && eval.pending.is_empty());
+        assert_eq!(eval.reports[0].source, Some(Source::DenialCache));
+    }
+    assert_eq!(store.failures_left(), 1, "a denial wrote shared data");
 }
 
 #[test]
@@ -427,16 +452,7 @@ fn failure_modes_apply_and_the_bridge_is_left_alone_for_a_while() {
         let e = global(&format!(
             r#","global":{{"failure_mode":"{mode}","expected_instances":50}}"#
         ));
-        let store = MemoryStore::new();
-        e.prepare(&store).unwrap();
-        let mut eval = eval_at(&e, &store, T0);
-        e.complete(
-            &mut eval,
-            &store,
-            Micros(T0),
-            Micros(T0),
-            Err(ReplyError::NoResponse),
-        );
+        let (store, eval) = answered_at_t0(&e, Err(ReplyError::NoResponse));
         assert!(eval.denied_by.is_none(), "{mode}");
         assert_eq!(eval.unavailable.is_some(), expect_unavailable, "{mode}");
         assert!(store.get(e.bridge_down_key()).unwrap().0.is_some());

@@ -60,7 +60,8 @@ impl Engine {
                 cost: item.cost,
                 now_us,
             };
-            if let Some(asked) = global.spend_or_ask(eval, store, &applied) {
+            // A waiting request's denial is written: it has no worker here.
+            if let Some(asked) = global.spend_or_ask(eval, store, &applied, None) {
                 item.want = asked.want;
                 item.reserve = asked.reserve;
                 item.last_known = asked.last_known;

@@ -17,6 +17,7 @@ use crate::wire::{v3, WireLimit};
 use super::evaluation::{Applied, CommitKey, Evaluation, PendingCommit, PendingItem, Served};
 use super::local::{decide_in_slot, LimitTable, SlotDecision};
 use super::report::{FailureOutcome, RuleOutcome, RuleReport, Source};
+use crate::worker::UnwrittenDemand;
 
 /// The longest a global rule with a commit trusts a denial from Redis: refunds of the
 /// requests in flight may free its units at any time, so a denial cached until the
@@ -78,19 +79,36 @@ impl GlobalRuntime {
         eval: &mut Evaluation,
         store: &S,
         applied: &Applied<'_>,
+        mut demand: Option<&mut UnwrittenDemand>,
     ) -> Option<Asked> {
         let now_us = applied.now_us;
         let mut report = applied.report();
+        let (rule, cost) = (applied.rule.id, applied.cost);
+        let unwritten = demand.as_mut().map_or(0, |d| d.take(rule, &applied.hash));
         let spent = self.leases.update(
             store,
             &applied.hash,
             now_us,
             |s: LeaseSlot| s.vacancy(),
             |state| {
-                let (spend, next) = state.unwrap_or_default().spend(now_us, applied.cost);
-                ((spend, next), Some(next))
+                let (spend, next) = state
+                    .unwrap_or_default()
+                    .spend_with_demand(now_us, cost, unwritten);
+                // A denial from the slot writes nothing when the worker can keep its
+                // demand (see `UnwrittenDemand`).
+                let denied = matches!(spend, Spend::Denied { .. } | Spend::NotYetDue { .. });
+                let write = !(denied && demand.is_some());
+                ((spend, next), write.then_some(next))
             },
         );
+        if let (Ok(updated), Some(demand)) = (&spent, demand) {
+            if matches!(
+                updated.result.0,
+                Spend::Denied { .. } | Spend::NotYetDue { .. }
+            ) {
+                demand.add(rule, &applied.hash, cost.saturating_add(unwritten));
+            }
+        }
         report.add_update(&spent);
         let (spend, slot) = match spent {
             Ok(updated) => updated.result,

@@ -207,7 +207,8 @@ impl Engine {
                     concurrency.decide(eval, store, &applied, worker);
                 }
                 RuleRuntime::Global(global) => {
-                    if let Some(item) = global.spend_or_ask(eval, store, &applied) {
+                    let demand = Some(&mut worker.unwritten_demand);
+                    if let Some(item) = global.spend_or_ask(eval, store, &applied, demand) {
                         eval.pending.push(pending_item(applied, facts, item));
                     }
                 }
