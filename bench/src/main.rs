@@ -70,7 +70,7 @@ const USAGE: &str = "usage: weir-bench [--rounds N] [--duration SECS] [--warmup 
        weir-bench simulate [--smoke] [--out DIR]
        weir-bench features [--smoke] [--secs N] [--out DIR]
        weir-bench concurrency [--smoke] [--secs N] [--out DIR] [--no-plot]
-       weir-bench counted";
+       weir-bench counted [--trace ID]";
 
 impl Opts {
     fn parse(args: &[String]) -> Opts {
@@ -173,6 +173,14 @@ fn main() {
     }
     if args.first().map(String::as_str) == Some("counted") {
         // Same on any machine: no Envoy, no wrk (see counted.rs).
+        if let Some(id) = args.get(1).filter(|a| *a == "--trace").and(args.get(2)) {
+            let scenario =
+                Scenario::from_id(id).unwrap_or_else(|| fail(&format!("unknown scenario {id:?}")));
+            let trace = counted::trace_call(scenario)
+                .unwrap_or_else(|| fail(&format!("{id}: no bridge call to trace")));
+            print!("{}", page::call_trace_section(&trace));
+            return;
+        }
         print!("{}", counted::table(&counted::count_all(10_000)));
         return;
     }
@@ -242,6 +250,7 @@ fn main() {
     drop(redis);
 
     let summaries = report::summarize(&samples);
+    let bridge_call = report::call_split(&samples);
     let targets = report::targets(&summaries, &accuracy_runs);
     let results = Results {
         generated_utc: report::utc_now(),
@@ -266,6 +275,8 @@ fn main() {
             .map(|(s, v)| (s.id().to_string(), v))
             .collect(),
         counted: counted::count_all(if opts.smoke { 1_000 } else { 10_000 }),
+        bridge_call,
+        call_trace: counted::trace_call(Scenario::WeirGlobalExact),
     };
     write_outputs(&opts, &out, &results);
     print_summary(&results, !opts.smoke);
@@ -1020,6 +1031,16 @@ fn print_summary(r: &Results, with_targets: bool) {
                 .unwrap_or_default(),
             x.bridge_calls_per_request.median,
             x.redis_commands_per_request.median
+        );
+    }
+    for c in &r.bridge_call {
+        let show = |s: &Option<report::Stat>| s.map_or("not measured".into(), |s| s.show(1));
+        println!(
+            "bridge call {:<8} exact − empty {} µs, floor − empty {} µs, exact − floor {} µs",
+            c.protocol,
+            show(&c.whole_us),
+            show(&c.client_us),
+            show(&c.vm_us)
         );
     }
     for a in &r.accuracy.runs {
