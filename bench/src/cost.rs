@@ -96,13 +96,17 @@ struct EnvoyCounters {
     vm_calls: BTreeMap<String, u64>,
     vm_bytes: u64,
     bridge_failures: u64,
+    /// Envoy's own counts of the bridge cluster's calls: all, and those answered 2xx.
+    cluster_calls: u64,
+    cluster_calls_2xx: u64,
 }
 
 fn envoy_counters(envoy: &Envoy) -> EnvoyCounters {
     let r = envoy.admin(
         "GET",
-        // ^(http\.ingress\.downstream_rq_total|wasmcustom\.weir\.weir\.(bridge|vm)\..*)$
-        "/stats?filter=%5E%28http%5C.ingress%5C.downstream_rq_total%7Cwasmcustom%5C.weir%5C.weir%5C.%28bridge%7Cvm%29%5C..%2A%29%24",
+        // ^(http\.ingress\.downstream_rq_total|wasmcustom\.weir\.weir\.(bridge|vm)\..*
+        //   |cluster\.weir_bridge\.upstream_rq_(total|2xx))$
+        "/stats?filter=%5E%28http%5C.ingress%5C.downstream_rq_total%7Cwasmcustom%5C.weir%5C.weir%5C.%28bridge%7Cvm%29%5C..%2A%7Ccluster%5C.weir_bridge%5C.upstream_rq_%28total%7C2xx%29%29%24",
     );
     let stats = parse_stats(&r.text());
     let get = |name: &str| stats.get(name).copied().unwrap_or(0);
@@ -130,6 +134,8 @@ fn envoy_counters(envoy: &Envoy) -> EnvoyCounters {
             + get("wasmcustom.weir.weir.bridge.errors_unavailable")
             + get("wasmcustom.weir.weir.bridge.errors_status")
             + get("wasmcustom.weir.weir.bridge.errors_bad_body"),
+        cluster_calls: get("cluster.weir_bridge.upstream_rq_total"),
+        cluster_calls_2xx: get("cluster.weir_bridge.upstream_rq_2xx"),
     }
 }
 
@@ -211,6 +217,17 @@ pub fn measure(
     let core_busy = core1.busy_us.saturating_sub(core0.busy_us);
     let core_total = core1.total_us.saturating_sub(core0.total_us).max(1);
     let requests = c1.requests.saturating_sub(c0.requests);
+    let (mut bridge_calls, mut bridge_failures) = (
+        c1.bridge_calls.saturating_sub(c0.bridge_calls),
+        c1.bridge_failures.saturating_sub(c0.bridge_failures),
+    );
+    if scenario.is_bridge_call_floor() {
+        // The empty filter keeps no stats: Envoy's cluster counts its calls, those
+        // answered 2xx as calls, the others as failures.
+        let all = c1.cluster_calls.saturating_sub(c0.cluster_calls);
+        bridge_calls = c1.cluster_calls_2xx.saturating_sub(c0.cluster_calls_2xx);
+        bridge_failures = all.saturating_sub(bridge_calls);
+    }
     let per_request = |us: u64| {
         if requests == 0 {
             0.0
@@ -227,7 +244,7 @@ pub fn measure(
         interval_us,
         cpu_us_per_request: per_request(envoy_cpu_us),
         runtime_us_per_request: per_request(run1.saturating_sub(run0)),
-        bridge_calls: c1.bridge_calls.saturating_sub(c0.bridge_calls),
+        bridge_calls,
         host_calls: c1.host_calls.saturating_sub(c0.host_calls),
         vm_entries: c1.vm_entries.saturating_sub(c0.vm_entries),
         vm_calls: c1
@@ -241,7 +258,7 @@ pub fn measure(
             })
             .collect(),
         vm_bytes: c1.vm_bytes.saturating_sub(c0.vm_bytes),
-        bridge_failures: c1.bridge_failures.saturating_sub(c0.bridge_failures),
+        bridge_failures,
         redis_commands: r1_all.saturating_sub(r0_all),
         redis_scripts: r1_scripts.saturating_sub(r0_scripts),
         envoy_core_other_pct: core_busy.saturating_sub(envoy_cpu_us) as f64 * 100.0

@@ -73,41 +73,10 @@ pub fn count(scenario: Scenario, requests: u64) -> Option<Counted> {
             before = envoy.host.counts();
             bridge_calls_before = bridge.calls;
         }
-        envoy.advance_us(SPACING_US);
-        if envoy.now_us() >= next_tick {
-            let root = envoy.root;
-            envoy.tick(root);
-            next_tick += TICK_US;
+        let limited_here = serve(&mut envoy, &mut bridge, scenario, n, &mut next_tick);
+        if limited_here && n >= WARM_UP {
+            limited += 1;
         }
-        let owned = headers(scenario.traffic(), n);
-        let pairs: Vec<(&str, &str)> = owned
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.as_str()))
-            .collect();
-        let (context, action) = envoy.request(&pairs);
-        if action == Action::Pause {
-            for call in envoy.open_calls() {
-                let now = envoy.now_us();
-                match bridge.acquire(&call.body, now) {
-                    Ok(reply) => envoy.answer(
-                        call.token,
-                        200,
-                        &serde_json::to_vec(&reply).unwrap_or_default(),
-                    ),
-                    Err((status, body)) => envoy.answer(call.token, status, body.as_bytes()),
-                }
-            }
-        }
-        let answered_here = envoy.stream(context).and_then(|s| s.local_reply).is_some();
-        if answered_here {
-            if n >= WARM_UP {
-                limited += 1;
-            }
-            envoy.deliver_local_reply(context);
-        } else {
-            envoy.respond(context, 200, &[], weir_e2e::envoy::DEFAULT_BODY.as_bytes());
-        }
-        envoy.close(context);
     }
     let after = envoy.host.counts();
     let per = |a: u64, b: u64| a.saturating_sub(b) as f64 / requests as f64;
@@ -132,12 +101,160 @@ pub fn count(scenario: Scenario, requests: u64) -> Option<Counted> {
     })
 }
 
+/// Serves request `n` of `scenario` on `envoy` (the tick first when it is due): headers,
+/// the bridge calls answered by `bridge`, the response, the end. Whether the filter
+/// answered it (429).
+fn serve(
+    envoy: &mut Envoy,
+    bridge: &mut ModelBridge,
+    scenario: Scenario,
+    n: u64,
+    next_tick: &mut u64,
+) -> bool {
+    envoy.advance_us(SPACING_US);
+    if envoy.now_us() >= *next_tick {
+        let root = envoy.root;
+        envoy.tick(root);
+        *next_tick += TICK_US;
+    }
+    let (context, action) = open(envoy, scenario, n);
+    if action == Action::Pause {
+        answer_calls(envoy, bridge);
+    }
+    finish(envoy, context)
+}
+
+/// Request `n` of `scenario`'s traffic, up to its headers: its context and what the
+/// filter said.
+fn open(envoy: &mut Envoy, scenario: Scenario, n: u64) -> (u32, Action) {
+    let owned = headers(scenario.traffic(), n);
+    let pairs: Vec<(&str, &str)> = owned
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    envoy.request(&pairs)
+}
+
+/// Answers every open call the way weir-bridge would.
+fn answer_calls(envoy: &mut Envoy, bridge: &mut ModelBridge) {
+    for call in envoy.open_calls() {
+        let (status, body) = model_answer(bridge, &call.body, envoy.now_us());
+        envoy.answer(call.token, status, &body);
+    }
+}
+
+/// weir-bridge's answer to `body` at `now_us`, from its model: status and body.
+fn model_answer(bridge: &mut ModelBridge, body: &[u8], now_us: u64) -> (u16, Vec<u8>) {
+    match bridge.acquire(body, now_us) {
+        Ok(reply) => (200, serde_json::to_vec(&reply).unwrap_or_default()),
+        Err((status, body)) => (status, body.into_bytes()),
+    }
+}
+
+/// The response of `context` (the upstream's, or the filter's local reply) and its end;
+/// whether the filter answered it.
+fn finish(envoy: &mut Envoy, context: u32) -> bool {
+    let answered_here = envoy.stream(context).and_then(|s| s.local_reply).is_some();
+    if answered_here {
+        envoy.deliver_local_reply(context);
+    } else {
+        envoy.respond(context, 200, &[], weir_e2e::envoy::DEFAULT_BODY.as_bytes());
+    }
+    envoy.close(context);
+    answered_here
+}
+
 /// Every weir scenario of the default run, counted.
 pub fn count_all(requests: u64) -> Vec<Counted> {
     Scenario::ALL
         .iter()
         .filter_map(|&s| count(s, requests))
         .collect()
+}
+
+// One bridge call, callback by callback (issue 21, item 4): where the VM's share of an
+// exact global decision goes.
+
+/// What one of a request's callbacks into the VM cost.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Callback {
+    /// The `proxy_on_*` callbacks Envoy made.
+    pub callback: String,
+    /// Entries into the VM, the callbacks and the copies Envoy allocated in the VM.
+    pub entries: u64,
+    /// Calls into Envoy by kind (`vm.calls.<kind>`), the kinds it made.
+    pub calls: BTreeMap<String, u64>,
+}
+
+/// One request of a scenario that makes a bridge call, on the scripted Envoy after the
+/// warm-up: its callbacks, and the call as it went out and came back.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct CallTrace {
+    pub scenario: String,
+    pub callbacks: Vec<Callback>,
+    /// The call's headers, as the filter handed them to Envoy.
+    pub call_headers: Vec<(String, String)>,
+    /// The `/v2/acquire` body the filter sent.
+    pub call_body: String,
+    /// weir-bridge's answer to it (from the bridge's model), read back into the VM.
+    pub reply_body: String,
+}
+
+/// The request after the warm-up of `scenario`, callback by callback; `None` for a
+/// scenario that is not weir or whose request makes no bridge call.
+pub fn trace_call(scenario: Scenario) -> Option<CallTrace> {
+    let config = scenario.plugin_config()?;
+    let mut envoy = Envoy::new(&config).ok()?;
+    let mut bridge = ModelBridge::default();
+    envoy.set_now_us(T0);
+    let mut next_tick = T0 + TICK_US;
+    for n in 0..WARM_UP {
+        serve(&mut envoy, &mut bridge, scenario, n, &mut next_tick);
+    }
+    // The traced request is not a tick's.
+    envoy.advance_us(SPACING_US);
+    let mut callbacks = Vec::new();
+    let mut mark = envoy.host.counts();
+    let mut step = |envoy: &Envoy, callback: &str| {
+        let now = envoy.host.counts();
+        let calls = CallKind::ALL
+            .iter()
+            .map(|k| {
+                (
+                    k.stat_name().to_string(),
+                    now.calls[k.index()] - mark.calls[k.index()],
+                )
+            })
+            .filter(|(_, n)| *n > 0)
+            .collect();
+        callbacks.push(Callback {
+            callback: callback.to_string(),
+            entries: now.entries - mark.entries,
+            calls,
+        });
+        mark = now;
+    };
+    let (context, action) = open(&mut envoy, scenario, WARM_UP);
+    step(&envoy, "on_context_create, on_request_headers");
+    let call = envoy
+        .open_calls()
+        .into_iter()
+        .next()
+        .filter(|_| action == Action::Pause)?;
+    let (status, reply) = model_answer(&mut bridge, &call.body, envoy.now_us());
+    envoy.answer(call.token, status, &reply);
+    step(&envoy, "on_http_call_response");
+    envoy.respond(context, 200, &[], weir_e2e::envoy::DEFAULT_BODY.as_bytes());
+    step(&envoy, "on_response_headers, on_response_body");
+    envoy.close(context);
+    step(&envoy, "on_done, on_delete");
+    Some(CallTrace {
+        scenario: scenario.id().to_string(),
+        callbacks,
+        call_headers: call.headers,
+        call_body: String::from_utf8_lossy(&call.body).into_owned(),
+        reply_body: String::from_utf8_lossy(&reply).into_owned(),
+    })
 }
 
 /// The table `weir-bench counted` prints.
@@ -205,6 +322,75 @@ mod tests {
             }
         }
         assert!(over.is_empty(), "{}", over.join("\n"));
+    }
+
+    /// The bridge-call floor makes weir-global-exact's call: the same headers to the same
+    /// cluster, and the body weir sends byte for byte. A change to weir's body fails here:
+    /// copy the new one into `bench/empty-filter/src/acquire.json`.
+    #[test]
+    fn the_bridge_call_floor_sends_what_weir_sends() {
+        let trace = trace_call(Scenario::WeirGlobalExact).unwrap();
+        let floor_body = include_str!("../empty-filter/src/acquire.json");
+        assert_eq!(
+            trace.call_body, floor_body,
+            "weir's body changed: update bench/empty-filter/src/acquire.json"
+        );
+        let header = |name: &str| {
+            trace
+                .call_headers
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| v.as_str())
+                .unwrap_or_default()
+        };
+        // The empty filter sends these four, `:authority` the cluster's name.
+        assert_eq!(trace.call_headers.len(), 4, "{:?}", trace.call_headers);
+        assert_eq!(header(":method"), "POST");
+        assert_eq!(header("content-type"), "application/json");
+        assert_eq!(
+            crate::scenario::BRIDGE_CALL_FLOOR,
+            format!("call:{}:{}", header(":authority"), header(":path"))
+        );
+        assert!(weir_core::wire::v2::Request::parse(floor_body.as_bytes()).is_ok());
+    }
+
+    /// The page's reading of a bridge call (page.rs, `BRIDGE_CALL_READING`) walks
+    /// through these calls: a change to them must change it too.
+    #[test]
+    fn an_exact_bridge_call_makes_the_host_calls_the_page_describes() {
+        let trace = trace_call(Scenario::WeirGlobalExact).unwrap();
+        let kinds = |i: usize| -> Vec<(&str, u64)> {
+            trace.callbacks[i]
+                .calls
+                .iter()
+                .map(|(k, n)| (k.as_str(), *n))
+                .collect()
+        };
+        assert_eq!(
+            kinds(0),
+            [
+                ("clock", 1),
+                ("dispatch", 1),
+                ("header", 1),
+                ("shared_get", 2),
+                ("shared_set", 1)
+            ]
+        );
+        assert_eq!(
+            kinds(1),
+            [
+                ("body", 1),
+                ("clock", 1),
+                ("header", 1),
+                ("shared_get", 1),
+                ("shared_set", 1),
+                ("stats", 1),
+                ("stream", 3)
+            ]
+        );
+        let total: u64 = trace.callbacks.iter().flat_map(|c| c.calls.values()).sum();
+        assert_eq!(total, 15);
+        assert_eq!(trace.call_body.len(), 228);
     }
 
     #[test]

@@ -66,6 +66,7 @@ pub fn markdown(r: &Results, png_name: Option<&str>) -> String {
         machine_table(r).markdown(),
         cost_section(r),
         counted_section(r),
+        bridge_call_section(r),
         accuracy_section(r, png_name),
         targets_section(&r.targets),
         running_section(),
@@ -274,6 +275,212 @@ fn counted_section(r: &Results) -> String {
         crate::counted::table(&r.counted)
     )
 }
+
+// What a bridge call costs (issue 21, item 4).
+
+/// The exact bridge call split into Envoy's HTTP client and weir's VM share, with what
+/// weir's request does across its VM boundary, and what that leaves to cut.
+fn bridge_call_section(r: &Results) -> String {
+    let mut o = format!(
+        "## What a bridge call costs\n\n**{exact}** asks weir-bridge on every request. \
+         **{floor}** makes the same call from the empty filter and nothing else: the same \
+         cluster, headers and `/v2/acquire` body (checked byte for byte against weir's by \
+         `cargo test -p weir-bench`), the request paused until the answer and resumed then, \
+         nothing of the answer read. So, in Envoy CPU per request: **{exact} − empty-wasm** \
+         is the whole call; **{floor} − empty-wasm** is what Envoy pays for the call itself \
+         (its HTTP client, the upstream connection and codec, the timeout, the pause, the \
+         answer's callback into the VM); **{exact} − {floor}** is weir's share (encoding \
+         the body, decoding the answer, its bookkeeping, and the host calls it makes beyond \
+         the floor's). weir-bridge and Redis run on the load core: their own CPU is not in \
+         these figures. Each figure is the difference of the two scenarios within each \
+         round (they are measured interleaved), median (min–max) over the rounds.\n\n",
+        exact = Scenario::WeirGlobalExact.id(),
+        floor = Scenario::BridgeCallFloor.id(),
+    );
+    if r.bridge_call.is_empty() {
+        o.push_str(&format!(
+            "This run measured no split: it needs `--only empty-wasm,{},{},{},{}` (or the \
+             default run).\n\n",
+            Scenario::WeirGlobalExact.id(),
+            Scenario::WeirGlobalExactH2.id(),
+            Scenario::BridgeCallFloor.id(),
+            Scenario::BridgeCallFloorH2.id(),
+        ));
+    } else {
+        o.push_str(&bridge_call_table(r).markdown());
+        o.push_str(&bridge_call_verdict(r));
+    }
+    if let Some(t) = bridge_call_counted_table(r) {
+        o.push_str(&format!(
+            "The host calls of one {} request, counted on the scripted Envoy (see the \
+             section before), against the floor's, which are so by construction:\n\n{}",
+            Scenario::WeirGlobalExact.id(),
+            t.markdown()
+        ));
+    }
+    if let Some(trace) = &r.call_trace {
+        o.push_str(&call_trace_section(trace));
+    }
+    o.push_str(BRIDGE_CALL_READING);
+    o
+}
+
+/// The split per protocol, and weir's own counts of what crossed its VM's boundary.
+fn bridge_call_table(r: &Results) -> Table {
+    let mut t = Table::new(&[
+        "bridge protocol",
+        "whole call: exact − empty µs",
+        "Envoy's call: floor − empty µs",
+        "weir's share: exact − floor µs",
+        "weir's host calls/request (Envoy's count)",
+        "bytes across weir's VM boundary/request (Envoy's count)",
+    ]);
+    let show = |s: &Option<crate::report::Stat>| s.map_or("–".into(), |s| s.show(2));
+    for c in &r.bridge_call {
+        let exact = r.scenarios.iter().find(|x| x.id == c.exact);
+        t.row(vec![
+            c.protocol.clone(),
+            show(&c.whole_us),
+            show(&c.client_us),
+            show(&c.vm_us),
+            exact.map_or("–".into(), |x| x.host_calls_per_request.show(2)),
+            exact.map_or("–".into(), |x| x.vm_bytes_per_request.show(0)),
+        ]);
+    }
+    t
+}
+
+/// What the split says of the target (the whole call ≤ empty wasm + 60 µs), in this run.
+fn bridge_call_verdict(r: &Results) -> String {
+    let said: Vec<String> = r
+        .bridge_call
+        .iter()
+        .filter_map(|c| {
+            let (client, vm) = (c.client_us?.median, c.vm_us?.median);
+            let verdict = if client > 60.0 {
+                "more than the whole call's target of +60 µs by itself: no cut of weir's share \
+                 alone reaches the target"
+            } else {
+                "less than the whole call's target of +60 µs"
+            };
+            Some(format!(
+                "Over {}, Envoy's call alone costs {client:+.1} µs, {verdict}. weir's share is \
+                 {vm:+.1} µs.",
+                c.protocol
+            ))
+        })
+        .collect();
+    if said.is_empty() {
+        return String::new();
+    }
+    format!("In this run: {}\n\n", said.join(" "))
+}
+
+/// weir-global-exact's counted host calls by kind next to the floor's.
+fn bridge_call_counted_table(r: &Results) -> Option<Table> {
+    let exact = r
+        .counted
+        .iter()
+        .find(|c| c.scenario == Scenario::WeirGlobalExact.id())?;
+    let mut t = Table::new(&[
+        "host call",
+        Scenario::WeirGlobalExact.id(),
+        "bridge-call-floor",
+    ]);
+    // The empty filter's: one dispatch; the SDK's switch to the request when the answer
+    // comes, and the resume.
+    let floor = |kind: &str| match kind {
+        "dispatch" => 1.0,
+        "stream" => 2.0,
+        _ => 0.0,
+    };
+    // Kinds that round to 0.00 (a log line now and then) are left out.
+    for (kind, n) in exact.calls.iter().filter(|(_, n)| **n >= 0.005) {
+        t.row(vec![kind.clone(), num(*n, 2), num(floor(kind), 0)]);
+    }
+    t.row(vec!["**all**".into(), num(exact.host_calls, 2), "3".into()]);
+    Some(t)
+}
+
+/// One request of weir-global-exact, callback by callback, and its call's bytes (also
+/// what `weir-bench counted --trace ID` prints).
+pub fn call_trace_section(trace: &crate::counted::CallTrace) -> String {
+    let mut t = Table::new(&["callbacks", "VM entries", "host calls", "by kind"]);
+    for c in &trace.callbacks {
+        let by_kind: Vec<String> = c.calls.iter().map(|(k, n)| format!("{k} {n}")).collect();
+        t.row(vec![
+            c.callback.clone(),
+            c.entries.to_string(),
+            c.calls.values().sum::<u64>().to_string(),
+            by_kind.join(", "),
+        ]);
+    }
+    format!(
+        "One {} request after the warm-up, callback by callback (`weir-bench counted --trace \
+         {}`); its call carries {} headers and a body of {} bytes, and the answer read back \
+         into the VM is {} bytes:\n\n{}```text\n{}\n{}\n```\n\n",
+        trace.scenario,
+        trace.scenario,
+        trace.call_headers.len(),
+        trace.call_body.len(),
+        trace.reply_body.len(),
+        t.markdown(),
+        trace.call_body,
+        trace.reply_body
+    )
+}
+
+/// Why weir's request makes each host call beyond the floor's, and what could go: what
+/// the code does today (core/src/filter/request.rs, core/src/engine/bridge.rs and
+/// global.rs, core/src/wire/v2.rs), for whoever cuts weir's share.
+const BRIDGE_CALL_READING: &str = "How to read it. The floor's 3 host calls (the dispatch, \
+the SDK's switch to the request when the answer comes, the resume) and its VM entries \
+(the request's callbacks and the answer's) are what any filter pays for a call; what \
+remains on top of the floor in **floor − empty-wasm** is Envoy's own HTTP client and \
+cannot be cut from the filter: only fewer calls (leases) or a cheaper client would lower \
+it. weir-global-exact, as it is today, makes 15 host calls per request (`cargo test -p \
+weir-bench` checks the count), 12 more than the floor:\n\n\
+- *on_request_headers*: the **clock** (time enters once); the **`x-tenant` header** (the \
+key); a **shared-data get and CAS set of the rule's lease slot set** (a cached denial or \
+units held would serve the request; on a miss the spend writes its demand estimate back); \
+a **shared-data get of the bridge-down key** (skip the bridge for a second after a \
+failure); the **dispatch**.\n\
+- *on_http_call_response*: the **clock** (the call's latency, and the instants a grant \
+is anchored on); a **stats record** (the bridge latency histogram); the answer's \
+**`:status` header** and **body**; a **shared-data get and CAS set of the lease slot \
+set** (recording the answer: Redis's remaining units and their time, or a denial to \
+cache); **set_effective_context** to the request, its **resume**, and \
+**set_effective_context** back to the root context.\n\n\
+What could be cut (not done here; each is one change in `core/`):\n\n\
+1. The **CAS on a miss** for a rule without leases: it writes the demand estimate, which \
+only a leased rule's ask reads (`ask_for` asks for the cost alone without a lease): one \
+shared-data set.\n\
+2. **Recording an allowed answer that leaves nothing held** for a rule without leases: \
+what it writes (Redis's remaining units, their time) is read only by `failure_mode: \
+local` and by leased rules; a denial must still be cached: one get and one set.\n\
+3. The **bridge-down get** on every call: the key is absent while the bridge answers; \
+kept in the VM instead, each worker would learn a failure from its own call (a failing \
+bridge gets one more call per worker per second): one get.\n\
+4. The **switch back to the root context** after the answer: Envoy's host (proxy-wasm-\
+cpp-host's `SaveRestoreContext`) restores the effective context when the callback \
+returns, and weir makes no host call for the root after it: one stream call.\n\
+5. The **latency record** on every call: sampled (one call in N), it would cost a stats \
+call per N calls.\n\
+6. **Bytes**: the body sends `\"reserve\":0,\"hold_us\":0,\"horizon_us\":0,\"shadow\":false`, \
+54 of its 228 bytes, which the bridge takes as defaults when absent; the answer's \
+`\"due_ns\":0,\"spacing_ns\":0,\"valid_ns\":0` (39 bytes) mean nothing held, but the \
+filter's decoder requires them (a wire change on both sides). The bridge does not read \
+`content-type` (it takes the body as bytes). Body and answer are 419 bytes of the about \
+2,000 per request Envoy counted across weir's VM boundary in a run of weir-global-exact \
+(`vm.bytes_in` + `vm.bytes_out`, the split table's last column): a lease slot set \
+is 288 bytes (4 ways of 9 words of 8 bytes), copied into the VM by each of the two gets \
+and out by each of the two sets, 1,152 bytes, plus the keys; cuts 1 and 2 take 864 of \
+them.\n\n\
+Cuts 1 to 4 would take an exact call from 15 host calls to 10, and 5 to about 9: beyond \
+the floor's 3, the clock twice, the key, the lease get that finds a cached denial, and the \
+answer's status and body. One more difference is not weir's: the empty filter's SDK \
+exports `proxy_on_log` and weir does not, so the floor pays one VM entry per request \
+that weir does not, and **exact − floor** understates weir's share by that much.\n\n";
 
 fn run_health(r: &Results) -> String {
     let failures: u64 = r.scenarios.iter().map(|x| x.bridge_failures).sum();

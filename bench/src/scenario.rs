@@ -29,6 +29,11 @@ pub enum Scenario {
     WeirGlobalLeases,
     /// One global key offered far more than its limit: reservations and denials.
     WeirGlobalSaturated,
+    /// The empty filter making weir-global-exact's bridge call and nothing else: what
+    /// Envoy's HTTP client and the bridge cost, without weir's VM work.
+    BridgeCallFloor,
+    /// The same over HTTP/2 to the bridge.
+    BridgeCallFloorH2,
     /// Diagnostic (`--only`): weir with one rule whose match never holds.
     WeirNoMatch,
     /// Diagnostic (`--only`): weir with one local rule without a key (one bucket).
@@ -44,7 +49,7 @@ const GLOBAL_LIMIT: &str =
     r#""limit": {"algorithm": "gcra", "rate": 1000000, "period": "1s", "burst": 999999}"#;
 
 impl Scenario {
-    pub const ALL: [Scenario; 13] = [
+    pub const ALL: [Scenario; 15] = [
         Scenario::NoFilter,
         Scenario::Native,
         Scenario::NativeLimited,
@@ -58,6 +63,9 @@ impl Scenario {
         Scenario::WeirGlobalExactH2,
         Scenario::WeirGlobalLeases,
         Scenario::WeirGlobalSaturated,
+        // The bridge call's floor (issue 21, item 4).
+        Scenario::BridgeCallFloor,
+        Scenario::BridgeCallFloorH2,
     ];
 
     /// Not in the default run: they split weir's cost for whoever profiles the filter.
@@ -78,6 +86,8 @@ impl Scenario {
             Scenario::WeirGlobalExactH2 => "weir-global-exact-h2",
             Scenario::WeirGlobalLeases => "weir-global-leases",
             Scenario::WeirGlobalSaturated => "weir-global-saturated",
+            Scenario::BridgeCallFloor => "bridge-call-floor",
+            Scenario::BridgeCallFloorH2 => "bridge-call-floor-h2",
             Scenario::WeirNoMatch => "weir-no-match",
             Scenario::WeirUnkeyed => "weir-unkeyed",
         }
@@ -130,6 +140,12 @@ impl Scenario {
             Scenario::WeirGlobalSaturated => {
                 "weir, one global GCRA key (no key parts) of 1,000/s, burst 99, `lease.max` 50, `ttl` 20ms, `horizon` 100ms, offered all wrk can send (a closed loop: each connection sends its next request when the last is answered, so what is offered depends on how fast weir answers; the non-2xx column shows how many were denied)"
             }
+            Scenario::BridgeCallFloor => {
+                "the empty filter configured to make, per request, weir-global-exact's bridge call and nothing else: one `dispatch_http_call` to the same bridge cluster (HTTP/1.1) with weir's headers and a fixed `/v2/acquire` body byte for byte what weir sends (one GCRA item, cost = want = 1; always tenant `t0`), the request paused until the answer, nothing of the answer read"
+            }
+            Scenario::BridgeCallFloorH2 => {
+                "the same as bridge-call-floor, with the bridge cluster speaking HTTP/2 (prior knowledge), as weir-global-exact-h2"
+            }
             Scenario::WeirNoMatch => {
                 "diagnostic: weir with one local rule whose `match` (path prefix `/never/`) never holds: the filter's fixed cost"
             }
@@ -153,6 +169,20 @@ impl Scenario {
                 | Scenario::WeirGlobalExactH2
                 | Scenario::WeirGlobalLeases
                 | Scenario::WeirGlobalSaturated
+        )
+    }
+
+    /// Whether the scenario's Envoy calls weir-bridge: weir's global scenarios and the
+    /// bridge-call floors.
+    pub fn calls_bridge(self) -> bool {
+        self.is_global() || self.is_bridge_call_floor()
+    }
+
+    /// The empty filter making weir-global-exact's bridge call (issue 21, item 4).
+    pub fn is_bridge_call_floor(self) -> bool {
+        matches!(
+            self,
+            Scenario::BridgeCallFloor | Scenario::BridgeCallFloorH2
         )
     }
 
@@ -221,14 +251,21 @@ impl Scenario {
             Scenario::HostCallFloor => {
                 b = b.http_filter(wasm_filter_yaml(HOST_CALL_FLOOR, &wasm.empty))
             }
+            Scenario::BridgeCallFloor | Scenario::BridgeCallFloorH2 => {
+                b = b.http_filter(wasm_filter_yaml(BRIDGE_CALL_FLOOR, &wasm.empty))
+            }
             _ => {
                 let config = self.plugin_config().unwrap_or_default();
                 b = b.http_filter(wasm_filter_yaml(&config, &wasm.weir));
             }
         }
-        if self.is_global() {
+        if self.calls_bridge() {
             let port = bridge_port.unwrap_or_else(|| panic!("{} needs a bridge", self.id()));
-            let protocol = if self == Scenario::WeirGlobalExactH2 {
+            let h2 = matches!(
+                self,
+                Scenario::WeirGlobalExactH2 | Scenario::BridgeCallFloorH2
+            );
+            let protocol = if h2 {
                 BridgeProtocol::Http2
             } else {
                 BridgeProtocol::Http1
@@ -242,6 +279,10 @@ impl Scenario {
 /// The empty filter's steps for [`Scenario::HostCallFloor`]: weir-local's rule has
 /// `max_keys` 10,000, so 2,500 sets of 4 slots.
 const HOST_CALL_FLOOR: &str = "time, header:x-user, shared_cas:2500";
+
+/// The empty filter's steps for [`Scenario::BridgeCallFloor`]: weir-global-exact's call,
+/// to the cluster its bridge settings name (`weir_bridge`, as `BRIDGE`).
+pub const BRIDGE_CALL_FLOOR: &str = "call:weir_bridge:/v2/acquire";
 
 /// Envoy's own local rate limit (Envoy 1.40 fields), with a bucket nothing can empty:
 /// 10⁹ tokens, refilled every second, on every request (enabled and enforced at 100 %).

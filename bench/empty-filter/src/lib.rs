@@ -14,7 +14,12 @@
 //! - `header:NAME`: read one request header;
 //! - `shared_cas:SETS`: a compare-and-swap on one of SETS shared-data keys of 96 bytes
 //!   (weir's slot-set size), picked from the bytes of the last header read: one get, one
-//!   set with the version the get returned.
+//!   set with the version the get returned;
+//! - `call:CLUSTER:PATH`: one HTTP call to the Envoy cluster CLUSTER, `POST PATH` with
+//!   weir's headers (`:authority` the cluster's name, `content-type: application/json`)
+//!   and the body of [`ACQUIRE_BODY`] (a `/v2/acquire` body of the shape and size
+//!   weir-global-exact sends), 250 ms timeout; the request waits for the answer and then
+//!   goes on, whatever it was: nothing of it is read. The last step, if any.
 //!
 //! An unknown step makes `on_configure` fail, so Envoy rejects the configuration.
 
@@ -30,7 +35,42 @@ use std::rc::Rc;
 pub enum Step {
     Time,
     Header(String),
-    SharedCas { sets: u32 },
+    SharedCas {
+        sets: u32,
+    },
+    /// Pauses the request on one HTTP call to `cluster` (see the module docs).
+    Call {
+        cluster: String,
+        path: String,
+    },
+}
+
+/// The body `call` sends: the `/v2/acquire` body weir-global-exact sends for tenant
+/// `t0` (one GCRA item, cost = want = 1). weir-bench checks that it is byte for byte what
+/// weir sends, so the floor follows weir's wire format.
+pub const ACQUIRE_BODY: &str = include_str!("acquire.json");
+
+/// The `call` step's timeout, as weir-bench's bridge configuration.
+pub const CALL_TIMEOUT_MS: u64 = 250;
+
+/// What a cluster name or path may hold: printable ASCII without spaces (as weir's
+/// bridge settings).
+fn printable(text: &str) -> bool {
+    !text.is_empty() && text.bytes().all(|b| (0x21..0x7f).contains(&b))
+}
+
+fn parse_call(step: &str, rest: &str) -> Result<Step, String> {
+    match rest.split_once(':') {
+        Some((cluster, path)) if printable(cluster) && printable(path) && path.starts_with('/') => {
+            Ok(Step::Call {
+                cluster: cluster.to_string(),
+                path: path.to_string(),
+            })
+        }
+        _ => Err(format!(
+            "{step:?}: expected call:CLUSTER:PATH, a cluster name and a path starting with /, without spaces"
+        )),
+    }
 }
 
 /// Parses the configuration; the error names the step that is wrong.
@@ -39,7 +79,7 @@ pub fn parse_steps(config: &str) -> Result<Vec<Step>, String> {
     if config.is_empty() || config == "{}" {
         return Ok(Vec::new());
     }
-    config
+    let steps = config
         .split(',')
         .map(str::trim)
         .map(|step| match step.split_once(':') {
@@ -49,11 +89,22 @@ pub fn parse_steps(config: &str) -> Result<Vec<Step>, String> {
                 Ok(sets) if sets > 0 => Ok(Step::SharedCas { sets }),
                 _ => Err(format!("shared_cas: {sets:?} is not a number of sets ≥ 1")),
             },
+            Some(("call", rest)) => parse_call(step, rest),
             _ => Err(format!(
-                "unknown step {step:?}: expected time, header:NAME or shared_cas:SETS"
+                "unknown step {step:?}: expected time, header:NAME, shared_cas:SETS or call:CLUSTER:PATH"
             )),
         })
-        .collect()
+        .collect::<Result<Vec<Step>, String>>()?;
+    // The request pauses on the call: a step after it would run before the answer.
+    let calls = steps
+        .iter()
+        .filter(|s| matches!(s, Step::Call { .. }))
+        .count();
+    let last_is_call = matches!(steps.last(), Some(Step::Call { .. }));
+    if calls > 1 || (calls == 1 && !last_is_call) {
+        return Err("call:CLUSTER:PATH must be the last step, and the only call".into());
+    }
+    Ok(steps)
 }
 
 /// The shared-data key of `shared_cas` for a header value.
@@ -110,7 +161,19 @@ struct EmptyHttp {
 }
 
 #[cfg(target_arch = "wasm32")]
-impl Context for EmptyHttp {}
+impl Context for EmptyHttp {
+    /// The answer of the `call` step (or Envoy's 503/504 in its place): the request goes
+    /// on. The SDK has made this request the effective context already.
+    fn on_http_call_response(
+        &mut self,
+        _token: u32,
+        _headers: usize,
+        _body: usize,
+        _trailers: usize,
+    ) {
+        let _ = proxy_wasm::hostcalls::resume_http_request();
+    }
+}
 
 #[cfg(target_arch = "wasm32")]
 impl HttpContext for EmptyHttp {
@@ -134,6 +197,26 @@ impl HttpContext for EmptyHttp {
                     if let Ok((value, cas)) = hostcalls::get_shared_data(&key) {
                         let value = value.unwrap_or_else(|| vec![0; 96]);
                         let _ = hostcalls::set_shared_data(&key, Some(&value), cas);
+                    }
+                }
+                Step::Call { cluster, path } => {
+                    let headers = vec![
+                        (":method", "POST"),
+                        (":path", path.as_str()),
+                        (":authority", cluster.as_str()),
+                        ("content-type", "application/json"),
+                    ];
+                    let sent = hostcalls::dispatch_http_call(
+                        cluster,
+                        headers,
+                        Some(ACQUIRE_BODY.as_bytes()),
+                        vec![],
+                        std::time::Duration::from_millis(CALL_TIMEOUT_MS),
+                    );
+                    // A call Envoy refuses (no such cluster) lets the request go on;
+                    // weir-bench counts no call then, and its smoke run fails.
+                    if sent.is_ok() {
+                        return Action::Pause;
                     }
                 }
             }
@@ -160,12 +243,57 @@ mod tests {
         );
         assert_eq!(
             parse_steps("time,clock"),
-            Err("unknown step \"clock\": expected time, header:NAME or shared_cas:SETS".into())
+            Err("unknown step \"clock\": expected time, header:NAME, shared_cas:SETS or call:CLUSTER:PATH".into())
         );
         assert_eq!(
             parse_steps("shared_cas:0"),
             Err("shared_cas: \"0\" is not a number of sets ≥ 1".into())
         );
+    }
+
+    #[test]
+    fn call_steps_parse_and_errors_name_the_step() {
+        assert_eq!(
+            parse_steps("call:weir_bridge:/v2/acquire"),
+            Ok(vec![Step::Call {
+                cluster: "weir_bridge".into(),
+                path: "/v2/acquire".into()
+            }])
+        );
+        assert_eq!(
+            parse_steps("time, header:x-tenant, call:b:/x"),
+            Ok(vec![
+                Step::Time,
+                Step::Header("x-tenant".into()),
+                Step::Call {
+                    cluster: "b".into(),
+                    path: "/x".into()
+                }
+            ])
+        );
+        let bad = |step: &str| {
+            format!(
+                "{step:?}: expected call:CLUSTER:PATH, a cluster name and a path starting with /, without spaces"
+            )
+        };
+        for step in [
+            "call:weir_bridge",
+            "call::/v2/acquire",
+            "call:weir_bridge:",
+            "call:weir_bridge:v2/acquire",
+            "call:weir bridge:/v2/acquire",
+        ] {
+            assert_eq!(parse_steps(step), Err(bad(step)), "{step}");
+        }
+        let order = Err("call:CLUSTER:PATH must be the last step, and the only call".into());
+        assert_eq!(parse_steps("call:b:/x, time"), order);
+        assert_eq!(parse_steps("call:b:/x, call:b:/x"), order);
+    }
+
+    #[test]
+    fn the_acquire_body_is_one_json_line() {
+        assert!(ACQUIRE_BODY.starts_with("{\"domain\":") && ACQUIRE_BODY.ends_with("}]}"));
+        assert!(!ACQUIRE_BODY.contains('\n'));
     }
 
     #[test]
