@@ -438,49 +438,33 @@ the SDK's switch to the request when the answer comes, the resume) and its VM en
 (the request's callbacks and the answer's) are what any filter pays for a call; what \
 remains on top of the floor in **floor − empty-wasm** is Envoy's own HTTP client and \
 cannot be cut from the filter: only fewer calls (leases) or a cheaper client would lower \
-it. weir-global-exact, as it is today, makes 15 host calls per request (`cargo test -p \
-weir-bench` checks the count), 12 more than the floor:\n\n\
+it. weir-global-exact makes 11 host calls per request (`cargo test -p weir-bench` checks \
+the count), 8 more than the floor:\n\n\
 - *on_request_headers*: the **clock** (time enters once); the **`x-tenant` header** (the \
-key); a **shared-data get and CAS set of the rule's lease slot set** (a cached denial or \
-units held would serve the request; on a miss the spend writes its demand estimate back); \
-a **shared-data get of the bridge-down key** (skip the bridge for a second after a \
-failure); the **dispatch**.\n\
+key); a **shared-data get of the rule's lease slot set** (a cached denial would answer \
+the request; an exact rule writes nothing there when it asks); the **dispatch**. A worker \
+also reads the bridge-down key (skip the bridge for a second after a failure), at most \
+every 10 ms, not per call.\n\
 - *on_http_call_response*: the **clock** (the call's latency, and the instants a grant \
 is anchored on); a **stats record** (the bridge latency histogram); the answer's \
-**`:status` header** and **body**; a **shared-data get and CAS set of the lease slot \
-set** (recording the answer: Redis's remaining units and their time, or a denial to \
-cache); **set_effective_context** to the request, its **resume**, and \
-**set_effective_context** back to the root context.\n\n\
-What could be cut (not done here; each is one change in `core/`):\n\n\
-1. The **CAS on a miss** for a rule without leases: it writes the demand estimate, which \
-only a leased rule's ask reads (`ask_for` asks for the cost alone without a lease): one \
-shared-data set.\n\
-2. **Recording an allowed answer that leaves nothing held** for a rule without leases: \
-what it writes (Redis's remaining units, their time) is read only by `failure_mode: \
-local` and by leased rules; a denial must still be cached: one get and one set.\n\
-3. The **bridge-down get** on every call: the key is absent while the bridge answers; \
-kept in the VM instead, each worker would learn a failure from its own call (a failing \
-bridge gets one more call per worker per second): one get.\n\
-4. The **switch back to the root context** after the answer: Envoy's host (proxy-wasm-\
-cpp-host's `SaveRestoreContext`) restores the effective context when the callback \
-returns, and weir makes no host call for the root after it: one stream call.\n\
-5. The **latency record** on every call: sampled (one call in N), it would cost a stats \
-call per N calls.\n\
-6. **Bytes**: the body sends `\"reserve\":0,\"hold_us\":0,\"horizon_us\":0,\"shadow\":false`, \
-54 of its 228 bytes, which the bridge takes as defaults when absent; the answer's \
-`\"due_ns\":0,\"spacing_ns\":0,\"valid_ns\":0` (39 bytes) mean nothing held, but the \
-filter's decoder requires them (a wire change on both sides). The bridge does not read \
-`content-type` (it takes the body as bytes). Body and answer are 419 bytes of the about \
-2,000 per request Envoy counted across weir's VM boundary in a run of weir-global-exact \
-(`vm.bytes_in` + `vm.bytes_out`, the split table's last column): a lease slot set \
-is 288 bytes (4 ways of 9 words of 8 bytes), copied into the VM by each of the two gets \
-and out by each of the two sets, 1,152 bytes, plus the keys; cuts 1 and 2 take 864 of \
-them.\n\n\
-Cuts 1 to 4 would take an exact call from 15 host calls to 10, and 5 to about 9: beyond \
-the floor's 3, the clock twice, the key, the lease get that finds a cached denial, and the \
-answer's status and body. One more difference is not weir's: the empty filter's SDK \
-exports `proxy_on_log` and weir does not, so the floor pays one VM entry per request \
-that weir does not, and **exact − floor** understates weir's share by that much.\n\n";
+**`:status` header** and **body**; **set_effective_context** to the request, its \
+**resume**, and **set_effective_context** back to the root context. An allowed answer \
+that leaves nothing held writes nothing to shared data (a denial is cached; a rule with \
+leases or `failure_mode: local` records what Redis said).\n\n\
+Cut so far (issue 21): the CAS of the lease slot on every ask (the demand it wrote is \
+read only by leases), the get and CAS recording an allowed exact answer, and the \
+bridge-down get on every call: 15 host calls to 11, and 864 of the about 2,000 bytes \
+per request across the VM boundary (a lease slot set is 288 bytes, copied in by each \
+get and out by each set). Left: the **switch back to the root context** (Envoy's host \
+restores the effective context when the callback returns, but a waiter's own call must \
+leave from the root context, and that was not proven here), the **latency record** on \
+every call (sampling would cut most of it), and **bytes** of the wire (the body's \
+`\"reserve\":0,\"hold_us\":0,\"horizon_us\":0,\"shadow\":false`, 54 of 228 bytes, \
+are the bridge's defaults; the answer's zero `due_ns`, `spacing_ns`, `valid_ns` are \
+required by the filter's decoder). One more difference is not weir's: the empty \
+filter's SDK exports `proxy_on_log` and `proxy_on_done` and weir does not, so the floor \
+pays two VM entries per request that weir does not, and **exact − floor** understates \
+weir's share by that much.\n\n";
 
 fn run_health(r: &Results) -> String {
     let failures: u64 = r.scenarios.iter().map(|x| x.bridge_failures).sum();

@@ -518,6 +518,76 @@ fn every_error_reply_starts_the_backoff_and_plugins_back_off_apart() {
 }
 
 #[test]
+fn a_worker_learns_of_another_workers_bridge_failure_within_10_ms() {
+    // Two workers of one Envoy (one engine each, one shared data): each reads the
+    // backoff the others wrote at most every 10 ms, not on every call.
+    let config = r#"{"bridge":{"cluster":"weir_bridge"},"rules":[{"name":"tenant","scope":"global",
+        "limit":{"algorithm":"fixed_window","limit":10,"window":"1h"}}]}"#;
+    let parse = || weir_core::config::parse(config.as_bytes()).unwrap();
+    let (a, b) = (Engine::new(parse()), Engine::new(parse()));
+    let store = MemoryStore::new();
+    a.prepare(&store).unwrap();
+    assert_eq!(
+        eval_at(&b, &store, T0).pending.len(),
+        1,
+        "b read: no backoff"
+    );
+    let mut eval = eval_at(&a, &store, T0 + MS);
+    a.complete(
+        &mut eval,
+        &store,
+        Micros(T0 + MS),
+        Micros(T0 + MS),
+        Err(ReplyError::NoResponse),
+    );
+    let skipped =
+        |e: &Engine, at| eval_at(e, &store, at).bridge_error == Some(BridgeError::Skipped);
+    assert!(skipped(&a, T0 + MS + 1), "its own failure at once");
+    assert!(
+        !skipped(&b, T0 + 9 * MS),
+        "b's last read is under 10 ms old"
+    );
+    assert!(skipped(&b, T0 + 10 * MS), "b reads again");
+}
+
+#[test]
+fn an_exact_rules_answer_writes_nothing_it_would_not_read() {
+    // An exact rule keeps no demand and no units: a request it asks Redis about, allowed,
+    // reads its key's slot (for a cached denial) and writes nothing to shared data.
+    let e = global("");
+    let store = MemoryStore::new();
+    e.prepare(&store).unwrap();
+    store.fail_next_writes(1, weir_core::store::StoreError::Host(1));
+    for n in 0..3 {
+        let mut eval = eval_at(&e, &store, T0 + n);
+        assert_eq!(eval.pending.len(), 1);
+        let answer = reply(vec![result(true, 1, 50)]);
+        e.complete(&mut eval, &store, Micros(T0 + n), Micros(T0 + n), answer);
+        assert!(!eval.denied());
+        assert!(eval.reports[0].lease_store_error.is_none());
+    }
+    assert_eq!(
+        store.failures_left(),
+        1,
+        "an exact answer wrote shared data"
+    );
+    store.fail_next_writes(0, weir_core::store::StoreError::Host(1));
+    // A denial is still cached.
+    let mut eval = eval_at(&e, &store, T0 + 10);
+    e.complete(
+        &mut eval,
+        &store,
+        Micros(T0 + 10),
+        Micros(T0 + 10),
+        reply(vec![result(false, 0, 0)]),
+    );
+    assert_eq!(
+        eval_at(&e, &store, T0 + 11).reports[0].source,
+        Some(Source::DenialCache)
+    );
+}
+
+#[test]
 fn the_local_fallback_starts_from_what_the_envoy_last_knew() {
     // 100 per minute over 2 instances; Redis said 10 remain, then the bridge fails.
     let e = global(r#","global":{"failure_mode":"local","expected_instances":2}"#);

@@ -15,6 +15,8 @@ use super::runtime::{Engine, RuleRuntime};
 
 /// How long a failed bridge is left alone before it is tried again.
 pub const BRIDGE_BACKOFF_US: u64 = 1_000_000;
+/// How often a worker reads the bridge backoff other workers wrote (µs).
+pub const BRIDGE_DOWN_READ_US: u64 = 10_000;
 
 impl Engine {
     /// The bridge item settling a global rule's commit with its actual cost (capped at
@@ -246,17 +248,31 @@ impl Engine {
         )
     }
 
+    /// Whether the bridge failed less than [`BRIDGE_BACKOFF_US`] ago, as this worker saw
+    /// it or another worker wrote it in shared data. Shared data is read at most every
+    /// [`BRIDGE_DOWN_READ_US`]: a busy worker's calls then cost no read each, and it
+    /// learns of another worker's failure that much later (its own failures at once).
     fn bridge_down<S: SharedStore>(&self, store: &S, now_us: u64) -> bool {
-        let Ok((Some(value), _)) = store.get(&self.bridge_down_key) else {
-            return false;
-        };
-        let until = <[u8; 8]>::try_from(value.as_slice()).map_or(0, u64::from_le_bytes);
-        now_us < until
+        let read_us = self.bridge_down_read_us.load(Ordering::Relaxed);
+        let fresh = read_us > 0 && now_us >= read_us && now_us - read_us < BRIDGE_DOWN_READ_US;
+        if !fresh {
+            let until = match store.get(&self.bridge_down_key) {
+                Ok((Some(value), _)) => {
+                    <[u8; 8]>::try_from(value.as_slice()).map_or(0, u64::from_le_bytes)
+                }
+                _ => 0,
+            };
+            self.bridge_down_until_us.store(until, Ordering::Relaxed);
+            self.bridge_down_read_us.store(now_us, Ordering::Relaxed);
+        }
+        now_us < self.bridge_down_until_us.load(Ordering::Relaxed)
     }
 
     /// Remembers that the bridge failed: calls are skipped until `until_us`. Racing
     /// writers each write a time about a second ahead; whichever lands is good enough.
     fn note_bridge_down<S: SharedStore>(&self, store: &S, until_us: u64) {
+        self.bridge_down_until_us
+            .fetch_max(until_us, Ordering::Relaxed);
         let key = &self.bridge_down_key;
         let value = until_us.to_le_bytes();
         let _ = match store.get(key) {

@@ -84,6 +84,7 @@ impl GlobalRuntime {
         let now_us = applied.now_us;
         let mut report = applied.report();
         let (rule, cost) = (applied.rule.id, applied.cost);
+        let leased = self.global.lease.is_some();
         let unwritten = demand.as_mut().map_or(0, |d| d.take(rule, &applied.hash));
         let spent = self.leases.update(
             store,
@@ -94,14 +95,18 @@ impl GlobalRuntime {
                 let (spend, next) = state
                     .unwrap_or_default()
                     .spend_with_demand(now_us, cost, unwritten);
-                // A denial from the slot writes nothing when the worker can keep its
-                // demand (see `UnwrittenDemand`).
-                let denied = matches!(spend, Spend::Denied { .. } | Spend::NotYetDue { .. });
-                let write = !(denied && demand.is_some());
+                // Only what later requests read is written: units spent, and the demand
+                // that sizes a lease's asks — which a denial's worker keeps instead (see
+                // `UnwrittenDemand`), and an exact rule never reads.
+                let write = match spend {
+                    Spend::Spent { .. } => true,
+                    Spend::Miss { .. } => leased,
+                    Spend::Denied { .. } | Spend::NotYetDue { .. } => leased && demand.is_none(),
+                };
                 ((spend, next), write.then_some(next))
             },
         );
-        if let (Ok(updated), Some(demand)) = (&spent, demand) {
+        if let (Ok(updated), Some(demand), true) = (&spent, demand, leased) {
             if matches!(
                 updated.result.0,
                 Spend::Denied { .. } | Spend::NotYetDue { .. }
@@ -155,21 +160,30 @@ impl GlobalRuntime {
             global,
             rule.commit.is_some(),
         );
-        let stored = self.leases.update(
-            store,
-            &item.hash,
-            now_us,
-            |s: LeaseSlot| s.vacancy(),
-            |state| ((), Some(state.unwrap_or_default().record(reply, now_us))),
-        );
+        // What later requests read: units held and cached denials; what Redis said last,
+        // for a lease's asks and headers and for the local fallback's start. An exact
+        // rule's plain answer leaves none of these.
+        let read_later = !matches!(reply.outcome, SlotReplyOutcome::Nothing)
+            || reply.exhausted_until_us > 0
+            || global.lease.is_some()
+            || self.fallback().is_some();
         let mut report = RuleReport {
             source: Some(Source::Bridge),
             decided_at_us: result.now_us,
             ..item.lookup
         };
-        report.add_update(&stored);
-        if let Err(e) = stored {
-            report.lease_store_error.get_or_insert(e);
+        if read_later {
+            let stored = self.leases.update(
+                store,
+                &item.hash,
+                now_us,
+                |s: LeaseSlot| s.vacancy(),
+                |state| ((), Some(state.unwrap_or_default().record(reply, now_us))),
+            );
+            report.add_update(&stored);
+            if let Err(e) = stored {
+                report.lease_store_error.get_or_insert(e);
+            }
         }
         let quota = global.limit.policy().quota;
         let decision = Decision {

@@ -92,6 +92,10 @@ pub struct Engine {
     /// The bridge's round trip as this plugin's calls measured it (µs, see
     /// [`Engine::note_round_trip`]): what a leased call adds to its `ttl`.
     pub(super) round_trip_us: AtomicU64,
+    /// The bridge backoff as this worker last read it from shared data: until when
+    /// (µs), and when it read it (see [`Engine::bridge_down`]).
+    pub(super) bridge_down_until_us: AtomicU64,
+    pub(super) bridge_down_read_us: AtomicU64,
 }
 
 impl Engine {
@@ -127,6 +131,8 @@ impl Engine {
             runtimes,
             bridge_down_key,
             round_trip_us: AtomicU64::new(0),
+            bridge_down_until_us: AtomicU64::new(0),
+            bridge_down_read_us: AtomicU64::new(0),
         }
     }
 
