@@ -391,7 +391,7 @@ fn accuracy_table(a: &AccuracyResults) -> Table {
         let dash = || "–".to_string();
         let pct = |v: f64| if bounded { format!("{v:.2} %") } else { dash() };
         t.row(vec![
-            x.mode.title().to_string(),
+            x.title(),
             num(x.sent_rps, 0),
             format!("{}×", num(x.sent_rps / x.rate as f64, 1)),
             num(x.admitted as f64, 0),
@@ -434,7 +434,7 @@ fn accuracy_notes(a: &AccuracyResults) -> String {
         o.push_str(&format!(
             "- **{}**: the generator fell behind its schedule (by up to {} ms): it sent {} \
              requests/s, {}× the limit, not the {}× its name says.\n",
-            x.mode.label(),
+            x.label(),
             num(x.max_lag_ms, 0),
             num(x.sent_rps, 0),
             num(x.sent_rps / x.rate as f64, 1),
@@ -444,7 +444,7 @@ fn accuracy_notes(a: &AccuracyResults) -> String {
     for x in a.runs.iter().filter(|x| x.violation.is_some()) {
         o.push_str(&format!(
             "- **{}**: {}\n",
-            x.mode.label(),
+            x.label(),
             x.violation.as_deref().unwrap_or_default()
         ));
     }
@@ -453,7 +453,7 @@ fn accuracy_notes(a: &AccuracyResults) -> String {
         o.push_str(&format!(
             "- {}: of {} requests, {} were decided by Redis through the bridge, {} from units \
              held (leases and reservations, allowed or not yet due), {} from a cached denial.\n",
-            x.mode.label(),
+            x.label(),
             num(x.sent as f64, 0),
             get("bridge_decisions"),
             get("lease_hits"),
@@ -470,8 +470,9 @@ fn behind_schedule(x: &PacedRun) -> bool {
 }
 
 fn per_second_table(a: &AccuracyResults) -> Table {
+    let labels: Vec<String> = a.runs.iter().map(PacedRun::label).collect();
     let mut head = vec!["second"];
-    head.extend(a.runs.iter().map(|x| x.mode.label()));
+    head.extend(labels.iter().map(String::as_str));
     let mut t = Table::new(&head);
     let n = a.runs.iter().map(|x| x.seconds).max().unwrap_or(0) as usize;
     for i in 0..n {
@@ -503,7 +504,7 @@ fn accuracy_cpu_table(a: &AccuracyResults) -> Table {
                 .unwrap_or_else(|| "–".into())
         };
         t.row(vec![
-            x.mode.label().to_string(),
+            x.label(),
             c("envoys"),
             c("bridge"),
             c("redis"),
@@ -627,7 +628,7 @@ mod tests {
             assert!(page.contains(&format!("| {} |", x.id)), "{}", x.id);
         }
         for x in &results.accuracy.runs {
-            assert!(page.contains(x.mode.title()), "{:?}", x.mode);
+            assert!(page.contains(&x.title()), "{}", x.title());
         }
         assert!(page.contains("## Targets"));
     }
