@@ -297,6 +297,21 @@ impl PacedRun {
     pub fn title(&self) -> String {
         with_bridge_delay(self.mode.title(), self.bridge_delay_ms)
     }
+
+    /// Requests that weir's failure mode decided (the bridge failed, or the call they
+    /// would have waited on had all the waiters it may hold): allowed ones answer 200
+    /// without an admission of the limit, so `admitted` counts them and the checker does not.
+    pub fn failure_mode_decisions(&self) -> u64 {
+        ["failure_allowed", "failure_denied", "failure_local"]
+            .iter()
+            .map(|k| self.rule_stats.get(*k).copied().unwrap_or(0))
+            .sum()
+    }
+
+    /// Bridge calls per request sent.
+    pub fn bridge_calls_per_request(&self) -> f64 {
+        self.bridge_calls as f64 / self.sent.max(1) as f64
+    }
 }
 
 /// `name`, followed by what a delaying proxy added to the bridge's round trips if anything.
