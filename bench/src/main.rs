@@ -13,7 +13,9 @@
 //!    [`Scenario`] (1 worker, pinned to core 0; wrk, the bridge and Redis on core 1);
 //!    warm-up; the scenarios interleaved, `--rounds` times.
 //! 2. **Accuracy** ([`accuracy`]): a global limit of 1,000/s on two Envoys (exact and
-//!    leased) and a local one on a 4-worker Envoy, offered 5× that by a paced generator.
+//!    leased) and a local one on a 4-worker Envoy, offered 5× that by a paced generator;
+//!    then the leased runs again on two Envoys that reach the bridge through a delaying
+//!    proxy ([`slow_proxy`]), as the `*-slow*` cost scenarios do.
 //! 3. **Report** ([`report`]): `OUT/bench/results.json`, `OUT/benchmarks.md`, and
 //!    `OUT/benchmarks-accuracy.png` drawn by `bench/plot.py` (matplotlib in `.tools/venv`).
 //!
