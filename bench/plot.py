@@ -4,8 +4,9 @@
 usage: plot.py RESULTS_JSON OUT_PNG
 
 RESULTS_JSON is `docs/bench/results.json` as weir-bench writes it; the picture has one
-line per mode of the accuracy run (admitted in each second, by send time, as a share of
-that run's limit), the limit, and whether the conformance checker accepted the run. weir-bench runs this with `.tools/venv/bin/python`
+line per run of the accuracy run (admitted in each second, by send time, as a share of
+that run's limit; a run with a slowed bridge is its mode's line dashed or dotted), the
+limit, and whether the conformance checker accepted the run. weir-bench runs this with `.tools/venv/bin/python`
 after installing matplotlib there.
 """
 
@@ -47,8 +48,15 @@ def main(argv):
         xs = list(range(1, len(per_second) + 1))
         seconds = max(seconds, len(per_second))
         style = dict(STYLES.get(run["mode"], {"label": run["mode"]}))
+        name = style.pop("label")
+        # A slowed run (the bridge behind a delaying proxy): its mode's colour, dashed.
+        delay = run.get("bridge_delay_ms", 0)
+        if delay:
+            name = "{}, bridge +{} ms".format(name, delay)
+            style["linestyle"] = "--" if delay <= 10 else ":"
+            style["alpha"] = 0.8
         verdict = "conformant" if run.get("violation") is None else "VIOLATION"
-        label = "{}: sent {:,.0f}/s, {}".format(style.pop("label"), run["sent_rps"], verdict)
+        label = "{}: sent {:,.0f}/s, {}".format(name, run["sent_rps"], verdict)
         ax.plot(xs, per_second, linewidth=1.6, markersize=4, label=label, **style)
         top = max(top, max(per_second, default=0))
     ax.axhline(100.0, color="black", linestyle="--", linewidth=1.2,

@@ -96,6 +96,15 @@ pub fn local_config() -> String {
     )
 }
 
+/// The slowed runs: [`SLOWED`] run again, once per delay here (the slowest alone in a
+/// smoke run; in ascending order), by two more global Envoys
+/// that reach the bridge through a delaying proxy ([`crate::slow_proxy`]) adding this many
+/// ms to every round trip. A 16 ms round trip (a saturated machine) once ate most of the
+/// 20 ms hold and a saturated key asked the bridge far too often: these runs show it.
+pub const SLOW_BRIDGE_MS: [u64; 2] = [10, 30];
+/// The modes run again with a slow bridge: the leased ones at 5× and 20×.
+pub const SLOWED: [Mode; 2] = [Mode::GlobalLeased, Mode::GlobalLeased20x];
+
 /// One mode of the accuracy run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -230,6 +239,10 @@ struct Event {
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct PacedRun {
     pub mode: Mode,
+    /// What a delaying proxy between the Envoys and the bridge added to every bridge round
+    /// trip, ms (0: the Envoys called the bridge directly). Filled in by the caller.
+    #[serde(default)]
+    pub bridge_delay_ms: u64,
     pub seconds: u64,
     pub sent: u64,
     /// Requests sent per second of the run while load ran.
@@ -273,6 +286,41 @@ pub struct PacedRun {
     /// CPU used during the run, in % of one core: `envoys`, `bridge`, `redis` (all nodes),
     /// `generator` (this process).
     pub cpu_pct: std::collections::BTreeMap<String, f64>,
+}
+
+impl PacedRun {
+    /// The mode's label, and the bridge's delay when there was one.
+    pub fn label(&self) -> String {
+        with_bridge_delay(self.mode.label(), self.bridge_delay_ms)
+    }
+
+    /// The mode's title, and the bridge's delay when there was one.
+    pub fn title(&self) -> String {
+        with_bridge_delay(self.mode.title(), self.bridge_delay_ms)
+    }
+
+    /// Requests that weir's failure mode decided (the bridge failed, or the call they
+    /// would have waited on had all the waiters it may hold): allowed ones answer 200
+    /// without an admission of the limit, so `admitted` counts them and the checker does not.
+    pub fn failure_mode_decisions(&self) -> u64 {
+        ["failure_allowed", "failure_denied", "failure_local"]
+            .iter()
+            .map(|k| self.rule_stats.get(*k).copied().unwrap_or(0))
+            .sum()
+    }
+
+    /// Bridge calls per request sent.
+    pub fn bridge_calls_per_request(&self) -> f64 {
+        self.bridge_calls as f64 / self.sent.max(1) as f64
+    }
+}
+
+/// `name`, followed by what a delaying proxy added to the bridge's round trips if anything.
+pub fn with_bridge_delay(name: &str, ms: u64) -> String {
+    match ms {
+        0 => name.to_string(),
+        ms => format!("{name}, bridge +{ms} ms"),
+    }
 }
 
 /// Runs `mode`'s schedule for `seconds`, spread over `ports` (threads are dealt
@@ -428,6 +476,7 @@ fn summarize(mode: Mode, seconds: u64, events: &[Event], max_lag_us: u64) -> Pac
     };
     PacedRun {
         mode,
+        bridge_delay_ms: 0,
         seconds,
         sent: events.len() as u64,
         sent_rps: events.len() as f64 / seconds.max(1) as f64,
@@ -525,6 +574,20 @@ mod tests {
                 .collect();
             assert_eq!(matched, [mode.rule()], "{mode:?}");
         }
+    }
+
+    /// The slowed runs use the global config as it is: its bridge timeout must leave a slow
+    /// answer room to be an answer, not the failure mode (50 ms by default).
+    #[test]
+    fn the_bridge_timeout_leaves_room_for_the_slowest_bridge() {
+        let config = weir_core::config::parse(global_config().as_bytes()).unwrap();
+        let timeout_ms = config.bridge.unwrap().timeout_ms;
+        let slowest = SLOW_BRIDGE_MS.into_iter().max().unwrap();
+        assert!(
+            timeout_ms >= slowest + 200,
+            "bridge.timeout {timeout_ms} ms"
+        );
+        assert!(SLOWED.iter().all(|m| m.is_global()));
     }
 
     #[test]

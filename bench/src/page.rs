@@ -502,6 +502,7 @@ fn run_health(r: &Results) -> String {
 fn accuracy_section(r: &Results, png_name: Option<&str>) -> String {
     let a = &r.accuracy;
     let mut o = accuracy_intro(a);
+    o.push_str(&slow_bridge_intro(a));
     o.push_str(&accuracy_table(a).markdown());
     o.push_str(&accuracy_notes(a));
     if let Some(png) = png_name {
@@ -560,6 +561,32 @@ fn accuracy_intro(a: &AccuracyResults) -> String {
     )
 }
 
+/// How the slowed runs differ from the others; nothing when the run had none.
+fn slow_bridge_intro(a: &AccuracyResults) -> String {
+    let mut delays: Vec<u64> = a
+        .runs
+        .iter()
+        .map(|x| x.bridge_delay_ms)
+        .filter(|&ms| ms > 0)
+        .collect();
+    delays.sort_unstable();
+    delays.dedup();
+    if delays.is_empty() {
+        return String::new();
+    }
+    let delays: Vec<String> = delays.iter().map(|ms| format!("{ms} ms")).collect();
+    format!(
+        "**A slow bridge** (the rows marked *bridge +N ms*): the leased 5× and 20× runs again, \
+         with {} added to every bridge round trip. Two fresh global Envoys (2 workers each) per \
+         delay, whose bridge cluster points at a delaying TCP proxy (`bench/src/slow_proxy.rs`: \
+         half the delay on each leg, every chunk written at its own deadline, so calls in \
+         flight together are not serialised) in front of the same weir-bridge and Redis \
+         Cluster; same rules, same schedule, `bridge.timeout` 250 ms. The proxy runs in the \
+         load generator's process: its CPU is in that column.\n\n",
+        delays.join(" and ")
+    )
+}
+
 fn accuracy_table(a: &AccuracyResults) -> Table {
     let mut t = Table::new(&[
         "mode",
@@ -582,7 +609,7 @@ fn accuracy_table(a: &AccuracyResults) -> Table {
         let dash = || "–".to_string();
         let pct = |v: f64| if bounded { format!("{v:.2} %") } else { dash() };
         t.row(vec![
-            x.mode.title().to_string(),
+            x.title(),
             num(x.sent_rps, 0),
             format!("{}×", num(x.sent_rps / x.rate as f64, 1)),
             num(x.admitted as f64, 0),
@@ -625,7 +652,7 @@ fn accuracy_notes(a: &AccuracyResults) -> String {
         o.push_str(&format!(
             "- **{}**: the generator fell behind its schedule (by up to {} ms): it sent {} \
              requests/s, {}× the limit, not the {}× its name says.\n",
-            x.mode.label(),
+            x.label(),
             num(x.max_lag_ms, 0),
             num(x.sent_rps, 0),
             num(x.sent_rps / x.rate as f64, 1),
@@ -635,7 +662,7 @@ fn accuracy_notes(a: &AccuracyResults) -> String {
     for x in a.runs.iter().filter(|x| x.violation.is_some()) {
         o.push_str(&format!(
             "- **{}**: {}\n",
-            x.mode.label(),
+            x.label(),
             x.violation.as_deref().unwrap_or_default()
         ));
     }
@@ -644,12 +671,26 @@ fn accuracy_notes(a: &AccuracyResults) -> String {
         o.push_str(&format!(
             "- {}: of {} requests, {} were decided by Redis through the bridge, {} from units \
              held (leases and reservations, allowed or not yet due), {} from a cached denial.\n",
-            x.mode.label(),
+            x.label(),
             num(x.sent as f64, 0),
             get("bridge_decisions"),
             get("lease_hits"),
             get("denial_cache_hits")
         ));
+        // Runs before the slowed ones never met the failure mode; say it only when it acted.
+        let failed = x.failure_mode_decisions();
+        if failed > 0 {
+            o.push_str(&format!(
+                "  **{} requests were decided by the failure mode** (the bridge failed, or the \
+                 call they would have waited on held all the waiters it may): {} allowed \
+                 without an admission of the limit (they count among the 200s, not among the \
+                 admissions checked), {} denied, {} decided locally.\n",
+                num(failed as f64, 0),
+                get("failure_allowed"),
+                get("failure_denied"),
+                get("failure_local")
+            ));
+        }
     }
     o.push('\n');
     o
@@ -661,8 +702,9 @@ fn behind_schedule(x: &PacedRun) -> bool {
 }
 
 fn per_second_table(a: &AccuracyResults) -> Table {
+    let labels: Vec<String> = a.runs.iter().map(PacedRun::label).collect();
     let mut head = vec!["second"];
-    head.extend(a.runs.iter().map(|x| x.mode.label()));
+    head.extend(labels.iter().map(String::as_str));
     let mut t = Table::new(&head);
     let n = a.runs.iter().map(|x| x.seconds).max().unwrap_or(0) as usize;
     for i in 0..n {
@@ -694,7 +736,7 @@ fn accuracy_cpu_table(a: &AccuracyResults) -> Table {
                 .unwrap_or_else(|| "–".into())
         };
         t.row(vec![
-            x.mode.label().to_string(),
+            x.label(),
             c("envoys"),
             c("bridge"),
             c("redis"),
@@ -714,12 +756,12 @@ fn targets_section(targets: &[Target]) -> String {
             met(x.met).to_string(),
         ]);
     }
-    format!("## Targets (issues 4 and 10)\n\n{}", t.markdown())
+    format!("## Targets (issues 4, 10 and 21)\n\n{}", t.markdown())
 }
 
 fn running_section() -> String {
     "## Running it\n\n`just bench` builds `weir.wasm`, the empty filter and `weir-bridge \
-     --release`, runs `weir-bench` (about 10 minutes) and rewrites this page, \
+     --release`, runs `weir-bench` (about 12 minutes) and rewrites this page, \
      `docs/bench/results.json` and the picture (drawn by `bench/plot.py`; matplotlib is \
      installed into `.tools/venv` when missing). `weir-bench --render docs/bench/results.json` \
      writes the page again from the JSON alone. `just bench-smoke` runs every part for a second \
@@ -728,7 +770,11 @@ fn running_section() -> String {
      (`--rounds`, `--duration`, `--warmup`, `--connections`, `--accuracy-secs`, `--out`, \
      `--only`, `--no-accuracy`, `--no-plot`, `--render`); `--only` also takes two diagnostic \
      scenarios that split weir's cost, `weir-no-match` (one rule whose match never holds) and \
-     `weir-unkeyed` (one rule without a key). `just bench-sim` simulates a fleet against the real \
+     `weir-unkeyed` (one rule without a key). The slowed scenarios \
+     (`weir-global-saturated-slow10`, `-slow30`) and the leased accuracy runs marked *bridge \
+     +10 ms* and *+30 ms* reach weir-bridge through a delaying TCP proxy \
+     (`bench/src/slow_proxy.rs`), to show what a slow bridge does to the global figures \
+     (issue 21). `just bench-sim` simulates a fleet against the real \
      bridge and Redis (docs/capacity.md). `just bench` then runs `weir-bench features`: token \
      budgets (costs known after the response) and delay instead of reject, on real Envoys, \
      written to [benchmarks-features.md](benchmarks-features.md), and `weir-bench concurrency`: \
@@ -764,7 +810,7 @@ fn limits_section(r: &Results) -> String {
          Envoy's. CPU µs per request is the figure to compare across scenarios; requests/s and \
          latency are closed-loop figures of this setup.\n\
          - **Loopback.** No network: a bridge call costs a loopback round trip and Redis runs on \
-         the same machine; a real network adds latency to exact global decisions, not CPU.\n\
+         the same machine; a real network adds latency to exact global decisions, not CPU.{slow}\n\
          - **A virtual machine with neighbours.** These are vCPUs; other engineers' builds may \
          run during a run, and the host itself changes speed between runs (compare `no-filter` \
          across runs before comparing µs). That is why the scenarios are interleaved and \
@@ -780,6 +826,7 @@ fn limits_section(r: &Results) -> String {
          behind schedule), and the processes used up to {busiest} % of the {all} % the machine \
          has: at 5,000 requests/s the global modes run the machine near its limit, which is \
          what the answer times (p50 / p99) show.\n",
+        slow = slow_bridge_limits(r),
         cores = m.cores,
         envoy_core = s.envoy_core,
         load_core = s.load_core,
@@ -789,6 +836,23 @@ fn limits_section(r: &Results) -> String {
         busiest = num(busiest, 0),
         all = m.cores * 100,
     )
+}
+
+/// What the delaying proxy does not model, when the run had slowed scenarios or runs.
+fn slow_bridge_limits(r: &Results) -> &'static str {
+    let slowed_scenario = r
+        .scenarios
+        .iter()
+        .any(|x| Scenario::from_id(&x.id).is_some_and(|s| s.slowed().is_some()));
+    let slowed_run = r.accuracy.runs.iter().any(|x| x.bridge_delay_ms > 0);
+    if !slowed_scenario && !slowed_run {
+        return "";
+    }
+    " The slowed scenarios and runs put distance back with a proxy that holds bytes: \
+     latency alone (no loss, no bandwidth limit, no jitter beyond the scheduler's), and the \
+     TCP handshake is not delayed. While a slowed scenario's Envoy waits for the bridge its \
+     core is idle, and a neighbour's work that lands there counts against the sample as \
+     disturbance."
 }
 
 #[cfg(test)]
@@ -818,7 +882,7 @@ mod tests {
             assert!(page.contains(&format!("| {} |", x.id)), "{}", x.id);
         }
         for x in &results.accuracy.runs {
-            assert!(page.contains(x.mode.title()), "{:?}", x.mode);
+            assert!(page.contains(&x.title()), "{}", x.title());
         }
         assert!(page.contains("## Targets"));
     }

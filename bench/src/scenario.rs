@@ -2,6 +2,7 @@
 //! filters in front of the router that each scenario measures.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use weir_e2e::{bridge_cluster_yaml_with, wasm_filter_yaml, Bootstrap, BridgeProtocol};
 
@@ -34,6 +35,10 @@ pub enum Scenario {
     BridgeCallFloor,
     /// The same over HTTP/2 to the bridge.
     BridgeCallFloorH2,
+    /// weir-global-saturated with the bridge 10 ms, then 30 ms, further away (see
+    /// [`Scenario::slowed`]).
+    WeirGlobalSaturatedSlow10,
+    WeirGlobalSaturatedSlow30,
     /// Diagnostic (`--only`): weir with one rule whose match never holds.
     WeirNoMatch,
     /// Diagnostic (`--only`): weir with one local rule without a key (one bucket).
@@ -49,7 +54,7 @@ const GLOBAL_LIMIT: &str =
     r#""limit": {"algorithm": "gcra", "rate": 1000000, "period": "1s", "burst": 999999}"#;
 
 impl Scenario {
-    pub const ALL: [Scenario; 15] = [
+    pub const ALL: [Scenario; 17] = [
         Scenario::NoFilter,
         Scenario::Native,
         Scenario::NativeLimited,
@@ -66,6 +71,8 @@ impl Scenario {
         // The bridge call's floor (issue 21, item 4).
         Scenario::BridgeCallFloor,
         Scenario::BridgeCallFloorH2,
+        Scenario::WeirGlobalSaturatedSlow10,
+        Scenario::WeirGlobalSaturatedSlow30,
     ];
 
     /// Not in the default run: they split weir's cost for whoever profiles the filter.
@@ -88,6 +95,8 @@ impl Scenario {
             Scenario::WeirGlobalSaturated => "weir-global-saturated",
             Scenario::BridgeCallFloor => "bridge-call-floor",
             Scenario::BridgeCallFloorH2 => "bridge-call-floor-h2",
+            Scenario::WeirGlobalSaturatedSlow10 => "weir-global-saturated-slow10",
+            Scenario::WeirGlobalSaturatedSlow30 => "weir-global-saturated-slow30",
             Scenario::WeirNoMatch => "weir-no-match",
             Scenario::WeirUnkeyed => "weir-unkeyed",
         }
@@ -146,6 +155,12 @@ impl Scenario {
             Scenario::BridgeCallFloorH2 => {
                 "the same as bridge-call-floor, with the bridge cluster speaking HTTP/2 (prior knowledge), as weir-global-exact-h2"
             }
+            Scenario::WeirGlobalSaturatedSlow10 => {
+                "weir-global-saturated with a slow bridge: Envoy's bridge cluster points at a delaying TCP proxy (bench/src/slow_proxy.rs, in weir-bench's process on the load core) that adds 10 ms to every round trip, 5 ms each way; `bridge.timeout` is 250ms here as in every global scenario (the default, 50 ms, would leave a slow bridge little room)"
+            }
+            Scenario::WeirGlobalSaturatedSlow30 => {
+                "the same with 30 ms added to every bridge round trip (15 ms each way), longer than the rule's 20 ms lease hold"
+            }
             Scenario::WeirNoMatch => {
                 "diagnostic: weir with one local rule whose `match` (path prefix `/never/`) never holds: the filter's fixed cost"
             }
@@ -156,6 +171,9 @@ impl Scenario {
     }
 
     pub fn traffic(self) -> Traffic {
+        if let Some((same, _)) = self.slowed() {
+            return same.traffic();
+        }
         match self {
             Scenario::WeirLocalHalf => Traffic::HalfNew,
             _ => Traffic::Users,
@@ -169,7 +187,22 @@ impl Scenario {
                 | Scenario::WeirGlobalExactH2
                 | Scenario::WeirGlobalLeases
                 | Scenario::WeirGlobalSaturated
-        )
+        ) || self.slowed().is_some()
+    }
+
+    /// A scenario that is another one with a slower bridge: that scenario, and the time a
+    /// delaying proxy ([`crate::slow_proxy`]) between Envoy and weir-bridge adds to every
+    /// round trip. Its config and traffic are the other scenario's.
+    pub fn slowed(self) -> Option<(Scenario, Duration)> {
+        match self {
+            Scenario::WeirGlobalSaturatedSlow10 => {
+                Some((Scenario::WeirGlobalSaturated, Duration::from_millis(10)))
+            }
+            Scenario::WeirGlobalSaturatedSlow30 => {
+                Some((Scenario::WeirGlobalSaturated, Duration::from_millis(30)))
+            }
+            _ => None,
+        }
     }
 
     /// Whether the scenario's Envoy calls weir-bridge: weir's global scenarios and the
@@ -188,6 +221,9 @@ impl Scenario {
 
     /// weir's plugin configuration, for the weir scenarios.
     pub fn plugin_config(self) -> Option<String> {
+        if let Some((same, _)) = self.slowed() {
+            return same.plugin_config();
+        }
         let json = match self {
             Scenario::WeirLocal => {
                 r#"{"rules": [{"name": "per-user", "key": [{"header": "x-user"}],
@@ -234,7 +270,8 @@ impl Scenario {
         Some(json)
     }
 
-    /// The bootstrap of this scenario's Envoy.
+    /// The bootstrap of this scenario's Envoy; `bridge_port` is where its bridge cluster
+    /// points (a delaying proxy's port for a [`Scenario::slowed`] one).
     pub fn bootstrap(self, wasm: &Wasm, bridge_port: Option<u16>) -> Bootstrap {
         let mut b = Bootstrap::new();
         match self {
@@ -332,4 +369,36 @@ fn sibling(path: &Path, name: &str) -> PathBuf {
     path.parent()
         .map(|d| d.join(name))
         .unwrap_or_else(|| PathBuf::from(name))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A slowed scenario is its twin with a slower bridge and nothing else: same plugin
+    /// config, same traffic, global, in the default run, and its twin is not slowed.
+    #[test]
+    fn a_slowed_scenario_is_its_twin_behind_a_delay() {
+        let slowed: Vec<Scenario> = Scenario::ALL
+            .into_iter()
+            .filter(|s| s.slowed().is_some())
+            .collect();
+        assert_eq!(slowed.len(), 2);
+        for s in slowed {
+            let (twin, delay) = s.slowed().unwrap();
+            assert!(twin.slowed().is_none(), "{s:?}");
+            assert!(s.is_global() && twin.is_global(), "{s:?}");
+            assert_eq!(s.plugin_config(), twin.plugin_config(), "{s:?}");
+            assert_eq!(s.traffic(), twin.traffic(), "{s:?}");
+            assert!(s.id().ends_with(&format!("-slow{}", delay.as_millis())));
+            assert_eq!(Scenario::from_id(s.id()), Some(s));
+            // A slow answer must stay an answer, not the failure mode (50 ms by default).
+            let config = weir_core::config::parse(s.plugin_config().unwrap().as_bytes()).unwrap();
+            let timeout_ms = config.bridge.unwrap().timeout_ms;
+            assert!(
+                timeout_ms >= delay.as_millis() as u64 + 200,
+                "{s:?}: bridge.timeout {timeout_ms} ms"
+            );
+        }
+    }
 }
