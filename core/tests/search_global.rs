@@ -21,7 +21,7 @@ use std::fmt::Write as _;
 use support::{FakeRequest, Rng, T0};
 use weir_core::algorithms::GlobalLimit;
 use weir_core::conformance::{self, Admission, Violation};
-use weir_core::engine::{BridgeError, FailureOutcome, RuleOutcome, Source};
+use weir_core::engine::{BridgeError, FailureOutcome, RuleOutcome, Source, BRIDGE_BACKOFF_US};
 use weir_core::rules::RuleId;
 use weir_core::simulation::{configured_limit, with_extra_bursts, Arrival, Simulation};
 use weir_core::wire::ReplyError;
@@ -216,16 +216,26 @@ fn run_global(case: &GlobalCase, schedule: &[Request]) -> GlobalRun {
 /// with the local fallback around an outage, everything admitted keeps it plus two
 /// bursts, plus what Redis admitted for the calls in flight when a failure was seen,
 /// plus what the Envoys' shares add up to beyond one limit (a share is at least one
-/// unit: a limit below `expected_instances` gives each Envoy 1) (docs/global.md).
+/// unit: a limit below `expected_instances` gives each Envoy 1), plus one backoff's worth
+/// (a second) of the limit's rate: an Envoy stays on its fallback until its backoff ends
+/// while Redis already serves the others (docs/global.md, "The bound under `local`").
+/// Seed 1114829 (a deep run) found the check without that last term too strict.
 fn global_violation(limit: &GlobalLimit, run: &GlobalRun) -> Option<(usize, Violation)> {
     let shares = limit
         .local_share(run.instances)
         .map_or(0, |share| share.max_cost().saturating_mul(run.instances));
     let rounding = shares.saturating_sub(limit.max_cost());
+    let policy = limit.policy();
+    let backoff_ns = u128::from(BRIDGE_BACKOFF_US) * 1_000;
+    let after_outage = u64::try_from(
+        (u128::from(policy.quota) * backoff_ns).div_ceil(u128::from(policy.window_ns.max(1))),
+    )
+    .unwrap_or(u64::MAX);
     violation(limit, &run.counted).or_else(|| {
         run.with_fallback.iter().find_map(|(user, a)| {
             let in_flight = run.in_flight_at_failure.get(user).copied().unwrap_or(0);
-            let loose = with_extra_units(&with_extra_bursts(limit, 2), in_flight + rounding);
+            let extra = in_flight + rounding + after_outage;
+            let loose = with_extra_units(&with_extra_bursts(limit, 2), extra);
             let mut a = a.clone();
             a.sort_by_key(|a| a.at_us);
             conformance::check(&loose, &a).err().map(|v| (*user, v))
@@ -338,7 +348,7 @@ fn random_global_configurations_keep_their_bound() {
 /// a unit each — 3 together, not one limit; the documented bound counts the rounding.
 #[test]
 fn global_cases_the_search_found_keep_their_bound() {
-    for seed in [102_404, 154, 322_278] {
+    for seed in [102_404, 154, 322_278, 1_114_829] {
         let case = draw_global(seed);
         if let Err(failure) = check_global(&case) {
             panic!("{failure}");
