@@ -270,8 +270,13 @@ fn counted_section(r: &Results) -> String {
          weir-bridge's model), {} requests per scenario after a warm-up, with the scenario's \
          configuration and traffic; `weir-bench counted` prints this table, and CI holds it to \
          `bench/counted-ceilings.json`. The host calls and VM entries Envoy itself counted in the \
-         runs above (`vm.host_calls`, `vm.entries`) are in the table before.\n\n{}\n",
+         runs above (`vm.host_calls`, `vm.entries`) are in the table before.{}\n\n{}\n",
         r.counted.first().map_or(0, |c| c.requests),
+        r.empty_wasm_entries.map_or(String::new(), |n| format!(
+            " The empty filter pays {n} VM entries per request: the per-request callbacks its \
+             module exports (it hands nothing into the VM), read from its export section; the \
+             smoke run checks that weir's local scenarios pay no more, as Envoy counted them."
+        )),
         crate::counted::table(&r.counted)
     )
 }

@@ -470,6 +470,11 @@ pub struct Results {
     /// One request of weir-global-exact on the scripted Envoy, callback by callback.
     #[serde(default)]
     pub call_trace: Option<CallTrace>,
+    /// VM entries per request of the empty filter the runs compare against: the
+    /// per-request callbacks its module exports (it hands nothing into the VM), read
+    /// from its export section (`weir_e2e::wasm`).
+    #[serde(default)]
+    pub empty_wasm_entries: Option<u64>,
 }
 
 // What a bridge call costs (issue 21, item 4): weir-global-exact against the empty

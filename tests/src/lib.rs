@@ -38,6 +38,7 @@ pub mod prereq;
 pub mod process;
 pub mod prometheus;
 pub mod redis;
+pub mod wasm;
 
 pub use bridge::{
     bridge_bin, bridge_cluster_yaml, bridge_cluster_yaml_with, prometheus_sum, Bridge,

@@ -56,52 +56,10 @@ const NOT_EXPORTED: &[&str] = &[
     "proxy_on_response_metadata",
 ];
 
-/// A LEB128 unsigned integer at `at`, and where the next field starts.
-fn leb128(bytes: &[u8], mut at: usize) -> (u64, usize) {
-    let (mut value, mut shift) = (0u64, 0);
-    loop {
-        let byte = bytes[at];
-        at += 1;
-        value |= u64::from(byte & 0x7f) << shift;
-        if byte & 0x80 == 0 {
-            return (value, at);
-        }
-        shift += 7;
-    }
-}
-
-/// The names of the functions a wasm module exports (section 7, kind 0).
-fn exported_functions(module: &[u8]) -> BTreeSet<String> {
-    assert_eq!(&module[..8], b"\0asm\x01\0\0\0", "not a wasm module");
-    let mut at = 8;
-    let mut names = BTreeSet::new();
-    while at < module.len() {
-        let id = module[at];
-        let (size, start) = leb128(module, at + 1);
-        let end = start + size as usize;
-        if id == 7 {
-            let (count, mut p) = leb128(module, start);
-            for _ in 0..count {
-                let (len, name_at) = leb128(module, p);
-                let name_end = name_at + len as usize;
-                let name = String::from_utf8(module[name_at..name_end].to_vec()).unwrap();
-                let kind = module[name_end];
-                let (_, next) = leb128(module, name_end + 1);
-                if kind == 0 {
-                    names.insert(name);
-                }
-                p = next;
-            }
-        }
-        at = end;
-    }
-    names
-}
-
 #[test]
 fn weir_wasm_exports_every_http_filter_callback_and_nothing_else_envoy_calls() {
     let module = std::fs::read(weir_wasm()).unwrap();
-    let exported = exported_functions(&module);
+    let exported = weir_e2e::wasm::exported_functions(&module);
     for (callback, _) in HTTP_FILTER_CALLBACKS {
         assert!(
             exported.contains(*callback),
