@@ -277,6 +277,81 @@ fn a_plugin_torn_down_answers_the_requests_it_holds() {
 }
 
 #[test]
+fn units_running_low_are_asked_for_ahead_and_requests_do_not_wait() {
+    // The bridge answers 10 ms after each call; a request a millisecond. A lease of 50
+    // lasts 50 ms: without asking ahead, the eleven requests after each lease ran out
+    // waited for a call (33 of the 170 after the first 30 did).
+    let mut envoy = envoy(&LEASED.replace(r#""max":10"#, r#""max":50"#));
+    let mut bridge = ModelBridge::default();
+    let mut due: Vec<(u64, u32, Vec<u8>)> = Vec::new();
+    let mut paused_after_ramp = 0;
+    for n in 0..200 {
+        envoy.advance_us(MS);
+        // Answers due by now, in the order their calls left.
+        let now = envoy.now_us();
+        for call in envoy.open_calls() {
+            if !due.iter().any(|(_, token, _)| *token == call.token) {
+                due.push((now + 10 * MS, call.token, call.body.clone()));
+            }
+        }
+        let (ready, later): (Vec<_>, Vec<_>) = due.into_iter().partition(|(at, ..)| *at <= now);
+        due = later;
+        for (_, token, body) in ready {
+            let reply = bridge.acquire(&body, now).unwrap();
+            envoy.answer(token, 200, &serde_json::to_vec(&reply).unwrap());
+        }
+        let (context, action) = envoy.request(&user("acme"));
+        if action == Action::Pause {
+            // The first requests wait, until a round trip and a demand are known.
+            paused_after_ramp += u32::from(n >= 30);
+            continue; // resumed when its call is answered, above
+        }
+        envoy.respond(context, 200, &[], b"");
+        envoy.close(context);
+    }
+    flush_stats(&mut envoy);
+    assert!(paused_after_ramp <= 2, "{paused_after_ramp} of 170 waited");
+    assert!(stat_of(&envoy, "bridge.refills") >= 3);
+    assert_eq!(envoy.host.state().misdirected, 0);
+}
+
+#[test]
+fn a_refill_that_fails_decides_nothing() {
+    // A call asked ahead is no request's: when it fails, the backoff starts, and no
+    // failure mode runs and no decision is counted for it.
+    let mut envoy = envoy(&LEASED.replace(r#""max":10"#, r#""max":50"#));
+    let mut bridge = ModelBridge::default();
+    // A round trip of 10 ms measured, and a lease of 50.
+    let (first, _) = envoy.request(&user("acme"));
+    envoy.advance_us(10 * MS);
+    answer_calls(&mut envoy, &mut bridge);
+    assert_eq!(resumed(&envoy, first), 1);
+    let mut refill = None;
+    for _ in 0..60 {
+        envoy.advance_us(MS);
+        let (context, action) = envoy.request(&user("acme"));
+        if action == Action::Pause {
+            // Still learning the demand: answered 10 ms on.
+            envoy.advance_us(10 * MS);
+            answer_calls(&mut envoy, &mut bridge);
+            continue;
+        }
+        envoy.respond(context, 200, &[], b"");
+        envoy.close(context);
+        if let Some(call) = envoy.open_calls().first() {
+            refill = Some(call.token);
+            break;
+        }
+    }
+    let token = refill.expect("a refill call");
+    envoy.answer(token, 503, b"no healthy upstream");
+    flush_stats(&mut envoy);
+    assert_eq!(stat_of(&envoy, "bridge.refills"), 1);
+    assert_eq!(stat_of(&envoy, "rule.tenant.failure_allowed"), 0);
+    assert_eq!(envoy.host.state().misdirected, 0);
+}
+
+#[test]
 fn a_denial_names_its_rule_in_filter_state_and_its_decisions_when_asked() {
     let denied_state = |response: &str| {
         let mut envoy = envoy(&format!(
