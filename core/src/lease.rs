@@ -181,10 +181,10 @@ impl Held {
     }
 
     /// Two leases as one: spendable from the later due time until the earlier expiry;
-    /// `None` when one holds a quarter of the other's units or fewer and merging offers
-    /// less unit-time (units × window) than the larger alone (a lease asked ahead lands
-    /// while a few units of the last one remain, about to expire: keeping them would cut
-    /// the new units' time to theirs, so the larger of the two is kept instead).
+    /// `None` when that offers less unit-time (units × window) than one of them alone
+    /// (a lease asked ahead lands while a few units of the last one remain, about to
+    /// expire: keeping them would cut the new units' time to theirs, so the larger of
+    /// the two is kept instead).
     fn merge_leases(a: Held, b: Held) -> Option<Held> {
         let next_due_ns = a.next_due_ns.max(b.next_due_ns);
         let expiry_ns = a.expiry_ns().min(b.expiry_ns());
@@ -192,10 +192,7 @@ impl Held {
         let unit_time = |count: u64, window_us: u64| u128::from(count) * u128::from(window_us);
         let merged = unit_time(a.count.saturating_add(b.count), window_us);
         let alone = unit_time(a.count, a.window_us).max(unit_time(b.count, b.window_us));
-        // Only a few units left over are given up; leases of two workers' calls, of
-        // like sizes, are merged as they are.
-        let few_left = a.count.min(b.count).saturating_mul(4) <= a.count.max(b.count);
-        (window_us > 0 && (merged >= alone || !few_left)).then_some(Held {
+        (window_us > 0 && merged >= alone).then_some(Held {
             count: a.count.saturating_add(b.count).min(LOW_32),
             next_due_ns,
             spacing_ns: 0,
