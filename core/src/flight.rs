@@ -104,11 +104,6 @@ impl Flights {
         self.calls.insert(token, call);
     }
 
-    /// Whether a call in flight asks about `key` (a refill is not sent twice).
-    pub fn asking(&self, key: &FlightKey) -> bool {
-        self.by_key.contains_key(key)
-    }
-
     /// The call whose answer arrived: no longer joinable.
     pub fn land(&mut self, token: u32) -> Option<Call> {
         let call = self.calls.remove(&token)?;
@@ -153,7 +148,6 @@ mod tests {
             reserve: 0,
             last_known: None,
             lookup: RuleReport::new(RuleId(rule), 0),
-            refill: false,
         }
     }
 

@@ -102,22 +102,6 @@ impl Held {
         spread_ns <= u128::from(self.window_us) * u128::from(NS_PER_US)
     }
 
-    /// How long (µs from `now_us`) the units held last at `demand_per_s`: until the
-    /// last one comes due for a reservation (its units come due one spacing apart),
-    /// until they would all be spent for a lease; 0 when none are held.
-    pub fn lasts_us(&self, now_us: u64, demand_per_s: u64) -> u64 {
-        if self.count == 0 {
-            return 0;
-        }
-        let spent_by_us = u128::from(self.count) * 1_000_000 / u128::from(demand_per_s.max(1));
-        let spent_by_us = u64::try_from(spent_by_us).unwrap_or(u64::MAX);
-        if self.spacing_ns == 0 {
-            return spent_by_us;
-        }
-        let last_due_us = self.due_ns(self.count - 1) / NS_PER_US;
-        last_due_us.saturating_sub(now_us).max(spent_by_us)
-    }
-
     /// When the last unit held stops being spendable, µs (0: none held).
     pub fn expires_us(&self) -> u64 {
         if self.count == 0 {
@@ -180,19 +164,11 @@ impl Held {
             .saturating_add(self.window_us.saturating_mul(NS_PER_US))
     }
 
-    /// Two leases as one: spendable from the later due time until the earlier expiry;
-    /// `None` when that offers less unit-time (units × window) than one of them alone
-    /// (a lease asked ahead lands while a few units of the last one remain, about to
-    /// expire: keeping them would cut the new units' time to theirs, so the larger of
-    /// the two is kept instead).
     fn merge_leases(a: Held, b: Held) -> Option<Held> {
         let next_due_ns = a.next_due_ns.max(b.next_due_ns);
         let expiry_ns = a.expiry_ns().min(b.expiry_ns());
         let window_us = expiry_ns.saturating_sub(next_due_ns) / NS_PER_US;
-        let unit_time = |count: u64, window_us: u64| u128::from(count) * u128::from(window_us);
-        let merged = unit_time(a.count.saturating_add(b.count), window_us);
-        let alone = unit_time(a.count, a.window_us).max(unit_time(b.count, b.window_us));
-        (window_us > 0 && merged >= alone).then_some(Held {
+        (window_us > 0).then_some(Held {
             count: a.count.saturating_add(b.count).min(LOW_32),
             next_due_ns,
             spacing_ns: 0,
@@ -326,17 +302,6 @@ impl LeaseSlot {
         }
     }
 
-    /// The Envoy's demand for the key at `now_us`, units per second (0 before any).
-    pub fn demand_per_s(&self, now_us: u64) -> u64 {
-        let span_us = now_us.saturating_sub(self.demand_since_us);
-        if self.demand_since_us == 0 || span_us == 0 {
-            return 0;
-        }
-        let per_s =
-            u128::from(self.demand) * 1_000_000 / u128::from(span_us.max(MIN_DEMAND_SPAN_US));
-        u64::try_from(per_s).unwrap_or(u64::MAX)
-    }
-
     /// Serves a request of `cost` units at `now_us`. Returns the outcome and the slot to
     /// store (always written: the demand counts every request).
     pub fn spend(self, now_us: u64, cost: u64) -> (Spend, LeaseSlot) {
@@ -383,7 +348,13 @@ impl LeaseSlot {
             return (Spend::Denied { retry_after_ns }, self);
         }
         let span_us = now_us - self.demand_since_us;
-        let demand_per_s = self.demand_per_s(now_us);
+        let demand_per_s = if span_us == 0 {
+            0
+        } else {
+            let per_s =
+                u128::from(self.demand) * 1_000_000 / u128::from(span_us.max(MIN_DEMAND_SPAN_US));
+            u64::try_from(per_s).unwrap_or(u64::MAX)
+        };
         // Asking now: halve the count with its age, so the rate is kept but weighs less.
         self.demand /= 2;
         self.demand_since_us = now_us - span_us / 2;
@@ -634,16 +605,9 @@ mod tests {
 
     #[test]
     fn leases_merge_into_the_tighter_window() {
-        let a = held(4, NOW, 0, 18 * MS);
-        let b = held(3, NOW + MS, 0, 20 * MS);
-        assert_eq!(a.merge(b), held(7, NOW + MS, 0, 17 * MS));
-        // A lease asked ahead lands while 2 units of the last one have 1 ms left: kept
-        // together they would expire in 1 ms, so the new one stays alone.
-        let old = held(2, NOW, 0, 2 * MS);
-        let new = held(50, NOW + MS, 0, 20 * MS);
-        assert_eq!(old.merge(new), new);
-        assert_eq!(new.merge(old), new);
         let a = held(2, NOW, 0, 10 * MS);
+        let b = held(3, NOW + MS, 0, 20 * MS);
+        assert_eq!(a.merge(b), held(5, NOW + MS, 0, 9 * MS));
         // A lease and a reservation are not one sequence: the larger stays.
         let r = held(4, NOW + MS, MS, 5 * MS);
         assert_eq!(a.merge(r), r);

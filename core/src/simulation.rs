@@ -17,7 +17,7 @@ use std::sync::Mutex;
 use crate::algorithms::{GlobalLimit, SlotState};
 use crate::config;
 use crate::conformance::Admission;
-use crate::engine::{BridgeError, Engine, Evaluation, PendingItem, RuleOutcome};
+use crate::engine::{BridgeError, Engine, Evaluation, RuleOutcome};
 use crate::flight::{Call as FlightCall, Flights, Join};
 use crate::key::Seed;
 use crate::rules::{FactSource, Facts, RuleId, Scope};
@@ -234,9 +234,6 @@ pub struct Decided {
     pub eval: Evaluation,
 }
 
-/// The request index of a refill call, which no request made.
-const REFILL: usize = usize::MAX;
-
 /// Envoys sharing one model bridge, with a call latency.
 pub struct Simulation {
     pub envoys: Vec<SimEnvoy>,
@@ -360,30 +357,6 @@ impl Simulation {
                         continue;
                     };
                     let mut eval = envoy.evaluate(arrival.request.clone(), now_us);
-                    // Units running low: a refill call, as the filter sends it (one per
-                    // key in flight, no request waiting on it).
-                    let refills = std::mem::take(&mut eval.refills);
-                    if self.single_flight && eval.pending.is_empty() {
-                        if let Some(flights) = flights.get_mut(arrival.envoy) {
-                            let fresh: Vec<PendingItem> = refills
-                                .into_iter()
-                                .filter(|item| !flights.asking(&(item.rule, item.hash)))
-                                .collect();
-                            if !fresh.is_empty() {
-                                let refill = Evaluation {
-                                    pending: fresh,
-                                    refill: true,
-                                    ..Evaluation::default()
-                                };
-                                let call = calls.len();
-                                let keys = flight_call(&envoy.engine, &refill, now_us);
-                                flights.start(call as u32, keys);
-                                let origin = (REFILL, arrival.envoy, now_us);
-                                let at = self.send(&mut calls, origin, now_us, refill);
-                                push(&mut queue, &mut events, at, Event::Decide(call));
-                            }
-                        }
-                    }
                     let at_once = |eval| Decided {
                         index,
                         envoy: arrival.envoy,
@@ -455,15 +428,13 @@ impl Simulation {
                         ),
                         None => {}
                     }
-                    if c.index != REFILL {
-                        decided.push(Decided {
-                            index: c.index,
-                            envoy: c.envoy,
-                            arrived_us: c.arrived_us,
-                            decided_us: now_us,
-                            eval: c.eval,
-                        });
-                    }
+                    decided.push(Decided {
+                        index: c.index,
+                        envoy: c.envoy,
+                        arrived_us: c.arrived_us,
+                        decided_us: now_us,
+                        eval: c.eval,
+                    });
                     // Its waiters look again: served from what it brought back, or they
                     // make their own calls.
                     let Some(flights) = flights.get_mut(c.envoy) else {

@@ -420,9 +420,7 @@ fn assert_close_and_cheap(what: &str, run: &Run, bound: u64) {
 /// (with the hold of old, `round_trip` 1 µs: 6 of 3,100 admitted in 3 s at 30 ms, 0.30
 /// bridge calls per request). The hold now covers the round trip the plugin measured,
 /// paid for with a quarter of the burst by default. What is still missed is that
-/// quarter, the start, and the reservations past the run's end (about 100 units). And an
-/// Envoy asks ahead when what it holds runs out within three quarters of a round trip,
-/// so few requests wait for one.
+/// quarter, the start, and the reservations past the run's end (about 100 units).
 #[test]
 fn a_slow_bridge_does_not_eat_the_hold() {
     for half_latency_us in [5_000, 15_000] {
@@ -440,18 +438,6 @@ fn a_slow_bridge_does_not_eat_the_hold() {
                 bridge_calls: sim.bridge.calls,
             };
             assert_conformant(&what, &sim, &run);
-            // Units asked ahead when they run low: few requests wait for a round trip
-            // (without refills, 11 %, 10 %, 26 % and 20 % of them did).
-            let waited = run
-                .decided
-                .iter()
-                .filter(|d| d.decided_us > d.arrived_us)
-                .count();
-            eprintln!(
-                "{what}: {waited} of {} requests waited for the bridge",
-                run.decided.len()
-            );
-            assert!(waited * 10 <= run.decided.len(), "{what}: {waited} waited");
             assert_close_and_cheap(&what, &run, burst + 1 + rate * secs);
         }
     }

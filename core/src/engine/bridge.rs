@@ -62,10 +62,8 @@ impl Engine {
                 cost: item.cost,
                 now_us,
             };
-            // A waiting request's denial is written: it has no worker here. It asks no
-            // refill: the call it waited on just brought what there is.
-            let asked = global.spend_or_ask(eval, store, &applied, None, 0);
-            if let Some(asked) = asked.filter(|a| !a.refill) {
+            // A waiting request's denial is written: it has no worker here.
+            if let Some(asked) = global.spend_or_ask(eval, store, &applied, None) {
                 item.want = asked.want;
                 item.reserve = asked.reserve;
                 item.last_known = asked.last_known;
@@ -86,15 +84,8 @@ impl Engine {
     ) {
         if eval.denied() {
             eval.pending.clear();
-            eval.refills.clear();
-        } else if (!eval.pending.is_empty() || !eval.refills.is_empty())
-            && self.bridge_down(store, now_us)
-        {
-            // A failing bridge is not asked ahead either.
-            eval.refills.clear();
-            if !eval.pending.is_empty() {
-                self.fail_pending(eval, store, now_us, BridgeError::Skipped);
-            }
+        } else if !eval.pending.is_empty() && self.bridge_down(store, now_us) {
+            self.fail_pending(eval, store, now_us, BridgeError::Skipped);
         }
     }
 
@@ -149,12 +140,6 @@ impl Engine {
             Ok(reply) => reply,
             Err(error) => {
                 self.note_bridge_down(store, now_us.saturating_add(BRIDGE_BACKOFF_US));
-                if eval.refill {
-                    // Asked ahead for no request: nothing to decide, no failure mode.
-                    eval.pending.clear();
-                    eval.bridge_error = Some(BridgeError::Reply(error));
-                    return;
-                }
                 self.fail_pending(eval, store, now_us, BridgeError::Reply(error));
                 return;
             }

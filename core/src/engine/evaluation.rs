@@ -27,9 +27,6 @@ pub struct PendingItem {
     /// What the lease lookup found (placement, CAS retries, a store error): the rule's
     /// final report starts from it.
     pub lookup: RuleReport,
-    /// Asked ahead for the key, by a request already served from what it held (see
-    /// [`Evaluation::refills`]): every unit granted is held, none is the request's.
-    pub refill: bool,
 }
 
 /// The state of one request's evaluation. It owns everything, so the filter can keep
@@ -50,14 +47,6 @@ pub struct Evaluation {
     pub shadow_limited: Vec<RuleId>,
     /// Global rules to ask the bridge about (empty once completed).
     pub pending: Vec<PendingItem>,
-    /// Leased keys whose held units this request found running low: what this Envoy
-    /// spends of them in one bridge round trip is about all it holds. The filter asks
-    /// the bridge for more ahead, without holding the request (one call per key in
-    /// flight), so the next requests do not wait for a round trip when the units run
-    /// out.
-    pub refills: Vec<PendingItem>,
-    /// This evaluation is a refill call's, of no request: nothing of it is a decision.
-    pub refill: bool,
     /// Set when the bridge failed or was skipped (see [`BRIDGE_BACKOFF_US`](super::BRIDGE_BACKOFF_US)).
     pub bridge_error: Option<BridgeError>,
     /// A rule holds the request instead of denying it (`on_limit.delay`): the request

@@ -80,7 +80,6 @@ impl GlobalRuntime {
         store: &S,
         applied: &Applied<'_>,
         mut demand: Option<&mut UnwrittenDemand>,
-        round_trip_us: u64,
     ) -> Option<Asked> {
         let now_us = applied.now_us;
         let mut report = applied.report();
@@ -124,33 +123,9 @@ impl GlobalRuntime {
             }
         };
         let quota = self.global.limit.policy().quota;
-        let last_known =
-            (slot.remote_at_us > 0).then_some((slot.remote_remaining, slot.remote_at_us));
         if let Some(served) = Served::from_spend(spend, &slot, quota, now_us, Source::Lease) {
             served.record(eval, report, applied.rule);
-            // Units running low: ask ahead, so that the next requests do not wait.
-            if !matches!(spend, Spend::Spent { .. }) {
-                return None;
-            }
-            // Low: what is held runs out within a round trip (a lease at this Envoy's
-            // demand, a reservation when its last unit comes due).
-            let demand_per_s = slot.demand_per_s(now_us);
-            let low = slot.held.lasts_us(now_us, demand_per_s) <= round_trip_us / 4 * 3;
-            if !leased || round_trip_us == 0 || demand_per_s == 0 || !low {
-                return None;
-            }
-            let empty = LeaseSlot {
-                held: Held::default(),
-                ..slot
-            };
-            let (want, reserve) = ask_for(&self.global, &empty, 1, demand_per_s);
-            return Some(Asked {
-                want,
-                reserve,
-                last_known,
-                lookup: report,
-                refill: true,
-            });
+            return None;
         }
         let Spend::Miss { demand_per_s } = spend else {
             return None;
@@ -159,9 +134,9 @@ impl GlobalRuntime {
         Some(Asked {
             want,
             reserve,
-            last_known,
+            last_known: (slot.remote_at_us > 0)
+                .then_some((slot.remote_remaining, slot.remote_at_us)),
             lookup: report,
-            refill: false,
         })
     }
 
@@ -348,8 +323,6 @@ pub(super) struct Asked {
     pub(super) reserve: u64,
     pub(super) last_known: Option<(u64, u64)>,
     pub(super) lookup: RuleReport,
-    /// Asked ahead by a request already served ([`PendingItem::refill`]).
-    pub(super) refill: bool,
 }
 
 /// How much a global rule asks for: exact rules their cost. With leases, what this
@@ -403,13 +376,11 @@ pub(super) fn pending_item<F: FactSource>(
         rule: applied.rule.id,
         hash: applied.hash,
         descriptor,
-        // A refill is for no request: it asks for one unit at least, all of it held.
-        cost: if asked.refill { 1 } else { applied.cost },
+        cost: applied.cost,
         want: asked.want,
         reserve: asked.reserve,
         last_known: asked.last_known,
         lookup: asked.lookup,
-        refill: asked.refill,
     }
 }
 
@@ -436,7 +407,7 @@ fn slot_reply(
         Some(lease) if global.redis_limit.kind().spec().frees_gradually => lease.horizon_us,
         _ => 0,
     };
-    let extra = if result.allowed && !item.refill {
+    let extra = if result.allowed {
         result.granted.saturating_sub(item.cost)
     } else {
         result.granted

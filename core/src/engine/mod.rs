@@ -208,16 +208,8 @@ impl Engine {
                 }
                 RuleRuntime::Global(global) => {
                     let demand = Some(&mut worker.unwritten_demand);
-                    let round_trip_us = self.round_trip_us();
-                    let asked = global.spend_or_ask(eval, store, &applied, demand, round_trip_us);
-                    if let Some(asked) = asked {
-                        let refill = asked.refill;
-                        let item = pending_item(applied, facts, asked);
-                        if refill {
-                            eval.refills.push(item);
-                        } else {
-                            eval.pending.push(item);
-                        }
+                    if let Some(item) = global.spend_or_ask(eval, store, &applied, demand) {
+                        eval.pending.push(pending_item(applied, facts, item));
                     }
                 }
             }

@@ -187,7 +187,6 @@ pub struct Metrics {
     slot_evictions: Stat,
     bridge_calls: Stat,
     bridge_joined: Stat,
-    bridge_refills: Stat,
     bridge_busy: Stat,
     bridge_skipped: Stat,
     bridge_timeouts: Stat,
@@ -323,7 +322,6 @@ impl Metrics {
         let slot_evictions = r.counter(&format!("{base}.store.slot_evictions"))?;
         let bridge_calls = r.counter(&format!("{base}.bridge.calls"))?;
         let bridge_joined = r.counter(&format!("{base}.bridge.joined"))?;
-        let bridge_refills = r.counter(&format!("{base}.bridge.refills"))?;
         let bridge_busy = r.counter(&format!("{base}.bridge.busy"))?;
         let bridge_skipped = r.counter(&format!("{base}.bridge.skipped"))?;
         let bridge_timeouts = r.counter(&format!("{base}.bridge.errors_timeout"))?;
@@ -344,7 +342,6 @@ impl Metrics {
             slot_evictions,
             bridge_calls,
             bridge_joined,
-            bridge_refills,
             bridge_busy,
             bridge_skipped,
             bridge_timeouts,
@@ -403,11 +400,6 @@ impl Metrics {
 
     pub fn bridge_call(&self) {
         self.bump(self.bridge_calls, 1);
-    }
-
-    /// A call asked ahead for keys whose units ran low (one of `bridge.calls`).
-    pub fn bridge_refill(&self) {
-        self.bump(self.bridge_refills, 1);
     }
 
     /// A request waited on another request's call.

@@ -12,7 +12,7 @@ use crate::bounds::{MAX_BODY_BYTES, MAX_CONFIG_BYTES};
 use crate::buffers::BufferBudget;
 use crate::config;
 use crate::delay::RELEASE_TICK_MS;
-use crate::engine::{Engine, Evaluation, PendingCommit, PendingItem};
+use crate::engine::{Engine, Evaluation, PendingCommit};
 use crate::flight::{Call, Flights};
 use crate::key::Seed;
 use crate::rules::Rule;
@@ -61,9 +61,6 @@ pub const COMMIT_TICK_MS: u32 = 10;
 /// Most commits a worker keeps waiting; past it a commit is dropped (its estimate
 /// stands) and counted in `commit_errors`.
 pub const MAX_WAITING_COMMITS: usize = 4_096;
-/// The owner of a call no request made (a refill): no context has id 0.
-pub const NO_OWNER: u32 = 0;
-
 /// Most `/v3/commit` calls a worker has in flight.
 pub const MAX_COMMIT_CALLS: usize = 16;
 
@@ -175,31 +172,6 @@ impl Plugin {
     /// Sends `eval.pending` to the bridge for the request `owner`; the call is in
     /// flight, holding the evaluation, until its answer comes. Gives the evaluation back
     /// when the call cannot be made.
-    /// Asks the bridge ahead for leased keys whose units run low (see
-    /// [`Evaluation::refills`]): one call for those no call of this VM already asks
-    /// about, owned by no request. Its answer fills the keys' lease slots; requests that
-    /// miss meanwhile wait on it as on any call.
-    pub fn refill<H: Host>(&self, host: &H, refills: Vec<PendingItem>, now: Micros) {
-        let fresh: Vec<PendingItem> = {
-            let flights = self.flights.borrow();
-            refills
-                .into_iter()
-                .filter(|item| !flights.asking(&(item.rule, item.hash)))
-                .collect()
-        };
-        if fresh.is_empty() {
-            return;
-        }
-        self.metrics.bridge_refill();
-        let eval = Evaluation {
-            pending: fresh,
-            refill: true,
-            ..Evaluation::default()
-        };
-        // A refused call is logged by `call_bridge`; nothing waits on it.
-        let _ = self.call_bridge(host, NO_OWNER, eval, now);
-    }
-
     pub fn call_bridge<H: Host>(
         &self,
         host: &H,

@@ -366,9 +366,6 @@ impl Request {
         if eval.held.is_some() {
             return self.hold(host, plugin, eval, now);
         }
-        if !eval.refills.is_empty() {
-            plugin.refill(host, std::mem::take(&mut eval.refills), now);
-        }
         let engine = &plugin.engine;
         if !eval.pending.is_empty() {
             let joined = plugin

@@ -223,7 +223,7 @@ impl Vm {
             .filter(|_| host.set_effective_context(call.owner).is_ok());
         if let Some(owner) = owner {
             owner.on_own_call_answered(host, eval, now);
-        } else if !eval.refill {
+        } else {
             // Its request is gone; what the call decided is still counted, and what its
             // rules hold for a response that will never come is settled now (a
             // concurrency rule's place given back; an estimate given back too: the
