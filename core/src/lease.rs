@@ -302,8 +302,9 @@ impl LeaseSlot {
         }
     }
 
-    /// Serves a request of `cost` units at `now_us`. Returns the outcome and the slot to
-    /// store (always written: the demand counts every request).
+    /// Serves a request of `cost` units at `now_us`. Returns the outcome and the slot
+    /// with the request counted in its demand (the caller decides whether to write it:
+    /// see `UnwrittenDemand`).
     pub fn spend(self, now_us: u64, cost: u64) -> (Spend, LeaseSlot) {
         self.spend_with_demand(now_us, cost, 0)
     }

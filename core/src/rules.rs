@@ -225,8 +225,9 @@ pub struct Lease {
     /// call asks for is this plus the bridge's round trip, which the hold counts from
     /// the call's departure; a unit is dropped, not carried, past its hold.
     pub ttl_us: u64,
-    /// The longest hold a call asks for (µs): `ttl` plus `bridge.timeout`, or for a GCRA
-    /// key as far beyond `ttl` as its burst pays for (Redis runs the burst reduced by it).
+    /// The longest hold a call asks for (µs): `ttl` plus `round_trip` (by default
+    /// `bridge.timeout`; a GCRA key pays for it with burst, and Redis runs the burst
+    /// reduced by it).
     pub hold_max_us: u64,
     /// At saturation, the span (µs) one call covers: a GCRA key reserves the slots of
     /// its schedule due within it; every key, once denied, is not asked about again
@@ -246,6 +247,7 @@ impl Lease {
             .max(self.ttl_us)
     }
 }
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FailureMode {
     /// Let the request through.

@@ -4,7 +4,7 @@
 
 use std::sync::atomic::Ordering;
 
-use crate::rules::{Lease, RuleId};
+use crate::rules::RuleId;
 use crate::store::SharedStore;
 use crate::time::Micros;
 use crate::wire::v2::{self, Sent};
@@ -198,12 +198,6 @@ impl Engine {
     /// The bridge's round trip as this plugin measured it, µs (0 before its first answer).
     pub fn round_trip_us(&self) -> u64 {
         self.round_trip_us.load(Ordering::Relaxed)
-    }
-
-    /// The hold a call asks for a leased rule's units, with the round trip measured so
-    /// far ([`Lease::hold_for`]).
-    pub fn hold_for(&self, lease: &Lease) -> u64 {
-        lease.hold_for(self.round_trip_us())
     }
 
     /// Applies each pending rule's failure mode now, without asking the bridge and

@@ -450,9 +450,9 @@ fn global_rule(
 ///
 /// A unit's hold counts from when the call left, so the bridge's round trip comes out of
 /// it: a call asks for `ttl` plus the round trip the plugin measured
-/// ([`crate::engine::Engine::hold_for`]), up to `ttl` plus `bridge.timeout` (no answer
-/// takes longer). A GCRA key pays for that longest hold, as far as its burst allows: at
-/// least `ttl`, which must be affordable.
+/// ([`crate::rules::Lease::hold_for`]), up to `ttl` plus `round_trip`. A GCRA key pays
+/// for that longest hold with burst; `ttl` must be affordable, and so must an explicit
+/// `round_trip` beside it.
 fn lease(
     limit: &GlobalLimit,
     raw: RawLease,
