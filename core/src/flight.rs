@@ -147,6 +147,7 @@ mod tests {
             want: 1,
             reserve: 0,
             last_known: None,
+            asking_until_us: 0,
             lookup: RuleReport::new(RuleId(rule), 0),
         }
     }

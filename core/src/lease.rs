@@ -26,10 +26,14 @@
 //! smaller cost may fit, so it asks Redis), and an attacker cannot turn 429s into Redis
 //! load.
 //!
-//! **Demand.** Every request adds its cost to `demand`; when the filter asks Redis, the
-//! rate `demand / (now − demand_since)` sizes what it asks for — units it can spend
-//! within the hold, or reservations over the horizon — and then the count is halved with
-//! its age, so the rate decays smoothly instead of restarting.
+//! **Demand.** Every request adds its cost to `demand` once (a request that waited on a
+//! call and looks again is not counted twice); when the filter asks Redis, the rate
+//! `demand / (now − demand_since)` sizes what it asks for — units it can spend within the
+//! hold, or reservations over the horizon — and when the call leaves, the count is halved
+//! with its age ([`LeaseSlot::asked`]), so the rate decays smoothly instead of
+//! restarting. Only a call halves it, not each request that missed: requests waiting on
+//! a slow call are demand, and halving at each of them would take the count to nothing
+//! and size the next call for one request.
 //!
 //! ```
 //! use weir_core::lease::{Held, LeaseSlot, Spend};
@@ -306,26 +310,19 @@ impl LeaseSlot {
     /// with the request counted in its demand (the caller decides whether to write it:
     /// see `UnwrittenDemand`).
     pub fn spend(self, now_us: u64, cost: u64) -> (Spend, LeaseSlot) {
-        self.spend_with_demand(now_us, cost, 0)
+        self.spend_with_demand(now_us, cost, cost)
     }
 
-    /// [`LeaseSlot::spend`], counting `unwritten` more units of demand: requests this
-    /// worker denied from the slot without writing it.
-    pub fn spend_with_demand(
-        mut self,
-        now_us: u64,
-        cost: u64,
-        unwritten: u64,
-    ) -> (Spend, LeaseSlot) {
+    /// [`LeaseSlot::spend`], adding `demand` units to the slot's demand instead of the
+    /// request's cost: with requests this worker denied from the slot without writing
+    /// it, or nothing for a request looking again after waiting on a call (it was counted
+    /// when it first looked).
+    pub fn spend_with_demand(mut self, now_us: u64, cost: u64, demand: u64) -> (Spend, LeaseSlot) {
         if self.demand_since_us == 0 || self.demand_since_us > now_us {
             self.demand_since_us = now_us;
             self.demand = 0;
         }
-        self.demand = self
-            .demand
-            .saturating_add(cost)
-            .saturating_add(unwritten)
-            .min(LOW_32);
+        self.demand = self.demand.saturating_add(demand).min(LOW_32);
         self.held.drop_expired(now_us);
         let now_ns = now_us.saturating_mul(NS_PER_US);
         if cost > 0 && self.held.count >= cost && self.held.can_serve(cost) {
@@ -356,10 +353,42 @@ impl LeaseSlot {
                 u128::from(self.demand) * 1_000_000 / u128::from(span_us.max(MIN_DEMAND_SPAN_US));
             u64::try_from(per_s).unwrap_or(u64::MAX)
         };
-        // Asking now: halve the count with its age, so the rate is kept but weighs less.
+        (Spend::Miss { demand_per_s }, self)
+    }
+
+    /// A call about the key left at `now_us`: the demand count is halved with its age, so
+    /// the rate it measured is kept but weighs less in the next call's.
+    pub fn asked(mut self, now_us: u64) -> LeaseSlot {
+        if self.demand_since_us == 0 || self.demand_since_us > now_us {
+            return self;
+        }
+        let span_us = now_us - self.demand_since_us;
         self.demand /= 2;
         self.demand_since_us = now_us - span_us / 2;
-        (Spend::Miss { demand_per_s }, self)
+        self
+    }
+
+    /// While a call about a saturated key is in flight: requests of at least `cost` are
+    /// denied until `until_us` (the call's deadline), so the key's other requests, on
+    /// every worker, are answered at once instead of waiting on the call or making their
+    /// own: a saturated key's call brings back at most a reservation, whose first unit
+    /// one request spends while the others would get a 429 after the round trip. A
+    /// longer cached denial stays as it is.
+    pub fn deny_while_asking(mut self, cost: u64, until_us: u64) -> LeaseSlot {
+        if until_us > self.denied_until_us {
+            self.denied_until_us = until_us;
+            self.denied_cost = cost.min(LOW_32);
+        }
+        self
+    }
+
+    /// Ends the denial [`LeaseSlot::deny_while_asking`] set until `until_us`, if it is
+    /// still the slot's: the call landed or failed. Returns `None` when nothing changed.
+    pub fn stop_denying_for(mut self, until_us: u64) -> Option<LeaseSlot> {
+        (until_us != 0 && self.denied_until_us == until_us).then(|| {
+            self.denied_until_us = 0;
+            self
+        })
     }
 
     /// Records a reply in the slot: units granted beyond the request's own are
@@ -644,7 +673,7 @@ mod tests {
     }
 
     #[test]
-    fn demand_is_a_rate_that_decays_at_each_call() {
+    fn demand_is_a_rate_that_decays_at_each_call_not_at_each_miss() {
         // 99 units held; 100 requests over 9.9 ms: the last one misses, at 10,101 per second.
         let mut slot = LeaseSlot {
             held: held(99, NOW, 0, 60_000 * MS),
@@ -662,6 +691,13 @@ mod tests {
                 demand_per_s: 10_101
             }
         );
+        // Requests waiting on the call are demand too: a miss does not halve it.
+        assert_eq!(slot.demand, 100);
+        let (spend, waiting) = slot.spend(NOW + 10_000, 1);
+        assert!(matches!(spend, Spend::Miss { .. }));
+        assert_eq!(waiting.demand, 101);
+        // When the call leaves.
+        let slot = slot.asked(NOW + 9_900);
         assert_eq!(slot.demand, 50, "halved");
         assert_eq!(slot.demand_since_us, NOW + 4_950, "with half its age");
     }

@@ -217,6 +217,7 @@ pub fn with_extra_bursts(limit: &GlobalLimit, extra: u64) -> GlobalLimit {
 }
 
 /// A request to play: when it arrives, at which Envoy.
+#[derive(Clone)]
 pub struct Arrival<F> {
     pub at_us: u64,
     pub envoy: usize,
@@ -310,8 +311,12 @@ impl Simulation {
         calls: &mut Vec<Option<Call>>,
         (index, envoy, arrived_us): (usize, usize, u64),
         now_us: u64,
-        eval: Evaluation,
+        mut eval: Evaluation,
     ) -> u64 {
+        if let Some(sim) = self.envoys.get(envoy) {
+            sim.engine
+                .note_call_sent(&mut eval, &sim.store, Micros(now_us));
+        }
         let half_latency_us = self.half_latency_of(calls.len());
         calls.push(Some(Call {
             half_latency_us,
@@ -328,6 +333,29 @@ impl Simulation {
     /// Plays `arrivals` (any order) to the end: every request decided, every call landed.
     /// Returns each request's evaluation, in the order they finished.
     pub fn play<F: FactSource + Clone>(&mut self, arrivals: &[Arrival<F>]) -> Vec<Decided> {
+        self.run(arrivals.iter().map(Arrival::clone).collect(), None)
+    }
+
+    /// Plays a closed loop, as wrk drives Envoy: each of `clients` sends its request
+    /// when it arrives, and again `think_us` after each answer, until `until_us`. A
+    /// limiter that keeps requests waiting is offered less: what it is offered depends on
+    /// how fast it answers. Returns each request's evaluation, in the order they finished
+    /// ([`Decided::index`] counts requests in the order they were sent, clients first).
+    pub fn play_closed<F: FactSource + Clone>(
+        &mut self,
+        clients: &[Arrival<F>],
+        think_us: u64,
+        until_us: u64,
+    ) -> Vec<Decided> {
+        let clients = clients.iter().map(Arrival::clone).collect();
+        self.run(clients, Some((think_us, until_us)))
+    }
+
+    fn run<F: FactSource + Clone>(
+        &mut self,
+        mut arrivals: Vec<Arrival<F>>,
+        closed: Option<(u64, u64)>,
+    ) -> Vec<Decided> {
         let mut queue: BinaryHeap<Reverse<(u64, u64, usize)>> = BinaryHeap::new();
         let mut events: Vec<Event> = Vec::new();
         let mut calls: Vec<Option<Call>> = Vec::new();
@@ -339,12 +367,39 @@ impl Simulation {
         for (i, a) in arrivals.iter().enumerate() {
             push(&mut queue, &mut events, a.at_us, Event::Arrive(i));
         }
-        let mut decided = Vec::with_capacity(arrivals.len());
+        let mut decided: Vec<Decided> = Vec::with_capacity(arrivals.len());
         // Single flight: each Envoy's calls that others may join, and the requests
         // waiting on them (by arrival index).
         let mut flights: Vec<Flights> = self.envoys.iter().map(|_| Flights::default()).collect();
         let mut waiting: BTreeMap<u32, (u64, Evaluation)> = BTreeMap::new();
-        while let Some(Reverse((now_us, _, at))) = queue.pop() {
+        let mut answered = 0;
+        loop {
+            // A closed loop: each request answered sends its client's next one.
+            if let Some((think_us, until_us)) = closed {
+                for d in decided.get(answered..).unwrap_or_default() {
+                    let at_us = d.decided_us.saturating_add(think_us);
+                    let Some(client) = arrivals.get(d.index) else {
+                        continue;
+                    };
+                    if at_us < until_us {
+                        let next = Arrival {
+                            at_us,
+                            ..client.clone()
+                        };
+                        push(
+                            &mut queue,
+                            &mut events,
+                            at_us,
+                            Event::Arrive(arrivals.len()),
+                        );
+                        arrivals.push(next);
+                    }
+                }
+                answered = decided.len();
+            }
+            let Some(Reverse((now_us, _, at))) = queue.pop() else {
+                break;
+            };
             let Some(event) = events.get(at) else {
                 continue;
             };
@@ -444,13 +499,15 @@ impl Simulation {
                         .land(call as u32)
                         .map(|landed| landed.waiters)
                         .unwrap_or_default();
-                    for waiter in waiters {
+                    let count = waiters.len();
+                    for (looked, waiter) in waiters.into_iter().enumerate() {
                         let Some((arrived_us, mut eval)) = waiting.remove(&waiter) else {
                             continue;
                         };
+                        let still = (count - looked) as u64;
                         envoy
                             .engine
-                            .revisit(&mut eval, &envoy.store, Micros(now_us));
+                            .revisit(&mut eval, &envoy.store, Micros(now_us), still);
                         let index = waiter as usize;
                         if eval.pending.is_empty() {
                             decided.push(Decided {
@@ -461,6 +518,29 @@ impl Simulation {
                                 eval,
                             });
                             continue;
+                        }
+                        // As the filter: the first of them to miss again makes a call,
+                        // and the others join it.
+                        let shared = |rule| envoy.engine.shares_calls(rule);
+                        match flights.join(waiter, &eval.pending, shared) {
+                            Join::Waiting(_) => {
+                                waiting.insert(waiter, (arrived_us, eval));
+                                continue;
+                            }
+                            Join::Full => {
+                                let (store, now) = (&envoy.store, Micros(now_us));
+                                let busy = BridgeError::Busy;
+                                envoy.engine.fail_now(&mut eval, store, now, busy);
+                                decided.push(Decided {
+                                    index,
+                                    envoy: c.envoy,
+                                    arrived_us,
+                                    decided_us: now_us,
+                                    eval,
+                                });
+                                continue;
+                            }
+                            Join::Alone => {}
                         }
                         let own = calls.len();
                         flights.start(own as u32, flight_call(&envoy.engine, &eval, now_us));

@@ -299,6 +299,85 @@ fn a_saturated_gcra_key_is_served_by_reservation() {
     );
 }
 
+/// While a saturated key's call is in flight, the key's other requests are denied from
+/// its slot at once (on every worker) instead of waiting on the call or making their
+/// own; the denial ends when the call lands or fails, and a key with units left in
+/// Redis is not touched.
+#[test]
+fn a_saturated_keys_other_requests_are_denied_while_its_call_is_in_flight() {
+    let e = engine(
+        r#"{"bridge":{"cluster":"b","timeout":"40ms"},"rules":[{"name":"tenant","scope":"global",
+            "limit":{"algorithm":"gcra","rate":1000,"period":"1s","burst":99},
+            "global":{"lease":{"max":500,"ttl":"20ms","horizon":"100ms"}}}]}"#,
+    );
+    let store = MemoryStore::new();
+    e.prepare(&store).unwrap();
+    let reservation = |units: u64| {
+        let mut reserved = result(false, units, 0);
+        reserved.retry_after_ns = Some(1_000_000);
+        (reserved.due_ns, reserved.spacing_ns, reserved.valid_ns) =
+            (1_000_000, 1_000_000, 20_000_000);
+        reply(vec![reserved])
+    };
+    // Redis said the key is saturated: one unit reserved, spent at its due time.
+    let mut first = eval_at(&e, &store, T0);
+    e.note_call_sent(&mut first, &store, Micros(T0));
+    e.complete(&mut first, &store, Micros(T0), Micros(T0), reservation(1));
+    assert!(!eval_at(&e, &store, T0 + MS).denied(), "the reserved unit");
+    // The next miss asks; while its call is in flight, the others are denied at once.
+    let sent_us = T0 + 2 * MS;
+    let mut asking = eval_at(&e, &store, sent_us);
+    assert_eq!(asking.pending.len(), 1);
+    e.note_call_sent(&mut asking, &store, Micros(sent_us));
+    for at in [sent_us, sent_us + 10 * MS, sent_us + 39 * MS] {
+        let other = eval_at(&e, &store, at);
+        assert!(other.pending.is_empty() && other.denied(), "at {at}");
+        assert_eq!(other.reports[0].source, Some(Source::DenialCache));
+        assert_eq!(
+            other.verdicts[0].decision.retry_after_ns,
+            Some((sent_us + 40 * MS - at) * 1_000),
+            "until the call's deadline"
+        );
+    }
+    // It lands with two more units: served, and once they are spent the key asks again.
+    let landed_us = sent_us + 30 * MS;
+    e.complete(
+        &mut asking,
+        &store,
+        Micros(sent_us),
+        Micros(landed_us),
+        reservation(2),
+    );
+    for at in [landed_us + MS, landed_us + 2 * MS] {
+        assert!(!eval_at(&e, &store, at).denied(), "unit due at {at}");
+    }
+    let mut again = eval_at(&e, &store, landed_us + 3 * MS);
+    assert_eq!(
+        again.pending.len(),
+        1,
+        "the denial ended when the call landed"
+    );
+    // A call that fails ends its denial too.
+    e.note_call_sent(&mut again, &store, Micros(landed_us + 3 * MS));
+    assert!(eval_at(&e, &store, landed_us + 4 * MS).denied());
+    e.complete(
+        &mut again,
+        &store,
+        Micros(landed_us + 3 * MS),
+        Micros(landed_us + 5 * MS),
+        Err(ReplyError::Status(503, String::new())),
+    );
+    let after = eval_at(&e, &store, landed_us + 6 * MS);
+    assert_ne!(after.reports[0].source, Some(Source::DenialCache));
+
+    // A key Redis still had units for: its other requests wait on the call or ask.
+    let (store, _) = answered_at_t0(&e, reply(vec![result(true, 1, 40)]));
+    let mut asking = eval_at(&e, &store, T0 + MS);
+    assert_eq!(asking.pending.len(), 1);
+    e.note_call_sent(&mut asking, &store, Micros(T0 + MS));
+    assert_eq!(eval_at(&e, &store, T0 + 2 * MS).pending.len(), 1);
+}
+
 #[test]
 fn a_slow_bridge_lengthens_the_hold_up_to_what_the_burst_paid_for() {
     // A unit's hold counts from when its call left, so a call asks for `ttl` plus the
@@ -683,7 +762,7 @@ fn a_waiting_request_is_served_from_what_another_call_left() {
         Micros(T0 + 1),
         reply(vec![granted]),
     );
-    e.revisit(&mut waiting, &store, Micros(T0 + 1));
+    e.revisit(&mut waiting, &store, Micros(T0 + 1), 1);
     assert!(waiting.pending.is_empty() && !waiting.denied());
     assert_eq!(waiting.reports[0].source, Some(Source::Lease));
 }

@@ -45,8 +45,16 @@ impl Engine {
     /// Looks again at the rules still waiting for the bridge, at `now`: another call
     /// for the same keys (single flight) may have left units or a denial since. Each rule
     /// served that way is decided; the others stay pending, asking for what their
-    /// Envoy's demand now says.
-    pub fn revisit<S: SharedStore>(&self, eval: &mut Evaluation, store: &S, now: Micros) {
+    /// Envoy's demand now says, and at least for the `waiting` requests (this one
+    /// included) that waited on that call and have not looked again yet: the first of
+    /// them to miss makes the call the others join.
+    pub fn revisit<S: SharedStore>(
+        &self,
+        eval: &mut Evaluation,
+        store: &S,
+        now: Micros,
+        waiting: u64,
+    ) {
         let now_us = now.us();
         let pending = std::mem::take(&mut eval.pending);
         for mut item in pending {
@@ -63,7 +71,8 @@ impl Engine {
                 now_us,
             };
             // A waiting request's denial is written: it has no worker here.
-            if let Some(asked) = global.spend_or_ask(eval, store, &applied, None) {
+            let asking = self.asking_for(waiting.max(1).saturating_mul(item.cost));
+            if let Some(asked) = global.spend_or_ask(eval, store, &applied, None, asking) {
                 item.want = asked.want;
                 item.reserve = asked.reserve;
                 item.last_known = asked.last_known;
@@ -145,15 +154,17 @@ impl Engine {
             }
         };
         self.note_round_trip(now_us.saturating_sub(sent_at_us));
-        let pending = std::mem::take(&mut eval.pending);
+        let mut pending = std::mem::take(&mut eval.pending);
         // Each result names its item by rule id; items after the bridge stopped were not
         // decided, and are not charged.
         for result in &reply.items {
-            let Some(item) = pending.iter().find(|item| item.rule.0 == result.id) else {
+            let Some(item) = pending.iter_mut().find(|item| item.rule.0 == result.id) else {
                 continue;
             };
             self.record_reply(eval, store, item, result, (sent_at_us, now_us));
+            item.asking_until_us = 0;
         }
+        self.stop_asking(&mut pending, store, now_us);
     }
 
     /// Records the bridge's answer for one pending rule in the rule's runtime.
@@ -195,6 +206,15 @@ impl Engine {
             });
     }
 
+    /// What a global rule's ask is sized by besides its demand rate, with `waiting` units
+    /// of requests queued on its key.
+    pub(super) fn asking_for(&self, waiting: u64) -> super::global::AskingFor {
+        super::global::AskingFor {
+            round_trip_us: self.round_trip_us(),
+            waiting,
+        }
+    }
+
     /// The bridge's round trip as this plugin measured it, µs (0 before its first answer).
     pub fn round_trip_us(&self) -> u64 {
         self.round_trip_us.load(Ordering::Relaxed)
@@ -221,7 +241,8 @@ impl Engine {
         error: BridgeError,
     ) {
         eval.bridge_error = Some(error);
-        let pending = std::mem::take(&mut eval.pending);
+        let mut pending = std::mem::take(&mut eval.pending);
+        self.stop_asking(&mut pending, store, now_us);
         for item in pending {
             if eval.denied() {
                 break;
@@ -230,6 +251,31 @@ impl Engine {
                 continue;
             };
             global.fail(eval, store, rule, item, now_us);
+        }
+    }
+
+    /// The call for `eval`'s pending rules has left at `now`: leased keys' demand counts
+    /// are halved, and the slots of saturated keys deny their other requests until it
+    /// lands, fails or times out (see `GlobalRuntime::asking`).
+    pub fn note_call_sent<S: SharedStore>(&self, eval: &mut Evaluation, store: &S, now: Micros) {
+        let Some(bridge) = &self.config.bridge else {
+            return;
+        };
+        let now_us = now.us();
+        let deadline_us = now_us.saturating_add(bridge.timeout_ms.saturating_mul(1_000));
+        for item in &mut eval.pending {
+            if let Some((_, RuleRuntime::Global(global))) = self.rule(item.rule) {
+                global.asking(store, item, now_us, deadline_us);
+            }
+        }
+    }
+
+    /// Ends the denials the call about `pending` set in their slots, if still there.
+    fn stop_asking<S: SharedStore>(&self, pending: &mut [PendingItem], store: &S, now_us: u64) {
+        for item in pending {
+            if let Some((_, RuleRuntime::Global(global))) = self.rule(item.rule) {
+                global.stop_asking(store, item, now_us);
+            }
         }
     }
 

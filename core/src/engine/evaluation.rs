@@ -24,6 +24,9 @@ pub struct PendingItem {
     pub reserve: u64,
     /// What this Envoy last heard of the key: units remaining, and when (µs).
     pub last_known: Option<(u64, u64)>,
+    /// The denial its call set in the key's slot while in flight, until then (µs; 0:
+    /// none): see [`crate::lease::LeaseSlot::deny_while_asking`].
+    pub asking_until_us: u64,
     /// What the lease lookup found (placement, CAS retries, a store error): the rule's
     /// final report starts from it.
     pub lookup: RuleReport,

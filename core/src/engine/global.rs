@@ -73,28 +73,33 @@ impl GlobalRuntime {
 
     /// A global rule: served from what this Envoy holds for the key (units due, a
     /// reservation not due yet, a cached denial) — then recorded here — or it must ask the
-    /// bridge, for as much as this Envoy's demand says.
+    /// bridge, for as much as this Envoy's demand says (see [`AskingFor`]).
     pub(super) fn spend_or_ask<S: SharedStore>(
         &self,
         eval: &mut Evaluation,
         store: &S,
         applied: &Applied<'_>,
         mut demand: Option<&mut UnwrittenDemand>,
+        asking: AskingFor,
     ) -> Option<Asked> {
         let now_us = applied.now_us;
         let mut report = applied.report();
         let (rule, cost) = (applied.rule.id, applied.cost);
         let leased = self.global.lease.is_some();
         let unwritten = demand.as_mut().map_or(0, |d| d.take(rule, &applied.hash));
+        // A request looking again after waiting on a call was counted when it first looked.
+        let counted = if demand.is_some() { cost } else { 0 };
         let spent = self.leases.update(
             store,
             &applied.hash,
             now_us,
             |s: LeaseSlot| s.vacancy(),
             |state| {
-                let (spend, next) = state
-                    .unwrap_or_default()
-                    .spend_with_demand(now_us, cost, unwritten);
+                let (spend, next) = state.unwrap_or_default().spend_with_demand(
+                    now_us,
+                    cost,
+                    counted.saturating_add(unwritten),
+                );
                 // Only what later requests read is written: units spent, and the demand
                 // that sizes a lease's asks — which a denial's worker keeps instead (see
                 // `UnwrittenDemand`), and an exact rule never reads.
@@ -130,7 +135,7 @@ impl GlobalRuntime {
         let Spend::Miss { demand_per_s } = spend else {
             return None;
         };
-        let (want, reserve) = ask_for(&self.global, &slot, applied.cost, demand_per_s);
+        let (want, reserve) = ask_for(&self.global, &slot, applied.cost, demand_per_s, asking);
         Some(Asked {
             want,
             reserve,
@@ -138,6 +143,74 @@ impl GlobalRuntime {
                 .then_some((slot.remote_remaining, slot.remote_at_us)),
             lookup: report,
         })
+    }
+
+    /// The call about `item` has left at `now_us`, with `deadline_us` as its timeout. A
+    /// leased key's demand count is halved ([`LeaseSlot::asked`]). And if the key was
+    /// saturated when Redis last spoke of it (nothing remaining, within the span a
+    /// reservation covers), its slot denies the key's other requests until the call lands
+    /// or fails ([`LeaseSlot::deny_while_asking`]); `item` keeps the mark to end it then.
+    /// A saturated key's call brings at most a reservation, one unit per emission
+    /// interval: the requests that would wait on it, or make calls of their own from
+    /// other workers, would mostly get a 429 one round trip later — and behind a slow
+    /// bridge each waiting request is a connection held for that round trip. A denial is
+    /// always within the bound; what it costs is the requests of one round trip, whose
+    /// share of the schedule Redis keeps as burst for the next call.
+    pub(super) fn asking<S: SharedStore>(
+        &self,
+        store: &S,
+        item: &mut PendingItem,
+        now_us: u64,
+        deadline_us: u64,
+    ) {
+        let Some(lease) = self.global.lease else {
+            return;
+        };
+        let saturated = item.last_known.is_some_and(|(remaining, at_us)| {
+            let recent_us = lease.horizon_us.max(lease.hold_max_us);
+            remaining == 0 && now_us.saturating_sub(at_us) <= recent_us
+        }) && deadline_us > now_us;
+        let cost = item.cost.max(1);
+        let marked = self.leases.update(
+            store,
+            &item.hash,
+            now_us,
+            |s: LeaseSlot| s.vacancy(),
+            |state| {
+                let slot = state.map(|s| s.asked(now_us));
+                let slot = match slot {
+                    Some(s) if saturated => Some(s.deny_while_asking(cost, deadline_us)),
+                    other => other,
+                };
+                ((), slot)
+            },
+        );
+        item.lookup.add_update(&marked);
+        if saturated && marked.is_ok() {
+            item.asking_until_us = deadline_us;
+        }
+    }
+
+    /// Ends the denial [`GlobalRuntime::asking`] set for `item`, when its call
+    /// failed or left it undecided (a landed answer ends it in [`Self::record_reply`]).
+    pub(super) fn stop_asking<S: SharedStore>(
+        &self,
+        store: &S,
+        item: &mut PendingItem,
+        now_us: u64,
+    ) {
+        let until_us = std::mem::take(&mut item.asking_until_us);
+        if until_us == 0 {
+            return;
+        }
+        let stopped = self.leases.update(
+            store,
+            &item.hash,
+            now_us,
+            |s: LeaseSlot| s.vacancy(),
+            |state| ((), state.and_then(|s| s.stop_denying_for(until_us))),
+        );
+        item.lookup.add_update(&stopped);
     }
 
     /// Records the bridge's answer for one pending rule and writes what it leaves for
@@ -178,7 +251,11 @@ impl GlobalRuntime {
                 &item.hash,
                 now_us,
                 |s: LeaseSlot| s.vacancy(),
-                |state| ((), Some(state.unwrap_or_default().record(reply, now_us))),
+                |state| {
+                    let slot = state.unwrap_or_default();
+                    let slot = slot.stop_denying_for(item.asking_until_us).unwrap_or(slot);
+                    ((), Some(slot.record(reply, now_us)))
+                },
             );
             report.add_update(&stored);
             if let Err(e) = stored {
@@ -325,11 +402,33 @@ pub(super) struct Asked {
     pub(super) lookup: RuleReport,
 }
 
+/// What an ask is sized by besides the key's demand rate.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct AskingFor {
+    /// The bridge's round trip as this plugin measured it, µs.
+    pub(super) round_trip_us: u64,
+    /// Units of the requests queued on the key now, which the call must serve: those
+    /// that waited on a call that came back without enough (see
+    /// [`super::Engine::revisit`]).
+    pub(super) waiting: u64,
+}
+
 /// How much a global rule asks for: exact rules their cost. With leases, what this
-/// Envoy's demand would spend within the hold — but no more than an even share of what
-/// Redis had left last time — and, for a saturated GCRA key, what it would spend over the
-/// reservation horizon.
-fn ask_for(global: &GlobalRule, slot: &LeaseSlot, cost: u64, demand_per_s: u64) -> (u64, u64) {
+/// Envoy's demand would spend within the hold the call asks for (from when it leaves:
+/// requests arriving while it is in flight wait for it and spend on its arrival) — but no
+/// more than an even share of what Redis had left last time — and, for a saturated GCRA
+/// key, what it would spend over the reservation horizon; either at least the units of
+/// the requests queued on the key now. A rate measures arrivals, and while requests wait
+/// on a slow call, arrivals are only what was answered: in a closed loop (each client
+/// sends again once answered) behind a bridge slower than `ttl`, asking for the rate over
+/// `ttl` alone shrank each call to one request.
+fn ask_for(
+    global: &GlobalRule,
+    slot: &LeaseSlot,
+    cost: u64,
+    demand_per_s: u64,
+    asking: AskingFor,
+) -> (u64, u64) {
     let Some(lease) = global.lease else {
         return (cost, 0);
     };
@@ -342,14 +441,22 @@ fn ask_for(global: &GlobalRule, slot: &LeaseSlot, cost: u64, demand_per_s: u64) 
         let units = u128::from(demand_per_s) * u128::from(span_us);
         u64::try_from(units.div_ceil(1_000_000)).unwrap_or(u64::MAX)
     };
-    let mut want = over(lease.ttl_us);
-    if slot.remote_at_us > 0 {
+    let mut want = over(lease.hold_for(asking.round_trip_us)).max(asking.waiting);
+    let reserves = has_schedule(global) && lease.horizon_us > 0;
+    // An even share of what Redis had left. But for a key whose schedule can be reserved,
+    // only while that covers this Envoy's demand: when its demand alone is more than the
+    // key has left, the key runs out either way, and taking only a share each call would
+    // leave a trickle that every call takes again — a call per round trip, with requests
+    // queueing on it — never empty enough to reserve the schedule instead.
+    if slot.remote_at_us > 0 && !(reserves && want > slot.remote_remaining) {
         let share = (slot.remote_remaining / global.expected_instances.max(1)).max(1);
         want = want.min(share);
     }
     let want = want.clamp(cost, lease.max.max(cost));
-    let reserve = if has_schedule(global) && lease.horizon_us > 0 {
-        over(lease.horizon_us).clamp(cost, lease.max.max(cost))
+    let reserve = if reserves {
+        over(lease.horizon_us)
+            .max(asking.waiting)
+            .clamp(cost, lease.max.max(cost))
     } else {
         0
     };
@@ -380,6 +487,7 @@ pub(super) fn pending_item<F: FactSource>(
         want: asked.want,
         reserve: asked.reserve,
         last_known: asked.last_known,
+        asking_until_us: 0,
         lookup: asked.lookup,
     }
 }

@@ -237,7 +237,11 @@ fn decide_with_reservoir<S: SharedStore>(
     };
     let held_before = entry.held.count;
     let (spend, next) = entry.spend(now_us, cost);
-    *entry = next;
+    // A miss asks the shared slot at once: its demand count is halved as a call's is.
+    *entry = match spend {
+        Spend::Miss { .. } => next.asked(now_us),
+        _ => next,
+    };
     let spent = match spend {
         Spend::Spent { .. } => cost,
         _ => 0,

@@ -208,7 +208,9 @@ impl Engine {
                 }
                 RuleRuntime::Global(global) => {
                     let demand = Some(&mut worker.unwritten_demand);
-                    if let Some(item) = global.spend_or_ask(eval, store, &applied, demand) {
+                    if let Some(item) =
+                        global.spend_or_ask(eval, store, &applied, demand, self.asking_for(0))
+                    {
                         eval.pending.push(pending_item(applied, facts, item));
                     }
                 }

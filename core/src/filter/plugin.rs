@@ -176,7 +176,7 @@ impl Plugin {
         &self,
         host: &H,
         owner: u32,
-        eval: Evaluation,
+        mut eval: Evaluation,
         now: Micros,
     ) -> Result<(), Box<(Evaluation, ReplyError)>> {
         let Some(bridge) = &self.engine.config.bridge else {
@@ -195,6 +195,7 @@ impl Plugin {
         match host.dispatch_call(&bridge.cluster, &headers, &body, bridge.timeout_ms) {
             Ok(token) => {
                 self.metrics.bridge_call();
+                self.engine.note_call_sent(&mut eval, host, now);
                 let keys = eval
                     .pending
                     .iter()

@@ -311,12 +311,13 @@ impl Request {
     }
 
     /// The call this request waited on has landed: what it brought is in the lease
-    /// table. Look again; ask the bridge only if this request still misses.
-    pub fn on_flight_landed<H: Host>(&mut self, host: &H, now: Micros) {
+    /// table. Look again; ask the bridge only if this request still misses, then for the
+    /// `waiting` requests of that call that have not looked again yet, itself included.
+    pub fn on_flight_landed<H: Host>(&mut self, host: &H, now: Micros, waiting: u64) {
         let (Some(plugin), Some((_, mut eval))) = (self.plugin.clone(), self.waiting.take()) else {
             return;
         };
-        plugin.engine.revisit(&mut eval, host, now);
+        plugin.engine.revisit(&mut eval, host, now, waiting);
         if self.go_on(host, &plugin, eval, now) == Action::Continue {
             self.resume(host);
         }

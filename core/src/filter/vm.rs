@@ -233,8 +233,12 @@ impl Vm {
                 plugin.settle(host, commit, None);
             }
         }
-        for waiter in call.waiters {
-            self.in_request(host, waiter, |r| r.on_flight_landed(host, now));
+        // Each looks again knowing how many still wait (itself included): the first to
+        // miss asks for them all.
+        let waiters = call.waiters.len();
+        for (looked, waiter) in call.waiters.into_iter().enumerate() {
+            let waiting = (waiters - looked) as u64;
+            self.in_request(host, waiter, |r| r.on_flight_landed(host, now, waiting));
         }
         let _ = host.set_effective_context(root_id);
     }
