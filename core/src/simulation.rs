@@ -428,21 +428,13 @@ impl Simulation {
                         continue;
                     };
                     if self.single_flight {
-                        let shared = |rule| envoy.engine.shares_calls(rule);
-                        match flights.join(waiter, &eval.pending, shared) {
-                            Join::Waiting(_) => {
-                                waiting.insert(waiter, (now_us, eval));
-                                continue;
-                            }
-                            Join::Full => {
-                                // As the filter: the rules' failure modes, at once.
-                                let (store, now) = (&envoy.store, Micros(now_us));
-                                let busy = BridgeError::Busy;
-                                envoy.engine.fail_now(&mut eval, store, now, busy);
+                        match envoy.join(flights, &mut waiting, (waiter, now_us), eval, now_us) {
+                            Joined::Waits => continue,
+                            Joined::Failed(eval) => {
                                 decided.push(at_once(eval));
                                 continue;
                             }
-                            Join::Alone => {}
+                            Joined::Alone(alone) => eval = alone,
                         }
                     }
                     let call = calls.len();
@@ -521,16 +513,11 @@ impl Simulation {
                         }
                         // As the filter: the first of them to miss again makes a call,
                         // and the others join it.
-                        let shared = |rule| envoy.engine.shares_calls(rule);
-                        match flights.join(waiter, &eval.pending, shared) {
-                            Join::Waiting(_) => {
-                                waiting.insert(waiter, (arrived_us, eval));
-                                continue;
-                            }
-                            Join::Full => {
-                                let (store, now) = (&envoy.store, Micros(now_us));
-                                let busy = BridgeError::Busy;
-                                envoy.engine.fail_now(&mut eval, store, now, busy);
+                        let joined =
+                            envoy.join(flights, &mut waiting, (waiter, arrived_us), eval, now_us);
+                        let eval = match joined {
+                            Joined::Waits => continue,
+                            Joined::Failed(eval) => {
                                 decided.push(Decided {
                                     index,
                                     envoy: c.envoy,
@@ -540,8 +527,8 @@ impl Simulation {
                                 });
                                 continue;
                             }
-                            Join::Alone => {}
-                        }
+                            Joined::Alone(eval) => eval,
+                        };
                         let own = calls.len();
                         flights.start(own as u32, flight_call(&envoy.engine, &eval, now_us));
                         let at = self.send(&mut calls, (index, c.envoy, arrived_us), now_us, eval);
@@ -551,6 +538,44 @@ impl Simulation {
             }
         }
         decided
+    }
+}
+
+/// Where a request with pending rules stands after trying to join a call in flight.
+enum Joined {
+    /// It waits on the call (kept with the waiting requests).
+    Waits,
+    /// The call had all the waiters it may have: its rules' failure modes decided it.
+    Failed(Evaluation),
+    /// No call covers its keys: it makes its own.
+    Alone(Evaluation),
+}
+
+impl SimEnvoy {
+    /// As the filter: a request whose keys a call of this Envoy already asks about waits
+    /// on it, unless that call is full (then its rules' failure modes apply at once).
+    fn join(
+        &self,
+        flights: &mut Flights,
+        waiting: &mut BTreeMap<u32, (u64, Evaluation)>,
+        (waiter, arrived_us): (u32, u64),
+        mut eval: Evaluation,
+        now_us: u64,
+    ) -> Joined {
+        let shared = |rule| self.engine.shares_calls(rule);
+        match flights.join(waiter, &eval.pending, shared) {
+            Join::Waiting(_) => {
+                waiting.insert(waiter, (arrived_us, eval));
+                Joined::Waits
+            }
+            Join::Full => {
+                let busy = BridgeError::Busy;
+                self.engine
+                    .fail_now(&mut eval, &self.store, Micros(now_us), busy);
+                Joined::Failed(eval)
+            }
+            Join::Alone => Joined::Alone(eval),
+        }
     }
 }
 
