@@ -35,6 +35,7 @@ pub mod knee_upstream;
 pub mod llm_upstream;
 pub mod load;
 pub mod loopback;
+pub mod mesh_tls;
 pub mod ports;
 pub mod prereq;
 pub mod process;
