@@ -7,7 +7,8 @@
 //! - **test dir** — a [`TestDir`] holding configs and logs; removed after a passing test, kept
 //!   (path printed) after a failing one or with `WEIR_E2E_KEEP=1`.
 //! - **rendered** — an Envoy bootstrap built the way istiod would from Istio resources
-//!   ([`istio`]: `envoy/istio/*.yaml` and the docs' examples), to validate or to start.
+//!   ([`istio`]: `envoy/istio/*.yaml` and the docs' examples), to validate or to start;
+//!   an AuthorizationPolicy becomes the RBAC filter istiod would build ([`istio_authz`]).
 //! - **prerequisite** — an external binary or the built filter; missing ones panic with the
 //!   command that fixes it ([`envoy_bin`], [`weir_wasm`]).
 //!
@@ -28,11 +29,13 @@ pub mod envoy;
 pub mod global;
 pub mod http;
 pub mod istio;
+pub mod istio_authz;
 pub mod jwt;
 pub mod knee_upstream;
 pub mod llm_upstream;
 pub mod load;
 pub mod loopback;
+pub mod mesh_tls;
 pub mod ports;
 pub mod prereq;
 pub mod process;

@@ -4,21 +4,28 @@
 //! (`envoy --mode validate` loads `weir.wasm` and runs `on_configure`, so a bad plugin
 //! config fails there too). Three examples also serve traffic: the gateway's per-IP limit,
 //! the sidecar's per-user limit from a JWT claim, and the global per-tenant quota through a
-//! real weir-bridge behind a stand-in of the bridge's sidecar.
+//! real weir-bridge behind a stand-in of the bridge's sidecar. The bridge's
+//! AuthorizationPolicy, rendered into that sidecar's RBAC filter behind mTLS, lets the
+//! filter's calls through and refuses other paths and other namespaces.
 //!
-//! The rendering itself is the harness's [`weir_e2e::istio`].
+//! The rendering itself is the harness's [`weir_e2e::istio`] and
+//! [`weir_e2e::istio_authz`]; the mesh's certificates are [`weir_e2e::mesh_tls`].
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
+use weir_core::wire::{v1, v2, FILTER_METHOD, FILTER_PATHS};
 use weir_e2e::istio::{
     check_and_validate, check_istio_conventions, http_listener, parse_yaml_docs, plugins, render,
     shipped, static_cluster, stats_tags_override, test_token, wasm_plugin, Context, Extras, Mesh,
     Phase, Plugin, Resource,
 };
+use weir_e2e::istio_authz::{pod_labels, policies_for, rbac_filters, Peers};
+use weir_e2e::mesh_tls::{Identity, MeshCa};
 use weir_e2e::{
-    free_port, prometheus_sum, send, weir_wasm, Bridge, Client, Envoy, RedisCluster, Request,
+    free_port, prometheus_sum, send, wait_until, wasm_filter_yaml, weir_wasm, Bootstrap, Bridge,
+    Client, Envoy, RedisCluster, Request,
 };
 
 /// The Istio outbound cluster of weir-bridge as shipped in `envoy/istio/bridge.yaml`.
@@ -424,20 +431,22 @@ fn the_sidecar_jwt_example_limits_per_user_in_a_real_envoy() {
 
 /// The global example serves through a real weir-bridge and Redis Cluster. The outbound
 /// cluster, named as Istio names it, points at a stand-in of the bridge's sidecar (an
-/// inbound HTTP connection manager in front of the bridge), which refuses an `:authority`
-/// containing "|": the example's `bridge.authority` is what makes the call succeed.
+/// inbound HTTP connection manager with the shipped policy's RBAC in front of the
+/// bridge), which refuses an `:authority` containing "|": the example's
+/// `bridge.authority` is what makes the call succeed.
 #[test]
 fn the_global_tenant_example_reaches_the_bridge_through_istio_names() {
     let (plugin, mesh) = shipped_plugin("envoy/istio/wasmplugin-global-tenant.yaml", "WasmPlugin");
     let redis = RedisCluster::start(3, 0);
     let bridge = Bridge::start(&redis, &[]);
     let sidecar_port = free_port();
-    // The bridge pod's sidecar: inbound listener, route to inbound|8081|| (the bridge).
+    // The bridge pod's sidecar: inbound listener with the shipped policy's RBAC (no mTLS
+    // here: any peer), route to inbound|8081|| (the bridge).
     let sidecar = http_listener(
         "bridge-sidecar-inbound",
         sidecar_port,
         Context::SidecarInbound,
-        Vec::new(),
+        bridge_rbac(&mesh, Peers::Any),
         json!([ { "match": { "prefix": "/" }, "route": { "cluster": "inbound|8081||" } } ]),
     );
     let start = |plugin: &Plugin| {
@@ -499,4 +508,264 @@ fn the_global_tenant_example_reaches_the_bridge_through_istio_names() {
     assert_eq!(envoy.weir_stat("bridge.errors_status"), 0);
     assert_eq!(envoy.weir_stat("rule.tenant-daily.failure_local"), 0);
     assert!(envoy.weir_stat("rule.tenant-daily.bridge_decisions") >= 1);
+}
+
+/// Every exact `url_path` and `:method` an RBAC filter names, wherever in its rules.
+fn rbac_paths_and_methods(filter: &Value) -> (BTreeSet<String>, BTreeSet<String>) {
+    fn walk(v: &Value, paths: &mut BTreeSet<String>, methods: &mut BTreeSet<String>) {
+        match v {
+            Value::Object(m) => {
+                if let Some(exact) = m.get("url_path").and_then(|u| u["path"]["exact"].as_str()) {
+                    paths.insert(exact.to_string());
+                }
+                if let Some(h) = m.get("header").filter(|h| h["name"] == ":method") {
+                    methods.insert(h["string_match"]["exact"].as_str().unwrap().to_string());
+                }
+                m.values().for_each(|x| walk(x, paths, methods));
+            }
+            Value::Array(a) => a.iter().for_each(|x| walk(x, paths, methods)),
+            _ => {}
+        }
+    }
+    let (mut paths, mut methods) = (BTreeSet::new(), BTreeSet::new());
+    walk(filter, &mut paths, &mut methods);
+    (paths, methods)
+}
+
+/// The bridge pod's namespace and labels, as the shipped Deployment has them.
+fn bridge_pod(mesh: &Mesh) -> (String, BTreeMap<String, String>) {
+    let deployment = mesh
+        .resources
+        .iter()
+        .find(|r| r.kind() == "Deployment" && r.name() == "weir-bridge")
+        .expect("the weir-bridge Deployment");
+    (deployment.namespace().to_string(), pod_labels(deployment))
+}
+
+/// The RBAC filters istiod renders from the shipped policies into the bridge pod's
+/// inbound listener.
+fn bridge_rbac(mesh: &Mesh, peers: Peers) -> Vec<Value> {
+    let (namespace, labels) = bridge_pod(mesh);
+    rbac_filters(&policies_for(mesh, &namespace, &labels), peers)
+}
+
+/// YAML list items for [`weir_e2e::Bootstrap`] from JSON values.
+fn yaml_items(values: &[Value]) -> String {
+    serde_yaml::to_string(&Value::Array(values.to_vec())).unwrap()
+}
+
+/// A global rule decided when the request comes (5 at once for each user, then one an
+/// hour) and one whose cost is committed after the response. Both fail closed, so a
+/// refused bridge call shows as a 503.
+const THROUGH_RBAC: &str = r#"{"bridge":{"cluster":"weir_bridge","timeout":"500ms"},"rules":[
+    {"name":"per-user","match":{"path":{"exact":"/limited"}},"scope":"global",
+     "key":[{"header":"x-user"}],"limit":{"algorithm":"gcra","rate":1,"period":"1h","burst":4},
+     "global":{"failure_mode":"deny"}},
+    {"name":"llm","match":{"path":{"exact":"/llm"}},"scope":"global","key":[{"header":"x-user"}],
+     "limit":{"algorithm":"token_bucket","capacity":10000,"refill":10000,"period":"1m"},
+     "cost":{"header":"x-estimate","max":500},"commit":{"header":"x-tokens"},
+     "global":{"failure_mode":"deny"}}]}"#;
+
+/// A workload running weir as `who`: its rules on `/limited` and `/llm` (the backend says
+/// each request used 120 units, what `commit` reads), any other path forwarded to the
+/// bridge as a direct call of this workload; its bridge cluster goes to `sidecar_port`
+/// with mTLS.
+fn weir_workload(ca: &MeshCa, who: &Identity, bridge_id: &Identity, sidecar_port: u16) -> Envoy {
+    let mut cluster = static_cluster("weir_bridge", sidecar_port);
+    cluster["transport_socket"] = ca.upstream(who, bridge_id);
+    let routes = "\
+- match: { prefix: \"/limited\" }
+  direct_response: { status: 200, body: { inline_string: \"ok\" } }
+- match: { prefix: \"/llm\" }
+  direct_response: { status: 200, body: { inline_string: \"ok\" } }
+  response_headers_to_add: [ { header: { key: x-tokens, value: \"120\" } } ]
+- match: { prefix: \"/\" }
+  route: { cluster: weir_bridge }
+";
+    Envoy::start(
+        &Bootstrap::new()
+            .http_filter(wasm_filter_yaml(THROUGH_RBAC, &weir_wasm()))
+            .routes(routes)
+            .cluster(yaml_items(&[cluster])),
+        2,
+    )
+}
+
+/// The shipped bridge AuthorizationPolicy, rendered into the RBAC filter istiod puts in
+/// the bridge pod's inbound listener (STRICT mTLS, certificates of a test mesh CA), in
+/// front of a real weir-bridge and Redis Cluster. The rendered paths are first checked
+/// to be `FILTER_PATHS` with `FILTER_METHOD`.
+/// - A workload of namespace `shop` (which the policy names) running weir: its global
+///   rule limits (5 pass, then 429: decided by the bridge, as a refused call would be a
+///   503), its commits are settled, and no call fails.
+/// - The same workload calling the bridge directly on any other path — `POST
+///   /v1/acquire`, `GET /v2/acquire`, `/metrics`, `/healthz` — gets 403, though the
+///   bridge itself serves each one.
+/// - A workload of namespace `other` gets 403 on the filter's own paths: its rules run
+///   in their failure mode.
+#[test]
+fn the_bridge_policy_admits_the_filters_calls_and_refuses_the_rest() {
+    let mesh = Mesh {
+        resources: shipped(),
+    };
+    let rbac = bridge_rbac(&mesh, Peers::Authenticated);
+    let [allow] = &rbac[..] else {
+        panic!("one ALLOW filter expected: {rbac:?}")
+    };
+    let (paths, methods) = rbac_paths_and_methods(allow);
+    assert_eq!(
+        paths,
+        FILTER_PATHS.iter().map(|p| p.to_string()).collect(),
+        "the rendered RBAC permits exactly the filter's paths"
+    );
+    assert_eq!(methods, BTreeSet::from([FILTER_METHOD.to_string()]));
+
+    let ca = MeshCa::new();
+    let bridge_id = ca.identity(&bridge_pod(&mesh).0, "weir-bridge");
+    let shop = ca.identity("shop", "api");
+    let other = ca.identity("other", "api");
+
+    let redis = RedisCluster::start(3, 0);
+    let bridge = Bridge::start(&redis, &[]);
+    // The bridge pod's sidecar: mTLS, RBAC, then the bridge (Istio's inbound|8081||).
+    let sidecar_port = free_port();
+    let admin_port = free_port();
+    let mut listener = http_listener(
+        "bridge-sidecar-inbound",
+        sidecar_port,
+        Context::SidecarInbound,
+        rbac.clone(),
+        json!([ { "match": { "prefix": "/" }, "route": { "cluster": "inbound|8081||" } } ]),
+    );
+    listener["filter_chains"][0]["transport_socket"] = ca.downstream(&bridge_id);
+    let bootstrap = json!({
+        "admin": { "address": { "socket_address": { "address": "127.0.0.1", "port_value": admin_port } } },
+        "static_resources": {
+            "listeners": [listener],
+            "clusters": [static_cluster("inbound|8081||", bridge.port)],
+        },
+    });
+    let sidecar = Envoy::start_yaml(
+        &serde_yaml::to_string(&bootstrap).unwrap(),
+        admin_port,
+        sidecar_port,
+        1,
+    );
+    let rbac_stat = |name: &str| {
+        sidecar
+            .stat(&format!("http.inbound_0.0.0.0_8080.rbac.{name}"))
+            .unwrap_or(0)
+    };
+    let envoy = weir_workload(&ca, &shop, &bridge_id, sidecar_port);
+
+    let get = |envoy: &Envoy, path: &str, estimate: &str| {
+        send(
+            envoy.http_port,
+            Request::get(path)
+                .header("x-user", "alice")
+                .header("x-estimate", estimate),
+        )
+        .unwrap()
+        .status
+    };
+    let limited: Vec<u16> = (0..8).map(|_| get(&envoy, "/limited", "1")).collect();
+    assert_eq!(limited, [200, 200, 200, 200, 200, 429, 429, 429]);
+    let llm: Vec<u16> = (0..3).map(|_| get(&envoy, "/llm", "500")).collect();
+    assert_eq!(llm, [200, 200, 200]);
+    let settled = || bridge.metric_sum("weir_bridge_commits_total", &[("rule", "llm")]);
+    assert!(
+        wait_until(Duration::from_secs(5), Duration::from_millis(50), || {
+            settled() >= 3.0
+        }),
+        "commits settled by the bridge: {}",
+        settled()
+    );
+
+    let stat = |name: &str| envoy.weir_stat(name);
+    let decided = stat("rule.per-user.bridge_decisions");
+    let cached = stat("rule.per-user.denial_cache_hits");
+    assert_eq!(
+        decided + cached,
+        8,
+        "{decided} decided by the bridge, {cached} cached denials"
+    );
+    assert_eq!(stat("rule.llm.bridge_decisions"), 3);
+    assert_eq!(stat("rule.llm.committed"), 3);
+    assert_eq!(stat("rule.llm.commit_units_refunded"), 3 * 380);
+    assert_eq!(stat("rule.llm.commit_errors"), 0);
+    for failure in ["failure_denied", "failure_allowed", "failure_local"] {
+        assert_eq!(stat(&format!("rule.per-user.{failure}")), 0, "{failure}");
+        assert_eq!(stat(&format!("rule.llm.{failure}")), 0, "{failure}");
+    }
+    for error in [
+        "errors_status",
+        "errors_unavailable",
+        "errors_timeout",
+        "errors_bad_body",
+    ] {
+        assert_eq!(stat(&format!("bridge.{error}")), 0, "bridge.{error}");
+    }
+    assert_eq!(
+        bridge.metric_sum(
+            "weir_bridge_decisions_total",
+            &[("rule", "per-user"), ("result", "allowed")]
+        ),
+        5.0
+    );
+    let calls = stat("bridge.calls");
+    let allowed = rbac_stat("allowed");
+    assert!(
+        allowed > calls,
+        "the sidecar's RBAC admitted {allowed} calls: {calls} acquires and the commits"
+    );
+    assert_eq!(rbac_stat("denied"), 0);
+    eprintln!(
+        "shop: /limited {limited:?}, /llm {llm:?}; per-user: {decided} bridge decisions, \
+         {cached} cached denials; {calls} acquire calls, {} commits settled; RBAC allowed \
+         {allowed}",
+        settled()
+    );
+
+    // The same workload on any other path: 403, though the bridge serves each one.
+    let v1_body = r#"{"domain":"weir","items":[{"rule":"r","descriptor":["=alice"],
+        "limit":{"algorithm":"gcra","burst":9,"rate":10,"period_us":1000000},"cost":1,"want":1}]}"#;
+    let others = [
+        Request::post(v1::ACQUIRE_PATH, v1_body),
+        Request::get(v2::ACQUIRE_PATH),
+        Request::get("/metrics"),
+        Request::get("/healthz"),
+    ];
+    for request in &others {
+        let label = format!("{} {}", request.method, request.path);
+        let direct = send(bridge.port, request.clone()).unwrap().status;
+        let through = send(envoy.http_port, request.clone()).unwrap().status;
+        eprintln!("{label}: bridge {direct}, from shop through the sidecar {through}");
+        assert_eq!(through, 403, "{label} through the sidecar");
+        assert_ne!(direct, 403, "{label}: the bridge itself answers");
+    }
+    assert_eq!(rbac_stat("denied"), 4);
+    // A filter path passes with any body: the bridge is the one refusing this.
+    let bad = send(envoy.http_port, Request::post(v2::ACQUIRE_PATH, "{}")).unwrap();
+    assert_eq!(bad.status, 400, "{}", bad.text());
+    envoy.assert_no_panic();
+
+    // A workload the policy does not name: refused on the filter's own paths.
+    let stranger = weir_workload(&ca, &other, &bridge_id, sidecar_port);
+    let refused: Vec<u16> = (0..3).map(|_| get(&stranger, "/limited", "1")).collect();
+    assert_eq!(refused, [503, 503, 503], "failure mode deny");
+    assert!(stranger.weir_stat("bridge.errors_status") >= 1);
+    assert!(
+        stranger.log().contains("bridge answered HTTP 403"),
+        "the failure is the policy's 403:\n{}",
+        stranger.log_tail(20)
+    );
+    assert_eq!(stranger.weir_stat("rule.per-user.bridge_decisions"), 0);
+    let direct = send(stranger.http_port, Request::post(v2::ACQUIRE_PATH, "{}")).unwrap();
+    assert_eq!(direct.status, 403, "{}", direct.text());
+    eprintln!(
+        "other: /limited {refused:?}, bridge.errors_status {}; RBAC denied {} in all",
+        stranger.weir_stat("bridge.errors_status"),
+        rbac_stat("denied")
+    );
+    stranger.assert_no_panic();
 }

@@ -40,6 +40,16 @@ use std::fmt;
 /// The header carrying the shared secret, when the bridge requires one.
 pub const SECRET_HEADER: &str = "x-weir-secret";
 
+/// The method of every call the filter makes to the bridge.
+pub const FILTER_METHOD: &str = "POST";
+
+/// Every path this filter calls on the bridge, always with [`FILTER_METHOD`]: what an
+/// authorization policy in front of the bridge must allow (`envoy/istio/bridge.yaml`).
+/// [`v1::ACQUIRE_PATH`] is not here: the bridge still serves it for older filters, but
+/// this one never calls it. `core/tests/filter_paths.rs` checks that the filter calls
+/// these and no other; the Istio tests check the shipped policy against them.
+pub const FILTER_PATHS: &[&str] = &[v2::ACQUIRE_PATH, v3::COMMIT_PATH];
+
 /// An algorithm and all its parameter values, in the order of its parameter table.
 /// Serialized as one flat object: `{"algorithm":"gcra","rate":100,"period_us":…}`, a
 /// duration under its wire name ([`crate::algorithms::Parameter::wire_name`]).
