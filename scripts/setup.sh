@@ -3,7 +3,7 @@
 # Idempotent and silent when nothing is missing; safe to run on every invocation.
 # Needs Rust (rustup) and Python 3. Everything goes into .tools/ except the rustup
 # targets and components and the Debian packages (redis-server, wrk, nodejs, curl,
-# openssl, python3-venv), which need root or sudo.
+# openssl, python3-venv, prometheus), which need root or sudo.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 say() { printf 'setup: %s\n' "$*" >&2; }
@@ -39,7 +39,9 @@ make_venv=false
 venv_ok || make_venv=true
 
 # Debian packages: Redis Cluster (global limits), wrk (benchmarks), node (the core's wasm
-# tests), curl (the demo), openssl (the bridge's TLS tests), python3-venv (the venv).
+# tests), curl (the demo), openssl (the bridge's TLS tests), python3-venv (the venv),
+# prometheus for its promtool (the alerts' unit tests; the package's own server is not
+# started where there is no init system, and nothing here uses it).
 redis_server=${REDIS_SERVER_BIN:-redis-server}
 redis_cli=${REDIS_CLI_BIN:-redis-cli}
 missing=()
@@ -55,6 +57,7 @@ command -v wrk >/dev/null || missing+=(wrk)
 command -v node >/dev/null || missing+=(nodejs)
 command -v curl >/dev/null || missing+=(curl)
 command -v openssl >/dev/null || missing+=(openssl)
+command -v promtool >/dev/null || missing+=(prometheus)
 if $make_venv && ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
   missing+=(python3-venv)
 fi
