@@ -44,11 +44,27 @@ fn is_ident(c: char) -> bool {
     c.is_ascii_alphanumeric() || c == '_' || c == ':'
 }
 
+/// What an expression reads: its selectors and the labels it groups or matches by.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Query {
+    /// In order.
+    pub selectors: Vec<Selector>,
+    /// The labels of every `by (…)`, `without (…)`, `on (…)`, `ignoring (…)`,
+    /// `group_left (…)` and `group_right (…)`, in order.
+    pub grouping: Vec<String>,
+}
+
 /// The selectors of `expr`, in order; an error for what it cannot read (an unclosed string
 /// or brace).
 pub fn selectors(expr: &str) -> Result<Vec<Selector>, String> {
+    read(expr).map(|q| q.selectors)
+}
+
+/// Reads `expr`; an error for what it cannot read (an unclosed string or brace).
+pub fn read(expr: &str) -> Result<Query, String> {
     let chars: Vec<char> = expr.chars().collect();
     let mut out = Vec::new();
+    let mut grouping = Vec::new();
     let mut i = 0;
     while i < chars.len() {
         let c = chars[i];
@@ -87,7 +103,15 @@ pub fn selectors(expr: &str) -> Result<Vec<Selector>, String> {
             let lower = word.to_ascii_lowercase();
             if LABEL_LISTS.contains(&lower.as_str()) {
                 if chars.get(next) == Some(&'(') {
-                    i = find(&chars, next, ')')? + 1;
+                    let close = find(&chars, next, ')')?;
+                    let list: String = chars[next + 1..close].iter().collect();
+                    grouping.extend(
+                        list.split(',')
+                            .map(str::trim)
+                            .filter(|l| !l.is_empty())
+                            .map(String::from),
+                    );
+                    i = close + 1;
                 }
             } else if KEYWORDS.contains(&lower.as_str())
                 || chars.get(next) == Some(&'(')
@@ -113,7 +137,10 @@ pub fn selectors(expr: &str) -> Result<Vec<Selector>, String> {
             i += 1;
         }
     }
-    Ok(out)
+    Ok(Query {
+        selectors: out,
+        grouping,
+    })
 }
 
 fn next_word_is(chars: &[char], at: usize, words: &[&str]) -> bool {
@@ -284,6 +311,16 @@ mod tests {
         assert_eq!(
             selectors(r#"{__name__="a.b"}"#).unwrap()[0].name,
             MetricName::Regex(r"a\.b".into())
+        );
+    }
+
+    #[test]
+    fn grouping_labels_are_read() {
+        assert_eq!(
+            read("sum by (a, b) (x) / ignoring (le) group_left (c) y + sum without(d)(z)")
+                .unwrap()
+                .grouping,
+            ["a", "b", "le", "c", "d"]
         );
     }
 

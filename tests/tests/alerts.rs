@@ -10,7 +10,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use serde_yaml::{Mapping, Value};
-use weir_e2e::promql::{self, MetricName, Selector};
+use weir_e2e::promql::{self, MetricName};
 use weir_e2e::{
     bridge_cluster_yaml, get, prometheus, redis_cli_at, repo_root, send, shipped_stats_config,
     wait_for, wasm_filter_yaml, weir_wasm, Bootstrap, Bridge, Envoy, RedisCluster, Request,
@@ -196,10 +196,15 @@ fn exported(texts: &[&str]) -> Exported {
 fn unseen(queries: &[(String, String)], exported: &Exported) -> Vec<String> {
     let mut missing = Vec::new();
     for (what, expr) in queries {
-        let selectors: Vec<Selector> =
-            promql::selectors(expr).unwrap_or_else(|e| panic!("{what}: {e}: {expr}"));
-        assert!(!selectors.is_empty(), "{what} reads no metric: {expr}");
-        for s in selectors {
+        let query = promql::read(expr).unwrap_or_else(|e| panic!("{what}: {e}: {expr}"));
+        assert!(
+            !query.selectors.is_empty(),
+            "{what} reads no metric: {expr}"
+        );
+        // A label it groups or matches by must be on one of the metrics it reads (`sum by
+        // (weir_rule)` over a plugin-wide stat would make one empty group).
+        let mut read_labels: BTreeSet<&String> = BTreeSet::new();
+        for s in &query.selectors {
             let names: Vec<&String> = match &s.name {
                 MetricName::Exact(n) => exported
                     .get_key_value(n)
@@ -216,6 +221,7 @@ fn unseen(queries: &[(String, String)], exported: &Exported) -> Vec<String> {
                 missing.push(format!("{what}: no metric {:?} was exported", s.name));
                 continue;
             }
+            read_labels.extend(names.iter().flat_map(|n| &exported[*n]));
             for label in &s.labels {
                 let seen = SCRAPE_LABELS.contains(&label.as_str())
                     || names.iter().any(|n| exported[*n].contains(label));
@@ -225,6 +231,13 @@ fn unseen(queries: &[(String, String)], exported: &Exported) -> Vec<String> {
                         s.name
                     ));
                 }
+            }
+        }
+        for label in &query.grouping {
+            if !SCRAPE_LABELS.contains(&label.as_str()) && !read_labels.contains(label) {
+                missing.push(format!(
+                    "{what}: groups by {label}, which none of the metrics it reads was exported with"
+                ));
             }
         }
     }
@@ -255,6 +268,11 @@ fn a_made_up_metric_or_label_is_reported() {
         unseen(&q(r#"{__name__=~"envoy_wasm_.+_vm_reloads"}"#), &seen).len(),
         1
     );
+    assert_eq!(
+        unseen(&q("sum by (weir_rule) (envoy_wasm_weir_vm_reload)"), &seen),
+        ["q: groups by weir_rule, which none of the metrics it reads was exported with"]
+    );
+    assert!(unseen(&q("sum by (job, weir_rule) (weir_rule_allowed)"), &seen).is_empty());
 }
 
 const CONFIG: &str = r#"{"bridge": {"cluster": "weir_bridge", "timeout": "200ms"},
