@@ -275,7 +275,9 @@ fn a_made_up_metric_or_label_is_reported() {
     assert!(unseen(&q("sum by (job, weir_rule) (weir_rule_allowed)"), &seen).is_empty());
 }
 
-const CONFIG: &str = r#"{"bridge": {"cluster": "weir_bridge", "timeout": "200ms"},
+/// A generous bridge timeout: a slow CI machine must not turn a limited request into a
+/// failure-mode 200. Only the first call to the stopped bridge waits for it.
+const CONFIG: &str = r#"{"bridge": {"cluster": "weir_bridge", "timeout": "1s"},
  "rules": [
   {"name": "per-user", "match": {"path": {"prefix": "/local/"}}, "key": [{"header": "x-user"}],
    "limit": {"algorithm": "fixed_window", "limit": 2, "window": "1h"}},
@@ -330,7 +332,9 @@ fn every_metric_the_alerts_and_the_dashboard_read_is_exported() {
     bridge.signal(libc::SIGCONT);
     assert_eq!(failed, [200, 200, 200], "failure_mode allow");
 
-    // Envoy's histograms appear after its 5 s stats flush.
+    // weir hands its counters to Envoy within WEIR_STATS_LAG; Envoy's histograms appear
+    // after its 5 s stats flush.
+    std::thread::sleep(weir_e2e::WEIR_STATS_LAG);
     let envoy_text = wait_for(Duration::from_secs(15), Duration::from_millis(250), || {
         let text = envoy.admin("GET", "/stats/prometheus").text();
         text.lines()
