@@ -118,13 +118,34 @@ fn alert_queries() -> Vec<(String, String)> {
     out
 }
 
-/// Grafana's variables replaced by what Prometheus would see.
-fn without_grafana_variables(expr: &str) -> String {
-    expr.replace("$__rate_interval", "1m")
-        .replace("${datasource}", "")
-        .replace("$plugin", ".*")
-        .replace("$rule", ".*")
-        .replace("$bridge_job", ".*")
+/// The dashboard's template variables (`plugin`, `rule`, …).
+fn dashboard_variables() -> Vec<String> {
+    let dash: serde_json::Value = serde_json::from_str(&read(DASHBOARD)).unwrap();
+    dash["templating"]["list"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|v| v["name"].as_str().map(String::from))
+        .collect()
+}
+
+/// Grafana's variables replaced by what Prometheus would see: `$__rate_interval` by a
+/// duration, the dashboard's own by a regex matching anything. A `$` left over is a
+/// variable the dashboard does not define.
+fn without_grafana_variables(expr: &str, variables: &[String]) -> Result<String, String> {
+    let mut out = expr.replace("$__rate_interval", "1m");
+    // Longest first: `$rule` must not eat the start of `$rules`.
+    let mut names: Vec<&String> = variables.iter().collect();
+    names.sort_by_key(|n| std::cmp::Reverse(n.len()));
+    for name in names {
+        out = out
+            .replace(&format!("${{{name}}}"), ".*")
+            .replace(&format!("${name}"), ".*");
+    }
+    match out.find('$') {
+        Some(at) => Err(format!("an undefined variable at {:?}", &out[at..])),
+        None => Ok(out),
+    }
 }
 
 fn promtool() -> PathBuf {
@@ -139,15 +160,19 @@ fn promtool() -> PathBuf {
 }
 
 /// Every dashboard query, as a recording rule, through `promtool check rules`: the
-/// dashboard holds PromQL Prometheus parses (the alerts are checked by `just test-alerts`).
+/// dashboard holds PromQL Prometheus parses, with no variable it does not define (the
+/// alerts are checked by `just test-alerts`).
 #[test]
 fn the_dashboard_queries_are_promql() {
     let dir = weir_e2e::TestDir::new("dashboard-promql");
     let mut rules = Vec::new();
+    let variables = dashboard_variables();
     for (i, (what, expr)) in dashboard_queries().into_iter().enumerate() {
+        let expr = without_grafana_variables(&expr, &variables)
+            .unwrap_or_else(|e| panic!("{what}: {e}: {expr}"));
         let mut rule = Mapping::new();
         rule.insert("record".into(), format!("dashboard:query_{i}").into());
-        rule.insert("expr".into(), without_grafana_variables(&expr).into());
+        rule.insert("expr".into(), expr.into());
         rule.insert("labels".into(), {
             let mut l = Mapping::new();
             l.insert("from".into(), what.into());
@@ -242,6 +267,19 @@ fn unseen(queries: &[(String, String)], exported: &Exported) -> Vec<String> {
         }
     }
     missing
+}
+
+#[test]
+fn grafana_variables_are_replaced_and_undefined_ones_reported() {
+    let vars = ["rule".to_string(), "rules".to_string()];
+    assert_eq!(
+        without_grafana_variables(
+            r#"rate(m{a=~"$rules",b=~"${rule}"}[$__rate_interval])"#,
+            &vars
+        ),
+        Ok(r#"rate(m{a=~".*",b=~".*"}[1m])"#.to_string())
+    );
+    assert!(without_grafana_variables(r#"m{a=~"$tenant"}"#, &vars).is_err());
 }
 
 #[test]
