@@ -27,6 +27,11 @@ check-config FILE:
 validate-yaml: build
     for f in envoy/*.yaml; do echo "validate $f"; {{envoy}} --mode validate -c "$f" -l warn >/dev/null; done
 
+# The alerts as code: `promtool check rules`, then the unit tests of deploy/alerts/weir-rules.test.yaml (series each alert must fire on, near-misses it must not). test-e2e's tests/tests/alerts.rs checks that the alerts and the dashboard read only metrics Envoy and weir-bridge export.
+test-alerts:
+    promtool check rules deploy/alerts/weir-rules.yaml
+    promtool test rules deploy/alerts/weir-rules.test.yaml
+
 # Formatting and lints (clippy denies unwrap/expect/panic/indexing outside tests).
 lint:
     cargo fmt --all -- --check
@@ -86,4 +91,4 @@ test-bench:
     cargo test -p weir-bench -p weir-empty-filter
 
 # The whole suite, as CI runs it.
-test: lint test-core test-wasm test-bridge test-bench validate-yaml test-e2e bench-smoke
+test: lint test-core test-wasm test-bridge test-bench validate-yaml test-alerts test-e2e bench-smoke

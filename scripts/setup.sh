@@ -3,7 +3,7 @@
 # Idempotent and silent when nothing is missing; safe to run on every invocation.
 # Needs Rust (rustup) and Python 3. Everything goes into .tools/ except the rustup
 # targets and components and the Debian packages (redis-server, wrk, nodejs, curl,
-# openssl, python3-venv), which need root or sudo.
+# openssl, python3-venv, prometheus), which need root or sudo.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 say() { printf 'setup: %s\n' "$*" >&2; }
@@ -39,7 +39,10 @@ make_venv=false
 venv_ok || make_venv=true
 
 # Debian packages: Redis Cluster (global limits), wrk (benchmarks), node (the core's wasm
-# tests), curl (the demo), openssl (the bridge's TLS tests), python3-venv (the venv).
+# tests), curl (the demo), openssl (the bridge's TLS tests), python3-venv (the venv),
+# prometheus for its promtool (the alerts' unit tests), without the packages it recommends
+# (node-exporter). Nothing here uses the package's own server; on a machine with systemd
+# its postinst starts it on :9090 (`systemctl disable --now prometheus` stops it).
 redis_server=${REDIS_SERVER_BIN:-redis-server}
 redis_cli=${REDIS_CLI_BIN:-redis-cli}
 missing=()
@@ -55,20 +58,28 @@ command -v wrk >/dev/null || missing+=(wrk)
 command -v node >/dev/null || missing+=(nodejs)
 command -v curl >/dev/null || missing+=(curl)
 command -v openssl >/dev/null || missing+=(openssl)
+bare=() # installed with --no-install-recommends
+command -v promtool >/dev/null || bare+=(prometheus)
 if $make_venv && ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
   missing+=(python3-venv)
 fi
-if [ ${#missing[@]} -gt 0 ]; then
+wanted=("${missing[@]}" "${bare[@]}")
+if [ ${#wanted[@]} -gt 0 ]; then
   command -v apt-get >/dev/null ||
-    die "missing: ${missing[*]}; this script installs them with apt-get only: install them yourself"
+    die "missing: ${wanted[*]}; this script installs them with apt-get only: install them yourself"
   sudo=""
   if [ "$(id -u)" -ne 0 ]; then
-    command -v sudo >/dev/null || die "missing: ${missing[*]}; installing them needs root or sudo"
+    command -v sudo >/dev/null || die "missing: ${wanted[*]}; installing them needs root or sudo"
     sudo="sudo"
   fi
-  say "installing ${missing[*]} with apt-get"
+  say "installing ${wanted[*]} with apt-get"
   $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+  if [ ${#missing[@]} -gt 0 ]; then
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+  fi
+  if [ ${#bare[@]} -gt 0 ]; then
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${bare[@]}" >/dev/null
+  fi
 fi
 
 redis_version=$("$redis_server" --version | sed -n 's/.* v=\([0-9][0-9.]*\).*/\1/p')

@@ -40,6 +40,7 @@ pub mod ports;
 pub mod prereq;
 pub mod process;
 pub mod prometheus;
+pub mod promql;
 pub mod redis;
 pub mod wasm;
 
