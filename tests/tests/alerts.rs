@@ -318,9 +318,9 @@ fn a_made_up_metric_or_label_is_reported() {
 const CONFIG: &str = r#"{"bridge": {"cluster": "weir_bridge", "timeout": "1s"},
  "rules": [
   {"name": "per-user", "match": {"path": {"prefix": "/local/"}}, "key": [{"header": "x-user"}],
-   "limit": {"algorithm": "fixed_window", "limit": 2, "window": "1h"}},
+   "limit": {"algorithm": "token_bucket", "capacity": 2, "refill": 1, "period": "1h"}},
   {"name": "tenant", "match": {"path": {"prefix": "/global/"}}, "scope": "global",
-   "key": [{"header": "x-user"}], "limit": {"algorithm": "fixed_window", "limit": 2, "window": "1h"},
+   "key": [{"header": "x-user"}], "limit": {"algorithm": "token_bucket", "capacity": 2, "refill": 1, "period": "1h"},
    "global": {"failure_mode": "allow"}},
   {"name": "service", "match": {"path": {"prefix": "/conc/"}},
    "limit": {"algorithm": "concurrency", "max_in_flight": 10, "adaptive": {"interval": "100ms"}}}]}"#;

@@ -7,7 +7,7 @@ use weir_e2e::{get, shipped_stats_config, wasm_filter_yaml, weir_wasm, Bootstrap
 
 const CONFIG: &str = r#"{"rules": [
   {"name": "per-user", "match": {"path": {"prefix": "/api/"}}, "key": [{"header": "x-user"}],
-   "limit": {"algorithm": "fixed_window", "limit": 2, "window": "1h"}},
+   "limit": {"algorithm": "token_bucket", "capacity": 2, "refill": 1, "period": "1h"}},
   {"name": "per_route", "key": [{"path": {}}],
    "limit": {"algorithm": "gcra", "rate": 100, "period": "1s", "burst": 9}}]}"#;
 
