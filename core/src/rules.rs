@@ -236,6 +236,13 @@ pub struct Lease {
 }
 
 impl Lease {
+    /// Whether a key is saturated as Redis last spoke of it: nothing remaining, said at
+    /// `at_us`, within the span a reservation covers (or a hold) of `now_us`.
+    pub fn saturated(&self, remaining: u64, at_us: u64, now_us: u64) -> bool {
+        let recent_us = self.horizon_us.max(self.hold_max_us);
+        at_us > 0 && remaining == 0 && now_us.saturating_sub(at_us) <= recent_us
+    }
+
     /// The hold a call asks for: `ttl` plus the bridge's round trip (µs, as measured),
     /// which the hold counts from the call's departure, at most what the rule's Redis
     /// limit paid for ([`Lease::hold_max_us`]). So a slow bridge does not eat the time a

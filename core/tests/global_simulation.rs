@@ -472,8 +472,18 @@ fn a_slow_bridge_does_not_eat_the_hold() {
 /// 31 requests/s answered, p50 500 ms, 0.86 bridge calls per request, no 429. Now a call
 /// asks for the requests waiting on the key and for the demand over the whole hold, and
 /// a saturated key's other requests are answered at once while its call is in flight.
+/// Also with the bridge 1 ms away, where the key refilled a unit between calls, each call
+/// took it as a lease and none was ever denied, so none reserved: 0.032 calls per request
+/// (0.03 on a real Envoy) until a grant of a GCRA key's last units was made to keep the
+/// key from being asked about again for half its burst's time.
 #[test]
 fn a_closed_loop_behind_a_slow_bridge_is_answered_at_once() {
+    for half_latency_us in [500, 15_000] {
+        closed_loop_on_the_hot_key(half_latency_us);
+    }
+}
+
+fn closed_loop_on_the_hot_key(half_latency_us: u64) {
     let (limit, rate, burst) = HOT_KEYS[0];
     // The benchmark's plugin: one Envoy expected, the bridge's timeout 250 ms.
     let config = format!(
@@ -489,14 +499,15 @@ fn a_closed_loop_behind_a_slow_bridge_is_answered_at_once() {
         })
         .collect();
     let secs = 3;
-    let mut sim = Simulation::new(&config, 1, 15_000).unwrap();
+    let mut sim = Simulation::new(&config, 1, half_latency_us).unwrap();
     sim.single_flight = true;
     let decided = sim.play_closed(&clients, 1_000, T0 + secs * 1_000_000);
+    let what = format!("closed loop, {} ms round trip", 2 * half_latency_us / 1_000);
     let run = Run {
         decided,
         bridge_calls: sim.bridge.calls,
     };
-    assert_conformant("closed loop", &sim, &run);
+    assert_conformant(&what, &sim, &run);
     let requests = run.requests();
     let denied = run.decided.iter().filter(|d| d.eval.denied()).count();
     let waited = run
@@ -507,7 +518,7 @@ fn a_closed_loop_behind_a_slow_bridge_is_answered_at_once() {
     let admitted = run.admitted();
     let calls = run.bridge_calls as f64 / requests as f64;
     eprintln!(
-        "closed loop: {requests} requests, {denied} denied, {waited} waited, {admitted} admitted, {calls:.4} bridge calls per request"
+        "{what}: {requests} requests, {denied} denied, {waited} waited, {admitted} admitted, {calls:.4} bridge calls per request"
     );
     // Answered at once, 16 clients send about 16,000 requests a second.
     assert!(requests >= 10_000 * secs as usize, "{requests} requests");
@@ -521,6 +532,6 @@ fn a_closed_loop_behind_a_slow_bridge_is_answered_at_once() {
     let bound = burst + 1 + rate * secs;
     assert!(
         admitted * 100 >= bound * 94,
-        "admitted {admitted}, more than 6 % under {bound}"
+        "{what}: admitted {admitted}, more than 6 % under {bound}"
     );
 }

@@ -71,7 +71,7 @@ impl Engine {
                 now_us,
             };
             // A waiting request's denial is written: it has no worker here.
-            let asking = self.asking_for(waiting.max(1).saturating_mul(item.cost));
+            let asking = self.asking_for(now_us, waiting.max(1).saturating_mul(item.cost));
             if let Some(asked) = global.spend_or_ask(eval, store, &applied, None, asking) {
                 item.want = asked.want;
                 item.reserve = asked.reserve;
@@ -208,8 +208,9 @@ impl Engine {
 
     /// What a global rule's ask is sized by besides its demand rate, with `waiting` units
     /// of requests queued on its key.
-    pub(super) fn asking_for(&self, waiting: u64) -> super::global::AskingFor {
+    pub(super) fn asking_for(&self, now_us: u64, waiting: u64) -> super::global::AskingFor {
         super::global::AskingFor {
+            now_us,
             round_trip_us: self.round_trip_us(),
             waiting,
         }

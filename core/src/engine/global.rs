@@ -166,10 +166,10 @@ impl GlobalRuntime {
         let Some(lease) = self.global.lease else {
             return;
         };
-        let saturated = item.last_known.is_some_and(|(remaining, at_us)| {
-            let recent_us = lease.horizon_us.max(lease.hold_max_us);
-            remaining == 0 && now_us.saturating_sub(at_us) <= recent_us
-        }) && deadline_us > now_us;
+        let saturated = item
+            .last_known
+            .is_some_and(|(remaining, at_us)| lease.saturated(remaining, at_us, now_us))
+            && deadline_us > now_us;
         let cost = item.cost.max(1);
         let marked = self.leases.update(
             store,
@@ -405,6 +405,8 @@ pub(super) struct Asked {
 /// What an ask is sized by besides the key's demand rate.
 #[derive(Debug, Clone, Copy, Default)]
 pub(super) struct AskingFor {
+    /// When the ask is made, µs.
+    pub(super) now_us: u64,
     /// The bridge's round trip as this plugin measured it, µs.
     pub(super) round_trip_us: u64,
     /// Units of the requests queued on the key now, which the call must serve: those
@@ -441,7 +443,19 @@ fn ask_for(
         let units = u128::from(demand_per_s) * u128::from(span_us);
         u64::try_from(units.div_ceil(1_000_000)).unwrap_or(u64::MAX)
     };
-    let mut want = over(lease.hold_for(asking.round_trip_us)).max(asking.waiting);
+    // Requests arriving while the call is in flight wait for it, and spend on its arrival:
+    // its demand is over the whole hold. Not a saturated key's: they are denied meanwhile
+    // (`GlobalRuntime::asking`), and its units get what is left of the hold after the
+    // round trip (`ttl`, or less when the bridge is slower than `round_trip`): units asked
+    // for beyond what arrives then would expire unspent.
+    let hold_us = lease.hold_for(asking.round_trip_us);
+    let saturated = lease.saturated(slot.remote_remaining, slot.remote_at_us, asking.now_us);
+    let span_us = if saturated {
+        hold_us.saturating_sub(asking.round_trip_us)
+    } else {
+        hold_us
+    };
+    let mut want = over(span_us).max(asking.waiting);
     let reserves = has_schedule(global) && lease.horizon_us > 0;
     // An even share of what Redis had left. But for a key whose schedule can be reserved,
     // only while that covers this Envoy's demand: when its demand alone is more than the
@@ -513,6 +527,16 @@ fn slot_reply(
 ) -> SlotReply {
     let floor_us = match global.lease {
         Some(lease) if global.redis_limit.kind().spec().frees_gradually => lease.horizon_us,
+        // A schedule's key is reserved once Redis denies it; a grant of the last units
+        // it had means it refills a unit or two between calls, each call taking them as
+        // a lease (a request that fits is never denied, so never reserves): a call per
+        // round trip. Not asking for half the burst's time lets what frees up wait in
+        // Redis as burst, well within what it can hold, for the next call.
+        Some(lease) if has_schedule(global) => lease.horizon_us.min(
+            Nanos(global.redis_limit.policy().window_ns / 2)
+                .as_micros_floor()
+                .us(),
+        ),
         _ => 0,
     };
     let extra = if result.allowed {

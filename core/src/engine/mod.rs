@@ -208,9 +208,13 @@ impl Engine {
                 }
                 RuleRuntime::Global(global) => {
                     let demand = Some(&mut worker.unwritten_demand);
-                    if let Some(item) =
-                        global.spend_or_ask(eval, store, &applied, demand, self.asking_for(0))
-                    {
+                    if let Some(item) = global.spend_or_ask(
+                        eval,
+                        store,
+                        &applied,
+                        demand,
+                        self.asking_for(now_us, 0),
+                    ) {
                         eval.pending.push(pending_item(applied, facts, item));
                     }
                 }
