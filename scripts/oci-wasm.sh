@@ -16,9 +16,11 @@
 # Standard media types also go through every registry and tool (skopeo, crane, docker pull).
 #
 # Reproducible: the same module and commit give the same bytes and so the same manifest digest.
-# Every timestamp is SOURCE_DATE_EPOCH, else the commit time of HEAD, else 0; the tar entry has
-# uid/gid 0, no user names, mode 0644; gzip -n stores no name or time; the JSON is written
-# compact with sorted keys; nothing of the host (architecture, user, path) goes in.
+# The layer depends on the module alone: its tar entry has mtime 0, uid/gid 0, no user names,
+# mode 0644, and gzip -n stores no name or time, so images of commits that did not change the
+# module share it. The config's and manifest's `created` is SOURCE_DATE_EPOCH, else the commit
+# time of HEAD, else 0; the JSON is written compact with sorted keys; nothing of the host
+# (architecture, user, path, clock) goes in.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ $# -ge 2 ] && [ $# -le 3 ] || { echo "usage: $0 WASM OUT [TAG]" >&2; exit 2; }
@@ -49,7 +51,7 @@ blob() {
 }
 
 cp "$wasm" "$stage/plugin.wasm"
-tar --format=ustar --owner=0 --group=0 --numeric-owner --mode=0644 --mtime="@$epoch" \
+tar --format=ustar --owner=0 --group=0 --numeric-owner --mode=0644 --mtime=@0 \
   -C "$stage" -cf "$stage/layer.tar" plugin.wasm
 diff_id=$(sha "$stage/layer.tar")
 gzip -9 -n "$stage/layer.tar"

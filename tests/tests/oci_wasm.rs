@@ -24,15 +24,29 @@ const COMPAT_LAYER: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
 
 /// Runs scripts/oci-wasm.sh on `wasm` into `out`, as `just oci-wasm` does.
 fn build_image(wasm: &Path, out: &Path) -> Layout {
+    build_image_at(wasm, out, None)
+}
+
+/// [`build_image`] with SOURCE_DATE_EPOCH set to `epoch` (unset: the commit time of HEAD).
+fn build_image_at(wasm: &Path, out: &Path, epoch: Option<&str>) -> Layout {
     let script = repo_root().join("scripts/oci-wasm.sh");
-    run_ok(
-        Command::new("bash")
-            .arg(&script)
-            .arg(wasm)
-            .arg(out)
-            .arg(TAG),
-    );
+    let mut cmd = Command::new("bash");
+    cmd.arg(&script).arg(wasm).arg(out).arg(TAG);
+    match epoch {
+        Some(epoch) => cmd.env("SOURCE_DATE_EPOCH", epoch),
+        None => cmd.env_remove("SOURCE_DATE_EPOCH"),
+    };
+    run_ok(&mut cmd);
     Layout::new(out)
+}
+
+/// The digest of the one layer of the image tagged [`TAG`].
+fn layer_digest(layout: &Layout) -> String {
+    let manifest = layout.json_blob(&layout.manifest_digest(TAG));
+    manifest["layers"][0]["digest"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
 }
 
 /// The module istio-agent would load from the image `digest` of `layout`.
@@ -116,7 +130,9 @@ fn image_has_the_form_istio_reads() {
 }
 
 /// The same module gives the same image, byte for byte, wherever and whenever it is packed:
-/// another copy of the file (another path, mtime and mode), packed again a second later.
+/// another copy of the file (another path, mtime and mode), packed again a second later. The
+/// layer depends on the module alone; `created` (the commit's time) only on the config and
+/// manifest.
 #[test]
 fn same_module_gives_the_same_digest() {
     let wasm = weir_wasm();
@@ -136,6 +152,11 @@ fn same_module_gives_the_same_digest() {
     let names = |files: &[(String, Vec<u8>)]| files.iter().map(|f| f.0.clone()).collect::<Vec<_>>();
     assert_eq!(names(&a), names(&b));
     assert!(a == b, "the two layouts differ in content");
+
+    // Another moment (as another commit's time): another image, the same layer.
+    let later = build_image_at(&wasm, &dir.join("later"), Some("2000000000"));
+    assert_ne!(later.manifest_digest(TAG), first.manifest_digest(TAG));
+    assert_eq!(layer_digest(&later), layer_digest(&first));
 }
 
 /// Pushed to a real registry, pulled back by digest into a fresh layout: the registry serves
