@@ -14,6 +14,10 @@ build:
     cargo build -p weir --target wasm32-wasip1 --profile wasm
     @ls -l {{wasm}} | awk '{print "weir.wasm: " $5 " bytes"}'
 
+# weir.wasm as an OCI image for Istio's WasmPlugin `oci://` (the compat variant: one tar+gzip layer holding plugin.wasm), written as an OCI layout to target/oci/weir-wasm; the same commit gives the same digest. Prints the digest to pin and the skopeo command to push it.
+oci-wasm TAG="": build
+    bash scripts/oci-wasm.sh {{wasm}} target/oci/weir-wasm {{TAG}}
+
 # The demo: Redis Cluster, weir-bridge and two Envoys with weir; shows local and global limits.
 run: build
     cargo build -p weir-bridge

@@ -3,7 +3,7 @@
 # Idempotent and silent when nothing is missing; safe to run on every invocation.
 # Needs Rust (rustup) and Python 3. Everything goes into .tools/ except the rustup
 # targets and components and the Debian packages (redis-server, wrk, nodejs, curl,
-# openssl, python3-venv, prometheus), which need root or sudo.
+# openssl, python3-venv, prometheus, docker-registry, skopeo), which need root or sudo.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 say() { printf 'setup: %s\n' "$*" >&2; }
@@ -43,6 +43,10 @@ venv_ok || make_venv=true
 # prometheus for its promtool (the alerts' unit tests), without the packages it recommends
 # (node-exporter). Nothing here uses the package's own server; on a machine with systemd
 # its postinst starts it on :9090 (`systemctl disable --now prometheus` stops it).
+# docker-registry (the CNCF distribution registry) and skopeo for the image tests
+# (tests/tests/oci_wasm.rs): the tests start their own registry on a free port; on a machine
+# with systemd the package's own service listens on :5000 (`systemctl disable --now
+# docker-registry` stops it).
 redis_server=${REDIS_SERVER_BIN:-redis-server}
 redis_cli=${REDIS_CLI_BIN:-redis-cli}
 missing=()
@@ -60,6 +64,8 @@ command -v curl >/dev/null || missing+=(curl)
 command -v openssl >/dev/null || missing+=(openssl)
 bare=() # installed with --no-install-recommends
 command -v promtool >/dev/null || bare+=(prometheus)
+command -v docker-registry >/dev/null || bare+=(docker-registry)
+command -v skopeo >/dev/null || bare+=(skopeo)
 if $make_venv && ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
   missing+=(python3-venv)
 fi

@@ -360,6 +360,11 @@ pub fn wasm_plugin(resource: &Resource) -> Plugin {
         ["oci", "file", "http", "https"].contains(&scheme),
         "{at}: url scheme {scheme:?}: Istio takes oci, file, http, https"
     );
+    // Unquoted, an all-digit value is a number to YAML (and zeros an octal 0 to YAML 1.1).
+    assert!(
+        spec["sha256"].is_null() || spec["sha256"].is_string(),
+        "{at}: sha256 must be a string: quote it"
+    );
     if let Some(sha) = spec["sha256"].as_str() {
         assert!(
             sha.len() == 64
@@ -368,6 +373,14 @@ pub fn wasm_plugin(resource: &Resource) -> Plugin {
                     .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)),
             "{at}: sha256 must be 64 lowercase hex digits (the CRD's pattern)"
         );
+        // For an image istio-agent compares `sha256` with the image's manifest digest, not
+        // the module's (pkg/wasm/cache.go): both pins must name the same image.
+        if let Some((_, pinned)) = url.split_once("@sha256:") {
+            assert_eq!(
+                sha, pinned,
+                "{at}: sha256 of an oci:// url is the image (manifest) digest, as in the url"
+            );
+        }
     }
     let plugin_type = spec["type"].as_str().unwrap_or("HTTP");
     assert!(

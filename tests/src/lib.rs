@@ -42,6 +42,7 @@ pub mod process;
 pub mod prometheus;
 pub mod promql;
 pub mod redis;
+pub mod registry;
 pub mod wasm;
 
 pub use bridge::{
