@@ -4,6 +4,8 @@ set shell := ["bash", "-euo", "pipefail", "-c"]
 
 envoy := env_var_or_default("ENVOY_BIN", justfile_directory() / ".tools/venv/bin/envoy")
 wasm := justfile_directory() / "target/wasm32-wasip1/wasm/weir.wasm"
+bridge_image := justfile_directory() / "target/oci/weir-bridge"
+bridge_musl := justfile_directory() / "target/x86_64-unknown-linux-musl/bridge-image/weir-bridge"
 
 # List the recipes.
 default:
@@ -22,6 +24,18 @@ oci-wasm TAG="": build
 run: build
     cargo build -p weir-bridge
     ENVOY_BIN={{envoy}} bash scripts/demo.sh
+
+# weir-bridge as an OCI image layout in target/oci/weir-bridge, without a daemon: the bridge built static (musl) on an empty base, run as 65532. Same commit and toolchain, same digest. Push: `skopeo copy oci:target/oci/weir-bridge:VERSION docker://REGISTRY/weir-bridge:VERSION`.
+oci-bridge:
+    # The paths of this checkout and of cargo's registry are mapped to fixed ones, so the
+    # binary, and so the digest, does not depend on where the repository was cloned.
+    CC_x86_64_unknown_linux_musl=musl-gcc \
+    CARGO_TARGET_X86_64_UNKNOWN_LINUX_MUSL_RUSTFLAGS="--remap-path-prefix={{justfile_directory()}}=/weir --remap-path-prefix={{env_var_or_default("CARGO_HOME", home_directory() / ".cargo")}}=/cargo" \
+      cargo build -p weir-bridge --target x86_64-unknown-linux-musl --profile bridge-image
+    python3 scripts/oci-bridge.py {{bridge_musl}} {{bridge_image}} \
+      --tag "$(sed -n 's/^version = "\(.*\)"/\1/p' bridge/Cargo.toml)" \
+      --epoch "$(git log -1 --format=%ct 2>/dev/null || echo 0)" \
+      --revision "$(git rev-parse HEAD 2>/dev/null || true)"
 
 # Check a plugin configuration file offline, with the filter's own validation (FILE relative to where you stand, or - for stdin).
 check-config FILE:
@@ -60,9 +74,9 @@ test-bridge:
     cargo test -p weir-bridge -- --test-threads 2
 
 # End-to-end tests: real Envoy, Redis Cluster and weir-bridge started on free loopback ports.
-test-e2e: build
+test-e2e: build oci-bridge
     cargo build -p weir-bridge
-    ENVOY_BIN={{envoy}} WEIR_WASM={{wasm}} cargo test -p weir-e2e -- --test-threads 2
+    ENVOY_BIN={{envoy}} WEIR_WASM={{wasm}} WEIR_BRIDGE_IMAGE={{bridge_image}} cargo test -p weir-e2e -- --test-threads 2
 
 # Benchmarks (~17 min): weir vs no filter, native local_ratelimit, empty wasm; a saturated global key with the bridge 10 and 30 ms away; accuracy at 5x, 20x and after idle, with conformance, the leased runs again with the slow bridge; token budgets and delay; concurrency limits vs Envoy's adaptive_concurrency; rewrites docs/benchmarks.md, docs/benchmarks-features.md and docs/benchmarks-concurrency.md.
 bench: build

@@ -3,7 +3,8 @@
 # Idempotent and silent when nothing is missing; safe to run on every invocation.
 # Needs Rust (rustup) and Python 3. Everything goes into .tools/ except the rustup
 # targets and components and the Debian packages (redis-server, wrk, nodejs, curl,
-# openssl, python3-venv, prometheus, docker-registry, skopeo), which need root or sudo.
+# openssl, python3-venv, prometheus, musl-tools, ca-certificates, skopeo, docker-registry,
+# umoci), which need root or sudo.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 say() { printf 'setup: %s\n' "$*" >&2; }
@@ -62,6 +63,12 @@ command -v wrk >/dev/null || missing+=(wrk)
 command -v node >/dev/null || missing+=(nodejs)
 command -v curl >/dev/null || missing+=(curl)
 command -v openssl >/dev/null || missing+=(openssl)
+# weir-bridge's image (`just oci-bridge`, tests/tests/oci_bridge.rs): musl-gcc for ring's C in
+# the static build, the CA bundle it ships, umoci to unpack what was pulled. skopeo and
+# Debian's docker-registry (both images' tests push to and pull from it) come below.
+command -v musl-gcc >/dev/null || missing+=(musl-tools)
+[ -f /etc/ssl/certs/ca-certificates.crt ] || missing+=(ca-certificates)
+command -v umoci >/dev/null || missing+=(umoci)
 bare=() # installed with --no-install-recommends
 command -v promtool >/dev/null || bare+=(prometheus)
 command -v docker-registry >/dev/null || bare+=(docker-registry)
@@ -98,10 +105,10 @@ if ! version_at_least "${redis_version:-0}" "$redis_min"; then
   (the tests and the demo use them), or put its directory first on PATH."
 fi
 
-# Rust targets: the filter (wasip1) and the core's wasm tests (unknown-unknown); the lint
-# recipe's components.
+# Rust targets: the filter (wasip1), the core's wasm tests (unknown-unknown) and the static
+# weir-bridge of its image (musl); the lint recipe's components.
 installed=$(rustup target list --installed)
-for target in wasm32-wasip1 wasm32-unknown-unknown; do
+for target in wasm32-wasip1 wasm32-unknown-unknown x86_64-unknown-linux-musl; do
   grep -qx "$target" <<<"$installed" || { say "adding Rust target $target"; rustup target add "$target"; }
 done
 components=$(rustup component list --installed)
