@@ -246,8 +246,13 @@ impl Lease {
     /// The hold a call asks for: `ttl` plus the bridge's round trip (µs, as measured),
     /// which the hold counts from the call's departure, at most what the rule's Redis
     /// limit paid for ([`Lease::hold_max_us`]). So a slow bridge does not eat the time a
-    /// unit may wait to be spent.
+    /// unit may wait to be spent. Before the plugin's first answer (`round_trip_us` 0:
+    /// not measured yet) the longest: the first calls take a key's burst, and a hold of
+    /// `ttl` alone lost all of it behind a bridge slower than `ttl`.
     pub fn hold_for(&self, round_trip_us: u64) -> u64 {
+        if round_trip_us == 0 {
+            return self.hold_max_us.max(self.ttl_us);
+        }
         self.ttl_us
             .saturating_add(round_trip_us)
             .min(self.hold_max_us)

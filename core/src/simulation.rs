@@ -12,7 +12,7 @@
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use crate::algorithms::{GlobalLimit, SlotState};
 use crate::config;
@@ -96,10 +96,11 @@ impl ModelBridge {
     }
 }
 
-/// One Envoy: its engine and its shared data, with one worker.
+/// One Envoy worker: its engine, and its Envoy's shared data (one worker's own, or
+/// shared with the other workers of its Envoy: [`Simulation::with_workers`]).
 pub struct SimEnvoy {
     pub engine: Engine,
-    pub store: MemoryStore,
+    pub store: Arc<MemoryStore>,
     worker: Mutex<Worker>,
     seed: Seed,
 }
@@ -108,10 +109,19 @@ impl SimEnvoy {
     /// An Envoy running `config` (the plugin JSON), its tables prepared. The seed is
     /// this Envoy's (each Envoy process draws its own).
     pub fn new(config_json: &str, seed: Seed) -> Result<SimEnvoy, String> {
+        SimEnvoy::sharing(config_json, seed, Arc::new(MemoryStore::new()))
+    }
+
+    /// A worker running `config` over `store`, its Envoy's shared data, which other
+    /// workers of the same Envoy (the same `seed`) share.
+    pub fn sharing(
+        config_json: &str,
+        seed: Seed,
+        store: Arc<MemoryStore>,
+    ) -> Result<SimEnvoy, String> {
         let config = config::parse(config_json.as_bytes()).map_err(|e| e.to_string())?;
         let engine = Engine::new(config);
-        let store = MemoryStore::new();
-        engine.prepare(&store).map_err(|e| format!("{e:?}"))?;
+        engine.prepare(&*store).map_err(|e| format!("{e:?}"))?;
         Ok(SimEnvoy {
             worker: Mutex::new(engine.worker()),
             engine,
@@ -128,7 +138,7 @@ impl SimEnvoy {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         self.engine.evaluate(
-            &self.store,
+            &*self.store,
             &mut worker,
             &self.seed,
             &mut facts,
@@ -152,8 +162,13 @@ impl SimEnvoy {
     ) {
         let sent = self.engine.sent(&eval.pending);
         let reply = answer.and_then(|(status, body)| v2::decode_reply(status, body, &sent));
-        self.engine
-            .complete(eval, &self.store, Micros(sent_at_us), Micros(now_us), reply);
+        self.engine.complete(
+            eval,
+            &*self.store,
+            Micros(sent_at_us),
+            Micros(now_us),
+            reply,
+        );
     }
 
     /// Finishes an evaluation with a reply already decoded.
@@ -166,7 +181,7 @@ impl SimEnvoy {
     ) {
         self.engine.complete(
             eval,
-            &self.store,
+            &*self.store,
             Micros(sent_at_us),
             Micros(now_us),
             Ok(reply),
@@ -269,17 +284,35 @@ struct Call {
 }
 
 impl Simulation {
-    /// `n` Envoys running `config_json`, each with its own seed.
+    /// `n` Envoys running `config_json`, each with its own seed and one worker.
     pub fn new(config_json: &str, n: usize, half_latency_us: u64) -> Result<Simulation, String> {
-        let envoys = (0..n)
-            .map(|i| {
-                let mut seed = [0u8; 16];
-                for (b, s) in seed.iter_mut().zip((i as u64 + 1).to_le_bytes()) {
-                    *b = s;
-                }
-                SimEnvoy::new(config_json, Seed(seed))
-            })
-            .collect::<Result<_, _>>()?;
+        Simulation::with_workers(config_json, n, 1, half_latency_us)
+    }
+
+    /// `n` Envoys of `workers` workers each: [`Arrival::envoy`] `e · workers + w` is
+    /// worker `w` of Envoy `e`. The workers of one Envoy share its seed and its shared
+    /// data, and each has its own engine, calls and single flight, as in the filter.
+    pub fn with_workers(
+        config_json: &str,
+        n: usize,
+        workers: usize,
+        half_latency_us: u64,
+    ) -> Result<Simulation, String> {
+        let mut envoys = Vec::with_capacity(n * workers);
+        for i in 0..n {
+            let mut seed = [0u8; 16];
+            for (b, s) in seed.iter_mut().zip((i as u64 + 1).to_le_bytes()) {
+                *b = s;
+            }
+            let store = Arc::new(MemoryStore::new());
+            for _ in 0..workers.max(1) {
+                envoys.push(SimEnvoy::sharing(
+                    config_json,
+                    Seed(seed),
+                    Arc::clone(&store),
+                )?);
+            }
+        }
         Ok(Simulation {
             envoys,
             bridge: ModelBridge::default(),
@@ -315,7 +348,7 @@ impl Simulation {
     ) -> u64 {
         if let Some(sim) = self.envoys.get(envoy) {
             sim.engine
-                .note_call_sent(&mut eval, &sim.store, Micros(now_us));
+                .note_call_sent(&mut eval, &*sim.store, Micros(now_us));
         }
         let half_latency_us = self.half_latency_of(calls.len());
         calls.push(Some(Call {
@@ -499,7 +532,7 @@ impl Simulation {
                         let still = (count - looked) as u64;
                         envoy
                             .engine
-                            .revisit(&mut eval, &envoy.store, Micros(now_us), still);
+                            .revisit(&mut eval, &*envoy.store, Micros(now_us), still);
                         let index = waiter as usize;
                         if eval.pending.is_empty() {
                             decided.push(Decided {
@@ -571,7 +604,7 @@ impl SimEnvoy {
             Join::Full => {
                 let busy = BridgeError::Busy;
                 self.engine
-                    .fail_now(&mut eval, &self.store, Micros(now_us), busy);
+                    .fail_now(&mut eval, &*self.store, Micros(now_us), busy);
                 Joined::Failed(eval)
             }
             Join::Alone => Joined::Alone(eval),

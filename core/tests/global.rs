@@ -269,7 +269,8 @@ fn a_saturated_gcra_key_is_served_by_reservation() {
     e.prepare(&store).unwrap();
     let mut eval = eval_at(&e, &store, T0);
     let item = &sent_items(&e, &eval)[0];
-    assert_eq!((item.ttl_us, item.horizon_us), (20_000, 100_000));
+    // No round trip measured yet: the longest hold, `ttl` + the default `round_trip`.
+    assert_eq!((item.ttl_us, item.horizon_us), (44_000, 100_000));
     // Redis: saturated; 3 units reserved, due 1, 2 and 3 ms after it decided.
     let mut reserved = result(false, 3, 0);
     reserved.retry_after_ns = Some(1_000_000);
@@ -390,9 +391,12 @@ fn a_slow_bridge_lengthens_the_hold_up_to_what_the_burst_paid_for() {
     };
     let store = MemoryStore::new();
     e.prepare(&store).unwrap();
+    // No round trip measured yet: the longest, so the first calls (which take the
+    // key's burst) keep their units behind a slow bridge. With `ttl` alone, a bridge
+    // 30 ms away lost them all.
     assert_eq!(
         asked_hold(&e, &store, T0),
-        20_000,
+        70_000,
         "no round trip measured yet"
     );
     // An answer 15 ms after its call left: later calls ask for 35 ms.

@@ -380,6 +380,11 @@ const HOT_KEYS: [(&str, u64, u64); 2] = [
 /// often gets two reservations at once: both are kept, as one schedule. Regression: the
 /// second replaced the first, and half the units Redis granted expired unspent (968
 /// admitted of a possible 2,100).
+///
+/// Over eight arrival seeds, not one: a single 2 s run lands anywhere from 1.3 % to
+/// 4 % under (2,036–2,073 of 2,100 and 504–518 of 525 measured), as the start's calls
+/// happen to overlap, and one seed that passed said little. Together they must be
+/// within 2 %, each within 5 %.
 #[test]
 fn a_hot_key_at_5x_and_20x_is_admitted_within_2_percent_of_its_bound() {
     for (limit, rate, burst) in HOT_KEYS {
@@ -390,11 +395,34 @@ fn a_hot_key_at_5x_and_20x_is_admitted_within_2_percent_of_its_bound() {
             limit,
             r#"{"max":50,"ttl":"20ms","horizon":"100ms","round_trip":"2ms"}"#,
         );
-        let mut rng = Rng(7);
-        let arrivals = steady(T0, 5000, 2, 2, &mut rng);
-        let (sim, run) = play(&config, 2, &arrivals);
-        assert_conformant(&format!("{rate}/s"), &sim, &run);
-        assert_close_and_cheap(&format!("{rate}/s"), &run, burst + 1 + rate * 2);
+        let bound = burst + 1 + rate * 2;
+        let (mut admitted, mut bounds, mut calls, mut requests) = (0, 0, 0, 0);
+        for seed in 1..=8 {
+            let what = format!("{rate}/s, seed {seed}");
+            let mut rng = Rng(seed);
+            let arrivals = steady(T0, 5000, 2, 2, &mut rng);
+            let (sim, run) = play(&config, 2, &arrivals);
+            assert_conformant(&what, &sim, &run);
+            eprintln!("{what}: admitted {} of a bound of {bound}", run.admitted());
+            assert!(
+                run.admitted() * 100 >= bound * 95,
+                "{what}: admitted {}, more than 5 % under {bound}",
+                run.admitted()
+            );
+            admitted += run.admitted();
+            bounds += bound;
+            calls += run.bridge_calls;
+            requests += run.requests();
+        }
+        let per_request = calls as f64 / requests as f64;
+        assert!(
+            admitted * 100 >= bounds * 98,
+            "{rate}/s: admitted {admitted} over eight runs, more than 2 % under {bounds}"
+        );
+        assert!(
+            per_request <= 0.02,
+            "{rate}/s: {per_request:.4} bridge calls per request"
+        );
     }
 }
 
@@ -423,16 +451,26 @@ fn assert_close_and_cheap(what: &str, run: &Run, bound: u64) {
 /// quarter, the start, and the reservations past the run's end (about 100 units).
 /// And requests do not queue behind the slow call: a saturated key's slot denies the
 /// key's other requests while its call is in flight.
+///
+/// Each Envoy also runs with two workers sharing its shared data, as the benchmark's
+/// do. Regression: a plugin with no answer yet asked for a hold of `ttl` alone, and
+/// behind a 30 ms bridge the first calls' units (the key's burst) came back with no
+/// time left to spend: 48 and 37 units lost at the start, and with two workers
+/// 1,969 of 2,025 admitted at 250/s (2.8 % under). The first calls now ask for the
+/// longest hold the rule paid for.
 #[test]
 fn a_slow_bridge_does_not_eat_the_hold() {
-    for half_latency_us in [5_000, 15_000] {
+    for (half_latency_us, workers) in [(5_000, 1), (15_000, 1), (5_000, 2), (15_000, 2)] {
         for (limit, rate, burst) in HOT_KEYS {
-            let what = format!("{rate}/s, {} ms round trip", 2 * half_latency_us / 1_000);
+            let what = format!(
+                "{rate}/s, {} ms round trip, {workers} worker(s) per Envoy",
+                2 * half_latency_us / 1_000
+            );
             let config = config(limit, r#"{"max":50,"ttl":"20ms","horizon":"100ms"}"#);
             let mut rng = Rng(11);
             let secs = 8;
-            let arrivals = steady(T0, 5000, secs, 2, &mut rng);
-            let mut sim = Simulation::new(&config, 2, half_latency_us).unwrap();
+            let arrivals = steady(T0, 5000, secs, 2 * workers, &mut rng);
+            let mut sim = Simulation::with_workers(&config, 2, workers, half_latency_us).unwrap();
             sim.single_flight = true;
             let decided = sim.play(&arrivals);
             let run = Run {

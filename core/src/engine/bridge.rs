@@ -194,7 +194,8 @@ impl Engine {
             .bridge
             .as_ref()
             .map_or(u64::MAX, |b| b.timeout_ms.saturating_mul(1_000));
-        let sample_us = sample_us.min(cap_us);
+        // At least 1 µs: 0 is the estimate of a plugin that has no answer yet.
+        let sample_us = sample_us.min(cap_us).max(1);
         let _ = self
             .round_trip_us
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |estimate| {
@@ -216,7 +217,8 @@ impl Engine {
         }
     }
 
-    /// The bridge's round trip as this plugin measured it, µs (0 before its first answer).
+    /// The bridge's round trip as this plugin measured it, µs (0 before its first answer,
+    /// and only then).
     pub fn round_trip_us(&self) -> u64 {
         self.round_trip_us.load(Ordering::Relaxed)
     }
