@@ -381,7 +381,14 @@ impl Envoy {
 
     /// `envoy --mode validate -c FILE`: `Err(output)` if Envoy rejects it.
     pub fn validate(bootstrap_path: &Path) -> Result<(), String> {
+        Envoy::validate_with_env(bootstrap_path, &[])
+    }
+
+    /// [`Envoy::validate`] with extra environment variables (what a Wasm VM's
+    /// `host_env_keys` read).
+    pub fn validate_with_env(bootstrap_path: &Path, env: &[(&str, &str)]) -> Result<(), String> {
         let out = Command::new(envoy_bin())
+            .envs(env.iter().copied())
             .args([
                 "--mode",
                 "validate",
