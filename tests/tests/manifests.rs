@@ -59,6 +59,17 @@ fn every_overlay_renders_and_its_kubernetes_kinds_pass_kubernetes_validate() {
     for rendered in all() {
         let n = validate_core_kinds(&rendered);
         eprintln!("{}: {n} objects validated", rendered.overlay);
+        // One label finds (and prunes) everything the package applied.
+        for resource in &rendered.resources {
+            assert_eq!(
+                resource.value["metadata"]["labels"]["app.kubernetes.io/part-of"],
+                "weir",
+                "{}: {} {} has no app.kubernetes.io/part-of: weir",
+                rendered.overlay,
+                resource.kind(),
+                resource.name()
+            );
+        }
         for kind in [
             "Namespace",
             "Secret",
@@ -234,16 +245,20 @@ fn the_disruption_budgets_and_the_autoscaler_act_on_their_deployments() {
             Some(min),
             "{at}: the Deployment starts where the autoscaler's floor is"
         );
-        let container = bridge_container(&rendered);
-        assert!(
-            hpa.spec()["metrics"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .all(|m| m["resource"]["name"] != "cpu"
-                    || container["resources"]["requests"]["cpu"].is_string()),
-            "{at}: CPU utilization needs a CPU request"
-        );
+        // Utilization is measured against the request: the container it names must have one.
+        for metric in hpa.spec()["metrics"].as_array().unwrap() {
+            let resource = &metric["containerResource"];
+            let name = resource["container"].as_str().unwrap_or_else(|| {
+                panic!("{at}: {metric}: scale on the bridge container (ContainerResource)")
+            });
+            let container = named(&deployment.spec()["template"]["spec"]["containers"], name)
+                .unwrap_or_else(|| panic!("{at}: no container {name}"));
+            let unit = resource["name"].as_str().unwrap();
+            assert!(
+                container["resources"]["requests"][unit].is_string(),
+                "{at}: utilization of {unit} needs a {unit} request"
+            );
+        }
     }
 }
 
