@@ -6,7 +6,8 @@
 //! readiness not); the PodDisruptionBudget, the HorizontalPodAutoscaler and the
 //! NetworkPolicy select what they should; the Istio plugins pass the filter's checker and load
 //! in a real Envoy the way tests/tests/istio.rs renders them; the plain Envoy's bootstrap
-//! loads in a real Envoy and points at the headless Service.
+//! loads in a real Envoy, points at the headless Service and, moved to loopback, serves its
+//! global rule through the real bridge with the shared secret of its Secret.
 //!
 //! The rendering and validation are the harness's [`weir_e2e::manifests`]; the Istio
 //! rendering is [`weir_e2e::istio`].
@@ -16,14 +17,16 @@ use std::time::Duration;
 
 use serde_json::Value;
 use weir_core::wire::{FILTER_METHOD, FILTER_PATHS};
-use weir_e2e::istio::{check_and_validate, plugins, stats_tags_override, Mesh, Resource};
+use weir_e2e::istio::{
+    backend_routes, check_and_validate, plugins, stats_tags_override, Mesh, Resource,
+};
 use weir_e2e::manifests::{
     container_port, labels, named, overlays, pod_labels, render, selects, validate_core_kinds,
     Rendered,
 };
 use weir_e2e::{
-    bridge_bin, free_port, get, repo_root, wait_until, weir_wasm, Envoy, Process, RedisCluster,
-    TestDir,
+    bridge_bin, free_port, get, repo_root, wait_until, weir_wasm, Bridge, Envoy, Process,
+    RedisCluster, TestDir, WEIR_STATS_LAG,
 };
 
 /// The overlays docs/kubernetes.md describes.
@@ -562,19 +565,15 @@ fn envoy_mount<'a>(rendered: &'a Rendered, name: &str) -> (&'a Value, String) {
     (volume, mount["mountPath"].as_str().unwrap().to_string())
 }
 
-/// The plain-envoy overlay's bootstrap is the one the Envoy pod reads, loads in a real
-/// Envoy (weir.wasm and its configuration included), calls the bridge through the
-/// headless Service by STRICT_DNS, and takes the shared secret from the Secret the bridge
-/// reads it from.
-#[test]
-fn the_plain_envoy_bootstrap_loads_in_envoy_and_calls_the_headless_service() {
-    let rendered = render("plain-envoy");
-    let (config_volume, config_dir) = envoy_mount(&rendered, "config");
+/// The bootstrap the plain Envoy's pod reads: the file its `--config-path` names, in the
+/// ConfigMap mounted there.
+fn plain_envoy_bootstrap(rendered: &Rendered) -> Value {
+    let (config_volume, config_dir) = envoy_mount(rendered, "config");
     let config_map = rendered.one(
         "ConfigMap",
         config_volume["configMap"]["name"].as_str().unwrap(),
     );
-    let args: Vec<&str> = envoy_container(&rendered)["args"]
+    let args: Vec<&str> = envoy_container(rendered)["args"]
         .as_array()
         .unwrap()
         .iter()
@@ -591,7 +590,17 @@ fn the_plain_envoy_bootstrap_loads_in_envoy_and_calls_the_headless_service() {
     let text = config_map.value["data"][file]
         .as_str()
         .unwrap_or_else(|| panic!("the ConfigMap has no {file}"));
-    let mut bootstrap: Value = serde_yaml::from_str(text).unwrap();
+    serde_yaml::from_str(text).unwrap()
+}
+
+/// The plain-envoy overlay's bootstrap is the one the Envoy pod reads, loads in a real
+/// Envoy (weir.wasm and its configuration included), calls the bridge through the
+/// headless Service by STRICT_DNS, and takes the shared secret from the Secret the bridge
+/// reads it from.
+#[test]
+fn the_plain_envoy_bootstrap_loads_in_envoy_and_calls_the_headless_service() {
+    let rendered = render("plain-envoy");
+    let mut bootstrap = plain_envoy_bootstrap(&rendered);
 
     assert_eq!(bootstrap["stats_config"], envoy_yaml_stats_config());
     let clusters = bootstrap["static_resources"]["clusters"]
@@ -693,4 +702,125 @@ fn the_plain_envoy_bootstrap_loads_in_envoy_and_calls_the_headless_service() {
     if let Err(out) = Envoy::validate_with_env(&path, &[(secret_env, "s3cret")]) {
         panic!("envoy --mode validate refused the plain-envoy bootstrap:\n{out}");
     }
+}
+
+/// The listener of the bootstrap called `name`.
+fn listener<'a>(bootstrap: &'a mut Value, name: &str) -> &'a mut Value {
+    bootstrap["static_resources"]["listeners"]
+        .as_array_mut()
+        .unwrap()
+        .iter_mut()
+        .find(|l| l["name"] == name)
+        .unwrap_or_else(|| panic!("no listener {name}"))
+}
+
+/// The plain-envoy overlay running on loopback: its bootstrap with the addresses moved to
+/// free ports on 127.0.0.1, the bridge's name (`localhost`, still resolved by STRICT_DNS)
+/// and a direct response for the backend; its Envoy with the shared secret of its Secret in
+/// the environment, the real bridge with the same Secret as its file. The container's
+/// ports are the bootstrap's listeners, the readiness probe answers on the health listener,
+/// the global rule's calls are accepted by the bridge (no 401), and the stats have weir's
+/// labels.
+#[test]
+fn the_plain_envoy_overlay_serves_its_global_rule_through_the_bridge_with_the_shared_secret() {
+    let rendered = render("plain-envoy");
+    let mut bootstrap = plain_envoy_bootstrap(&rendered);
+    let container = envoy_container(&rendered);
+    let listener_port = |bootstrap: &mut Value, name: &str| {
+        listener(bootstrap, name)["address"]["socket_address"]["port_value"]
+            .as_u64()
+            .unwrap()
+    };
+    assert_eq!(
+        container_port(container, &Value::from("http")),
+        listener_port(&mut bootstrap, "ingress"),
+        "the container's http port is the ingress listener's"
+    );
+    let readiness = &container["readinessProbe"]["httpGet"];
+    assert_eq!(
+        container_port(container, &readiness["port"]),
+        listener_port(&mut bootstrap, "health"),
+        "the readiness probe goes to the health listener"
+    );
+    let service = rendered.one("Service", "weir-envoy");
+    assert_eq!(
+        container_port(container, &service.spec()["ports"][0]["targetPort"]),
+        listener_port(&mut bootstrap, "ingress")
+    );
+
+    let secret = rendered.one("Secret", "weir-bridge-secret").value["stringData"]["secret"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let redis = RedisCluster::start(3, 0);
+    let dir = TestDir::new("plain-envoy-secret");
+    let secret_file = dir.write("secret", &secret);
+    let bridge = Bridge::start(&redis, &["--secret-file", secret_file.to_str().unwrap()]);
+
+    let (admin_port, http_port, health_port) = (free_port(), free_port(), free_port());
+    bootstrap["admin"]["address"]["socket_address"]["port_value"] = admin_port.into();
+    for (name, port) in [("ingress", http_port), ("health", health_port)] {
+        listener(&mut bootstrap, name)["address"]["socket_address"] =
+            serde_json::json!({ "address": "127.0.0.1", "port_value": port });
+    }
+    let ingress = listener(&mut bootstrap, "ingress");
+    let hcm = &mut ingress["filter_chains"][0]["filters"][0]["typed_config"];
+    hcm["route_config"]["virtual_hosts"][0]["routes"] = backend_routes();
+    for filter in hcm["http_filters"].as_array_mut().unwrap() {
+        if filter["name"] == "envoy.filters.http.wasm" {
+            filter["typed_config"]["config"]["vm_config"]["code"]["local"]["filename"] =
+                Value::String(weir_wasm().to_string_lossy().into_owned());
+        }
+    }
+    let clusters = bootstrap["static_resources"]["clusters"]
+        .as_array_mut()
+        .unwrap();
+    clusters.retain(|c| c["name"] != "backend");
+    for cluster in clusters.iter_mut() {
+        let name = cluster["name"].as_str().unwrap().to_string();
+        let address = &mut cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]
+            ["endpoint"]["address"]["socket_address"];
+        match name.as_str() {
+            "weir_bridge" => {
+                *address = serde_json::json!({ "address": "localhost", "port_value": bridge.port })
+            }
+            "admin" => address["port_value"] = admin_port.into(),
+            other => panic!("unexpected cluster {other}"),
+        }
+    }
+    let yaml = serde_yaml::to_string(&bootstrap).unwrap();
+    let envoy = Envoy::start_yaml_with_env(
+        &yaml,
+        admin_port,
+        http_port,
+        1,
+        &[("WEIR_BRIDGE_SECRET", &secret)],
+    );
+
+    let probe = get(health_port, readiness["path"].as_str().unwrap(), &[]).unwrap();
+    assert_eq!(probe.status, 200, "readiness on the health listener");
+    for i in 0..30 {
+        let r = get(envoy.http_port, "/api/items", &[("x-api-key", "k1")]).unwrap();
+        assert_eq!(r.status, 200, "request {i}: {}", r.text());
+    }
+    let accepted = wait_until(Duration::from_secs(5), Duration::from_millis(100), || {
+        bridge.metric_sum("weir_bridge_decisions_total", &[("rule", "api-key-hourly")]) > 0.0
+    });
+    assert!(
+        accepted,
+        "the bridge decided nothing for api-key-hourly; bridge metrics:\n{}\nenvoy log:\n{}",
+        bridge.metrics(),
+        envoy.log_tail(30)
+    );
+    assert_eq!(
+        bridge.metric_sum("weir_bridge_requests_total", &[("code", "401")]),
+        0.0,
+        "the bridge refused the secret Envoy sent"
+    );
+    std::thread::sleep(WEIR_STATS_LAG);
+    let stats = get(health_port, "/stats/prometheus", &[]).unwrap().text();
+    assert!(
+        stats.contains("weir_rule=\"api-key-hourly\""),
+        "weir's rule label on the health listener's /stats/prometheus"
+    );
 }
