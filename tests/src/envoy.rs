@@ -299,6 +299,18 @@ impl Envoy {
     /// Like [`start`](Self::start) with a bootstrap written elsewhere (e.g. `envoy/*.yaml` with
     /// its ports substituted); the caller says which ports it uses.
     pub fn start_yaml(yaml: &str, admin_port: u16, http_port: u16, concurrency: u32) -> Envoy {
+        Envoy::start_yaml_with_env(yaml, admin_port, http_port, concurrency, &[])
+    }
+
+    /// [`Envoy::start_yaml`] with extra environment variables (what a Wasm VM's
+    /// `host_env_keys` read).
+    pub fn start_yaml_with_env(
+        yaml: &str,
+        admin_port: u16,
+        http_port: u16,
+        concurrency: u32,
+        env: &[(&str, &str)],
+    ) -> Envoy {
         let bin = envoy_bin(); // before the dir: a missing Envoy leaves nothing behind
         let dir = TestDir::new("envoy");
         let config = dir.write("envoy.yaml", yaml);
@@ -307,7 +319,7 @@ impl Envoy {
             "envoy",
             bin,
             args(&config, concurrency, admin_port, &[]),
-            &[],
+            env,
             &dir.join("envoy.log"),
         );
         let live = wait_for(START_TIMEOUT, Duration::from_millis(50), || {
@@ -381,7 +393,14 @@ impl Envoy {
 
     /// `envoy --mode validate -c FILE`: `Err(output)` if Envoy rejects it.
     pub fn validate(bootstrap_path: &Path) -> Result<(), String> {
+        Envoy::validate_with_env(bootstrap_path, &[])
+    }
+
+    /// [`Envoy::validate`] with extra environment variables (what a Wasm VM's
+    /// `host_env_keys` read).
+    pub fn validate_with_env(bootstrap_path: &Path, env: &[(&str, &str)]) -> Result<(), String> {
         let out = Command::new(envoy_bin())
+            .envs(env.iter().copied())
             .args([
                 "--mode",
                 "validate",

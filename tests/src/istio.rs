@@ -93,20 +93,24 @@ impl Resource {
     /// `workloadSelector.labels`).
     pub fn selector(&self) -> BTreeMap<String, String> {
         let spec = self.spec();
-        let labels = if self.kind() == "EnvoyFilter" {
-            &spec["workloadSelector"]["labels"]
+        if self.kind() == "EnvoyFilter" {
+            labels(&spec["workloadSelector"]["labels"])
         } else {
-            &spec["selector"]["matchLabels"]
-        };
-        labels
-            .as_object()
-            .map(|m| {
-                m.iter()
-                    .map(|(k, v)| (k.clone(), v.as_str().unwrap_or("").to_string()))
-                    .collect()
-            })
-            .unwrap_or_default()
+            labels(&spec["selector"]["matchLabels"])
+        }
     }
+}
+
+/// A map of string labels (`matchLabels`, `metadata.labels`); empty when absent.
+pub fn labels(value: &Value) -> BTreeMap<String, String> {
+    value
+        .as_object()
+        .map(|m| {
+            m.iter()
+                .map(|(k, v)| (k.clone(), v.as_str().unwrap_or("").to_string()))
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// Every document of a (multi-document) YAML text, empty documents skipped. Panics with

@@ -9,6 +9,8 @@
 //! - **rendered** — an Envoy bootstrap built the way istiod would from Istio resources
 //!   ([`istio`]: `envoy/istio/*.yaml` and the docs' examples), to validate or to start;
 //!   an AuthorizationPolicy becomes the RBAC filter istiod would build ([`istio_authz`]).
+//! - **overlay** — a kustomize overlay of the Kubernetes package `deploy/kubernetes/`,
+//!   rendered by `kubectl kustomize` and validated offline ([`manifests`]).
 //! - **prerequisite** — an external binary or the built filter; missing ones panic with the
 //!   command that fixes it ([`envoy_bin`], [`weir_wasm`]).
 //!
@@ -35,6 +37,7 @@ pub mod knee_upstream;
 pub mod llm_upstream;
 pub mod load;
 pub mod loopback;
+pub mod manifests;
 pub mod mesh_tls;
 pub mod ports;
 pub mod prereq;
@@ -59,7 +62,7 @@ pub use load::{run_clients, LoadReport, Outcome};
 pub use ports::{free_port, free_ports};
 pub use prereq::{
     documented_json, envoy_bin, redis_cli_bin, redis_server_bin, repo_relative, repo_root,
-    weir_wasm,
+    venv_tool, weir_wasm,
 };
 pub use process::{pid_exists, wait_for, wait_until, Child, Process, TestDir};
 pub use redis::{key_slot, redis_cli_at, RedisCluster};

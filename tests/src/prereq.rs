@@ -97,6 +97,23 @@ pub fn weir_wasm() -> PathBuf {
     p
 }
 
+/// A program the setup installs into the project's venv (`kubectl`, `kubernetes-validate`):
+/// `$<VAR>`, else `<repo>/.tools/venv/bin/<name>`. Not `PATH`: the versions the tests were
+/// written against are the pinned ones of scripts/setup.sh.
+pub fn venv_tool(var: &str, name: &str) -> PathBuf {
+    if let Some(p) = env::var_os(var) {
+        return PathBuf::from(p);
+    }
+    let p = repo_root().join(".tools/venv/bin").join(name);
+    assert!(
+        p.is_file(),
+        "{name} not found at {}: run `bash scripts/setup.sh` (installs it into .tools/venv) \
+         or set {var}",
+        p.display()
+    );
+    p
+}
+
 /// `redis-server`: `$REDIS_SERVER_BIN`, else on `PATH`.
 pub fn redis_server_bin() -> PathBuf {
     tool("REDIS_SERVER_BIN", "redis-server")

@@ -1,0 +1,826 @@
+//! The Kubernetes package (`deploy/kubernetes/`) is real: every overlay renders with
+//! `kubectl kustomize`, every object of a Kubernetes kind passes `kubernetes-validate
+//! --strict`, and what ties the objects together holds: the Service is headless where
+//! proxies resolve it by DNS and a ClusterIP in the mesh; every container runs unprivileged;
+//! the probes are paths the real weir-bridge serves (liveness still 200 with Redis gone,
+//! readiness not); the PodDisruptionBudget, the HorizontalPodAutoscaler and the
+//! NetworkPolicy select what they should; the Istio plugins pass the filter's checker and load
+//! in a real Envoy the way tests/tests/istio.rs renders them; the plain Envoy's bootstrap
+//! loads in a real Envoy, points at the headless Service and, moved to loopback, serves its
+//! global rule through the real bridge with the shared secret of its Secret.
+//!
+//! The rendering and validation are the harness's [`weir_e2e::manifests`]; the Istio
+//! rendering is [`weir_e2e::istio`].
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde_json::Value;
+use weir_core::wire::{FILTER_METHOD, FILTER_PATHS};
+use weir_e2e::istio::{
+    backend_routes, check_and_validate, plugins, stats_tags_override, Mesh, Resource,
+};
+use weir_e2e::manifests::{
+    container_port, labels, named, overlays, pod_labels, render, selects, validate_core_kinds,
+    Rendered,
+};
+use weir_e2e::{
+    bridge_bin, free_port, get, repo_root, wait_until, weir_wasm, Bridge, Envoy, Process,
+    RedisCluster, TestDir, WEIR_STATS_LAG,
+};
+
+/// The overlays docs/kubernetes.md describes.
+const OVERLAYS: &[&str] = &["istio-gateway", "istio-sidecar", "plain-envoy"];
+const ISTIO_OVERLAYS: &[&str] = &["istio-gateway", "istio-sidecar"];
+
+fn all() -> Vec<Rendered> {
+    overlays().iter().map(|o| render(o)).collect()
+}
+
+fn bridge_deployment(rendered: &Rendered) -> &Resource {
+    rendered.one("Deployment", "weir-bridge")
+}
+
+fn bridge_container(rendered: &Rendered) -> &Value {
+    &bridge_deployment(rendered).spec()["template"]["spec"]["containers"][0]
+}
+
+/// The shipped plain Envoy's `stats_config` (envoy/envoy.yaml).
+fn envoy_yaml_stats_config() -> Value {
+    let text = std::fs::read_to_string(repo_root().join("envoy/envoy.yaml")).unwrap();
+    let envoy: Value = serde_yaml::from_str(&text).unwrap();
+    envoy["stats_config"].clone()
+}
+
+#[test]
+fn every_overlay_renders_and_its_kubernetes_kinds_pass_kubernetes_validate() {
+    assert_eq!(
+        overlays(),
+        OVERLAYS,
+        "docs/kubernetes.md lists these overlays"
+    );
+    for rendered in all() {
+        let n = validate_core_kinds(&rendered);
+        eprintln!("{}: {n} objects validated", rendered.overlay);
+        // One label finds (and prunes) everything the package applied.
+        for resource in &rendered.resources {
+            assert_eq!(
+                resource.value["metadata"]["labels"]["app.kubernetes.io/part-of"],
+                "weir",
+                "{}: {} {} has no app.kubernetes.io/part-of: weir",
+                rendered.overlay,
+                resource.kind(),
+                resource.name()
+            );
+        }
+        for kind in [
+            "Namespace",
+            "Secret",
+            "Deployment",
+            "Service",
+            "PodDisruptionBudget",
+            "HorizontalPodAutoscaler",
+            "NetworkPolicy",
+        ] {
+            assert!(
+                rendered.of_kind(kind).next().is_some(),
+                "{}: no {kind}",
+                rendered.overlay
+            );
+        }
+    }
+}
+
+/// Plain Envoy resolves the Service by DNS and balances over what it resolves to: the name
+/// must give every pod (headless). In the mesh, istiod builds an ORIGINAL_DST cluster for a
+/// headless Service, which a callout cannot use: there it is a ClusterIP.
+#[test]
+fn the_bridge_service_is_headless_for_dns_and_a_cluster_ip_in_the_mesh() {
+    for rendered in all() {
+        let service = rendered.one("Service", "weir-bridge");
+        let headless = service.spec()["clusterIP"] == "None";
+        let in_mesh = ISTIO_OVERLAYS.contains(&rendered.overlay.as_str());
+        assert_eq!(
+            headless,
+            !in_mesh,
+            "{}: the bridge Service's clusterIP is {}",
+            rendered.overlay,
+            service.spec()["clusterIP"]
+        );
+        let deployment = bridge_deployment(&rendered);
+        assert!(
+            selects(
+                &labels(&service.spec()["selector"]),
+                &pod_labels(deployment)
+            ),
+            "{}: the Service selects the bridge pods",
+            rendered.overlay
+        );
+        let port = &service.spec()["ports"][0];
+        assert_eq!(
+            container_port(bridge_container(&rendered), &port["targetPort"]),
+            8081,
+            "{}: the Service's targetPort is the bridge's port",
+            rendered.overlay
+        );
+        assert_eq!(port["appProtocol"], "http", "{}", rendered.overlay);
+    }
+}
+
+#[test]
+fn every_container_runs_unprivileged_from_an_image_pinned_by_digest() {
+    let image_uid: u64 = std::fs::read_to_string(repo_root().join("scripts/oci-bridge.py"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("UID = "))
+        .expect("scripts/oci-bridge.py sets UID")
+        .trim()
+        .parse()
+        .unwrap();
+    let mut containers = 0;
+    for rendered in all() {
+        for deployment in rendered.of_kind("Deployment") {
+            let at = format!("{} Deployment {}", rendered.overlay, deployment.name());
+            let pod = &deployment.spec()["template"]["spec"];
+            assert!(
+                deployment.spec()["replicas"].as_u64().unwrap_or(1) >= 2,
+                "{at}: at least 2 replicas"
+            );
+            assert_eq!(pod["automountServiceAccountToken"], false, "{at}");
+            for container in pod["containers"].as_array().unwrap() {
+                let at = format!("{at} container {}", container["name"]);
+                let sc = &container["securityContext"];
+                let either = |field: &str| {
+                    if sc[field].is_null() {
+                        pod["securityContext"][field].clone()
+                    } else {
+                        sc[field].clone()
+                    }
+                };
+                assert_eq!(either("runAsNonRoot"), true, "{at}: runAsNonRoot");
+                let uid = either("runAsUser").as_u64().unwrap_or(0);
+                assert_ne!(uid, 0, "{at}: runAsUser");
+                if deployment.name() == "weir-bridge" {
+                    assert_eq!(uid, image_uid, "{at}: the bridge image's user");
+                }
+                assert_eq!(
+                    either("seccompProfile")["type"],
+                    "RuntimeDefault",
+                    "{at}: seccomp"
+                );
+                assert_eq!(sc["readOnlyRootFilesystem"], true, "{at}");
+                assert_eq!(sc["allowPrivilegeEscalation"], false, "{at}");
+                assert_eq!(
+                    sc["capabilities"]["drop"],
+                    serde_json::json!(["ALL"]),
+                    "{at}"
+                );
+                assert!(
+                    sc["capabilities"]["add"].is_null(),
+                    "{at}: no capability added"
+                );
+                let resources = &container["resources"];
+                assert!(
+                    resources["requests"]["cpu"].is_string()
+                        && resources["requests"]["memory"].is_string()
+                        && resources["limits"]["memory"].is_string(),
+                    "{at}: cpu and memory requests and a memory limit: {resources}"
+                );
+                let image = container["image"].as_str().unwrap();
+                let digest = image
+                    .split_once("@sha256:")
+                    .unwrap_or_else(|| panic!("{at}: {image} is not pinned by digest"))
+                    .1;
+                assert!(
+                    digest.len() == 64 && digest.bytes().all(|b| b.is_ascii_hexdigit()),
+                    "{at}: {image}"
+                );
+                assert!(
+                    !container["readinessProbe"].is_null() && !container["livenessProbe"].is_null(),
+                    "{at}: readiness and liveness probes"
+                );
+                containers += 1;
+            }
+        }
+    }
+    assert!(containers >= 4, "only {containers} containers checked");
+}
+
+/// The PodDisruptionBudgets and the HorizontalPodAutoscaler act on the Deployments they are
+/// named after, and leave room to drain a node.
+#[test]
+fn the_disruption_budgets_and_the_autoscaler_act_on_their_deployments() {
+    for rendered in all() {
+        for pdb in rendered.of_kind("PodDisruptionBudget") {
+            let at = format!("{} PodDisruptionBudget {}", rendered.overlay, pdb.name());
+            let deployment = rendered.one("Deployment", pdb.name());
+            assert_eq!(pdb.namespace(), deployment.namespace(), "{at}");
+            assert!(
+                selects(
+                    &labels(&pdb.spec()["selector"]["matchLabels"]),
+                    &pod_labels(deployment)
+                ),
+                "{at}: selects the Deployment's pods"
+            );
+            let min_available = pdb.spec()["minAvailable"].as_u64().expect("minAvailable");
+            let replicas = deployment.spec()["replicas"].as_u64().unwrap_or(1);
+            assert!(
+                min_available >= 1 && min_available < replicas,
+                "{at}: minAvailable {min_available} with {replicas} replicas: a drain could never evict"
+            );
+        }
+        let hpa = rendered.one("HorizontalPodAutoscaler", "weir-bridge");
+        let at = format!("{} HorizontalPodAutoscaler", rendered.overlay);
+        let target = &hpa.spec()["scaleTargetRef"];
+        assert_eq!(target["apiVersion"], "apps/v1", "{at}");
+        assert_eq!(target["kind"], "Deployment", "{at}");
+        let deployment = rendered.one("Deployment", target["name"].as_str().unwrap());
+        assert_eq!(hpa.namespace(), deployment.namespace(), "{at}");
+        let min = hpa.spec()["minReplicas"].as_u64().unwrap();
+        let max = hpa.spec()["maxReplicas"].as_u64().unwrap();
+        let pdb = rendered.one("PodDisruptionBudget", deployment.name());
+        assert!(
+            min > pdb.spec()["minAvailable"].as_u64().unwrap() && min <= max,
+            "{at}: minReplicas {min} must stay above the PDB's minAvailable"
+        );
+        assert_eq!(
+            deployment.spec()["replicas"].as_u64(),
+            Some(min),
+            "{at}: the Deployment starts where the autoscaler's floor is"
+        );
+        // Utilization is measured against the request: the container it names must have one.
+        for metric in hpa.spec()["metrics"].as_array().unwrap() {
+            let resource = &metric["containerResource"];
+            let name = resource["container"].as_str().unwrap_or_else(|| {
+                panic!("{at}: {metric}: scale on the bridge container (ContainerResource)")
+            });
+            let container = named(&deployment.spec()["template"]["spec"]["containers"], name)
+                .unwrap_or_else(|| panic!("{at}: no container {name}"));
+            let unit = resource["name"].as_str().unwrap();
+            assert!(
+                container["resources"]["requests"][unit].is_string(),
+                "{at}: utilization of {unit} needs a {unit} request"
+            );
+        }
+    }
+}
+
+/// `host:port` of the first Redis seed, split; `NAME.NAMESPACE.svc...` gives the namespace.
+fn redis_seed(rendered: &Rendered) -> (String, u64) {
+    let nodes = named(
+        &bridge_container(rendered)["env"],
+        "WEIR_BRIDGE_REDIS_NODES",
+    )
+    .and_then(|e| e["value"].as_str())
+    .expect("WEIR_BRIDGE_REDIS_NODES");
+    let first = nodes.split(',').next().unwrap();
+    let first = first.split_once("://").map_or(first, |(_, rest)| rest);
+    let (host, port) = first.rsplit_once(':').expect("host:port");
+    let namespace = host
+        .split('.')
+        .nth(1)
+        .unwrap_or_else(|| panic!("{host}: not NAME.NAMESPACE.svc..."));
+    (namespace.to_string(), port.parse().unwrap())
+}
+
+/// Does one `from`/`to` peer admit pods with `pod` labels in namespace `ns` (whose
+/// `kubernetes.io/metadata.name` label is its name)? A peer without a namespaceSelector
+/// means the policy's own namespace.
+fn peer_admits(peer: &Value, policy_ns: &str, ns: &str, pod: &BTreeMap<String, String>) -> bool {
+    let ns_ok = match peer.get("namespaceSelector") {
+        None => ns == policy_ns,
+        Some(sel) => {
+            let want = labels(&sel["matchLabels"]);
+            want.iter()
+                .all(|(k, v)| k == "kubernetes.io/metadata.name" && v == ns)
+        }
+    };
+    let pod_ok = match peer.get("podSelector") {
+        None => true,
+        Some(sel) => labels(&sel["matchLabels"])
+            .iter()
+            .all(|(k, v)| pod.get(k) == Some(v)),
+    };
+    ns_ok && pod_ok
+}
+
+/// The bridge's NetworkPolicy: ingress from exactly the proxies that run weir (the plugins'
+/// workloads, or the plain Envoy's pods) on the bridge's port; egress to DNS and to the
+/// Redis namespace and port of WEIR_BRIDGE_REDIS_NODES, and to istiod in the mesh.
+#[test]
+fn the_network_policy_admits_the_proxies_and_lets_the_bridge_reach_redis() {
+    for rendered in all() {
+        let at = format!("{} NetworkPolicy", rendered.overlay);
+        let policy = rendered.one("NetworkPolicy", "weir-bridge");
+        let spec = policy.spec();
+        let deployment = bridge_deployment(&rendered);
+        assert!(
+            selects(
+                &labels(&spec["podSelector"]["matchLabels"]),
+                &pod_labels(deployment)
+            ),
+            "{at}: selects the bridge pods"
+        );
+        assert_eq!(
+            spec["policyTypes"],
+            serde_json::json!(["Ingress", "Egress"])
+        );
+        let ns = policy.namespace();
+        // The proxies: the workloads the plugins select, or the plain Envoy's pods.
+        let mut proxies: Vec<(String, BTreeMap<String, String>)> = rendered
+            .resources
+            .iter()
+            .flat_map(plugins)
+            .map(|p| (p.namespace, p.selector))
+            .collect();
+        if !ISTIO_OVERLAYS.contains(&rendered.overlay.as_str()) {
+            proxies = vec![(
+                ns.to_string(),
+                pod_labels(rendered.one("Deployment", "weir-envoy")),
+            )];
+        }
+        assert!(!proxies.is_empty(), "{at}: no proxy found");
+        let callers = &spec["ingress"][0];
+        assert_eq!(
+            callers["ports"],
+            serde_json::json!([{ "protocol": "TCP", "port": 8081 }]),
+            "{at}: the callers reach the bridge's port only"
+        );
+        for (proxy_ns, proxy_labels) in &proxies {
+            assert!(
+                callers["from"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|peer| peer_admits(peer, ns, proxy_ns, proxy_labels)),
+                "{at}: ingress rule 0 does not admit the proxies {proxy_labels:?} in {proxy_ns}"
+            );
+        }
+        // Nobody else: a pod with none of the proxies' labels, in another namespace.
+        let stranger = BTreeMap::from([("app".to_string(), "stranger".to_string())]);
+        for peer in callers["from"].as_array().unwrap() {
+            assert!(
+                !peer_admits(peer, ns, "elsewhere", &stranger),
+                "{at}: admits any pod: {peer}"
+            );
+        }
+        let (redis_ns, redis_port) = redis_seed(&rendered);
+        let egress = spec["egress"].as_array().unwrap();
+        let reaches = |ns: &str, pod: &BTreeMap<String, String>, protocol: &str, port: u64| {
+            egress.iter().any(|rule| {
+                rule["to"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|peer| peer_admits(peer, policy.namespace(), ns, pod))
+                    && rule["ports"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .any(|p| p["protocol"] == protocol && p["port"] == port)
+            })
+        };
+        let redis_pod = BTreeMap::from([("app".to_string(), "redis".to_string())]);
+        assert!(
+            reaches(&redis_ns, &redis_pod, "TCP", redis_port),
+            "{at}: the bridge cannot reach Redis in {redis_ns}:{redis_port}"
+        );
+        let dns = BTreeMap::from([("k8s-app".to_string(), "kube-dns".to_string())]);
+        assert!(reaches("kube-system", &dns, "UDP", 53), "{at}: DNS");
+        let istiod = BTreeMap::from([("app".to_string(), "istiod".to_string())]);
+        assert_eq!(
+            reaches("istio-system", &istiod, "TCP", 15012),
+            ISTIO_OVERLAYS.contains(&rendered.overlay.as_str()),
+            "{at}: istiod is reachable in the mesh only"
+        );
+    }
+}
+
+/// The probes as the kubelet would run them, against the real weir-bridge started with the
+/// Deployment's own environment: both 200 with Redis up; with Redis gone, readiness turns
+/// (the pod leaves the endpoints) and liveness stays 200 (the bridge is not restarted for
+/// Redis's trouble).
+#[test]
+fn the_probes_are_paths_the_real_bridge_serves_and_only_readiness_follows_redis() {
+    let rendered = all();
+    let probes = |r: &Rendered| {
+        let c = bridge_container(r);
+        (c["readinessProbe"].clone(), c["livenessProbe"].clone())
+    };
+    for r in &rendered[1..] {
+        assert_eq!(
+            probes(r),
+            probes(&rendered[0]),
+            "{}: the same probes",
+            r.overlay
+        );
+    }
+    let container = bridge_container(&rendered[0]);
+    let path_of = |probe: &Value| {
+        let get = &probe["httpGet"];
+        assert_eq!(
+            container_port(container, &get["port"]),
+            8081,
+            "probes go to the bridge's port"
+        );
+        get["path"].as_str().expect("an httpGet probe").to_string()
+    };
+    let (readiness, liveness) = probes(&rendered[0]);
+    let (readiness, liveness) = (path_of(&readiness), path_of(&liveness));
+
+    // Every variable the Deployment sets is one the bridge reads.
+    let help = std::process::Command::new(bridge_bin())
+        .arg("--help")
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&help.stdout).to_string();
+    let mut env: Vec<(String, String)> = Vec::new();
+    for r in &rendered {
+        for var in bridge_container(r)["env"].as_array().unwrap() {
+            let name = var["name"].as_str().unwrap();
+            assert!(
+                help.contains(&format!("[env: {name}")),
+                "{}: {name} is not a variable weir-bridge reads (--help)",
+                r.overlay
+            );
+            if let Some(value) = var["value"].as_str() {
+                env.push((name.to_string(), value.to_string()));
+            }
+        }
+    }
+    // Here: its own port on loopback, the test's Redis, no secret file (the overlay mounts
+    // one); the rest as the Deployment sets it.
+    let port = free_port();
+    let redis = RedisCluster::start(3, 0);
+    let listen = format!("127.0.0.1:{port}");
+    let nodes = redis.seed_nodes().join(",");
+    env.retain(|(k, _)| k != "WEIR_BRIDGE_SECRET_FILE");
+    env.retain(|(k, _)| k != "WEIR_BRIDGE_LISTEN" && k != "WEIR_BRIDGE_REDIS_NODES");
+    env.push(("WEIR_BRIDGE_LISTEN".into(), listen));
+    env.push(("WEIR_BRIDGE_REDIS_NODES".into(), nodes));
+    let env_refs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let bridge = Process::spawn(bridge_bin(), Vec::<&str>::new(), &env_refs);
+    let status = |path: &str| get(port, path, &[]).map(|r| r.status).unwrap_or(0);
+    assert!(
+        wait_until(Duration::from_secs(20), Duration::from_millis(50), || {
+            status(&readiness) == 200
+        }),
+        "readiness {readiness} never 200 with Redis up; log:\n{}",
+        bridge.log()
+    );
+    assert_eq!(status(&liveness), 200, "liveness {liveness} with Redis up");
+    drop(redis);
+    assert!(
+        wait_until(Duration::from_secs(15), Duration::from_millis(100), || {
+            status(&readiness) != 200
+        }),
+        "readiness {readiness} still 200 with Redis gone"
+    );
+    for _ in 0..3 {
+        assert_eq!(
+            status(&liveness),
+            200,
+            "liveness {liveness} must not fail with Redis gone: the kubelet would restart the bridge"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// The Istio overlays' plugins: the filter's checker, the Istio conventions (the bridge
+/// cluster is the outbound cluster of the rendered Service), and the bootstrap istiod would
+/// give the proxy through `envoy --mode validate`, as tests/tests/istio.rs does for the
+/// examples. The module is pulled by digest, the stats tags are envoy/envoy.yaml's and sit in
+/// the proxies' namespace, and the AuthorizationPolicy admits exactly the filter's calls.
+#[test]
+fn the_istio_overlays_plugins_pass_weir_check_and_load_in_envoy() {
+    for overlay in ISTIO_OVERLAYS {
+        let rendered = render(overlay);
+        let mesh = Mesh {
+            resources: rendered.resources.clone(),
+        };
+        let n = check_and_validate(&rendered.resources, &mesh);
+        assert!(n >= 1, "{overlay}: no weir plugin");
+        let found: Vec<_> = rendered.resources.iter().flat_map(plugins).collect();
+        for plugin in &found {
+            assert!(
+                plugin.json_value().get("bridge").is_some(),
+                "{}: the package is for global limits",
+                plugin.label
+            );
+        }
+        for wasm_plugin in rendered.of_kind("WasmPlugin") {
+            let url = wasm_plugin.spec()["url"].as_str().unwrap();
+            assert!(
+                url.starts_with("oci://") && url.contains("@sha256:"),
+                "{overlay}: {url}: pull the module by digest"
+            );
+            assert!(
+                wasm_plugin.spec()["sha256"].is_string(),
+                "{overlay}: sha256"
+            );
+        }
+        let tags = rendered.one("ConfigMap", "weir-stats-tags");
+        assert_eq!(
+            stats_tags_override(&mesh)["stats_config"],
+            envoy_yaml_stats_config(),
+            "{overlay}: the stats tags of envoy/envoy.yaml"
+        );
+        for plugin in &found {
+            assert_eq!(
+                tags.namespace(),
+                plugin.namespace,
+                "{overlay}: istio-agent reads the bootstrap override from the proxy's namespace"
+            );
+        }
+        let policy = rendered.one("AuthorizationPolicy", "weir-bridge");
+        assert!(selects(
+            &labels(&policy.spec()["selector"]["matchLabels"]),
+            &pod_labels(bridge_deployment(&rendered))
+        ));
+        let operation = &policy.spec()["rules"][0]["to"][0]["operation"];
+        assert_eq!(operation["methods"], serde_json::json!([FILTER_METHOD]));
+        assert_eq!(operation["paths"], serde_json::json!(FILTER_PATHS));
+        assert_eq!(
+            rendered.one("PeerAuthentication", "default").spec()["mtls"]["mode"],
+            "STRICT"
+        );
+        assert_eq!(
+            rendered.one("Namespace", "weir-system").value["metadata"]["labels"]["istio-injection"],
+            "enabled",
+            "{overlay}: the bridge gets a sidecar"
+        );
+    }
+}
+
+fn envoy_container(rendered: &Rendered) -> &Value {
+    &rendered.one("Deployment", "weir-envoy").spec()["template"]["spec"]["containers"][0]
+}
+
+/// The volume `name` of the plain Envoy's pod and where the container mounts it.
+fn envoy_mount<'a>(rendered: &'a Rendered, name: &str) -> (&'a Value, String) {
+    let pod = &rendered.one("Deployment", "weir-envoy").spec()["template"]["spec"];
+    let volume = named(&pod["volumes"], name).unwrap_or_else(|| panic!("no volume {name}"));
+    let mount = named(&envoy_container(rendered)["volumeMounts"], name)
+        .unwrap_or_else(|| panic!("volume {name} not mounted"));
+    (volume, mount["mountPath"].as_str().unwrap().to_string())
+}
+
+/// The bootstrap the plain Envoy's pod reads: the file its `--config-path` names, in the
+/// ConfigMap mounted there.
+fn plain_envoy_bootstrap(rendered: &Rendered) -> Value {
+    let (config_volume, config_dir) = envoy_mount(rendered, "config");
+    let config_map = rendered.one(
+        "ConfigMap",
+        config_volume["configMap"]["name"].as_str().unwrap(),
+    );
+    let args: Vec<&str> = envoy_container(rendered)["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    let config_path = args
+        .windows(2)
+        .find(|w| w[0] == "--config-path" || w[0] == "-c")
+        .map(|w| w[1])
+        .expect("envoy --config-path");
+    let file = config_path
+        .strip_prefix(&format!("{config_dir}/"))
+        .unwrap_or_else(|| panic!("{config_path} is not in the config volume {config_dir}"));
+    let text = config_map.value["data"][file]
+        .as_str()
+        .unwrap_or_else(|| panic!("the ConfigMap has no {file}"));
+    serde_yaml::from_str(text).unwrap()
+}
+
+/// The plain-envoy overlay's bootstrap is the one the Envoy pod reads, loads in a real
+/// Envoy (weir.wasm and its configuration included), calls the bridge through the
+/// headless Service by STRICT_DNS, and takes the shared secret from the Secret the bridge
+/// reads it from.
+#[test]
+fn the_plain_envoy_bootstrap_loads_in_envoy_and_calls_the_headless_service() {
+    let rendered = render("plain-envoy");
+    let mut bootstrap = plain_envoy_bootstrap(&rendered);
+
+    assert_eq!(bootstrap["stats_config"], envoy_yaml_stats_config());
+    let clusters = bootstrap["static_resources"]["clusters"]
+        .as_array()
+        .unwrap();
+    let bridge = clusters
+        .iter()
+        .find(|c| c["name"] == "weir_bridge")
+        .expect("a weir_bridge cluster");
+    assert_eq!(bridge["type"], "STRICT_DNS", "resolve every bridge pod");
+    let address = &bridge["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]
+        ["address"]["socket_address"];
+    let service = rendered.one("Service", "weir-bridge");
+    assert_eq!(
+        address["address"],
+        format!(
+            "{}.{}.svc.cluster.local",
+            service.name(),
+            service.namespace()
+        )
+    );
+    assert_eq!(address["port_value"], service.spec()["ports"][0]["port"]);
+    assert_eq!(service.spec()["clusterIP"], "None", "DNS gives every pod");
+
+    // The weir filter: its configuration, its code in the wasm volume, its secret.
+    let listener = &bootstrap["static_resources"]["listeners"][0];
+    let hcm = &listener["filter_chains"][0]["filters"][0]["typed_config"];
+    let weir = hcm["http_filters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .position(|f| f["name"] == "envoy.filters.http.wasm")
+        .expect("the weir filter");
+    let config = &hcm["http_filters"][weir]["typed_config"]["config"];
+    let json = config["configuration"]["value"].as_str().unwrap();
+    weir_core::config::parse(json.as_bytes())
+        .unwrap_or_else(|e| panic!("weir-check refuses the plugin config: {e}"));
+    let plugin: Value = serde_json::from_str(json).unwrap();
+    assert_eq!(plugin["bridge"]["cluster"], "weir_bridge");
+    let (wasm_volume, wasm_dir) = envoy_mount(&rendered, "wasm");
+    let filename = config["vm_config"]["code"]["local"]["filename"]
+        .as_str()
+        .unwrap();
+    let key = filename
+        .strip_prefix(&format!("{wasm_dir}/"))
+        .unwrap_or_else(|| panic!("{filename} is not in the wasm volume {wasm_dir}"));
+    assert_eq!(wasm_volume["configMap"]["name"], "weir-wasm");
+    assert_eq!(
+        key, "weir.wasm",
+        "docs/kubernetes.md creates weir-wasm with this key"
+    );
+    let secret_env = plugin["bridge"]["secret_env"].as_str().expect("secret_env");
+    assert_eq!(
+        config["vm_config"]["environment_variables"]["host_env_keys"],
+        serde_json::json!([secret_env])
+    );
+    let from = named(&envoy_container(&rendered)["env"], secret_env)
+        .unwrap_or_else(|| panic!("the Envoy container does not set {secret_env}"))["valueFrom"]
+        ["secretKeyRef"]
+        .clone();
+    let bridge_pod = &bridge_deployment(&rendered).spec()["template"]["spec"];
+    let secret_file = named(
+        &bridge_container(&rendered)["env"],
+        "WEIR_BRIDGE_SECRET_FILE",
+    )
+    .and_then(|e| e["value"].as_str())
+    .expect("the bridge reads a secret file");
+    let mount = bridge_container(&rendered)["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| secret_file.starts_with(&format!("{}/", m["mountPath"].as_str().unwrap())))
+        .expect("the secret file is in a mounted volume");
+    let volume = named(&bridge_pod["volumes"], mount["name"].as_str().unwrap()).unwrap();
+    assert_eq!(volume["secret"]["secretName"], from["name"], "one Secret");
+    assert_eq!(
+        secret_file.rsplit('/').next(),
+        from["key"].as_str(),
+        "the same key of it"
+    );
+    rendered.one("Secret", from["name"].as_str().unwrap());
+
+    // A real Envoy loads it, with the module built here and the secret in its environment.
+    bootstrap["static_resources"]["listeners"]
+        .as_array_mut()
+        .unwrap()
+        .iter_mut()
+        .for_each(|l| {
+            let filters = &mut l["filter_chains"][0]["filters"][0]["typed_config"]["http_filters"];
+            for f in filters.as_array_mut().unwrap() {
+                if f["name"] == "envoy.filters.http.wasm" {
+                    f["typed_config"]["config"]["vm_config"]["code"]["local"]["filename"] =
+                        Value::String(weir_wasm().to_string_lossy().into_owned());
+                }
+            }
+        });
+    let dir = TestDir::new("plain-envoy-validate");
+    let path = dir.write("envoy.yaml", serde_yaml::to_string(&bootstrap).unwrap());
+    if let Err(out) = Envoy::validate_with_env(&path, &[(secret_env, "s3cret")]) {
+        panic!("envoy --mode validate refused the plain-envoy bootstrap:\n{out}");
+    }
+}
+
+/// The listener of the bootstrap called `name`.
+fn listener<'a>(bootstrap: &'a mut Value, name: &str) -> &'a mut Value {
+    bootstrap["static_resources"]["listeners"]
+        .as_array_mut()
+        .unwrap()
+        .iter_mut()
+        .find(|l| l["name"] == name)
+        .unwrap_or_else(|| panic!("no listener {name}"))
+}
+
+/// The plain-envoy overlay running on loopback: its bootstrap with the addresses moved to
+/// free ports on 127.0.0.1, the bridge's name (`localhost`, still resolved by STRICT_DNS)
+/// and a direct response for the backend; its Envoy with the shared secret of its Secret in
+/// the environment, the real bridge with the same Secret as its file. The container's
+/// ports are the bootstrap's listeners, the readiness probe answers on the health listener,
+/// the global rule's calls are accepted by the bridge (no 401), and the stats have weir's
+/// labels.
+#[test]
+fn the_plain_envoy_overlay_serves_its_global_rule_through_the_bridge_with_the_shared_secret() {
+    let rendered = render("plain-envoy");
+    let mut bootstrap = plain_envoy_bootstrap(&rendered);
+    let container = envoy_container(&rendered);
+    let listener_port = |bootstrap: &mut Value, name: &str| {
+        listener(bootstrap, name)["address"]["socket_address"]["port_value"]
+            .as_u64()
+            .unwrap()
+    };
+    assert_eq!(
+        container_port(container, &Value::from("http")),
+        listener_port(&mut bootstrap, "ingress"),
+        "the container's http port is the ingress listener's"
+    );
+    let readiness = &container["readinessProbe"]["httpGet"];
+    assert_eq!(
+        container_port(container, &readiness["port"]),
+        listener_port(&mut bootstrap, "health"),
+        "the readiness probe goes to the health listener"
+    );
+    let service = rendered.one("Service", "weir-envoy");
+    assert_eq!(
+        container_port(container, &service.spec()["ports"][0]["targetPort"]),
+        listener_port(&mut bootstrap, "ingress")
+    );
+
+    let secret = rendered.one("Secret", "weir-bridge-secret").value["stringData"]["secret"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let redis = RedisCluster::start(3, 0);
+    let dir = TestDir::new("plain-envoy-secret");
+    let secret_file = dir.write("secret", &secret);
+    let bridge = Bridge::start(&redis, &["--secret-file", secret_file.to_str().unwrap()]);
+
+    let (admin_port, http_port, health_port) = (free_port(), free_port(), free_port());
+    bootstrap["admin"]["address"]["socket_address"]["port_value"] = admin_port.into();
+    for (name, port) in [("ingress", http_port), ("health", health_port)] {
+        listener(&mut bootstrap, name)["address"]["socket_address"] =
+            serde_json::json!({ "address": "127.0.0.1", "port_value": port });
+    }
+    let ingress = listener(&mut bootstrap, "ingress");
+    let hcm = &mut ingress["filter_chains"][0]["filters"][0]["typed_config"];
+    hcm["route_config"]["virtual_hosts"][0]["routes"] = backend_routes();
+    for filter in hcm["http_filters"].as_array_mut().unwrap() {
+        if filter["name"] == "envoy.filters.http.wasm" {
+            filter["typed_config"]["config"]["vm_config"]["code"]["local"]["filename"] =
+                Value::String(weir_wasm().to_string_lossy().into_owned());
+        }
+    }
+    let clusters = bootstrap["static_resources"]["clusters"]
+        .as_array_mut()
+        .unwrap();
+    clusters.retain(|c| c["name"] != "backend");
+    for cluster in clusters.iter_mut() {
+        let name = cluster["name"].as_str().unwrap().to_string();
+        let address = &mut cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]
+            ["endpoint"]["address"]["socket_address"];
+        match name.as_str() {
+            "weir_bridge" => {
+                *address = serde_json::json!({ "address": "localhost", "port_value": bridge.port })
+            }
+            "admin" => address["port_value"] = admin_port.into(),
+            other => panic!("unexpected cluster {other}"),
+        }
+    }
+    let yaml = serde_yaml::to_string(&bootstrap).unwrap();
+    let envoy = Envoy::start_yaml_with_env(
+        &yaml,
+        admin_port,
+        http_port,
+        1,
+        &[("WEIR_BRIDGE_SECRET", &secret)],
+    );
+
+    let probe = get(health_port, readiness["path"].as_str().unwrap(), &[]).unwrap();
+    assert_eq!(probe.status, 200, "readiness on the health listener");
+    for i in 0..30 {
+        let r = get(envoy.http_port, "/api/items", &[("x-api-key", "k1")]).unwrap();
+        assert_eq!(r.status, 200, "request {i}: {}", r.text());
+    }
+    let accepted = wait_until(Duration::from_secs(5), Duration::from_millis(100), || {
+        bridge.metric_sum("weir_bridge_decisions_total", &[("rule", "api-key-hourly")]) > 0.0
+    });
+    assert!(
+        accepted,
+        "the bridge decided nothing for api-key-hourly; bridge metrics:\n{}\nenvoy log:\n{}",
+        bridge.metrics(),
+        envoy.log_tail(30)
+    );
+    assert_eq!(
+        bridge.metric_sum("weir_bridge_requests_total", &[("code", "401")]),
+        0.0,
+        "the bridge refused the secret Envoy sent"
+    );
+    std::thread::sleep(WEIR_STATS_LAG);
+    let stats = get(health_port, "/stats/prometheus", &[]).unwrap().text();
+    assert!(
+        stats.contains("weir_rule=\"api-key-hourly\""),
+        "weir's rule label on the health listener's /stats/prometheus"
+    );
+}
