@@ -525,6 +525,14 @@ impl Simulation {
                         .map(|landed| landed.waiters)
                         .unwrap_or_default();
                     let count = waiters.len();
+                    let envoy_index = c.envoy;
+                    let done = |index, arrived_us, eval| Decided {
+                        index,
+                        envoy: envoy_index,
+                        arrived_us,
+                        decided_us: now_us,
+                        eval,
+                    };
                     for (looked, waiter) in waiters.into_iter().enumerate() {
                         let Some((arrived_us, mut eval)) = waiting.remove(&waiter) else {
                             continue;
@@ -535,13 +543,7 @@ impl Simulation {
                             .revisit(&mut eval, &*envoy.store, Micros(now_us), still);
                         let index = waiter as usize;
                         if eval.pending.is_empty() {
-                            decided.push(Decided {
-                                index,
-                                envoy: c.envoy,
-                                arrived_us,
-                                decided_us: now_us,
-                                eval,
-                            });
+                            decided.push(done(index, arrived_us, eval));
                             continue;
                         }
                         // As the filter: the first of them to miss again makes a call,
@@ -551,13 +553,7 @@ impl Simulation {
                         let eval = match joined {
                             Joined::Waits => continue,
                             Joined::Failed(eval) => {
-                                decided.push(Decided {
-                                    index,
-                                    envoy: c.envoy,
-                                    arrived_us,
-                                    decided_us: now_us,
-                                    eval,
-                                });
+                                decided.push(done(index, arrived_us, eval));
                                 continue;
                             }
                             Joined::Alone(eval) => eval,

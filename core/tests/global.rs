@@ -855,3 +855,66 @@ fn a_global_rules_local_fallback_settles_its_commits() {
         .unwrap());
     assert!(ask(1, T0 + 4 * MS).denied());
 }
+
+#[test]
+fn what_became_of_leased_units_is_counted() {
+    let e = global(r#","global":{"lease":{"max":50,"ttl":"20ms"}}"#);
+    let granted = |valid_ms: u64| Granted {
+        valid_ns: valid_ms * 1_000_000,
+        ..result(true, 10, 90)
+    };
+    // An answer 1 ms after its call: 9 units beyond the request's own, kept.
+    let store = MemoryStore::new();
+    e.prepare(&store).unwrap();
+    let mut eval = eval_at(&e, &store, T0);
+    e.complete(
+        &mut eval,
+        &store,
+        Micros(T0),
+        Micros(T0 + MS),
+        reply(vec![granted(20)]),
+    );
+    let report = &eval.reports[0];
+    assert_eq!(
+        (
+            report.lease_units_granted,
+            report.lease_units_late,
+            report.lease_units_expired
+        ),
+        (9, 0, 0)
+    );
+    // Two are spent; the other seven are dropped by the first write after they expired
+    // (20 ms from the call), and counted once.
+    for at in [T0 + 2 * MS, T0 + 3 * MS] {
+        let eval = eval_at(&e, &store, at);
+        assert_eq!(eval.reports[0].source, Some(Source::Lease));
+        assert_eq!(eval.reports[0].lease_units_expired, 0);
+    }
+    let mut after = eval_at(&e, &store, T0 + 21 * MS);
+    assert_eq!(after.pending.len(), 1, "nothing left: it asks");
+    let at = Micros(T0 + 21 * MS);
+    e.complete(&mut after, &store, at, at, reply(vec![result(true, 1, 50)]));
+    assert_eq!(after.reports[0].lease_units_expired, 7);
+    let mut again = eval_at(&e, &store, T0 + 22 * MS);
+    let at = Micros(T0 + 22 * MS);
+    e.complete(&mut again, &store, at, at, reply(vec![result(true, 1, 50)]));
+    assert_eq!(again.reports[0].lease_units_expired, 0, "counted once");
+
+    // An answer slower than the units were valid: granted, and all of them late.
+    let store = MemoryStore::new();
+    e.prepare(&store).unwrap();
+    let mut eval = eval_at(&e, &store, T0);
+    e.complete(
+        &mut eval,
+        &store,
+        Micros(T0),
+        Micros(T0 + 25 * MS),
+        reply(vec![granted(20)]),
+    );
+    let report = &eval.reports[0];
+    assert!(!eval.denied(), "the request's own unit is Redis's decision");
+    assert_eq!(
+        (report.lease_units_granted, report.lease_units_late),
+        (9, 9)
+    );
+}

@@ -174,6 +174,17 @@ fn leases_and_the_denial_cache_keep_redis_out_of_the_hot_path() {
         "{calls} bridge calls for 4000 requests (> 1/20)"
     );
     assert_eq!(calls + lease_hits, 4000);
+    // Every lease hit spent a unit Redis granted ahead and the Envoy kept: with a 10 s
+    // `ttl`, none came back late or expired, and what is left is still held.
+    let granted = s.weir_stat("rule.wide.lease_units_granted");
+    let late = s.weir_stat("rule.wide.lease_units_late");
+    let expired = s.weir_stat("rule.wide.lease_units_expired");
+    eprintln!("wide: {granted} units granted ahead, {late} late, {expired} expired");
+    assert_eq!((late, expired), (0, 0));
+    assert!(
+        lease_hits <= granted,
+        "{granted} units granted ahead for {lease_hits} lease hits"
+    );
 
     // Sequential requests per Envoy: 5 admitted in total, then one bridge denial per Envoy,
     // then only cached denials.

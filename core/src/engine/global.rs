@@ -95,11 +95,9 @@ impl GlobalRuntime {
             now_us,
             |s: LeaseSlot| s.vacancy(),
             |state| {
-                let (spend, next) = state.unwrap_or_default().spend_with_demand(
-                    now_us,
-                    cost,
-                    counted.saturating_add(unwritten),
-                );
+                let before = state.unwrap_or_default();
+                let (spend, next) =
+                    before.spend_with_demand(now_us, cost, counted.saturating_add(unwritten));
                 // Only what later requests read is written: units spent, and the demand
                 // that sizes a lease's asks — which a denial's worker keeps instead (see
                 // `UnwrittenDemand`), and an exact rule never reads.
@@ -108,9 +106,22 @@ impl GlobalRuntime {
                     Spend::Miss { .. } => leased,
                     Spend::Denied { .. } | Spend::NotYetDue { .. } => leased && demand.is_none(),
                 };
-                ((spend, next), write.then_some(next))
+                let spent = if matches!(spend, Spend::Spent { .. }) {
+                    cost
+                } else {
+                    0
+                };
+                let expired = if write {
+                    before.held.count.saturating_sub(spent + next.held.count)
+                } else {
+                    0
+                };
+                ((spend, next, expired), write.then_some(next))
             },
         );
+        if let Ok(updated) = &spent {
+            report.lease_units_expired = updated.result.2;
+        }
         if let (Ok(updated), Some(demand), true) = (&spent, demand, leased) {
             if matches!(
                 updated.result.0,
@@ -121,7 +132,7 @@ impl GlobalRuntime {
         }
         report.add_update(&spent);
         let (spend, slot) = match spent {
-            Ok(updated) => updated.result,
+            Ok(updated) => (updated.result.0, updated.result.1),
             Err(e) => {
                 report.lease_store_error = Some(e);
                 (Spend::Miss { demand_per_s: 0 }, LeaseSlot::default())
@@ -225,7 +236,7 @@ impl GlobalRuntime {
         (sent_at_us, now_us): (u64, u64),
     ) {
         let global = &self.global;
-        let reply = slot_reply(
+        let (reply, granted) = slot_reply(
             item,
             result,
             sent_at_us,
@@ -233,6 +244,10 @@ impl GlobalRuntime {
             global,
             rule.commit.is_some(),
         );
+        let kept = match reply.outcome {
+            SlotReplyOutcome::Held(held) => held.count,
+            SlotReplyOutcome::Denied { .. } | SlotReplyOutcome::Nothing => 0,
+        };
         // What later requests read: units held and cached denials; what Redis said last,
         // for a lease's asks and headers and for the local fallback's start. An exact
         // rule's plain answer leaves none of these.
@@ -243,6 +258,8 @@ impl GlobalRuntime {
         let mut report = RuleReport {
             source: Some(Source::Bridge),
             decided_at_us: result.now_us,
+            lease_units_granted: granted,
+            lease_units_late: granted.saturating_sub(kept),
             ..item.lookup
         };
         if read_later {
@@ -254,9 +271,17 @@ impl GlobalRuntime {
                 |state| {
                     let slot = state.unwrap_or_default();
                     let slot = slot.stop_denying_for(item.asking_until_us).unwrap_or(slot);
-                    ((), Some(slot.record(reply, now_us)))
+                    let recorded = slot.record(reply, now_us);
+                    // Recording spends nothing: what it holds less than before plus the
+                    // grant expired, or could not be kept beside the units held.
+                    let dropped = (slot.held.count + kept).saturating_sub(recorded.held.count);
+                    (dropped, Some(recorded))
                 },
             );
+            if let Ok(updated) = &stored {
+                // With what the request's own look at the slot dropped.
+                report.lease_units_expired += updated.result;
+            }
             report.add_update(&stored);
             if let Err(e) = stored {
                 report.lease_store_error.get_or_insert(e);
@@ -403,7 +428,7 @@ pub(super) struct Asked {
 }
 
 /// What an ask is sized by besides the key's demand rate.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 pub(super) struct AskingFor {
     /// When the ask is made, µs.
     pub(super) now_us: u64,
@@ -508,7 +533,9 @@ pub(super) fn pending_item<F: FactSource>(
 
 /// What a result leaves in the key's slot: the units granted beyond the request's own
 /// (a lease's leftover, or a whole reservation), or a cached denial for requests of at
-/// least this cost, until the result's retry time counted from when the call left.
+/// least this cost, until the result's retry time counted from when the call left; and
+/// how many units were granted beyond the request's own (the slot keeps none of them
+/// when the call took longer than they were valid).
 ///
 /// A saturated token bucket or sliding-window counter frees a unit or two at a time and
 /// every Envoy would ask for each: such a key is asked about at most once per horizon —
@@ -524,7 +551,7 @@ fn slot_reply(
     now_us: u64,
     global: &GlobalRule,
     commits: bool,
-) -> SlotReply {
+) -> (SlotReply, u64) {
     let floor_us = match global.lease {
         Some(lease) if global.redis_limit.kind().spec().frees_gradually => lease.horizon_us,
         // A schedule's key is reserved once Redis denies it; a grant of the last units
@@ -574,10 +601,11 @@ fn slot_reply(
     } else {
         0
     };
-    SlotReply {
+    let reply = SlotReply {
         outcome,
         exhausted_until_us,
         remaining: result.remaining,
         reset_after_ns: result.reset_after_ns,
-    }
+    };
+    (reply, extra)
 }

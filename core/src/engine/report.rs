@@ -72,6 +72,14 @@ pub struct RuleReport {
     pub reservoir_taken: u64,
     pub reservoir_expired: u64,
     pub reservoir_lost: Option<u64>,
+    /// Global rules with leases: units a reply granted beyond its request's own (a
+    /// lease's leftover or a reservation); of them, units that came back with no time
+    /// left to spend (the call was slower than the hold it asked for); and units this
+    /// request's write of the key's slot dropped unspent (past their time, or a grant
+    /// the slot could not keep beside the units it held).
+    pub lease_units_granted: u64,
+    pub lease_units_late: u64,
+    pub lease_units_expired: u64,
     /// A delaying rule denied a request that would have fitted within its `max`,
     /// because the worker already held `queue` requests for it.
     pub delay_queue_full: bool,
@@ -99,6 +107,9 @@ impl RuleReport {
             reservoir_taken: 0,
             reservoir_expired: 0,
             reservoir_lost: None,
+            lease_units_granted: 0,
+            lease_units_late: 0,
+            lease_units_expired: 0,
             delay_queue_full: false,
             key_without_controller: false,
             in_flight_reclaimed: 0,

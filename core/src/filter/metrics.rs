@@ -14,7 +14,9 @@
 //! gauges `slots_in_use` and `slots_capacity` of its slot table. Global rules also
 //! count `lease_hits` (served from a lease), `denial_cache_hits` (denied by a cached
 //! denial, no bridge call), `bridge_decisions` (decided by Redis), and what their failure
-//! mode did: `failure_allowed`, `failure_denied`, `failure_local`. For the store
+//! mode did: `failure_allowed`, `failure_denied`, `failure_local`; with leases, what
+//! became of the units Redis granted ahead: `lease_units_granted`, `lease_units_late`
+//! (came back with no time left to spend) and `lease_units_expired` (dropped unspent). For the store
 //! (`weir.<plugin>.store.<counter>`): `cas_retries`, `cas_give_ups`, `slot_takeovers`,
 //! `slot_evictions`. For the bridge (`weir.<plugin>.bridge.<counter>`): `calls`, `joined`
 //! (a request waited on another request's call for its keys), `busy` (that call had all
@@ -98,6 +100,9 @@ struct RuleMetrics {
     reservoir_expired: Stat,
     reservoir_evictions: Stat,
     reservoir_lost: Stat,
+    lease_units_granted: Stat,
+    lease_units_late: Stat,
+    lease_units_expired: Stat,
     delayed: Stat,
     delay_waited_us: Stat,
     delay_late: Stat,
@@ -298,6 +303,9 @@ impl Metrics {
                 reservoir_expired: r.counter(&format!("{prefix}.reservoir_units_expired"))?,
                 reservoir_evictions: r.counter(&format!("{prefix}.reservoir_evictions"))?,
                 reservoir_lost: r.counter(&format!("{prefix}.reservoir_units_evicted"))?,
+                lease_units_granted: r.counter(&format!("{prefix}.lease_units_granted"))?,
+                lease_units_late: r.counter(&format!("{prefix}.lease_units_late"))?,
+                lease_units_expired: r.counter(&format!("{prefix}.lease_units_expired"))?,
                 delayed: r.counter(&format!("{prefix}.delayed"))?,
                 delay_waited_us: r.counter(&format!("{prefix}.delay_waited_us"))?,
                 delay_late: r.counter(&format!("{prefix}.delay_late"))?,
@@ -579,6 +587,15 @@ impl Metrics {
                     rule.reservoir_expired,
                     i64::try_from(expired).unwrap_or(i64::MAX),
                 );
+            }
+            for (units, stat) in [
+                (report.lease_units_granted, rule.lease_units_granted),
+                (report.lease_units_late, rule.lease_units_late),
+                (report.lease_units_expired, rule.lease_units_expired),
+            ] {
+                if units > 0 {
+                    self.bump(stat, i64::try_from(units).unwrap_or(i64::MAX));
+                }
             }
             if let Some(lost) = report.reservoir_lost {
                 self.bump(rule.reservoir_evictions, 1);
