@@ -256,7 +256,7 @@ fn a_rolling_update_of_the_bridge_fails_no_request() {
 /// calls it refuses are sent once more and mostly find the other replica, outlier
 /// detection ejects the stopped one after two failed connections, and the plugin never
 /// skips a cluster that still has a replica answering. A call whose second send found
-/// the stopped replica too gets its failure mode: measured, 3–18 per restart (the filter
+/// the stopped replica too gets its failure mode: measured, 0–18 per restart (the filter
 /// before the resend answered 309–386 per restart, nearly every request for the second
 /// it skipped the bridge); the bound is loose, for a loaded machine.
 #[test]
