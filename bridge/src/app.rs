@@ -14,6 +14,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use sha2::{Digest, Sha256};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use subtle::ConstantTimeEq;
 use weir_core::algorithms::{Ask, GlobalLimit};
@@ -42,12 +43,29 @@ impl std::fmt::Debug for Secret {
     }
 }
 
+/// Whether the bridge is shutting down: from the first signal on, `/healthz` answers 503
+/// `draining` so that load balancers take this replica out before its listener closes,
+/// while every other path is served as before. Clones share one flag.
+#[derive(Clone, Debug, Default)]
+pub struct Draining(Arc<AtomicBool>);
+
+impl Draining {
+    pub fn start(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+
+    pub fn is_on(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
 /// What every handler shares.
 #[derive(Clone)]
 pub struct AppState {
     pub store: RedisStore,
     pub secret: Option<Secret>,
     pub metrics: Arc<Metrics>,
+    pub draining: Draining,
 }
 
 /// The bridge's routes, with request counting.
@@ -280,7 +298,12 @@ async fn run_item(
     Ok(reply)
 }
 
+/// `GET /healthz`, the readiness of this replica: 503 `draining` once it is shutting
+/// down; else 200 `ok` when every Redis master answers PING, 503 when one does not.
 async fn healthz(State(state): State<AppState>) -> Response {
+    if state.draining.is_on() {
+        return (StatusCode::SERVICE_UNAVAILABLE, "draining").into_response();
+    }
     match state.store.ping().await {
         Ok(()) => (StatusCode::OK, "ok").into_response(),
         Err(err) => {

@@ -19,7 +19,7 @@ pub mod scripts;
 pub mod settings;
 pub mod store;
 
-pub use app::{app, AppState, Secret};
+pub use app::{app, AppState, Draining, Secret};
 pub use error::{classify, ApiError, ErrorClass};
 pub use metrics::Metrics;
 pub use settings::Settings;
@@ -48,5 +48,6 @@ pub fn state_from_client(
         store: RedisStore::new(conn, timeout, metrics.clone()),
         secret: secret.map(Secret::new),
         metrics,
+        draining: Draining::default(),
     }
 }

@@ -1,8 +1,10 @@
-//! `weir-bridge`: settings, tracing, the cluster client, serve, graceful shutdown.
+//! `weir-bridge`: settings, tracing, the cluster client, serve, then on SIGTERM or SIGINT
+//! a drain (readiness fails, requests still served) and a graceful shutdown.
 
 use clap::Parser;
 use std::process::ExitCode;
 use tokio::net::TcpListener;
+use tokio::signal::unix::{signal, Signal, SignalKind};
 use weir_bridge::settings::Settings;
 
 #[tokio::main]
@@ -43,6 +45,8 @@ async fn run(settings: Settings) -> Result<(), String> {
         "weir-bridge serving"
     );
 
+    let mut signals = Signals::install();
+    let draining = state.draining.clone();
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let server = axum::serve(listener, weir_bridge::app(state)).with_graceful_shutdown({
         let mut stop_rx = stop_rx.clone();
@@ -51,10 +55,25 @@ async fn run(settings: Settings) -> Result<(), String> {
         }
     });
     let mut server = std::pin::pin!(std::future::IntoFuture::into_future(server));
-    tokio::select! {
+    let signal = tokio::select! {
         result = &mut server => return result.map_err(|e| format!("server: {e}")),
-        signal = shutdown_signal() => tracing::info!(signal, "shutting down: no new connections, finishing in-flight requests"),
+        signal = signals.next() => signal,
+    };
+    // Readiness fails first, while everything is still served: the load balancers stop
+    // sending calls here before the listener closes, so none is refused.
+    if !settings.drain_delay.is_zero() {
+        draining.start();
+        tracing::info!(signal, drain_delay = ?settings.drain_delay, "draining: /healthz answers 503, requests are still served");
+        tokio::select! {
+            result = &mut server => return result.map_err(|e| format!("server: {e}")),
+            () = tokio::time::sleep(settings.drain_delay) => {}
+            again = signals.next() => tracing::info!(signal = again, "second signal: the drain ends early"),
+        }
     }
+    tracing::info!(
+        signal,
+        "shutting down: no new connections, finishing in-flight requests"
+    );
     let _ = stop_tx.send(true);
     match tokio::time::timeout(settings.shutdown_grace, server).await {
         Ok(result) => {
@@ -68,18 +87,32 @@ async fn run(settings: Settings) -> Result<(), String> {
     }
 }
 
-/// The name of the first of SIGTERM / SIGINT to arrive.
-async fn shutdown_signal() -> &'static str {
-    use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        tracing::error!("cannot install signal handlers; stop with SIGKILL");
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = term.recv() => "SIGTERM",
-        _ = int.recv() => "SIGINT",
+/// SIGTERM and SIGINT, listened to from the start: one received during the drain is
+/// not lost.
+struct Signals(Option<(Signal, Signal)>);
+
+impl Signals {
+    fn install() -> Signals {
+        match (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) {
+            (Ok(term), Ok(int)) => Signals(Some((term, int))),
+            _ => {
+                tracing::error!("cannot install signal handlers; stop with SIGKILL");
+                Signals(None)
+            }
+        }
+    }
+
+    /// The name of the next of SIGTERM / SIGINT to arrive.
+    async fn next(&mut self) -> &'static str {
+        let Some((term, int)) = &mut self.0 else {
+            return std::future::pending().await;
+        };
+        tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = int.recv() => "SIGINT",
+        }
     }
 }

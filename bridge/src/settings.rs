@@ -86,7 +86,16 @@ pub struct Settings {
     #[arg(long, env = "WEIR_BRIDGE_SECRET_FILE")]
     pub secret_file: Option<PathBuf>,
 
-    /// After SIGTERM/SIGINT, how long in-flight requests may take before the process
+    /// After SIGTERM/SIGINT, how long `/healthz` answers 503 `draining` while every other
+    /// path is served as before, so that load balancers (an Envoy cluster's active health
+    /// check, a Kubernetes readiness probe and endpoint removal) stop sending calls here
+    /// before the listener closes. Make it longer than their time to notice (the shipped
+    /// Envoy health check: 2 failed checks 1 s apart). 0s closes the listener at once. A
+    /// second signal ends the delay early.
+    #[arg(long, env = "WEIR_BRIDGE_DRAIN_DELAY", default_value = "5s", value_parser = duration_or_zero)]
+    pub drain_delay: Duration,
+
+    /// After the drain delay, how long in-flight requests may take before the process
     /// exits anyway.
     #[arg(long, env = "WEIR_BRIDGE_SHUTDOWN_GRACE", default_value = "10s", value_parser = duration)]
     pub shutdown_grace: Duration,
@@ -108,6 +117,19 @@ pub struct Settings {
 /// "100ms", "2s": the config's duration syntax.
 fn duration(text: &str) -> Result<Duration, String> {
     weir_core::config::duration::parse_duration(text).map(Duration::from_micros)
+}
+
+/// A duration that may also be zero ("0s", "0ms"): off.
+fn duration_or_zero(text: &str) -> Result<Duration, String> {
+    let digits = text.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+    let unit = &text[digits.len()..];
+    if !digits.is_empty()
+        && digits.bytes().all(|b| b == b'0')
+        && duration(&format!("1{unit}")).is_ok()
+    {
+        return Ok(Duration::ZERO);
+    }
+    duration(text)
 }
 
 impl Settings {
@@ -223,6 +245,17 @@ mod tests {
         let s = parse(&["--redis-nodes", "127.0.0.1:7000, redis://127.0.0.1:7001"]).unwrap();
         assert_eq!(s.listen, "127.0.0.1:8081".parse().unwrap());
         assert_eq!(s.redis_timeout, Duration::from_millis(100));
+        assert_eq!(s.drain_delay, Duration::from_secs(5));
+        let no_drain = parse(&["--redis-nodes", "a:1", "--drain-delay", "0s"]).unwrap();
+        assert_eq!(no_drain.drain_delay, Duration::ZERO);
+        let short = parse(&["--redis-nodes", "a:1", "--drain-delay", "1500ms"]).unwrap();
+        assert_eq!(short.drain_delay, Duration::from_millis(1500));
+        for bad in ["0", "0x", "", "-1s"] {
+            assert!(
+                parse(&["--redis-nodes", "a:1", "--drain-delay", bad]).is_err(),
+                "{bad:?}"
+            );
+        }
         assert_eq!(
             s.seed_urls().unwrap(),
             ["redis://127.0.0.1:7000", "redis://127.0.0.1:7001"]

@@ -20,7 +20,14 @@ const BODY: &str = r#"{"domain":"weir","items":[{"rule":"r","descriptor":["=alic
 fn bridge_outcome(args: &[&str], env: &[(&str, &str)]) -> (Process, u16, u16) {
     let port = weir_e2e::free_port();
     let listen = format!("127.0.0.1:{port}");
-    let mut all = vec!["--listen", listen.as_str(), "--redis-timeout", "500ms"];
+    let mut all = vec![
+        "--listen",
+        listen.as_str(),
+        "--redis-timeout",
+        "500ms",
+        "--drain-delay",
+        "0s",
+    ];
     all.extend_from_slice(args);
     let bridge = Process::spawn(env!("CARGO_BIN_EXE_weir-bridge"), all, env);
     // Healthy within a few seconds, or settle on what it answers.

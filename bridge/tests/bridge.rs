@@ -1,6 +1,6 @@
 //! The bridge against a real 6-node Redis Cluster: acquire replies, stop at the first
 //! denial, health, metrics (in process, through the Router); then the binary itself:
-//! failover under load and graceful shutdown.
+//! failover under load, the drain and graceful shutdown.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -188,14 +188,20 @@ async fn acquire_health_and_metrics_on_a_real_cluster() {
     );
 }
 
-/// The bridge binary on a free port, with the cluster's nodes as seeds.
-fn spawn_bridge(cluster: &RedisCluster, timeout: &str) -> (Process, u16) {
+/// The bridge binary on a free port, with the cluster's nodes as seeds, stopping without
+/// a drain delay unless `extra` sets one.
+fn spawn_bridge(cluster: &RedisCluster, timeout: &str, extra: &[&str]) -> (Process, u16) {
     let port = weir_e2e::free_port();
     let listen = format!("127.0.0.1:{port}");
     let nodes = cluster.seed_nodes().join(",");
+    let mut args = vec!["--listen", &listen, "--redis-timeout", timeout];
+    if !extra.contains(&"--drain-delay") {
+        args.extend(["--drain-delay", "0s"]);
+    }
+    args.extend_from_slice(extra);
     let bridge = Process::spawn(
         env!("CARGO_BIN_EXE_weir-bridge"),
-        ["--listen", &listen, "--redis-timeout", timeout],
+        args,
         &[
             ("WEIR_BRIDGE_REDIS_NODES", nodes.as_str()),
             ("WEIR_BRIDGE_SECRET", SECRET),
@@ -207,6 +213,15 @@ fn spawn_bridge(cluster: &RedisCluster, timeout: &str) -> (Process, u16) {
     });
     assert!(up, "the bridge did not become healthy:\n{}", bridge.log());
     (bridge, port)
+}
+
+/// Waits for the bridge to exit (at most 10 s) and checks it exited cleanly.
+fn exits_cleanly(bridge: &mut Process) {
+    let status = bridge
+        .child()
+        .wait_exit(Duration::from_secs(10))
+        .expect("the bridge exits");
+    assert!(status.success(), "{status:?}\n{}", bridge.log());
 }
 
 fn post(items: &[Json]) -> weir_e2e::Request {
@@ -232,7 +247,7 @@ fn metric(port: u16, line_prefix: &str) -> f64 {
 #[test]
 fn failover_under_load_fails_fast_recovers_and_never_over_admits() {
     let mut cluster = RedisCluster::start(3, 1);
-    let (mut bridge, port) = spawn_bridge(&cluster, "100ms");
+    let (mut bridge, port) = spawn_bridge(&cluster, "100ms", &[]);
 
     // A bucket of 200_000 tokens whose first refill is 100 s away: over this test the
     // limit is exactly the capacity.
@@ -396,7 +411,7 @@ fn failover_under_load_fails_fast_recovers_and_never_over_admits() {
 #[test]
 fn sigterm_finishes_in_flight_requests_then_exits() {
     let cluster = RedisCluster::start(3, 1);
-    let (mut bridge, port) = spawn_bridge(&cluster, "5s");
+    let (mut bridge, port) = spawn_bridge(&cluster, "5s", &[]);
     let window = json!({"algorithm": "fixed_window", "limit": 10, "window_us": 3_600_000_000u64});
     let it = item("shutdown", "slow", window, 1, 1);
     let key = key_of(&body(std::slice::from_ref(&it)), 0);
@@ -429,24 +444,104 @@ fn sigterm_finishes_in_flight_requests_then_exits() {
         took > Duration::from_millis(300),
         "it was still in flight at SIGTERM"
     );
-    let status = bridge
-        .child()
-        .wait_exit(Duration::from_secs(10))
-        .expect("the bridge exits");
-    assert!(status.success(), "{status:?}\n{}", bridge.log());
+    exits_cleanly(&mut bridge);
     assert!(bridge.log().contains("SIGTERM"), "{}", bridge.log());
+}
+
+/// SIGTERM with a drain delay: at once `/healthz` answers 503 `draining`, while
+/// `/v2/acquire` and `/v3/commit` are still answered, on new connections too; once the
+/// delay is over the listener closes and the process exits cleanly.
+#[test]
+fn sigterm_fails_readiness_for_the_drain_delay_then_stops() {
+    let cluster = RedisCluster::start(3, 1);
+    let (mut bridge, port) = spawn_bridge(&cluster, "1s", &["--drain-delay", "2s"]);
+    let limit = json!({"algorithm": "token_bucket", "capacity": 100, "refill": 100, "period_us": 3_600_000_000u64});
+    let acquire = || {
+        let body = json!({"domain": "bridge-test", "items": [{"id": 0, "rule": "drain",
+            "descriptor": ["=acme"], "limit": limit, "cost": 10, "want": 10}]});
+        weir_e2e::send(
+            port,
+            weir_e2e::Request::post(v2::ACQUIRE_PATH, body.to_string())
+                .header(SECRET_HEADER, SECRET),
+        )
+    };
+    let commit = |counted_at: u64| {
+        let body = json!({"domain": "bridge-test", "items": [{"id": 3, "rule": "drain",
+            "descriptor": ["=acme"], "limit": limit, "counted_at_us": counted_at,
+            "reserved": 10, "actual": 1}]});
+        weir_e2e::send(
+            port,
+            weir_e2e::Request::post(v3::COMMIT_PATH, body.to_string())
+                .header(SECRET_HEADER, SECRET),
+        )
+    };
+    let health = || weir_e2e::get(port, "/healthz", &[]);
+    assert_eq!(health().unwrap().status, 200);
+
+    let signalled = Instant::now();
+    bridge.child().signal(libc::SIGTERM);
+    let draining = wait_until(Duration::from_secs(1), Duration::from_millis(10), || {
+        health().is_ok_and(|r| r.status == 503 && r.text() == "draining")
+    });
+    assert!(draining, "readiness did not fail:\n{}", bridge.log());
+    let acquired = acquire().expect("acquire is served while draining");
+    assert_eq!(acquired.status, 200, "{}", acquired.text());
+    let granted: Json = serde_json::from_str(&acquired.text()).unwrap();
+    assert_eq!(granted["items"][0]["allowed"], true, "{granted}");
+    let counted_at = granted["items"][0]["now_us"].as_u64().unwrap();
+    let committed = commit(counted_at).expect("commit is served while draining");
+    assert_eq!(committed.status, 200, "{}", committed.text());
+    assert_eq!(
+        serde_json::from_str::<Json>(&committed.text()).unwrap(),
+        json!({"items": [{"id": 3, "settled": true}]})
+    );
+    assert!(
+        signalled.elapsed() < Duration::from_millis(1500),
+        "the checks above took too long to prove anything: {:?}",
+        signalled.elapsed()
+    );
+    // Still draining: new connections are served to the end of the delay.
+    assert_eq!(health().unwrap().status, 503);
+
+    exits_cleanly(&mut bridge);
+    let stopped = signalled.elapsed();
+    assert!(
+        stopped >= Duration::from_secs(2),
+        "it exited {stopped:?} after SIGTERM, before the drain delay ended"
+    );
+    assert!(health().is_err(), "the listener is closed");
+    let log = bridge.log();
+    assert!(log.contains("draining"), "{log}");
+    eprintln!("exited {stopped:?} after SIGTERM");
+}
+
+/// A second signal during the drain ends it at once.
+#[test]
+fn a_second_signal_ends_the_drain_early() {
+    let cluster = RedisCluster::start(3, 1);
+    let (mut bridge, port) = spawn_bridge(&cluster, "100ms", &["--drain-delay", "30s"]);
+    let signalled = Instant::now();
+    bridge.child().signal(libc::SIGTERM);
+    let draining = wait_until(Duration::from_secs(1), Duration::from_millis(10), || {
+        weir_e2e::get(port, "/healthz", &[]).is_ok_and(|r| r.status == 503)
+    });
+    assert!(draining, "{}", bridge.log());
+    bridge.child().signal(libc::SIGINT);
+    exits_cleanly(&mut bridge);
+    assert!(
+        signalled.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        signalled.elapsed()
+    );
+    assert!(bridge.log().contains("second signal"), "{}", bridge.log());
 }
 
 #[test]
 fn sigint_stops_too() {
     let cluster = RedisCluster::start(3, 1);
-    let (mut bridge, _port) = spawn_bridge(&cluster, "100ms");
+    let (mut bridge, _port) = spawn_bridge(&cluster, "100ms", &[]);
     bridge.child().signal(libc::SIGINT);
-    let status = bridge
-        .child()
-        .wait_exit(Duration::from_secs(10))
-        .expect("the bridge exits");
-    assert!(status.success(), "{status:?}\n{}", bridge.log());
+    exits_cleanly(&mut bridge);
 }
 
 /// `/v3/commit` beside `/v2/acquire`: a reservation settled with a smaller actual cost

@@ -43,6 +43,9 @@ pub struct Call {
     pub keys: Vec<FlightKey>,
     /// Requests waiting on it, by context id.
     pub waiters: Vec<u32>,
+    /// Sent once more after Envoy could not deliver it (see
+    /// [`crate::engine::Engine::resend_timeout_ms`]).
+    pub resent: bool,
 }
 
 /// Where a request with pending rules stands.
@@ -56,11 +59,14 @@ pub enum Join {
     Alone,
 }
 
-/// The calls of one plugin in one VM.
+/// The calls of one plugin in one VM, each known by the token of its first send: a call
+/// sent once more stays joinable under it, and its waiters keep it.
 #[derive(Debug, Default)]
 pub struct Flights {
     calls: HashMap<u32, Call>,
     by_key: HashMap<FlightKey, u32>,
+    /// Calls sent once more: the first token, by the token of the second send.
+    resent: HashMap<u32, u32>,
 }
 
 impl Flights {
@@ -104,8 +110,31 @@ impl Flights {
         self.calls.insert(token, call);
     }
 
+    /// The call whose answer (to its first send or its second) is `token`.
+    pub fn get(&self, token: u32) -> Option<&Call> {
+        self.calls.get(&self.first_token(token))
+    }
+
+    /// The call answered as `token` was sent once more as `again`: it stays in flight,
+    /// joinable, with its waiters. False (nothing changed) when no such call is in flight.
+    pub fn resend(&mut self, token: u32, again: u32) -> bool {
+        let first = self.first_token(token);
+        let Some(call) = self.calls.get_mut(&first) else {
+            return false;
+        };
+        call.resent = true;
+        self.resent.remove(&token);
+        self.resent.insert(again, first);
+        true
+    }
+
+    fn first_token(&self, token: u32) -> u32 {
+        self.resent.get(&token).copied().unwrap_or(token)
+    }
+
     /// The call whose answer arrived: no longer joinable.
     pub fn land(&mut self, token: u32) -> Option<Call> {
+        let token = self.resent.remove(&token).unwrap_or(token);
         let call = self.calls.remove(&token)?;
         for key in &call.keys {
             if self.by_key.get(key) == Some(&token) {
@@ -159,6 +188,7 @@ mod tests {
             eval: Evaluation::default(),
             keys: items.iter().map(|i| (i.rule, i.hash)).collect(),
             waiters: Vec::new(),
+            resent: false,
         }
     }
 
@@ -186,6 +216,29 @@ mod tests {
         let landed = flights.land(7).unwrap();
         assert_eq!(landed.waiters, [2]);
         assert_eq!(flights.join(8, &[item(0, 10)], all), Join::Alone, "landed");
+    }
+
+    #[test]
+    fn a_call_sent_once_more_keeps_its_token_its_keys_and_its_waiters() {
+        let mut flights = Flights::default();
+        let all = |_| true;
+        flights.start(7, call(1, &[item(0, 10)]));
+        assert_eq!(flights.join(2, &[item(0, 10)], all), Join::Waiting(7));
+        assert!(flights.resend(7, 12));
+        assert!(flights.get(12).is_some_and(|c| c.resent));
+        assert!(flights.get(7).is_some(), "known by its first token");
+        assert_eq!(
+            flights.join(3, &[item(0, 10)], all),
+            Join::Waiting(7),
+            "still joinable"
+        );
+        flights.forget_waiter(7, 2);
+        let landed = flights.land(12).unwrap();
+        assert_eq!((landed.owner, landed.waiters), (1, vec![3]));
+        assert!(flights.get(12).is_none() && flights.get(7).is_none());
+        assert_eq!(flights.join(4, &[item(0, 10)], all), Join::Alone, "landed");
+        assert!(!flights.resend(12, 13), "nothing in flight");
+        assert_eq!(flights.in_flight(), 0);
     }
 
     #[test]

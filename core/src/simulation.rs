@@ -622,5 +622,6 @@ fn flight_call(engine: &Engine, eval: &Evaluation, now_us: u64) -> FlightCall {
             .map(|item| (item.rule, item.hash))
             .collect(),
         waiters: Vec::new(),
+        resent: false,
     }
 }

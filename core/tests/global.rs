@@ -13,7 +13,10 @@
 mod support;
 
 use support::{engine, evaluate, user, T0};
-use weir_core::engine::{BridgeError, Engine, Evaluation, FailureOutcome, RuleOutcome, Source};
+use weir_core::engine::{
+    BridgeError, Engine, Evaluation, FailureOutcome, RuleOutcome, Source, BRIDGE_FAILING_FOR_US,
+    BRIDGE_FAILURES_TO_SKIP,
+};
 use weir_core::rules::Scope;
 use weir_core::store::memory::MemoryStore;
 use weir_core::store::SharedStore;
@@ -67,6 +70,61 @@ fn answered_at_t0(e: &Engine, answer: Result<v2::Reply, ReplyError>) -> (MemoryS
     let mut eval = eval_at(e, &store, T0);
     e.complete(&mut eval, &store, Micros(T0), Micros(T0), answer);
     (store, eval)
+}
+
+/// Fails [`BRIDGE_FAILURES_TO_SKIP`] calls in a row with `error`, spread evenly over
+/// [`BRIDGE_FAILING_FOR_US`] up to `last`, checking that only the last one starts the
+/// backoff; the last evaluation.
+fn fail_in_a_row(e: &Engine, store: &MemoryStore, last: u64, error: ReplyError) -> Evaluation {
+    let calls = u64::from(BRIDGE_FAILURES_TO_SKIP);
+    let mut eval = Evaluation::default();
+    for n in 1..=calls {
+        let now = last - BRIDGE_FAILING_FOR_US * (calls - n) / (calls - 1);
+        eval = eval_at(e, store, now);
+        assert_eq!(eval.pending.len(), 1, "{error}: call {n} was made");
+        e.complete(
+            &mut eval,
+            store,
+            Micros(now),
+            Micros(now),
+            Err(error.clone()),
+        );
+    }
+    eval
+}
+
+#[test]
+fn failures_in_a_row_skip_the_bridge_only_once_they_span_a_while() {
+    let e = global("");
+    let store = MemoryStore::new();
+    e.prepare(&store).unwrap();
+    // A batch of calls failing at once (one connection that could not be made): many
+    // failures, no time: not skipped.
+    for n in 0..10 {
+        let mut eval = eval_at(&e, &store, T0 + n);
+        assert_eq!(eval.pending.len(), 1, "call {n}");
+        e.complete(
+            &mut eval,
+            &store,
+            Micros(T0 + n),
+            Micros(T0 + n),
+            Err(ReplyError::Unreachable),
+        );
+    }
+    // Still failing a while later: skipped.
+    let last = T0 + BRIDGE_FAILING_FOR_US;
+    let mut eval = eval_at(&e, &store, last);
+    e.complete(
+        &mut eval,
+        &store,
+        Micros(last),
+        Micros(last),
+        Err(ReplyError::Unreachable),
+    );
+    assert_eq!(
+        eval_at(&e, &store, last + 1).bridge_error,
+        Some(BridgeError::Skipped)
+    );
 }
 
 /// The request body the engine would send, parsed back as the bridge reads it.
@@ -369,7 +427,7 @@ fn a_saturated_keys_other_requests_are_denied_while_its_call_is_in_flight() {
         Err(ReplyError::Status(503, String::new())),
     );
     let after = eval_at(&e, &store, landed_us + 6 * MS);
-    assert_ne!(after.reports[0].source, Some(Source::DenialCache));
+    assert_eq!(after.pending.len(), 1, "no cached denial: it asks again");
 
     // A key Redis still had units for: its other requests wait on the call or ask.
     let (store, _) = answered_at_t0(&e, reply(vec![result(true, 1, 40)]));
@@ -532,10 +590,13 @@ fn a_shadow_global_rule_does_not_switch_off_the_rules_after_it() {
 #[test]
 fn failure_modes_apply_and_the_bridge_is_left_alone_for_a_while() {
     for (mode, expect_unavailable) in [("allow", false), ("deny", true), ("local", false)] {
+        // A local share of 10: each failure below is allowed under `local`.
         let e = global(&format!(
-            r#","global":{{"failure_mode":"{mode}","expected_instances":50}}"#
+            r#","global":{{"failure_mode":"{mode}","expected_instances":10}}"#
         ));
-        let (store, eval) = answered_at_t0(&e, Err(ReplyError::NoResponse));
+        let store = MemoryStore::new();
+        e.prepare(&store).unwrap();
+        let eval = fail_in_a_row(&e, &store, T0, ReplyError::NoResponse);
         assert!(eval.denied_by.is_none(), "{mode}");
         assert_eq!(eval.unavailable.is_some(), expect_unavailable, "{mode}");
         assert!(store.get(e.bridge_down_key()).unwrap().0.is_some());
@@ -565,7 +626,7 @@ fn failure_modes_apply_and_the_bridge_is_left_alone_for_a_while() {
 }
 
 #[test]
-fn every_error_reply_starts_the_backoff_and_plugins_back_off_apart() {
+fn every_error_reply_in_a_row_starts_the_backoff_and_plugins_back_off_apart() {
     let config = r#"{"bridge":{"cluster":"weir_bridge"},"rules":[{"name":"tenant","scope":"global",
         "limit":{"algorithm":"fixed_window","limit":10,"window":"1h"}}]}"#;
     let parse = || weir_core::config::parse(config.as_bytes()).unwrap();
@@ -582,14 +643,18 @@ fn every_error_reply_starts_the_backoff_and_plugins_back_off_apart() {
     ];
     for (i, failure) in failures.into_iter().enumerate() {
         let now = T0 + i as u64 * 2_000_000;
-        let mut eval = eval_at(&one, &store, now);
+        // An answer before: failures count from there.
+        let answered = now - 2 * BRIDGE_FAILING_FOR_US;
+        let mut eval = eval_at(&one, &store, answered);
+        let answer = reply(vec![result(true, 1, 5)]);
         one.complete(
             &mut eval,
             &store,
-            Micros(now),
-            Micros(now),
-            Err(failure.clone()),
+            Micros(answered),
+            Micros(answered),
+            answer,
         );
+        fail_in_a_row(&one, &store, now, failure.clone());
         assert_eq!(
             eval_at(&one, &store, now + 1).bridge_error,
             Some(BridgeError::Skipped),
@@ -597,6 +662,45 @@ fn every_error_reply_starts_the_backoff_and_plugins_back_off_apart() {
         );
         // The other plugin in the same VM still asks its own bridge.
         assert_eq!(eval_at(&two, &store, now + 1).pending.len(), 1, "{failure}");
+    }
+}
+
+#[test]
+fn only_a_call_envoy_could_not_deliver_is_sent_again_and_within_the_timeout() {
+    // The default bridge timeout: 50 ms.
+    let e = global("");
+    let sent = Micros(T0);
+    let after = |ms: u64| Micros(T0 + ms * MS);
+    let unreachable = ReplyError::Unreachable;
+    assert_eq!(
+        e.resend_timeout_ms(&unreachable, false, sent, after(2)),
+        Some(48)
+    );
+    assert_eq!(
+        e.resend_timeout_ms(&ReplyError::NoResponse, false, sent, after(0)),
+        Some(50)
+    );
+    assert_eq!(
+        e.resend_timeout_ms(&unreachable, true, sent, after(2)),
+        None,
+        "sent twice"
+    );
+    assert_eq!(
+        e.resend_timeout_ms(&unreachable, false, sent, after(50)),
+        None,
+        "no time left"
+    );
+    for answered in [
+        ReplyError::Timeout,
+        ReplyError::Unavailable,
+        ReplyError::Status(401, String::new()),
+        ReplyError::BadBody("x".into()),
+    ] {
+        assert_eq!(
+            e.resend_timeout_ms(&answered, false, sent, after(1)),
+            None,
+            "{answered}"
+        );
     }
 }
 
@@ -615,14 +719,7 @@ fn a_worker_learns_of_another_workers_bridge_failure_within_10_ms() {
         1,
         "b read: no backoff"
     );
-    let mut eval = eval_at(&a, &store, T0 + MS);
-    a.complete(
-        &mut eval,
-        &store,
-        Micros(T0 + MS),
-        Micros(T0 + MS),
-        Err(ReplyError::NoResponse),
-    );
+    fail_in_a_row(&a, &store, T0 + MS, ReplyError::NoResponse);
     let skipped =
         |e: &Engine, at| eval_at(e, &store, at).bridge_error == Some(BridgeError::Skipped);
     assert!(skipped(&a, T0 + MS + 1), "its own failure at once");

@@ -2,6 +2,7 @@
 
 use std::env;
 use std::path::PathBuf;
+use std::process::ExitStatus;
 use std::time::Duration;
 
 use crate::http::get;
@@ -36,12 +37,21 @@ pub struct Bridge {
 
 impl Bridge {
     /// Starts the bridge against `redis` on a free port and waits until `/healthz` is
-    /// 200. `extra` are more flags (e.g. `["--secret", "s"]`).
+    /// 200. `extra` are more flags (e.g. `["--secret", "s"]`). Without a
+    /// `--drain-delay` among them it stops at once on SIGTERM: tests that do not roll it
+    /// need not wait for a drain.
     pub fn start(redis: &RedisCluster, extra: &[&str]) -> Bridge {
-        let port = free_port();
+        Bridge::start_on(redis, free_port(), extra)
+    }
+
+    /// [`Bridge::start`] on `port`: a replica that replaces one stopped on that port.
+    pub fn start_on(redis: &RedisCluster, port: u16, extra: &[&str]) -> Bridge {
         let listen = format!("127.0.0.1:{port}");
         let nodes = redis.seed_nodes().join(",");
         let mut args = vec!["--listen", &listen, "--redis-nodes", &nodes];
+        if !extra.contains(&"--drain-delay") {
+            args.extend(["--drain-delay", "0s"]);
+        }
         args.extend_from_slice(extra);
         let mut process = Process::spawn(bridge_bin(), &args, &[("WEIR_BRIDGE_LOG", "info")]);
         let healthy = wait_until(Duration::from_secs(20), Duration::from_millis(50), || {
@@ -68,6 +78,14 @@ impl Bridge {
     /// Kills the bridge now (SIGKILL: it gets no chance to answer anything more).
     pub fn kill_hard(&mut self) {
         self.process.child().kill_hard();
+    }
+
+    /// Stops the bridge as an orchestrator does (SIGTERM) and waits up to `timeout` for
+    /// it to exit; its exit status, `None` if it is still running.
+    pub fn stop(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let child = self.process.child();
+        child.signal(libc::SIGTERM);
+        child.wait_exit(timeout)
     }
 
     /// Sends `signal` to the bridge (e.g. `SIGSTOP`: it keeps its connections and answers
@@ -154,4 +172,36 @@ pub fn bridge_cluster_yaml_with(port: u16, protocol: BridgeProtocol) -> String {
             socket_address: {{ address: 127.0.0.1, port_value: {port} }}
 "
     )
+}
+
+/// The `weir_bridge` cluster of the shipped `envoy/envoy.yaml` — its protocol, health
+/// check and outlier detection as users get them — with one endpoint on 127.0.0.1 per
+/// port, as a list item for [`crate::Bootstrap::cluster`].
+pub fn shipped_bridge_cluster_yaml(ports: &[u16]) -> String {
+    let path = repo_root().join("envoy/envoy.yaml");
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    let bootstrap: serde_yaml::Value = serde_yaml::from_str(&text)
+        .unwrap_or_else(|e| panic!("{} is not YAML: {e}", path.display()));
+    let mut cluster = bootstrap["static_resources"]["clusters"]
+        .as_sequence()
+        .and_then(|clusters| clusters.iter().find(|c| c["name"] == "weir_bridge"))
+        .unwrap_or_else(|| panic!("no weir_bridge cluster in {}", path.display()))
+        .clone();
+    let endpoints: Vec<serde_yaml::Value> = ports
+        .iter()
+        .map(|port| {
+            serde_yaml::from_str(&format!(
+                "endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {port} }} }} }}"
+            ))
+            .unwrap_or_else(|e| panic!("endpoint YAML: {e}"))
+        })
+        .collect();
+    cluster["load_assignment"]["endpoints"] =
+        serde_yaml::Value::Sequence(vec![serde_yaml::Mapping::from_iter([(
+            "lb_endpoints".into(),
+            serde_yaml::Value::Sequence(endpoints),
+        )])
+        .into()]);
+    serde_yaml::to_string(&vec![cluster]).unwrap_or_else(|e| panic!("cluster YAML: {e}"))
 }

@@ -516,6 +516,74 @@ impl Mesh {
         out
     }
 
+    /// The `trafficPolicy.outlierDetection` of the DestinationRule for an outbound
+    /// cluster's host, set on `cluster` as istiod translates it (pilot's
+    /// `applyOutlierDetection`): success-rate ejection off, a count of 0 turns its
+    /// ejection off, local-origin failures counted apart when split, and the panic
+    /// threshold at `minHealthPercent` (0 unless set). Other traffic policies are not
+    /// rendered.
+    pub fn apply_destination_rule(&self, cluster: &mut Value) {
+        let host = cluster["name"]
+            .as_str()
+            .and_then(|name| name.rsplit("||").next())
+            .unwrap_or("")
+            .to_string();
+        let Some(rule) = self
+            .resources
+            .iter()
+            .find(|r| r.kind() == "DestinationRule" && r.spec()["host"] == host.as_str())
+        else {
+            return;
+        };
+        let outlier = &rule.spec()["trafficPolicy"]["outlierDetection"];
+        if outlier.is_null() {
+            return;
+        }
+        let mut out = serde_json::json!({ "enforcing_success_rate": 0 });
+        let count = |name: &str, count_field: &str, enforcing_field: &str, out: &mut Value| {
+            if let Some(n) = outlier[name].as_u64() {
+                out[count_field] = n.into();
+                out[enforcing_field] = (if n > 0 { 100 } else { 0 }).into();
+            }
+        };
+        count(
+            "consecutive5xxErrors",
+            "consecutive_5xx",
+            "enforcing_consecutive_5xx",
+            &mut out,
+        );
+        count(
+            "consecutiveGatewayErrors",
+            "consecutive_gateway_failure",
+            "enforcing_consecutive_gateway_failure",
+            &mut out,
+        );
+        for (from, to) in [
+            ("interval", "interval"),
+            ("baseEjectionTime", "base_ejection_time"),
+            ("maxEjectionPercent", "max_ejection_percent"),
+        ] {
+            if !outlier[from].is_null() {
+                out[to] = outlier[from].clone();
+            }
+        }
+        if outlier["splitExternalLocalOriginErrors"] == true {
+            out["split_external_local_origin_errors"] = true.into();
+            if let Some(n) = outlier["consecutiveLocalOriginFailures"]
+                .as_u64()
+                .filter(|&n| n > 0)
+            {
+                out["consecutive_local_origin_failure"] = n.into();
+                out["enforcing_consecutive_local_origin_failure"] = 100.into();
+            }
+            out["enforcing_local_origin_success_rate"] = 0.into();
+        }
+        cluster["outlier_detection"] = out;
+        let min_health = outlier["minHealthPercent"].as_u64().unwrap_or(0);
+        cluster["common_lb_config"] =
+            serde_json::json!({ "healthy_panic_threshold": { "value": min_health } });
+    }
+
     /// The RequestAuthentications that select the plugin's workload (same namespace, or
     /// mesh-wide in istio-system without a selector; selector labels all present).
     pub fn request_authentications(&self, plugin: &Plugin) -> Vec<&Resource> {
@@ -818,7 +886,9 @@ pub fn render(plugin: &Plugin, mesh: &Mesh, wasm: &Path, extras: Extras) -> Rend
     let mut clusters = extras.clusters;
     if let Some(cluster) = plugin.json_value()["bridge"]["cluster"].as_str() {
         let port = extras.bridge_port.unwrap_or_else(free_port);
-        clusters.push(static_cluster(cluster, port));
+        let mut bridge = static_cluster(cluster, port);
+        mesh.apply_destination_rule(&mut bridge);
+        clusters.push(bridge);
     }
     let mut bootstrap = json!({
         "admin": { "address": { "socket_address": { "address": "127.0.0.1", "port_value": admin_port } } },

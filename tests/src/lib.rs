@@ -49,8 +49,8 @@ pub mod registry;
 pub mod wasm;
 
 pub use bridge::{
-    bridge_bin, bridge_cluster_yaml, bridge_cluster_yaml_with, prometheus_sum, Bridge,
-    BridgeProtocol,
+    bridge_bin, bridge_cluster_yaml, bridge_cluster_yaml_with, prometheus_sum,
+    shipped_bridge_cluster_yaml, Bridge, BridgeProtocol,
 };
 pub use envoy::{
     parse_stats, shipped_stats_config, wasm_filter_yaml, Bootstrap, Envoy, WEIR_STATS_LAG,

@@ -36,6 +36,7 @@ const ISSUER: &str = "https://auth.example.com/";
 /// Kubernetes kinds the examples may contain, with the apiVersion to use.
 const KINDS: &[(&str, &str)] = &[
     ("EnvoyFilter", "networking.istio.io/v1alpha3"),
+    ("DestinationRule", "networking.istio.io/v1"),
     ("WasmPlugin", "extensions.istio.io/v1alpha1"),
     ("RequestAuthentication", "security.istio.io/v1"),
     ("AuthorizationPolicy", "security.istio.io/v1"),
@@ -493,6 +494,27 @@ fn the_global_tenant_example_reaches_the_bridge_through_istio_names() {
             &[("rule", "tenant-daily"), ("result", "allowed")]
         ) >= 1.0
     );
+    // The bridge's DestinationRule, rendered as istiod would, is what Envoy runs: outlier
+    // detection on connection failures only, the bridge's own 503s ejecting none.
+    let dump = envoy
+        .admin("GET", "/config_dump?resource=static_clusters")
+        .text();
+    let dump: Value = serde_json::from_str(&dump).unwrap();
+    let outlier = dump["configs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|c| &c["cluster"])
+        .find(|c| c["name"] == BRIDGE_CLUSTER)
+        .map(|c| c["outlier_detection"].clone())
+        .unwrap_or_else(|| panic!("no {BRIDGE_CLUSTER} in the config dump"));
+    assert_eq!(outlier["consecutive_local_origin_failure"], 2, "{outlier}");
+    assert_eq!(
+        outlier["enforcing_consecutive_local_origin_failure"], 100,
+        "{outlier}"
+    );
+    assert_eq!(outlier["enforcing_consecutive_5xx"], 0, "{outlier}");
+    assert_eq!(outlier["max_ejection_percent"], 50, "{outlier}");
     envoy.assert_no_panic();
     drop(envoy);
 

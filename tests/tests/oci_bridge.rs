@@ -430,6 +430,8 @@ impl Bundle {
                 redis.seed_nodes().join(","),
             ),
             ("WEIR_BRIDGE_SECRET".into(), SECRET.into()),
+            // Stopped by the test, not rolled: no drain to wait for.
+            ("WEIR_BRIDGE_DRAIN_DELAY".into(), "0s".into()),
         ]);
         let vars: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
         let process = if euid() == 0 {

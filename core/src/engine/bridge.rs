@@ -1,6 +1,7 @@
 //! An evaluation's call to the bridge: the items it asks about, the reply that completes
-//! it, the failure modes when there is none, and the backoff that spares a failing bridge
-//! a call per request. Also the `/v3/commit` call settling global rules' commits.
+//! it, the failure modes when there is none, sending a call Envoy could not deliver once
+//! more, and the backoff that spares a failed bridge a call per request. Also the
+//! `/v3/commit` call settling global rules' commits.
 
 use std::sync::atomic::Ordering;
 
@@ -15,6 +16,20 @@ use super::runtime::{Engine, RuleRuntime};
 
 /// How long a failed bridge is left alone before it is tried again.
 pub const BRIDGE_BACKOFF_US: u64 = 1_000_000;
+/// Calls of one worker that fail in a row, with no answered call between them, before
+/// the bridge is left alone for [`BRIDGE_BACKOFF_US`] — if they span at least
+/// [`BRIDGE_FAILING_FOR_US`]. A call Envoy could not deliver was sent twice before it
+/// counts (see [`Engine::resend_timeout_ms`]), so this is evidence that no host of the
+/// cluster answers, not that one replica restarts while another answers the calls
+/// between.
+pub const BRIDGE_FAILURES_TO_SKIP: u32 = 3;
+/// How long calls must have been failing in a row before the bridge is skipped (µs).
+/// The calls waiting on one connection fail together when it cannot be made: a replica
+/// that just went away fails a batch of them at once, and Envoy's outlier detection
+/// ejects it after a second connection fails, a few milliseconds later. A bridge that is
+/// down everywhere keeps failing past this and is skipped a tenth of a second after its
+/// first failure (its timeout after that, for a bridge that hangs).
+pub const BRIDGE_FAILING_FOR_US: u64 = 100_000;
 /// How often a worker reads the bridge backoff other workers wrote (µs).
 pub const BRIDGE_DOWN_READ_US: u64 = 10_000;
 
@@ -148,11 +163,14 @@ impl Engine {
         let reply = match reply {
             Ok(reply) => reply,
             Err(error) => {
-                self.note_bridge_down(store, now_us.saturating_add(BRIDGE_BACKOFF_US));
+                if self.failed_again(now_us) {
+                    self.note_bridge_down(store, now_us.saturating_add(BRIDGE_BACKOFF_US));
+                }
                 self.fail_pending(eval, store, now_us, BridgeError::Reply(error));
                 return;
             }
         };
+        self.failed_in_a_row.store(0, Ordering::Relaxed);
         self.note_round_trip(now_us.saturating_sub(sent_at_us));
         let mut pending = std::mem::take(&mut eval.pending);
         // Each result names its item by rule id; items after the bridge stopped were not
@@ -165,6 +183,39 @@ impl Engine {
             item.asking_until_us = 0;
         }
         self.stop_asking(&mut pending, store, now_us);
+    }
+
+    /// Counts a call of this worker that failed at `now_us`; whether calls have now
+    /// failed enough, and long enough, in a row to skip the bridge
+    /// ([`BRIDGE_FAILURES_TO_SKIP`], [`BRIDGE_FAILING_FOR_US`]).
+    fn failed_again(&self, now_us: u64) -> bool {
+        let failed = self.failed_in_a_row.fetch_add(1, Ordering::Relaxed) + 1;
+        if failed == 1 {
+            self.failing_since_us.store(now_us, Ordering::Relaxed);
+        }
+        let since_us = self.failing_since_us.load(Ordering::Relaxed);
+        failed >= BRIDGE_FAILURES_TO_SKIP
+            && now_us.saturating_sub(since_us) >= BRIDGE_FAILING_FOR_US
+    }
+
+    /// Whether a call that left at `sent_at` and failed with `error` at `now` is sent
+    /// once more, and with what timeout (ms): when Envoy could not deliver it (no healthy
+    /// host, refused, reset before an answer), it was not `resent` already, and at least a
+    /// millisecond of the bridge's timeout is left. The second call gets what is left, so
+    /// a request never waits longer than the timeout for both.
+    pub fn resend_timeout_ms(
+        &self,
+        error: &ReplyError,
+        resent: bool,
+        sent_at: Micros,
+        now: Micros,
+    ) -> Option<u64> {
+        let bridge = self.config.bridge.as_ref()?;
+        if resent || !error.worth_resending() {
+            return None;
+        }
+        let spent_ms = now.saturating_sub(sent_at).us() / 1_000;
+        Some(bridge.timeout_ms.saturating_sub(spent_ms)).filter(|&left| left > 0)
     }
 
     /// Records the bridge's answer for one pending rule in the rule's runtime.
@@ -291,8 +342,9 @@ impl Engine {
         )
     }
 
-    /// Whether the bridge failed less than [`BRIDGE_BACKOFF_US`] ago, as this worker saw
-    /// it or another worker wrote it in shared data. Shared data is read at most every
+    /// Whether the bridge failed calls in a row (see [`BRIDGE_FAILURES_TO_SKIP`]) less
+    /// than [`BRIDGE_BACKOFF_US`] ago, as this worker saw it or another worker wrote it in
+    /// shared data. Shared data is read at most every
     /// [`BRIDGE_DOWN_READ_US`]: a busy worker's calls then cost no read each, and it
     /// learns of another worker's failure that much later (its own failures at once).
     fn bridge_down<S: SharedStore>(&self, store: &S, now_us: u64) -> bool {
@@ -311,7 +363,9 @@ impl Engine {
         now_us < self.bridge_down_until_us.load(Ordering::Relaxed)
     }
 
-    /// Remembers that the bridge failed: calls are skipped until `until_us`. Racing
+    /// Remembers that the bridge failed: calls are skipped until `until_us`. The calls
+    /// after that count on from the failures before: the first to fail skips again, so a
+    /// dead bridge is tried once per backoff. Racing
     /// writers each write a time about a second ahead; whichever lands is good enough.
     fn note_bridge_down<S: SharedStore>(&self, store: &S, until_us: u64) {
         self.bridge_down_until_us

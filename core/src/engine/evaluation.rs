@@ -133,7 +133,8 @@ impl HoldOffer {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BridgeError {
-    /// Not called: it failed less than [`BRIDGE_BACKOFF_US`](super::BRIDGE_BACKOFF_US) ago.
+    /// Not called: it failed [`BRIDGE_FAILURES_TO_SKIP`](super::BRIDGE_FAILURES_TO_SKIP)
+    /// calls in a row less than [`BRIDGE_BACKOFF_US`](super::BRIDGE_BACKOFF_US) ago.
     Skipped,
     /// Not called: the call already asking about these keys had all the waiters it
     /// may hold (see `crate::flight`).

@@ -18,10 +18,13 @@
 //!
 //! A shared-data failure or a CAS give-up fails open for a local rule (the request is
 //! not denied by a store we cannot read) and sends a global rule to the bridge; both are
-//! reported, to be counted. When the bridge fails (no response, timeout, an error
-//! status, a bad reply), each pending rule applies its failure mode, and further calls
-//! of this plugin are skipped for [`BRIDGE_BACKOFF_US`] so that a failing bridge does not
-//! cost every request a failed call.
+//! reported, to be counted. A call Envoy could not deliver (no healthy host, a
+//! connection refused or reset) is sent once more within the bridge's timeout: Envoy
+//! picks a host again ([`Engine::resend_timeout_ms`]). When the bridge fails (no
+//! response, timeout, an error status, a bad reply), each pending rule applies its
+//! failure mode; once [`BRIDGE_FAILURES_TO_SKIP`] calls have failed in a row over
+//! [`BRIDGE_FAILING_FOR_US`], further calls of this plugin are skipped for
+//! [`BRIDGE_BACKOFF_US`] so that a dead bridge does not cost every request a failed call.
 //!
 //! Each rule runs as one value built with the engine, its scope's parameters with the
 //! tables it owns (`runtime.rs`); each scope has its file, and each file uses only the
@@ -52,7 +55,7 @@ mod runtime;
 
 mod bridge;
 
-pub use bridge::BRIDGE_BACKOFF_US;
+pub use bridge::{BRIDGE_BACKOFF_US, BRIDGE_FAILING_FOR_US, BRIDGE_FAILURES_TO_SKIP};
 pub use concurrency::{Adapted, TendedPlaces};
 pub use evaluation::{BridgeError, Delayed, Evaluation, HeldRequest, PendingCommit, PendingItem};
 pub use global::COMMIT_DENIAL_CACHE_US;

@@ -1,7 +1,7 @@
 //! Each rule as the engine runs it — its scope's parameters with the tables it decides
 //! in, built once per config — and the engine that holds them.
 
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU32, AtomicU64};
 
 use crate::config::Config;
 use crate::rules::{Rule, RuleId, Scope};
@@ -96,6 +96,10 @@ pub struct Engine {
     /// (µs), and when it read it (see [`Engine::bridge_down`]).
     pub(super) bridge_down_until_us: AtomicU64,
     pub(super) bridge_down_read_us: AtomicU64,
+    /// This worker's calls that failed since its last answered one, and when the first
+    /// of them failed (µs; see [`super::BRIDGE_FAILURES_TO_SKIP`]).
+    pub(super) failed_in_a_row: AtomicU32,
+    pub(super) failing_since_us: AtomicU64,
 }
 
 impl Engine {
@@ -133,6 +137,8 @@ impl Engine {
             round_trip_us: AtomicU64::new(0),
             bridge_down_until_us: AtomicU64::new(0),
             bridge_down_read_us: AtomicU64::new(0),
+            failed_in_a_row: AtomicU32::new(0),
+            failing_since_us: AtomicU64::new(0),
         }
     }
 

@@ -20,9 +20,12 @@
 //! (`weir.<plugin>.store.<counter>`): `cas_retries`, `cas_give_ups`, `slot_takeovers`,
 //! `slot_evictions`. For the bridge (`weir.<plugin>.bridge.<counter>`): `calls`, `joined`
 //! (a request waited on another request's call for its keys), `busy` (that call had all
-//! the waiters it may hold: the failure mode decided), `skipped` (not called: it failed
-//! less than a second ago), `errors_timeout`, `errors_unavailable` (a 503, or no response
-//! at all), `errors_status`, `errors_bad_body`, and the histogram `latency_us`.
+//! the waiters it may hold: the failure mode decided), `resent` (a call Envoy could not
+//! deliver, sent once more: see `ReplyError::worth_resending`), `skipped` (not called:
+//! calls failed [`BRIDGE_FAILURES_TO_SKIP`](crate::engine::BRIDGE_FAILURES_TO_SKIP) times in a row
+//! less than a second ago),
+//! `errors_timeout`, `errors_unavailable` (a 503, or no response at all),
+//! `errors_status`, `errors_bad_body`, and the histogram `latency_us`.
 //!
 //! Local rules with reservoirs also count, per worker's reservoirs: `reservoir_hits`
 //! (served from units the worker took ahead), `reservoir_units_taken`,
@@ -192,6 +195,7 @@ pub struct Metrics {
     slot_evictions: Stat,
     bridge_calls: Stat,
     bridge_joined: Stat,
+    bridge_resent: Stat,
     bridge_busy: Stat,
     bridge_skipped: Stat,
     bridge_timeouts: Stat,
@@ -330,6 +334,7 @@ impl Metrics {
         let slot_evictions = r.counter(&format!("{base}.store.slot_evictions"))?;
         let bridge_calls = r.counter(&format!("{base}.bridge.calls"))?;
         let bridge_joined = r.counter(&format!("{base}.bridge.joined"))?;
+        let bridge_resent = r.counter(&format!("{base}.bridge.resent"))?;
         let bridge_busy = r.counter(&format!("{base}.bridge.busy"))?;
         let bridge_skipped = r.counter(&format!("{base}.bridge.skipped"))?;
         let bridge_timeouts = r.counter(&format!("{base}.bridge.errors_timeout"))?;
@@ -350,6 +355,7 @@ impl Metrics {
             slot_evictions,
             bridge_calls,
             bridge_joined,
+            bridge_resent,
             bridge_busy,
             bridge_skipped,
             bridge_timeouts,
@@ -413,6 +419,11 @@ impl Metrics {
     /// A request waited on another request's call.
     pub fn bridge_joined(&self) {
         self.bump(self.bridge_joined, 1);
+    }
+
+    /// A call Envoy could not deliver was sent once more (also counted in `calls`).
+    pub fn bridge_resent(&self) {
+        self.bump(self.bridge_resent, 1);
     }
 
     pub fn bridge_latency<H: Host>(&self, host: &H, latency: Micros) {
@@ -520,7 +531,9 @@ impl Metrics {
     fn bridge_error(&self, error: &ReplyError) {
         let stat = match error {
             ReplyError::Timeout => self.bridge_timeouts,
-            ReplyError::Unavailable | ReplyError::NoResponse => self.bridge_unavailable,
+            ReplyError::Unavailable | ReplyError::Unreachable | ReplyError::NoResponse => {
+                self.bridge_unavailable
+            }
             ReplyError::Status(..) => self.bridge_bad_status,
             ReplyError::BadBody(_) => self.bridge_bad_body,
         };

@@ -5,12 +5,12 @@
 //! per worker), so everything here is idempotent: the seed is whatever the first VM
 //! stored, tables that exist keep their state, metrics map to the same stats.
 
-use super::host::{Host, LogLevel};
+use super::host::{self, Host, LogLevel};
 use super::metrics::{Metrics, RuleStats, FLUSH_INTERVAL};
 use crate::bounds::MAX_ITEMS;
 use crate::bounds::{MAX_BODY_BYTES, MAX_CONFIG_BYTES};
 use crate::buffers::BufferBudget;
-use crate::config;
+use crate::config::{self, BridgeSettings};
 use crate::delay::RELEASE_TICK_MS;
 use crate::engine::{Engine, Evaluation, PendingCommit};
 use crate::flight::{Call, Flights};
@@ -183,15 +183,7 @@ impl Plugin {
             return Err(Box::new((eval, ReplyError::Unavailable)));
         };
         let body = self.engine.bridge_request(&eval.pending);
-        let mut headers = vec![
-            (":method", "POST"),
-            (":path", v2::ACQUIRE_PATH),
-            (":authority", bridge.authority.as_str()),
-            ("content-type", "application/json"),
-        ];
-        if let Some(secret) = &bridge.secret {
-            headers.push((SECRET_HEADER, secret.as_str()));
-        }
+        let headers = call_headers(bridge, v2::ACQUIRE_PATH);
         match host.dispatch_call(&bridge.cluster, &headers, &body, bridge.timeout_ms) {
             Ok(token) => {
                 self.metrics.bridge_call();
@@ -208,6 +200,7 @@ impl Plugin {
                     eval,
                     keys,
                     waiters: Vec::new(),
+                    resent: false,
                 };
                 self.flights.borrow_mut().start(token, call);
                 Ok(())
@@ -223,6 +216,48 @@ impl Plugin {
                 );
                 Err(Box::new((eval, ReplyError::Unavailable)))
             }
+        }
+    }
+
+    /// Sends the call answered as `token` once more, if its `reply` says Envoy could not
+    /// deliver it and there is time left (see [`crate::engine::Engine::resend_timeout_ms`]):
+    /// it stays in flight with its waiters. Returns whether it was sent.
+    pub fn resend<H: Host>(
+        &self,
+        host: &H,
+        token: u32,
+        reply: &Result<v2::Reply, ReplyError>,
+        now: Micros,
+    ) -> bool {
+        let (Some(bridge), Err(error)) = (&self.engine.config.bridge, reply) else {
+            return false;
+        };
+        let (body, timeout_ms, owner) = {
+            let flights = self.flights.borrow();
+            let Some(call) = flights.get(token) else {
+                return false;
+            };
+            let Some(timeout_ms) =
+                self.engine
+                    .resend_timeout_ms(error, call.resent, call.sent_at, now)
+            else {
+                return false;
+            };
+            let body = self.engine.bridge_request(&call.eval.pending);
+            (body, timeout_ms, call.owner)
+        };
+        let headers = call_headers(bridge, v2::ACQUIRE_PATH);
+        match host.dispatch_call(&bridge.cluster, &headers, &body, timeout_ms) {
+            Ok(again) => {
+                self.flights.borrow_mut().resend(token, again);
+                self.metrics.bridge_call();
+                self.metrics.bridge_resent();
+                host::log(host, owner, LogLevel::Debug, || {
+                    format!("{error}; the call is sent once more")
+                });
+                true
+            }
+            Err(_) => false,
         }
     }
 
@@ -397,15 +432,7 @@ impl Plugin {
             let body = self
                 .engine
                 .commit_request(batch.iter().map(|c| c.item.clone()).collect());
-            let mut headers = vec![
-                (":method", "POST"),
-                (":path", v3::COMMIT_PATH),
-                (":authority", bridge.authority.as_str()),
-                ("content-type", "application/json"),
-            ];
-            if let Some(secret) = &bridge.secret {
-                headers.push((SECRET_HEADER, secret.as_str()));
-            }
+            let headers = call_headers(bridge, v3::COMMIT_PATH);
             match host.dispatch_call(&bridge.cluster, &headers, &body, bridge.timeout_ms) {
                 Ok(token) => queue.in_flight.push((token, batch)),
                 Err(e) => {
@@ -502,4 +529,18 @@ impl Plugin {
             _ => false,
         }
     }
+}
+
+/// The headers of a call to the bridge's `path`.
+fn call_headers<'a>(bridge: &'a BridgeSettings, path: &'a str) -> Vec<(&'a str, &'a str)> {
+    let mut headers = vec![
+        (":method", "POST"),
+        (":path", path),
+        (":authority", bridge.authority.as_str()),
+        ("content-type", "application/json"),
+    ];
+    if let Some(secret) = &bridge.secret {
+        headers.push((SECRET_HEADER, secret.as_str()));
+    }
+    headers
 }

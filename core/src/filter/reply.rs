@@ -79,7 +79,8 @@ impl Reply {
             self.log(host, LogLevel::Warn, || match error {
                 BridgeError::Reply(e) => format!("{e}; failure modes applied"),
                 BridgeError::Skipped => {
-                    "bridge skipped (it failed less than a second ago); failure modes applied"
+                    "bridge skipped (calls to it failed in a row less than a second ago); \
+                     failure modes applied"
                         .to_string()
                 }
                 BridgeError::Busy => {

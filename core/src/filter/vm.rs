@@ -186,7 +186,8 @@ impl Vm {
     }
 
     /// The answer of a call, on the root context of the plugin that made it. A commit
-    /// call settles its commits. A bridge call's evaluation is completed (what Redis
+    /// call settles its commits. A bridge call Envoy could not deliver is sent once more
+    /// (see `Plugin::resend`). A bridge call's evaluation is completed (what Redis
     /// granted goes into the lease table even if its request is gone), its request
     /// resumed or answered — or, gone, its outcome counted and what it held settled —
     /// then every request that waited on it looks again.
@@ -205,14 +206,27 @@ impl Vm {
             plugin.commits_answered(host, commits, body_size);
             return;
         }
+        let (reply, sent_at) = {
+            let flights = plugin.flights.borrow();
+            let Some(call) = flights.get(token) else {
+                return;
+            };
+            (
+                plugin.read_bridge_reply(host, call, body_size),
+                call.sent_at,
+            )
+        };
+        let now = host.now().unwrap_or(sent_at);
+        // Envoy could not deliver it: another host of the cluster may answer.
+        if plugin.resend(host, token, &reply, now) {
+            return;
+        }
         let Some(call) = plugin.flights.borrow_mut().land(token) else {
             return;
         };
-        let now = host.now().unwrap_or(call.sent_at);
         plugin
             .metrics
             .bridge_latency(host, now.saturating_sub(call.sent_at));
-        let reply = plugin.read_bridge_reply(host, &call, body_size);
         let mut eval = call.eval;
         plugin
             .engine

@@ -297,8 +297,12 @@ pub(crate) fn parse_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<
 pub enum ReplyError {
     /// Envoy gave up waiting (it answers a timed-out call with 504).
     Timeout,
-    /// No healthy bridge host (Envoy answers 503 itself), or the bridge's own 503.
+    /// The bridge's own 503 (Redis failing behind it), or no call could be made.
     Unavailable,
+    /// Envoy answered for the bridge: a 503 without the bridge's body, for no healthy
+    /// host, or a connection refused or reset before a response. Another host of the
+    /// cluster may answer (see [`ReplyError::worth_resending`]).
+    Unreachable,
     /// The connection failed before any status: reset, refused, closed.
     NoResponse,
     /// The bridge answered with another non-2xx status, and the reason it gave (its
@@ -308,11 +312,23 @@ pub enum ReplyError {
     BadBody(String),
 }
 
+impl ReplyError {
+    /// Whether the call never reached a bridge: sent again, Envoy picks a host again,
+    /// and with a replica restarting another one answers. Not after a timeout (its time
+    /// is spent) nor any answer a bridge gave (another replica shares its Redis).
+    pub fn worth_resending(&self) -> bool {
+        matches!(self, ReplyError::Unreachable | ReplyError::NoResponse)
+    }
+}
+
 impl fmt::Display for ReplyError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             ReplyError::Timeout => f.write_str("bridge call timed out"),
             ReplyError::Unavailable => f.write_str("bridge unavailable (503)"),
+            ReplyError::Unreachable => {
+                f.write_str("bridge unreachable (503 from Envoy: no healthy host, or refused)")
+            }
             ReplyError::NoResponse => {
                 f.write_str("bridge connection failed before a response (reset or refused)")
             }
@@ -328,11 +344,13 @@ impl fmt::Display for ReplyError {
 /// The longest reason from a bridge's error body kept for a log line.
 const MAX_REASON_CHARS: usize = 200;
 
-/// Maps a non-200 status (0: no status at all) and its body to the error.
+/// Maps a non-200 status (0: no status at all) and its body to the error. The bridge
+/// words every error as JSON with an `error`; a 503 without one is Envoy's own.
 pub(crate) fn status_error(status: u16, body: &[u8]) -> ReplyError {
     match status {
         0 => ReplyError::NoResponse,
         504 => ReplyError::Timeout,
+        503 if error_reason(body).is_empty() => ReplyError::Unreachable,
         503 => ReplyError::Unavailable,
         other => ReplyError::Status(other, error_reason(body)),
     }
@@ -385,7 +403,18 @@ mod tests {
     fn failed_calls_say_why() {
         assert_eq!(status_error(0, b""), ReplyError::NoResponse);
         assert_eq!(status_error(504, b""), ReplyError::Timeout);
-        assert_eq!(status_error(503, b"x"), ReplyError::Unavailable);
+        let redis_down = br#"{"error":"redis unavailable (timeout)"}"#;
+        assert_eq!(status_error(503, redis_down), ReplyError::Unavailable);
+        let no_host = b"upstream connect error or disconnect/reset before headers. reset reason: connection failure";
+        assert_eq!(status_error(503, no_host), ReplyError::Unreachable);
+        assert_eq!(
+            status_error(503, b"no healthy upstream"),
+            ReplyError::Unreachable
+        );
+        assert!(ReplyError::Unreachable.worth_resending());
+        assert!(ReplyError::NoResponse.worth_resending());
+        assert!(!ReplyError::Unavailable.worth_resending());
+        assert!(!ReplyError::Timeout.worth_resending());
         let bad = status_error(400, br#"{"error":"items[0].cost: 0 is out of range\n"}"#);
         assert_eq!(
             bad.to_string(),

@@ -376,7 +376,7 @@ mod tests {
             Err(ReplyError::NoResponse),
             "no response at all"
         );
-        assert_eq!(decode(503, b"", &sent), Err(ReplyError::Unavailable));
+        assert_eq!(decode(503, b"", &sent), Err(ReplyError::Unreachable));
         assert!(matches!(
             decode(404, b"", &sent),
             Err(ReplyError::Status(404, _))
