@@ -265,6 +265,41 @@ fn the_disruption_budgets_and_the_autoscaler_act_on_their_deployments() {
     }
 }
 
+/// A duration as the bridge's settings write it (`5s`, `100ms`), in ms.
+fn ms(text: &str) -> u64 {
+    match text.strip_suffix("ms") {
+        Some(n) => n.parse().unwrap(),
+        None => text.strip_suffix('s').unwrap().parse::<u64>().unwrap() * 1_000,
+    }
+}
+
+/// The kubelet waits for the bridge's drain and its shutdown grace before SIGKILL, and
+/// the drain is long enough for a health check 1 s apart to fail twice.
+#[test]
+fn the_grace_period_covers_the_bridges_drain_and_shutdown() {
+    for rendered in all() {
+        let env = &bridge_container(&rendered)["env"];
+        let setting = |name: &str, default: &str| {
+            named(env, name)
+                .and_then(|e| e["value"].as_str())
+                .map_or_else(|| ms(default), ms)
+        };
+        let drain = setting("WEIR_BRIDGE_DRAIN_DELAY", "5s");
+        let grace = setting("WEIR_BRIDGE_SHUTDOWN_GRACE", "10s");
+        let deployment = bridge_deployment(&rendered);
+        let period = deployment.spec()["template"]["spec"]["terminationGracePeriodSeconds"]
+            .as_u64()
+            .expect("terminationGracePeriodSeconds")
+            * 1_000;
+        assert!(
+            period > drain + grace,
+            "{}: {period} ms of grace for a {drain} ms drain and {grace} ms of shutdown",
+            rendered.overlay
+        );
+        assert!(drain >= 3_000, "{}: a {drain} ms drain", rendered.overlay);
+    }
+}
+
 /// `host:port` of the first Redis seed, split; `NAME.NAMESPACE.svc...` gives the namespace.
 fn redis_seed(rendered: &Rendered) -> (String, u64) {
     let nodes = named(
@@ -624,6 +659,11 @@ fn the_plain_envoy_bootstrap_loads_in_envoy_and_calls_the_headless_service() {
     );
     assert_eq!(address["port_value"], service.spec()["ports"][0]["port"]);
     assert_eq!(service.spec()["clusterIP"], "None", "DNS gives every pod");
+    // A draining bridge (/healthz 503 while it still serves) leaves the calls by the
+    // health check, as envoy/envoy.yaml's cluster does.
+    let check = &bridge["health_checks"][0];
+    assert_eq!(check["http_health_check"]["path"], "/healthz");
+    assert!(bridge["outlier_detection"].is_object());
 
     // The weir filter: its configuration, its code in the wasm volume, its secret.
     let listener = &bootstrap["static_resources"]["listeners"][0];
