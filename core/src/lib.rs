@@ -71,6 +71,8 @@ pub mod reservoir;
 
 pub mod delay;
 
+pub mod deadline;
+
 pub mod worker;
 
 pub mod response;

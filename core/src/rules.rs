@@ -16,6 +16,7 @@
 use crate::adaptive::Adaptive;
 use crate::algorithms::{GlobalLimit, Limit, Policy};
 use crate::concurrency::Concurrency;
+use crate::deadline::DeadlineFacts;
 use crate::key::PartOrigin;
 use crate::usage::{BodyEstimate, UsageField};
 
@@ -175,6 +176,9 @@ pub struct Delay {
     pub max_us: u64,
     /// Most requests of this rule held at once by one worker; beyond, denied.
     pub queue: u32,
+    /// Where a request states its own deadline: it is held only until then
+    /// ([`crate::deadline`]).
+    pub deadline: DeadlineFacts,
 }
 
 /// How a local rule's workers take units ahead of their requests (see

@@ -19,7 +19,7 @@ mod support;
 
 use std::collections::BTreeMap;
 
-use support::{engine, evaluate_on, user, Rng, SEED, T0};
+use support::{engine, evaluate_on, user, FakeRequest, Rng, SEED, T0};
 use weir_core::conformance::{self, Admission};
 use weir_core::delay::RELEASE_SLACK_US;
 use weir_core::engine::{Engine, Evaluation, RuleOutcome};
@@ -339,4 +339,94 @@ fn a_token_bucket_refilling_many_per_period_keeps_its_bound_while_it_holds() {
         assert_eq!(first_second, 100, "{workers} workers: {r:?}");
         assert_eq!(r.admissions.len(), 600, "{workers} workers: {r:?}");
     }
+}
+
+/// GCRA 100/s burst 4 with a 500 ms delay, after alice's burst (5 at once) at T0: her
+/// next slot is 10 ms away, and each after it 10 ms later.
+fn alice_after_her_burst() -> (Engine, MemoryStore, Worker) {
+    let e = delayed_rule(GCRA_100, r#"{"max":"500ms","queue":1000}"#);
+    let store = MemoryStore::new();
+    e.prepare(&store).unwrap();
+    let mut worker = e.worker();
+    for _ in 0..5 {
+        let eval = evaluate_on(&e, &store, &mut worker, &user("alice"), T0);
+        assert!(eval.held.is_none() && !eval.denied());
+    }
+    (e, store, worker)
+}
+
+/// A request states its own deadline (`grpc-timeout`, `x-envoy-expected-rq-timeout-ms`):
+/// it is held only when its slot comes before it; otherwise it is answered 429 at once,
+/// with the slot's time as `Retry-After`, and nothing is counted for it.
+#[test]
+fn a_request_is_held_only_until_its_own_deadline() {
+    let (e, store, mut worker) = alice_after_her_burst();
+    let stating = |header: &str, value: &str| user("alice").header(header, value);
+    // 9 ms: its slot (10 ms away) comes after it — denied at once, not held, not counted.
+    for request in [
+        stating("grpc-timeout", "9m"),
+        stating("grpc-timeout", "9999u"),
+        stating("x-envoy-expected-rq-timeout-ms", "9"),
+        // Both: the earlier wins.
+        stating("grpc-timeout", "1S").header("x-envoy-expected-rq-timeout-ms", "9"),
+    ] {
+        let eval = evaluate_on(&e, &store, &mut worker, &request, T0);
+        assert!(eval.held.is_none(), "held past its deadline");
+        assert!(eval.denied());
+        let report = eval.reports[0];
+        assert!(report.delay_past_deadline);
+        assert_eq!(
+            eval.verdicts[0].decision.retry_after_ns,
+            Some(10_000_000),
+            "Retry-After: its slot"
+        );
+    }
+    // 10 ms (or a header that does not parse: the `max` alone): held until its slot.
+    for request in [
+        stating("grpc-timeout", "10m"),
+        stating("x-envoy-expected-rq-timeout-ms", "soon"),
+    ] {
+        let eval = evaluate_on(&e, &store, &mut worker, &request, T0);
+        let held = eval.held.expect("held");
+        assert!(held.hold.due_us <= T0 + 10 * MS * 2);
+        assert!(!eval.reports.iter().any(|r| r.delay_past_deadline));
+    }
+}
+
+/// `request` arriving at T0, held until `due_us` (asserted), and released `late_us`
+/// after it.
+fn hold_then_release(
+    e: &Engine,
+    store: &MemoryStore,
+    worker: &mut Worker,
+    request: FakeRequest,
+    (due_us, late_us): (u64, u64),
+) -> Evaluation {
+    let mut eval = evaluate_on(e, store, worker, &request, T0);
+    assert_eq!(eval.held.expect("held").hold.due_us, due_us);
+    let mut facts = Facts::new(&e.config.facts, request);
+    let at = Micros(due_us + late_us);
+    e.release(&mut eval, store, worker, &SEED, &mut facts, at);
+    eval
+}
+
+/// A held request whose release comes after the deadline it stated (the worker's timer
+/// was late) is not forwarded: its client no longer waits for it. Its slot stays counted.
+#[test]
+fn a_release_after_the_requests_deadline_is_not_forwarded() {
+    let (e, store, mut worker) = alice_after_her_burst();
+    let request = user("alice").header("grpc-timeout", "10500u");
+    // Held for its slot 10 ms away; released 1 ms late: within the slack (the slot is
+    // still its), past its deadline.
+    let eval = hold_then_release(&e, &store, &mut worker, request, (T0 + 10 * MS, MS));
+    let delayed = eval.delayed.expect("released");
+    assert!(delayed.past_deadline && !delayed.late);
+    assert!(eval.denied(), "not forwarded");
+    assert!(eval.reports[0].delay_past_deadline);
+    // The next slot (20 ms away) for a request with 30 ms to go: released on time,
+    // before its deadline, admitted as before.
+    let request = user("alice").header("x-envoy-expected-rq-timeout-ms", "30");
+    let eval = hold_then_release(&e, &store, &mut worker, request, (T0 + 20 * MS, 0));
+    assert!(!eval.denied());
+    assert!(eval.delayed.is_some_and(|d| !d.past_deadline));
 }

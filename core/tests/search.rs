@@ -178,6 +178,8 @@ struct LocalRun {
     admitted: u64,
     held: u64,
     late: u64,
+    /// Held requests admitted after the deadline they stated.
+    past_deadline: u64,
 }
 
 enum Event {
@@ -243,9 +245,14 @@ fn run_local(case: &LocalCase, e: &Engine, schedule: &[Request]) -> LocalRun {
             continue;
         }
         let r = &schedule[index];
+        let released = eval.delayed.is_some();
         for report in &eval.reports {
             if report.outcome != RuleOutcome::Allowed {
                 continue;
+            }
+            let deadline = stated_deadline(r).map(|(_, _, timeout_us)| r.at_us + timeout_us);
+            if released && deadline.is_some_and(|at| report.decided_at_us > at) {
+                out.past_deadline += 1;
             }
             let cost = match case.commit {
                 Some(Commit::Honest) => r.actual,
@@ -281,6 +288,12 @@ fn check_local(case: &LocalCase) -> Result<Option<LocalRun>, String> {
     };
     let limit = configured_limit(&e, RuleId(0)).unwrap();
     let run = run_local(case, &e, &case.schedule);
+    if run.past_deadline > 0 {
+        return Err(format!(
+            "seed {}: {} held requests admitted after the deadline they stated\n{}",
+            case.seed, run.past_deadline, case.config
+        ));
+    }
     let Some(_) = violation(&limit, &run.admissions) else {
         return Ok(Some(run));
     };

@@ -45,6 +45,10 @@ pub struct Bootstrap {
     /// A top-level `stats_config:` block (raw YAML at column 0), e.g. the tags of
     /// [`shipped_stats_config`].
     pub stats_config: Option<String>,
+    /// Clients whose requests Envoy counts as internal (`internal_address_config`), as
+    /// `(prefix, length)`: Envoy keeps their `x-envoy-*` headers and strips them from
+    /// every other request. None by default, as in Envoy.
+    pub internal_cidrs: Vec<(String, u32)>,
 }
 
 impl Default for Bootstrap {
@@ -64,7 +68,14 @@ impl Bootstrap {
             max_request_headers_kb: 96,
             access_log: None,
             stats_config: None,
+            internal_cidrs: Vec::new(),
         }
+    }
+
+    /// Counts requests from `prefix/len` as internal: an Envoy in front of this one.
+    pub fn internal_cidr(mut self, prefix: &str, len: u32) -> Bootstrap {
+        self.internal_cidrs.push((prefix.to_string(), len));
+        self
     }
 
     /// Adds an HTTP filter (raw YAML list item) before the router.
@@ -122,6 +133,18 @@ impl Bootstrap {
                 yaml_quote(&format!("{format}\n")),
             ),
         };
+        let internal = if self.internal_cidrs.is_empty() {
+            String::new()
+        } else {
+            let mut c =
+                "          internal_address_config:\n            cidr_ranges:\n".to_string();
+            for (prefix, len) in &self.internal_cidrs {
+                c.push_str(&format!(
+                    "            - {{ address_prefix: {prefix}, prefix_len: {len} }}\n"
+                ));
+            }
+            c
+        };
         let clusters = if self.clusters.is_empty() {
             "  clusters: []\n".to_string()
         } else {
@@ -149,7 +172,7 @@ admin:
           stat_prefix: ingress
           # The client address is the TCP peer, never X-Forwarded-For.
           use_remote_address: true
-          max_request_headers_kb: {kb}
+{internal}          max_request_headers_kb: {kb}
 {access_log}          route_config:
             name: local
             virtual_hosts:

@@ -258,3 +258,103 @@ fn envoy_stopping_closes_the_requests_it_holds_at_once() {
         );
     }
 }
+
+/// A request states its own deadline: `x-envoy-expected-rq-timeout-ms` (an Envoy in
+/// front, HTTP/1.1 here: Envoy keeps `x-envoy-*` headers only on requests from addresses
+/// its `internal_address_config` names) or `grpc-timeout` (a gRPC client over HTTP/2, curl with prior
+/// knowledge). Shorter than its wait, it is answered at once — 429 with `Retry-After`,
+/// or gRPC RESOURCE_EXHAUSTED — instead of being held past the time its client waits;
+/// long enough, it is held and released as before. `delay_past_deadline` counts them.
+#[test]
+fn a_request_whose_deadline_comes_before_its_slot_is_answered_at_once() {
+    // 4/s, 2 at once, then a slot every 250 ms; hold up to 2 s. (Burst 1 lets a release
+    // come up to 250 ms late and keep its slot: a loaded machine's late tick.)
+    let config = delayed_rule(
+        r#"{"algorithm":"gcra","rate":4,"period":"1s","burst":1}"#,
+        r#"{"max":"2s","queue":10}"#,
+    );
+    // The client stands for an Envoy in front, on loopback: its requests are internal.
+    let envoy = Envoy::start(&weir(&config).internal_cidr("127.0.0.0", 8), 1);
+    let port = envoy.http_port;
+    let send = |request: Request| {
+        let started = Instant::now();
+        let response = Client::connect(port).unwrap().request(request).unwrap();
+        (response, started.elapsed())
+    };
+    let alice = || Request::get("/").header("x-user", "alice");
+    for _ in 0..2 {
+        assert_eq!(
+            send(alice()).0.status,
+            200,
+            "the two the key admits at once"
+        );
+    }
+
+    // Its slot is 250 ms away; it states 100 ms: a 429 at once, saying when to retry.
+    let (denied, took) = send(alice().header("x-envoy-expected-rq-timeout-ms", "100"));
+    assert_eq!(denied.status, 429);
+    assert!(
+        took < Duration::from_millis(100),
+        "answered at once: {took:?}"
+    );
+    assert!(denied.header("retry-after").is_some());
+    assert!(denied.header(DELAY_HEADER).is_none(), "not held");
+
+    // 1 s is enough: held until its slot, then forwarded.
+    let (held, took) = send(alice().header("x-envoy-expected-rq-timeout-ms", "1000"));
+    assert_eq!(held.status, 200);
+    assert!(took >= Duration::from_millis(150), "held: {took:?}");
+    assert!(held.header(DELAY_HEADER).is_some());
+
+    // gRPC over HTTP/2 with a 100 ms deadline: RESOURCE_EXHAUSTED at once.
+    // curl's own time for the call (`time_total`), not its process's start-up.
+    let grpc = |timeout: &str| {
+        let out = std::process::Command::new("curl")
+            .args([
+                "-s",
+                "-o",
+                "/dev/null",
+                "-D",
+                "-",
+                "--http2-prior-knowledge",
+            ])
+            .args(["-w", "time_total:%{time_total}"])
+            .args(["-X", "POST", "--data-binary", "@-"])
+            .args(["-H", "content-type: application/grpc", "-H", "te: trailers"])
+            .args([
+                "-H",
+                "x-user: bob",
+                "-H",
+                &format!("grpc-timeout: {timeout}"),
+            ])
+            .arg(format!("http://127.0.0.1:{port}/pkg.Service/Method"))
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("curl");
+        let text = String::from_utf8_lossy(&out.stdout).to_lowercase();
+        let (headers, secs) = text.rsplit_once("time_total:").expect("curl's time");
+        let took = Duration::from_secs_f64(secs.trim().parse().expect("seconds"));
+        (headers.to_string(), took)
+    };
+    // Admitted calls reach the route's direct response (not a gRPC server: Envoy answers
+    // them UNKNOWN, 2); weir's denial is RESOURCE_EXHAUSTED, 8.
+    for _ in 0..2 {
+        let (first, _) = grpc("5S");
+        assert!(first.starts_with("http/2 200"), "{first}");
+        assert!(!first.contains("grpc-status: 8"), "admitted: {first}");
+    }
+    let (denied, took) = grpc("100m");
+    assert!(denied.contains("grpc-status: 8"), "{denied}");
+    assert!(
+        took < Duration::from_millis(100),
+        "answered at once: {took:?}"
+    );
+    let (held, took) = grpc("1S");
+    assert!(!held.contains("grpc-status: 8"), "{held}");
+    assert!(held.contains(&DELAY_HEADER.to_lowercase()), "{held}");
+    assert!(took >= Duration::from_millis(150), "held: {took:?}");
+
+    assert_eq!(envoy.weir_stat("rule.api.delay_past_deadline"), 2);
+    assert_eq!(envoy.weir_stat("rule.api.delayed"), 2);
+    envoy.assert_no_panic();
+}

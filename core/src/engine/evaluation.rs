@@ -100,6 +100,9 @@ pub struct HeldRequest {
     pub hold: Hold,
     /// When the request arrived (µs): its delay's `max` counts from then.
     pub arrived_us: u64,
+    /// The deadline the request stated (µs since the epoch), if any: released after
+    /// it, the request is not forwarded ([`crate::deadline`]).
+    pub deadline_us: Option<u64>,
     pub(super) decision: Decision,
     pub(super) report: RuleReport,
 }
@@ -113,13 +116,19 @@ pub struct Delayed {
     /// The release came after [`Hold::release_by_us`]: the slot was lost and the rule
     /// decided the request again.
     pub late: bool,
+    /// The release came after the request's own deadline: it was denied, not
+    /// forwarded (its client no longer waits for it).
+    pub past_deadline: bool,
 }
 
 /// A delaying rule's offer to hold the request it would deny.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct HoldOffer {
-    /// What is left of the delay's `max` for this request.
+    /// The longest this request may still be held: what is left of the delay's `max`,
+    /// or less, until the deadline the request stated.
     pub(super) max_wait_us: u64,
+    /// What is left of the delay's `max` alone.
+    pub(super) max_left_us: u64,
     /// The worker has room for one more held request of the rule.
     pub(super) room: bool,
 }
@@ -128,6 +137,12 @@ impl HoldOffer {
     /// Whether a denial with `retry_after_ns` would be held (given room).
     pub(super) fn covers(&self, retry_after_ns: Option<u64>) -> bool {
         retry_after_ns.is_some_and(|ns| Nanos(ns).as_micros_ceil().us() <= self.max_wait_us)
+    }
+
+    /// Whether the delay's `max` alone would hold it: when [`HoldOffer::covers`] says no,
+    /// the request's own deadline came first.
+    pub(super) fn max_covers(&self, retry_after_ns: Option<u64>) -> bool {
+        retry_after_ns.is_some_and(|ns| Nanos(ns).as_micros_ceil().us() <= self.max_left_us)
     }
 }
 
@@ -198,6 +213,7 @@ impl Evaluation {
             rule: rule.id,
             hold,
             arrived_us: report.decided_at_us,
+            deadline_us: None,
             decision,
             report,
         });

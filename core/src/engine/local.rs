@@ -73,7 +73,7 @@ impl LimitTable {
 pub(super) struct LocalRuntime {
     pub(super) slots: LimitTable,
     reservoir: Option<Reservoir>,
-    delay: Option<Delay>,
+    pub(super) delay: Option<Delay>,
 }
 
 impl LocalRuntime {
@@ -90,14 +90,15 @@ impl LocalRuntime {
     }
 
     /// Decides the rule for a request that arrived at `arrived_us`: from the worker's
-    /// reservoir when the rule has one, else in the slot; held when the rule delays.
+    /// reservoir when the rule has one, else in the slot; held when the rule delays —
+    /// but never past `deadline_us`, the request's own deadline when it stated one.
     pub(super) fn decide<S: SharedStore>(
         &self,
         eval: &mut Evaluation,
         store: &S,
         worker: &mut Worker,
         applied: &Applied<'_>,
-        arrived_us: u64,
+        (arrived_us, deadline_us): (u64, Option<u64>),
     ) {
         let rule = applied.rule;
         let now_us = applied.now_us;
@@ -107,9 +108,14 @@ impl LocalRuntime {
         };
         // A rule holds a request only when no rule counted it before: it
         // would be admitted later than they counted it.
-        let offer = self.delay.filter(|_| !eval.counted()).map(|d| HoldOffer {
-            max_wait_us: d.max_us.saturating_sub(now_us.saturating_sub(arrived_us)),
-            room: worker.waiting.has_room(rule.id),
+        let offer = self.delay.filter(|_| !eval.counted()).map(|d| {
+            let max_left_us = d.max_us.saturating_sub(now_us.saturating_sub(arrived_us));
+            let deadline_left_us = deadline_us.map(|at| at.saturating_sub(now_us));
+            HoldOffer {
+                max_wait_us: deadline_left_us.map_or(max_left_us, |d| d.min(max_left_us)),
+                max_left_us,
+                room: worker.waiting.has_room(rule.id),
+            }
         });
         match (self.reservoir, worker.reservoirs.table(rule.id)) {
             (Some(settings), Some(table)) => {
@@ -126,6 +132,7 @@ impl LocalRuntime {
         }
         if let Some(held) = eval.held.as_mut() {
             held.arrived_us = arrived_us;
+            held.deadline_us = deadline_us;
         }
     }
 }
@@ -206,6 +213,10 @@ fn record_or_hold(
     }
     report.delay_queue_full =
         !decision.allowed && offer.is_some_and(|o| !o.room && o.covers(decision.retry_after_ns));
+    report.delay_past_deadline = !decision.allowed
+        && offer.is_some_and(|o| {
+            o.room && !o.covers(decision.retry_after_ns) && o.max_covers(decision.retry_after_ns)
+        });
     eval.record(report, rule, decision);
 }
 

@@ -63,6 +63,7 @@ pub use report::{FailureOutcome, RuleOutcome, RuleReport, Source, Verdict};
 pub use runtime::Engine;
 
 use crate::adaptive::{measures_service, Response};
+use crate::algorithms::Decision;
 use crate::concurrency::{place_epoch, KeyPlaces, MAX_PLACE_UPDATES_PER_TICK};
 use crate::key::Seed;
 use crate::response::RuleVerdict;
@@ -163,11 +164,26 @@ impl Engine {
             return;
         };
         let on_time = now_us <= held.hold.release_by_us;
+        let past_deadline = held.deadline_us.is_some_and(|at| now_us > at);
         eval.delayed = Some(Delayed {
             rule: held.rule,
             waited: now.saturating_sub(Micros(held.arrived_us)),
             late: !on_time,
+            past_deadline,
         });
+        if past_deadline {
+            // Its client no longer waits for it: not forwarded. Its slot stays counted.
+            let mut report = held.report;
+            report.decided_at_us = now_us;
+            report.delay_past_deadline = true;
+            let denied = Decision {
+                allowed: false,
+                retry_after_ns: Some(0),
+                ..held.decision
+            };
+            eval.record(report, rule, denied);
+            return;
+        }
         let first_rule = if on_time {
             let mut report = held.report;
             report.decided_at_us = now_us;
@@ -204,7 +220,19 @@ impl Engine {
             };
             match runtime {
                 RuleRuntime::Local(local) => {
-                    local.decide(eval, store, worker, &applied, from.arrived_us);
+                    // A delaying rule holds a request no later than its own deadline:
+                    // read only when the rule could hold it.
+                    let deadline_us = local
+                        .delay
+                        .filter(|_| !eval.counted())
+                        .and_then(|d| d.deadline.deadline_us(facts, from.arrived_us));
+                    local.decide(
+                        eval,
+                        store,
+                        worker,
+                        &applied,
+                        (from.arrived_us, deadline_us),
+                    );
                 }
                 RuleRuntime::Concurrency(concurrency) => {
                     concurrency.decide(eval, store, &applied, worker);

@@ -83,6 +83,10 @@ pub struct RuleReport {
     /// A delaying rule denied a request that would have fitted within its `max`,
     /// because the worker already held `queue` requests for it.
     pub delay_queue_full: bool,
+    /// A delaying rule denied a request that would have fitted within its `max`,
+    /// because the request's own deadline came before its slot (or its release came
+    /// after that deadline).
+    pub delay_past_deadline: bool,
     /// A `per_key` adaptive rule decided this request's key without a controller of its
     /// own (every record it may use belongs to an active key, or the worker's table of
     /// keys was full of keys with samples waiting): against `max_in_flight`.
@@ -111,6 +115,7 @@ impl RuleReport {
             lease_units_late: 0,
             lease_units_expired: 0,
             delay_queue_full: false,
+            delay_past_deadline: false,
             key_without_controller: false,
             in_flight_reclaimed: 0,
         }

@@ -36,8 +36,9 @@
 //! count `delayed` (requests held instead of denied), `delay_waited_us` (the time they
 //! waited, summed: divided by `delayed`, the mean wait), `delay_late` (released after
 //! their slot: decided again), `delay_queue_full` (denied because the worker held
-//! `queue` requests of the rule already) and `delay_abandoned` (the client left while
-//! its request was held). Rules with a `commit` count `committed` (costs settled after
+//! `queue` requests of the rule already), `delay_past_deadline` (denied because the
+//! request's own deadline came before its slot, or its release after that deadline) and
+//! `delay_abandoned` (the client left while its request was held). Rules with a `commit` count `committed` (costs settled after
 //! the response) and, by why they settled as they did (`weir_core::usage::settlement`):
 //! `commit_usage_read` (the response's usage), `commit_on_error` (an upstream 5xx: the
 //! rule's `on_error`), and, each keeping the estimate, `commit_no_usage` (a response
@@ -110,6 +111,7 @@ struct RuleMetrics {
     delay_waited_us: Stat,
     delay_late: Stat,
     delay_queue_full: Stat,
+    delay_past_deadline: Stat,
     delay_abandoned: Stat,
     committed: Stat,
     commit_reasons: CommitReasons,
@@ -314,6 +316,7 @@ impl Metrics {
                 delay_waited_us: r.counter(&format!("{prefix}.delay_waited_us"))?,
                 delay_late: r.counter(&format!("{prefix}.delay_late"))?,
                 delay_queue_full: r.counter(&format!("{prefix}.delay_queue_full"))?,
+                delay_past_deadline: r.counter(&format!("{prefix}.delay_past_deadline"))?,
                 delay_abandoned: r.counter(&format!("{prefix}.delay_abandoned"))?,
                 committed: r.counter(&format!("{prefix}.committed"))?,
                 commit_reasons: CommitReasons::define(&mut r, &prefix)?,
@@ -613,6 +616,9 @@ impl Metrics {
             if let Some(lost) = report.reservoir_lost {
                 self.bump(rule.reservoir_evictions, 1);
                 self.bump(rule.reservoir_lost, i64::try_from(lost).unwrap_or(i64::MAX));
+            }
+            if report.delay_past_deadline {
+                self.bump(rule.delay_past_deadline, 1);
             }
             if report.delay_queue_full {
                 self.bump(rule.delay_queue_full, 1);

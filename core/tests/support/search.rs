@@ -208,9 +208,40 @@ pub fn accepted(json: &str) -> Option<Engine> {
     }
 }
 pub fn request_of(r: &Request) -> FakeRequest {
-    user(&format!("u{}", r.user))
+    let request = user(&format!("u{}", r.user))
         .header("x-cost", r.cost.to_string())
-        .header("x-tokens", r.actual.to_string())
+        .header("x-tokens", r.actual.to_string());
+    match stated_deadline(r) {
+        Some((header, value, _)) => request.header(header, value),
+        None => request,
+    }
+}
+
+/// The deadline a request states, if any: the header, its value and the timeout in µs.
+/// A quarter of the requests state none, half `grpc-timeout` (in µs or ms), a quarter
+/// `x-envoy-expected-rq-timeout-ms`, from 0 to about a second. Drawn from the request's
+/// arrival and user, not the schedule's generator, so schedules (and the seeds the search
+/// found) stay what they were.
+pub fn stated_deadline(r: &Request) -> Option<(&'static str, String, u64)> {
+    let mut z = (r.at_us ^ ((r.user as u64) << 48)).wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^= z >> 31;
+    // Log-uniform up to 2^20 µs.
+    let magnitude = 1u64 << ((z >> 8) % 21);
+    let timeout_us = magnitude + (z >> 16) % magnitude;
+    match z % 4 {
+        0 => Some(("grpc-timeout", format!("{timeout_us}u"), timeout_us)),
+        1 => {
+            let ms = timeout_us / 1_000;
+            Some(("grpc-timeout", format!("{ms}m"), ms * 1_000))
+        }
+        2 => {
+            let ms = timeout_us / 1_000;
+            Some(("x-envoy-expected-rq-timeout-ms", ms.to_string(), ms * 1_000))
+        }
+        _ => None,
+    }
 }
 
 /// The first key whose admissions break `limit`'s bound.

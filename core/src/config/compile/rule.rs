@@ -8,9 +8,10 @@ use crate::bounds::{check_name, MAX_LEASE_HORIZON_US, MAX_LEASE_TTL_US, MAX_WANT
 use crate::config::raw::{
     RawFailureMode, RawGlobal, RawLease, RawOnLimit, RawReservoir, RawRule, RawScope,
 };
+use crate::deadline::{self, DeadlineFacts};
 use crate::field_error::{quoted, FieldError};
 use crate::rules::{
-    Delay, FailureMode, GlobalRule, Lease, RequestMatch, Reservoir, Rule, RuleId, Scope,
+    Delay, Fact, FailureMode, GlobalRule, Lease, RequestMatch, Reservoir, Rule, RuleId, Scope,
 };
 
 pub const DEFAULT_LEASE_TTL_US: u64 = 1_000_000;
@@ -155,7 +156,7 @@ pub(super) fn compile(
     };
     let shadow = raw.shadow.unwrap_or(false);
     let delay = match raw.on_limit {
-        Some(on_limit) => delay(on_limit, &scope, shadow, &format!("{at}.on_limit"))?,
+        Some(on_limit) => delay(on_limit, &scope, shadow, facts, &format!("{at}.on_limit"))?,
         None => None,
     };
     Ok(Rule {
@@ -264,7 +265,13 @@ fn max_keys(raw: Option<u64>, at: &str) -> Result<u32> {
 }
 
 /// `on_limit.delay`: for local rules whose algorithm has a schedule to hold requests on.
-fn delay(raw: RawOnLimit, scope: &Scope, shadow: bool, at: &str) -> Result<Option<Delay>> {
+fn delay(
+    raw: RawOnLimit,
+    scope: &Scope,
+    shadow: bool,
+    facts: &mut Interner,
+    at: &str,
+) -> Result<Option<Delay>> {
     let Some(raw) = raw.delay else {
         return Ok(None);
     };
@@ -316,7 +323,16 @@ fn delay(raw: RawOnLimit, scope: &Scope, shadow: bool, at: &str) -> Result<Optio
                 )
             })?,
     };
-    Ok(Some(Delay { max_us, queue }))
+    let mut header = |name: &str| facts.intern(Fact::Header(name.to_string()), &at);
+    let deadline = DeadlineFacts {
+        grpc_timeout: header(deadline::GRPC_TIMEOUT)?,
+        expected_rq_timeout: header(deadline::EXPECTED_RQ_TIMEOUT)?,
+    };
+    Ok(Some(Delay {
+        max_us,
+        queue,
+        deadline,
+    }))
 }
 
 /// A local rule's reservoir settings; `max` 1 turns them off (exact).
