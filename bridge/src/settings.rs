@@ -5,7 +5,9 @@ use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::{ClientTlsConfig, TlsCertificates, TlsMode};
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::OnceLock;
 use std::time::Duration;
+use weir_core::bounds::BRIDGE_REDIS_TIMEOUT_MS;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
@@ -65,8 +67,10 @@ pub struct Settings {
     pub redis_client_key: Option<PathBuf>,
 
     /// Longest wait for one Redis call, retries and redirects included; past it the
-    /// request fails with 503.
-    #[arg(long, env = "WEIR_BRIDGE_REDIS_TIMEOUT", default_value = "100ms", value_parser = duration)]
+    /// request fails with 503. Keep it at least 10ms below the filter's `bridge.timeout`
+    /// (default 50ms), or the filter gives up on calls that Redis still answers and the
+    /// units granted are lost.
+    #[arg(long, env = "WEIR_BRIDGE_REDIS_TIMEOUT", default_value = default_redis_timeout(), value_parser = duration)]
     pub redis_timeout: Duration,
 
     /// Longest wait to open a connection to one Redis node.
@@ -112,6 +116,13 @@ pub struct Settings {
     /// Log filter (tracing-subscriber `EnvFilter` syntax).
     #[arg(long, env = "WEIR_BRIDGE_LOG", default_value = "info")]
     pub log: String,
+}
+
+/// `--redis-timeout`'s default, [`BRIDGE_REDIS_TIMEOUT_MS`] in the flags' syntax: the
+/// number the config checker adds the call's margin to.
+fn default_redis_timeout() -> &'static str {
+    static TEXT: OnceLock<String> = OnceLock::new();
+    TEXT.get_or_init(|| format!("{BRIDGE_REDIS_TIMEOUT_MS}ms"))
 }
 
 /// "100ms", "2s": the config's duration syntax.
@@ -235,6 +246,7 @@ impl Settings {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use weir_core::bounds::MIN_BRIDGE_TIMEOUT_MS;
 
     fn parse(args: &[&str]) -> Result<Settings, clap::Error> {
         Settings::try_parse_from(std::iter::once("weir-bridge").chain(args.iter().copied()))
@@ -244,7 +256,13 @@ mod tests {
     fn defaults_and_seed_urls() {
         let s = parse(&["--redis-nodes", "127.0.0.1:7000, redis://127.0.0.1:7001"]).unwrap();
         assert_eq!(s.listen, "127.0.0.1:8081".parse().unwrap());
-        assert_eq!(s.redis_timeout, Duration::from_millis(100));
+        assert_eq!(
+            s.redis_timeout,
+            Duration::from_millis(BRIDGE_REDIS_TIMEOUT_MS)
+        );
+        assert_eq!(s.redis_timeout, Duration::from_millis(40));
+        // Within the filter's default timeout, with the call's margin.
+        assert!(s.redis_timeout < Duration::from_millis(MIN_BRIDGE_TIMEOUT_MS));
         assert_eq!(s.drain_delay, Duration::from_secs(5));
         let no_drain = parse(&["--redis-nodes", "a:1", "--drain-delay", "0s"]).unwrap();
         assert_eq!(no_drain.drain_delay, Duration::ZERO);
