@@ -299,10 +299,10 @@ async fn run_item(
 }
 
 /// `GET /healthz`, the readiness of this replica: 503 `draining` once it is shutting
-/// down; else 200 `ok` when a Redis master answers PING, 503 when none does (this
-/// replica cannot reach Redis at all). A shard that is down fails its own keys' calls
-/// (503) and leaves readiness alone: every replica shares it, so taking them out of
-/// service would only fail the keys of the shards that still answer.
+/// down; else 200 `ok` when a Redis node it is connected to answers PING, 503 when none
+/// does (this replica cannot reach Redis at all). A shard that is down fails its own
+/// keys' calls (503) and leaves readiness alone: every replica shares it, so taking them
+/// out of service would only fail the keys of the shards that still answer.
 async fn healthz(State(state): State<AppState>) -> Response {
     if state.draining.is_on() {
         return (StatusCode::SERVICE_UNAVAILABLE, "draining").into_response();
