@@ -140,24 +140,22 @@ fn default_redis_timeout() -> &'static str {
     TEXT.get_or_init(|| format!("{BRIDGE_REDIS_TIMEOUT_MS}ms"))
 }
 
-/// One secret, from its flag (or variable) or its file; `flag` names the file's flag in
-/// messages.
+/// One secret, from its flag `name` (or its variable) or from the file of `name-file`.
 fn read_secret(
-    flag: &str,
+    name: &str,
     value: &Option<String>,
     file: &Option<PathBuf>,
 ) -> Result<Option<String>, String> {
     let secret = match (value, file) {
         (Some(s), _) => s.clone(),
         (None, Some(path)) => std::fs::read_to_string(path)
-            .map_err(|e| format!("{flag} {}: {e}", path.display()))?
+            .map_err(|e| format!("{name}-file {}: {e}", path.display()))?
             .trim()
             .to_string(),
         (None, None) => return Ok(None),
     };
     if secret.is_empty() {
-        let which = flag.trim_end_matches("-file").trim_start_matches("--");
-        return Err(format!("the shared secret is empty (--{which})"));
+        return Err(format!("the shared secret is empty ({name})"));
     }
     Ok(Some(secret))
 }
@@ -226,12 +224,8 @@ impl Settings {
     /// The shared secret, and the next one during a rotation, from the flags, the
     /// environment or the files.
     pub fn load_secret(&self) -> Result<Option<Secret>, String> {
-        let current = read_secret("--secret-file", &self.secret, &self.secret_file)?;
-        let next = read_secret(
-            "--secret-next-file",
-            &self.secret_next,
-            &self.secret_next_file,
-        )?;
+        let current = read_secret("--secret", &self.secret, &self.secret_file)?;
+        let next = read_secret("--secret-next", &self.secret_next, &self.secret_next_file)?;
         match (current, next) {
             (None, None) => Ok(None),
             (None, Some(_)) => Err(
@@ -382,6 +376,19 @@ mod tests {
                 "--secret-next needs --secret or --secret-file: the secret in use, which \
                  stays accepted until the rotation ends"
             )
+        );
+        let missing = parse(&[
+            "--redis-nodes",
+            "a:1",
+            "--secret",
+            "x",
+            "--secret-next-file",
+            "/nonexistent/next",
+        ]);
+        let error = missing.unwrap().load_secret().err().unwrap();
+        assert!(
+            error.starts_with("--secret-next-file /nonexistent/next: "),
+            "{error}"
         );
         let empty = parse(&["--redis-nodes", "a:1", "--secret", "x", "--secret-next", ""]);
         assert_eq!(
