@@ -16,24 +16,50 @@ use axum::{Json, Router};
 use sha2::{Digest, Sha256};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use subtle::ConstantTimeEq;
+use subtle::{Choice, ConstantTimeEq};
 use weir_core::algorithms::{Ask, GlobalLimit};
 use weir_core::bounds::MAX_BODY_BYTES;
 use weir_core::wire::{v1, v2, v3, CheckedItem, SECRET_HEADER};
 
-/// The shared secret, kept as its SHA-256 so that the comparison takes the same time
-/// whatever the length or content of what a client sends.
+/// The shared secret a call must present, kept as its SHA-256 so that the comparison
+/// takes the same time whatever the length or content of what a client sends; during a
+/// rotation, the next secret too, and either is accepted.
 #[derive(Clone)]
-pub struct Secret([u8; 32]);
+pub struct Secret {
+    current: [u8; 32],
+    next: Option<[u8; 32]>,
+}
 
 impl Secret {
     pub fn new(secret: &str) -> Secret {
-        Secret(Sha256::digest(secret.as_bytes()).into())
+        Secret {
+            current: Sha256::digest(secret.as_bytes()).into(),
+            next: None,
+        }
     }
 
-    fn matches(&self, presented: &[u8]) -> bool {
+    /// Accepts `next` as well: the secret the filters move to during a rotation.
+    pub fn with_next(self, next: &str) -> Secret {
+        Secret {
+            next: Some(Sha256::digest(next.as_bytes()).into()),
+            ..self
+        }
+    }
+
+    /// Whether a next secret is accepted too (a rotation is under way).
+    pub fn has_next(&self) -> bool {
+        self.next.is_some()
+    }
+
+    /// Whether `presented` is the secret (or the next one). Both are compared every time,
+    /// in constant time, so the time taken does not say which one matched.
+    pub fn accepts(&self, presented: &[u8]) -> bool {
         let digest: [u8; 32] = Sha256::digest(presented).into();
-        bool::from(digest.ct_eq(&self.0))
+        let current = digest.ct_eq(&self.current);
+        let next = self
+            .next
+            .map_or(Choice::from(0), |next| digest.ct_eq(&next));
+        bool::from(current | next)
     }
 }
 
@@ -253,7 +279,7 @@ fn authorized_body(
 ) -> Result<Bytes, ApiError> {
     if let Some(secret) = &state.secret {
         let presented = headers.get(SECRET_HEADER).map(|v| v.as_bytes());
-        if !presented.is_some_and(|p| secret.matches(p)) {
+        if !presented.is_some_and(|p| secret.accepts(p)) {
             return Err(ApiError::Unauthorized);
         }
     }
@@ -299,7 +325,10 @@ async fn run_item(
 }
 
 /// `GET /healthz`, the readiness of this replica: 503 `draining` once it is shutting
-/// down; else 200 `ok` when every Redis master answers PING, 503 when one does not.
+/// down; else 200 `ok` when a Redis node it is connected to answers PING, 503 when none
+/// does (this replica cannot reach Redis at all). A shard that is down fails its own
+/// keys' calls (503) and leaves readiness alone: every replica shares it, so taking them
+/// out of service would only fail the keys of the shards that still answer.
 async fn healthz(State(state): State<AppState>) -> Response {
     if state.draining.is_on() {
         return (StatusCode::SERVICE_UNAVAILABLE, "draining").into_response();

@@ -36,7 +36,7 @@ pub fn state_from_client(
     client: &ClusterClient,
     timeout: Duration,
     connect_timeout: Duration,
-    secret: Option<&str>,
+    secret: Option<Secret>,
 ) -> AppState {
     let metrics = Arc::new(Metrics::default());
     // A connection config replaces the client's timeouts: repeat them.
@@ -46,7 +46,7 @@ pub fn state_from_client(
     let conn = client.get_pending_async_connection_with_config(config);
     AppState {
         store: RedisStore::new(conn, timeout, metrics.clone()),
-        secret: secret.map(Secret::new),
+        secret,
         metrics,
         draining: Draining::default(),
     }

@@ -25,11 +25,12 @@ async fn run(settings: Settings) -> Result<(), String> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let secret = settings.load_secret()?;
     let client = settings.cluster_client()?;
+    let secret_next = secret.as_ref().is_some_and(|s| s.has_next());
     let state = weir_bridge::state_from_client(
         &client,
         settings.redis_timeout,
         settings.redis_connect_timeout,
-        secret.as_deref(),
+        secret,
     );
     let listener = TcpListener::bind(settings.listen)
         .await
@@ -40,7 +41,8 @@ async fn run(settings: Settings) -> Result<(), String> {
     tracing::info!(
         listen = %local,
         redis_nodes = ?settings.seeds_for_log(),
-        secret = secret.is_some(),
+        secret = state.secret.is_some(),
+        secret_next,
         redis_timeout = ?settings.redis_timeout,
         "weir-bridge serving"
     );

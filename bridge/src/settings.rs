@@ -1,11 +1,14 @@
 //! Settings, from flags or `WEIR_BRIDGE_*` environment variables (flags win).
 
+use crate::app::Secret;
 use clap::{Parser, ValueEnum};
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::{ClientTlsConfig, TlsCertificates, TlsMode};
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::OnceLock;
 use std::time::Duration;
+use weir_core::bounds::BRIDGE_REDIS_TIMEOUT_MS;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
@@ -65,8 +68,10 @@ pub struct Settings {
     pub redis_client_key: Option<PathBuf>,
 
     /// Longest wait for one Redis call, retries and redirects included; past it the
-    /// request fails with 503.
-    #[arg(long, env = "WEIR_BRIDGE_REDIS_TIMEOUT", default_value = "100ms", value_parser = duration)]
+    /// request fails with 503. Keep it at least 10ms below the filter's `bridge.timeout`
+    /// (default 50ms), or the filter gives up on calls that Redis still answers and the
+    /// units granted are lost.
+    #[arg(long, env = "WEIR_BRIDGE_REDIS_TIMEOUT", default_value = default_redis_timeout(), value_parser = duration)]
     pub redis_timeout: Duration,
 
     /// Longest wait to open a connection to one Redis node.
@@ -85,6 +90,20 @@ pub struct Settings {
     /// File holding the shared secret (one line; surrounding whitespace ignored).
     #[arg(long, env = "WEIR_BRIDGE_SECRET_FILE")]
     pub secret_file: Option<PathBuf>,
+
+    /// A second secret accepted as well as the first, while the filters move to it (a
+    /// rotation: docs/operations.md). Needs --secret or --secret-file.
+    #[arg(
+        long,
+        env = "WEIR_BRIDGE_SECRET_NEXT",
+        hide_env_values = true,
+        conflicts_with = "secret_next_file"
+    )]
+    pub secret_next: Option<String>,
+
+    /// File holding the next secret, as --secret-file holds the first.
+    #[arg(long, env = "WEIR_BRIDGE_SECRET_NEXT_FILE")]
+    pub secret_next_file: Option<PathBuf>,
 
     /// After SIGTERM/SIGINT, how long `/healthz` answers 503 `draining` while every other
     /// path is served as before, so that load balancers (an Envoy cluster's active health
@@ -112,6 +131,33 @@ pub struct Settings {
     /// Log filter (tracing-subscriber `EnvFilter` syntax).
     #[arg(long, env = "WEIR_BRIDGE_LOG", default_value = "info")]
     pub log: String,
+}
+
+/// `--redis-timeout`'s default, [`BRIDGE_REDIS_TIMEOUT_MS`] in the flags' syntax: the
+/// number the config checker adds the call's margin to.
+fn default_redis_timeout() -> &'static str {
+    static TEXT: OnceLock<String> = OnceLock::new();
+    TEXT.get_or_init(|| format!("{BRIDGE_REDIS_TIMEOUT_MS}ms"))
+}
+
+/// One secret, from its flag `name` (or its variable) or from the file of `name-file`.
+fn read_secret(
+    name: &str,
+    value: &Option<String>,
+    file: &Option<PathBuf>,
+) -> Result<Option<String>, String> {
+    let secret = match (value, file) {
+        (Some(s), _) => s.clone(),
+        (None, Some(path)) => std::fs::read_to_string(path)
+            .map_err(|e| format!("{name}-file {}: {e}", path.display()))?
+            .trim()
+            .to_string(),
+        (None, None) => return Ok(None),
+    };
+    if secret.is_empty() {
+        return Err(format!("the shared secret is empty ({name})"));
+    }
+    Ok(Some(secret))
 }
 
 /// "100ms", "2s": the config's duration syntax.
@@ -175,20 +221,21 @@ impl Settings {
             .collect()
     }
 
-    /// The shared secret, from the flag, the environment or the file.
-    pub fn load_secret(&self) -> Result<Option<String>, String> {
-        let secret = match (&self.secret, &self.secret_file) {
-            (Some(s), _) => s.clone(),
-            (None, Some(path)) => std::fs::read_to_string(path)
-                .map_err(|e| format!("--secret-file {}: {e}", path.display()))?
-                .trim()
-                .to_string(),
-            (None, None) => return Ok(None),
-        };
-        if secret.is_empty() {
-            return Err("the shared secret is empty".into());
+    /// The shared secret, and the next one during a rotation, from the flags, the
+    /// environment or the files.
+    pub fn load_secret(&self) -> Result<Option<Secret>, String> {
+        let current = read_secret("--secret", &self.secret, &self.secret_file)?;
+        let next = read_secret("--secret-next", &self.secret_next, &self.secret_next_file)?;
+        match (current, next) {
+            (None, None) => Ok(None),
+            (None, Some(_)) => Err(
+                "--secret-next needs --secret or --secret-file: the secret in use, which \
+                 stays accepted until the rotation ends"
+                    .into(),
+            ),
+            (Some(current), None) => Ok(Some(Secret::new(&current))),
+            (Some(current), Some(next)) => Ok(Some(Secret::new(&current).with_next(&next))),
         }
-        Ok(Some(secret))
     }
 
     /// The cluster client: timeouts, credentials and TLS. Nothing connects yet.
@@ -235,6 +282,7 @@ impl Settings {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use weir_core::bounds::MIN_BRIDGE_TIMEOUT_MS;
 
     fn parse(args: &[&str]) -> Result<Settings, clap::Error> {
         Settings::try_parse_from(std::iter::once("weir-bridge").chain(args.iter().copied()))
@@ -244,7 +292,13 @@ mod tests {
     fn defaults_and_seed_urls() {
         let s = parse(&["--redis-nodes", "127.0.0.1:7000, redis://127.0.0.1:7001"]).unwrap();
         assert_eq!(s.listen, "127.0.0.1:8081".parse().unwrap());
-        assert_eq!(s.redis_timeout, Duration::from_millis(100));
+        assert_eq!(
+            s.redis_timeout,
+            Duration::from_millis(BRIDGE_REDIS_TIMEOUT_MS)
+        );
+        assert_eq!(s.redis_timeout, Duration::from_millis(40));
+        // Within the filter's default timeout, with the call's margin.
+        assert!(s.redis_timeout < Duration::from_millis(MIN_BRIDGE_TIMEOUT_MS));
         assert_eq!(s.drain_delay, Duration::from_secs(5));
         let no_drain = parse(&["--redis-nodes", "a:1", "--drain-delay", "0s"]).unwrap();
         assert_eq!(no_drain.drain_delay, Duration::ZERO);
@@ -260,7 +314,7 @@ mod tests {
             s.seed_urls().unwrap(),
             ["redis://127.0.0.1:7000", "redis://127.0.0.1:7001"]
         );
-        assert_eq!(s.load_secret(), Ok(None));
+        assert!(s.load_secret().unwrap().is_none());
         assert!(s.cluster_client().is_ok());
 
         let tls = parse(&["--redis-nodes", "a:1,redis://b:2", "--redis-tls"]).unwrap();
@@ -287,5 +341,69 @@ mod tests {
         assert!(empty.load_secret().is_err());
         let missing_ca = parse(&["--redis-nodes", "a:1", "--redis-ca-file", "/nonexistent"]);
         assert!(missing_ca.unwrap().cluster_client().is_err());
+    }
+
+    #[test]
+    fn a_next_secret_is_accepted_beside_the_current_one() {
+        let dir = std::env::temp_dir().join(format!("weir-bridge-secrets-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let next_file = dir.join("next");
+        std::fs::write(&next_file, "  new-secret\n").unwrap();
+        let next_file = next_file.to_str().unwrap();
+
+        let one = parse(&["--redis-nodes", "a:1", "--secret", "old-secret"]).unwrap();
+        let one = one.load_secret().unwrap().unwrap();
+        assert!(one.accepts(b"old-secret") && !one.accepts(b"new-secret"));
+
+        for next in [
+            &["--secret-next", "new-secret"][..],
+            &["--secret-next-file", next_file][..],
+        ] {
+            let mut args = vec!["--redis-nodes", "a:1", "--secret", "old-secret"];
+            args.extend_from_slice(next);
+            let both = parse(&args).unwrap().load_secret().unwrap().unwrap();
+            assert!(both.accepts(b"old-secret"), "{next:?}");
+            assert!(both.accepts(b"new-secret"), "{next:?}");
+            for wrong in [&b""[..], b"old", b"new-secret\n", b"old-secretnew-secret"] {
+                assert!(!both.accepts(wrong), "{next:?}: {wrong:?}");
+            }
+        }
+
+        let alone = parse(&["--redis-nodes", "a:1", "--secret-next", "new-secret"]).unwrap();
+        assert_eq!(
+            alone.load_secret().err().as_deref(),
+            Some(
+                "--secret-next needs --secret or --secret-file: the secret in use, which \
+                 stays accepted until the rotation ends"
+            )
+        );
+        let missing = parse(&[
+            "--redis-nodes",
+            "a:1",
+            "--secret",
+            "x",
+            "--secret-next-file",
+            "/nonexistent/next",
+        ]);
+        let error = missing.unwrap().load_secret().err().unwrap();
+        assert!(
+            error.starts_with("--secret-next-file /nonexistent/next: "),
+            "{error}"
+        );
+        let empty = parse(&["--redis-nodes", "a:1", "--secret", "x", "--secret-next", ""]);
+        assert_eq!(
+            empty.unwrap().load_secret().err().as_deref(),
+            Some("the shared secret is empty (--secret-next)")
+        );
+        assert!(parse(&[
+            "--redis-nodes",
+            "a:1",
+            "--secret-next",
+            "x",
+            "--secret-next-file",
+            "f"
+        ])
+        .is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -7,9 +7,11 @@
     clippy::indexing_slicing
 )]
 
+use serde_json::{json, Value as Json};
 use std::process::Command;
 use std::time::Duration;
 use weir_core::wire::v1::ACQUIRE_PATH;
+use weir_core::wire::{v2, v3};
 use weir_e2e::{redis_cli_at, wait_until, Child, Process, RedisCluster, TestDir};
 
 const BODY: &str = r#"{"domain":"weir","items":[{"rule":"r","descriptor":["=alice"],
@@ -18,6 +20,12 @@ const BODY: &str = r#"{"domain":"weir","items":[{"rule":"r","descriptor":["=alic
 /// Starts the bridge binary with `args` and `env`; waits until it serves HTTP (healthy or
 /// not). Returns it and the status of `/healthz` and of one acquire.
 fn bridge_outcome(args: &[&str], env: &[(&str, &str)]) -> (Process, u16, u16) {
+    let (bridge, _port, health, acquire) = bridge_outcome_on(args, env);
+    (bridge, health, acquire)
+}
+
+/// [`bridge_outcome`], and the port the bridge listens on.
+fn bridge_outcome_on(args: &[&str], env: &[(&str, &str)]) -> (Process, u16, u16, u16) {
     let port = weir_e2e::free_port();
     let listen = format!("127.0.0.1:{port}");
     let mut all = vec![
@@ -38,7 +46,7 @@ fn bridge_outcome(args: &[&str], env: &[(&str, &str)]) -> (Process, u16, u16) {
     });
     let acquire =
         weir_e2e::send(port, weir_e2e::Request::post(ACQUIRE_PATH, BODY)).map_or(0, |r| r.status);
-    (bridge, health, acquire)
+    (bridge, port, health, acquire)
 }
 
 #[test]
@@ -84,6 +92,132 @@ fn passwords_and_acl_users() {
         "{log}"
     );
     assert!(!log.contains("cluster-pw"), "the password is never logged");
+}
+
+/// The rules of the shipped ACL (`deploy/redis/weir-bridge.acl`), comments dropped.
+fn shipped_acl_rules() -> Vec<String> {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../deploy/redis/weir-bridge.acl"
+    );
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    text.lines()
+        .filter(|l| !l.trim_start().starts_with('#'))
+        .flat_map(str::split_whitespace)
+        .map(str::to_string)
+        .collect()
+}
+
+/// `redis-cli` as the `weir-bridge` user on one node.
+fn as_bridge_user(port: u16, args: &[&str]) -> String {
+    let out = Command::new(weir_e2e::redis_cli_bin())
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args([
+            "-c",
+            "--user",
+            "weir-bridge",
+            "--pass",
+            "acl-pw",
+            "--no-auth-warning",
+        ])
+        .args(args)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// The bridge connects as a user with only the shipped ACL, and serves every algorithm
+/// and both settle scripts; the user cannot run anything else, nor touch other keys.
+#[test]
+fn the_shipped_least_privilege_acl_serves_every_script() {
+    let cluster = RedisCluster::start(3, 1);
+    let rules = shipped_acl_rules();
+    assert!(rules.contains(&"-@all".to_string()), "{rules:?}");
+    for node in cluster.nodes() {
+        let mut args = vec!["ACL", "SETUSER", "weir-bridge", "reset", ">acl-pw"];
+        args.extend(rules.iter().map(String::as_str));
+        assert_eq!(redis_cli_at(node.port, &args).unwrap(), "OK");
+    }
+    let nodes = cluster.seed_nodes().join(",");
+    let (bridge, port, health, acquire) = bridge_outcome_on(
+        &["--redis-username", "weir-bridge"],
+        &[
+            ("WEIR_BRIDGE_REDIS_NODES", nodes.as_str()),
+            ("WEIR_BRIDGE_REDIS_PASSWORD", "acl-pw"),
+        ],
+    );
+    assert_eq!((health, acquire), (200, 200), "{}", bridge.log());
+
+    // Every script: an acquire per algorithm, then a refund per settle script.
+    let limits = [
+        json!({"algorithm": "token_bucket", "capacity": 10, "refill": 1, "period_us": 60_000_000}),
+        json!({"algorithm": "gcra", "burst": 9, "rate": 10, "period_us": 1_000_000}),
+        json!({"algorithm": "fixed_window", "limit": 10, "window_us": 60_000_000}),
+        json!({"algorithm": "sliding_window", "limit": 10, "window_us": 60_000_000}),
+        json!({"algorithm": "sliding_log", "limit": 10, "window_us": 60_000_000}),
+    ];
+    let items: Vec<Json> = limits
+        .iter()
+        .enumerate()
+        .map(|(id, limit)| {
+            json!({"id": id, "rule": "acl", "descriptor": ["=alice"],
+            "limit": limit, "cost": 2, "want": 2})
+        })
+        .collect();
+    let acquire = json!({"domain": "weir", "items": items}).to_string();
+    let r = weir_e2e::send(port, weir_e2e::Request::post(v2::ACQUIRE_PATH, acquire)).unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let reply: Json = serde_json::from_slice(&r.body).unwrap();
+    for (id, granted) in reply["items"].as_array().unwrap().iter().enumerate() {
+        assert_eq!(granted["allowed"], true, "{}: {granted}", limits[id]);
+        assert_eq!(granted["granted"], 2, "{}: {granted}", limits[id]);
+    }
+    assert_eq!(reply["items"].as_array().unwrap().len(), limits.len());
+    let counted_at = reply["items"][0]["now_us"].as_u64().unwrap();
+    let commits: Vec<Json> = [0, 2]
+        .iter()
+        .map(|&id| {
+            json!({"id": id, "rule": "acl", "descriptor": ["=alice"],
+            "limit": limits[id], "counted_at_us": counted_at, "reserved": 2, "actual": 1})
+        })
+        .collect();
+    let commit = json!({"domain": "weir", "items": commits}).to_string();
+    let r = weir_e2e::send(port, weir_e2e::Request::post(v3::COMMIT_PATH, commit)).unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        serde_json::from_slice::<Json>(&r.body).unwrap(),
+        json!({"items": [{"id": 0, "settled": true}, {"id": 2, "settled": true}]})
+    );
+
+    // Outside the list, refused to that user: other commands, and other keys, also from
+    // a script.
+    let master = cluster.masters()[0].clone();
+    let node: u16 = master.rsplit(':').next().unwrap().parse().unwrap();
+    assert_eq!(as_bridge_user(node, &["PING"]), "PONG");
+    for refused in [
+        &["FLUSHALL"][..],
+        &["KEYS", "*"],
+        &["CONFIG", "GET", "maxmemory"],
+        &["DEL", "weir:{x}:gcra"],
+        &["INFO"],
+        &["SCRIPT", "FLUSH"],
+        &["GET", "not-weir"],
+        &["EVAL", "return redis.call('GET', KEYS[1])", "1", "not-weir"],
+        &[
+            "EVAL",
+            "return redis.call('DEL', KEYS[1])",
+            "1",
+            "weir:{x}:gcra",
+        ],
+    ] {
+        let reply = as_bridge_user(node, refused);
+        // A command a script calls is refused with its own words.
+        let script_refused = "ERR The user executing the script can't run this command";
+        assert!(
+            reply.contains("NOPERM") || reply.starts_with(script_refused),
+            "{refused:?}: {reply}"
+        );
+    }
 }
 
 /// `openssl` in `dir`: a CA, and a server certificate for 127.0.0.1 signed by it.

@@ -19,7 +19,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use tower::ServiceExt;
 use weir_bridge::scripts::Invocation;
-use weir_bridge::{app, state_from_client, AppState};
+use weir_bridge::{app, state_from_client, AppState, Secret};
 use weir_core::algorithms::Ask;
 use weir_core::wire::v1::{AcquireRequest, AcquireResponse, ACQUIRE_PATH};
 use weir_core::wire::{v2, v3, CheckedItem, SECRET_HEADER};
@@ -31,7 +31,12 @@ fn state_for(cluster: &RedisCluster, timeout: Duration) -> AppState {
     let client = redis::cluster::ClusterClient::builder(cluster.seed_urls())
         .build()
         .unwrap();
-    state_from_client(&client, timeout, Duration::from_secs(1), Some(SECRET))
+    state_from_client(
+        &client,
+        timeout,
+        Duration::from_secs(1),
+        Some(Secret::new(SECRET)),
+    )
 }
 
 async fn call(state: &AppState, request: Request<Body>) -> (StatusCode, String) {

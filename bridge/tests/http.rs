@@ -13,7 +13,7 @@ use axum::http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use std::time::{Duration, Instant};
 use tower::ServiceExt;
-use weir_bridge::{app, state_from_client, AppState};
+use weir_bridge::{app, state_from_client, AppState, Secret};
 use weir_core::bounds::MAX_BODY_BYTES;
 use weir_core::wire::v1::ACQUIRE_PATH;
 use weir_core::wire::SECRET_HEADER;
@@ -27,7 +27,7 @@ fn state(secret: Option<&str>) -> AppState {
     let client = redis::cluster::ClusterClient::builder(vec![format!("redis://127.0.0.1:{port}")])
         .build()
         .unwrap();
-    state_from_client(&client, TIMEOUT, TIMEOUT, secret)
+    state_from_client(&client, TIMEOUT, TIMEOUT, secret.map(Secret::new))
 }
 
 async fn call(state: &AppState, request: Request<Body>) -> (StatusCode, String) {
@@ -68,6 +68,32 @@ async fn a_missing_or_wrong_secret_is_401() {
     }
     // Authentication comes first: an unauthenticated client learns nothing about the body.
     let (status, _) = call(&s, acquire("{", None)).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+}
+
+/// During a rotation both secrets pass; anything else is still 401.
+#[tokio::test]
+async fn the_current_and_the_next_secret_are_both_accepted() {
+    let mut s = state(None);
+    s.secret = Some(Secret::new(SECRET).with_next("the-next-one"));
+    // Past authentication, the body is read: "{" is a 400.
+    for secret in [SECRET, "the-next-one"] {
+        let (status, body) = call(&s, acquire("{", Some(secret))).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{secret}: {body}");
+    }
+    for secret in [
+        None,
+        Some(""),
+        Some("the-next"),
+        Some("s3cret-for-teststhe-next-one"),
+    ] {
+        let (status, body) = call(&s, acquire("{", secret)).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{secret:?}");
+        assert_eq!(error_of(&body), "missing or wrong x-weir-secret");
+    }
+    // Once the rotation ends, the old secret is refused.
+    s.secret = Some(Secret::new("the-next-one"));
+    let (status, _) = call(&s, acquire("{", Some(SECRET))).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
 }
 

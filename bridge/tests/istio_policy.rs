@@ -17,7 +17,7 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use tower::ServiceExt;
-use weir_bridge::{app, state_from_client, AppState};
+use weir_bridge::{app, state_from_client, AppState, Secret};
 use weir_core::wire::{FILTER_METHOD, FILTER_PATHS};
 use weir_e2e::istio::{shipped, Mesh, Resource};
 use weir_e2e::istio_authz::{admits, listed_operations, pod_labels, policies_for};
@@ -75,7 +75,7 @@ fn state() -> AppState {
         .build()
         .unwrap();
     let timeout = Duration::from_millis(100);
-    state_from_client(&client, timeout, timeout, Some("policy-test"))
+    state_from_client(&client, timeout, timeout, Some(Secret::new("policy-test")))
 }
 
 async fn status_of(state: &AppState, method: &str, path: &str) -> StatusCode {

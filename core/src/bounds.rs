@@ -15,6 +15,8 @@
 //! | [`MAX_BODY_BYTES`] | 1 MiB | wire (request and reply bodies): larger than any request a valid config produces |
 //! | [`MAX_LEASE_TTL_US`] | 1 h | config (`lease.ttl`) and wire (`hold_us`) |
 //! | [`MAX_LEASE_HORIZON_US`] | 10 s | config (`lease.horizon`) and wire (`horizon_us`) |
+//! | [`BRIDGE_REDIS_TIMEOUT_MS`] | 40 ms | the bridge's default `--redis-timeout` |
+//! | [`MIN_BRIDGE_TIMEOUT_MS`] | 50 ms | config (default `bridge.timeout`; `weir-check` warns below it) |
 //!
 //! Algorithm parameters carry their own limits, next to the algorithm (e.g. GCRA's
 //! tolerance, the log's length, [`crate::algorithms::MAX_SCRIPT_EXACT`] for Redis).
@@ -68,6 +70,21 @@ pub const MAX_LEASE_HORIZON_US: u64 = 10_000_000;
 /// see [`crate::key::encode_part`]); a test builds the largest request a valid config can
 /// produce and checks that it fits.
 pub const MAX_BODY_BYTES: usize = 1 << 20;
+
+/// The bridge's default Redis timeout (`--redis-timeout`): the longest one script call
+/// may take, retries and redirects included, before the bridge answers 503.
+pub const BRIDGE_REDIS_TIMEOUT_MS: u64 = 40;
+
+/// What a bridge call takes beyond the Redis call it waits on: Envoy to the bridge and
+/// back, the JSON both ways, the scripts of the items before it (each a fraction of a
+/// millisecond on a healthy cluster).
+pub const BRIDGE_CALL_MARGIN_MS: u64 = 10;
+
+/// The shortest `bridge.timeout` that outlasts a bridge running with the default Redis
+/// timeout, and the filter's default. A shorter one gives up on calls the bridge is still
+/// waiting on: units Redis grants after that are charged and never spent, and the filter
+/// applies the failure mode where the bridge would have answered in time.
+pub const MIN_BRIDGE_TIMEOUT_MS: u64 = BRIDGE_REDIS_TIMEOUT_MS + BRIDGE_CALL_MARGIN_MS;
 
 const fn max(a: usize, b: usize) -> usize {
     if a > b {

@@ -536,6 +536,36 @@ fn cli_rejects_a_bad_file_with_its_message() {
     assert_eq!(stderr, format!("error: {expected}"));
 }
 
+/// A `bridge.timeout` shorter than the bridge's default Redis timeout plus the call's
+/// margin loads, with a warning naming the field, the value and what to do.
+#[test]
+fn cli_warns_about_a_bridge_timeout_the_bridge_outlasts() {
+    let path = fixture("good", "global_rules");
+    let (code, stdout, stderr) = weir_check(&["check-config", path.to_str().unwrap()], None);
+    assert_eq!(code, 0, "a warning is not an error");
+    assert!(stdout.starts_with("ok: 4 rules: "), "{stdout}");
+    assert_eq!(
+        stderr,
+        "warning: bridge.timeout: \"25ms\" is shorter than 50ms, what a weir-bridge with its \
+         default Redis timeout (40ms) needs with 10ms for the call itself: the filter gives \
+         up on calls the bridge is still waiting on, and units Redis grants after that are \
+         lost. Raise bridge.timeout to 50ms or more, or run the bridge with --redis-timeout \
+         at most 15ms\n"
+    );
+    // At the bound, and by default, nothing to say.
+    for bridge in [
+        r#"{"cluster": "weir_bridge", "timeout": "50ms"}"#,
+        r#"{"cluster": "weir_bridge"}"#,
+    ] {
+        let json = format!(
+            r#"{{"bridge": {bridge}, "rules": [{{"name": "g", "scope": "global",
+            "limit": {{"algorithm": "fixed_window", "limit": 10, "window": "1s"}}}}]}}"#
+        );
+        let (code, _, stderr) = weir_check(&["check-config", "-"], Some(json.as_bytes()));
+        assert_eq!((code, stderr.as_str()), (0, ""), "{bridge}");
+    }
+}
+
 #[test]
 fn cli_reads_stdin() {
     let json = std::fs::read(fixture("good", "shadow")).unwrap();

@@ -39,7 +39,10 @@ impl Bridge {
     /// Starts the bridge against `redis` on a free port and waits until `/healthz` is
     /// 200. `extra` are more flags (e.g. `["--secret", "s"]`). Without a
     /// `--drain-delay` among them it stops at once on SIGTERM: tests that do not roll it
-    /// need not wait for a drain.
+    /// need not wait for a drain. Without a `--redis-timeout` it waits 100 ms for Redis,
+    /// as before the default became 40 ms: most tests' filters wait 200 ms or more for
+    /// the bridge (a loaded test machine), and on one the first `EVAL`s of a script timed
+    /// out at 40 ms (tests/tests/global_conformance.rs, bursts after an idle period).
     pub fn start(redis: &RedisCluster, extra: &[&str]) -> Bridge {
         Bridge::start_on(redis, free_port(), extra)
     }
@@ -51,6 +54,9 @@ impl Bridge {
         let mut args = vec!["--listen", &listen, "--redis-nodes", &nodes];
         if !extra.contains(&"--drain-delay") {
             args.extend(["--drain-delay", "0s"]);
+        }
+        if !extra.contains(&"--redis-timeout") {
+            args.extend(["--redis-timeout", "100ms"]);
         }
         args.extend_from_slice(extra);
         let mut process = Process::spawn(bridge_bin(), &args, &[("WEIR_BRIDGE_LOG", "info")]);

@@ -16,6 +16,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde_json::Value;
+use weir_core::bounds::{BRIDGE_CALL_MARGIN_MS, BRIDGE_REDIS_TIMEOUT_MS};
 use weir_core::wire::{FILTER_METHOD, FILTER_PATHS};
 use weir_e2e::istio::{
     backend_routes, check_and_validate, plugins, stats_tags_override, Mesh, Resource,
@@ -270,6 +271,45 @@ fn ms(text: &str) -> u64 {
     match text.strip_suffix("ms") {
         Some(n) => n.parse().unwrap(),
         None => text.strip_suffix('s').unwrap().parse::<u64>().unwrap() * 1_000,
+    }
+}
+
+/// Every plugin of every overlay waits for the bridge at least as long as the bridge
+/// waits for Redis plus the call's margin: else the filter gives up on calls Redis still
+/// answers, and the units it grants are lost (docs/operations.md, "Timeouts").
+#[test]
+fn the_plugins_wait_longer_than_the_bridge_waits_for_redis() {
+    for rendered in all() {
+        let env = &bridge_container(&rendered)["env"];
+        let redis_ms = named(env, "WEIR_BRIDGE_REDIS_TIMEOUT")
+            .and_then(|e| e["value"].as_str())
+            .map_or(BRIDGE_REDIS_TIMEOUT_MS, ms);
+        let mut configs: Vec<(String, Value)> = rendered
+            .resources
+            .iter()
+            .flat_map(plugins)
+            .map(|p| (p.label.clone(), p.json_value()))
+            .collect();
+        if rendered
+            .of_kind("Deployment")
+            .any(|d| d.name() == "weir-envoy")
+        {
+            configs.push((
+                "plain-envoy bootstrap".into(),
+                plain_envoy_plugin(&rendered),
+            ));
+        }
+        assert!(!configs.is_empty());
+        for (label, config) in configs {
+            let json = config.to_string();
+            let parsed = weir_core::config::parse(json.as_bytes()).unwrap();
+            let bridge_ms = parsed.bridge.expect("a bridge").timeout_ms;
+            assert!(
+                bridge_ms >= redis_ms + BRIDGE_CALL_MARGIN_MS,
+                "{label}: bridge.timeout {bridge_ms}ms < the bridge's Redis timeout \
+                 {redis_ms}ms + {BRIDGE_CALL_MARGIN_MS}ms"
+            );
+        }
     }
 }
 
@@ -628,6 +668,29 @@ fn plain_envoy_bootstrap(rendered: &Rendered) -> Value {
     serde_yaml::from_str(text).unwrap()
 }
 
+/// The weir filter's `config` (its configuration and `vm_config`) in a bootstrap's first
+/// listener.
+fn weir_filter_config(bootstrap: &Value) -> &Value {
+    let listener = &bootstrap["static_resources"]["listeners"][0];
+    let hcm = &listener["filter_chains"][0]["filters"][0]["typed_config"];
+    let weir = hcm["http_filters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["name"] == "envoy.filters.http.wasm")
+        .expect("the weir filter");
+    &weir["typed_config"]["config"]
+}
+
+/// The plugin configuration of the plain Envoy's weir filter.
+fn plain_envoy_plugin(rendered: &Rendered) -> Value {
+    let bootstrap = plain_envoy_bootstrap(rendered);
+    let json = weir_filter_config(&bootstrap)["configuration"]["value"]
+        .as_str()
+        .unwrap();
+    serde_json::from_str(json).unwrap()
+}
+
 /// The plain-envoy overlay's bootstrap is the one the Envoy pod reads, loads in a real
 /// Envoy (weir.wasm and its configuration included), calls the bridge through the
 /// headless Service by STRICT_DNS, and takes the shared secret from the Secret the bridge
@@ -666,15 +729,7 @@ fn the_plain_envoy_bootstrap_loads_in_envoy_and_calls_the_headless_service() {
     assert!(bridge["outlier_detection"].is_object());
 
     // The weir filter: its configuration, its code in the wasm volume, its secret.
-    let listener = &bootstrap["static_resources"]["listeners"][0];
-    let hcm = &listener["filter_chains"][0]["filters"][0]["typed_config"];
-    let weir = hcm["http_filters"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .position(|f| f["name"] == "envoy.filters.http.wasm")
-        .expect("the weir filter");
-    let config = &hcm["http_filters"][weir]["typed_config"]["config"];
+    let config = weir_filter_config(&bootstrap);
     let json = config["configuration"]["value"].as_str().unwrap();
     weir_core::config::parse(json.as_bytes())
         .unwrap_or_else(|e| panic!("weir-check refuses the plugin config: {e}"));

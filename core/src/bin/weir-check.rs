@@ -7,7 +7,10 @@
 //! environment, not here: the checker prints a reminder), or shared data that cannot be
 //! allocated.
 //!
-//! Exit status: 0 valid, 1 invalid (or unreadable), 2 bad usage.
+//! Warnings (on stderr, `warning: FIELD: …`) name what loads but is likely wrong: a
+//! `bridge.timeout` shorter than what weir-bridge needs with its default Redis timeout.
+//!
+//! Exit status: 0 valid (with or without warnings), 1 invalid (or unreadable), 2 bad usage.
 
 use std::io::{Read, Write};
 use std::process::ExitCode;
@@ -19,6 +22,8 @@ usage: weir-check check-config FILE
 
 Checks a weir plugin configuration (the JSON given to the filter as its
 `configuration`) and prints a summary of its rules. FILE may be - for stdin.
+
+Warnings go to stderr and do not change the exit status.
 
 exit status: 0 valid, 1 invalid or unreadable, 2 bad usage
 ";
@@ -52,6 +57,9 @@ fn check_config(file: &str) -> ExitCode {
             // A closed stdout (`| head`) is not a reason to panic.
             let mut out = std::io::stdout();
             let _ = writeln!(out, "{}", summary(&config));
+            if let Some(warning) = config.bridge.as_ref().and_then(|b| b.timeout_warning()) {
+                eprintln!("warning: {warning}");
+            }
             if let Some(name) = config.bridge.as_ref().and_then(|b| b.secret_env.as_ref()) {
                 let _ = writeln!(
                     out,

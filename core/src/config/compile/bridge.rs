@@ -1,12 +1,15 @@
 //! The top-level `bridge` settings: how the filter reaches weir-bridge.
 
 use super::{error, Result};
-use crate::bounds::check_name;
+use crate::bounds::{
+    check_name, BRIDGE_CALL_MARGIN_MS, BRIDGE_REDIS_TIMEOUT_MS, MIN_BRIDGE_TIMEOUT_MS,
+};
 use crate::config::raw::RawBridge;
 use crate::config::BridgeSettings;
 use crate::field_error::quoted;
 
-pub const DEFAULT_BRIDGE_TIMEOUT_US: u64 = 50_000;
+/// Long enough for a bridge with its default Redis timeout ([`MIN_BRIDGE_TIMEOUT_MS`]).
+pub const DEFAULT_BRIDGE_TIMEOUT_US: u64 = MIN_BRIDGE_TIMEOUT_MS * 1_000;
 pub const MAX_BRIDGE_TIMEOUT_US: u64 = 10_000_000;
 pub const DEFAULT_DOMAIN: &str = "weir";
 /// For the bridge's cluster name, authority and secret.
@@ -85,6 +88,26 @@ pub(super) fn compile(raw: RawBridge) -> Result<BridgeSettings> {
         secret_env,
         domain,
     })
+}
+
+impl BridgeSettings {
+    /// Why this timeout is too short for a bridge with its default Redis timeout, naming
+    /// the field, its value and what to do; `None` when it is long enough. Not an error:
+    /// a bridge run with a shorter `--redis-timeout` is fine with it.
+    pub fn timeout_warning(&self) -> Option<String> {
+        (self.timeout_ms < MIN_BRIDGE_TIMEOUT_MS).then(|| {
+            format!(
+                "bridge.timeout: \"{}ms\" is shorter than {MIN_BRIDGE_TIMEOUT_MS}ms, what a \
+                 weir-bridge with its default Redis timeout ({BRIDGE_REDIS_TIMEOUT_MS}ms) needs \
+                 with {BRIDGE_CALL_MARGIN_MS}ms for the call itself: the filter gives up on \
+                 calls the bridge is still waiting on, and units Redis grants after that are \
+                 lost. Raise bridge.timeout to {MIN_BRIDGE_TIMEOUT_MS}ms or more, or run the \
+                 bridge with --redis-timeout at most {}ms",
+                self.timeout_ms,
+                self.timeout_ms.saturating_sub(BRIDGE_CALL_MARGIN_MS).max(1),
+            )
+        })
+    }
 }
 
 /// The `:authority` of bridge calls when none is configured: the host of an Istio
