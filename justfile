@@ -7,6 +7,8 @@ wasm := justfile_directory() / "target/wasm32-wasip1/wasm/weir.wasm"
 venv := justfile_directory() / ".tools/venv"
 bridge_image := justfile_directory() / "target/oci/weir-bridge"
 bridge_musl := justfile_directory() / "target/x86_64-unknown-linux-musl/bridge-image/weir-bridge"
+# The workspace version (Cargo.toml's [workspace.package]): the crates', the images' and a release's.
+version := `sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"/\1/p' Cargo.toml`
 
 # List the recipes.
 default:
@@ -34,7 +36,7 @@ oci-bridge:
     CARGO_TARGET_X86_64_UNKNOWN_LINUX_MUSL_RUSTFLAGS="--remap-path-prefix={{justfile_directory()}}=/weir --remap-path-prefix={{env_var_or_default("CARGO_HOME", home_directory() / ".cargo")}}=/cargo" \
       cargo build -p weir-bridge --target x86_64-unknown-linux-musl --profile bridge-image
     python3 scripts/oci-bridge.py {{bridge_musl}} {{bridge_image}} \
-      --tag "$(sed -n 's/^version = "\(.*\)"/\1/p' bridge/Cargo.toml)" \
+      --tag "{{version}}" \
       --epoch "$(git log -1 --format=%ct 2>/dev/null || echo 0)" \
       --revision "$(git rev-parse HEAD 2>/dev/null || true)"
 
