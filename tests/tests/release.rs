@@ -319,6 +319,10 @@ fn release_folder_verifies_pins_its_images_and_round_trips() {
         "weir-wasm's manifest annotation"
     );
     let bridge_manifest = bridge_layout.json_blob(&bridge_digest);
+    assert_eq!(
+        bridge_manifest["annotations"]["org.opencontainers.image.version"], version,
+        "weir-bridge's manifest annotation"
+    );
     let bridge_config =
         bridge_layout.json_blob(bridge_manifest["config"]["digest"].as_str().unwrap_or(""));
     assert_eq!(
