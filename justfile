@@ -7,6 +7,9 @@ wasm := justfile_directory() / "target/wasm32-wasip1/wasm/weir.wasm"
 venv := justfile_directory() / ".tools/venv"
 bridge_image := justfile_directory() / "target/oci/weir-bridge"
 bridge_musl := justfile_directory() / "target/x86_64-unknown-linux-musl/bridge-image/weir-bridge"
+weir_check := justfile_directory() / "target/debug/weir-check"
+# The workspace version (Cargo.toml's [workspace.package]): the crates', the images' and a release's.
+version := `sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"/\1/p' Cargo.toml`
 
 # List the recipes.
 default:
@@ -34,9 +37,16 @@ oci-bridge:
     CARGO_TARGET_X86_64_UNKNOWN_LINUX_MUSL_RUSTFLAGS="--remap-path-prefix={{justfile_directory()}}=/weir --remap-path-prefix={{env_var_or_default("CARGO_HOME", home_directory() / ".cargo")}}=/cargo" \
       cargo build -p weir-bridge --target x86_64-unknown-linux-musl --profile bridge-image
     python3 scripts/oci-bridge.py {{bridge_musl}} {{bridge_image}} \
-      --tag "$(sed -n 's/^version = "\(.*\)"/\1/p' bridge/Cargo.toml)" \
+      --tag "{{version}}" \
       --epoch "$(git log -1 --format=%ct 2>/dev/null || echo 0)" \
       --revision "$(git rev-parse HEAD 2>/dev/null || true)"
+
+# A release into target/release-VERSION: weir.wasm, both images as OCI layouts, the overlays rendered with those digests pinned, alerts, dashboard, RELEASE.md, SHA256SUMS (docs/istio.md, "Installing a release"). Refuses a dirty tree or a version without a CHANGELOG section; `just release --dev` packs anyway, into target/release-VERSION-dev.
+release *FLAGS:
+    python3 scripts/release.py --preflight {{FLAGS}}
+    {{just_executable()}} build oci-bridge
+    cargo build -p weir-core --bin weir-check
+    python3 scripts/release.py --wasm {{wasm}} --bridge-binary {{bridge_musl}} --weir-check {{weir_check}} {{FLAGS}}
 
 # Check a plugin configuration file offline, with the filter's own validation (FILE relative to where you stand, or - for stdin).
 check-config FILE:
@@ -87,7 +97,8 @@ test-bridge:
 # End-to-end tests: real Envoy, Redis Cluster and weir-bridge started on free loopback ports.
 test-e2e: build oci-bridge
     cargo build -p weir-bridge
-    ENVOY_BIN={{envoy}} WEIR_WASM={{wasm}} WEIR_BRIDGE_IMAGE={{bridge_image}} cargo test -p weir-e2e -- --test-threads 2
+    cargo build -p weir-core --bin weir-check
+    ENVOY_BIN={{envoy}} WEIR_WASM={{wasm}} WEIR_BRIDGE_IMAGE={{bridge_image}} WEIR_BRIDGE_MUSL={{bridge_musl}} WEIR_CHECK_BIN={{weir_check}} cargo test -p weir-e2e -- --test-threads 2
 
 # Benchmarks (~17 min): weir vs no filter, native local_ratelimit, empty wasm; a saturated global key with the bridge 10 and 30 ms away; accuracy at 5x, 20x and after idle, with conformance, the leased runs again with the slow bridge; token budgets and delay; concurrency limits vs Envoy's adaptive_concurrency; rewrites docs/benchmarks.md, docs/benchmarks-features.md and docs/benchmarks-concurrency.md.
 bench: build

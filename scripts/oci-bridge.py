@@ -143,7 +143,10 @@ def main():
         "mediaType": MANIFEST,
         "config": descriptor(CONFIG, config),
         "layers": [descriptor(LAYER, layer)],
-        "annotations": {"org.opencontainers.image.created": created},
+        # As the config's labels, on the manifest too: what a registry UI and `skopeo inspect
+        # --raw` show without fetching the config (weir.wasm's image has the same).
+        "annotations": {k: v for k, v in labels.items()
+                        if k.rsplit(".", 1)[1] in ("created", "version", "revision", "title")},
     })
     index = canonical({
         "schemaVersion": 2,

@@ -26,14 +26,15 @@ cd "$(dirname "$0")/.."
 [ $# -ge 2 ] && [ $# -le 3 ] || { echo "usage: $0 WASM OUT [TAG]" >&2; exit 2; }
 wasm=$1
 out=$2
-tag=${3:-$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n1)}
+# The workspace version (Cargo.toml's [workspace.package]), the crates' and the release's.
+version=$(sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"/\1/p' Cargo.toml)
+tag=${3:-$version}
 [ -f "$wasm" ] || { echo "oci-wasm: $wasm not found: build it with just build" >&2; exit 1; }
-[ -n "$tag" ] || { echo "oci-wasm: no tag given and no version in Cargo.toml" >&2; exit 1; }
+[ -n "$version" ] || { echo "oci-wasm: no [workspace.package] version in Cargo.toml" >&2; exit 1; }
 
 epoch=${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || echo 0)}
 created=$(date -u -d "@$epoch" +%Y-%m-%dT%H:%M:%SZ)
 revision=$(git rev-parse HEAD 2>/dev/null || echo unknown)
-version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n1)
 
 rm -rf "$out"
 mkdir -p "$out/blobs/sha256"

@@ -19,6 +19,7 @@ use weir_core::config::{self, Config};
 const USAGE: &str = "\
 usage: weir-check check-config FILE
        weir-check --help
+       weir-check --version
 
 Checks a weir plugin configuration (the JSON given to the filter as its
 `configuration`) and prints a summary of its rules. FILE may be - for stdin.
@@ -34,6 +35,12 @@ fn main() -> ExitCode {
     match args.as_slice() {
         ["--help" | "-h" | "help"] => {
             print!("{USAGE}");
+            ExitCode::SUCCESS
+        }
+        // The workspace version (Cargo.toml's [workspace.package]), as `weir-bridge --version`
+        // prints it: a release's parts must agree on it (tests/tests/release.rs).
+        ["--version" | "-V"] => {
+            println!("weir-check {}", env!("CARGO_PKG_VERSION"));
             ExitCode::SUCCESS
         }
         ["check-config", file] => check_config(file),
