@@ -11,39 +11,26 @@
 //!
 //! A header that does not parse states no deadline: the request is held by its rule's
 //! `max` alone, as it was before deadlines were read. The route's own timeout on this
-//! Envoy is not one of the attributes a Wasm filter can read.
-
-use crate::rules::{FactId, FactSource, Facts};
+//! Envoy is not one of the attributes a Wasm filter can read. Which facts hold the two
+//! headers is the rule's business ([`crate::rules::DeadlineFacts`]); this module only
+//! reads their values, and uses nothing else of the crate.
 
 /// The header gRPC clients state their deadline in.
 pub const GRPC_TIMEOUT: &str = "grpc-timeout";
 /// The header an Envoy in front states the time it will wait in.
 pub const EXPECTED_RQ_TIMEOUT: &str = "x-envoy-expected-rq-timeout-ms";
 
-/// The facts a delaying rule reads its requests' deadlines from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DeadlineFacts {
-    pub grpc_timeout: FactId,
-    pub expected_rq_timeout: FactId,
-}
-
-impl DeadlineFacts {
-    /// The request's deadline, µs since the epoch, for a request that arrived at
-    /// `arrived_us`; `None` when no header states one.
-    pub fn deadline_us<F: FactSource>(
-        &self,
-        facts: &mut Facts<'_, F>,
-        arrived_us: u64,
-    ) -> Option<u64> {
-        let grpc = facts.get(self.grpc_timeout).and_then(grpc_timeout_us);
-        let expected = facts
-            .get(self.expected_rq_timeout)
-            .and_then(expected_rq_timeout_us);
-        let timeout_us = match (grpc, expected) {
-            (Some(a), Some(b)) => a.min(b),
-            (a, b) => a.or(b)?,
-        };
-        Some(arrived_us.saturating_add(timeout_us))
+/// A stated timeout in µs: the earlier of a `grpc-timeout` and an
+/// `x-envoy-expected-rq-timeout-ms` value (either absent or malformed: the other).
+pub fn stated_timeout_us(
+    grpc_timeout: Option<&[u8]>,
+    expected_rq_timeout: Option<&[u8]>,
+) -> Option<u64> {
+    let grpc = grpc_timeout.and_then(grpc_timeout_us);
+    let expected = expected_rq_timeout.and_then(expected_rq_timeout_us);
+    match (grpc, expected) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
     }
 }
 
@@ -118,6 +105,14 @@ mod tests {
                 String::from_utf8_lossy(bad)
             );
         }
+    }
+
+    #[test]
+    fn the_earlier_of_the_two_headers_wins() {
+        assert_eq!(stated_timeout_us(Some(b"1S"), Some(b"9")), Some(9_000));
+        assert_eq!(stated_timeout_us(Some(b"5m"), Some(b"9")), Some(5_000));
+        assert_eq!(stated_timeout_us(Some(b"bad"), Some(b"9")), Some(9_000));
+        assert_eq!(stated_timeout_us(None, None), None);
     }
 
     #[test]

@@ -57,6 +57,8 @@ pub mod key;
 
 pub mod usage;
 
+pub mod deadline;
+
 pub mod rules;
 
 pub mod config;
@@ -70,8 +72,6 @@ pub mod lease;
 pub mod reservoir;
 
 pub mod delay;
-
-pub mod deadline;
 
 pub mod worker;
 

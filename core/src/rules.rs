@@ -16,7 +16,6 @@
 use crate::adaptive::Adaptive;
 use crate::algorithms::{GlobalLimit, Limit, Policy};
 use crate::concurrency::Concurrency;
-use crate::deadline::DeadlineFacts;
 use crate::key::PartOrigin;
 use crate::usage::{BodyEstimate, UsageField};
 
@@ -166,6 +165,29 @@ pub enum CommitSource {
         fields: Vec<UsageField>,
         max_bytes: usize,
     },
+}
+
+/// Where a delaying rule reads its requests' own deadlines: the facts of the two headers
+/// [`crate::deadline`] reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeadlineFacts {
+    pub grpc_timeout: FactId,
+    pub expected_rq_timeout: FactId,
+}
+
+impl DeadlineFacts {
+    /// The request's deadline, µs since the epoch, for a request that arrived at
+    /// `arrived_us`; `None` when no header states one.
+    pub fn deadline_us<F: FactSource>(
+        &self,
+        facts: &mut Facts<'_, F>,
+        arrived_us: u64,
+    ) -> Option<u64> {
+        let grpc = facts.get(self.grpc_timeout).map(<[u8]>::to_vec);
+        let expected = facts.get(self.expected_rq_timeout);
+        let timeout_us = crate::deadline::stated_timeout_us(grpc.as_deref(), expected)?;
+        Some(arrived_us.saturating_add(timeout_us))
+    }
 }
 
 /// `on_limit.delay`: hold a request that would be limited until its slot in the key's

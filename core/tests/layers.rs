@@ -25,6 +25,7 @@ const CORE_LAYERS: &[&str] = &[
     "lease",
     "response",
     "usage",
+    "deadline",
     "rules",
     "reservoir",
     "config",

@@ -8,10 +8,11 @@ use crate::bounds::{check_name, MAX_LEASE_HORIZON_US, MAX_LEASE_TTL_US, MAX_WANT
 use crate::config::raw::{
     RawFailureMode, RawGlobal, RawLease, RawOnLimit, RawReservoir, RawRule, RawScope,
 };
-use crate::deadline::{self, DeadlineFacts};
+use crate::deadline;
 use crate::field_error::{quoted, FieldError};
 use crate::rules::{
-    Delay, Fact, FailureMode, GlobalRule, Lease, RequestMatch, Reservoir, Rule, RuleId, Scope,
+    DeadlineFacts, Delay, Fact, FailureMode, GlobalRule, Lease, RequestMatch, Reservoir, Rule,
+    RuleId, Scope,
 };
 
 pub const DEFAULT_LEASE_TTL_US: u64 = 1_000_000;
