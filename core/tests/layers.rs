@@ -34,6 +34,7 @@ const CORE_LAYERS: &[&str] = &[
     "engine",
     "flight",
     "filter",
+    "replay",
     "scenarios",
     "simulation",
 ];
