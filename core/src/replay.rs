@@ -18,11 +18,20 @@
 //! replay predicts its decisions exactly only for rules without reservoirs
 //! (`reservoir.max` 1); with them, its figures are those of one worker.
 //!
-//! **Not replayed (yet):** global rules, concurrency rules. They are left out of the
-//! candidate (listed in [`Report::not_replayed`]) and the local rules are replayed as
-//! if they had allowed every request; a global rule that denied in the served Envoy
-//! stopped the rules after it, which the replay does not know. A request a delaying
-//! rule would hold is counted as held and not released.
+//! **Global rules** are replayed as one central limiter, which is what a fleet's
+//! leases converge to: the rule becomes local with the configured limit, without
+//! reservoirs (every request decides in the one store), listed in
+//! [`Report::central`]. That predicts what the quota allows across the traffic the log
+//! holds: replay the logs of every Envoy together for the fleet's. It cannot predict
+//! the served decisions exactly: leases, reservations and cached denials decide ahead
+//! of Redis, a GCRA rule with leases runs its burst reduced in Redis, and the bridge's
+//! failure mode decided while it was down. A `sliding_log` rule (Redis only) is not
+//! replayed.
+//!
+//! **Not replayed (yet):** concurrency rules (and `sliding_log` global rules). They are
+//! left out of the candidate (listed in [`Report::not_replayed`]) and the other rules
+//! are replayed as if they had allowed every request. A request a delaying rule would
+//! hold is counted as held and not released.
 //!
 //! A line that is not a record is counted and reported with its number, never fatal.
 
@@ -304,16 +313,28 @@ pub struct Report {
     pub rules: Vec<RuleFigures>,
     /// Rules of the candidate not replayed, with why.
     pub not_replayed: Vec<(String, String)>,
+    /// Global rules replayed as one central limiter.
+    pub central: Vec<String>,
     /// Per request (by line), what the candidate decided for each rule that decided.
     pub decisions: BTreeMap<usize, Vec<(String, Replayed)>>,
 }
 
-/// Why a rule is not replayed, if it is not.
-fn not_replayable(scope: &Scope) -> Option<&'static str> {
-    match scope {
-        Scope::Local(_) => None,
-        Scope::Global(_) => Some("global rule: not replayed yet"),
-        Scope::Concurrency(_) => Some("concurrency rule: not replayed yet"),
+/// How the replay treats a rule of the candidate.
+enum Treatment {
+    AsIs,
+    /// A global rule, as one central limiter.
+    Central,
+    NotReplayed(&'static str),
+}
+
+fn treatment(rule: &crate::rules::Rule) -> Treatment {
+    match &rule.scope {
+        Scope::Local(_) => Treatment::AsIs,
+        Scope::Global(_) if rule.algorithm_name() == "sliding_log" => {
+            Treatment::NotReplayed("global sliding_log rule: runs only in Redis, not replayed")
+        }
+        Scope::Global(_) => Treatment::Central,
+        Scope::Concurrency(_) => Treatment::NotReplayed("concurrency rule: not replayed yet"),
     }
 }
 
@@ -321,15 +342,19 @@ fn not_replayable(scope: &Scope) -> Option<&'static str> {
 /// hash: any is fine unless a rule's `max_keys` is so small that keys collide.
 pub fn replay(candidate_json: &[u8], records: &[Record], seed: &Seed) -> Result<Report, String> {
     let config = config::parse(candidate_json).map_err(|e| e.to_string())?;
-    let not_replayed: Vec<(String, String)> = config
-        .rules
-        .iter()
-        .filter_map(|r| not_replayable(&r.scope).map(|why| (r.name.clone(), why.to_string())))
-        .collect();
-    let config = if not_replayed.is_empty() {
+    let mut not_replayed = Vec::new();
+    let mut central = Vec::new();
+    for rule in &config.rules {
+        match treatment(rule) {
+            Treatment::AsIs => {}
+            Treatment::Central => central.push(rule.name.clone()),
+            Treatment::NotReplayed(why) => not_replayed.push((rule.name.clone(), why.to_string())),
+        }
+    }
+    let config = if not_replayed.is_empty() && central.is_empty() {
         config
     } else {
-        without_rules(candidate_json, &not_replayed)?
+        replayable(candidate_json, &not_replayed, &central)?
     };
     let engine = Engine::new(config);
     let store = MemoryStore::new();
@@ -415,6 +440,7 @@ pub fn replay(candidate_json: &[u8], records: &[Record], seed: &Seed) -> Result<
         bad_lines: Vec::new(),
         rules,
         not_replayed,
+        central,
         decisions,
     })
 }
@@ -428,15 +454,31 @@ fn key_text(rule: &crate::rules::Rule, facts: &mut Facts<'_, &Record>) -> String
     parts.join(" ")
 }
 
-/// The candidate without the named rules.
-fn without_rules(json: &[u8], drop: &[(String, String)]) -> Result<Config, String> {
+/// The candidate without the rules not replayed, its global rules made local: the same
+/// limit, every request deciding in the store (`reservoir.max` 1).
+fn replayable(
+    json: &[u8],
+    drop: &[(String, String)],
+    central: &[String],
+) -> Result<Config, String> {
     let mut value: Value = serde_json::from_slice(json).map_err(|e| e.to_string())?;
     if let Some(Value::Array(rules)) = value.get_mut("rules") {
         rules.retain(|rule| {
             let name = rule.get("name").and_then(Value::as_str);
             !drop.iter().any(|(d, _)| Some(d.as_str()) == name)
         });
+        for rule in rules.iter_mut() {
+            let name = rule.get("name").and_then(Value::as_str);
+            if !central.iter().any(|c| Some(c.as_str()) == name) {
+                continue;
+            }
+            if let Some(rule) = rule.as_object_mut() {
+                rule.remove("global");
+                rule.insert("scope".into(), "local".into());
+                rule.insert("reservoir".into(), serde_json::json!({ "max": 1 }));
+            }
+        }
     }
     let json = serde_json::to_vec(&value).map_err(|e| e.to_string())?;
-    config::parse(&json).map_err(|e| e.to_string())
+    config::parse(&json).map_err(|e| format!("replaying global rules as local ones: {e}"))
 }

@@ -255,6 +255,7 @@ fn report_json(report: &Report, served: bool) -> serde_json::Value {
         "requests": report.requests,
         "bad_lines": report.bad_lines.iter().map(|b| json!({"line": b.line, "error": b.error})).collect::<Vec<_>>(),
         "not_replayed": report.not_replayed.iter().map(|(r, why)| json!({"rule": r, "why": why})).collect::<Vec<_>>(),
+        "central": report.central,
         "rules": rules,
     })
 }
@@ -269,6 +270,12 @@ fn report_text(report: &Report, served: bool) -> String {
     }
     for (rule, why) in &report.not_replayed {
         out += &format!("rule {rule}: {why}\n");
+    }
+    for rule in &report.central {
+        out += &format!(
+            "rule {rule}: global, replayed as one central limiter (what the fleet converges \
+             to; not the served decisions of leases and reservations)\n"
+        );
     }
     for r in &report.rules {
         out += &format!(
