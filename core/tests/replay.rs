@@ -5,6 +5,8 @@
 #![cfg(not(target_arch = "wasm32"))]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
 
+use std::path::PathBuf;
+use std::process::Command;
 use weir_core::config;
 use weir_core::key::Seed;
 use weir_core::replay::{self, Replayed};
@@ -105,4 +107,103 @@ fn a_concurrency_rule_is_named_not_replayed_and_the_others_are() {
     assert_eq!(report.not_replayed.len(), 1);
     assert_eq!(report.not_replayed[0].0, "in-flight");
     assert_eq!(outcomes(&report, "per-user"), ["allowed", "limited"]);
+}
+
+/// Runs `weir-check ARGS`: exit status, stdout, stderr.
+fn weir_check(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_weir-check"))
+        .args(args)
+        .output()
+        .unwrap();
+    let text = |bytes: Vec<u8>| String::from_utf8(bytes).unwrap();
+    (
+        out.status.code().unwrap(),
+        text(out.stdout),
+        text(out.stderr),
+    )
+}
+
+/// A file of this test's own in the temporary directory.
+fn file(name: &str, text: &str) -> PathBuf {
+    let path = std::env::temp_dir().join(format!("weir-replay-{}-{name}", std::process::id()));
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+const PER_USER_1H: &str = r#"{"rules":[{"name":"per-user","key":[{"header":"x-user"}],
+    "limit":{"algorithm":"fixed_window","limit":1,"window":"1h"}}]}"#;
+
+#[test]
+fn cli_log_format_records_the_facts_the_rules_read() {
+    let config = file(
+        "log-format.json",
+        r#"{"rules":[{"name":"per-ip","key":[{"client_ip":{}},{"header":"x-user"}],
+            "match":{"path":{"prefix":"/api"}},
+            "limit":{"algorithm":"fixed_window","limit":1,"window":"1h"}}]}"#,
+    );
+    let (code, stdout, stderr) = weir_check(&["log-format", config.to_str().unwrap()]);
+    assert_eq!((code, stderr.as_str()), (0, ""));
+    let format: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(
+        format,
+        serde_json::json!({
+            "start_us": "%START_TIME(%s%6f)%",
+            "status": "%RESPONSE_CODE%",
+            "decisions": "%FILTER_STATE(wasm.weir.decisions:PLAIN)%",
+            "headers": { ":path": "%REQ(:PATH)%", "x-user": "%REQ(x-user)%" },
+            "attributes": { "source.address": "%DOWNSTREAM_REMOTE_ADDRESS%" },
+        })
+    );
+}
+
+#[test]
+fn cli_replay_reports_rules_bad_lines_and_the_difference() {
+    let config = file("replay.json", PER_USER_1H);
+    // Served by a looser config: all three allowed; the candidate allows one an hour.
+    let logged = |at: u64| {
+        format!(
+            r#"{{"start_us":"{at}","status":200,"decisions":"per-user:allowed:slot:1:{at}","headers":{{"x-user":"a"}},"attributes":{{}}}}"#
+        )
+    };
+    let log = [
+        logged(1_000_000),
+        "{".into(),
+        logged(2_000_000),
+        logged(3_000_000),
+    ]
+    .join("\n");
+    let log = file("replay.jsonl", &log);
+    let args = [
+        "replay",
+        "--config",
+        config.to_str().unwrap(),
+        "--log",
+        log.to_str().unwrap(),
+        "--served",
+        config.to_str().unwrap(),
+    ];
+    let (code, stdout, stderr) = weir_check(&args);
+    assert_eq!((code, stderr.as_str()), (0, ""));
+    for expected in [
+        "3 requests replayed\n",
+        "1 lines skipped:\n  line 2: not JSON",
+        "rule per-user: 3 matched, 1 allowed, 2 limited\n",
+        "(3 logged): 1 agree, 2 newly limited, 0 newly allowed\n",
+        "         2  =a\n",
+        "    2: 1\n    3: 1\n",
+    ] {
+        assert!(stdout.contains(expected), "{expected:?} not in:\n{stdout}");
+    }
+
+    let mut json_args = args.to_vec();
+    json_args.push("--json");
+    let (code, stdout, _) = weir_check(&json_args);
+    assert_eq!(code, 0);
+    let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(report["bad_lines"][0]["line"], 2);
+    assert_eq!(report["rules"][0]["limited"], 2);
+    assert_eq!(report["rules"][0]["served"]["newly_limited"], 2);
+    assert_eq!(report["rules"][0]["top_keys"][0]["key"], "=a");
+
+    assert_eq!(weir_check(&["replay", "--config", "x"]).0, 2, "no --log");
 }
