@@ -235,7 +235,6 @@ fn report_json(report: &Report, served: bool) -> serde_json::Value {
                 "allowed": r.allowed,
                 "limited": r.limited,
                 "shadow_limited": r.shadow_limited,
-                "held": r.held,
                 "top_keys": r.top_keys.iter().map(|(k, n)| json!({"key": k, "limited": n})).collect::<Vec<_>>(),
                 "limited_per_second": r.limited_per_second.iter().map(|(s, n)| json!({"second": s, "limited": n})).collect::<Vec<_>>(),
             });
@@ -284,9 +283,6 @@ fn report_text(report: &Report, served: bool) -> String {
         );
         if r.shadow_limited > 0 {
             out += &format!(", {} shadow-limited", r.shadow_limited);
-        }
-        if r.held > 0 {
-            out += &format!(", {} held (not released in a replay)", r.held);
         }
         out += "\n";
         if served {
