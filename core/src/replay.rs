@@ -42,7 +42,7 @@ use serde_json::{Map, Value};
 use crate::config::{self, Config};
 use crate::engine::{Engine, RuleOutcome};
 use crate::key::{encode_part, Seed};
-use crate::rules::{Fact, FactSource, Facts, Scope};
+use crate::rules::{Fact, FactSource, Facts, Rule, Scope};
 use crate::store::memory::MemoryStore;
 use crate::time::Micros;
 
@@ -143,8 +143,15 @@ pub struct BadLine {
     pub error: String,
 }
 
+/// A parsed log: its records, and the lines that are not records.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Log {
+    pub records: Vec<Record>,
+    pub bad_lines: Vec<BadLine>,
+}
+
 /// Parses a whole log; empty lines are skipped.
-pub fn parse_log(text: &str) -> (Vec<Record>, Vec<BadLine>) {
+pub fn parse_log(text: &str) -> Log {
     let mut records = Vec::new();
     let mut bad = Vec::new();
     for (at, line) in text.lines().enumerate() {
@@ -159,7 +166,10 @@ pub fn parse_log(text: &str) -> (Vec<Record>, Vec<BadLine>) {
             }),
         }
     }
-    (records, bad)
+    Log {
+        records,
+        bad_lines: bad,
+    }
 }
 
 /// Parses one line of the [`log_format`] record.
@@ -324,7 +334,7 @@ enum Treatment {
     NotReplayed(&'static str),
 }
 
-fn treatment(rule: &crate::rules::Rule) -> Treatment {
+fn treatment(rule: &Rule) -> Treatment {
     if rule.delay.is_some() {
         // A held request is logged at its release, and the replay would have to release
         // it in time among the others: not done yet.
@@ -340,9 +350,9 @@ fn treatment(rule: &crate::rules::Rule) -> Treatment {
     }
 }
 
-/// Replays `records` through the candidate config (its JSON). The seed keys the slot
-/// hash: any is fine unless a rule's `max_keys` is so small that keys collide.
-pub fn replay(candidate_json: &[u8], records: &[Record], seed: &Seed) -> Result<Report, String> {
+/// Replays `log` through the candidate config (its JSON). The seed keys the slot hash:
+/// any is fine unless a rule's `max_keys` is so small that keys collide.
+pub fn replay(candidate_json: &[u8], log: &Log, seed: &Seed) -> Result<Report, String> {
     let config = config::parse(candidate_json).map_err(|e| e.to_string())?;
     let mut not_replayed = Vec::new();
     let mut central = Vec::new();
@@ -363,19 +373,10 @@ pub fn replay(candidate_json: &[u8], records: &[Record], seed: &Seed) -> Result<
     engine.prepare(&store).map_err(|e| format!("{e:?}"))?;
     let mut worker = engine.worker();
 
-    let mut order: Vec<&Record> = records.iter().collect();
+    let mut order: Vec<&Record> = log.records.iter().collect();
     order.sort_by_key(|r| (r.at_us(), r.line));
 
-    let mut rules: Vec<RuleFigures> = engine
-        .config
-        .rules
-        .iter()
-        .map(|r| RuleFigures {
-            rule: r.name.clone(),
-            ..RuleFigures::default()
-        })
-        .collect();
-    let mut keys: Vec<BTreeMap<String, u64>> = vec![BTreeMap::new(); rules.len()];
+    let mut tallies: Vec<Tally> = engine.config.rules.iter().map(Tally::new).collect();
     let mut decisions = BTreeMap::new();
     for record in order {
         let now_us = record.at_us();
@@ -389,66 +390,92 @@ pub fn replay(candidate_json: &[u8], records: &[Record], seed: &Seed) -> Result<
                 RuleOutcome::ShadowLimited => Replayed::ShadowLimited,
                 _ => continue,
             };
-            let at = report.rule.index();
-            let (Some(figures), Some(keys), Some(rule)) = (
-                rules.get_mut(at),
-                keys.get_mut(at),
-                engine.config.rules.get(at),
-            ) else {
-                continue;
-            };
-            figures.matched += 1;
-            match replayed {
-                Replayed::Allowed => figures.allowed += 1,
-                Replayed::Limited => figures.limited += 1,
-                Replayed::ShadowLimited => figures.shadow_limited += 1,
+            if let Some(tally) = tallies.get_mut(report.rule.index()) {
+                tally.count(record, replayed, &mut facts, now_us);
+                decided.push((tally.rule.name.clone(), replayed));
             }
-            if replayed.denies() {
-                *keys.entry(key_text(rule, &mut facts)).or_default() += 1;
-                *figures
-                    .limited_per_second
-                    .entry(now_us / 1_000_000)
-                    .or_default() += 1;
-            }
-            if let Some(served) = record.decisions.iter().find(|d| d.rule == figures.rule) {
-                let served_denied = matches!(served.outcome.as_str(), "limited" | "shadow_limited");
-                match (served_denied, replayed.denies()) {
-                    (false, true) => figures.newly_limited += 1,
-                    (true, false) => figures.newly_allowed += 1,
-                    _ => figures.agreed += 1,
-                }
-            }
-            decided.push((figures.rule.clone(), replayed));
         }
         decisions.insert(record.line, decided);
     }
-    for (figures, keys) in rules.iter_mut().zip(keys) {
-        figures.served_decided = records
-            .iter()
-            .filter(|r| r.decisions.iter().any(|d| d.rule == figures.rule))
-            .count() as u64;
-        let mut keys: Vec<(String, u64)> = keys.into_iter().collect();
-        keys.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-        keys.truncate(TOP_KEYS);
-        figures.top_keys = keys;
-    }
     Ok(Report {
-        requests: records.len() as u64,
-        bad_lines: Vec::new(),
-        rules,
+        requests: log.records.len() as u64,
+        bad_lines: log.bad_lines.clone(),
+        rules: tallies
+            .into_iter()
+            .map(|t| t.finish(&log.records))
+            .collect(),
         not_replayed,
         central,
         decisions,
     })
 }
 
-/// A rule's key for this request, as the bridge's descriptor spells its parts.
-fn key_text(rule: &crate::rules::Rule, facts: &mut Facts<'_, &Record>) -> String {
-    let mut parts = Vec::new();
-    rule.visit_key(facts, |origin, bytes| {
-        parts.push(encode_part(origin, bytes))
-    });
-    parts.join(" ")
+/// One rule's figures as the replay counts them.
+struct Tally<'e> {
+    rule: &'e Rule,
+    figures: RuleFigures,
+    /// Requests limited, per key.
+    limited_keys: BTreeMap<String, u64>,
+}
+
+impl<'e> Tally<'e> {
+    fn new(rule: &'e Rule) -> Self {
+        Tally {
+            rule,
+            figures: RuleFigures {
+                rule: rule.name.clone(),
+                ..RuleFigures::default()
+            },
+            limited_keys: BTreeMap::new(),
+        }
+    }
+
+    /// The rule decided `record` at `now_us`.
+    fn count(
+        &mut self,
+        record: &Record,
+        replayed: Replayed,
+        facts: &mut Facts<'_, &Record>,
+        now_us: u64,
+    ) {
+        let figures = &mut self.figures;
+        figures.matched += 1;
+        match replayed {
+            Replayed::Allowed => figures.allowed += 1,
+            Replayed::Limited => figures.limited += 1,
+            Replayed::ShadowLimited => figures.shadow_limited += 1,
+        }
+        if replayed.denies() {
+            let mut parts = Vec::new();
+            self.rule.visit_key(facts, |origin, bytes| {
+                parts.push(encode_part(origin, bytes))
+            });
+            *self.limited_keys.entry(parts.join(" ")).or_default() += 1;
+            let second = now_us / 1_000_000;
+            *figures.limited_per_second.entry(second).or_default() += 1;
+        }
+        if let Some(served) = record.decisions.iter().find(|d| d.rule == figures.rule) {
+            let served_denied = matches!(served.outcome.as_str(), "limited" | "shadow_limited");
+            match (served_denied, replayed.denies()) {
+                (false, true) => figures.newly_limited += 1,
+                (true, false) => figures.newly_allowed += 1,
+                _ => figures.agreed += 1,
+            }
+        }
+    }
+
+    fn finish(self, records: &[Record]) -> RuleFigures {
+        let mut figures = self.figures;
+        figures.served_decided = records
+            .iter()
+            .filter(|r| r.decisions.iter().any(|d| d.rule == figures.rule))
+            .count() as u64;
+        let mut keys: Vec<(String, u64)> = self.limited_keys.into_iter().collect();
+        keys.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        keys.truncate(TOP_KEYS);
+        figures.top_keys = keys;
+        figures
+    }
 }
 
 /// The candidate without the rules not replayed, its global rules made local: the same

@@ -39,9 +39,13 @@ fn a_bad_line_is_counted_with_its_number_and_the_rest_replayed() {
         line("a", 1_000_001),
     ]
     .join("\n");
-    let (records, bad) = replay::parse_log(&log);
-    assert_eq!(records.len(), 2);
-    let bad: Vec<(usize, &str)> = bad.iter().map(|b| (b.line, b.error.as_str())).collect();
+    let parsed = replay::parse_log(&log);
+    assert_eq!(parsed.records.len(), 2);
+    let bad: Vec<(usize, &str)> = parsed
+        .bad_lines
+        .iter()
+        .map(|b| (b.line, b.error.as_str()))
+        .collect();
     assert_eq!(bad.len(), 3, "{bad:?}");
     assert_eq!(bad[0].0, 2);
     assert!(bad[0].1.starts_with("not JSON"), "{bad:?}");
@@ -61,8 +65,7 @@ fn requests_are_replayed_in_time_order_not_line_order() {
     let candidate = r#"{"rules":[{"name":"per-user","key":[{"header":"x-user"}],
         "limit":{"algorithm":"fixed_window","limit":1,"window":"1h"}}]}"#;
     let log = [line("a", 2_000_000), line("a", 1_000_000)].join("\n");
-    let (records, _) = replay::parse_log(&log);
-    let report = replay::replay(candidate.as_bytes(), &records, &SEED).unwrap();
+    let report = replay::replay(candidate.as_bytes(), &replay::parse_log(&log), &SEED).unwrap();
     assert_eq!(
         report.decisions[&2],
         vec![("per-user".to_string(), Replayed::Allowed)]
@@ -85,8 +88,8 @@ fn a_global_rule_is_replayed_as_one_central_limiter() {
         "limit":{"algorithm":"fixed_window","limit":3,"window":"1h"}}]}"#;
     config::parse(candidate.as_bytes()).unwrap();
     let log: Vec<String> = (0..5).map(|i| line("t", 1_000_000 + i)).collect();
-    let (records, _) = replay::parse_log(&log.join("\n"));
-    let report = replay::replay(candidate.as_bytes(), &records, &SEED).unwrap();
+    let log = replay::parse_log(&log.join("\n"));
+    let report = replay::replay(candidate.as_bytes(), &log, &SEED).unwrap();
     assert_eq!(report.central, vec!["per-tenant".to_string()]);
     assert_eq!(
         outcomes(&report, "per-tenant"),
@@ -105,8 +108,7 @@ fn concurrency_and_delaying_rules_are_named_not_replayed_and_the_others_are() {
         {"name":"per-user","key":[{"header":"x-user"}],
          "limit":{"algorithm":"fixed_window","limit":1,"window":"1h"}}]}"#;
     let log = [line("a", 1_000_000), line("a", 1_000_001)].join("\n");
-    let (records, _) = replay::parse_log(&log);
-    let report = replay::replay(candidate.as_bytes(), &records, &SEED).unwrap();
+    let report = replay::replay(candidate.as_bytes(), &replay::parse_log(&log), &SEED).unwrap();
     let names: Vec<&str> = report
         .not_replayed
         .iter()

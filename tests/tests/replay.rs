@@ -93,7 +93,10 @@ fn record(dir: &Path, config: &str, workers: u32, connections: usize) -> Recorde
     let workers_used = per_worker.values().filter(|&&n| n > 0).count();
     let reservoir_hits = envoy.weir_stat("rule.per-user.reservoir_hits");
     drop(envoy);
-    let (records, bad) = replay::parse_log(&text);
+    let replay::Log {
+        records,
+        bad_lines: bad,
+    } = replay::parse_log(&text);
     assert!(
         bad.is_empty(),
         "lines Envoy wrote that replay cannot read: {bad:?}"
@@ -116,7 +119,11 @@ struct Recorded {
 }
 
 fn replay(candidate: &str, records: &[Record]) -> Report {
-    replay::replay(candidate.as_bytes(), records, &Seed([7; 16])).unwrap()
+    let log = replay::Log {
+        records: records.to_vec(),
+        bad_lines: Vec::new(),
+    };
+    replay::replay(candidate.as_bytes(), &log, &Seed([7; 16])).unwrap()
 }
 
 /// The outcome the served Envoy logged for `per-user` on each request, by line.

@@ -202,17 +202,16 @@ fn replay(args: &ReplayArgs) -> ExitCode {
             return ExitCode::from(1);
         }
     }
-    let (records, bad_lines) = replay::parse_log(&log);
+    let log = replay::parse_log(&log);
     // Any seed: slots collide only in a table far smaller than its keys.
     let seed = Seed([0; 16]);
-    let mut report = match replay::replay(&candidate, &records, &seed) {
+    let report = match replay::replay(&candidate, &log, &seed) {
         Ok(report) => report,
         Err(err) => {
             eprintln!("error: {}: {err}", args.config);
             return ExitCode::from(1);
         }
     };
-    report.bad_lines = bad_lines;
     let text = if args.json {
         serde_json::to_string_pretty(&report_json(&report, args.served.is_some()))
             .unwrap_or_default()
