@@ -410,6 +410,59 @@ pub fn replay(candidate_json: &[u8], log: &Log, seed: &Seed) -> Result<Report, S
     })
 }
 
+/// How the candidate's rules stand to those of the config that served the log.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AgainstServed {
+    /// Rules served and not in the candidate, with the requests the log says each
+    /// limited (the candidate lets them through, unless another of its rules limits them).
+    pub dropped: Vec<(String, u64)>,
+    /// Rules of the candidate the served config did not have: nothing to compare.
+    pub added: Vec<String>,
+    /// Rules the log has decisions of that the served config does not have: the log was
+    /// not (only) served by it.
+    pub unknown: Vec<String>,
+}
+
+/// Compares the candidate's rule names with `served`'s and the log's.
+pub fn against_served(served: &Config, report: &Report, log: &Log) -> AgainstServed {
+    let served_names: Vec<&str> = served.rules.iter().map(|r| r.name.as_str()).collect();
+    let candidate: Vec<&str> = report
+        .rules
+        .iter()
+        .map(|r| r.rule.as_str())
+        .chain(report.not_replayed.iter().map(|(r, _)| r.as_str()))
+        .collect();
+    let limited_in_log = |rule: &str| {
+        let limited = |d: &&LoggedDecision| d.rule == rule && d.outcome == "limited";
+        log.records
+            .iter()
+            .filter(|r| r.decisions.iter().any(|d| limited(&d)))
+            .count() as u64
+    };
+    let mut unknown: Vec<String> = log
+        .records
+        .iter()
+        .flat_map(|r| r.decisions.iter())
+        .filter(|d| !served_names.contains(&d.rule.as_str()))
+        .map(|d| d.rule.clone())
+        .collect();
+    unknown.sort();
+    unknown.dedup();
+    AgainstServed {
+        dropped: served_names
+            .iter()
+            .filter(|n| !candidate.contains(n))
+            .map(|n| (n.to_string(), limited_in_log(n)))
+            .collect(),
+        added: candidate
+            .iter()
+            .filter(|n| !served_names.contains(n))
+            .map(|n| n.to_string())
+            .collect(),
+        unknown,
+    }
+}
+
 /// One rule's figures as the replay counts them.
 struct Tally<'e> {
     rule: &'e Rule,

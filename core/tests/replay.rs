@@ -216,3 +216,51 @@ fn cli_replay_reports_rules_bad_lines_and_the_difference() {
 
     assert_eq!(weir_check(&["replay", "--config", "x"]).0, 2, "no --log");
 }
+
+#[test]
+fn cli_replay_names_rules_dropped_added_and_unknown_to_the_served_config() {
+    let served = file(
+        "served.json",
+        r#"{"rules":[{"name":"per-user","key":[{"header":"x-user"}],
+            "limit":{"algorithm":"fixed_window","limit":1,"window":"1h"}},
+            {"name":"old","key":[{"header":"x-user"}],
+            "limit":{"algorithm":"fixed_window","limit":1,"window":"1h"}}]}"#,
+    );
+    let candidate = file(
+        "candidate.json",
+        r#"{"rules":[{"name":"new","key":[{"header":"x-user"}],
+            "limit":{"algorithm":"fixed_window","limit":1,"window":"1h"}}]}"#,
+    );
+    let log = file(
+        "served.jsonl",
+        &[
+            r#"{"start_us":"1","decisions":"per-user:allowed:slot:1:1,old:allowed:slot:1:1","headers":{"x-user":"a"}}"#,
+            r#"{"start_us":"2","decisions":"per-user:allowed:slot:1:2,old:limited:slot:1:2","headers":{"x-user":"a"}}"#,
+            r#"{"start_us":"3","decisions":"gone:allowed:slot:1:3","headers":{"x-user":"a"}}"#,
+        ]
+        .join("\n"),
+    );
+    let path = |p: &PathBuf| p.to_str().unwrap().to_string();
+    let (candidate, log, served) = (path(&candidate), path(&log), path(&served));
+    let args = [
+        "replay", "--config", &candidate, "--log", &log, "--served", &served,
+    ];
+    let (code, stdout, stderr) = weir_check(&args);
+    assert_eq!((code, stderr.as_str()), (0, ""));
+    for expected in [
+        "rule per-user: served, not in the candidate: it limited 0 logged requests",
+        "rule old: served, not in the candidate: it limited 1 logged requests",
+        "rule new: not in the served config: nothing to compare\n",
+        "warning: the log has decisions of rule gone, which the served config does not have",
+    ] {
+        assert!(stdout.contains(expected), "{expected:?} not in:\n{stdout}");
+    }
+    let mut json_args = args.to_vec();
+    json_args.push("--json");
+    let (_, stdout, _) = weir_check(&json_args);
+    let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(report["served"]["dropped"][1]["rule"], "old");
+    assert_eq!(report["served"]["dropped"][1]["limited_in_log"], 1);
+    assert_eq!(report["served"]["added"][0], "new");
+    assert_eq!(report["served"]["unknown"][0], "gone");
+}

@@ -21,7 +21,7 @@ use std::io::{Read, Write};
 use std::process::ExitCode;
 use weir_core::config::{self, Config};
 use weir_core::key::Seed;
-use weir_core::replay::{self, Report};
+use weir_core::replay::{self, AgainstServed, Report};
 
 const USAGE: &str = "\
 usage: weir-check check-config FILE
@@ -191,17 +191,18 @@ fn replay(args: &ReplayArgs) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    if let Some(served) = args.served {
-        // The served config's decisions are in the log; the file is checked so that a
-        // comparison never names a config that would not load.
-        if let Err(err) = read(served)
+    let served = match args.served.map(|served| {
+        read(served)
             .map_err(|e| format!("cannot read {served}: {e}"))
             .and_then(|json| config::parse(&json).map_err(|e| format!("{served}: {e}")))
-        {
+    }) {
+        None => None,
+        Some(Ok(served)) => Some(served),
+        Some(Err(err)) => {
             eprintln!("error: {err}");
             return ExitCode::from(1);
         }
-    }
+    };
     let log = replay::parse_log(&log);
     // Any seed: slots collide only in a table far smaller than its keys.
     let seed = Seed([0; 16]);
@@ -212,17 +213,19 @@ fn replay(args: &ReplayArgs) -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    let against = served
+        .as_ref()
+        .map(|served| replay::against_served(served, &report, &log));
     let text = if args.json {
-        serde_json::to_string_pretty(&report_json(&report, args.served.is_some()))
-            .unwrap_or_default()
+        serde_json::to_string_pretty(&report_json(&report, against.as_ref())).unwrap_or_default()
     } else {
-        report_text(&report, args.served.is_some())
+        report_text(&report, against.as_ref())
     };
     let _ = writeln!(std::io::stdout(), "{text}");
     ExitCode::SUCCESS
 }
 
-fn report_json(report: &Report, served: bool) -> serde_json::Value {
+fn report_json(report: &Report, against: Option<&AgainstServed>) -> serde_json::Value {
     use serde_json::json;
     let rules: Vec<serde_json::Value> = report
         .rules
@@ -237,7 +240,7 @@ fn report_json(report: &Report, served: bool) -> serde_json::Value {
                 "top_keys": r.top_keys.iter().map(|(k, n)| json!({"key": k, "limited": n})).collect::<Vec<_>>(),
                 "limited_per_second": r.limited_per_second.iter().map(|(s, n)| json!({"second": s, "limited": n})).collect::<Vec<_>>(),
             });
-            if let (true, Some(rule)) = (served, rule.as_object_mut()) {
+            if let (Some(_), Some(rule)) = (against, rule.as_object_mut()) {
                 let against = json!({
                     "decided": r.served_decided,
                     "agreed": r.agreed,
@@ -249,16 +252,30 @@ fn report_json(report: &Report, served: bool) -> serde_json::Value {
             rule
         })
         .collect();
-    json!({
+    let mut out = json!({
         "requests": report.requests,
         "bad_lines": report.bad_lines.iter().map(|b| json!({"line": b.line, "error": b.error})).collect::<Vec<_>>(),
         "not_replayed": report.not_replayed.iter().map(|(r, why)| json!({"rule": r, "why": why})).collect::<Vec<_>>(),
         "central": report.central,
         "rules": rules,
-    })
+    });
+    if let (Some(against), Some(object)) = (against, out.as_object_mut()) {
+        let dropped: Vec<serde_json::Value> = against
+            .dropped
+            .iter()
+            .map(|(r, n)| json!({"rule": r, "limited_in_log": n}))
+            .collect();
+        let served = json!({
+            "dropped": dropped,
+            "added": against.added,
+            "unknown": against.unknown,
+        });
+        object.insert("served".into(), served);
+    }
+    out
 }
 
-fn report_text(report: &Report, served: bool) -> String {
+fn report_text(report: &Report, against: Option<&AgainstServed>) -> String {
     let mut out = format!("{} requests replayed\n", report.requests);
     if !report.bad_lines.is_empty() {
         out += &format!("{} lines skipped:\n", report.bad_lines.len());
@@ -268,6 +285,23 @@ fn report_text(report: &Report, served: bool) -> String {
     }
     for (rule, why) in &report.not_replayed {
         out += &format!("rule {rule}: {why}\n");
+    }
+    if let Some(against) = against {
+        for (rule, limited) in &against.dropped {
+            out += &format!(
+                "rule {rule}: served, not in the candidate: it limited {limited} logged \
+                 requests, which the candidate lets through unless another rule limits them\n"
+            );
+        }
+        for rule in &against.added {
+            out += &format!("rule {rule}: not in the served config: nothing to compare\n");
+        }
+        for rule in &against.unknown {
+            out += &format!(
+                "warning: the log has decisions of rule {rule}, which the served config \
+                 does not have: was the log served by it?\n"
+            );
+        }
     }
     for rule in &report.central {
         out += &format!(
@@ -284,7 +318,7 @@ fn report_text(report: &Report, served: bool) -> String {
             out += &format!(", {} shadow-limited", r.shadow_limited);
         }
         out += "\n";
-        if served {
+        if against.is_some() {
             out += &format!(
                 "  against the served decisions ({} logged): {} agree, {} newly limited, {} newly allowed\n",
                 r.served_decided, r.agreed, r.newly_limited, r.newly_allowed
