@@ -14,9 +14,29 @@
 //! [`MemoryStore`] and one worker: a single-worker Envoy. A request's instant is the
 //! one weir decided at when it logged a decision (the first), otherwise its start; so a
 //! local rule replayed with the config that served the traffic decides as it did, to
-//! the microsecond. An Envoy with several workers gave each its own reservoirs: a
-//! replay predicts its decisions exactly only for rules without reservoirs
-//! (`reservoir.max` 1); with them, its figures are those of one worker.
+//! the microsecond. An Envoy with several workers gave each its own reservoirs, and
+//! its workers' requests of one key may commit in another order than their clocks say:
+//! the replay is one worker's view (measured against two workers in
+//! tests/tests/replay.rs, `two_workers_replayed_as_one`).
+//!
+//! ```
+//! use weir_core::key::Seed;
+//! use weir_core::replay::{parse_log, replay, Replayed};
+//!
+//! // One request an hour per user; two requests of user `a`, one of `b`.
+//! let candidate = br#"{"rules":[{"name":"per-user","key":[{"header":"x-user"}],
+//!     "limit":{"algorithm":"fixed_window","limit":1,"window":"1h"}}]}"#;
+//! let log = parse_log(concat!(
+//!     r#"{"start_us":"1000000","headers":{"x-user":"a"}}"#, "\n",
+//!     r#"{"start_us":"1000100","headers":{"x-user":"a"}}"#, "\n",
+//!     r#"{"start_us":"1000200","headers":{"x-user":"b"}}"#, "\n",
+//! ));
+//! let report = replay(candidate, &log, &Seed([0; 16])).unwrap();
+//! let rule = &report.rules[0];
+//! assert_eq!((rule.matched, rule.allowed, rule.limited), (3, 2, 1));
+//! assert_eq!(rule.top_keys, [("=a".to_string(), 1)]);
+//! assert_eq!(report.decisions[&2], [("per-user".to_string(), Replayed::Limited)]);
+//! ```
 //!
 //! **Global rules** are replayed as one central limiter, which is what a fleet's
 //! leases converge to: the rule becomes local with the configured limit, without
