@@ -33,6 +33,7 @@
 //! - [`flight`]: bridge calls in flight, one per key (single flight).
 //! - [`filter`]: a request's whole lifecycle in Envoy, behind a host seam (the
 //!   [`filter::host::Host`] trait): the filter crate only translates the ABI.
+//! - [`replay`]: a candidate config over traffic an Envoy recorded (`weir-check replay`).
 //! - `scenarios` (feature `scenarios`): behaviour tables the core and the bridge share.
 //! - `simulation` (feature `simulation`): many Envoys and a model of the bridge, in
 //!   process, for tests and weir-bench.
@@ -82,6 +83,8 @@ pub mod engine;
 pub mod flight;
 
 pub mod filter;
+
+pub mod replay;
 
 #[cfg(feature = "scenarios")]
 pub mod scenarios;

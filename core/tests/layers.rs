@@ -35,6 +35,7 @@ const CORE_LAYERS: &[&str] = &[
     "engine",
     "flight",
     "filter",
+    "replay",
     "scenarios",
     "simulation",
 ];

@@ -39,9 +39,9 @@ pub struct Bootstrap {
     /// HCM `max_request_headers_kb`. Envoy's default is 60 (KiB for the whole header block), so a
     /// single 60 KB value gets 431; we default to 96 so tests can send 60 KB values.
     pub max_request_headers_kb: u32,
-    /// An access log (file path, `text_format` line): one line per request, written by
+    /// An access log (file path, format): one line per request, written by
     /// Envoy when the request ends.
-    pub access_log: Option<(std::path::PathBuf, String)>,
+    pub access_log: Option<(std::path::PathBuf, AccessLogFormat)>,
     /// A top-level `stats_config:` block (raw YAML at column 0), e.g. the tags of
     /// [`shipped_stats_config`].
     pub stats_config: Option<String>,
@@ -49,6 +49,15 @@ pub struct Bootstrap {
     /// `(prefix, length)`: Envoy keeps their `x-envoy-*` headers and strips them from
     /// every other request. None by default, as in Envoy.
     pub internal_cidrs: Vec<(String, u32)>,
+}
+
+/// How an access log writes its lines.
+#[derive(Debug, Clone)]
+pub enum AccessLogFormat {
+    /// Envoy's `text_format`, a newline appended.
+    Text(String),
+    /// Envoy's `json_format`: this object, one per line.
+    Json(serde_json::Value),
 }
 
 impl Default for Bootstrap {
@@ -104,7 +113,16 @@ impl Bootstrap {
     /// Writes one access-log line per request to `path` (Envoy's `text_format`, `\n`
     /// appended).
     pub fn access_log(mut self, path: &Path, format: &str) -> Bootstrap {
-        self.access_log = Some((path.to_path_buf(), format.to_string()));
+        let format = AccessLogFormat::Text(format.to_string());
+        self.access_log = Some((path.to_path_buf(), format));
+        self
+    }
+
+    /// Writes one JSON object per request to `path`: Envoy's `json_format`, the object
+    /// `format` (e.g. what `weir-check log-format` prints).
+    pub fn access_log_json(mut self, path: &Path, format: &serde_json::Value) -> Bootstrap {
+        let format = AccessLogFormat::Json(format.clone());
+        self.access_log = Some((path.to_path_buf(), format));
         self
     }
 
@@ -128,9 +146,18 @@ impl Bootstrap {
         let access_log = match &self.access_log {
             None => String::new(),
             Some((path, format)) => format!(
-                "          access_log:\n          - name: envoy.access_loggers.file\n            typed_config:\n              \"@type\": type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog\n              path: {}\n              log_format:\n                text_format_source:\n                  inline_string: {}\n",
+                "          access_log:\n          - name: envoy.access_loggers.file\n            typed_config:\n              \"@type\": type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog\n              path: {}\n              log_format:\n{}",
                 yaml_quote(&path.to_string_lossy()),
-                yaml_quote(&format!("{format}\n")),
+                match format {
+                    AccessLogFormat::Text(line) => format!(
+                        "                text_format_source:\n                  inline_string: {}\n",
+                        yaml_quote(&format!("{line}\n"))
+                    ),
+                    // JSON is YAML: the object goes in as it is.
+                    AccessLogFormat::Json(object) => {
+                        format!("                json_format: {object}\n")
+                    }
+                },
             ),
         };
         let internal = if self.internal_cidrs.is_empty() {

@@ -11,13 +11,22 @@
 //! `bridge.timeout` shorter than what weir-bridge needs with its default Redis timeout.
 //!
 //! Exit status: 0 valid (with or without warnings), 1 invalid (or unreadable), 2 bad usage.
+//!
+//! `weir-check log-format FILE` prints the Envoy access-log `json_format` that records
+//! what FILE's rules read, and `weir-check replay --config CANDIDATE --log LOG
+//! [--served SERVED] [--json]` replays a recorded log through a candidate config
+//! (`weir_core::replay`; docs/operations.md, "Before you roll out a limit").
 
 use std::io::{Read, Write};
 use std::process::ExitCode;
 use weir_core::config::{self, Config};
+use weir_core::key::Seed;
+use weir_core::replay::{self, AgainstServed, Report};
 
 const USAGE: &str = "\
 usage: weir-check check-config FILE
+       weir-check log-format FILE
+       weir-check replay --config CANDIDATE --log LOG [--served SERVED] [--json]
        weir-check --help
        weir-check --version
 
@@ -25,6 +34,15 @@ Checks a weir plugin configuration (the JSON given to the filter as its
 `configuration`) and prints a summary of its rules. FILE may be - for stdin.
 
 Warnings go to stderr and do not change the exit status.
+
+log-format prints the access-log json_format (JSON) that records the facts
+FILE's rules read, weir's decisions, the status and the start time.
+
+replay runs CANDIDATE over LOG (lines of that format) in time order, as one
+single-worker Envoy, and prints per rule: requests matched, allowed, limited,
+the keys limited most and the 429s per second; against the decisions LOG
+recorded (--served names the config that served it, to list what the
+candidate dropped or added). Lines that are not records are counted and named.
 
 exit status: 0 valid, 1 invalid or unreadable, 2 bad usage
 ";
@@ -44,6 +62,14 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         ["check-config", file] => check_config(file),
+        ["log-format", file] => log_format(file),
+        ["replay", rest @ ..] => match ReplayArgs::parse(rest) {
+            Some(args) => replay(&args),
+            None => {
+                eprint!("{USAGE}");
+                ExitCode::from(2)
+            }
+        },
         _ => {
             eprint!("{USAGE}");
             ExitCode::from(2)
@@ -107,4 +133,216 @@ fn summary(config: &Config) -> String {
         .collect();
     let noun = if rules.len() == 1 { "rule" } else { "rules" };
     format!("ok: {} {noun}: {}", rules.len(), rules.join(", "))
+}
+
+fn log_format(file: &str) -> ExitCode {
+    let config = match read(file)
+        .map_err(|e| format!("cannot read {file}: {e}"))
+        .and_then(|json| config::parse(&json).map_err(|e| e.to_string()))
+    {
+        Ok(config) => config,
+        Err(err) => {
+            eprintln!("error: {err}");
+            return ExitCode::from(1);
+        }
+    };
+    let (format, unrecorded) = replay::log_format(&config);
+    let text = serde_json::to_string_pretty(&format).unwrap_or_default();
+    let _ = writeln!(std::io::stdout(), "{text}");
+    for fact in unrecorded {
+        eprintln!("warning: {fact}: no access-log command records it; a replay sees it absent");
+    }
+    ExitCode::SUCCESS
+}
+
+struct ReplayArgs<'a> {
+    config: &'a str,
+    log: &'a str,
+    served: Option<&'a str>,
+    json: bool,
+}
+
+impl<'a> ReplayArgs<'a> {
+    fn parse(args: &[&'a str]) -> Option<ReplayArgs<'a>> {
+        let (mut config, mut log, mut served, mut json) = (None, None, None, false);
+        let mut args = args.iter();
+        while let Some(arg) = args.next() {
+            match *arg {
+                "--config" => config = Some(*args.next()?),
+                "--log" => log = Some(*args.next()?),
+                "--served" => served = Some(*args.next()?),
+                "--json" => json = true,
+                _ => return None,
+            }
+        }
+        Some(ReplayArgs {
+            config: config?,
+            log: log?,
+            served,
+            json,
+        })
+    }
+}
+
+fn replay(args: &ReplayArgs) -> ExitCode {
+    let inputs = read(args.config)
+        .map_err(|e| format!("cannot read {}: {e}", args.config))
+        .and_then(|config| {
+            let log = read(args.log).map_err(|e| format!("cannot read {}: {e}", args.log))?;
+            Ok((config, String::from_utf8_lossy(&log).into_owned()))
+        });
+    let (candidate, log) = match inputs {
+        Ok(inputs) => inputs,
+        Err(err) => {
+            eprintln!("error: {err}");
+            return ExitCode::from(1);
+        }
+    };
+    let served = match args.served.map(|served| {
+        read(served)
+            .map_err(|e| format!("cannot read {served}: {e}"))
+            .and_then(|json| config::parse(&json).map_err(|e| format!("{served}: {e}")))
+    }) {
+        None => None,
+        Some(Ok(served)) => Some(served),
+        Some(Err(err)) => {
+            eprintln!("error: {err}");
+            return ExitCode::from(1);
+        }
+    };
+    let log = replay::parse_log(&log);
+    // Any seed: slots collide only in a table far smaller than its keys.
+    let seed = Seed([0; 16]);
+    let report = match replay::replay(&candidate, &log, &seed) {
+        Ok(report) => report,
+        Err(err) => {
+            eprintln!("error: {}: {err}", args.config);
+            return ExitCode::from(1);
+        }
+    };
+    let against = served
+        .as_ref()
+        .map(|served| replay::against_served(served, &report, &log));
+    let text = if args.json {
+        serde_json::to_string_pretty(&report_json(&report, against.as_ref())).unwrap_or_default()
+    } else {
+        report_text(&report, against.as_ref())
+    };
+    let _ = writeln!(std::io::stdout(), "{text}");
+    ExitCode::SUCCESS
+}
+
+fn report_json(report: &Report, against: Option<&AgainstServed>) -> serde_json::Value {
+    use serde_json::json;
+    let rules: Vec<serde_json::Value> = report
+        .rules
+        .iter()
+        .map(|r| {
+            let mut rule = json!({
+                "rule": r.rule,
+                "matched": r.matched,
+                "allowed": r.allowed,
+                "limited": r.limited,
+                "shadow_limited": r.shadow_limited,
+                "top_keys": r.top_keys.iter().map(|(k, n)| json!({"key": k, "limited": n})).collect::<Vec<_>>(),
+                "limited_per_second": r.limited_per_second.iter().map(|(s, n)| json!({"second": s, "limited": n})).collect::<Vec<_>>(),
+            });
+            if let (Some(_), Some(rule)) = (against, rule.as_object_mut()) {
+                let against = json!({
+                    "decided": r.served_decided,
+                    "agreed": r.agreed,
+                    "newly_limited": r.newly_limited,
+                    "newly_allowed": r.newly_allowed,
+                });
+                rule.insert("served".into(), against);
+            }
+            rule
+        })
+        .collect();
+    let mut out = json!({
+        "requests": report.requests,
+        "bad_lines": report.bad_lines.iter().map(|b| json!({"line": b.line, "error": b.error})).collect::<Vec<_>>(),
+        "not_replayed": report.not_replayed.iter().map(|(r, why)| json!({"rule": r, "why": why})).collect::<Vec<_>>(),
+        "central": report.central,
+        "rules": rules,
+    });
+    if let (Some(against), Some(object)) = (against, out.as_object_mut()) {
+        let dropped: Vec<serde_json::Value> = against
+            .dropped
+            .iter()
+            .map(|(r, n)| json!({"rule": r, "limited_in_log": n}))
+            .collect();
+        let served = json!({
+            "dropped": dropped,
+            "added": against.added,
+            "unknown": against.unknown,
+        });
+        object.insert("served".into(), served);
+    }
+    out
+}
+
+fn report_text(report: &Report, against: Option<&AgainstServed>) -> String {
+    let mut out = format!("{} requests replayed\n", report.requests);
+    if !report.bad_lines.is_empty() {
+        out += &format!("{} lines skipped:\n", report.bad_lines.len());
+        for bad in report.bad_lines.iter().take(20) {
+            out += &format!("  line {}: {}\n", bad.line, bad.error);
+        }
+    }
+    for (rule, why) in &report.not_replayed {
+        out += &format!("rule {rule}: {why}\n");
+    }
+    if let Some(against) = against {
+        for (rule, limited) in &against.dropped {
+            out += &format!(
+                "rule {rule}: served, not in the candidate: it limited {limited} logged \
+                 requests, which the candidate lets through unless another rule limits them\n"
+            );
+        }
+        for rule in &against.added {
+            out += &format!("rule {rule}: not in the served config: nothing to compare\n");
+        }
+        for rule in &against.unknown {
+            out += &format!(
+                "warning: the log has decisions of rule {rule}, which the served config \
+                 does not have: was the log served by it?\n"
+            );
+        }
+    }
+    for rule in &report.central {
+        out += &format!(
+            "rule {rule}: global, replayed as one central limiter (what the fleet converges \
+             to; not the served decisions of leases and reservations)\n"
+        );
+    }
+    for r in &report.rules {
+        out += &format!(
+            "\nrule {}: {} matched, {} allowed, {} limited",
+            r.rule, r.matched, r.allowed, r.limited
+        );
+        if r.shadow_limited > 0 {
+            out += &format!(", {} shadow-limited", r.shadow_limited);
+        }
+        out += "\n";
+        if against.is_some() {
+            out += &format!(
+                "  against the served decisions ({} logged): {} agree, {} newly limited, {} newly allowed\n",
+                r.served_decided, r.agreed, r.newly_limited, r.newly_allowed
+            );
+        }
+        if !r.top_keys.is_empty() {
+            out += "  keys limited most:\n";
+            for (key, n) in &r.top_keys {
+                out += &format!("    {n:>8}  {key}\n");
+            }
+        }
+        if !r.limited_per_second.is_empty() {
+            out += "  limited per second (unix second: requests):\n";
+            for (second, n) in &r.limited_per_second {
+                out += &format!("    {second}: {n}\n");
+            }
+        }
+    }
+    out
 }

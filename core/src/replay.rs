@@ -1,0 +1,581 @@
+//! Replay: a candidate config run over traffic an Envoy recorded, to see what it would
+//! have limited before it is rolled out.
+//!
+//! **The record.** One JSON object per line, written by Envoy's file access logger with
+//! the `json_format` that [`log_format`] builds from a config: the request's start
+//! (`start_us`, µs since the epoch), its status, weir's decisions (the filter state
+//! `wasm.weir.decisions`, `rule:outcome:source:cost:decided_at_us`, written when the
+//! plugin has `"response": {"filter_state": "all"}`), and every fact the config's rules
+//! read: request headers under `headers` (pseudo-headers included), Envoy attributes
+//! under `attributes` by dotted path. Values are the raw request values: a log of user
+//! ids is a log of user ids (hashing them is not done yet).
+//!
+//! **The replay.** Every line in time order through one [`Engine`] over one
+//! [`MemoryStore`] and one worker: a single-worker Envoy. A request's instant is the
+//! one weir decided at when it logged a decision (the first), otherwise its start; so a
+//! local rule replayed with the config that served the traffic decides as it did, to
+//! the microsecond. An Envoy with several workers gave each its own reservoirs, and
+//! its workers' requests of one key may commit in another order than their clocks say:
+//! the replay is one worker's view (measured against two workers in
+//! tests/tests/replay.rs, `two_workers_replayed_as_one`).
+//!
+//! ```
+//! use weir_core::key::Seed;
+//! use weir_core::replay::{parse_log, replay, Replayed};
+//!
+//! // One request an hour per user; two requests of user `a`, one of `b`.
+//! let candidate = br#"{"rules":[{"name":"per-user","key":[{"header":"x-user"}],
+//!     "limit":{"algorithm":"fixed_window","limit":1,"window":"1h"}}]}"#;
+//! let log = parse_log(concat!(
+//!     r#"{"start_us":"1000000","headers":{"x-user":"a"}}"#, "\n",
+//!     r#"{"start_us":"1000100","headers":{"x-user":"a"}}"#, "\n",
+//!     r#"{"start_us":"1000200","headers":{"x-user":"b"}}"#, "\n",
+//! ));
+//! let report = replay(candidate, &log, &Seed([0; 16])).unwrap();
+//! let rule = &report.rules[0];
+//! assert_eq!((rule.matched, rule.allowed, rule.limited), (3, 2, 1));
+//! assert_eq!(rule.top_keys, [("=a".to_string(), 1)]);
+//! assert_eq!(report.decisions[&2], [("per-user".to_string(), Replayed::Limited)]);
+//! ```
+//!
+//! **Global rules** are replayed as one central limiter, which is what a fleet's
+//! leases converge to: the rule becomes local with the configured limit, without
+//! reservoirs (every request decides in the one store), listed in
+//! [`Report::central`]. That predicts what the quota allows across the traffic the log
+//! holds: replay the logs of every Envoy together for the fleet's. It cannot predict
+//! the served decisions exactly: leases, reservations and cached denials decide ahead
+//! of Redis, a GCRA rule with leases runs its burst reduced in Redis, and the bridge's
+//! failure mode decided while it was down. A `sliding_log` rule (Redis only) is not
+//! replayed.
+//!
+//! **Not replayed (yet):** concurrency rules, rules that delay (`on_limit.delay`) and
+//! `sliding_log` global rules. They are left out of the candidate (listed in
+//! [`Report::not_replayed`]) and the other rules are replayed as if they had allowed
+//! every request.
+//!
+//! A line that is not a record is counted and reported with its number, never fatal.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Map, Value};
+
+use crate::config::{self, Config};
+use crate::engine::{Engine, RuleOutcome};
+use crate::key::{encode_part, Seed};
+use crate::rules::{Fact, FactSource, Facts, Rule, Scope};
+use crate::store::memory::MemoryStore;
+use crate::time::Micros;
+
+/// The filter state weir writes its decisions to.
+pub const DECISIONS_FILTER_STATE: &str = "wasm.weir.decisions";
+
+/// How many keys the report lists per rule.
+pub const TOP_KEYS: usize = 10;
+
+/// The Envoy access-log `json_format` that records what `config`'s rules read, and the
+/// facts it cannot record (named as in the config's fact table).
+pub fn log_format(config: &Config) -> (Value, Vec<String>) {
+    let mut headers = Map::new();
+    let mut attributes = Map::new();
+    let mut unrecorded = Vec::new();
+    for fact in config.facts.iter() {
+        match fact {
+            Fact::Header(name) => {
+                // Envoy's `%REQ()%` takes pseudo-headers in upper case (`:PATH`).
+                let arg = if name.starts_with(':') {
+                    name.to_uppercase()
+                } else {
+                    name.clone()
+                };
+                headers.insert(name.clone(), Value::String(format!("%REQ({arg})%")));
+            }
+            Fact::Property(path) => match attribute_command(path) {
+                Some(command) => {
+                    attributes.insert(path.join("."), Value::String(command));
+                }
+                None => unrecorded.push(format!("attribute {}", path.join("."))),
+            },
+            Fact::RequestBodyEstimate(_) => unrecorded.push("request body estimate".into()),
+        }
+    }
+    let mut format = Map::new();
+    format.insert("start_us".into(), "%START_TIME(%s%6f)%".into());
+    format.insert("status".into(), "%RESPONSE_CODE%".into());
+    format.insert(
+        "decisions".into(),
+        Value::String(format!("%FILTER_STATE({DECISIONS_FILTER_STATE}:PLAIN)%")),
+    );
+    format.insert("headers".into(), Value::Object(headers));
+    format.insert("attributes".into(), Value::Object(attributes));
+    (Value::Object(format), unrecorded)
+}
+
+/// The access-log command that logs an attribute as the filter reads it, if there is one.
+fn attribute_command(path: &[String]) -> Option<String> {
+    let path: Vec<&str> = path.iter().map(String::as_str).collect();
+    match path.as_slice() {
+        // The attribute carries the port, as `client_ip` reads it (it strips the port).
+        ["source", "address"] => Some("%DOWNSTREAM_REMOTE_ADDRESS%".into()),
+        ["destination", "address"] => Some("%DOWNSTREAM_LOCAL_ADDRESS%".into()),
+        ["request", "host"] => Some("%REQ(:AUTHORITY)%".into()),
+        ["request", "path"] => Some("%REQ(:PATH)%".into()),
+        ["request", "method"] => Some("%REQ(:METHOD)%".into()),
+        ["metadata", "filter_metadata", namespace, keys @ ..] if !keys.is_empty() => Some(format!(
+            "%DYNAMIC_METADATA({namespace}:{})%",
+            keys.join(":")
+        )),
+        _ => None,
+    }
+}
+
+/// One rule's decision as the served Envoy logged it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoggedDecision {
+    pub rule: String,
+    /// `allowed`, `limited`, `shadow_limited`, `store_failed`, `bridge_failed`.
+    pub outcome: String,
+    pub at_us: u64,
+}
+
+/// One request of the log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    /// 1-based, in the file.
+    pub line: usize,
+    pub start_us: u64,
+    pub status: Option<u16>,
+    pub decisions: Vec<LoggedDecision>,
+    pub headers: BTreeMap<String, String>,
+    pub attributes: BTreeMap<String, String>,
+}
+
+impl Record {
+    /// The instant the replay decides this request at: weir's own, when it decided.
+    pub fn at_us(&self) -> u64 {
+        self.decisions.first().map_or(self.start_us, |d| d.at_us)
+    }
+}
+
+/// A line that is not a record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BadLine {
+    pub line: usize,
+    pub error: String,
+}
+
+/// A parsed log: its records, and the lines that are not records.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Log {
+    pub records: Vec<Record>,
+    pub bad_lines: Vec<BadLine>,
+}
+
+/// Parses a whole log; empty lines are skipped.
+pub fn parse_log(text: &str) -> Log {
+    let mut records = Vec::new();
+    let mut bad = Vec::new();
+    for (at, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        match parse_record(at + 1, line) {
+            Ok(record) => records.push(record),
+            Err(error) => bad.push(BadLine {
+                line: at + 1,
+                error,
+            }),
+        }
+    }
+    Log {
+        records,
+        bad_lines: bad,
+    }
+}
+
+/// Parses one line of the [`log_format`] record.
+pub fn parse_record(line: usize, text: &str) -> Result<Record, String> {
+    let value: Value = serde_json::from_str(text).map_err(|e| format!("not JSON: {e}"))?;
+    let object = value.as_object().ok_or("not a JSON object")?;
+    let start_us = object
+        .get("start_us")
+        .and_then(number)
+        .ok_or("start_us: missing or not a number of µs")?;
+    let status = object
+        .get("status")
+        .and_then(number)
+        .and_then(|s| u16::try_from(s).ok());
+    let decisions = match object.get("decisions") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::String(s)) => parse_decisions(s)?,
+        Some(_) => return Err("decisions: not a string".into()),
+    };
+    Ok(Record {
+        line,
+        start_us,
+        status,
+        decisions,
+        headers: strings(object.get("headers"), "headers")?,
+        attributes: strings(object.get("attributes"), "attributes")?,
+    })
+}
+
+/// A number, or a string of digits (Envoy logs some commands as strings).
+fn number(value: &Value) -> Option<u64> {
+    match value {
+        Value::Number(n) => n.as_u64(),
+        Value::String(s) => s.parse().ok(),
+        _ => None,
+    }
+}
+
+/// The string values of an object; `null` (Envoy's "not there") is left out.
+fn strings(value: Option<&Value>, field: &str) -> Result<BTreeMap<String, String>, String> {
+    let mut out = BTreeMap::new();
+    let Some(value) = value else {
+        return Ok(out);
+    };
+    let object = value
+        .as_object()
+        .ok_or_else(|| format!("{field}: not an object"))?;
+    for (name, value) in object {
+        match value {
+            Value::Null => {}
+            Value::String(s) => {
+                out.insert(name.clone(), s.clone());
+            }
+            Value::Number(n) => {
+                out.insert(name.clone(), n.to_string());
+            }
+            _ => return Err(format!("{field}.{name}: not a string")),
+        }
+    }
+    Ok(out)
+}
+
+fn parse_decisions(text: &str) -> Result<Vec<LoggedDecision>, String> {
+    if text.is_empty() || text == "-" {
+        return Ok(Vec::new());
+    }
+    text.split(',')
+        .map(|d| {
+            // Rule names have no ':' (the config's name rule).
+            let fields: Vec<&str> = d.split(':').collect();
+            match fields.as_slice() {
+                [rule, outcome, _source, _cost, at] => Ok(LoggedDecision {
+                    rule: (*rule).to_string(),
+                    outcome: (*outcome).to_string(),
+                    at_us: at
+                        .parse()
+                        .map_err(|_| format!("decisions: {d:?}: bad decided_at_us"))?,
+                }),
+                _ => Err(format!(
+                    "decisions: {d:?} is not rule:outcome:source:cost:decided_at_us"
+                )),
+            }
+        })
+        .collect()
+}
+
+impl FactSource for &Record {
+    fn fetch(&mut self, fact: &Fact) -> Option<Vec<u8>> {
+        match fact {
+            Fact::Header(name) => self.headers.get(name),
+            Fact::Property(path) => self.attributes.get(&path.join(".")),
+            Fact::RequestBodyEstimate(_) => None,
+        }
+        .map(|v| v.clone().into_bytes())
+    }
+}
+
+/// What the replay decided for one request under one rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Replayed {
+    Allowed,
+    Limited,
+    ShadowLimited,
+}
+
+impl Replayed {
+    /// As the filter state spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Replayed::Allowed => "allowed",
+            Replayed::Limited => "limited",
+            Replayed::ShadowLimited => "shadow_limited",
+        }
+    }
+
+    fn denies(self) -> bool {
+        matches!(self, Replayed::Limited | Replayed::ShadowLimited)
+    }
+}
+
+/// One rule's figures over the replay.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RuleFigures {
+    pub rule: String,
+    pub matched: u64,
+    pub allowed: u64,
+    pub limited: u64,
+    pub shadow_limited: u64,
+    /// Keys by requests limited (shadow included), most first, at most [`TOP_KEYS`].
+    pub top_keys: Vec<(String, u64)>,
+    /// Requests limited per second, by the second (since the epoch) they fell in.
+    pub limited_per_second: BTreeMap<u64, u64>,
+    /// Against the decisions the served Envoy logged for a rule of the same name:
+    /// requests it allowed that the candidate limits, and the reverse.
+    pub newly_limited: u64,
+    pub newly_allowed: u64,
+    /// Requests the served Envoy logged a decision of this rule for.
+    pub served_decided: u64,
+    /// Of the requests both decided, those where the candidate agrees.
+    pub agreed: u64,
+}
+
+/// The whole replay.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Report {
+    pub requests: u64,
+    pub bad_lines: Vec<BadLine>,
+    pub rules: Vec<RuleFigures>,
+    /// Rules of the candidate not replayed, with why.
+    pub not_replayed: Vec<(String, String)>,
+    /// Global rules replayed as one central limiter.
+    pub central: Vec<String>,
+    /// Per request (by line), what the candidate decided for each rule that decided.
+    pub decisions: BTreeMap<usize, Vec<(String, Replayed)>>,
+}
+
+/// How the replay treats a rule of the candidate.
+enum Treatment {
+    AsIs,
+    /// A global rule, as one central limiter.
+    Central,
+    NotReplayed(&'static str),
+}
+
+fn treatment(rule: &Rule) -> Treatment {
+    if rule.delay.is_some() {
+        // A held request is logged at its release, and the replay would have to release
+        // it in time among the others: not done yet.
+        return Treatment::NotReplayed("on_limit.delay: held requests are not replayed yet");
+    }
+    match &rule.scope {
+        Scope::Local(_) => Treatment::AsIs,
+        Scope::Global(_) if rule.algorithm_name() == "sliding_log" => {
+            Treatment::NotReplayed("global sliding_log rule: runs only in Redis, not replayed")
+        }
+        Scope::Global(_) => Treatment::Central,
+        Scope::Concurrency(_) => Treatment::NotReplayed("concurrency rule: not replayed yet"),
+    }
+}
+
+/// Replays `log` through the candidate config (its JSON). The seed keys the slot hash:
+/// any is fine unless a rule's `max_keys` is so small that keys collide.
+pub fn replay(candidate_json: &[u8], log: &Log, seed: &Seed) -> Result<Report, String> {
+    let config = config::parse(candidate_json).map_err(|e| e.to_string())?;
+    let mut not_replayed = Vec::new();
+    let mut central = Vec::new();
+    for rule in &config.rules {
+        match treatment(rule) {
+            Treatment::AsIs => {}
+            Treatment::Central => central.push(rule.name.clone()),
+            Treatment::NotReplayed(why) => not_replayed.push((rule.name.clone(), why.to_string())),
+        }
+    }
+    let config = if not_replayed.is_empty() && central.is_empty() {
+        config
+    } else {
+        replayable(candidate_json, &not_replayed, &central)?
+    };
+    let engine = Engine::new(config);
+    let store = MemoryStore::new();
+    engine.prepare(&store).map_err(|e| format!("{e:?}"))?;
+    let mut worker = engine.worker();
+
+    let mut order: Vec<&Record> = log.records.iter().collect();
+    order.sort_by_key(|r| (r.at_us(), r.line));
+
+    let mut tallies: Vec<Tally> = engine.config.rules.iter().map(Tally::new).collect();
+    let mut decisions = BTreeMap::new();
+    for record in order {
+        let now_us = record.at_us();
+        let mut facts = Facts::new(&engine.config.facts, record);
+        let eval = engine.evaluate(&store, &mut worker, seed, &mut facts, Micros(now_us));
+        let mut decided = Vec::new();
+        for report in &eval.reports {
+            let replayed = match report.outcome {
+                RuleOutcome::Allowed => Replayed::Allowed,
+                RuleOutcome::Limited => Replayed::Limited,
+                RuleOutcome::ShadowLimited => Replayed::ShadowLimited,
+                _ => continue,
+            };
+            if let Some(tally) = tallies.get_mut(report.rule.index()) {
+                tally.count(record, replayed, &mut facts, now_us);
+                decided.push((tally.rule.name.clone(), replayed));
+            }
+        }
+        decisions.insert(record.line, decided);
+    }
+    Ok(Report {
+        requests: log.records.len() as u64,
+        bad_lines: log.bad_lines.clone(),
+        rules: tallies
+            .into_iter()
+            .map(|t| t.finish(&log.records))
+            .collect(),
+        not_replayed,
+        central,
+        decisions,
+    })
+}
+
+/// How the candidate's rules stand to those of the config that served the log.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AgainstServed {
+    /// Rules served and not in the candidate, with the requests the log says each
+    /// limited (the candidate lets them through, unless another of its rules limits them).
+    pub dropped: Vec<(String, u64)>,
+    /// Rules of the candidate the served config did not have: nothing to compare.
+    pub added: Vec<String>,
+    /// Rules the log has decisions of that the served config does not have: the log was
+    /// not (only) served by it.
+    pub unknown: Vec<String>,
+}
+
+/// Compares the candidate's rule names with `served`'s and the log's.
+pub fn against_served(served: &Config, report: &Report, log: &Log) -> AgainstServed {
+    let served_names: Vec<&str> = served.rules.iter().map(|r| r.name.as_str()).collect();
+    let candidate: Vec<&str> = report
+        .rules
+        .iter()
+        .map(|r| r.rule.as_str())
+        .chain(report.not_replayed.iter().map(|(r, _)| r.as_str()))
+        .collect();
+    let limited_in_log = |rule: &str| {
+        let limited = |d: &&LoggedDecision| d.rule == rule && d.outcome == "limited";
+        log.records
+            .iter()
+            .filter(|r| r.decisions.iter().any(|d| limited(&d)))
+            .count() as u64
+    };
+    let mut unknown: Vec<String> = log
+        .records
+        .iter()
+        .flat_map(|r| r.decisions.iter())
+        .filter(|d| !served_names.contains(&d.rule.as_str()))
+        .map(|d| d.rule.clone())
+        .collect();
+    unknown.sort();
+    unknown.dedup();
+    AgainstServed {
+        dropped: served_names
+            .iter()
+            .filter(|n| !candidate.contains(n))
+            .map(|n| (n.to_string(), limited_in_log(n)))
+            .collect(),
+        added: candidate
+            .iter()
+            .filter(|n| !served_names.contains(n))
+            .map(|n| n.to_string())
+            .collect(),
+        unknown,
+    }
+}
+
+/// One rule's figures as the replay counts them.
+struct Tally<'e> {
+    rule: &'e Rule,
+    figures: RuleFigures,
+    /// Requests limited, per key.
+    limited_keys: BTreeMap<String, u64>,
+}
+
+impl<'e> Tally<'e> {
+    fn new(rule: &'e Rule) -> Self {
+        Tally {
+            rule,
+            figures: RuleFigures {
+                rule: rule.name.clone(),
+                ..RuleFigures::default()
+            },
+            limited_keys: BTreeMap::new(),
+        }
+    }
+
+    /// The rule decided `record` at `now_us`.
+    fn count(
+        &mut self,
+        record: &Record,
+        replayed: Replayed,
+        facts: &mut Facts<'_, &Record>,
+        now_us: u64,
+    ) {
+        let figures = &mut self.figures;
+        figures.matched += 1;
+        match replayed {
+            Replayed::Allowed => figures.allowed += 1,
+            Replayed::Limited => figures.limited += 1,
+            Replayed::ShadowLimited => figures.shadow_limited += 1,
+        }
+        if replayed.denies() {
+            let mut parts = Vec::new();
+            self.rule.visit_key(facts, |origin, bytes| {
+                parts.push(encode_part(origin, bytes))
+            });
+            *self.limited_keys.entry(parts.join(" ")).or_default() += 1;
+            let second = now_us / 1_000_000;
+            *figures.limited_per_second.entry(second).or_default() += 1;
+        }
+        if let Some(served) = record.decisions.iter().find(|d| d.rule == figures.rule) {
+            let served_denied = matches!(served.outcome.as_str(), "limited" | "shadow_limited");
+            match (served_denied, replayed.denies()) {
+                (false, true) => figures.newly_limited += 1,
+                (true, false) => figures.newly_allowed += 1,
+                _ => figures.agreed += 1,
+            }
+        }
+    }
+
+    fn finish(self, records: &[Record]) -> RuleFigures {
+        let mut figures = self.figures;
+        figures.served_decided = records
+            .iter()
+            .filter(|r| r.decisions.iter().any(|d| d.rule == figures.rule))
+            .count() as u64;
+        let mut keys: Vec<(String, u64)> = self.limited_keys.into_iter().collect();
+        keys.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        keys.truncate(TOP_KEYS);
+        figures.top_keys = keys;
+        figures
+    }
+}
+
+/// The candidate without the rules not replayed, its global rules made local: the same
+/// limit, every request deciding in the store (`reservoir.max` 1).
+fn replayable(
+    json: &[u8],
+    drop: &[(String, String)],
+    central: &[String],
+) -> Result<Config, String> {
+    let mut value: Value = serde_json::from_slice(json).map_err(|e| e.to_string())?;
+    if let Some(Value::Array(rules)) = value.get_mut("rules") {
+        rules.retain(|rule| {
+            let name = rule.get("name").and_then(Value::as_str);
+            !drop.iter().any(|(d, _)| Some(d.as_str()) == name)
+        });
+        for rule in rules.iter_mut() {
+            let name = rule.get("name").and_then(Value::as_str);
+            if !central.iter().any(|c| Some(c.as_str()) == name) {
+                continue;
+            }
+            if let Some(rule) = rule.as_object_mut() {
+                rule.remove("global");
+                rule.insert("scope".into(), "local".into());
+                rule.insert("reservoir".into(), serde_json::json!({ "max": 1 }));
+            }
+        }
+    }
+    let json = serde_json::to_vec(&value).map_err(|e| e.to_string())?;
+    config::parse(&json).map_err(|e| format!("replaying global rules as local ones: {e}"))
+}

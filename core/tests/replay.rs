@@ -1,0 +1,266 @@
+//! `weir_core::replay` on logs written by hand: bad lines, time order, and how global and
+//! concurrency rules are replayed. The recorded run of a real Envoy is in
+//! tests/tests/replay.rs.
+
+#![cfg(not(target_arch = "wasm32"))]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
+
+use std::path::PathBuf;
+use std::process::Command;
+use weir_core::config;
+use weir_core::key::Seed;
+use weir_core::replay::{self, Replayed};
+
+const SEED: Seed = Seed([1; 16]);
+
+/// A request of user `user` at `at_us`, no decision logged.
+fn line(user: &str, at_us: u64) -> String {
+    format!(
+        r#"{{"start_us":"{at_us}","status":200,"decisions":null,"headers":{{"x-user":"{user}"}},"attributes":{{}}}}"#
+    )
+}
+
+fn outcomes(report: &replay::Report, rule: &str) -> Vec<&'static str> {
+    report
+        .decisions
+        .values()
+        .filter_map(|d| d.iter().find(|(r, _)| r == rule).map(|(_, o)| o.name()))
+        .collect()
+}
+
+#[test]
+fn a_bad_line_is_counted_with_its_number_and_the_rest_replayed() {
+    let log = [
+        line("a", 1_000_000),
+        "not json".into(),
+        r#"{"status":200}"#.into(),
+        r#"{"start_us":1,"decisions":"per-user:allowed"}"#.into(),
+        String::new(),
+        line("a", 1_000_001),
+    ]
+    .join("\n");
+    let parsed = replay::parse_log(&log);
+    assert_eq!(parsed.records.len(), 2);
+    let bad: Vec<(usize, &str)> = parsed
+        .bad_lines
+        .iter()
+        .map(|b| (b.line, b.error.as_str()))
+        .collect();
+    assert_eq!(bad.len(), 3, "{bad:?}");
+    assert_eq!(bad[0].0, 2);
+    assert!(bad[0].1.starts_with("not JSON"), "{bad:?}");
+    assert_eq!(bad[1], (3, "start_us: missing or not a number of µs"));
+    assert_eq!(
+        bad[2],
+        (
+            4,
+            "decisions: \"per-user:allowed\" is not rule:outcome:source:cost:decided_at_us"
+        )
+    );
+}
+
+#[test]
+fn requests_are_replayed_in_time_order_not_line_order() {
+    // A limit of 1 per hour: whichever request comes first is allowed.
+    let candidate = r#"{"rules":[{"name":"per-user","key":[{"header":"x-user"}],
+        "limit":{"algorithm":"fixed_window","limit":1,"window":"1h"}}]}"#;
+    let log = [line("a", 2_000_000), line("a", 1_000_000)].join("\n");
+    let report = replay::replay(candidate.as_bytes(), &replay::parse_log(&log), &SEED).unwrap();
+    assert_eq!(
+        report.decisions[&2],
+        vec![("per-user".to_string(), Replayed::Allowed)]
+    );
+    assert_eq!(
+        report.decisions[&1],
+        vec![("per-user".to_string(), Replayed::Limited)]
+    );
+    assert_eq!(report.rules[0].limited_per_second.get(&2), Some(&1));
+    assert_eq!(report.rules[0].top_keys.len(), 1);
+}
+
+#[test]
+fn a_global_rule_is_replayed_as_one_central_limiter() {
+    // Leases of up to 10 units would let each Envoy admit ahead; one central limiter
+    // admits the limit exactly.
+    let candidate = r#"{"bridge":{"cluster":"weir-bridge","timeout":"50ms"},
+        "rules":[{"name":"per-tenant","scope":"global","key":[{"header":"x-user"}],
+        "global":{"lease":{"max":10}},
+        "limit":{"algorithm":"fixed_window","limit":3,"window":"1h"}}]}"#;
+    config::parse(candidate.as_bytes()).unwrap();
+    let log: Vec<String> = (0..5).map(|i| line("t", 1_000_000 + i)).collect();
+    let log = replay::parse_log(&log.join("\n"));
+    let report = replay::replay(candidate.as_bytes(), &log, &SEED).unwrap();
+    assert_eq!(report.central, vec!["per-tenant".to_string()]);
+    assert_eq!(
+        outcomes(&report, "per-tenant"),
+        ["allowed", "allowed", "allowed", "limited", "limited"]
+    );
+}
+
+#[test]
+fn concurrency_and_delaying_rules_are_named_not_replayed_and_the_others_are() {
+    let candidate = r#"{"rules":[
+        {"name":"in-flight","key":[{"header":"x-user"}],
+         "limit":{"algorithm":"concurrency","max_in_flight":1}},
+        {"name":"held","key":[{"header":"x-user"}],
+         "limit":{"algorithm":"gcra","rate":1,"period":"1h","burst":0},
+         "on_limit":{"delay":{"max":"1s"}}},
+        {"name":"per-user","key":[{"header":"x-user"}],
+         "limit":{"algorithm":"fixed_window","limit":1,"window":"1h"}}]}"#;
+    let log = [line("a", 1_000_000), line("a", 1_000_001)].join("\n");
+    let report = replay::replay(candidate.as_bytes(), &replay::parse_log(&log), &SEED).unwrap();
+    let names: Vec<&str> = report
+        .not_replayed
+        .iter()
+        .map(|(n, _)| n.as_str())
+        .collect();
+    assert_eq!(names, ["in-flight", "held"]);
+    assert_eq!(outcomes(&report, "per-user"), ["allowed", "limited"]);
+}
+
+/// Runs `weir-check ARGS`: exit status, stdout, stderr.
+fn weir_check(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_weir-check"))
+        .args(args)
+        .output()
+        .unwrap();
+    let text = |bytes: Vec<u8>| String::from_utf8(bytes).unwrap();
+    (
+        out.status.code().unwrap(),
+        text(out.stdout),
+        text(out.stderr),
+    )
+}
+
+/// A file of this test's own in the temporary directory.
+fn file(name: &str, text: &str) -> PathBuf {
+    let path = std::env::temp_dir().join(format!("weir-replay-{}-{name}", std::process::id()));
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+const PER_USER_1H: &str = r#"{"rules":[{"name":"per-user","key":[{"header":"x-user"}],
+    "limit":{"algorithm":"fixed_window","limit":1,"window":"1h"}}]}"#;
+
+#[test]
+fn cli_log_format_records_the_facts_the_rules_read() {
+    let config = file(
+        "log-format.json",
+        r#"{"rules":[{"name":"per-ip","key":[{"client_ip":{}},{"header":"x-user"}],
+            "match":{"path":{"prefix":"/api"}},
+            "limit":{"algorithm":"fixed_window","limit":1,"window":"1h"}}]}"#,
+    );
+    let (code, stdout, stderr) = weir_check(&["log-format", config.to_str().unwrap()]);
+    assert_eq!((code, stderr.as_str()), (0, ""));
+    let format: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(
+        format,
+        serde_json::json!({
+            "start_us": "%START_TIME(%s%6f)%",
+            "status": "%RESPONSE_CODE%",
+            "decisions": "%FILTER_STATE(wasm.weir.decisions:PLAIN)%",
+            "headers": { ":path": "%REQ(:PATH)%", "x-user": "%REQ(x-user)%" },
+            "attributes": { "source.address": "%DOWNSTREAM_REMOTE_ADDRESS%" },
+        })
+    );
+}
+
+#[test]
+fn cli_replay_reports_rules_bad_lines_and_the_difference() {
+    let config = file("replay.json", PER_USER_1H);
+    // Served by a looser config: all three allowed; the candidate allows one an hour.
+    let logged = |at: u64| {
+        format!(
+            r#"{{"start_us":"{at}","status":200,"decisions":"per-user:allowed:slot:1:{at}","headers":{{"x-user":"a"}},"attributes":{{}}}}"#
+        )
+    };
+    let log = [
+        logged(1_000_000),
+        "{".into(),
+        logged(2_000_000),
+        logged(3_000_000),
+    ]
+    .join("\n");
+    let log = file("replay.jsonl", &log);
+    let args = [
+        "replay",
+        "--config",
+        config.to_str().unwrap(),
+        "--log",
+        log.to_str().unwrap(),
+        "--served",
+        config.to_str().unwrap(),
+    ];
+    let (code, stdout, stderr) = weir_check(&args);
+    assert_eq!((code, stderr.as_str()), (0, ""));
+    for expected in [
+        "3 requests replayed\n",
+        "1 lines skipped:\n  line 2: not JSON",
+        "rule per-user: 3 matched, 1 allowed, 2 limited\n",
+        "(3 logged): 1 agree, 2 newly limited, 0 newly allowed\n",
+        "         2  =a\n",
+        "    2: 1\n    3: 1\n",
+    ] {
+        assert!(stdout.contains(expected), "{expected:?} not in:\n{stdout}");
+    }
+
+    let mut json_args = args.to_vec();
+    json_args.push("--json");
+    let (code, stdout, _) = weir_check(&json_args);
+    assert_eq!(code, 0);
+    let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(report["bad_lines"][0]["line"], 2);
+    assert_eq!(report["rules"][0]["limited"], 2);
+    assert_eq!(report["rules"][0]["served"]["newly_limited"], 2);
+    assert_eq!(report["rules"][0]["top_keys"][0]["key"], "=a");
+
+    assert_eq!(weir_check(&["replay", "--config", "x"]).0, 2, "no --log");
+}
+
+#[test]
+fn cli_replay_names_rules_dropped_added_and_unknown_to_the_served_config() {
+    let served = file(
+        "served.json",
+        r#"{"rules":[{"name":"per-user","key":[{"header":"x-user"}],
+            "limit":{"algorithm":"fixed_window","limit":1,"window":"1h"}},
+            {"name":"old","key":[{"header":"x-user"}],
+            "limit":{"algorithm":"fixed_window","limit":1,"window":"1h"}}]}"#,
+    );
+    let candidate = file(
+        "candidate.json",
+        r#"{"rules":[{"name":"new","key":[{"header":"x-user"}],
+            "limit":{"algorithm":"fixed_window","limit":1,"window":"1h"}}]}"#,
+    );
+    let log = file(
+        "served.jsonl",
+        &[
+            r#"{"start_us":"1","decisions":"per-user:allowed:slot:1:1,old:allowed:slot:1:1","headers":{"x-user":"a"}}"#,
+            r#"{"start_us":"2","decisions":"per-user:allowed:slot:1:2,old:limited:slot:1:2","headers":{"x-user":"a"}}"#,
+            r#"{"start_us":"3","decisions":"gone:allowed:slot:1:3","headers":{"x-user":"a"}}"#,
+        ]
+        .join("\n"),
+    );
+    let path = |p: &PathBuf| p.to_str().unwrap().to_string();
+    let (candidate, log, served) = (path(&candidate), path(&log), path(&served));
+    let args = [
+        "replay", "--config", &candidate, "--log", &log, "--served", &served,
+    ];
+    let (code, stdout, stderr) = weir_check(&args);
+    assert_eq!((code, stderr.as_str()), (0, ""));
+    for expected in [
+        "rule per-user: served, not in the candidate: it limited 0 logged requests",
+        "rule old: served, not in the candidate: it limited 1 logged requests",
+        "rule new: not in the served config: nothing to compare\n",
+        "warning: the log has decisions of rule gone, which the served config does not have",
+    ] {
+        assert!(stdout.contains(expected), "{expected:?} not in:\n{stdout}");
+    }
+    let mut json_args = args.to_vec();
+    json_args.push("--json");
+    let (_, stdout, _) = weir_check(&json_args);
+    let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(report["served"]["dropped"][1]["rule"], "old");
+    assert_eq!(report["served"]["dropped"][1]["limited_in_log"], 1);
+    assert_eq!(report["served"]["added"][0], "new");
+    assert_eq!(report["served"]["unknown"][0], "gone");
+}
