@@ -61,6 +61,14 @@ extern "C" {
         value_data: *const u8,
         value_size: usize,
     ) -> u32;
+    fn proxy_remove_header_map_value(map_type: u32, key_data: *const u8, key_size: usize) -> u32;
+    fn proxy_set_buffer_bytes(
+        buffer_type: u32,
+        start: usize,
+        size: usize,
+        buffer_data: *const u8,
+        buffer_size: usize,
+    ) -> u32;
     fn proxy_get_property(
         path_data: *const u8,
         path_size: usize,
@@ -294,6 +302,19 @@ fn replace_request_header(name: &str, value: &str) -> HostResult<()> {
             value.as_ptr(),
             value.len(),
         )
+    })
+}
+
+fn remove_request_header(name: &str) -> HostResult<()> {
+    count(CallKind::Header, name.len());
+    ok(unsafe { proxy_remove_header_map_value(MAP_REQUEST_HEADERS, name.as_ptr(), name.len()) })
+}
+
+/// Replaces bytes `0..size` of the buffered request body with `body`.
+fn replace_request_body(size: usize, body: &[u8]) -> HostResult<()> {
+    count(CallKind::Body, body.len());
+    ok(unsafe {
+        proxy_set_buffer_bytes(BUFFER_HTTP_REQUEST_BODY, 0, size, body.as_ptr(), body.len())
     })
 }
 
@@ -559,8 +580,16 @@ impl Host for WasmHost {
         replace_request_header(name, value)
     }
 
+    fn remove_request_header(&self, name: &str) -> HostResult<()> {
+        remove_request_header(name)
+    }
+
     fn request_body(&self, max_size: usize) -> HostResult<Option<Vec<u8>>> {
         request_body(max_size)
+    }
+
+    fn replace_request_body(&self, size: usize, body: &[u8]) -> HostResult<()> {
+        replace_request_body(size, body)
     }
 
     fn response_header(&self, name: &str) -> HostResult<Option<Vec<u8>>> {

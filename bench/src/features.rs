@@ -12,7 +12,11 @@
 //!   response admits;
 //! - `commit (local)`: the same estimate, settled with the response's usage;
 //! - `commit (global)`: the same on two Envoys sharing the budget in Redis (weir-bridge,
-//!   `/v3/commit`).
+//!   `/v3/commit`);
+//! - `commit + clamp`, local and global: the same with `commit.clamp`, a request over
+//!   what is left sent with its `max_tokens` lowered to fit. The stand-in honours the
+//!   bound it receives (`x-llm-output`): a clamped answer stops there, and its usage is
+//!   what its stream reports.
 //!
 //! Reported: tokens offered, tokens admitted (the usage of the requests let through),
 //! overshoot over the budget (must be 0: the estimates are upper bounds) and the share of
@@ -55,6 +59,9 @@ pub struct TokenRun {
     pub overshoot: u64,
     /// Tokens admitted / budget, %.
     pub budget_used_pct: f64,
+    /// Requests sent with their `max_tokens` lowered (`commit.clamp`).
+    #[serde(default)]
+    pub clamped: u64,
 }
 
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
@@ -81,15 +88,15 @@ pub struct FeatureResults {
     pub delay: Vec<DelayRun>,
 }
 
-fn token_config(commit: bool, global: bool) -> String {
+/// A rule's `commit`, settled from the response body; with `commit.clamp`.
+const COMMIT: &str = r#","commit":{"body":{}}"#;
+const CLAMP: &str = r#","commit":{"body":{},"clamp":{}}"#;
+
+/// The tenant's rule; `commit` is "" (estimate only), [`COMMIT`] or [`CLAMP`].
+fn token_config(commit: &str, global: bool) -> String {
     let scope = if global { r#""scope":"global","# } else { "" };
     let bridge = if global {
         r#""bridge":{"cluster":"weir_bridge","timeout":"500ms"},"#
-    } else {
-        ""
-    };
-    let commit = if commit {
-        r#","commit":{"body":{}}"#
     } else {
         ""
     };
@@ -122,18 +129,19 @@ fn token_load(limiter: &str, ports: &[u16], secs: f64) -> TokenRun {
                         let body = format!(
                             r#"{{"model":"m","max_tokens":{max_tokens},"stream":true,"messages":[{{"role":"user","content":"hi"}}]}}"#
                         );
+                        // A model that would write `usage` tokens, within the body's bound.
                         let request = Request::post("/v1/chat/completions", body)
                             .header("x-tenant", "acme")
-                            .header("x-llm-usage", usage.to_string())
+                            .header("x-llm-output", usage.to_string())
                             .header("x-llm-stream", "1")
                             .header("x-llm-duration-ms", (100 + x % 301).to_string());
                         offered.fetch_add(usage, Ordering::Relaxed);
-                        let status = match client.request(request) {
-                            Ok(r) => r.status,
-                            Err(_) => 0,
+                        let (status, used) = match client.request(request) {
+                            Ok(r) => (r.status, stream_usage(&r.body).unwrap_or(usage)),
+                            Err(_) => (0, 0),
                         };
                         if status == 200 {
-                            admitted_tokens.fetch_add(usage, Ordering::Relaxed);
+                            admitted_tokens.fetch_add(used, Ordering::Relaxed);
                         } else if status == 429 {
                             // A denied client backs off a little, as a real one would.
                             thread::sleep(Duration::from_millis(20));
@@ -165,21 +173,39 @@ fn token_load(limiter: &str, ports: &[u16], secs: f64) -> TokenRun {
         tokens_admitted,
         overshoot: tokens_admitted.saturating_sub(BUDGET),
         budget_used_pct: 100.0 * tokens_admitted as f64 / BUDGET as f64,
+        clamped: 0,
     }
 }
 
-fn local_token_run(limiter: &str, commit: bool, upstream: &LlmUpstream, secs: f64) -> TokenRun {
+/// The last `total_tokens` an answer's stream reports.
+fn stream_usage(body: &[u8]) -> Option<u64> {
+    let text = std::str::from_utf8(body).ok()?;
+    let (_, after) = text.rsplit_once("\"total_tokens\":")?;
+    let digits: String = after.chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok()
+}
+
+/// What the Envoys counted as clamped.
+fn clamped(envoys: &[&Envoy]) -> u64 {
+    envoys
+        .iter()
+        .map(|e| e.weir_stat("rule.tokens.commit_clamped"))
+        .sum()
+}
+
+fn local_token_run(limiter: &str, commit: &str, upstream: &LlmUpstream, secs: f64) -> TokenRun {
     let filter = wasm_filter_yaml(&token_config(commit, false), &weir_wasm());
     let envoy = Envoy::start(&upstream.bootstrap(filter, None), 2);
-    let run = token_load(limiter, &[envoy.http_port], secs);
+    let mut run = token_load(limiter, &[envoy.http_port], secs);
+    run.clamped = clamped(&[&envoy]);
     envoy.assert_no_panic();
     run
 }
 
-fn global_token_run(upstream: &LlmUpstream, secs: f64) -> TokenRun {
+fn global_token_run(limiter: &str, commit: &str, upstream: &LlmUpstream, secs: f64) -> TokenRun {
     let redis = RedisCluster::start(3, 1);
     let bridge = Bridge::start(&redis, &[]);
-    let config = token_config(true, true);
+    let config = token_config(commit, true);
     let envoys: Vec<Envoy> = (0..2)
         .map(|_| {
             let filter = wasm_filter_yaml(&config, &weir_wasm());
@@ -187,7 +213,8 @@ fn global_token_run(upstream: &LlmUpstream, secs: f64) -> TokenRun {
         })
         .collect();
     let ports: Vec<u16> = envoys.iter().map(|e| e.http_port).collect();
-    let run = token_load("commit (global, 2 Envoys)", &ports, secs);
+    let mut run = token_load(limiter, &ports, secs);
+    run.clamped = clamped(&envoys.iter().collect::<Vec<_>>());
     for e in &envoys {
         e.assert_no_panic();
     }
@@ -291,9 +318,11 @@ fn delay_run(limiter: &str, delay: bool, secs: f64) -> DelayRun {
 pub fn run_all(secs: f64) -> FeatureResults {
     let upstream = LlmUpstream::start();
     let tokens = vec![
-        local_token_run("estimate only (local)", false, &upstream, secs),
-        local_token_run("commit (local)", true, &upstream, secs),
-        global_token_run(&upstream, secs),
+        local_token_run("estimate only (local)", "", &upstream, secs),
+        local_token_run("commit (local)", COMMIT, &upstream, secs),
+        global_token_run("commit (global, 2 Envoys)", COMMIT, &upstream, secs),
+        local_token_run("commit + clamp (local)", CLAMP, &upstream, secs),
+        global_token_run("commit + clamp (global, 2 Envoys)", CLAMP, &upstream, secs),
     ];
     let delay = vec![
         delay_run("reject (429 at once)", false, secs),
@@ -344,26 +373,29 @@ pub fn markdown(r: &FeatureResults, generated: &str, command: &str) -> String {
          it. The estimate is the body's `max_tokens` + its size / 4 — an upper bound here — \
          so no limiter may let more than the budget through. Tokens offered are the usage of \
          every request sent, denied ones (retried after 20 ms) included.\n\n\
-         | limiter | requests | admitted | limited | tokens offered | tokens admitted | over budget | budget used |\n\
-         |---|---|---|---|---|---|---|---|\n",
+         | limiter | requests | admitted | limited | clamped | tokens offered | tokens admitted | over budget | budget used |\n\
+         |---|---|---|---|---|---|---|---|---|\n",
         BUDGET, THREADS
     );
     for t in &r.tokens {
         o.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} % |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} % |\n",
             t.limiter,
             t.requests,
             t.admitted,
             t.limited,
+            t.clamped,
             t.tokens_offered,
             t.tokens_admitted,
             t.overshoot,
-            num(t.budget_used_pct, 1)
+            num(t.budget_used_pct, 2)
         ));
     }
     o.push_str(
         "\nEstimate-only admits what the estimates allow and wastes the difference; the \
-         commit gives it back when the response ends. Limiting on the usage alone, after the \
+         commit gives it back when the response ends. A commit still denies a request while \
+         less than its estimate is left; with `commit.clamp` it is sent with its `max_tokens` \
+         lowered to what is left (the clamped column), and its answer stops there. Limiting on the usage alone, after the \
          fact, has no reservation and overruns the budget by what is in flight when it runs \
          out (envoyproxy/ai-gateway#680); Envoy has no such filter to run next to these.\n\n\
          ## Delay instead of reject\n\n\

@@ -177,6 +177,7 @@ mod tests {
             reserve: 0,
             last_known: None,
             asking_until_us: 0,
+            clamp_prompt: None,
             lookup: RuleReport::new(RuleId(rule), 0),
         }
     }

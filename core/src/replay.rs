@@ -96,6 +96,8 @@ pub fn log_format(config: &Config) -> (Value, Vec<String>) {
                 None => unrecorded.push(format!("attribute {}", path.join("."))),
             },
             Fact::RequestBodyEstimate(_) => unrecorded.push("request body estimate".into()),
+            // Read only with a body estimate, already named.
+            Fact::RequestBodyPrompt(_) => {}
         }
     }
     let mut format = Map::new();
@@ -281,7 +283,7 @@ impl FactSource for &Record {
         match fact {
             Fact::Header(name) => self.headers.get(name),
             Fact::Property(path) => self.attributes.get(&path.join(".")),
-            Fact::RequestBodyEstimate(_) => None,
+            Fact::RequestBodyEstimate(_) | Fact::RequestBodyPrompt(_) => None,
         }
         .map(|v| v.clone().into_bytes())
     }

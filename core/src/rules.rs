@@ -17,6 +17,7 @@ use crate::adaptive::Adaptive;
 use crate::algorithms::{GlobalLimit, Limit, Policy};
 use crate::concurrency::Concurrency;
 use crate::key::PartOrigin;
+use crate::usage::clamp::BodyClamp;
 use crate::usage::{BodyEstimate, UsageField};
 
 /// Index of a fact in the [`FactTable`] of a compiled config.
@@ -35,6 +36,10 @@ pub enum Fact {
     /// [`BodyEstimate::estimate`]; `u64::MAX` for a body too large to read). The filter
     /// reads the body only for requests a rule with this fact matches.
     RequestBodyEstimate(BodyEstimate),
+    /// The prompt's share of a body estimate, as a decimal integer, when the body can be
+    /// clamped (see [`BodyClamp::prompt`]); absent otherwise. Read by rules with
+    /// `commit.clamp`.
+    RequestBodyPrompt(BodyClamp),
 }
 
 /// Every distinct fact the rules of one config can ask for.
@@ -154,6 +159,21 @@ pub struct Commit {
     /// response without a readable usage keeps its estimate
     /// ([`crate::usage::settlement`]).
     pub on_error: u64,
+    /// Admit a request whose estimate is more than its key has left with its output
+    /// lowered to fit, rather than deny it (`commit.clamp`).
+    pub clamp: Option<Clamp>,
+}
+
+/// `commit.clamp`: a request is reserved as much of its estimate as its key has left,
+/// down to its prompt and `min_output`, and its body's max-token fields are lowered to
+/// what that leaves for output ([`crate::usage::clamp`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Clamp {
+    /// [`Fact::RequestBodyPrompt`]: the prompt's share of the estimate.
+    pub prompt: FactId,
+    /// The fewest output tokens a clamped request is sent with.
+    pub min_output: u64,
+    pub body: BodyClamp,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -459,6 +479,38 @@ impl Rule {
             }
         }
         true
+    }
+
+    /// The clamp of an enforcing rule (a shadow rule never changes a request).
+    pub fn clamp(&self) -> Option<&Clamp> {
+        self.commit
+            .as_ref()
+            .and_then(|c| c.clamp.as_ref())
+            .filter(|_| !self.shadow)
+    }
+
+    /// What a clamping rule may reserve for this request whose estimate is `cost`: at
+    /// least its prompt's share and `min_output` (no less than the cost's `min`), at most
+    /// the estimate — or that least when it is more: the output is what a clamp lowers,
+    /// never the prompt. With the prompt's share. `(cost, cost, None)` when the rule does
+    /// not clamp or the body cannot be clamped.
+    pub fn clamp_range<S: FactSource>(
+        &self,
+        facts: &mut Facts<'_, S>,
+        cost: u64,
+    ) -> (u64, u64, Option<u64>) {
+        let Some(clamp) = self.clamp() else {
+            return (cost, cost, None);
+        };
+        let Some(prompt) = facts.get(clamp.prompt).and_then(parse_decimal) else {
+            return (cost, cost, None);
+        };
+        let min = match self.cost {
+            Cost::Fixed(fixed) => fixed,
+            Cost::FromRequest { min, .. } => min,
+        };
+        let least = prompt.saturating_add(clamp.min_output).max(min);
+        (least, cost.max(least), Some(prompt))
     }
 
     /// The cost of this request under this rule.

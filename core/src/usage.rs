@@ -17,6 +17,7 @@
 
 use std::collections::HashMap;
 
+pub mod clamp;
 pub mod settlement;
 
 /// The fields read when a rule names none: OpenAI (`usage.total_tokens`; in a Responses
@@ -67,6 +68,20 @@ impl UsageField {
             parsed.push(segments);
         }
         Ok(UsageField { terms: parsed })
+    }
+
+    /// The field as configured: `a.b+c.d`.
+    pub fn text(&self) -> String {
+        let paths: Vec<String> = self.terms.iter().map(|path| path.join(".")).collect();
+        paths.join("+")
+    }
+
+    /// The field's path when it is one path, not a sum.
+    pub fn single_path(&self) -> Option<&[String]> {
+        match self.terms.as_slice() {
+            [path] => Some(path),
+            _ => None,
+        }
     }
 }
 

@@ -22,12 +22,12 @@ mod support;
 
 use std::collections::BTreeMap;
 
-use support::commits::{committed_rule, limit_of, local};
+use support::commits::{committed_rule, limit_of, local, WithBody};
 use support::{engine, evaluate, user, Rng, T0};
 use weir_core::algorithms::SlotState;
 use weir_core::conformance::{self, Admission};
 use weir_core::engine::{Engine, PendingCommit};
-use weir_core::rules::{Fact, FactSource, Facts, RuleId};
+use weir_core::rules::{Facts, RuleId};
 use weir_core::simulation::configured_limit;
 use weir_core::store::memory::MemoryStore;
 use weir_core::time::Micros;
@@ -473,19 +473,6 @@ fn a_request_another_rule_denies_commits_nothing_and_shadow_rules_commit_too() {
 }
 
 /// A request with a JSON body, as the filter sees it once the body is in.
-struct WithBody<'a>(support::FakeRequest, RequestBody<'a>);
-
-impl FactSource for WithBody<'_> {
-    fn fetch(&mut self, fact: &Fact) -> Option<Vec<u8>> {
-        match fact {
-            Fact::RequestBodyEstimate(estimate) => estimate
-                .estimate(self.1)
-                .map(|n| n.to_string().into_bytes()),
-            _ => self.0.fetch(fact),
-        }
-    }
-}
-
 #[test]
 fn a_cost_estimated_from_the_body_reads_it_only_for_the_requests_it_matches() {
     let e = engine(

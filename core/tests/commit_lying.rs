@@ -16,7 +16,7 @@ mod support;
 
 use std::collections::BTreeMap;
 
-use support::commits::{committed_rule, local};
+use support::commits::{committed_rule, local, log_uniform, settling_limit, SettlingLimit};
 use support::{evaluate, user, Rng, T0};
 use weir_core::algorithms::fixed_window::FixedWindow;
 use weir_core::algorithms::token_bucket::TokenBucket;
@@ -121,13 +121,6 @@ struct LyingCase {
     requests: Vec<(u64, u64, u64, u64)>,
 }
 
-/// A number from `1..=max` drawn evenly on a log scale (then anything in between).
-fn log_uniform(rng: &mut Rng, max: u64) -> u64 {
-    let bits = 64 - max.leading_zeros() as u64;
-    let top = 1u64 << rng.below(bits);
-    (top + rng.below(top)).clamp(1, max)
-}
-
 /// A random token bucket or fixed window over the range the config accepts (sizes up to
 /// a million, periods and windows from 1 µs to 10 minutes, refills below and above the
 /// capacity), and 200–500 requests with gaps, bursts and idle spells at the limit's own
@@ -135,17 +128,13 @@ fn log_uniform(rng: &mut Rng, max: u64) -> u64 {
 /// the cases, never below it); responses lasting up to 0, 1/16, 1 or 3 periods or windows.
 fn lying_case(rng: &mut Rng) -> LyingCase {
     loop {
-        let bucket = rng.below(2) == 0;
-        let size = log_uniform(rng, 1_000_000);
-        let scale = log_uniform(rng, 600_000_000);
-        let refill = log_uniform(rng, size.saturating_mul(2));
-        let limit_json = if bucket {
-            format!(
-                r#"{{"algorithm":"token_bucket","capacity":{size},"refill":{refill},"period":"{scale}us"}}"#
-            )
-        } else {
-            format!(r#"{{"algorithm":"fixed_window","limit":{size},"window":"{scale}us"}}"#)
-        };
+        let SettlingLimit {
+            json: limit_json,
+            bucket,
+            size,
+            scale,
+            refill,
+        } = settling_limit(rng);
         let max_estimate = log_uniform(rng, size);
         let n = 200 + rng.below(301);
         // Offered: 1 to 8 times what the key sustains, in estimates.

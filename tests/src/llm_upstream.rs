@@ -21,7 +21,14 @@
 //! - `x-llm-pad: N` — an OpenAI JSON answer's content is N bytes longer, and its body is
 //!   sent in two halves with the duration between them (a large body the filter keeps
 //!   while it comes);
-//! - `x-llm-status: S` — answer status `S` with an error body and no usage.
+//! - `x-llm-status: S` — answer status `S` with an error body and no usage;
+//! - `x-llm-output: N` — a model that would write N tokens and honours the body's
+//!   bound: it writes the least of N and the body's largest max-token field
+//!   (`max_tokens`, `max_completion_tokens`, `max_output_tokens`,
+//!   `generationConfig.maxOutputTokens`), and reports `x-llm-usage` (then the prompt's
+//!   tokens) plus that. A body that is not a JSON object, or a field that is not a whole
+//!   number, gets 400. The bound each such request carried is recorded
+//!   ([`LlmUpstream::bounds_received`]).
 //!
 //! Every 200 answer echoes the request's `accept-encoding` in `x-llm-accept-encoding`.
 //!
@@ -31,11 +38,11 @@
 use std::io::{self, BufReader, Write};
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Duration;
 
-use crate::loopback::{read_request, Loopback};
+use crate::loopback::{read_request_with_body, Loopback};
 use crate::{bridge_cluster_yaml, Bootstrap};
 
 /// The response header carrying the usage in the `header` format.
@@ -45,6 +52,9 @@ pub const USAGE_HEADER: &str = "x-tokens-used";
 struct Counters {
     answered: AtomicU64,
     cut_short: AtomicU64,
+    /// The max-token bound of each request asking for `x-llm-output` (`None`: the body
+    /// set none), in the order they came.
+    bounds: Mutex<Vec<Option<u64>>>,
 }
 
 /// The running upstream; stops accepting when dropped.
@@ -74,6 +84,16 @@ impl LlmUpstream {
     /// Responses whose client (Envoy) went away before the end.
     pub fn cut_short(&self) -> u64 {
         self.counters.cut_short.load(Ordering::Relaxed)
+    }
+
+    /// The max-token bound each request asking for `x-llm-output` carried (`None`: its
+    /// body set none), in the order they came.
+    pub fn bounds_received(&self) -> Vec<Option<u64>> {
+        self.counters
+            .bounds
+            .lock()
+            .map(|b| b.clone())
+            .unwrap_or_default()
     }
 
     /// The Envoy cluster `llm` pointing here.
@@ -114,6 +134,8 @@ struct Ask {
     split_data: bool,
     /// Bytes added to a JSON answer's content.
     pad: usize,
+    /// `x-llm-output`: the tokens the model would write, within the body's bound.
+    output: Option<u64>,
     /// Response headers: `content-encoding` and the `accept-encoding` echo.
     extra_headers: String,
 }
@@ -123,7 +145,8 @@ fn serve(conn: TcpStream, counters: &Counters) {
         return;
     };
     let mut reader = BufReader::new(conn);
-    while let Some(ask) = read_request(&mut reader).and_then(|headers| Ask::from_headers(&headers))
+    while let Some(ask) = read_request_with_body(&mut reader)
+        .and_then(|(headers, body)| Ask::from_request(&headers, &body, counters))
     {
         match answer(&mut writer, &ask) {
             Ok(()) => {
@@ -138,6 +161,25 @@ fn serve(conn: TcpStream, counters: &Counters) {
 }
 
 impl Ask {
+    /// What the request asks for: its headers, and with `x-llm-output` the bound its
+    /// body sets (recorded in `counters`).
+    fn from_request(headers: &[(String, String)], body: &[u8], counters: &Counters) -> Option<Ask> {
+        let mut ask = Ask::from_headers(headers)?;
+        let Some(output) = ask.output else {
+            return Some(ask);
+        };
+        match body_bound(body) {
+            Ok(bound) => {
+                if let Ok(mut bounds) = counters.bounds.lock() {
+                    bounds.push(bound);
+                }
+                ask.usage += bound.map_or(output, |b| b.min(output));
+            }
+            Err(()) => ask.status = 400,
+        }
+        Some(ask)
+    }
+
     /// What the headers ask for; `None` (the connection is closed) for a value that is
     /// not a number where one is expected.
     fn from_headers(headers: &[(String, String)]) -> Option<Ask> {
@@ -160,6 +202,7 @@ impl Ask {
                 "x-llm-line-end" => ask.line_end = value.clone(),
                 "x-llm-split-data" => ask.split_data = value == "1",
                 "x-llm-pad" => ask.pad = value.parse().ok()?,
+                "x-llm-output" => ask.output = Some(value.parse().ok()?),
                 "x-llm-content-encoding" => {
                     ask.extra_headers += &format!("content-encoding: {value}\r\n");
                 }
@@ -170,6 +213,30 @@ impl Ask {
         ask.extra_headers += &format!("x-llm-accept-encoding: {accept_encoding}\r\n");
         Some(ask)
     }
+}
+
+/// The largest max-token field of a request body (`None`: it sets none); `Err` for a
+/// body that is not a JSON object or a field that is not a whole number — what an LLM
+/// API answers 400.
+fn body_bound(body: &[u8]) -> Result<Option<u64>, ()> {
+    let value: serde_json::Value = serde_json::from_slice(body).map_err(|_| ())?;
+    if !value.is_object() {
+        return Err(());
+    }
+    let fields = [
+        value.get("max_tokens"),
+        value.get("max_completion_tokens"),
+        value.get("max_output_tokens"),
+        value
+            .get("generationConfig")
+            .and_then(|g| g.get("maxOutputTokens")),
+    ];
+    let mut bound = None;
+    for field in fields.into_iter().flatten().filter(|v| !v.is_null()) {
+        let n = field.as_u64().ok_or(())?;
+        bound = Some(bound.map_or(n, |b: u64| b.max(n)));
+    }
+    Ok(bound)
 }
 
 fn answer(w: &mut TcpStream, ask: &Ask) -> io::Result<()> {

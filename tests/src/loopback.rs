@@ -73,11 +73,20 @@ impl Drop for Loopback {
 /// headers, names in lowercase. `None` when the connection ends or the request is not
 /// HTTP/1.1 these upstreams understand.
 pub fn read_request(reader: &mut BufReader<TcpStream>) -> Option<Vec<(String, String)>> {
+    read_request_with_body(reader).map(|(headers, _)| headers)
+}
+
+/// A request's headers, names in lowercase.
+pub type Headers = Vec<(String, String)>;
+
+/// Reads one request of a keep-alive connection: its headers (names in lowercase) and
+/// its body, sent with a `content-length` or chunked.
+pub fn read_request_with_body(reader: &mut BufReader<TcpStream>) -> Option<(Headers, Vec<u8>)> {
     let mut line = String::new();
     if reader.read_line(&mut line).ok()? == 0 {
         return None;
     }
-    let (mut headers, mut content_length) = (Vec::new(), 0usize);
+    let (mut headers, mut content_length, mut chunked) = (Vec::new(), 0usize, false);
     loop {
         line.clear();
         reader.read_line(&mut line).ok()?;
@@ -90,9 +99,37 @@ pub fn read_request(reader: &mut BufReader<TcpStream>) -> Option<Vec<(String, St
         if name == "content-length" {
             content_length = value.parse().ok()?;
         }
+        if name == "transfer-encoding" && value.eq_ignore_ascii_case("chunked") {
+            chunked = true;
+        }
         headers.push((name, value));
     }
-    let mut body = vec![0; content_length];
-    reader.read_exact(&mut body).ok()?;
-    Some(headers)
+    if !chunked {
+        let mut body = vec![0; content_length];
+        reader.read_exact(&mut body).ok()?;
+        return Some((headers, body));
+    }
+    let mut body = Vec::new();
+    loop {
+        line.clear();
+        reader.read_line(&mut line).ok()?;
+        let size_text = line.trim_end();
+        let size_text = size_text.split(';').next()?;
+        let size = usize::from_str_radix(size_text.trim(), 16).ok()?;
+        if size == 0 {
+            // Trailers, if any, then the blank line.
+            loop {
+                line.clear();
+                reader.read_line(&mut line).ok()?;
+                if line.trim_end().is_empty() {
+                    return Some((headers, body));
+                }
+            }
+        }
+        let start = body.len();
+        body.resize(start + size, 0);
+        reader.read_exact(&mut body[start..]).ok()?;
+        line.clear();
+        reader.read_line(&mut line).ok()?;
+    }
 }

@@ -593,3 +593,147 @@ fn a_global_token_budget_holds_across_two_envoys_and_settles_exactly_in_redis() 
         envoy.assert_no_panic();
     }
 }
+
+/// The usage a stand-in's JSON answer reports (`usage.total_tokens`).
+fn reported_usage(body: &[u8]) -> u64 {
+    let value: serde_json::Value = serde_json::from_slice(body).expect("a JSON answer");
+    value["usage"]["total_tokens"].as_u64().expect("a usage")
+}
+
+/// A chat whose body asks for `max_tokens` (none: `None`) from a model that would write
+/// `output` tokens; the stand-in reports the prompt as `prompt` tokens.
+fn clamped_chat(tenant: &str, max_tokens: Option<u64>, output: u64, prompt: u64) -> Request {
+    let body = match max_tokens {
+        Some(n) => format!(r#"{{"max_tokens":{n}}}"#),
+        None => "{}".to_string(),
+    };
+    Request::post("/v1/chat/completions", body)
+        .header("content-type", "application/json")
+        .header("x-tenant", tenant)
+        .header("x-llm-output", output.to_string())
+        .header("x-llm-usage", prompt.to_string())
+}
+
+/// `commit.clamp`, one request at a time: a request over what is left reaches the
+/// upstream with its `max_tokens` lowered to it; one whose prompt does not fit gets 429;
+/// a body without a bound gets one. Local, and global through Redis.
+#[test]
+fn a_clamped_request_reaches_the_upstream_with_what_is_left() {
+    let redis = RedisCluster::start(3, 1);
+    let bridge = Bridge::start(&redis, &[]);
+    for global in [false, true] {
+        let upstream = LlmUpstream::start();
+        let (bridge_json, scope) = if global {
+            (
+                r#""bridge":{"cluster":"weir_bridge","timeout":"500ms"},"#,
+                r#""scope":"global","#,
+            )
+        } else {
+            ("", "")
+        };
+        let config = format!(
+            r#"{{{bridge_json}"rules":[{{"name":"tokens",{scope}"key":[{{"header":"x-tenant"}}],
+            "limit":{{"algorithm":"token_bucket","capacity":1000,"refill":1000,"period":"1h"}},
+            "cost":{{"body":{{}},"default":300,"max":1000}},
+            "commit":{{"body":{{}},"clamp":{{}}}}}}]}}"#
+        );
+        let bootstrap = upstream.bootstrap(
+            wasm_filter_yaml(&config, &weir_wasm()),
+            global.then_some(bridge.port),
+        );
+        let envoy = Envoy::start(&bootstrap, 2);
+        let mut client = Client::connect(envoy.http_port).unwrap();
+        let mut send = |request: Request| {
+            let r = client.request(request).unwrap();
+            let used = (r.status == 200).then(|| reported_usage(&r.body));
+            (r.status, used)
+        };
+        // `{"max_tokens":600}`: 18 bytes, a prompt of 5; 605 reserved and used.
+        assert_eq!(
+            send(clamped_chat("acme", Some(600), 600, 5)),
+            (200, Some(605))
+        );
+        // 395 left: reserved whole, sent with 390, and the model stops there.
+        assert_eq!(
+            send(clamped_chat("acme", Some(600), 600, 5)),
+            (200, Some(395))
+        );
+        // Nothing left for the prompt: 429.
+        assert_eq!(send(clamped_chat("acme", Some(600), 600, 5)).0, 429);
+        // No bound in the body: the default estimate's output (300 less a prompt of 1)
+        // is written in, and a model that would write 5,000 writes that.
+        assert_eq!(send(clamped_chat("bo", None, 5_000, 1)), (200, Some(300)));
+        wait_until(Duration::from_secs(2), Duration::from_millis(5), || {
+            upstream.answered() >= 3
+        });
+        assert_eq!(
+            upstream.bounds_received(),
+            vec![Some(600), Some(390), Some(299)],
+            "global: {global}"
+        );
+        assert_eq!(envoy.weir_stat("rule.tokens.commit_clamped"), 1);
+        envoy.assert_no_panic();
+    }
+}
+
+/// Many clients against one budget, with and without `commit.clamp`: the clamps spend
+/// what the reservations alone leave at the end, and the budget is never overrun.
+#[test]
+fn clamping_spends_the_budget_that_reservations_leave() {
+    let upstream = LlmUpstream::start();
+    let mut used_by = Vec::new();
+    for clamp in [false, true] {
+        let config = format!(
+            r#"{{"rules":[{{"name":"tokens","key":[{{"header":"x-tenant"}}],
+            "limit":{{"algorithm":"token_bucket","capacity":20000,"refill":20000,"period":"1h"}},
+            "cost":{{"body":{{}},"default":1000,"max":4000}},
+            "commit":{{"body":{{}}{}}}}}]}}"#,
+            if clamp { r#","clamp":{}"# } else { "" }
+        );
+        let envoy = start(&config, &upstream, 2);
+        let used = AtomicU64::new(0);
+        let limited = AtomicU64::new(0);
+        thread::scope(|s| {
+            for t in 0..8u64 {
+                let (used, limited) = (&used, &limited);
+                let port = envoy.http_port;
+                s.spawn(move || {
+                    let mut client = Client::connect(port).unwrap();
+                    for i in 0..30u64 {
+                        let max_tokens = 200 + (t * 131 + i * 277) % 801;
+                        let output = max_tokens * (20 + (t * 7 + i * 13) % 81) / 100;
+                        let r = client
+                            .request(clamped_chat("acme", Some(max_tokens), output, 4))
+                            .unwrap();
+                        match r.status {
+                            200 => {
+                                used.fetch_add(reported_usage(&r.body), Ordering::Relaxed);
+                            }
+                            429 => {
+                                limited.fetch_add(1, Ordering::Relaxed);
+                                thread::sleep(Duration::from_millis(5));
+                            }
+                            s => panic!("status {s}"),
+                        }
+                    }
+                });
+            }
+        });
+        let used = used.load(Ordering::Relaxed);
+        eprintln!(
+            "clamp {clamp}: {used} of 20,000 tokens used, {} limited, {} clamped",
+            limited.load(Ordering::Relaxed),
+            envoy.weir_stat("rule.tokens.commit_clamped")
+        );
+        assert!(used <= 20_000, "the budget was overrun: {used}");
+        assert!(limited.load(Ordering::Relaxed) > 0, "the budget ran out");
+        envoy.assert_no_panic();
+        used_by.push(used);
+    }
+    // Without clamps a request is denied while less than its estimate is left; with
+    // them it takes what is left, down to its prompt and one token.
+    assert!(
+        used_by[1] > used_by[0] && used_by[1] >= 19_900,
+        "used without / with clamps: {used_by:?}"
+    );
+}

@@ -87,6 +87,7 @@ object_only!(RawAdaptive, "an adaptive object");
 object_only!(RawCommit, "a commit object");
 object_only!(RawBodyCost, "a body cost object");
 object_only!(RawCommitBody, "a commit body object");
+object_only!(RawClamp, "a clamp object");
 
 #[derive(Debug, Deserialize)]
 #[serde(remote = "Self", deny_unknown_fields)]
@@ -169,6 +170,15 @@ pub(crate) struct RawCommit {
     pub header: Option<String>,
     pub body: Option<RawCommitBody>,
     pub on_error: Option<u64>,
+    pub clamp: Option<RawClamp>,
+}
+
+/// `commit.clamp`: lower the body's max-token fields to what the key has left.
+#[derive(Debug, Deserialize)]
+#[serde(remote = "Self", deny_unknown_fields)]
+pub(crate) struct RawClamp {
+    pub field: Option<String>,
+    pub min_output: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -11,7 +11,7 @@ use crate::time::Micros;
 use crate::wire::v2::{self, Sent};
 use crate::wire::{v3, ReplyError};
 
-use super::evaluation::{Applied, BridgeError, CommitKey, Evaluation, PendingCommit, PendingItem};
+use super::evaluation::{BridgeError, CommitKey, Evaluation, PendingCommit, PendingItem};
 use super::runtime::{Engine, RuleRuntime};
 
 /// How long a failed bridge is left alone before it is tried again.
@@ -79,16 +79,13 @@ impl Engine {
             let Some((rule, RuleRuntime::Global(global))) = self.rule(item.rule) else {
                 continue;
             };
-            let applied = Applied {
-                rule,
-                hash: item.hash,
-                cost: item.cost,
-                now_us,
-            };
+            let applied = item.applied(rule, now_us);
             // A waiting request's denial is written: it has no worker here.
             let asking = self.asking_for(now_us, waiting.max(1).saturating_mul(item.cost));
             if let Some(asked) = global.spend_or_ask(eval, store, &applied, None, asking) {
-                item.want = asked.want;
+                if item.clamp_prompt.is_none() {
+                    item.want = asked.want;
+                }
                 item.reserve = asked.reserve;
                 item.last_known = asked.last_known;
                 item.lookup = asked.lookup;

@@ -27,9 +27,30 @@ pub struct PendingItem {
     /// The denial its call set in the key's slot while in flight, until then (µs; 0:
     /// none): see [`crate::lease::LeaseSlot::deny_while_asking`].
     pub asking_until_us: u64,
+    /// A clamping rule's request: `cost` is the least it may be reserved, `want` its
+    /// estimate, and this its prompt's share (see [`Clamped`]).
+    pub clamp_prompt: Option<u64>,
     /// What the lease lookup found (placement, CAS retries, a store error): the rule's
     /// final report starts from it.
     pub lookup: RuleReport,
+}
+
+impl PendingItem {
+    /// The rule as it applies to the item's request at `now_us`.
+    pub(super) fn applied<'r>(&self, rule: &'r Rule, now_us: u64) -> Applied<'r> {
+        Applied {
+            rule,
+            hash: self.hash,
+            cost: if self.clamp_prompt.is_some() {
+                self.want
+            } else {
+                self.cost
+            },
+            least: self.cost,
+            prompt: self.clamp_prompt,
+            now_us,
+        }
+    }
 }
 
 /// The state of one request's evaluation. It owns everything, so the filter can keep
@@ -57,6 +78,9 @@ pub struct Evaluation {
     pub held: Option<HeldRequest>,
     /// The request was held and released (or its release came too late).
     pub delayed: Option<Delayed>,
+    /// Rules that reserved less than the request's estimate could (`commit.clamp`): the
+    /// request goes on with its body's output lowered to the least of them.
+    pub clamped: Vec<Clamped>,
     /// Rules whose cost is corrected when the response ends (`commit`), one per rule
     /// that admitted the request: settle each with [`Engine::commit`](super::Engine::commit) (a concurrency
     /// rule's place: give it back with [`Engine::end_in_flight`](super::Engine::end_in_flight) on the same worker).
@@ -74,6 +98,16 @@ pub struct PendingCommit {
     /// When they were counted: this Envoy's clock for a local rule, Redis's for a global
     /// one.
     pub counted_at: Micros,
+}
+
+/// What a clamping rule reserved for an admitted request: its body is sent with at most
+/// `output` tokens of output (the reservation less the prompt's share).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Clamped {
+    pub rule: RuleId,
+    pub output: u64,
+    /// The reservation is below the request's estimate: the key had less left.
+    pub lowered: bool,
 }
 
 /// Where the units of a pending commit were counted.
@@ -245,15 +279,35 @@ impl Evaluation {
 }
 
 /// A rule that applies to the request decided at `now_us`: its key's hash and the
-/// request's cost.
+/// request's cost — for a clamping rule, the most it is reserved, down to `least`.
 pub(super) struct Applied<'a> {
     pub(super) rule: &'a Rule,
     pub(super) hash: KeyHash,
     pub(super) cost: u64,
+    /// `cost` unless the rule clamps the request ([`Rule::clamp_range`]).
+    pub(super) least: u64,
+    /// A clamping rule's prompt share of the estimate.
+    pub(super) prompt: Option<u64>,
     pub(super) now_us: u64,
 }
 
 impl Applied<'_> {
+    /// Records what a clamping rule reserved (`granted`) for the admitted request, and
+    /// returns it as the request's cost under the rule.
+    pub(super) fn reserved(&self, eval: &mut Evaluation, granted: u64) -> u64 {
+        if let Some(prompt) = self.prompt {
+            let output = granted.saturating_sub(prompt);
+            if output > 0 {
+                eval.clamped.push(Clamped {
+                    rule: self.rule.id,
+                    output,
+                    lowered: granted < self.cost,
+                });
+            }
+        }
+        granted
+    }
+
     /// The rule's report, before its decision.
     pub(super) fn report(&self) -> RuleReport {
         RuleReport {
@@ -290,10 +344,29 @@ pub(super) fn applies<'r, F: FactSource>(
         eval.reports.push(report);
         return None;
     }
+    let estimate = rule.cost(facts);
+    let (least, cost, prompt) = rule.clamp_range(facts, estimate);
+    let quota = rule.policy().quota;
+    if least > quota {
+        // A clamping rule's request whose prompt alone is more than the limit ever
+        // holds: it can never be admitted.
+        report.cost = least;
+        let never = Decision {
+            allowed: false,
+            limit: quota,
+            remaining: 0,
+            retry_after_ns: None,
+            reset_after_ns: 0,
+        };
+        eval.record(report, rule, never);
+        return None;
+    }
     Some(Applied {
         rule,
         hash: hasher.finish(),
-        cost: rule.cost(facts),
+        cost,
+        least,
+        prompt,
         now_us,
     })
 }

@@ -84,7 +84,9 @@ impl GlobalRuntime {
     ) -> Option<Asked> {
         let now_us = applied.now_us;
         let mut report = applied.report();
-        let (rule, cost) = (applied.rule.id, applied.cost);
+        // A clamping rule's request is denied, or asked about, for the least it may
+        // be reserved.
+        let (rule, cost) = (applied.rule.id, applied.least);
         let leased = self.global.lease.is_some();
         let unwritten = demand.as_mut().map_or(0, |d| d.take(rule, &applied.hash));
         // A request looking again after waiting on a call was counted when it first looked.
@@ -146,7 +148,7 @@ impl GlobalRuntime {
         let Spend::Miss { demand_per_s } = spend else {
             return None;
         };
-        let (want, reserve) = ask_for(&self.global, &slot, applied.cost, demand_per_s, asking);
+        let (want, reserve) = ask_for(&self.global, &slot, cost, demand_per_s, asking);
         Some(Asked {
             want,
             reserve,
@@ -294,11 +296,15 @@ impl GlobalRuntime {
             ..result.decision()
         };
         if result.allowed && rule.commit.is_some() && item.cost > 0 {
-            // Counted in Redis at its clock: settled there when the response ends.
+            // Counted in Redis at its clock: settled there when the response ends. A
+            // clamping rule's request was granted up to its estimate.
+            let granted = result.granted.clamp(item.cost, item.want.max(item.cost));
+            let reserved = item.applied(rule, now_us).reserved(eval, granted);
+            report.cost = reserved;
             eval.commits.push(PendingCommit {
                 rule: rule.id,
                 key: CommitKey::Global(item.descriptor.clone()),
-                reserved: item.cost,
+                reserved,
                 counted_at: Micros(result.now_us),
             });
         }
@@ -340,12 +346,7 @@ impl GlobalRuntime {
                 let seed = item.last_known.map(|(remaining, at_us)| {
                     limit.state_with_remaining(remaining / global.expected_instances, at_us)
                 });
-                let applied = Applied {
-                    rule,
-                    hash: item.hash,
-                    cost: item.cost,
-                    now_us,
-                };
+                let applied = item.applied(rule, now_us);
                 let slot = SlotDecision {
                     slots,
                     source: Source::Fallback,
@@ -522,11 +523,17 @@ pub(super) fn pending_item<F: FactSource>(
         rule: applied.rule.id,
         hash: applied.hash,
         descriptor,
-        cost: applied.cost,
-        want: asked.want,
+        cost: applied.least,
+        // A clamping rule (exact: it has a commit) asks for up to its estimate.
+        want: if applied.prompt.is_some() {
+            applied.cost
+        } else {
+            asked.want
+        },
         reserve: asked.reserve,
         last_known: asked.last_known,
         asking_until_us: 0,
+        clamp_prompt: applied.prompt,
         lookup: asked.lookup,
     }
 }
@@ -567,7 +574,13 @@ fn slot_reply(
         _ => 0,
     };
     let extra = if result.allowed {
-        result.granted.saturating_sub(item.cost)
+        // A commit's grant is the request's own: an exact rule's, or a clamping rule's
+        // reservation up to its estimate.
+        if commits {
+            0
+        } else {
+            result.granted.saturating_sub(item.cost)
+        }
     } else {
         result.granted
     };

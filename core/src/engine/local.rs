@@ -169,23 +169,29 @@ pub(super) fn decide_in_slot<S: SharedStore>(
                     o.max_wait_us,
                     RELEASE_SLACK_US,
                 );
-                ((decision, hold), next)
+                ((decision, hold, applied.cost), next)
             }
+            // A clamping rule takes what the key has left, down to the least.
             None => {
-                let (decision, next) = slot.slots.limit.decide(state, now_us, applied.cost);
-                ((decision, None), next)
+                let (decision, granted, next) =
+                    slot.slots
+                        .limit
+                        .acquire(state, now_us, applied.least, applied.cost);
+                ((decision, None, granted), next)
             }
         }
     });
     report.add_update(&updated);
     match updated {
         Ok(updated) => {
-            let (decision, hold) = updated.result;
+            let (decision, hold, granted) = updated.result;
             if decision.allowed && applied.rule.commit.is_some() && applied.cost > 0 {
+                let reserved = applied.reserved(eval, granted);
+                report.cost = reserved;
                 eval.commits.push(PendingCommit {
                     rule: applied.rule.id,
                     key: CommitKey::Local(applied.hash),
-                    reserved: applied.cost,
+                    reserved,
                     counted_at: Micros(now_us),
                 });
             }

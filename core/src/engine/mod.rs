@@ -57,7 +57,9 @@ mod bridge;
 
 pub use bridge::{BRIDGE_BACKOFF_US, BRIDGE_FAILING_FOR_US, BRIDGE_FAILURES_TO_SKIP};
 pub use concurrency::{Adapted, TendedPlaces};
-pub use evaluation::{BridgeError, Delayed, Evaluation, HeldRequest, PendingCommit, PendingItem};
+pub use evaluation::{
+    BridgeError, Clamped, Delayed, Evaluation, HeldRequest, PendingCommit, PendingItem,
+};
 pub use global::COMMIT_DENIAL_CACHE_US;
 pub use report::{FailureOutcome, RuleOutcome, RuleReport, Source, Verdict};
 pub use runtime::Engine;
@@ -451,6 +453,33 @@ impl Engine {
             }
         }
         wanted
+    }
+
+    /// Whether an enforcing rule with `commit.clamp` matches the request: its body may be
+    /// rewritten, so the filter drops its `content-length` before the headers go on.
+    pub fn may_clamp<S: FactSource>(&self, facts: &mut Facts<'_, S>) -> bool {
+        self.config
+            .rules
+            .iter()
+            .any(|rule| rule.clamp().is_some() && rule.matches(facts))
+    }
+
+    /// The request body as the clamping rules that admitted the request leave it: the
+    /// max-token fields of each lowered to the least output any of them reserved (see
+    /// [`crate::usage::clamp`]). `None` when no rule clamped it or nothing changes.
+    pub fn clamped_body(&self, eval: &Evaluation, body: &[u8]) -> Option<Vec<u8>> {
+        let output = eval.clamped.iter().map(|c| c.output).min()?;
+        let mut rewritten: Option<Vec<u8>> = None;
+        for clamped in &eval.clamped {
+            let Some(clamp) = self.config.rule(clamped.rule).and_then(|r| r.clamp()) else {
+                continue;
+            };
+            let current = rewritten.as_deref().unwrap_or(body);
+            if let Some(next) = clamp.body.apply(current, output) {
+                rewritten = Some(next);
+            }
+        }
+        rewritten
     }
 
     /// Whether a rule that reads its cost from the response body (`commit.body`) matches

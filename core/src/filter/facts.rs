@@ -27,7 +27,12 @@ impl ReadFacts {
         ReadFacts(
             table
                 .iter()
-                .filter(|fact| !matches!(fact, Fact::RequestBodyEstimate(_)))
+                .filter(|fact| {
+                    !matches!(
+                        fact,
+                        Fact::RequestBodyEstimate(_) | Fact::RequestBodyPrompt(_)
+                    )
+                })
                 .map(|fact| (fact.clone(), facts.fetch(fact)))
                 .collect(),
         )
@@ -36,10 +41,16 @@ impl ReadFacts {
 
 impl<H: Host> FactSource for RequestFacts<'_, H> {
     fn fetch(&mut self, fact: &Fact) -> Option<Vec<u8>> {
-        if let Fact::RequestBodyEstimate(estimate) = fact {
-            return estimate
-                .estimate(self.body)
-                .map(|n| n.to_string().into_bytes());
+        match fact {
+            Fact::RequestBodyEstimate(estimate) => {
+                return estimate
+                    .estimate(self.body)
+                    .map(|n| n.to_string().into_bytes())
+            }
+            Fact::RequestBodyPrompt(clamp) => {
+                return clamp.prompt(self.body).map(|n| n.to_string().into_bytes())
+            }
+            Fact::Header(_) | Fact::Property(_) => {}
         }
         if let Some(read) = self.read {
             return read.0.iter().find(|(f, _)| f == fact)?.1.clone();
@@ -47,7 +58,7 @@ impl<H: Host> FactSource for RequestFacts<'_, H> {
         let found = match fact {
             Fact::Header(name) => self.host.request_header(name),
             Fact::Property(path) => self.host.property(path),
-            Fact::RequestBodyEstimate(_) => return None,
+            Fact::RequestBodyEstimate(_) | Fact::RequestBodyPrompt(_) => return None,
         };
         found.ok().flatten()
     }

@@ -77,7 +77,7 @@ pub enum CallKind {
     Clock,
     /// A request, response or call-answer header read, added or replaced.
     Header,
-    /// A body or configuration buffer read.
+    /// A body or configuration buffer read, or a body written.
     Body,
     /// A shared-data read.
     SharedGet,
@@ -206,8 +206,12 @@ pub trait Host: SharedStore {
     fn request_header(&self, name: &str) -> HostResult<Option<Vec<u8>>>;
     /// Sets a request header, replacing any value it had.
     fn replace_request_header(&self, name: &str, value: &str) -> HostResult<()>;
+    /// Removes a request header (every value of it).
+    fn remove_request_header(&self, name: &str) -> HostResult<()>;
     /// The request body Envoy buffered for this filter, up to `max_size` bytes.
     fn request_body(&self, max_size: usize) -> HostResult<Option<Vec<u8>>>;
+    /// Replaces the first `size` bytes of the buffered request body with `body`.
+    fn replace_request_body(&self, size: usize, body: &[u8]) -> HostResult<()>;
     fn response_header(&self, name: &str) -> HostResult<Option<Vec<u8>>>;
     fn add_response_header(&self, name: &str, value: &str) -> HostResult<()>;
     /// The piece of the response body this callback was given (`size` bytes).

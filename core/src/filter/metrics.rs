@@ -46,8 +46,9 @@
 //! `commit_compressed` (a compressed body), `commit_aborted` (cut before its usage came);
 //! `commit_not_forwarded` (a later rule denied the request: nothing);
 //! `commit_units_refunded`, `commit_units_charged`
-//! (the actual cost above the estimate) and `commit_errors` (shared data failed: the
-//! estimate stands). Concurrency rules count `in_flight_released` (streams ended, their
+//! (the actual cost above the estimate), `commit_errors` (shared data failed: the
+//! estimate stands) and `commit_clamped` (`commit.clamp`: requests reserved less than
+//! their estimate, their body's output lowered to fit). Concurrency rules count `in_flight_released` (streams ended, their
 //! places given back at once or, when shared data refused, on the worker's next tick),
 //! `in_flight_release_errors` (shared data refused a give-back at the stream's end: the
 //! tick retries it) and `in_flight_reclaimed` (units of places no live worker re-counted
@@ -118,6 +119,7 @@ struct RuleMetrics {
     commit_units_refunded: Stat,
     commit_units_charged: Stat,
     commit_errors: Stat,
+    commit_clamped: Stat,
     in_flight_released: Stat,
     in_flight_release_errors: Stat,
     in_flight_reclaimed: Stat,
@@ -323,6 +325,7 @@ impl Metrics {
                 commit_units_refunded: r.counter(&format!("{prefix}.commit_units_refunded"))?,
                 commit_units_charged: r.counter(&format!("{prefix}.commit_units_charged"))?,
                 commit_errors: r.counter(&format!("{prefix}.commit_errors"))?,
+                commit_clamped: r.counter(&format!("{prefix}.commit_clamped"))?,
                 in_flight_released: r.counter(&format!("{prefix}.in_flight_released"))?,
                 in_flight_release_errors: r
                     .counter(&format!("{prefix}.in_flight_release_errors"))?,
@@ -479,6 +482,15 @@ impl Metrics {
             self.bump(rule.commit_units_refunded, units(reserved - actual));
         } else if actual > reserved {
             self.bump(rule.commit_units_charged, units(actual - reserved));
+        }
+    }
+
+    /// An admitted request's clamps: each rule that reserved less than its estimate.
+    pub fn clamped(&self, eval: &Evaluation) {
+        for clamped in eval.clamped.iter().filter(|c| c.lowered) {
+            if let Some(rule) = self.rules.get(clamped.rule.index()) {
+                self.bump(rule.commit_clamped, 1);
+            }
         }
     }
 

@@ -111,7 +111,7 @@ impl Request {
         let Some(plugin) = self.plugin.clone() else {
             return Action::Continue;
         };
-        let (read_response, body_wanted) = {
+        let (read_response, body_wanted, may_clamp) = {
             let mut facts = Facts::new(&plugin.engine.config.facts, self.facts(host));
             let read_response = plugin.engine.reads_response_body(&mut facts);
             let body_wanted = if end_of_stream {
@@ -119,8 +119,19 @@ impl Request {
             } else {
                 plugin.engine.request_body_wanted(&mut facts)
             };
-            (read_response, body_wanted)
+            let may_clamp = body_wanted.is_some() && plugin.engine.may_clamp(&mut facts);
+            (read_response, body_wanted, may_clamp)
         };
+        if may_clamp {
+            // The headers go on before the body is decided, and a clamped body is not
+            // as long as the original: the upstream gets it chunked (HTTP/1.1) or
+            // framed (HTTP/2) instead.
+            if let Err(e) = host.remove_request_header("content-length") {
+                self.log(host, LogLevel::Warn, || {
+                    format!("cannot remove content-length for a clamp ({e})")
+                });
+            }
+        }
         if read_response {
             // A compressed body cannot be read (it keeps its estimate): ask the upstream
             // for the body as it is.
@@ -419,6 +430,13 @@ impl Request {
         eval: &Evaluation,
         now: Micros,
     ) -> bool {
+        let clamped = match &self.request_body {
+            BodySeen::Complete(body) if !eval.denied() => plugin
+                .engine
+                .clamped_body(eval, body)
+                .map(|clamped| (body.len(), clamped)),
+            _ => None,
+        };
         // Decided: what was read for an estimate is not needed any more.
         self.drop_request_body();
         self.read_facts = None;
@@ -427,6 +445,16 @@ impl Request {
                 settle(host, plugin, self.context_id, commit, None);
             }
             return false;
+        }
+        plugin.metrics.clamped(eval);
+        if let Some((size, body)) = clamped {
+            // Should the host refuse, the upstream gets the body as sent: its usage above
+            // the reservation is charged when the response ends, as a debt.
+            if let Err(e) = host.replace_request_body(size, &body) {
+                self.log(host, LogLevel::Error, || {
+                    format!("cannot write the clamped request body ({e})")
+                });
+            }
         }
         // Also when the host refused to send a denial: the request goes on to the
         // upstream, so what the rules counted stays counted until its response ends.

@@ -360,6 +360,20 @@ impl Host for ScriptedHost {
         })
     }
 
+    fn remove_request_header(&self, name: &str) -> HostResult<()> {
+        self.stream("remove_header_map_value", |s| {
+            s.request_headers
+                .retain(|(n, _)| !n.eq_ignore_ascii_case(name));
+        })
+    }
+
+    fn replace_request_body(&self, size: usize, body: &[u8]) -> HostResult<()> {
+        self.stream("set_buffer_bytes", |s| {
+            let size = size.min(s.request_body.len());
+            s.request_body.splice(..size, body.iter().copied());
+        })
+    }
+
     fn request_body(&self, max_size: usize) -> HostResult<Option<Vec<u8>>> {
         let found = self.stream("get_buffer_bytes", |s| {
             Some(s.request_body.iter().copied().take(max_size).collect())

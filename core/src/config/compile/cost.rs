@@ -6,8 +6,9 @@
 //! client that controls the cost header could never be limited.
 
 use super::{error, header_name, Interner, Result};
-use crate::config::raw::{RawBodyCost, RawCommit, RawCost};
-use crate::rules::{Commit, CommitSource, Cost, Fact};
+use crate::config::raw::{RawBodyCost, RawClamp, RawCommit, RawCost};
+use crate::rules::{Clamp, Commit, CommitSource, Cost, Fact};
+use crate::usage::clamp::BodyClamp;
 use crate::usage::{BodyEstimate, UsageField, DEFAULT_FIELDS, DEFAULT_MAX_TOKENS_FIELDS};
 
 /// A response body kept to read its usage: 1 MiB by default, 1 KiB to 16 MiB.
@@ -87,8 +88,15 @@ fn body_bytes(raw: Option<u64>, default: usize, at: &str) -> Result<usize> {
 }
 
 /// `commit`: where the response says what the request cost. `max_cost` bounds
-/// `on_error` like the cost itself.
-pub(super) fn commit(raw: RawCommit, max_cost: u64, at: &str) -> Result<Commit> {
+/// `on_error` like the cost itself; a clamp needs the rule's `cost` to be estimated from
+/// the body.
+pub(super) fn commit(
+    raw: RawCommit,
+    max_cost: u64,
+    cost: &Cost,
+    facts: &mut Interner,
+    at: &str,
+) -> Result<Commit> {
     let on_error = match raw.on_error {
         None => 0,
         Some(n) if n <= max_cost => n,
@@ -123,7 +131,78 @@ pub(super) fn commit(raw: RawCommit, max_cost: u64, at: &str) -> Result<Commit> 
             ))
         }
     };
-    Ok(Commit { source, on_error })
+    let clamp = match raw.clamp {
+        None => None,
+        Some(raw) => Some(clamp(raw, cost, facts, &format!("{at}.clamp"))?),
+    };
+    Ok(Commit {
+        source,
+        on_error,
+        clamp,
+    })
+}
+
+/// `commit.clamp`: the body's max-token fields (`cost.body.fields`, each one path) are
+/// lowered to what the key has left; a body without one gets `field` (by default the
+/// first of them).
+fn clamp(raw: RawClamp, cost: &Cost, facts: &mut Interner, at: &str) -> Result<Clamp> {
+    let (estimate, max) = match cost {
+        Cost::FromRequest { fact, max, .. } => match facts.table.get(*fact) {
+            Some(Fact::RequestBodyEstimate(estimate)) => (estimate.clone(), *max),
+            _ => return Err(not_from_body(at)),
+        },
+        Cost::Fixed(_) => return Err(not_from_body(at)),
+    };
+    let insert = match raw.field {
+        None => estimate
+            .fields
+            .first()
+            .and_then(|f| f.single_path())
+            .map(|path| path.join("."))
+            .unwrap_or_default(),
+        Some(field) => {
+            let parsed = UsageField::parse(&field).map_err(|e| error(format!("{at}.field"), e))?;
+            if parsed.single_path().is_none() {
+                return Err(error(
+                    format!("{at}.field"),
+                    format!("{field:?} is a sum of paths; a clamp sets one field"),
+                ));
+            }
+            field
+        }
+    };
+    let body = BodyClamp::new(&estimate, &insert).map_err(|(i, message)| {
+        let field = estimate
+            .fields
+            .get(i)
+            .map(|f| format!("{:?}", f.text()))
+            .unwrap_or_default();
+        error(at, format!("cost.body.fields[{i}] {field} {message}"))
+    })?;
+    let min_output = match raw.min_output {
+        None => 1,
+        Some(n) if (1..=max).contains(&n) => n,
+        Some(n) => {
+            return Err(error(
+                format!("{at}.min_output"),
+                format!("{n} is out of range: expected 1 to {max} (the cost's `max`)"),
+            ))
+        }
+    };
+    let prompt = facts.intern(Fact::RequestBodyPrompt(body.clone()), at)?;
+    Ok(Clamp {
+        prompt,
+        min_output,
+        body,
+    })
+}
+
+fn not_from_body(at: &str) -> super::FieldError {
+    error(
+        at,
+        "a clamp lowers the request body's max-token fields: the cost must be estimated \
+         from the body (\"cost\": {\"body\": {}})",
+    )
 }
 
 /// `max_cost` is the most the rule's limit can admit at once (for a global rule, also

@@ -134,7 +134,7 @@ pub(super) fn compile(
                     "a rule with a commit cannot delay requests (\"on_limit\") in this version",
                 ));
             }
-            Some(cost::commit(commit, max_cost, &at)?)
+            Some(cost::commit(commit, max_cost, &cost, facts, &at)?)
         }
     };
     let reservoir = match (&scope, raw.reservoir) {
