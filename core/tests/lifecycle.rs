@@ -650,6 +650,55 @@ fn a_cost_estimated_from_the_body_is_decided_when_the_body_is_in() {
 }
 
 #[test]
+fn a_clamped_request_goes_on_without_content_length_and_with_its_body_lowered() {
+    // 1,500 tokens an hour; a request asking for 1,000 costs 1,009.
+    let mut envoy = envoy(
+        r#"{"rules":[{"name":"llm","key":[{"header":"x-user"}],
+        "limit":{"algorithm":"token_bucket","capacity":1500,"refill":1500,"period":"1h"},
+        "cost":{"body":{}},"commit":{"body":{},"clamp":{}}}]}"#,
+    );
+    let body = br#"{"max_tokens":1000,"messages":[]}"#;
+    let headers = [
+        (":path", "/v1/chat"),
+        ("x-user", "acme"),
+        ("content-length", "33"),
+    ];
+    let stream = |envoy: &Envoy, context: u32| envoy.stream(context).unwrap();
+    let content_length = |envoy: &Envoy, context: u32| {
+        stream(envoy, context)
+            .request_headers
+            .iter()
+            .any(|(n, _)| n == "content-length")
+    };
+    let (first, _, on_body) = envoy.request_with_body(&headers, body);
+    assert_eq!(on_body, Action::Continue);
+    assert!(
+        !content_length(&envoy, first),
+        "a clamp may rewrite the body"
+    );
+    assert_eq!(
+        stream(&envoy, first).request_body,
+        body,
+        "it fits: unchanged"
+    );
+    // 491 left: admitted with them, its output lowered to 491 − 9.
+    let (second, _, on_body) = envoy.request_with_body(&headers, body);
+    assert_eq!(on_body, Action::Continue);
+    assert!(reply_of(&envoy, second).is_none());
+    assert_eq!(
+        stream(&envoy, second).request_body,
+        br#"{"max_tokens":482,"messages":[]}"#
+    );
+    // Nothing left for the prompt: 429, the body untouched.
+    let (third, _, _) = envoy.request_with_body(&headers, body);
+    assert_eq!(reply_of(&envoy, third).unwrap().status, 429);
+    assert_eq!(stream(&envoy, third).request_body, body);
+    flush_stats(&mut envoy);
+    assert_eq!(stat_of(&envoy, "rule.llm.commit_clamped"), 1);
+    assert_eq!(stat_of(&envoy, "rule.llm.allowed"), 2);
+}
+
+#[test]
 fn callbacks_for_contexts_that_do_not_exist_do_nothing() {
     let mut envoy = envoy(LEASED);
     let host = &envoy.host;
