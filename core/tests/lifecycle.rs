@@ -14,6 +14,7 @@
 )]
 
 use weir_core::engine::{BRIDGE_BACKOFF_US, BRIDGE_FAILING_FOR_US, BRIDGE_FAILURES_TO_SKIP};
+use weir_core::filter::host::LogLevel;
 use weir_core::filter::scripted::LocalReply;
 use weir_core::filter::scripted_envoy::Envoy;
 use weir_core::filter::{Action, DELAY_HEADER};
@@ -726,4 +727,21 @@ fn a_configuration_envoy_must_refuse_names_the_field() {
     .err()
     .expect("refused");
     assert!(error.contains("rate"), "{error}");
+}
+
+#[test]
+fn a_bridge_timeout_too_short_for_the_bridge_is_logged_as_weir_check_prints_it() {
+    let warned = |config: &str| {
+        let envoy = envoy(config);
+        let logs = envoy.host.state().logs.clone();
+        logs.iter().any(|(level, line)| {
+            *level == LogLevel::Warn && line.contains("bridge.timeout: \"20ms\"")
+        })
+    };
+    let short = LEASED.replace(
+        r#""cluster":"weir_bridge""#,
+        r#""cluster":"weir_bridge","timeout":"20ms""#,
+    );
+    assert!(warned(&short));
+    assert!(!warned(LEASED), "the default timeout is long enough");
 }

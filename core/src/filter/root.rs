@@ -34,6 +34,16 @@ impl Root {
         match Plugin::configure(host) {
             Ok(plugin) => {
                 self.log(host, LogLevel::Info, &plugin.summary());
+                // What loads but is likely wrong: as `weir-check` warns of it.
+                if let Some(warning) = plugin
+                    .engine
+                    .config
+                    .bridge
+                    .as_ref()
+                    .and_then(|b| b.timeout_warning())
+                {
+                    self.log(host, LogLevel::Warn, &warning);
+                }
                 self.plugin = Some(Rc::new(plugin));
                 // Idle workers send their pending metric increments on the tick, and
                 // every VM checks that it hashes with the stored seed.
