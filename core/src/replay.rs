@@ -11,7 +11,9 @@
 //! ids is a log of user ids (hashing them is not done yet).
 //!
 //! **The replay.** Every line in time order through one [`Engine`] over one
-//! [`MemoryStore`] and one worker: a single-worker Envoy. A request's instant is the
+//! [`MemoryStore`] and one worker: a single-worker Envoy. Several Envoys' logs are
+//! replayed as one stream ([`Log::merge`]): ordered by time, equal times by log, then
+//! line. A request's instant is the
 //! one weir decided at when it logged a decision (the first), otherwise its start; so a
 //! local rule replayed with the config that served the traffic decides as it did, to
 //! the microsecond. An Envoy with several workers gave each its own reservoirs, and
@@ -21,7 +23,7 @@
 //!
 //! ```
 //! use weir_core::key::Seed;
-//! use weir_core::replay::{parse_log, replay, Replayed};
+//! use weir_core::replay::{parse_log, replay, RecordId, Replayed};
 //!
 //! // One request an hour per user; two requests of user `a`, one of `b`.
 //! let candidate = br#"{"rules":[{"name":"per-user","key":[{"header":"x-user"}],
@@ -35,7 +37,8 @@
 //! let rule = &report.rules[0];
 //! assert_eq!((rule.matched, rule.allowed, rule.limited), (3, 2, 1));
 //! assert_eq!(rule.top_keys, [("=a".to_string(), 1)]);
-//! assert_eq!(report.decisions[&2], [("per-user".to_string(), Replayed::Limited)]);
+//! let second = RecordId::new(0, 2);
+//! assert_eq!(report.decisions[&second], [("per-user".to_string(), Replayed::Limited)]);
 //! ```
 //!
 //! **Global rules** are replayed as one central limiter, which is what a fleet's
@@ -137,11 +140,24 @@ pub struct LoggedDecision {
     pub at_us: u64,
 }
 
+/// Where a record was read: which log (0-based, in the order the logs were given to
+/// [`Log::merge`]; 0 for a single log) and which line of it (1-based).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct RecordId {
+    pub log: usize,
+    pub line: usize,
+}
+
+impl RecordId {
+    pub fn new(log: usize, line: usize) -> Self {
+        RecordId { log, line }
+    }
+}
+
 /// One request of the log.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Record {
-    /// 1-based, in the file.
-    pub line: usize,
+    pub id: RecordId,
     pub start_us: u64,
     pub status: Option<u16>,
     pub decisions: Vec<LoggedDecision>,
@@ -159,6 +175,8 @@ impl Record {
 /// A line that is not a record.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BadLine {
+    /// Which log, as in [`RecordId::log`].
+    pub log: usize,
     pub line: usize,
     pub error: String,
 }
@@ -168,6 +186,29 @@ pub struct BadLine {
 pub struct Log {
     pub records: Vec<Record>,
     pub bad_lines: Vec<BadLine>,
+}
+
+impl Log {
+    /// Several Envoys' logs as one: each record and bad line is renumbered with its
+    /// log's position in `logs`. The replay orders every record by its instant, and
+    /// records of equal instants by log, then line: the logs are merged by time,
+    /// stably.
+    pub fn merge(logs: Vec<Log>) -> Log {
+        let mut merged = Log::default();
+        for (at, log) in logs.into_iter().enumerate() {
+            merged.records.extend(log.records.into_iter().map(|mut r| {
+                r.id.log = at;
+                r
+            }));
+            merged
+                .bad_lines
+                .extend(log.bad_lines.into_iter().map(|mut b| {
+                    b.log = at;
+                    b
+                }));
+        }
+        merged
+    }
 }
 
 /// Parses a whole log; empty lines are skipped.
@@ -181,6 +222,7 @@ pub fn parse_log(text: &str) -> Log {
         match parse_record(at + 1, line) {
             Ok(record) => records.push(record),
             Err(error) => bad.push(BadLine {
+                log: 0,
                 line: at + 1,
                 error,
             }),
@@ -210,7 +252,7 @@ pub fn parse_record(line: usize, text: &str) -> Result<Record, String> {
         Some(_) => return Err("decisions: not a string".into()),
     };
     Ok(Record {
-        line,
+        id: RecordId::new(0, line),
         start_us,
         status,
         decisions,
@@ -342,8 +384,8 @@ pub struct Report {
     pub not_replayed: Vec<(String, String)>,
     /// Global rules replayed as one central limiter.
     pub central: Vec<String>,
-    /// Per request (by line), what the candidate decided for each rule that decided.
-    pub decisions: BTreeMap<usize, Vec<(String, Replayed)>>,
+    /// Per request, what the candidate decided for each rule that decided.
+    pub decisions: BTreeMap<RecordId, Vec<(String, Replayed)>>,
 }
 
 /// How the replay treats a rule of the candidate.
@@ -394,7 +436,7 @@ pub fn replay(candidate_json: &[u8], log: &Log, seed: &Seed) -> Result<Report, S
     let mut worker = engine.worker();
 
     let mut order: Vec<&Record> = log.records.iter().collect();
-    order.sort_by_key(|r| (r.at_us(), r.line));
+    order.sort_by_key(|r| (r.at_us(), r.id));
 
     let mut tallies: Vec<Tally> = engine.config.rules.iter().map(Tally::new).collect();
     let mut decisions = BTreeMap::new();
@@ -415,7 +457,7 @@ pub fn replay(candidate_json: &[u8], log: &Log, seed: &Seed) -> Result<Report, S
                 decided.push((tally.rule.name.clone(), replayed));
             }
         }
-        decisions.insert(record.line, decided);
+        decisions.insert(record.id, decided);
     }
     Ok(Report {
         requests: log.records.len() as u64,

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use weir_core::config;
 use weir_core::key::Seed;
-use weir_core::replay::{self, Replayed};
+use weir_core::replay::{self, RecordId, Replayed};
 
 const SEED: Seed = Seed([1; 16]);
 
@@ -67,15 +67,101 @@ fn requests_are_replayed_in_time_order_not_line_order() {
     let log = [line("a", 2_000_000), line("a", 1_000_000)].join("\n");
     let report = replay::replay(candidate.as_bytes(), &replay::parse_log(&log), &SEED).unwrap();
     assert_eq!(
-        report.decisions[&2],
+        report.decisions[&RecordId::new(0, 2)],
         vec![("per-user".to_string(), Replayed::Allowed)]
     );
     assert_eq!(
-        report.decisions[&1],
+        report.decisions[&RecordId::new(0, 1)],
         vec![("per-user".to_string(), Replayed::Limited)]
     );
     assert_eq!(report.rules[0].limited_per_second.get(&2), Some(&1));
     assert_eq!(report.rules[0].top_keys.len(), 1);
+}
+
+/// A request with an id the rules do not read (`x-id`), to follow it across logs.
+fn tagged(user: &str, id: &str, at_us: u64) -> String {
+    format!(r#"{{"start_us":"{at_us}","headers":{{"x-user":"{user}","x-id":"{id}"}}}}"#)
+}
+
+/// Each request's `per-user` decision, by its `x-id`.
+fn by_id(report: &replay::Report, log: &replay::Log) -> Vec<(String, &'static str)> {
+    let mut out: Vec<(String, &'static str)> = log
+        .records
+        .iter()
+        .map(|r| {
+            let decided = &report.decisions[&r.id];
+            let (_, d) = decided.iter().find(|(rule, _)| rule == "per-user").unwrap();
+            (r.headers["x-id"].clone(), d.name())
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+#[test]
+fn several_logs_are_replayed_as_their_concatenation_sorted_by_time() {
+    // Two per user per second; users `a` and `b` on both Envoys. Each log is in the
+    // order its Envoy wrote it (a request is logged when it ends), and the two share
+    // instants: a tie goes to the first log given.
+    let candidate = r#"{"rules":[{"name":"per-user","key":[{"header":"x-user"}],
+        "limit":{"algorithm":"fixed_window","limit":2,"window":"1s"}}]}"#;
+    // (user, id, instant) of each log's lines, in the order they were written.
+    let first: &[(&str, &str, u64)] = &[
+        ("a", "1a", 1_000_000),
+        ("b", "1b", 1_000_300),
+        ("a", "1c", 1_000_200),
+        ("a", "1d", 1_000_500),
+        ("a", "1e", 2_000_000),
+        ("c", "1f", 3_000_000),
+        ("c", "1g", 3_000_100),
+    ];
+    let second: &[(&str, &str, u64)] = &[
+        ("c", "2g", 3_000_100),
+        ("a", "2a", 1_000_100),
+        ("b", "2b", 1_000_300),
+        ("b", "2c", 1_000_400),
+        ("a", "2d", 1_000_500),
+        ("a", "2e", 2_000_000),
+        ("a", "2f", 2_000_001),
+    ];
+    let to_lines = |log: &[(&str, &str, u64)]| -> Vec<String> {
+        log.iter().map(|&(u, id, at)| tagged(u, id, at)).collect()
+    };
+    let (first, second) = (to_lines(first), to_lines(second));
+    let merged = replay::Log::merge(vec![
+        replay::parse_log(&first.join("\n")),
+        replay::parse_log(&second.join("\n")),
+    ]);
+    let merged_report = replay::replay(candidate.as_bytes(), &merged, &SEED).unwrap();
+
+    // The concatenation, sorted by time; `sort_by_key` is stable, so equal instants
+    // keep the first log's lines first.
+    let mut lines: Vec<(u64, &String)> = first
+        .iter()
+        .chain(&second)
+        .map(|l| (replay::parse_record(1, l).unwrap().at_us(), l))
+        .collect();
+    lines.sort_by_key(|(at, _)| *at);
+    let sorted: Vec<&str> = lines.iter().map(|(_, l)| l.as_str()).collect();
+    let concatenated = replay::parse_log(&sorted.join("\n"));
+    let concatenated_report = replay::replay(candidate.as_bytes(), &concatenated, &SEED).unwrap();
+
+    assert_eq!(merged_report.rules, concatenated_report.rules);
+    assert_eq!(merged_report.requests, 14);
+    let decisions = by_id(&merged_report, &merged);
+    assert_eq!(decisions, by_id(&concatenated_report, &concatenated));
+    let limited: Vec<&str> = decisions
+        .iter()
+        .filter(|(_, d)| *d == "limited")
+        .map(|(id, _)| id.as_str())
+        .collect();
+    // a: 1a, 2a allowed in second 1; 1c, 1d, 2d limited (1d before 2d: the tie).
+    // b: 1b and 2b tie at 300 (both allowed), 2c limited. Second 2: 1e, 2e; 2f limited.
+    // c: 1f, then 1g (line 7 of the first log) and 2g (line 1 of the second) tie: the
+    // first log's goes first although its line number is higher.
+    assert_eq!(limited, ["1c", "1d", "2c", "2d", "2f", "2g"]);
+    // The records keep which log and line they came from.
+    assert_eq!(merged.records[7].id, RecordId::new(1, 1));
 }
 
 #[test]
@@ -215,6 +301,39 @@ fn cli_replay_reports_rules_bad_lines_and_the_difference() {
     assert_eq!(report["rules"][0]["top_keys"][0]["key"], "=a");
 
     assert_eq!(weir_check(&["replay", "--config", "x"]).0, 2, "no --log");
+}
+
+#[test]
+fn cli_replay_merges_the_logs_of_several_envoys() {
+    let config = file("fleet.json", PER_USER_1H);
+    let one = file(
+        "fleet-1.jsonl",
+        &[line("a", 2_000_000), "{".into()].join("\n"),
+    );
+    let two = file("fleet-2.jsonl", &line("a", 1_000_000));
+    let path = |p: &PathBuf| p.to_str().unwrap().to_string();
+    let (config, one, two) = (path(&config), path(&one), path(&two));
+    let args = [
+        "replay", "--config", &config, "--log", &one, "--log", &two, "--json",
+    ];
+    let (code, stdout, stderr) = weir_check(&args);
+    assert_eq!((code, stderr.as_str()), (0, ""));
+    let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(report["requests"], 2);
+    assert_eq!(report["rules"][0]["limited"], 1);
+    // The second log's request came first: the first log's is the one limited.
+    assert_eq!(report["rules"][0]["limited_per_second"][0]["second"], 2);
+    assert_eq!(report["bad_lines"][0]["log"], one.as_str());
+    assert_eq!(report["bad_lines"][0]["line"], 2);
+    let (_, text, _) = weir_check(&args[..args.len() - 1]);
+    assert!(
+        text.starts_with("2 requests replayed from 2 logs, merged by time\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("  {one}: line 2: not JSON")),
+        "{text}"
+    );
 }
 
 #[test]

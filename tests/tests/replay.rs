@@ -9,7 +9,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 use weir_core::config;
 use weir_core::key::Seed;
-use weir_core::replay::{self, Record, Replayed, Report};
+use weir_core::replay::{self, Record, RecordId, Replayed, Report};
 use weir_e2e::decisions::with_decisions;
 use weir_e2e::{wasm_filter_yaml, weir_wasm, Bootstrap, Client, Envoy, Request};
 
@@ -127,13 +127,13 @@ fn replay(candidate: &str, records: &[Record]) -> Report {
 }
 
 /// The outcome the served Envoy logged for `per-user` on each request, by line.
-fn served_outcomes(records: &[Record]) -> BTreeMap<usize, String> {
+fn served_outcomes(records: &[Record]) -> BTreeMap<RecordId, String> {
     records
         .iter()
         .map(|r| {
             let d = r.decisions.iter().find(|d| d.rule == "per-user");
-            let d = d.unwrap_or_else(|| panic!("line {}: no decision logged", r.line));
-            (r.line, d.outcome.clone())
+            let d = d.unwrap_or_else(|| panic!("line {}: no decision logged", r.id.line));
+            (r.id, d.outcome.clone())
         })
         .collect()
 }
@@ -142,7 +142,7 @@ fn limited_by_user(report: &Report, records: &[Record]) -> BTreeMap<String, u64>
     let mut out = BTreeMap::new();
     for r in records {
         let user = r.headers.get("x-user").unwrap().clone();
-        let limited = report.decisions[&r.line]
+        let limited = report.decisions[&r.id]
             .iter()
             .any(|(rule, d)| rule == "per-user" && *d == Replayed::Limited);
         *out.entry(user).or_default() += u64::from(limited);
@@ -162,12 +162,12 @@ fn replay_predicts_what_envoy_decided_and_what_a_tighter_limit_would() {
     );
     // The status agrees with the logged decision: the log is what clients saw.
     for r in &records {
-        let limited = served[&r.line] == "limited";
+        let limited = served[&r.id] == "limited";
         assert_eq!(
             r.status,
             Some(if limited { 429 } else { 200 }),
             "line {}",
-            r.line
+            r.id.line
         );
     }
 
@@ -190,19 +190,23 @@ fn replay_predicts_what_envoy_decided_and_what_a_tighter_limit_would() {
 }
 
 /// The requests whose replayed `per-user` decision is not the logged one.
-fn mismatches(same: &Report, records: &[Record], served: &BTreeMap<usize, String>) -> Vec<String> {
+fn mismatches(
+    same: &Report,
+    records: &[Record],
+    served: &BTreeMap<RecordId, String>,
+) -> Vec<String> {
     records
         .iter()
         .filter_map(|r| {
-            let replayed = same.decisions[&r.line]
+            let replayed = same.decisions[&r.id]
                 .iter()
                 .find(|(rule, _)| rule == "per-user")
                 .map(|(_, d)| d.name());
-            let logged = served[&r.line].as_str();
+            let logged = served[&r.id].as_str();
             (replayed != Some(logged)).then(|| {
                 format!(
                     "line {} ({:?} at {}): logged {logged}, replayed {replayed:?}",
-                    r.line,
+                    r.id.line,
                     r.headers.get("x-user"),
                     r.at_us()
                 )

@@ -26,7 +26,7 @@ use weir_core::replay::{self, AgainstServed, Report};
 const USAGE: &str = "\
 usage: weir-check check-config FILE
        weir-check log-format FILE
-       weir-check replay --config CANDIDATE --log LOG [--served SERVED] [--json]
+       weir-check replay --config CANDIDATE --log LOG [--log LOG ...] [--served SERVED] [--json]
        weir-check --help
        weir-check --version
 
@@ -43,6 +43,8 @@ single-worker Envoy, and prints per rule: requests matched, allowed, limited,
 the keys limited most and the 429s per second; against the decisions LOG
 recorded (--served names the config that served it, to list what the
 candidate dropped or added). Lines that are not records are counted and named.
+--log may be given once per Envoy of a fleet: the logs are merged by time
+(equal times: in the order given) and replayed as one stream.
 
 exit status: 0 valid, 1 invalid or unreadable, 2 bad usage
 ";
@@ -157,27 +159,31 @@ fn log_format(file: &str) -> ExitCode {
 
 struct ReplayArgs<'a> {
     config: &'a str,
-    log: &'a str,
+    /// One log per Envoy of the fleet, at least one.
+    logs: Vec<&'a str>,
     served: Option<&'a str>,
     json: bool,
 }
 
 impl<'a> ReplayArgs<'a> {
     fn parse(args: &[&'a str]) -> Option<ReplayArgs<'a>> {
-        let (mut config, mut log, mut served, mut json) = (None, None, None, false);
+        let (mut config, mut logs, mut served, mut json) = (None, Vec::new(), None, false);
         let mut args = args.iter();
         while let Some(arg) = args.next() {
             match *arg {
                 "--config" => config = Some(*args.next()?),
-                "--log" => log = Some(*args.next()?),
+                "--log" => logs.push(*args.next()?),
                 "--served" => served = Some(*args.next()?),
                 "--json" => json = true,
                 _ => return None,
             }
         }
+        if logs.is_empty() {
+            return None;
+        }
         Some(ReplayArgs {
             config: config?,
-            log: log?,
+            logs,
             served,
             json,
         })
@@ -188,8 +194,15 @@ fn replay(args: &ReplayArgs) -> ExitCode {
     let inputs = read(args.config)
         .map_err(|e| format!("cannot read {}: {e}", args.config))
         .and_then(|config| {
-            let log = read(args.log).map_err(|e| format!("cannot read {}: {e}", args.log))?;
-            Ok((config, String::from_utf8_lossy(&log).into_owned()))
+            let logs = args
+                .logs
+                .iter()
+                .map(|file| {
+                    let text = read(file).map_err(|e| format!("cannot read {file}: {e}"))?;
+                    Ok(replay::parse_log(&String::from_utf8_lossy(&text)))
+                })
+                .collect::<Result<Vec<_>, String>>()?;
+            Ok((config, replay::Log::merge(logs)))
         });
     let (candidate, log) = match inputs {
         Ok(inputs) => inputs,
@@ -210,7 +223,6 @@ fn replay(args: &ReplayArgs) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let log = replay::parse_log(&log);
     // Any seed: slots collide only in a table far smaller than its keys.
     let seed = Seed([0; 16]);
     let report = match replay::replay(&candidate, &log, &seed) {
@@ -224,15 +236,25 @@ fn replay(args: &ReplayArgs) -> ExitCode {
         .as_ref()
         .map(|served| replay::against_served(served, &report, &log));
     let text = if args.json {
-        serde_json::to_string_pretty(&report_json(&report, against.as_ref())).unwrap_or_default()
+        serde_json::to_string_pretty(&report_json(&report, against.as_ref(), &args.logs))
+            .unwrap_or_default()
     } else {
-        report_text(&report, against.as_ref())
+        report_text(&report, against.as_ref(), &args.logs)
     };
     let _ = writeln!(std::io::stdout(), "{text}");
     ExitCode::SUCCESS
 }
 
-fn report_json(report: &Report, against: Option<&AgainstServed>) -> serde_json::Value {
+/// The file a bad line was read from, by its log's position.
+fn log_name<'a>(logs: &[&'a str], log: usize) -> &'a str {
+    logs.get(log).copied().unwrap_or("?")
+}
+
+fn report_json(
+    report: &Report,
+    against: Option<&AgainstServed>,
+    logs: &[&str],
+) -> serde_json::Value {
     use serde_json::json;
     let rules: Vec<serde_json::Value> = report
         .rules
@@ -261,7 +283,8 @@ fn report_json(report: &Report, against: Option<&AgainstServed>) -> serde_json::
         .collect();
     let mut out = json!({
         "requests": report.requests,
-        "bad_lines": report.bad_lines.iter().map(|b| json!({"line": b.line, "error": b.error})).collect::<Vec<_>>(),
+        "logs": logs,
+        "bad_lines": report.bad_lines.iter().map(|b| json!({"log": log_name(logs, b.log), "line": b.line, "error": b.error})).collect::<Vec<_>>(),
         "not_replayed": report.not_replayed.iter().map(|(r, why)| json!({"rule": r, "why": why})).collect::<Vec<_>>(),
         "central": report.central,
         "rules": rules,
@@ -282,12 +305,22 @@ fn report_json(report: &Report, against: Option<&AgainstServed>) -> serde_json::
     out
 }
 
-fn report_text(report: &Report, against: Option<&AgainstServed>) -> String {
-    let mut out = format!("{} requests replayed\n", report.requests);
+fn report_text(report: &Report, against: Option<&AgainstServed>, logs: &[&str]) -> String {
+    let mut out = format!("{} requests replayed", report.requests);
+    if logs.len() > 1 {
+        out += &format!(" from {} logs, merged by time", logs.len());
+    }
+    out += "\n";
     if !report.bad_lines.is_empty() {
         out += &format!("{} lines skipped:\n", report.bad_lines.len());
         for bad in report.bad_lines.iter().take(20) {
-            out += &format!("  line {}: {}\n", bad.line, bad.error);
+            // One log: its lines are named as before; several: with their file.
+            let file = if logs.len() > 1 {
+                format!("{}: ", log_name(logs, bad.log))
+            } else {
+                String::new()
+            };
+            out += &format!("  {file}line {}: {}\n", bad.line, bad.error);
         }
     }
     for (rule, why) in &report.not_replayed {
