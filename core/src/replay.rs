@@ -59,6 +59,7 @@
 //! A line that is not a record is counted and reported with its number, never fatal.
 
 use std::collections::BTreeMap;
+use std::num::NonZeroU64;
 
 use serde_json::{Map, Value};
 
@@ -362,8 +363,9 @@ pub struct RuleFigures {
     pub shadow_limited: u64,
     /// Keys by requests limited (shadow included), most first, at most [`TOP_KEYS`].
     pub top_keys: Vec<(String, u64)>,
-    /// Requests limited per second, by the second (since the epoch) they fell in.
-    pub limited_per_second: BTreeMap<u64, u64>,
+    /// Requests limited (shadow included) per bucket of [`Options::bucket_us`], by the
+    /// bucket's start (µs since the epoch, a multiple of the bucket's width).
+    pub limited_over_time: BTreeMap<u64, u64>,
     /// Against the decisions the served Envoy logged for a rule of the same name:
     /// requests it allowed that the candidate limits, and the reverse.
     pub newly_limited: u64,
@@ -378,6 +380,8 @@ pub struct RuleFigures {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Report {
     pub requests: u64,
+    /// The width of the buckets of [`RuleFigures::limited_over_time`] (µs).
+    pub bucket_us: u64,
     pub bad_lines: Vec<BadLine>,
     pub rules: Vec<RuleFigures>,
     /// Rules of the candidate not replayed, with why.
@@ -412,9 +416,54 @@ fn treatment(rule: &Rule) -> Treatment {
     }
 }
 
-/// Replays `log` through the candidate config (its JSON). The seed keys the slot hash:
-/// any is fine unless a rule's `max_keys` is so small that keys collide.
+/// How a replay runs and counts.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Options {
+    /// Keys the slot hash: any is fine unless a rule's `max_keys` is so small that keys
+    /// collide.
+    pub seed: Seed,
+    /// The width of the buckets the report counts 429s over time in (µs).
+    pub bucket_us: NonZeroU64,
+}
+
+/// One second: the default bucket.
+pub const DEFAULT_BUCKET_US: NonZeroU64 = match NonZeroU64::new(1_000_000) {
+    Some(us) => us,
+    None => unreachable!(),
+};
+
+impl Options {
+    /// Buckets of [`DEFAULT_BUCKET_US`].
+    pub fn new(seed: Seed) -> Self {
+        Options {
+            seed,
+            bucket_us: DEFAULT_BUCKET_US,
+        }
+    }
+}
+
+/// Parses a bucket width as the config writes durations (`"100ms"`, `"1s"`, `"1m"`).
+/// The error names `option` and the value.
+pub fn parse_bucket(option: &str, text: &str) -> Result<NonZeroU64, String> {
+    crate::config::duration::parse_duration(text)
+        .ok()
+        .and_then(NonZeroU64::new)
+        .ok_or_else(|| {
+            format!(
+                "{option} {text:?}: not a duration: expected a whole number followed by us, \
+                 ms, s, m, h or d (e.g. \"100ms\"), above 0 and at most 30 days"
+            )
+        })
+}
+
+/// Replays `log` through the candidate config (its JSON), with [`Options::new`]`(seed)`.
 pub fn replay(candidate_json: &[u8], log: &Log, seed: &Seed) -> Result<Report, String> {
+    replay_with(candidate_json, log, &Options::new(*seed))
+}
+
+/// Replays `log` through the candidate config (its JSON).
+pub fn replay_with(candidate_json: &[u8], log: &Log, options: &Options) -> Result<Report, String> {
+    let seed = &options.seed;
     let config = config::parse(candidate_json).map_err(|e| e.to_string())?;
     let mut not_replayed = Vec::new();
     let mut central = Vec::new();
@@ -438,7 +487,10 @@ pub fn replay(candidate_json: &[u8], log: &Log, seed: &Seed) -> Result<Report, S
     let mut order: Vec<&Record> = log.records.iter().collect();
     order.sort_by_key(|r| (r.at_us(), r.id));
 
-    let mut tallies: Vec<Tally> = engine.config.rules.iter().map(Tally::new).collect();
+    let bucket_us = options.bucket_us.get();
+    let mut tallies: Vec<Tally> = (engine.config.rules.iter())
+        .map(|rule| Tally::new(rule, bucket_us))
+        .collect();
     let mut decisions = BTreeMap::new();
     for record in order {
         let now_us = record.at_us();
@@ -461,6 +513,7 @@ pub fn replay(candidate_json: &[u8], log: &Log, seed: &Seed) -> Result<Report, S
     }
     Ok(Report {
         requests: log.records.len() as u64,
+        bucket_us,
         bad_lines: log.bad_lines.clone(),
         rules: tallies
             .into_iter()
@@ -528,15 +581,18 @@ pub fn against_served(served: &Config, report: &Report, log: &Log) -> AgainstSer
 /// One rule's figures as the replay counts them.
 struct Tally<'e> {
     rule: &'e Rule,
+    /// The width of [`RuleFigures::limited_over_time`]'s buckets, never 0.
+    bucket_us: u64,
     figures: RuleFigures,
     /// Requests limited, per key.
     limited_keys: BTreeMap<String, u64>,
 }
 
 impl<'e> Tally<'e> {
-    fn new(rule: &'e Rule) -> Self {
+    fn new(rule: &'e Rule, bucket_us: u64) -> Self {
         Tally {
             rule,
+            bucket_us,
             figures: RuleFigures {
                 rule: rule.name.clone(),
                 ..RuleFigures::default()
@@ -566,8 +622,8 @@ impl<'e> Tally<'e> {
                 parts.push(encode_part(origin, bytes))
             });
             *self.limited_keys.entry(parts.join(" ")).or_default() += 1;
-            let second = now_us / 1_000_000;
-            *figures.limited_per_second.entry(second).or_default() += 1;
+            let bucket = now_us - now_us % self.bucket_us;
+            *figures.limited_over_time.entry(bucket).or_default() += 1;
         }
         if let Some(served) = record.decisions.iter().find(|d| d.rule == figures.rule) {
             let served_denied = matches!(served.outcome.as_str(), "limited" | "shadow_limited");

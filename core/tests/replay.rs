@@ -74,7 +74,7 @@ fn requests_are_replayed_in_time_order_not_line_order() {
         report.decisions[&RecordId::new(0, 1)],
         vec![("per-user".to_string(), Replayed::Limited)]
     );
-    assert_eq!(report.rules[0].limited_per_second.get(&2), Some(&1));
+    assert_eq!(report.rules[0].limited_over_time.get(&2_000_000), Some(&1));
     assert_eq!(report.rules[0].top_keys.len(), 1);
 }
 
@@ -162,6 +162,78 @@ fn several_logs_are_replayed_as_their_concatenation_sorted_by_time() {
     assert_eq!(limited, ["1c", "1d", "2c", "2d", "2f", "2g"]);
     // The records keep which log and line they came from.
     assert_eq!(merged.records[7].id, RecordId::new(1, 1));
+}
+
+#[test]
+fn limited_requests_are_counted_in_buckets_of_the_width_asked() {
+    // One a second for `a`: every request after the first of each second is limited.
+    let candidate = r#"{"rules":[{"name":"per-user","key":[{"header":"x-user"}],
+        "limit":{"algorithm":"fixed_window","limit":1,"window":"1s"}}]}"#;
+    let at = [
+        1_000_000, 1_050_000, 1_099_999, 1_100_000, 1_950_000, 2_000_000, 2_000_001,
+    ];
+    let log: Vec<String> = at.iter().map(|&t| line("a", t)).collect();
+    let log = replay::parse_log(&log.join("\n"));
+    let over = |bucket: &str| {
+        let options = replay::Options {
+            seed: SEED,
+            bucket_us: replay::parse_bucket("--bucket", bucket).unwrap(),
+        };
+        let report = replay::replay_with(candidate.as_bytes(), &log, &options).unwrap();
+        let rule = &report.rules[0];
+        assert_eq!(
+            rule.limited, 5,
+            "the width changes the series, not the decisions"
+        );
+        let series: Vec<(u64, u64)> = rule.limited_over_time.clone().into_iter().collect();
+        (report.bucket_us, series)
+    };
+    assert_eq!(
+        over("1s"),
+        (1_000_000, vec![(1_000_000, 4), (2_000_000, 1)])
+    );
+    assert_eq!(
+        over("100ms"),
+        (
+            100_000,
+            vec![
+                (1_000_000, 2),
+                (1_100_000, 1),
+                (1_900_000, 1),
+                (2_000_000, 1)
+            ]
+        )
+    );
+    assert_eq!(over("1m"), (60_000_000, vec![(0, 5)]));
+    assert_eq!(
+        replay::replay(candidate.as_bytes(), &log, &SEED)
+            .unwrap()
+            .bucket_us,
+        1_000_000,
+        "1 s by default"
+    );
+}
+
+#[test]
+fn a_bad_bucket_width_is_refused_naming_the_option_and_the_value() {
+    for bad in ["0s", "1.5s", "abc", "", "31d", "100"] {
+        let err = replay::parse_bucket("--bucket", bad).unwrap_err();
+        assert!(
+            err.starts_with(&format!("--bucket {bad:?}: not a duration")),
+            "{err}"
+        );
+    }
+    let config = file("bucket.json", PER_USER_1H);
+    let log = file("bucket.jsonl", &line("a", 1));
+    let (config, log) = (config.to_str().unwrap(), log.to_str().unwrap());
+    let (code, stdout, stderr) = weir_check(&[
+        "replay", "--config", config, "--log", log, "--bucket", "1.5s",
+    ]);
+    assert_eq!((code, stdout.as_str()), (2, ""));
+    assert!(
+        stderr.starts_with("error: --bucket \"1.5s\": not a duration: expected a whole number"),
+        "{stderr}"
+    );
 }
 
 #[test]
@@ -322,7 +394,10 @@ fn cli_replay_merges_the_logs_of_several_envoys() {
     assert_eq!(report["requests"], 2);
     assert_eq!(report["rules"][0]["limited"], 1);
     // The second log's request came first: the first log's is the one limited.
-    assert_eq!(report["rules"][0]["limited_per_second"][0]["second"], 2);
+    assert_eq!(
+        report["rules"][0]["limited_over_time"][0]["start_us"],
+        2_000_000
+    );
     assert_eq!(report["bad_lines"][0]["log"], one.as_str());
     assert_eq!(report["bad_lines"][0]["line"], 2);
     let (_, text, _) = weir_check(&args[..args.len() - 1]);

@@ -234,7 +234,7 @@ fn tighter_limits_the_heavy_users(records: &[Record], same: &Report, served_limi
     assert!(after["busy"] > before["busy"]);
     assert!(after["heavy"] >= after["busy"] && after["busy"] >= after["steady"]);
     assert!(rule.top_keys[0].0.contains("heavy"), "{:?}", rule.top_keys);
-    let per_second: u64 = rule.limited_per_second.values().sum();
+    let per_second: u64 = rule.limited_over_time.values().sum();
     assert_eq!(per_second, rule.limited);
 }
 

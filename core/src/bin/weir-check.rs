@@ -26,7 +26,8 @@ use weir_core::replay::{self, AgainstServed, Report};
 const USAGE: &str = "\
 usage: weir-check check-config FILE
        weir-check log-format FILE
-       weir-check replay --config CANDIDATE --log LOG [--log LOG ...] [--served SERVED] [--json]
+       weir-check replay --config CANDIDATE --log LOG [--log LOG ...] [--served SERVED]
+                         [--bucket DURATION] [--json]
        weir-check --help
        weir-check --version
 
@@ -40,7 +41,8 @@ FILE's rules read, weir's decisions, the status and the start time.
 
 replay runs CANDIDATE over LOG (lines of that format) in time order, as one
 single-worker Envoy, and prints per rule: requests matched, allowed, limited,
-the keys limited most and the 429s per second; against the decisions LOG
+the keys limited most and the 429s over time (per --bucket, e.g. 100ms, 1s,
+1m; default 1s); against the decisions LOG
 recorded (--served names the config that served it, to list what the
 candidate dropped or added). Lines that are not records are counted and named.
 --log may be given once per Envoy of a fleet: the logs are merged by time
@@ -162,18 +164,22 @@ struct ReplayArgs<'a> {
     /// One log per Envoy of the fleet, at least one.
     logs: Vec<&'a str>,
     served: Option<&'a str>,
+    /// As given (`--bucket`, default `1s`); checked by [`replay::parse_bucket`].
+    bucket: &'a str,
     json: bool,
 }
 
 impl<'a> ReplayArgs<'a> {
     fn parse(args: &[&'a str]) -> Option<ReplayArgs<'a>> {
         let (mut config, mut logs, mut served, mut json) = (None, Vec::new(), None, false);
+        let mut bucket = "1s";
         let mut args = args.iter();
         while let Some(arg) = args.next() {
             match *arg {
                 "--config" => config = Some(*args.next()?),
                 "--log" => logs.push(*args.next()?),
                 "--served" => served = Some(*args.next()?),
+                "--bucket" => bucket = args.next()?,
                 "--json" => json = true,
                 _ => return None,
             }
@@ -185,12 +191,20 @@ impl<'a> ReplayArgs<'a> {
             config: config?,
             logs,
             served,
+            bucket,
             json,
         })
     }
 }
 
 fn replay(args: &ReplayArgs) -> ExitCode {
+    let bucket_us = match replay::parse_bucket("--bucket", args.bucket) {
+        Ok(us) => us,
+        Err(err) => {
+            eprintln!("error: {err}");
+            return ExitCode::from(2);
+        }
+    };
     let inputs = read(args.config)
         .map_err(|e| format!("cannot read {}: {e}", args.config))
         .and_then(|config| {
@@ -223,9 +237,12 @@ fn replay(args: &ReplayArgs) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    // Any seed: slots collide only in a table far smaller than its keys.
-    let seed = Seed([0; 16]);
-    let report = match replay::replay(&candidate, &log, &seed) {
+    let options = replay::Options {
+        // Any seed: slots collide only in a table far smaller than its keys.
+        seed: Seed([0; 16]),
+        bucket_us,
+    };
+    let report = match replay::replay_with(&candidate, &log, &options) {
         Ok(report) => report,
         Err(err) => {
             eprintln!("error: {}: {err}", args.config);
@@ -239,7 +256,7 @@ fn replay(args: &ReplayArgs) -> ExitCode {
         serde_json::to_string_pretty(&report_json(&report, against.as_ref(), &args.logs))
             .unwrap_or_default()
     } else {
-        report_text(&report, against.as_ref(), &args.logs)
+        report_text(&report, against.as_ref(), &args.logs, args.bucket)
     };
     let _ = writeln!(std::io::stdout(), "{text}");
     ExitCode::SUCCESS
@@ -267,7 +284,7 @@ fn report_json(
                 "limited": r.limited,
                 "shadow_limited": r.shadow_limited,
                 "top_keys": r.top_keys.iter().map(|(k, n)| json!({"key": k, "limited": n})).collect::<Vec<_>>(),
-                "limited_per_second": r.limited_per_second.iter().map(|(s, n)| json!({"second": s, "limited": n})).collect::<Vec<_>>(),
+                "limited_over_time": r.limited_over_time.iter().map(|(start, n)| json!({"start_us": start, "limited": n})).collect::<Vec<_>>(),
             });
             if let (Some(_), Some(rule)) = (against, rule.as_object_mut()) {
                 let against = json!({
@@ -284,6 +301,7 @@ fn report_json(
     let mut out = json!({
         "requests": report.requests,
         "logs": logs,
+        "bucket_us": report.bucket_us,
         "bad_lines": report.bad_lines.iter().map(|b| json!({"log": log_name(logs, b.log), "line": b.line, "error": b.error})).collect::<Vec<_>>(),
         "not_replayed": report.not_replayed.iter().map(|(r, why)| json!({"rule": r, "why": why})).collect::<Vec<_>>(),
         "central": report.central,
@@ -305,7 +323,24 @@ fn report_json(
     out
 }
 
-fn report_text(report: &Report, against: Option<&AgainstServed>, logs: &[&str]) -> String {
+/// A bucket's start in unix seconds, with as many decimals as the bucket's width needs.
+fn unix_seconds(us: u64, bucket_us: u64) -> String {
+    let (seconds, fraction) = (us / 1_000_000, us % 1_000_000);
+    if bucket_us.is_multiple_of(1_000_000) {
+        seconds.to_string()
+    } else if bucket_us.is_multiple_of(1_000) {
+        format!("{seconds}.{:03}", fraction / 1_000)
+    } else {
+        format!("{seconds}.{fraction:06}")
+    }
+}
+
+fn report_text(
+    report: &Report,
+    against: Option<&AgainstServed>,
+    logs: &[&str],
+    bucket: &str,
+) -> String {
     let mut out = format!("{} requests replayed", report.requests);
     if logs.len() > 1 {
         out += &format!(" from {} logs, merged by time", logs.len());
@@ -370,10 +405,14 @@ fn report_text(report: &Report, against: Option<&AgainstServed>, logs: &[&str]) 
                 out += &format!("    {n:>8}  {key}\n");
             }
         }
-        if !r.limited_per_second.is_empty() {
-            out += "  limited per second (unix second: requests):\n";
-            for (second, n) in &r.limited_per_second {
-                out += &format!("    {second}: {n}\n");
+        if !r.limited_over_time.is_empty() {
+            if report.bucket_us == 1_000_000 {
+                out += "  limited per second (unix second: requests):\n";
+            } else {
+                out += &format!("  limited per {bucket} (bucket start, unix seconds: requests):\n");
+            }
+            for (start, n) in &r.limited_over_time {
+                out += &format!("    {}: {n}\n", unix_seconds(*start, report.bucket_us));
             }
         }
     }
