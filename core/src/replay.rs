@@ -7,8 +7,9 @@
 //! `wasm.weir.decisions`, `rule:outcome:source:cost:decided_at_us`, written when the
 //! plugin has `"response": {"filter_state": "all"}`), and every fact the config's rules
 //! read: request headers under `headers` (pseudo-headers included), Envoy attributes
-//! under `attributes` by dotted path. Values are the raw request values: a log of user
-//! ids is a log of user ids (hashing them is not done yet).
+//! under `attributes` by dotted path. Values are the raw request values, or their keyed
+//! hashes in a log rewritten by `weir-check log-hash` ([`crate::log_hash`]): a
+//! candidate that reads a hashed fact in a way the hash does not keep is refused.
 //!
 //! **The replay.** Every line in time order through one [`Engine`] over one
 //! [`MemoryStore`] and one worker: a single-worker Envoy. Several Envoys' logs are
@@ -66,7 +67,8 @@ use serde_json::{Map, Value};
 use crate::config::{self, Config};
 use crate::engine::{Engine, RuleOutcome};
 use crate::key::{encode_part, Seed};
-use crate::rules::{Fact, FactSource, Facts, Rule, Scope};
+use crate::log_hash::{self, Form, Read};
+use crate::rules::{Fact, FactId, FactSource, Facts, Rule, Scope};
 use crate::store::memory::MemoryStore;
 use crate::time::Micros;
 
@@ -465,6 +467,7 @@ pub fn replay(candidate_json: &[u8], log: &Log, seed: &Seed) -> Result<Report, S
 pub fn replay_with(candidate_json: &[u8], log: &Log, options: &Options) -> Result<Report, String> {
     let seed = &options.seed;
     let config = config::parse(candidate_json).map_err(|e| e.to_string())?;
+    check_hashed(&config, log)?;
     let mut not_replayed = Vec::new();
     let mut central = Vec::new();
     for rule in &config.rules {
@@ -523,6 +526,57 @@ pub fn replay_with(candidate_json: &[u8], log: &Log, options: &Options) -> Resul
         central,
         decisions,
     })
+}
+
+/// Refuses a candidate that reads a fact the log holds hashed ([`crate::log_hash`]) in a
+/// way the hash does not keep: a match, a cost or a deadline on it, a `query_param` key
+/// over it, or a key reading it in another form than it was hashed in (a `client_ip`
+/// key over an address hashed with its port). Replayed, such a rule would decide on
+/// hashes as if they were values: a silent mis-prediction.
+fn check_hashed(config: &Config, log: &Log) -> Result<(), String> {
+    for at in 0..config.facts.len() {
+        let Ok(id) = u16::try_from(at).map(FactId) else {
+            continue;
+        };
+        let Some((section, field)) = config.facts.get(id).and_then(log_hash::log_field) else {
+            continue;
+        };
+        let (mut forms, mut clear) = (Vec::new(), false);
+        for record in &log.records {
+            let values = match section {
+                "headers" => &record.headers,
+                _ => &record.attributes,
+            };
+            match values.get(&field).map(|v| (Form::of(v), v.is_empty())) {
+                Some((Some(form), _)) if !forms.contains(&form) => forms.push(form),
+                Some((None, false)) => clear = true,
+                _ => {}
+            }
+        }
+        let name = format!("{section}.{field}");
+        let form = match forms.as_slice() {
+            [] => continue,
+            [form] if !clear => *form,
+            _ => {
+                return Err(format!(
+                    "{name}: the log holds it both in clear and hashed, or hashed in two \
+                     forms (logs hashed with different configs?): replay them apart"
+                ))
+            }
+        };
+        for (rule, read) in log_hash::reads(config, id) {
+            if !matches!(read, Read::Key(key) if key.form() == Some(form)) {
+                return Err(format!(
+                    "rule {rule} {} ({name}), which the log holds hashed {}: a replay \
+                     cannot evaluate that; replay the raw log, or one hashed for a config \
+                     that reads {name} the way this one does",
+                    read.describe(),
+                    form.describe()
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// How the candidate's rules stand to those of the config that served the log.

@@ -9,6 +9,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 use weir_core::config;
 use weir_core::key::Seed;
+use weir_core::log_hash::{LogPlan, Salt};
 use weir_core::replay::{self, Record, RecordId, Replayed, Report};
 use weir_e2e::decisions::with_decisions;
 use weir_e2e::{wasm_filter_yaml, weir_wasm, Bootstrap, Client, Envoy, Request};
@@ -104,6 +105,7 @@ fn record(dir: &Path, config: &str, workers: u32, connections: usize) -> Recorde
     assert_eq!(records.len(), sent, "every request logged once");
     Recorded {
         records,
+        text,
         workers_used,
         reservoir_hits,
     }
@@ -112,6 +114,8 @@ fn record(dir: &Path, config: &str, workers: u32, connections: usize) -> Recorde
 /// A recorded run.
 struct Recorded {
     records: Vec<Record>,
+    /// The log as Envoy wrote it.
+    text: String,
     /// Workers that accepted a connection.
     workers_used: usize,
     /// Requests decided from a worker's reservoir.
@@ -153,7 +157,8 @@ fn limited_by_user(report: &Report, records: &[Record]) -> BTreeMap<String, u64>
 #[test]
 fn replay_predicts_what_envoy_decided_and_what_a_tighter_limit_would() {
     let dir = tempfile::tempdir().unwrap();
-    let records = record(dir.path(), SERVED, 1, 1).records;
+    let run = record(dir.path(), SERVED, 1, 1);
+    let records = run.records;
     let served = served_outcomes(&records);
     let served_limited = served.values().filter(|o| *o == "limited").count();
     assert!(
@@ -187,6 +192,39 @@ fn replay_predicts_what_envoy_decided_and_what_a_tighter_limit_would() {
         (records.len() as u64, 0, 0)
     );
     tighter_limits_the_heavy_users(&records, &same, served_limited);
+    hashed_log_replays_the_same(&run.text, &records, &served);
+}
+
+/// The recorded log rewritten by `weir-check log-hash`'s core: no user id left, and the
+/// same decisions replayed.
+fn hashed_log_replays_the_same(
+    text: &str,
+    records: &[Record],
+    served: &BTreeMap<RecordId, String>,
+) {
+    let plan = LogPlan::new(&config::parse(SERVED.as_bytes()).unwrap());
+    let salt = Salt::new(b"the salt of the replay e2e test".to_vec()).unwrap();
+    let hashed: Vec<String> = text
+        .lines()
+        .map(|line| plan.hash_line(&salt, line).unwrap())
+        .collect();
+    let hashed = replay::parse_log(&hashed.join("\n"));
+    assert!(hashed.bad_lines.is_empty(), "{:?}", hashed.bad_lines);
+    for (raw, hashed) in records.iter().zip(&hashed.records) {
+        assert_eq!(raw.id, hashed.id);
+        assert!(
+            hashed.headers["x-user"].starts_with("hmac-v-"),
+            "{hashed:?}"
+        );
+    }
+    let on_hashed = replay(SERVED, &hashed.records);
+    let off = mismatches(&on_hashed, &hashed.records, served);
+    eprintln!(
+        "replay of the served config on the hashed log: {} of {} recorded decisions matched",
+        records.len() - off.len(),
+        records.len()
+    );
+    assert!(off.is_empty(), "{off:#?}");
 }
 
 /// The requests whose replayed `per-user` decision is not the logged one.

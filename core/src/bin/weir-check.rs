@@ -21,6 +21,7 @@ use std::io::{Read, Write};
 use std::process::ExitCode;
 use weir_core::config::{self, Config};
 use weir_core::key::Seed;
+use weir_core::log_hash::{LogPlan, Plan, Salt};
 use weir_core::replay::{self, AgainstServed, Report};
 
 const USAGE: &str = "\
@@ -28,6 +29,7 @@ usage: weir-check check-config FILE
        weir-check log-format FILE
        weir-check replay --config CANDIDATE --log LOG [--log LOG ...] [--served SERVED]
                          [--bucket DURATION] [--json]
+       weir-check log-hash --config CONFIG --salt-file SALT [--log LOG] [--out OUT]
        weir-check --help
        weir-check --version
 
@@ -48,6 +50,13 @@ candidate dropped or added). Lines that are not records are counted and named.
 --log may be given once per Envoy of a fleet: the logs are merged by time
 (equal times: in the order given) and replayed as one stream.
 
+log-hash rewrites a log recorded with log-format (LOG, or stdin; to OUT, or
+stdout): every value under headers and attributes becomes its HMAC-SHA256
+keyed with SALT (a file of at least 16 bytes), except the facts CONFIG's
+rules match on (or read a cost, a deadline or a query parameter from): those
+stay in clear, and are named on stderr. Lines that are not records are left
+out, named and counted on stderr.
+
 exit status: 0 valid, 1 invalid or unreadable, 2 bad usage
 ";
 
@@ -67,6 +76,13 @@ fn main() -> ExitCode {
         }
         ["check-config", file] => check_config(file),
         ["log-format", file] => log_format(file),
+        ["log-hash", rest @ ..] => match HashArgs::parse(rest) {
+            Some(args) => log_hash(&args),
+            None => {
+                eprint!("{USAGE}");
+                ExitCode::from(2)
+            }
+        },
         ["replay", rest @ ..] => match ReplayArgs::parse(rest) {
             Some(args) => replay(&args),
             None => {
@@ -157,6 +173,100 @@ fn log_format(file: &str) -> ExitCode {
         eprintln!("warning: {fact}: no access-log command records it; a replay sees it absent");
     }
     ExitCode::SUCCESS
+}
+
+struct HashArgs<'a> {
+    config: &'a str,
+    salt: &'a str,
+    log: Option<&'a str>,
+    out: Option<&'a str>,
+}
+
+impl<'a> HashArgs<'a> {
+    fn parse(args: &[&'a str]) -> Option<HashArgs<'a>> {
+        let (mut config, mut salt, mut log, mut out) = (None, None, None, None);
+        let mut args = args.iter();
+        while let Some(arg) = args.next() {
+            let value = Some(*args.next()?);
+            match *arg {
+                "--config" => config = value,
+                "--salt-file" => salt = value,
+                "--log" => log = value,
+                "--out" => out = value,
+                _ => return None,
+            }
+        }
+        Some(HashArgs {
+            config: config?,
+            salt: salt?,
+            log,
+            out,
+        })
+    }
+}
+
+fn log_hash(args: &HashArgs) -> ExitCode {
+    let inputs = read(args.config)
+        .map_err(|e| format!("cannot read {}: {e}", args.config))
+        .and_then(|json| config::parse(&json).map_err(|e| format!("{}: {e}", args.config)))
+        .and_then(|config| {
+            let salt = std::fs::read(args.salt)
+                .map_err(|e| format!("--salt-file {}: cannot read: {e}", args.salt))
+                .and_then(|bytes| {
+                    Salt::new(bytes).map_err(|e| format!("--salt-file {}: {e}", args.salt))
+                })?;
+            let log = read(args.log.unwrap_or("-"))
+                .map_err(|e| format!("cannot read {}: {e}", args.log.unwrap_or("stdin")))?;
+            Ok((config, salt, String::from_utf8_lossy(&log).into_owned()))
+        });
+    let (config, salt, log) = match inputs {
+        Ok(inputs) => inputs,
+        Err(err) => {
+            eprintln!("error: {err}");
+            return ExitCode::from(1);
+        }
+    };
+    let plan = LogPlan::new(&config);
+    for (section, field, plan) in &plan.fields {
+        match plan {
+            Plan::Hash(form) => eprintln!("hashed: {section}.{field} ({})", form.describe()),
+            Plan::Clear(why) => eprintln!("in clear: {section}.{field}: {why}"),
+        }
+    }
+    eprintln!("hashed: every other field of headers and attributes (whole)");
+    let mut out = String::with_capacity(log.len());
+    let mut left_out = 0;
+    for (at, line) in log.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        match plan.hash_line(&salt, line) {
+            Ok(hashed) => {
+                out += &hashed;
+                out.push('\n');
+            }
+            Err(err) => {
+                left_out += 1;
+                eprintln!("line {}: left out: {err}", at + 1);
+            }
+        }
+    }
+    if left_out > 0 {
+        eprintln!("{left_out} lines left out (not records; never written in clear)");
+    }
+    let written = match args.out {
+        Some(file) => std::fs::write(file, out).map_err(|e| format!("cannot write {file}: {e}")),
+        None => std::io::stdout()
+            .write_all(out.as_bytes())
+            .map_err(|e| format!("cannot write to stdout: {e}")),
+    };
+    match written {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err}");
+            ExitCode::from(1)
+        }
+    }
 }
 
 struct ReplayArgs<'a> {
