@@ -52,8 +52,11 @@
 //! failure mode decided while it was down. A `sliding_log` rule (Redis only) is not
 //! replayed.
 //!
-//! **Not replayed (yet):** concurrency rules, rules that delay (`on_limit.delay`) and
-//! `sliding_log` global rules. They are left out of the candidate (listed in
+//! **Concurrency rules** with a fixed `max_in_flight` hold a place from the instant a
+//! request was decided until [`Record::end_us`] (its start + `duration_us`).
+//!
+//! **Not replayed (yet):** adaptive concurrency rules, rules that delay
+//! (`on_limit.delay`) and `sliding_log` global rules. They are left out of the candidate (listed in
 //! [`Report::not_replayed`]) and the other rules are replayed as if they had allowed
 //! every request.
 //!
@@ -65,12 +68,13 @@ use std::num::NonZeroU64;
 use serde_json::{Map, Value};
 
 use crate::config::{self, Config};
-use crate::engine::{Engine, RuleOutcome};
+use crate::engine::{Engine, PendingCommit, RuleOutcome};
 use crate::key::{encode_part, Seed};
 use crate::log_hash::{self, Form, Read};
 use crate::rules::{Fact, FactId, FactSource, Facts, Rule, Scope};
 use crate::store::memory::MemoryStore;
 use crate::time::Micros;
+use crate::worker::Worker;
 
 /// The filter state weir writes its decisions to.
 pub const DECISIONS_FILTER_STATE: &str = "wasm.weir.decisions";
@@ -106,6 +110,14 @@ pub fn log_format(config: &Config) -> (Value, Vec<String>) {
     }
     let mut format = Map::new();
     format.insert("start_us".into(), "%START_TIME(%s%6f)%".into());
+    // When a concurrency rule's place is given back, for its replay: from the first
+    // byte received to the last sent downstream (`START_TIME` is no endpoint of
+    // COMMON_DURATION); the filter gives the place back as the response passes it, a
+    // few µs before its last byte is sent.
+    format.insert(
+        "duration_us".into(),
+        "%COMMON_DURATION(DS_RX_BEG:DS_TX_END:us)%".into(),
+    );
     format.insert("status".into(), "%RESPONSE_CODE%".into());
     format.insert(
         "decisions".into(),
@@ -162,6 +174,9 @@ impl RecordId {
 pub struct Record {
     pub id: RecordId,
     pub start_us: u64,
+    /// From its start until its last byte was sent downstream (µs); `None` when the
+    /// log does not record it or Envoy had no such instant (a stream reset early).
+    pub duration_us: Option<u64>,
     pub status: Option<u16>,
     pub decisions: Vec<LoggedDecision>,
     pub headers: BTreeMap<String, String>,
@@ -172,6 +187,14 @@ impl Record {
     /// The instant the replay decides this request at: weir's own, when it decided.
     pub fn at_us(&self) -> u64 {
         self.decisions.first().map_or(self.start_us, |d| d.at_us)
+    }
+
+    /// The instant its stream ended, as the replay gives a concurrency rule's place
+    /// back: its start + duration, never before it was decided; without a duration,
+    /// the instant it was decided (it held no place).
+    pub fn end_us(&self) -> u64 {
+        let end = self.duration_us.map(|d| self.start_us.saturating_add(d));
+        end.unwrap_or(0).max(self.at_us())
     }
 }
 
@@ -257,6 +280,7 @@ pub fn parse_record(line: usize, text: &str) -> Result<Record, String> {
     Ok(Record {
         id: RecordId::new(0, line),
         start_us,
+        duration_us: object.get("duration_us").and_then(number),
         status,
         decisions,
         headers: strings(object.get("headers"), "headers")?,
@@ -382,6 +406,9 @@ pub struct RuleFigures {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Report {
     pub requests: u64,
+    /// With a concurrency rule replayed: requests the log has no duration of, which
+    /// held their place for no time at all.
+    pub without_duration: u64,
     /// The width of the buckets of [`RuleFigures::limited_over_time`] (µs).
     pub bucket_us: u64,
     pub bad_lines: Vec<BadLine>,
@@ -397,6 +424,9 @@ pub struct Report {
 /// How the replay treats a rule of the candidate.
 enum Treatment {
     AsIs,
+    /// A concurrency rule with a fixed `max_in_flight`: a request holds its place from
+    /// the instant it was decided until [`Record::end_us`].
+    InFlight,
     /// A global rule, as one central limiter.
     Central,
     NotReplayed(&'static str),
@@ -414,7 +444,12 @@ fn treatment(rule: &Rule) -> Treatment {
             Treatment::NotReplayed("global sliding_log rule: runs only in Redis, not replayed")
         }
         Scope::Global(_) => Treatment::Central,
-        Scope::Concurrency(_) => Treatment::NotReplayed("concurrency rule: not replayed yet"),
+        Scope::Concurrency(c) if c.adaptive.is_some() => Treatment::NotReplayed(
+            "adaptive concurrency rule: its limit follows the latencies the upstream showed \
+             under the served config, and a candidate changes the load that made them: not \
+             replayed",
+        ),
+        Scope::Concurrency(_) => Treatment::InFlight,
     }
 }
 
@@ -473,9 +508,28 @@ pub fn replay_with(candidate_json: &[u8], log: &Log, options: &Options) -> Resul
     for rule in &config.rules {
         match treatment(rule) {
             Treatment::AsIs => {}
+            Treatment::InFlight if !log.records.iter().any(|r| r.duration_us.is_some()) => {
+                not_replayed.push((
+                    rule.name.clone(),
+                    "concurrency rule: the log records no duration_us (record it with the \
+                     format weir-check log-format prints)"
+                        .to_string(),
+                ))
+            }
+            Treatment::InFlight => {}
             Treatment::Central => central.push(rule.name.clone()),
             Treatment::NotReplayed(why) => not_replayed.push((rule.name.clone(), why.to_string())),
         }
+    }
+    if not_replayed.len() == config.rules.len() {
+        // Nothing to replay: a config needs a rule.
+        return Ok(Report {
+            requests: log.records.len() as u64,
+            bucket_us: options.bucket_us.get(),
+            bad_lines: log.bad_lines.clone(),
+            not_replayed,
+            ..Report::default()
+        });
     }
     let config = if not_replayed.is_empty() && central.is_empty() {
         config
@@ -495,10 +549,13 @@ pub fn replay_with(candidate_json: &[u8], log: &Log, options: &Options) -> Resul
         .map(|rule| Tally::new(rule, bucket_us))
         .collect();
     let mut decisions = BTreeMap::new();
+    let mut in_flight = InFlight::default();
     for record in order {
         let now_us = record.at_us();
+        in_flight.end_until(&engine, &store, &mut worker, now_us);
         let mut facts = Facts::new(&engine.config.facts, record);
         let eval = engine.evaluate(&store, &mut worker, seed, &mut facts, Micros(now_us));
+        in_flight.hold(&engine, record, &eval.commits);
         let mut decided = Vec::new();
         for report in &eval.reports {
             let replayed = match report.outcome {
@@ -514,8 +571,17 @@ pub fn replay_with(candidate_json: &[u8], log: &Log, options: &Options) -> Resul
         }
         decisions.insert(record.id, decided);
     }
+    let without_duration = if in_flight.held {
+        log.records
+            .iter()
+            .filter(|r| r.duration_us.is_none())
+            .count() as u64
+    } else {
+        0
+    };
     Ok(Report {
         requests: log.records.len() as u64,
+        without_duration,
         bucket_us,
         bad_lines: log.bad_lines.clone(),
         rules: tallies
@@ -526,6 +592,69 @@ pub fn replay_with(candidate_json: &[u8], log: &Log, options: &Options) -> Resul
         central,
         decisions,
     })
+}
+
+/// The places of concurrency rules held by replayed requests, by the instant their
+/// stream ended.
+#[derive(Default)]
+struct InFlight {
+    /// (end µs, record, the place): given back in end order.
+    ends: std::collections::BinaryHeap<std::cmp::Reverse<(u64, RecordId, usize)>>,
+    places: Vec<Option<PendingCommit>>,
+    /// Whether any request held a place.
+    held: bool,
+    /// The last tick (µs): places are re-counted once per second of the log, as the
+    /// filter's tick does, so that a request longer than an epoch keeps its place.
+    ticked_us: u64,
+}
+
+impl InFlight {
+    /// The places `record`'s admission took (its concurrency rules' commits).
+    fn hold(&mut self, engine: &Engine, record: &Record, commits: &[PendingCommit]) {
+        for commit in commits {
+            let concurrency = engine
+                .config
+                .rule(commit.rule)
+                .is_some_and(|r| matches!(r.scope, Scope::Concurrency(_)));
+            if concurrency {
+                let at = self.places.len();
+                self.places.push(Some(commit.clone()));
+                self.ends
+                    .push(std::cmp::Reverse((record.end_us(), record.id, at)));
+                self.held = true;
+            }
+        }
+    }
+
+    /// Gives back every place whose stream ended by `now_us` (a request ending at the
+    /// instant another is decided ends first), at the instant it ended.
+    fn end_until(
+        &mut self,
+        engine: &Engine,
+        store: &MemoryStore,
+        worker: &mut Worker,
+        now_us: u64,
+    ) {
+        while let Some(std::cmp::Reverse((end_us, _, at))) = self.ends.peek().copied() {
+            if end_us > now_us {
+                break;
+            }
+            self.ends.pop();
+            self.tick(engine, store, worker, end_us);
+            if let Some(commit) = self.places.get_mut(at).and_then(Option::take) {
+                // The in-memory store does not fail.
+                let _ = engine.end_in_flight(store, worker, &commit, Micros(end_us));
+            }
+        }
+        self.tick(engine, store, worker, now_us);
+    }
+
+    fn tick(&mut self, engine: &Engine, store: &MemoryStore, worker: &mut Worker, now_us: u64) {
+        if self.held && now_us >= self.ticked_us.saturating_add(1_000_000) {
+            engine.tend_places(store, worker, Micros(now_us));
+            self.ticked_us = now_us;
+        }
+    }
 }
 
 /// Refuses a candidate that reads a fact the log holds hashed ([`crate::log_hash`]) in a

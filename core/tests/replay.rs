@@ -255,6 +255,89 @@ fn a_global_rule_is_replayed_as_one_central_limiter() {
     );
 }
 
+/// A request of `user` that started at `start_us` and lasted `duration_us` (`None`: not
+/// logged), decided `decided_after_us` after its start (weir's logged decision, of a
+/// rule the candidate does not have).
+fn timed(user: &str, start_us: u64, duration_us: Option<u64>) -> String {
+    let duration = duration_us.map_or("null".to_string(), |d| d.to_string());
+    let decided = start_us + 20;
+    format!(
+        r#"{{"start_us":"{start_us}","duration_us":{duration},"decisions":"other:allowed:slot:1:{decided}","headers":{{"x-user":"{user}"}}}}"#
+    )
+}
+
+const ONE_IN_FLIGHT: &str = r#"{"rules":[{"name":"in-flight","key":[{"header":"x-user"}],
+    "limit":{"algorithm":"concurrency","max_in_flight":1}}]}"#;
+
+#[test]
+fn a_concurrency_rule_holds_a_place_from_its_decision_to_its_end() {
+    let log = [
+        // a: one place from 1.00002 s to 1.1 s; `b` is another key.
+        timed("a", 1_000_000, Some(100_000)),
+        timed("b", 1_010_000, Some(500_000)),
+        timed("a", 1_050_000, Some(10)),
+        // Decided at 1.1 s, when the first ends: it ends first.
+        timed("a", 1_099_980, Some(100_000)),
+        timed("a", 1_150_000, Some(1_000)),
+        // Ten seconds, beyond the places' two epochs: still held at 11 s.
+        timed("a", 2_000_000, Some(10_000_000)),
+        timed("a", 11_000_000, Some(1_000)),
+        timed("a", 12_000_100, Some(1_000)),
+    ]
+    .join("\n");
+    let report = replay::replay(ONE_IN_FLIGHT.as_bytes(), &replay::parse_log(&log), &SEED).unwrap();
+    assert!(report.not_replayed.is_empty(), "{:?}", report.not_replayed);
+    assert_eq!(
+        outcomes(&report, "in-flight"),
+        ["allowed", "allowed", "limited", "allowed", "limited", "allowed", "limited", "allowed"]
+    );
+    assert_eq!(report.without_duration, 0);
+    // A second place per key admits what the first refused.
+    let two = ONE_IN_FLIGHT.replace(r#""max_in_flight":1"#, r#""max_in_flight":2"#);
+    let report = replay::replay(two.as_bytes(), &replay::parse_log(&log), &SEED).unwrap();
+    assert_eq!(report.rules[0].limited, 0);
+}
+
+#[test]
+fn a_request_without_a_duration_holds_no_place_and_is_counted() {
+    let log = [
+        timed("a", 1_000_000, None),
+        timed("a", 1_000_100, Some(1_000)),
+        timed("a", 1_000_200, Some(1_000)),
+    ]
+    .join("\n");
+    let report = replay::replay(ONE_IN_FLIGHT.as_bytes(), &replay::parse_log(&log), &SEED).unwrap();
+    assert_eq!(
+        outcomes(&report, "in-flight"),
+        ["allowed", "allowed", "limited"]
+    );
+    assert_eq!(report.without_duration, 1);
+}
+
+#[test]
+fn adaptive_concurrency_and_logs_without_durations_are_not_replayed() {
+    let adaptive = r#"{"rules":[{"name":"adaptive","key":[{"header":"x-user"}],
+        "limit":{"algorithm":"concurrency","max_in_flight":8,
+                 "adaptive":{"latency":"p90","interval":"500ms"}}}]}"#;
+    let log = replay::parse_log(&timed("a", 1_000_000, Some(1)));
+    let report = replay::replay(adaptive.as_bytes(), &log, &SEED).unwrap();
+    assert_eq!(report.not_replayed[0].0, "adaptive");
+    assert!(report.not_replayed[0]
+        .1
+        .starts_with("adaptive concurrency rule: its limit follows"));
+    let old = replay::parse_log(&line("a", 1_000_000));
+    let report = replay::replay(ONE_IN_FLIGHT.as_bytes(), &old, &SEED).unwrap();
+    assert_eq!(
+        report.not_replayed,
+        [(
+            "in-flight".to_string(),
+            "concurrency rule: the log records no duration_us (record it with the format \
+             weir-check log-format prints)"
+                .to_string()
+        )]
+    );
+}
+
 #[test]
 fn concurrency_and_delaying_rules_are_named_not_replayed_and_the_others_are() {
     let candidate = r#"{"rules":[
@@ -315,6 +398,7 @@ fn cli_log_format_records_the_facts_the_rules_read() {
         format,
         serde_json::json!({
             "start_us": "%START_TIME(%s%6f)%",
+            "duration_us": "%COMMON_DURATION(DS_RX_BEG:DS_TX_END:us)%",
             "status": "%RESPONSE_CODE%",
             "decisions": "%FILTER_STATE(wasm.weir.decisions:PLAIN)%",
             "headers": { ":path": "%REQ(:PATH)%", "x-user": "%REQ(x-user)%" },

@@ -412,6 +412,7 @@ fn report_json(
         "requests": report.requests,
         "logs": logs,
         "bucket_us": report.bucket_us,
+        "without_duration": report.without_duration,
         "bad_lines": report.bad_lines.iter().map(|b| json!({"log": log_name(logs, b.log), "line": b.line, "error": b.error})).collect::<Vec<_>>(),
         "not_replayed": report.not_replayed.iter().map(|(r, why)| json!({"rule": r, "why": why})).collect::<Vec<_>>(),
         "central": report.central,
@@ -470,6 +471,12 @@ fn report_text(
     }
     for (rule, why) in &report.not_replayed {
         out += &format!("rule {rule}: {why}\n");
+    }
+    if report.without_duration > 0 {
+        out += &format!(
+            "{} requests have no duration_us: they held no place of a concurrency rule\n",
+            report.without_duration
+        );
     }
     if let Some(against) = against {
         for (rule, limited) in &against.dropped {
