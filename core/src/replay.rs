@@ -46,11 +46,13 @@
 //! leases converge to: the rule becomes local with the configured limit, without
 //! reservoirs (every request decides in the one store), listed in
 //! [`Report::central`]. That predicts what the quota allows across the traffic the log
-//! holds: replay the logs of every Envoy together for the fleet's. It cannot predict
-//! the served decisions exactly: leases, reservations and cached denials decide ahead
-//! of Redis, a GCRA rule with leases runs its burst reduced in Redis, and the bridge's
-//! failure mode decided while it was down. A `sliding_log` rule (Redis only) is not
-//! replayed.
+//! holds: replay the logs of every Envoy together ([`Log::merge`]) for the fleet's.
+//! With exact calls it predicted every served decision of two Envoys in
+//! tests/tests/replay.rs; it cannot predict what leases, reservations and cached
+//! denials decide ahead of Redis, a GCRA rule with leases (its burst runs reduced in
+//! Redis), or what the bridge's failure mode decided while it was down
+//! (docs/operations.md gives the figures measured). A `sliding_log` rule (Redis only)
+//! is not replayed.
 //!
 //! **Concurrency rules** with a fixed `max_in_flight` hold a place from the instant a
 //! request was decided until [`Record::end_us`] (its start + `duration_us`).

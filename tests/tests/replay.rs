@@ -12,7 +12,10 @@ use weir_core::key::Seed;
 use weir_core::log_hash::{LogPlan, Salt};
 use weir_core::replay::{self, Record, RecordId, Replayed, Report};
 use weir_e2e::decisions::with_decisions;
-use weir_e2e::{wasm_filter_yaml, weir_wasm, Bootstrap, Client, Envoy, KneeUpstream, Request};
+use weir_e2e::{
+    bridge_cluster_yaml, wasm_filter_yaml, weir_wasm, Bootstrap, Bridge, Client, Envoy,
+    KneeUpstream, RedisCluster, Request,
+};
 
 /// A local per-user rule: 10 per second, a burst of 5, reservoirs on (the default).
 const SERVED: &str = r#"{"rules":[{"name":"per-user","key":[{"header":"x-user"}],
@@ -411,4 +414,119 @@ fn a_concurrency_rule_replayed_from_start_and_duration() {
     // The filter gives a place back as the response ends; the log's end is the last
     // byte sent, a few µs later: a request decided in between may differ.
     assert!(off.len() * 100 <= records.len(), "{off:#?}");
+}
+
+const BRIDGE: &str = r#""bridge":{"cluster":"weir_bridge","timeout":"500ms"}"#;
+
+/// A global per-user rule, 30 a second; `global` as given (`{}`: exact calls).
+fn global_rule(global: &str) -> String {
+    format!(
+        r#"{{{BRIDGE},"rules":[{{"name":"per-user","scope":"global","key":[{{"header":"x-user"}}],
+        "global":{global},
+        "limit":{{"algorithm":"fixed_window","limit":30,"window":"1s"}}}}]}}"#
+    )
+}
+
+/// Two Envoys (two workers each) sharing `config`'s global rule through weir-bridge and
+/// a Redis Cluster, each offered [`USERS`]' traffic: their two logs, parsed and merged.
+fn record_fleet(config: &str) -> replay::Log {
+    let served = with_decisions(config);
+    let compiled = config::parse(served.as_bytes()).unwrap();
+    let (format, _) = replay::log_format(&compiled);
+    let dir = tempfile::tempdir().unwrap();
+    let redis = RedisCluster::start(3, 1);
+    let bridge = Bridge::start(&redis, &[]);
+    let paths: Vec<_> = (0..2)
+        .map(|i| dir.path().join(format!("envoy-{i}.jsonl")))
+        .collect();
+    let envoys: Vec<Envoy> = paths
+        .iter()
+        .map(|path| {
+            let bootstrap = Bootstrap::new()
+                .http_filter(wasm_filter_yaml(&served, &weir_wasm()))
+                .cluster(bridge_cluster_yaml(bridge.port))
+                .access_log_json(path, &format);
+            Envoy::start(&bootstrap, 2)
+        })
+        .collect();
+    let sent: Vec<usize> = thread::scope(|s| {
+        let handles: Vec<_> = envoys
+            .iter()
+            .map(|e| s.spawn(move || offer(e.http_port, 2)))
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let logs: Vec<replay::Log> = paths
+        .iter()
+        .zip(&sent)
+        .map(|(path, &sent)| {
+            let log = replay::parse_log(&read_log(path, sent));
+            assert!(log.bad_lines.is_empty(), "{:?}", log.bad_lines);
+            assert_eq!(log.records.len(), sent, "every request logged once");
+            log
+        })
+        .collect();
+    drop(envoys);
+    drop(bridge);
+    drop(redis);
+    replay::Log::merge(logs)
+}
+
+/// What a central replay of two Envoys' logs predicts of a global rule they shared:
+/// how many served decisions it agrees with, exact calls and leases.
+#[test]
+fn two_envoys_sharing_a_global_rule_replayed_as_one_central_limiter() {
+    for (name, global, least_agreement) in [
+        ("exact calls", "{}", 0.95),
+        (
+            "leases of up to 10",
+            r#"{"lease":{"max":10,"ttl":"1s"},"expected_instances":2}"#,
+            0.80,
+        ),
+    ] {
+        let config = global_rule(global);
+        let log = record_fleet(&config);
+        let records = &log.records;
+        let served = served_outcomes(records);
+        let other: Vec<&String> = served
+            .values()
+            .filter(|o| *o != "allowed" && *o != "limited")
+            .collect();
+        assert!(other.is_empty(), "{name}: bridge failures: {other:?}");
+        let served_limited = served.values().filter(|o| *o == "limited").count();
+        let report = replay::replay(config.as_bytes(), &log, &Seed([7; 16])).unwrap();
+        assert_eq!(report.central, ["per-user"]);
+        let off = mismatches(&report, records, &served);
+        let rule = &report.rules[0];
+        let by_user = |report: &Report| limited_by_user(report, records);
+        let mut served_by_user: BTreeMap<String, u64> = BTreeMap::new();
+        for r in records {
+            let limited = served[&r.id] == "limited";
+            *served_by_user
+                .entry(r.headers["x-user"].clone())
+                .or_default() += u64::from(limited);
+        }
+        eprintln!(
+            "global, {name}: {} of {} served decisions agree with the central replay \
+             ({} newly limited, {} newly allowed); limited: served {served_limited}, \
+             replay {}; by user: served {served_by_user:?}, replay {:?}",
+            records.len() - off.len(),
+            records.len(),
+            rule.newly_limited,
+            rule.newly_allowed,
+            rule.limited,
+            by_user(&report),
+        );
+        assert!(
+            served_limited > 50,
+            "{name}: the rule limited too little to test"
+        );
+        let agreed = (records.len() - off.len()) as f64 / records.len() as f64;
+        assert!(agreed >= least_agreement, "{name}: {agreed:.3}: {off:#?}");
+        // Whatever the leases did request by request, the users under the limit are
+        // never limited centrally, and the heavy user most.
+        let central = by_user(&report);
+        assert_eq!(central["light"] + central["steady"], 0, "{central:?}");
+        assert!(central["heavy"] > central["busy"], "{central:?}");
+    }
 }
