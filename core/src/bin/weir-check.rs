@@ -13,9 +13,11 @@
 //! Exit status: 0 valid (with or without warnings), 1 invalid (or unreadable), 2 bad usage.
 //!
 //! `weir-check log-format FILE` prints the Envoy access-log `json_format` that records
-//! what FILE's rules read, and `weir-check replay --config CANDIDATE --log LOG
-//! [--served SERVED] [--json]` replays a recorded log through a candidate config
-//! (`weir_core::replay`; docs/operations.md, "Before you roll out a limit").
+//! what FILE's rules read, `weir-check log-hash` hashes such a log's values
+//! (`weir_core::log_hash`), and `weir-check replay --config CANDIDATE --log LOG...
+//! [--served SERVED] [--bucket DURATION] [--json]` replays recorded logs through a
+//! candidate config (`weir_core::replay`; docs/operations.md, "Before you roll out a
+//! limit").
 
 use std::io::{Read, Write};
 use std::process::ExitCode;
@@ -39,7 +41,8 @@ Checks a weir plugin configuration (the JSON given to the filter as its
 Warnings go to stderr and do not change the exit status.
 
 log-format prints the access-log json_format (JSON) that records the facts
-FILE's rules read, weir's decisions, the status and the start time.
+FILE's rules read, weir's decisions, the status, the start time and the
+duration (for concurrency rules).
 
 replay runs CANDIDATE over LOG (lines of that format) in time order, as one
 single-worker Envoy, and prints per rule: requests matched, allowed, limited,
