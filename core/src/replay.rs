@@ -57,8 +57,13 @@
 //! **Concurrency rules** with a fixed `max_in_flight` hold a place from the instant a
 //! request was decided until [`Record::end_us`] (its start + `duration_us`).
 //!
-//! **Not replayed (yet):** adaptive concurrency rules, rules that delay
-//! (`on_limit.delay`) and `sliding_log` global rules. They are left out of the candidate (listed in
+//! **Delaying rules** (`on_limit.delay`) hold a request as the filter does (in the
+//! worker's queue of the rule, at most `queue`) and release it when it is due; the
+//! report counts the requests delayed and their waits. A request the served Envoy held
+//! (`delay_ms` logged) is replayed from its start, not its decision (logged at its
+//! release): by some µs, close to a slot, it can come out the other way.
+//!
+//! **Not replayed (yet):** adaptive concurrency rules and `sliding_log` global rules. They are left out of the candidate (listed in
 //! [`Report::not_replayed`]) and the other rules are replayed as if they had allowed
 //! every request.
 //!
@@ -70,7 +75,7 @@ use std::num::NonZeroU64;
 use serde_json::{Map, Value};
 
 use crate::config::{self, Config};
-use crate::engine::{Engine, PendingCommit, RuleOutcome};
+use crate::engine::{Engine, Evaluation, PendingCommit, RuleOutcome};
 use crate::key::{encode_part, Seed};
 use crate::log_hash::{self, Form, Read};
 use crate::rules::{Fact, FactId, FactSource, Facts, Rule, Scope};
@@ -121,6 +126,8 @@ pub fn log_format(config: &Config) -> (Value, Vec<String>) {
         "%COMMON_DURATION(DS_RX_BEG:DS_TX_END:us)%".into(),
     );
     format.insert("status".into(), "%RESPONSE_CODE%".into());
+    // A held request's decision is logged at its release: this says it was held.
+    format.insert("delay_ms".into(), "%RESP(x-weir-delay-ms)%".into());
     format.insert(
         "decisions".into(),
         Value::String(format!("%FILTER_STATE({DECISIONS_FILTER_STATE}:PLAIN)%")),
@@ -179,6 +186,8 @@ pub struct Record {
     /// From its start until its last byte was sent downstream (µs); `None` when the
     /// log does not record it or Envoy had no such instant (a stream reset early).
     pub duration_us: Option<u64>,
+    /// How long a delaying rule held it (`x-weir-delay-ms` of its response), if one did.
+    pub delay_ms: Option<u64>,
     pub status: Option<u16>,
     pub decisions: Vec<LoggedDecision>,
     pub headers: BTreeMap<String, String>,
@@ -186,9 +195,14 @@ pub struct Record {
 }
 
 impl Record {
-    /// The instant the replay decides this request at: weir's own, when it decided.
+    /// The instant the replay decides this request at: weir's own, when it decided;
+    /// its start when it was not decided, or was held (its decision is logged at its
+    /// release, and when it arrived is not logged to the µs).
     pub fn at_us(&self) -> u64 {
-        self.decisions.first().map_or(self.start_us, |d| d.at_us)
+        match (self.delay_ms, self.decisions.first()) {
+            (None, Some(first)) => first.at_us,
+            _ => self.start_us,
+        }
     }
 
     /// The instant its stream ended, as the replay gives a concurrency rule's place
@@ -283,6 +297,7 @@ pub fn parse_record(line: usize, text: &str) -> Result<Record, String> {
         id: RecordId::new(0, line),
         start_us,
         duration_us: object.get("duration_us").and_then(number),
+        delay_ms: object.get("delay_ms").and_then(number),
         status,
         decisions,
         headers: strings(object.get("headers"), "headers")?,
@@ -389,6 +404,10 @@ pub struct RuleFigures {
     pub allowed: u64,
     pub limited: u64,
     pub shadow_limited: u64,
+    /// Of the allowed, requests this (delaying) rule held first, and their waits summed
+    /// (µs).
+    pub delayed: u64,
+    pub delayed_us: u64,
     /// Keys by requests limited (shadow included), most first, at most [`TOP_KEYS`].
     pub top_keys: Vec<(String, u64)>,
     /// Requests limited (shadow included) per bucket of [`Options::bucket_us`], by the
@@ -435,11 +454,6 @@ enum Treatment {
 }
 
 fn treatment(rule: &Rule) -> Treatment {
-    if rule.delay.is_some() {
-        // A held request is logged at its release, and the replay would have to release
-        // it in time among the others: not done yet.
-        return Treatment::NotReplayed("on_limit.delay: held requests are not replayed yet");
-    }
     match &rule.scope {
         Scope::Local(_) => Treatment::AsIs,
         Scope::Global(_) if rule.algorithm_name() == "sliding_log" => {
@@ -547,32 +561,41 @@ pub fn replay_with(candidate_json: &[u8], log: &Log, options: &Options) -> Resul
     order.sort_by_key(|r| (r.at_us(), r.id));
 
     let bucket_us = options.bucket_us.get();
-    let mut tallies: Vec<Tally> = (engine.config.rules.iter())
+    let tallies: Vec<Tally> = (engine.config.rules.iter())
         .map(|rule| Tally::new(rule, bucket_us))
         .collect();
-    let mut decisions = BTreeMap::new();
-    let mut in_flight = InFlight::default();
-    for record in order {
-        let now_us = record.at_us();
-        in_flight.end_until(&engine, &store, &mut worker, now_us);
-        let mut facts = Facts::new(&engine.config.facts, record);
-        let eval = engine.evaluate(&store, &mut worker, seed, &mut facts, Micros(now_us));
-        in_flight.hold(&engine, record, &eval.commits);
-        let mut decided = Vec::new();
-        for report in &eval.reports {
-            let replayed = match report.outcome {
-                RuleOutcome::Allowed => Replayed::Allowed,
-                RuleOutcome::Limited => Replayed::Limited,
-                RuleOutcome::ShadowLimited => Replayed::ShadowLimited,
-                _ => continue,
-            };
-            if let Some(tally) = tallies.get_mut(report.rule.index()) {
-                tally.count(record, replayed, &mut facts, now_us);
-                decided.push((tally.rule.name.clone(), replayed));
+    let mut run = Run {
+        engine: &engine,
+        store: &store,
+        worker: &mut worker,
+        seed,
+        tallies,
+        decisions: BTreeMap::new(),
+        in_flight: InFlight::default(),
+        held: BTreeMap::new(),
+    };
+    // Arrivals in time order, and held requests released when due (a release due at the
+    // instant of an arrival comes first, as the filter's tick runs before it).
+    let mut arrivals = order.into_iter().enumerate().peekable();
+    loop {
+        let due = run.held.keys().next().map(|&(due_us, _)| due_us);
+        match (arrivals.peek().map(|(_, r)| r.at_us()), due) {
+            (None, None) => break,
+            (Some(arrival), Some(due)) if due <= arrival => run.release(due),
+            (None, Some(due)) => run.release(due),
+            _ => {
+                if let Some((at, record)) = arrivals.next() {
+                    run.arrive(u32::try_from(at).unwrap_or(u32::MAX), record);
+                }
             }
         }
-        decisions.insert(record.id, decided);
     }
+    let Run {
+        tallies,
+        decisions,
+        in_flight,
+        ..
+    } = run;
     let without_duration = if in_flight.held {
         log.records
             .iter()
@@ -594,6 +617,94 @@ pub fn replay_with(candidate_json: &[u8], log: &Log, options: &Options) -> Resul
         central,
         decisions,
     })
+}
+
+/// One replay under way: the engine's state, what each rule counted, and the requests
+/// a delaying rule holds.
+struct Run<'e, 'l> {
+    engine: &'e Engine,
+    store: &'e MemoryStore,
+    worker: &'e mut Worker,
+    seed: &'e Seed,
+    tallies: Vec<Tally<'e>>,
+    decisions: BTreeMap<RecordId, Vec<(String, Replayed)>>,
+    in_flight: InFlight,
+    /// Held requests by (due µs, context): the record and its evaluation.
+    held: BTreeMap<(u64, u32), (&'l Record, Evaluation)>,
+}
+
+impl<'l> Run<'_, 'l> {
+    /// `record` arrives (`context`: its place in time order, as the filter's context id).
+    fn arrive(&mut self, context: u32, record: &'l Record) {
+        self.decide(context, record, None, record.at_us());
+    }
+
+    /// Releases every held request due by `now_us`, at `now_us`.
+    fn release(&mut self, now_us: u64) {
+        // The worker's queue gives them up as the filter's tick takes them: in the order
+        // of `held`, (due, context). Every call releases at least one (the loop's next).
+        let _ = self.worker.waiting.take_due(now_us);
+        let due: Vec<(u64, u32)> = self
+            .held
+            .range(..=(now_us, u32::MAX))
+            .map(|(k, _)| *k)
+            .collect();
+        for key in due {
+            if let Some((record, eval)) = self.held.remove(&key) {
+                self.decide(key.1, record, Some(eval), now_us);
+            }
+        }
+    }
+
+    /// Decides `record` at `now_us`: evaluated on arrival, or released (`held`).
+    fn decide(&mut self, context: u32, record: &'l Record, held: Option<Evaluation>, now_us: u64) {
+        let (engine, store, seed) = (self.engine, self.store, self.seed);
+        self.in_flight.end_until(engine, store, self.worker, now_us);
+        let mut facts = Facts::new(&engine.config.facts, record);
+        let now = Micros(now_us);
+        let eval = match held {
+            None => engine.evaluate(store, self.worker, seed, &mut facts, now),
+            Some(mut eval) => {
+                engine.release(&mut eval, store, self.worker, seed, &mut facts, now);
+                eval
+            }
+        };
+        self.decided(context, record, eval, now_us);
+    }
+
+    /// The engine decided `record` at `now_us`, or holds it.
+    fn decided(&mut self, context: u32, record: &'l Record, mut eval: Evaluation, now_us: u64) {
+        if let Some(held) = &eval.held {
+            let due_us = held.hold.due_us;
+            if self.worker.waiting.hold(context, held.rule, due_us) {
+                self.held.insert((due_us, context), (record, eval));
+                return;
+            }
+            // As the filter: no room (never expected) denies it.
+            eval.deny_held(Micros(now_us));
+        }
+        self.in_flight.hold(self.engine, record, &eval.commits);
+        let mut facts = Facts::new(&self.engine.config.facts, record);
+        let mut decided = Vec::new();
+        for report in &eval.reports {
+            let replayed = match report.outcome {
+                RuleOutcome::Allowed => Replayed::Allowed,
+                RuleOutcome::Limited => Replayed::Limited,
+                RuleOutcome::ShadowLimited => Replayed::ShadowLimited,
+                _ => continue,
+            };
+            if let Some(tally) = self.tallies.get_mut(report.rule.index()) {
+                let delayed = eval.delayed.as_ref().filter(|d| d.rule == report.rule);
+                tally.count(record, replayed, &mut facts, now_us);
+                if let Some(delayed) = delayed.filter(|_| replayed == Replayed::Allowed) {
+                    tally.figures.delayed += 1;
+                    tally.figures.delayed_us += delayed.waited.us();
+                }
+                decided.push((tally.rule.name.clone(), replayed));
+            }
+        }
+        self.decisions.insert(record.id, decided);
+    }
 }
 
 /// The places of concurrency rules held by replayed requests, by the instant their

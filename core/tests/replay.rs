@@ -339,13 +339,11 @@ fn adaptive_concurrency_and_logs_without_durations_are_not_replayed() {
 }
 
 #[test]
-fn concurrency_and_delaying_rules_are_named_not_replayed_and_the_others_are() {
+fn a_rule_not_replayed_is_named_and_the_others_are_replayed() {
+    // No duration_us in the log: the concurrency rule cannot be replayed.
     let candidate = r#"{"rules":[
         {"name":"in-flight","key":[{"header":"x-user"}],
          "limit":{"algorithm":"concurrency","max_in_flight":1}},
-        {"name":"held","key":[{"header":"x-user"}],
-         "limit":{"algorithm":"gcra","rate":1,"period":"1h","burst":0},
-         "on_limit":{"delay":{"max":"1s"}}},
         {"name":"per-user","key":[{"header":"x-user"}],
          "limit":{"algorithm":"fixed_window","limit":1,"window":"1h"}}]}"#;
     let log = [line("a", 1_000_000), line("a", 1_000_001)].join("\n");
@@ -355,8 +353,86 @@ fn concurrency_and_delaying_rules_are_named_not_replayed_and_the_others_are() {
         .iter()
         .map(|(n, _)| n.as_str())
         .collect();
-    assert_eq!(names, ["in-flight", "held"]);
+    assert_eq!(names, ["in-flight"]);
     assert_eq!(outcomes(&report, "per-user"), ["allowed", "limited"]);
+}
+
+/// One request per 100 ms per user, none in a burst; a request that would be limited
+/// waits up to `max` for its slot, at most `queue` at once.
+fn delaying(max: &str, queue: u32) -> String {
+    format!(
+        r#"{{"rules":[
+        {{"name":"held","key":[{{"header":"x-user"}}],
+         "limit":{{"algorithm":"gcra","rate":10,"period":"1s","burst":0}},
+         "on_limit":{{"delay":{{"max":"{max}","queue":{queue}}}}}}},
+        {{"name":"per-user","key":[{{"header":"x-user"}}],
+         "limit":{{"algorithm":"fixed_window","limit":3,"window":"1h"}}}}]}}"#
+    )
+}
+
+#[test]
+fn a_delaying_rule_holds_requests_and_releases_them_when_due() {
+    // Four requests of `a` within 30 µs, then one at 1.15 s.
+    let at = [1_000_000, 1_000_010, 1_000_020, 1_000_030, 1_150_000];
+    let log: Vec<String> = at.iter().map(|&t| line("a", t)).collect();
+    let log = replay::parse_log(&log.join("\n"));
+    let report = replay::replay(delaying("1s", 8).as_bytes(), &log, &SEED).unwrap();
+    assert!(report.not_replayed.is_empty(), "{:?}", report.not_replayed);
+    let held = &report.rules[0];
+    // A held request is counted as if released `RELEASE_SLACK_US` (2 ms) late, so each
+    // next slot is 102 ms on: released at 1.1, 1.202, 1.304 s; the one of 1.15 s at
+    // 1.406 s.
+    assert_eq!(weir_core::delay::RELEASE_SLACK_US, 2_000);
+    assert_eq!((held.allowed, held.delayed, held.limited), (5, 4, 0));
+    assert_eq!(
+        held.delayed_us,
+        (100_000 - 10) + (202_000 - 20) + (304_000 - 30) + 256_000
+    );
+    // The rule after it decides at the release, in release order: 3 an hour.
+    let mut by_line: Vec<(usize, &str)> = report
+        .decisions
+        .iter()
+        .filter_map(|(id, d)| {
+            let (_, o) = d.iter().find(|(r, _)| r == "per-user")?;
+            Some((id.line, o.name()))
+        })
+        .collect();
+    by_line.sort();
+    assert_eq!(
+        by_line,
+        [
+            (1, "allowed"),
+            (2, "allowed"),
+            (3, "allowed"),
+            (4, "limited"),
+            (5, "limited")
+        ]
+    );
+    // A shorter max: only what fits within 150 ms waits, the rest is limited.
+    let report = replay::replay(delaying("150ms", 8).as_bytes(), &log, &SEED).unwrap();
+    assert_eq!(
+        outcomes(&report, "held")[..4],
+        ["allowed", "allowed", "limited", "limited"]
+    );
+    assert_eq!(report.rules[0].delayed, 2);
+    // A queue of one: a second request waiting at once is limited.
+    let report = replay::replay(delaying("1s", 1).as_bytes(), &log, &SEED).unwrap();
+    assert_eq!(
+        outcomes(&report, "held")[..3],
+        ["allowed", "allowed", "limited"]
+    );
+}
+
+#[test]
+fn a_request_the_served_envoy_held_is_replayed_from_its_start() {
+    let held = r#"{"start_us":"1000000","delay_ms":"100","decisions":"held:allowed:slot:1:1100000","headers":{"x-user":"a"}}"#;
+    let record = replay::parse_record(1, held).unwrap();
+    assert_eq!((record.delay_ms, record.at_us()), (Some(100), 1_000_000));
+    let not_held = held.replace(r#""delay_ms":"100","#, "");
+    assert_eq!(
+        replay::parse_record(1, &not_held).unwrap().at_us(),
+        1_100_000
+    );
 }
 
 /// Runs `weir-check ARGS`: exit status, stdout, stderr.
@@ -400,6 +476,7 @@ fn cli_log_format_records_the_facts_the_rules_read() {
             "start_us": "%START_TIME(%s%6f)%",
             "duration_us": "%COMMON_DURATION(DS_RX_BEG:DS_TX_END:us)%",
             "status": "%RESPONSE_CODE%",
+            "delay_ms": "%RESP(x-weir-delay-ms)%",
             "decisions": "%FILTER_STATE(wasm.weir.decisions:PLAIN)%",
             "headers": { ":path": "%REQ(:PATH)%", "x-user": "%REQ(x-user)%" },
             "attributes": { "source.address": "%DOWNSTREAM_REMOTE_ADDRESS%" },

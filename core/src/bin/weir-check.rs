@@ -396,6 +396,8 @@ fn report_json(
                 "allowed": r.allowed,
                 "limited": r.limited,
                 "shadow_limited": r.shadow_limited,
+                "delayed": r.delayed,
+                "delayed_us": r.delayed_us,
                 "top_keys": r.top_keys.iter().map(|(k, n)| json!({"key": k, "limited": n})).collect::<Vec<_>>(),
                 "limited_over_time": r.limited_over_time.iter().map(|(start, n)| json!({"start_us": start, "limited": n})).collect::<Vec<_>>(),
             });
@@ -511,6 +513,13 @@ fn report_text(
         );
         if r.shadow_limited > 0 {
             out += &format!(", {} shadow-limited", r.shadow_limited);
+        }
+        if r.delayed > 0 {
+            out += &format!(
+                " ({} of the allowed delayed, {} ms on average)",
+                r.delayed,
+                r.delayed_us / r.delayed / 1_000
+            );
         }
         out += "\n";
         if against.is_some() {
