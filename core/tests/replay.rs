@@ -408,6 +408,22 @@ fn a_delaying_rule_holds_requests_and_releases_them_when_due() {
             (5, "limited")
         ]
     );
+    // The command says so.
+    let config = file("delaying.json", &delaying("1s", 8));
+    let text: Vec<String> = at.iter().map(|&t| line("a", t)).collect();
+    let logged = file("delaying.jsonl", &text.join("\n"));
+    let (code, stdout, _) = weir_check(&[
+        "replay",
+        "--config",
+        config.to_str().unwrap(),
+        "--log",
+        logged.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0);
+    assert!(
+        stdout.contains("rule held: 5 matched, 5 allowed, 0 limited (4 of the allowed delayed, 215 ms on average)\n"),
+        "{stdout}"
+    );
     // A shorter max: only what fits within 150 ms waits, the rest is limited.
     let report = replay::replay(delaying("150ms", 8).as_bytes(), &log, &SEED).unwrap();
     assert_eq!(
