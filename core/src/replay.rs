@@ -3,13 +3,15 @@
 //!
 //! **The record.** One JSON object per line, written by Envoy's file access logger with
 //! the `json_format` that [`log_format`] builds from a config: the request's start
-//! (`start_us`, µs since the epoch), its status, weir's decisions (the filter state
-//! `wasm.weir.decisions`, `rule:outcome:source:cost:decided_at_us`, written when the
-//! plugin has `"response": {"filter_state": "all"}`), and every fact the config's rules
-//! read: request headers under `headers` (pseudo-headers included), Envoy attributes
-//! under `attributes` by dotted path. Values are the raw request values, or their keyed
-//! hashes in a log rewritten by `weir-check log-hash` ([`crate::log_hash`]): a
-//! candidate that reads a hashed fact in a way the hash does not keep is refused.
+//! (`start_us`, µs since the epoch) and duration (`duration_us`, for concurrency
+//! rules), its status, whether a delaying rule held it (`delay_ms`), weir's decisions
+//! (the filter state `wasm.weir.decisions`, `rule:outcome:source:cost:decided_at_us`,
+//! written when the plugin has `"response": {"filter_state": "all"}`), and every fact
+//! the config's rules read: request headers under `headers` (pseudo-headers included),
+//! Envoy attributes under `attributes` by dotted path. Values are the raw request
+//! values, or their keyed hashes in a log rewritten by `weir-check log-hash`
+//! ([`crate::log_hash`]): a candidate that reads a hashed fact in a way the hash does
+//! not keep is refused.
 //!
 //! **The replay.** Every line in time order through one [`Engine`] over one
 //! [`MemoryStore`] and one worker: a single-worker Envoy. Several Envoys' logs are
