@@ -97,7 +97,7 @@ fn is_plain(text: &str) -> bool {
         .any(|c| c.is_control() || c == '"' || c == '\\')
 }
 
-fn hex(bytes: &[u8]) -> String {
+pub(crate) fn hex(bytes: &[u8]) -> String {
     let mut out = String::with_capacity(bytes.len() * 2);
     for b in bytes {
         let _ = write!(out, "{b:02x}");

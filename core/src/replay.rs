@@ -3,15 +3,20 @@
 //!
 //! **The record.** One JSON object per line, written by Envoy's file access logger with
 //! the `json_format` that [`log_format`] builds from a config: the request's start
-//! (`start_us`, µs since the epoch), its status, weir's decisions (the filter state
-//! `wasm.weir.decisions`, `rule:outcome:source:cost:decided_at_us`, written when the
-//! plugin has `"response": {"filter_state": "all"}`), and every fact the config's rules
-//! read: request headers under `headers` (pseudo-headers included), Envoy attributes
-//! under `attributes` by dotted path. Values are the raw request values: a log of user
-//! ids is a log of user ids (hashing them is not done yet).
+//! (`start_us`, µs since the epoch) and duration (`duration_us`, for concurrency
+//! rules), its status, whether a delaying rule held it (`delay_ms`), weir's decisions
+//! (the filter state `wasm.weir.decisions`, `rule:outcome:source:cost:decided_at_us`,
+//! written when the plugin has `"response": {"filter_state": "all"}`), and every fact
+//! the config's rules read: request headers under `headers` (pseudo-headers included),
+//! Envoy attributes under `attributes` by dotted path. Values are the raw request
+//! values, or their keyed hashes in a log rewritten by `weir-check log-hash`
+//! ([`crate::log_hash`]): a candidate that reads a hashed fact in a way the hash does
+//! not keep is refused.
 //!
 //! **The replay.** Every line in time order through one [`Engine`] over one
-//! [`MemoryStore`] and one worker: a single-worker Envoy. A request's instant is the
+//! [`MemoryStore`] and one worker: a single-worker Envoy. Several Envoys' logs are
+//! replayed as one stream ([`Log::merge`]): ordered by time, equal times by log, then
+//! line. A request's instant is the
 //! one weir decided at when it logged a decision (the first), otherwise its start; so a
 //! local rule replayed with the config that served the traffic decides as it did, to
 //! the microsecond. An Envoy with several workers gave each its own reservoirs, and
@@ -21,7 +26,7 @@
 //!
 //! ```
 //! use weir_core::key::Seed;
-//! use weir_core::replay::{parse_log, replay, Replayed};
+//! use weir_core::replay::{parse_log, replay, RecordId, Replayed};
 //!
 //! // One request an hour per user; two requests of user `a`, one of `b`.
 //! let candidate = br#"{"rules":[{"name":"per-user","key":[{"header":"x-user"}],
@@ -35,36 +40,50 @@
 //! let rule = &report.rules[0];
 //! assert_eq!((rule.matched, rule.allowed, rule.limited), (3, 2, 1));
 //! assert_eq!(rule.top_keys, [("=a".to_string(), 1)]);
-//! assert_eq!(report.decisions[&2], [("per-user".to_string(), Replayed::Limited)]);
+//! let second = RecordId::new(0, 2);
+//! assert_eq!(report.decisions[&second], [("per-user".to_string(), Replayed::Limited)]);
 //! ```
 //!
 //! **Global rules** are replayed as one central limiter, which is what a fleet's
 //! leases converge to: the rule becomes local with the configured limit, without
 //! reservoirs (every request decides in the one store), listed in
 //! [`Report::central`]. That predicts what the quota allows across the traffic the log
-//! holds: replay the logs of every Envoy together for the fleet's. It cannot predict
-//! the served decisions exactly: leases, reservations and cached denials decide ahead
-//! of Redis, a GCRA rule with leases runs its burst reduced in Redis, and the bridge's
-//! failure mode decided while it was down. A `sliding_log` rule (Redis only) is not
-//! replayed.
+//! holds: replay the logs of every Envoy together ([`Log::merge`]) for the fleet's.
+//! With exact calls it predicted every served decision of two Envoys in
+//! tests/tests/replay.rs; it cannot predict what leases, reservations and cached
+//! denials decide ahead of Redis, a GCRA rule with leases (its burst runs reduced in
+//! Redis), or what the bridge's failure mode decided while it was down
+//! (docs/operations.md gives the figures measured). A `sliding_log` rule (Redis only)
+//! is not replayed.
 //!
-//! **Not replayed (yet):** concurrency rules, rules that delay (`on_limit.delay`) and
-//! `sliding_log` global rules. They are left out of the candidate (listed in
+//! **Concurrency rules** with a fixed `max_in_flight` hold a place from the instant a
+//! request was decided until [`Record::end_us`] (its start + `duration_us`).
+//!
+//! **Delaying rules** (`on_limit.delay`) hold a request as the filter does (in the
+//! worker's queue of the rule, at most `queue`) and release it when it is due; the
+//! report counts the requests delayed and their waits. A request the served Envoy held
+//! (`delay_ms` logged) is replayed from its start, not its decision (logged at its
+//! release): by some µs, close to a slot, it can come out the other way.
+//!
+//! **Not replayed (yet):** adaptive concurrency rules and `sliding_log` global rules. They are left out of the candidate (listed in
 //! [`Report::not_replayed`]) and the other rules are replayed as if they had allowed
 //! every request.
 //!
 //! A line that is not a record is counted and reported with its number, never fatal.
 
 use std::collections::BTreeMap;
+use std::num::NonZeroU64;
 
 use serde_json::{Map, Value};
 
 use crate::config::{self, Config};
-use crate::engine::{Engine, RuleOutcome};
+use crate::engine::{Engine, Evaluation, PendingCommit, RuleOutcome};
 use crate::key::{encode_part, Seed};
-use crate::rules::{Fact, FactSource, Facts, Rule, Scope};
+use crate::log_hash::{self, Form, Read};
+use crate::rules::{Fact, FactId, FactSource, Facts, Rule, Scope};
 use crate::store::memory::MemoryStore;
 use crate::time::Micros;
+use crate::worker::Worker;
 
 /// The filter state weir writes its decisions to.
 pub const DECISIONS_FILTER_STATE: &str = "wasm.weir.decisions";
@@ -102,7 +121,17 @@ pub fn log_format(config: &Config) -> (Value, Vec<String>) {
     }
     let mut format = Map::new();
     format.insert("start_us".into(), "%START_TIME(%s%6f)%".into());
+    // When a concurrency rule's place is given back, for its replay: from the first
+    // byte received to the last sent downstream (`START_TIME` is no endpoint of
+    // COMMON_DURATION); the filter gives the place back as the response passes it, a
+    // few µs before its last byte is sent.
+    format.insert(
+        "duration_us".into(),
+        "%COMMON_DURATION(DS_RX_BEG:DS_TX_END:us)%".into(),
+    );
     format.insert("status".into(), "%RESPONSE_CODE%".into());
+    // A held request's decision is logged at its release: this says it was held.
+    format.insert("delay_ms".into(), "%RESP(x-weir-delay-ms)%".into());
     format.insert(
         "decisions".into(),
         Value::String(format!("%FILTER_STATE({DECISIONS_FILTER_STATE}:PLAIN)%")),
@@ -139,12 +168,30 @@ pub struct LoggedDecision {
     pub at_us: u64,
 }
 
+/// Where a record was read: which log (0-based, in the order the logs were given to
+/// [`Log::merge`]; 0 for a single log) and which line of it (1-based).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct RecordId {
+    pub log: usize,
+    pub line: usize,
+}
+
+impl RecordId {
+    pub fn new(log: usize, line: usize) -> Self {
+        RecordId { log, line }
+    }
+}
+
 /// One request of the log.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Record {
-    /// 1-based, in the file.
-    pub line: usize,
+    pub id: RecordId,
     pub start_us: u64,
+    /// From its start until its last byte was sent downstream (µs); `None` when the
+    /// log does not record it or Envoy had no such instant (a stream reset early).
+    pub duration_us: Option<u64>,
+    /// How long a delaying rule held it (`x-weir-delay-ms` of its response), if one did.
+    pub delay_ms: Option<u64>,
     pub status: Option<u16>,
     pub decisions: Vec<LoggedDecision>,
     pub headers: BTreeMap<String, String>,
@@ -152,15 +199,30 @@ pub struct Record {
 }
 
 impl Record {
-    /// The instant the replay decides this request at: weir's own, when it decided.
+    /// The instant the replay decides this request at: weir's own, when it decided;
+    /// its start when it was not decided, or was held (its decision is logged at its
+    /// release, and when it arrived is not logged to the µs).
     pub fn at_us(&self) -> u64 {
-        self.decisions.first().map_or(self.start_us, |d| d.at_us)
+        match (self.delay_ms, self.decisions.first()) {
+            (None, Some(first)) => first.at_us,
+            _ => self.start_us,
+        }
+    }
+
+    /// The instant its stream ended, as the replay gives a concurrency rule's place
+    /// back: its start + duration, never before it was decided; without a duration,
+    /// the instant it was decided (it held no place).
+    pub fn end_us(&self) -> u64 {
+        let end = self.duration_us.map(|d| self.start_us.saturating_add(d));
+        end.unwrap_or(0).max(self.at_us())
     }
 }
 
 /// A line that is not a record.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BadLine {
+    /// Which log, as in [`RecordId::log`].
+    pub log: usize,
     pub line: usize,
     pub error: String,
 }
@@ -170,6 +232,29 @@ pub struct BadLine {
 pub struct Log {
     pub records: Vec<Record>,
     pub bad_lines: Vec<BadLine>,
+}
+
+impl Log {
+    /// Several Envoys' logs as one: each record and bad line is renumbered with its
+    /// log's position in `logs`. The replay orders every record by its instant, and
+    /// records of equal instants by log, then line: the logs are merged by time,
+    /// stably.
+    pub fn merge(logs: Vec<Log>) -> Log {
+        let mut merged = Log::default();
+        for (at, log) in logs.into_iter().enumerate() {
+            merged.records.extend(log.records.into_iter().map(|mut r| {
+                r.id.log = at;
+                r
+            }));
+            merged
+                .bad_lines
+                .extend(log.bad_lines.into_iter().map(|mut b| {
+                    b.log = at;
+                    b
+                }));
+        }
+        merged
+    }
 }
 
 /// Parses a whole log; empty lines are skipped.
@@ -183,6 +268,7 @@ pub fn parse_log(text: &str) -> Log {
         match parse_record(at + 1, line) {
             Ok(record) => records.push(record),
             Err(error) => bad.push(BadLine {
+                log: 0,
                 line: at + 1,
                 error,
             }),
@@ -212,8 +298,10 @@ pub fn parse_record(line: usize, text: &str) -> Result<Record, String> {
         Some(_) => return Err("decisions: not a string".into()),
     };
     Ok(Record {
-        line,
+        id: RecordId::new(0, line),
         start_us,
+        duration_us: object.get("duration_us").and_then(number),
+        delay_ms: object.get("delay_ms").and_then(number),
         status,
         decisions,
         headers: strings(object.get("headers"), "headers")?,
@@ -320,10 +408,15 @@ pub struct RuleFigures {
     pub allowed: u64,
     pub limited: u64,
     pub shadow_limited: u64,
+    /// Of the allowed, requests this (delaying) rule held first, and their waits summed
+    /// (µs).
+    pub delayed: u64,
+    pub delayed_us: u64,
     /// Keys by requests limited (shadow included), most first, at most [`TOP_KEYS`].
     pub top_keys: Vec<(String, u64)>,
-    /// Requests limited per second, by the second (since the epoch) they fell in.
-    pub limited_per_second: BTreeMap<u64, u64>,
+    /// Requests limited (shadow included) per bucket of [`Options::bucket_us`], by the
+    /// bucket's start (µs since the epoch, a multiple of the bucket's width).
+    pub limited_over_time: BTreeMap<u64, u64>,
     /// Against the decisions the served Envoy logged for a rule of the same name:
     /// requests it allowed that the candidate limits, and the reverse.
     pub newly_limited: u64,
@@ -338,52 +431,125 @@ pub struct RuleFigures {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Report {
     pub requests: u64,
+    /// With a concurrency rule replayed: requests the log has no duration of, which
+    /// held their place for no time at all.
+    pub without_duration: u64,
+    /// The width of the buckets of [`RuleFigures::limited_over_time`] (µs).
+    pub bucket_us: u64,
     pub bad_lines: Vec<BadLine>,
     pub rules: Vec<RuleFigures>,
     /// Rules of the candidate not replayed, with why.
     pub not_replayed: Vec<(String, String)>,
     /// Global rules replayed as one central limiter.
     pub central: Vec<String>,
-    /// Per request (by line), what the candidate decided for each rule that decided.
-    pub decisions: BTreeMap<usize, Vec<(String, Replayed)>>,
+    /// Per request, what the candidate decided for each rule that decided.
+    pub decisions: BTreeMap<RecordId, Vec<(String, Replayed)>>,
 }
 
 /// How the replay treats a rule of the candidate.
 enum Treatment {
     AsIs,
+    /// A concurrency rule with a fixed `max_in_flight`: a request holds its place from
+    /// the instant it was decided until [`Record::end_us`].
+    InFlight,
     /// A global rule, as one central limiter.
     Central,
     NotReplayed(&'static str),
 }
 
 fn treatment(rule: &Rule) -> Treatment {
-    if rule.delay.is_some() {
-        // A held request is logged at its release, and the replay would have to release
-        // it in time among the others: not done yet.
-        return Treatment::NotReplayed("on_limit.delay: held requests are not replayed yet");
-    }
     match &rule.scope {
         Scope::Local(_) => Treatment::AsIs,
         Scope::Global(_) if rule.algorithm_name() == "sliding_log" => {
             Treatment::NotReplayed("global sliding_log rule: runs only in Redis, not replayed")
         }
         Scope::Global(_) => Treatment::Central,
-        Scope::Concurrency(_) => Treatment::NotReplayed("concurrency rule: not replayed yet"),
+        Scope::Concurrency(c) if c.adaptive.is_some() => Treatment::NotReplayed(
+            "adaptive concurrency rule: its limit follows the latencies the upstream showed \
+             under the served config, and a candidate changes the load that made them: not \
+             replayed",
+        ),
+        Scope::Concurrency(_) => Treatment::InFlight,
     }
 }
 
-/// Replays `log` through the candidate config (its JSON). The seed keys the slot hash:
-/// any is fine unless a rule's `max_keys` is so small that keys collide.
+/// How a replay runs and counts.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Options {
+    /// Keys the slot hash: any is fine unless a rule's `max_keys` is so small that keys
+    /// collide.
+    pub seed: Seed,
+    /// The width of the buckets the report counts 429s over time in (µs).
+    pub bucket_us: NonZeroU64,
+}
+
+/// One second: the default bucket.
+pub const DEFAULT_BUCKET_US: NonZeroU64 = match NonZeroU64::new(1_000_000) {
+    Some(us) => us,
+    None => unreachable!(),
+};
+
+impl Options {
+    /// Buckets of [`DEFAULT_BUCKET_US`].
+    pub fn new(seed: Seed) -> Self {
+        Options {
+            seed,
+            bucket_us: DEFAULT_BUCKET_US,
+        }
+    }
+}
+
+/// Parses a bucket width as the config writes durations (`"100ms"`, `"1s"`, `"1m"`).
+/// The error names `option` and the value.
+pub fn parse_bucket(option: &str, text: &str) -> Result<NonZeroU64, String> {
+    crate::config::duration::parse_duration(text)
+        .ok()
+        .and_then(NonZeroU64::new)
+        .ok_or_else(|| {
+            format!(
+                "{option} {text:?}: not a duration: expected a whole number followed by us, \
+                 ms, s, m, h or d (e.g. \"100ms\"), above 0 and at most 30 days"
+            )
+        })
+}
+
+/// Replays `log` through the candidate config (its JSON), with [`Options::new`]`(seed)`.
 pub fn replay(candidate_json: &[u8], log: &Log, seed: &Seed) -> Result<Report, String> {
+    replay_with(candidate_json, log, &Options::new(*seed))
+}
+
+/// Replays `log` through the candidate config (its JSON).
+pub fn replay_with(candidate_json: &[u8], log: &Log, options: &Options) -> Result<Report, String> {
+    let seed = &options.seed;
     let config = config::parse(candidate_json).map_err(|e| e.to_string())?;
+    check_hashed(&config, log)?;
     let mut not_replayed = Vec::new();
     let mut central = Vec::new();
     for rule in &config.rules {
         match treatment(rule) {
             Treatment::AsIs => {}
+            Treatment::InFlight if !log.records.iter().any(|r| r.duration_us.is_some()) => {
+                not_replayed.push((
+                    rule.name.clone(),
+                    "concurrency rule: the log records no duration_us (record it with the \
+                     format weir-check log-format prints)"
+                        .to_string(),
+                ))
+            }
+            Treatment::InFlight => {}
             Treatment::Central => central.push(rule.name.clone()),
             Treatment::NotReplayed(why) => not_replayed.push((rule.name.clone(), why.to_string())),
         }
+    }
+    if not_replayed.len() == config.rules.len() {
+        // Nothing to replay: a config needs a rule.
+        return Ok(Report {
+            requests: log.records.len() as u64,
+            bucket_us: options.bucket_us.get(),
+            bad_lines: log.bad_lines.clone(),
+            not_replayed,
+            ..Report::default()
+        });
     }
     let config = if not_replayed.is_empty() && central.is_empty() {
         config
@@ -396,31 +562,56 @@ pub fn replay(candidate_json: &[u8], log: &Log, seed: &Seed) -> Result<Report, S
     let mut worker = engine.worker();
 
     let mut order: Vec<&Record> = log.records.iter().collect();
-    order.sort_by_key(|r| (r.at_us(), r.line));
+    order.sort_by_key(|r| (r.at_us(), r.id));
 
-    let mut tallies: Vec<Tally> = engine.config.rules.iter().map(Tally::new).collect();
-    let mut decisions = BTreeMap::new();
-    for record in order {
-        let now_us = record.at_us();
-        let mut facts = Facts::new(&engine.config.facts, record);
-        let eval = engine.evaluate(&store, &mut worker, seed, &mut facts, Micros(now_us));
-        let mut decided = Vec::new();
-        for report in &eval.reports {
-            let replayed = match report.outcome {
-                RuleOutcome::Allowed => Replayed::Allowed,
-                RuleOutcome::Limited => Replayed::Limited,
-                RuleOutcome::ShadowLimited => Replayed::ShadowLimited,
-                _ => continue,
-            };
-            if let Some(tally) = tallies.get_mut(report.rule.index()) {
-                tally.count(record, replayed, &mut facts, now_us);
-                decided.push((tally.rule.name.clone(), replayed));
+    let bucket_us = options.bucket_us.get();
+    let tallies: Vec<Tally> = (engine.config.rules.iter())
+        .map(|rule| Tally::new(rule, bucket_us))
+        .collect();
+    let mut run = Run {
+        engine: &engine,
+        store: &store,
+        worker: &mut worker,
+        seed,
+        tallies,
+        decisions: BTreeMap::new(),
+        in_flight: InFlight::default(),
+        held: BTreeMap::new(),
+    };
+    // Arrivals in time order, and held requests released when due (a release due at the
+    // instant of an arrival comes first, as the filter's tick runs before it).
+    let mut arrivals = order.into_iter().enumerate().peekable();
+    loop {
+        let due = run.held.keys().next().map(|&(due_us, _)| due_us);
+        match (arrivals.peek().map(|(_, r)| r.at_us()), due) {
+            (None, None) => break,
+            (Some(arrival), Some(due)) if due <= arrival => run.release(due),
+            (None, Some(due)) => run.release(due),
+            _ => {
+                if let Some((at, record)) = arrivals.next() {
+                    run.arrive(u32::try_from(at).unwrap_or(u32::MAX), record);
+                }
             }
         }
-        decisions.insert(record.line, decided);
     }
+    let Run {
+        tallies,
+        decisions,
+        in_flight,
+        ..
+    } = run;
+    let without_duration = if in_flight.held {
+        log.records
+            .iter()
+            .filter(|r| r.duration_us.is_none())
+            .count() as u64
+    } else {
+        0
+    };
     Ok(Report {
         requests: log.records.len() as u64,
+        without_duration,
+        bucket_us,
         bad_lines: log.bad_lines.clone(),
         rules: tallies
             .into_iter()
@@ -430,6 +621,208 @@ pub fn replay(candidate_json: &[u8], log: &Log, seed: &Seed) -> Result<Report, S
         central,
         decisions,
     })
+}
+
+/// One replay under way: the engine's state, what each rule counted, and the requests
+/// a delaying rule holds.
+struct Run<'e, 'l> {
+    engine: &'e Engine,
+    store: &'e MemoryStore,
+    worker: &'e mut Worker,
+    seed: &'e Seed,
+    tallies: Vec<Tally<'e>>,
+    decisions: BTreeMap<RecordId, Vec<(String, Replayed)>>,
+    in_flight: InFlight,
+    /// Held requests by (due µs, context): the record and its evaluation.
+    held: BTreeMap<(u64, u32), (&'l Record, Evaluation)>,
+}
+
+impl<'l> Run<'_, 'l> {
+    /// `record` arrives (`context`: its place in time order, as the filter's context id).
+    fn arrive(&mut self, context: u32, record: &'l Record) {
+        self.decide(context, record, None, record.at_us());
+    }
+
+    /// Releases every held request due by `now_us`, at `now_us`.
+    fn release(&mut self, now_us: u64) {
+        // The worker's queue gives them up as the filter's tick takes them: in the order
+        // of `held`, (due, context). Every call releases at least one (the loop's next).
+        let _ = self.worker.waiting.take_due(now_us);
+        let due: Vec<(u64, u32)> = self
+            .held
+            .range(..=(now_us, u32::MAX))
+            .map(|(k, _)| *k)
+            .collect();
+        for key in due {
+            if let Some((record, eval)) = self.held.remove(&key) {
+                self.decide(key.1, record, Some(eval), now_us);
+            }
+        }
+    }
+
+    /// Decides `record` at `now_us`: evaluated on arrival, or released (`held`).
+    fn decide(&mut self, context: u32, record: &'l Record, held: Option<Evaluation>, now_us: u64) {
+        let (engine, store, seed) = (self.engine, self.store, self.seed);
+        self.in_flight.end_until(engine, store, self.worker, now_us);
+        let mut facts = Facts::new(&engine.config.facts, record);
+        let now = Micros(now_us);
+        let eval = match held {
+            None => engine.evaluate(store, self.worker, seed, &mut facts, now),
+            Some(mut eval) => {
+                engine.release(&mut eval, store, self.worker, seed, &mut facts, now);
+                eval
+            }
+        };
+        self.decided(context, record, eval, now_us);
+    }
+
+    /// The engine decided `record` at `now_us`, or holds it.
+    fn decided(&mut self, context: u32, record: &'l Record, mut eval: Evaluation, now_us: u64) {
+        if let Some(held) = &eval.held {
+            let due_us = held.hold.due_us;
+            if self.worker.waiting.hold(context, held.rule, due_us) {
+                self.held.insert((due_us, context), (record, eval));
+                return;
+            }
+            // As the filter: no room (never expected) denies it.
+            eval.deny_held(Micros(now_us));
+        }
+        self.in_flight.hold(self.engine, record, &eval.commits);
+        let mut facts = Facts::new(&self.engine.config.facts, record);
+        let mut decided = Vec::new();
+        for report in &eval.reports {
+            let replayed = match report.outcome {
+                RuleOutcome::Allowed => Replayed::Allowed,
+                RuleOutcome::Limited => Replayed::Limited,
+                RuleOutcome::ShadowLimited => Replayed::ShadowLimited,
+                _ => continue,
+            };
+            if let Some(tally) = self.tallies.get_mut(report.rule.index()) {
+                let delayed = eval.delayed.as_ref().filter(|d| d.rule == report.rule);
+                tally.count(record, replayed, &mut facts, now_us);
+                if let Some(delayed) = delayed.filter(|_| replayed == Replayed::Allowed) {
+                    tally.figures.delayed += 1;
+                    tally.figures.delayed_us += delayed.waited.us();
+                }
+                decided.push((tally.rule.name.clone(), replayed));
+            }
+        }
+        self.decisions.insert(record.id, decided);
+    }
+}
+
+/// The places of concurrency rules held by replayed requests, by the instant their
+/// stream ended.
+#[derive(Default)]
+struct InFlight {
+    /// (end µs, record, the place): given back in end order.
+    ends: std::collections::BinaryHeap<std::cmp::Reverse<(u64, RecordId, usize)>>,
+    places: Vec<Option<PendingCommit>>,
+    /// Whether any request held a place.
+    held: bool,
+    /// The last tick (µs): places are re-counted once per second of the log, as the
+    /// filter's tick does, so that a request longer than an epoch keeps its place.
+    ticked_us: u64,
+}
+
+impl InFlight {
+    /// The places `record`'s admission took (its concurrency rules' commits).
+    fn hold(&mut self, engine: &Engine, record: &Record, commits: &[PendingCommit]) {
+        for commit in commits {
+            let concurrency = engine
+                .config
+                .rule(commit.rule)
+                .is_some_and(|r| matches!(r.scope, Scope::Concurrency(_)));
+            if concurrency {
+                let at = self.places.len();
+                self.places.push(Some(commit.clone()));
+                self.ends
+                    .push(std::cmp::Reverse((record.end_us(), record.id, at)));
+                self.held = true;
+            }
+        }
+    }
+
+    /// Gives back every place whose stream ended by `now_us` (a request ending at the
+    /// instant another is decided ends first), at the instant it ended.
+    fn end_until(
+        &mut self,
+        engine: &Engine,
+        store: &MemoryStore,
+        worker: &mut Worker,
+        now_us: u64,
+    ) {
+        while let Some(std::cmp::Reverse((end_us, _, at))) = self.ends.peek().copied() {
+            if end_us > now_us {
+                break;
+            }
+            self.ends.pop();
+            self.tick(engine, store, worker, end_us);
+            if let Some(commit) = self.places.get_mut(at).and_then(Option::take) {
+                // The in-memory store does not fail.
+                let _ = engine.end_in_flight(store, worker, &commit, Micros(end_us));
+            }
+        }
+        self.tick(engine, store, worker, now_us);
+    }
+
+    fn tick(&mut self, engine: &Engine, store: &MemoryStore, worker: &mut Worker, now_us: u64) {
+        if self.held && now_us >= self.ticked_us.saturating_add(1_000_000) {
+            engine.tend_places(store, worker, Micros(now_us));
+            self.ticked_us = now_us;
+        }
+    }
+}
+
+/// Refuses a candidate that reads a fact the log holds hashed ([`crate::log_hash`]) in a
+/// way the hash does not keep: a match, a cost or a deadline on it, a `query_param` key
+/// over it, or a key reading it in another form than it was hashed in (a `client_ip`
+/// key over an address hashed with its port). Replayed, such a rule would decide on
+/// hashes as if they were values: a silent mis-prediction.
+fn check_hashed(config: &Config, log: &Log) -> Result<(), String> {
+    for at in 0..config.facts.len() {
+        let Ok(id) = u16::try_from(at).map(FactId) else {
+            continue;
+        };
+        let Some((section, field)) = config.facts.get(id).and_then(log_hash::log_field) else {
+            continue;
+        };
+        let (mut forms, mut clear) = (Vec::new(), false);
+        for record in &log.records {
+            let values = match section {
+                "headers" => &record.headers,
+                _ => &record.attributes,
+            };
+            match values.get(&field).map(|v| (Form::of(v), v.is_empty())) {
+                Some((Some(form), _)) if !forms.contains(&form) => forms.push(form),
+                Some((None, false)) => clear = true,
+                _ => {}
+            }
+        }
+        let name = format!("{section}.{field}");
+        let form = match forms.as_slice() {
+            [] => continue,
+            [form] if !clear => *form,
+            _ => {
+                return Err(format!(
+                    "{name}: the log holds it both in clear and hashed, or hashed in two \
+                     forms (logs hashed with different configs?): replay them apart"
+                ))
+            }
+        };
+        for (rule, read) in log_hash::reads(config, id) {
+            if !matches!(read, Read::Key(key) if key.form() == Some(form)) {
+                return Err(format!(
+                    "rule {rule} {} ({name}), which the log holds hashed {}: a replay \
+                     cannot evaluate that; replay the raw log, or one hashed for a config \
+                     that reads {name} the way this one does",
+                    read.describe(),
+                    form.describe()
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// How the candidate's rules stand to those of the config that served the log.
@@ -488,15 +881,18 @@ pub fn against_served(served: &Config, report: &Report, log: &Log) -> AgainstSer
 /// One rule's figures as the replay counts them.
 struct Tally<'e> {
     rule: &'e Rule,
+    /// The width of [`RuleFigures::limited_over_time`]'s buckets, never 0.
+    bucket_us: u64,
     figures: RuleFigures,
     /// Requests limited, per key.
     limited_keys: BTreeMap<String, u64>,
 }
 
 impl<'e> Tally<'e> {
-    fn new(rule: &'e Rule) -> Self {
+    fn new(rule: &'e Rule, bucket_us: u64) -> Self {
         Tally {
             rule,
+            bucket_us,
             figures: RuleFigures {
                 rule: rule.name.clone(),
                 ..RuleFigures::default()
@@ -526,8 +922,8 @@ impl<'e> Tally<'e> {
                 parts.push(encode_part(origin, bytes))
             });
             *self.limited_keys.entry(parts.join(" ")).or_default() += 1;
-            let second = now_us / 1_000_000;
-            *figures.limited_per_second.entry(second).or_default() += 1;
+            let bucket = now_us - now_us % self.bucket_us;
+            *figures.limited_over_time.entry(bucket).or_default() += 1;
         }
         if let Some(served) = record.decisions.iter().find(|d| d.rule == figures.rule) {
             let served_denied = matches!(served.outcome.as_str(), "limited" | "shadow_limited");

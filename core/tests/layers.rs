@@ -35,6 +35,7 @@ const CORE_LAYERS: &[&str] = &[
     "engine",
     "flight",
     "filter",
+    "log_hash",
     "replay",
     "scenarios",
     "simulation",

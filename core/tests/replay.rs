@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use weir_core::config;
 use weir_core::key::Seed;
-use weir_core::replay::{self, Replayed};
+use weir_core::replay::{self, RecordId, Replayed};
 
 const SEED: Seed = Seed([1; 16]);
 
@@ -67,15 +67,173 @@ fn requests_are_replayed_in_time_order_not_line_order() {
     let log = [line("a", 2_000_000), line("a", 1_000_000)].join("\n");
     let report = replay::replay(candidate.as_bytes(), &replay::parse_log(&log), &SEED).unwrap();
     assert_eq!(
-        report.decisions[&2],
+        report.decisions[&RecordId::new(0, 2)],
         vec![("per-user".to_string(), Replayed::Allowed)]
     );
     assert_eq!(
-        report.decisions[&1],
+        report.decisions[&RecordId::new(0, 1)],
         vec![("per-user".to_string(), Replayed::Limited)]
     );
-    assert_eq!(report.rules[0].limited_per_second.get(&2), Some(&1));
+    assert_eq!(report.rules[0].limited_over_time.get(&2_000_000), Some(&1));
     assert_eq!(report.rules[0].top_keys.len(), 1);
+}
+
+/// A request with an id the rules do not read (`x-id`), to follow it across logs.
+fn tagged(user: &str, id: &str, at_us: u64) -> String {
+    format!(r#"{{"start_us":"{at_us}","headers":{{"x-user":"{user}","x-id":"{id}"}}}}"#)
+}
+
+/// Each request's `per-user` decision, by its `x-id`.
+fn by_id(report: &replay::Report, log: &replay::Log) -> Vec<(String, &'static str)> {
+    let mut out: Vec<(String, &'static str)> = log
+        .records
+        .iter()
+        .map(|r| {
+            let decided = &report.decisions[&r.id];
+            let (_, d) = decided.iter().find(|(rule, _)| rule == "per-user").unwrap();
+            (r.headers["x-id"].clone(), d.name())
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+#[test]
+fn several_logs_are_replayed_as_their_concatenation_sorted_by_time() {
+    // Two per user per second; users `a` and `b` on both Envoys. Each log is in the
+    // order its Envoy wrote it (a request is logged when it ends), and the two share
+    // instants: a tie goes to the first log given.
+    let candidate = r#"{"rules":[{"name":"per-user","key":[{"header":"x-user"}],
+        "limit":{"algorithm":"fixed_window","limit":2,"window":"1s"}}]}"#;
+    // (user, id, instant) of each log's lines, in the order they were written.
+    let first: &[(&str, &str, u64)] = &[
+        ("a", "1a", 1_000_000),
+        ("b", "1b", 1_000_300),
+        ("a", "1c", 1_000_200),
+        ("a", "1d", 1_000_500),
+        ("a", "1e", 2_000_000),
+        ("c", "1f", 3_000_000),
+        ("c", "1g", 3_000_100),
+    ];
+    let second: &[(&str, &str, u64)] = &[
+        ("c", "2g", 3_000_100),
+        ("a", "2a", 1_000_100),
+        ("b", "2b", 1_000_300),
+        ("b", "2c", 1_000_400),
+        ("a", "2d", 1_000_500),
+        ("a", "2e", 2_000_000),
+        ("a", "2f", 2_000_001),
+    ];
+    let to_lines = |log: &[(&str, &str, u64)]| -> Vec<String> {
+        log.iter().map(|&(u, id, at)| tagged(u, id, at)).collect()
+    };
+    let (first, second) = (to_lines(first), to_lines(second));
+    let merged = replay::Log::merge(vec![
+        replay::parse_log(&first.join("\n")),
+        replay::parse_log(&second.join("\n")),
+    ]);
+    let merged_report = replay::replay(candidate.as_bytes(), &merged, &SEED).unwrap();
+
+    // The concatenation, sorted by time; `sort_by_key` is stable, so equal instants
+    // keep the first log's lines first.
+    let mut lines: Vec<(u64, &String)> = first
+        .iter()
+        .chain(&second)
+        .map(|l| (replay::parse_record(1, l).unwrap().at_us(), l))
+        .collect();
+    lines.sort_by_key(|(at, _)| *at);
+    let sorted: Vec<&str> = lines.iter().map(|(_, l)| l.as_str()).collect();
+    let concatenated = replay::parse_log(&sorted.join("\n"));
+    let concatenated_report = replay::replay(candidate.as_bytes(), &concatenated, &SEED).unwrap();
+
+    assert_eq!(merged_report.rules, concatenated_report.rules);
+    assert_eq!(merged_report.requests, 14);
+    let decisions = by_id(&merged_report, &merged);
+    assert_eq!(decisions, by_id(&concatenated_report, &concatenated));
+    let limited: Vec<&str> = decisions
+        .iter()
+        .filter(|(_, d)| *d == "limited")
+        .map(|(id, _)| id.as_str())
+        .collect();
+    // a: 1a, 2a allowed in second 1; 1c, 1d, 2d limited (1d before 2d: the tie).
+    // b: 1b and 2b tie at 300 (both allowed), 2c limited. Second 2: 1e, 2e; 2f limited.
+    // c: 1f, then 1g (line 7 of the first log) and 2g (line 1 of the second) tie: the
+    // first log's goes first although its line number is higher.
+    assert_eq!(limited, ["1c", "1d", "2c", "2d", "2f", "2g"]);
+    // The records keep which log and line they came from.
+    assert_eq!(merged.records[7].id, RecordId::new(1, 1));
+}
+
+#[test]
+fn limited_requests_are_counted_in_buckets_of_the_width_asked() {
+    // One a second for `a`: every request after the first of each second is limited.
+    let candidate = r#"{"rules":[{"name":"per-user","key":[{"header":"x-user"}],
+        "limit":{"algorithm":"fixed_window","limit":1,"window":"1s"}}]}"#;
+    let at = [
+        1_000_000, 1_050_000, 1_099_999, 1_100_000, 1_950_000, 2_000_000, 2_000_001,
+    ];
+    let log: Vec<String> = at.iter().map(|&t| line("a", t)).collect();
+    let log = replay::parse_log(&log.join("\n"));
+    let over = |bucket: &str| {
+        let options = replay::Options {
+            seed: SEED,
+            bucket_us: replay::parse_bucket("--bucket", bucket).unwrap(),
+        };
+        let report = replay::replay_with(candidate.as_bytes(), &log, &options).unwrap();
+        let rule = &report.rules[0];
+        assert_eq!(
+            rule.limited, 5,
+            "the width changes the series, not the decisions"
+        );
+        let series: Vec<(u64, u64)> = rule.limited_over_time.clone().into_iter().collect();
+        (report.bucket_us, series)
+    };
+    assert_eq!(
+        over("1s"),
+        (1_000_000, vec![(1_000_000, 4), (2_000_000, 1)])
+    );
+    assert_eq!(
+        over("100ms"),
+        (
+            100_000,
+            vec![
+                (1_000_000, 2),
+                (1_100_000, 1),
+                (1_900_000, 1),
+                (2_000_000, 1)
+            ]
+        )
+    );
+    assert_eq!(over("1m"), (60_000_000, vec![(0, 5)]));
+    assert_eq!(
+        replay::replay(candidate.as_bytes(), &log, &SEED)
+            .unwrap()
+            .bucket_us,
+        1_000_000,
+        "1 s by default"
+    );
+}
+
+#[test]
+fn a_bad_bucket_width_is_refused_naming_the_option_and_the_value() {
+    for bad in ["0s", "1.5s", "abc", "", "31d", "100"] {
+        let err = replay::parse_bucket("--bucket", bad).unwrap_err();
+        assert!(
+            err.starts_with(&format!("--bucket {bad:?}: not a duration")),
+            "{err}"
+        );
+    }
+    let config = file("bucket.json", PER_USER_1H);
+    let log = file("bucket.jsonl", &line("a", 1));
+    let (config, log) = (config.to_str().unwrap(), log.to_str().unwrap());
+    let (code, stdout, stderr) = weir_check(&[
+        "replay", "--config", config, "--log", log, "--bucket", "1.5s",
+    ]);
+    assert_eq!((code, stdout.as_str()), (2, ""));
+    assert!(
+        stderr.starts_with("error: --bucket \"1.5s\": not a duration: expected a whole number"),
+        "{stderr}"
+    );
 }
 
 #[test]
@@ -97,14 +255,95 @@ fn a_global_rule_is_replayed_as_one_central_limiter() {
     );
 }
 
+/// A request of `user` that started at `start_us` and lasted `duration_us` (`None`: not
+/// logged), decided `decided_after_us` after its start (weir's logged decision, of a
+/// rule the candidate does not have).
+fn timed(user: &str, start_us: u64, duration_us: Option<u64>) -> String {
+    let duration = duration_us.map_or("null".to_string(), |d| d.to_string());
+    let decided = start_us + 20;
+    format!(
+        r#"{{"start_us":"{start_us}","duration_us":{duration},"decisions":"other:allowed:slot:1:{decided}","headers":{{"x-user":"{user}"}}}}"#
+    )
+}
+
+const ONE_IN_FLIGHT: &str = r#"{"rules":[{"name":"in-flight","key":[{"header":"x-user"}],
+    "limit":{"algorithm":"concurrency","max_in_flight":1}}]}"#;
+
 #[test]
-fn concurrency_and_delaying_rules_are_named_not_replayed_and_the_others_are() {
+fn a_concurrency_rule_holds_a_place_from_its_decision_to_its_end() {
+    let log = [
+        // a: one place from 1.00002 s to 1.1 s; `b` is another key.
+        timed("a", 1_000_000, Some(100_000)),
+        timed("b", 1_010_000, Some(500_000)),
+        timed("a", 1_050_000, Some(10)),
+        // Decided at 1.1 s, when the first ends: it ends first.
+        timed("a", 1_099_980, Some(100_000)),
+        timed("a", 1_150_000, Some(1_000)),
+        // Ten seconds, beyond the places' two epochs: still held at 11 s.
+        timed("a", 2_000_000, Some(10_000_000)),
+        timed("a", 11_000_000, Some(1_000)),
+        timed("a", 12_000_100, Some(1_000)),
+    ]
+    .join("\n");
+    let report = replay::replay(ONE_IN_FLIGHT.as_bytes(), &replay::parse_log(&log), &SEED).unwrap();
+    assert!(report.not_replayed.is_empty(), "{:?}", report.not_replayed);
+    assert_eq!(
+        outcomes(&report, "in-flight"),
+        ["allowed", "allowed", "limited", "allowed", "limited", "allowed", "limited", "allowed"]
+    );
+    assert_eq!(report.without_duration, 0);
+    // A second place per key admits what the first refused.
+    let two = ONE_IN_FLIGHT.replace(r#""max_in_flight":1"#, r#""max_in_flight":2"#);
+    let report = replay::replay(two.as_bytes(), &replay::parse_log(&log), &SEED).unwrap();
+    assert_eq!(report.rules[0].limited, 0);
+}
+
+#[test]
+fn a_request_without_a_duration_holds_no_place_and_is_counted() {
+    let log = [
+        timed("a", 1_000_000, None),
+        timed("a", 1_000_100, Some(1_000)),
+        timed("a", 1_000_200, Some(1_000)),
+    ]
+    .join("\n");
+    let report = replay::replay(ONE_IN_FLIGHT.as_bytes(), &replay::parse_log(&log), &SEED).unwrap();
+    assert_eq!(
+        outcomes(&report, "in-flight"),
+        ["allowed", "allowed", "limited"]
+    );
+    assert_eq!(report.without_duration, 1);
+}
+
+#[test]
+fn adaptive_concurrency_and_logs_without_durations_are_not_replayed() {
+    let adaptive = r#"{"rules":[{"name":"adaptive","key":[{"header":"x-user"}],
+        "limit":{"algorithm":"concurrency","max_in_flight":8,
+                 "adaptive":{"latency":"p90","interval":"500ms"}}}]}"#;
+    let log = replay::parse_log(&timed("a", 1_000_000, Some(1)));
+    let report = replay::replay(adaptive.as_bytes(), &log, &SEED).unwrap();
+    assert_eq!(report.not_replayed[0].0, "adaptive");
+    assert!(report.not_replayed[0]
+        .1
+        .starts_with("adaptive concurrency rule: its limit follows"));
+    let old = replay::parse_log(&line("a", 1_000_000));
+    let report = replay::replay(ONE_IN_FLIGHT.as_bytes(), &old, &SEED).unwrap();
+    assert_eq!(
+        report.not_replayed,
+        [(
+            "in-flight".to_string(),
+            "concurrency rule: the log records no duration_us (record it with the format \
+             weir-check log-format prints)"
+                .to_string()
+        )]
+    );
+}
+
+#[test]
+fn a_rule_not_replayed_is_named_and_the_others_are_replayed() {
+    // No duration_us in the log: the concurrency rule cannot be replayed.
     let candidate = r#"{"rules":[
         {"name":"in-flight","key":[{"header":"x-user"}],
          "limit":{"algorithm":"concurrency","max_in_flight":1}},
-        {"name":"held","key":[{"header":"x-user"}],
-         "limit":{"algorithm":"gcra","rate":1,"period":"1h","burst":0},
-         "on_limit":{"delay":{"max":"1s"}}},
         {"name":"per-user","key":[{"header":"x-user"}],
          "limit":{"algorithm":"fixed_window","limit":1,"window":"1h"}}]}"#;
     let log = [line("a", 1_000_000), line("a", 1_000_001)].join("\n");
@@ -114,8 +353,102 @@ fn concurrency_and_delaying_rules_are_named_not_replayed_and_the_others_are() {
         .iter()
         .map(|(n, _)| n.as_str())
         .collect();
-    assert_eq!(names, ["in-flight", "held"]);
+    assert_eq!(names, ["in-flight"]);
     assert_eq!(outcomes(&report, "per-user"), ["allowed", "limited"]);
+}
+
+/// One request per 100 ms per user, none in a burst; a request that would be limited
+/// waits up to `max` for its slot, at most `queue` at once.
+fn delaying(max: &str, queue: u32) -> String {
+    format!(
+        r#"{{"rules":[
+        {{"name":"held","key":[{{"header":"x-user"}}],
+         "limit":{{"algorithm":"gcra","rate":10,"period":"1s","burst":0}},
+         "on_limit":{{"delay":{{"max":"{max}","queue":{queue}}}}}}},
+        {{"name":"per-user","key":[{{"header":"x-user"}}],
+         "limit":{{"algorithm":"fixed_window","limit":3,"window":"1h"}}}}]}}"#
+    )
+}
+
+#[test]
+fn a_delaying_rule_holds_requests_and_releases_them_when_due() {
+    // Four requests of `a` within 30 µs, then one at 1.15 s.
+    let at = [1_000_000, 1_000_010, 1_000_020, 1_000_030, 1_150_000];
+    let log: Vec<String> = at.iter().map(|&t| line("a", t)).collect();
+    let log = replay::parse_log(&log.join("\n"));
+    let report = replay::replay(delaying("1s", 8).as_bytes(), &log, &SEED).unwrap();
+    assert!(report.not_replayed.is_empty(), "{:?}", report.not_replayed);
+    let held = &report.rules[0];
+    // A held request is counted as if released `RELEASE_SLACK_US` (2 ms) late, so each
+    // next slot is 102 ms on: released at 1.1, 1.202, 1.304 s; the one of 1.15 s at
+    // 1.406 s.
+    assert_eq!(weir_core::delay::RELEASE_SLACK_US, 2_000);
+    assert_eq!((held.allowed, held.delayed, held.limited), (5, 4, 0));
+    assert_eq!(
+        held.delayed_us,
+        (100_000 - 10) + (202_000 - 20) + (304_000 - 30) + 256_000
+    );
+    // The rule after it decides at the release, in release order: 3 an hour.
+    let mut by_line: Vec<(usize, &str)> = report
+        .decisions
+        .iter()
+        .filter_map(|(id, d)| {
+            let (_, o) = d.iter().find(|(r, _)| r == "per-user")?;
+            Some((id.line, o.name()))
+        })
+        .collect();
+    by_line.sort();
+    assert_eq!(
+        by_line,
+        [
+            (1, "allowed"),
+            (2, "allowed"),
+            (3, "allowed"),
+            (4, "limited"),
+            (5, "limited")
+        ]
+    );
+    // The command says so.
+    let config = file("delaying.json", &delaying("1s", 8));
+    let text: Vec<String> = at.iter().map(|&t| line("a", t)).collect();
+    let logged = file("delaying.jsonl", &text.join("\n"));
+    let (code, stdout, _) = weir_check(&[
+        "replay",
+        "--config",
+        config.to_str().unwrap(),
+        "--log",
+        logged.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0);
+    assert!(
+        stdout.contains("rule held: 5 matched, 5 allowed, 0 limited (4 of the allowed delayed, 215 ms on average)\n"),
+        "{stdout}"
+    );
+    // A shorter max: only what fits within 150 ms waits, the rest is limited.
+    let report = replay::replay(delaying("150ms", 8).as_bytes(), &log, &SEED).unwrap();
+    assert_eq!(
+        outcomes(&report, "held")[..4],
+        ["allowed", "allowed", "limited", "limited"]
+    );
+    assert_eq!(report.rules[0].delayed, 2);
+    // A queue of one: a second request waiting at once is limited.
+    let report = replay::replay(delaying("1s", 1).as_bytes(), &log, &SEED).unwrap();
+    assert_eq!(
+        outcomes(&report, "held")[..3],
+        ["allowed", "allowed", "limited"]
+    );
+}
+
+#[test]
+fn a_request_the_served_envoy_held_is_replayed_from_its_start() {
+    let held = r#"{"start_us":"1000000","delay_ms":"100","decisions":"held:allowed:slot:1:1100000","headers":{"x-user":"a"}}"#;
+    let record = replay::parse_record(1, held).unwrap();
+    assert_eq!((record.delay_ms, record.at_us()), (Some(100), 1_000_000));
+    let not_held = held.replace(r#""delay_ms":"100","#, "");
+    assert_eq!(
+        replay::parse_record(1, &not_held).unwrap().at_us(),
+        1_100_000
+    );
 }
 
 /// Runs `weir-check ARGS`: exit status, stdout, stderr.
@@ -157,7 +490,9 @@ fn cli_log_format_records_the_facts_the_rules_read() {
         format,
         serde_json::json!({
             "start_us": "%START_TIME(%s%6f)%",
+            "duration_us": "%COMMON_DURATION(DS_RX_BEG:DS_TX_END:us)%",
             "status": "%RESPONSE_CODE%",
+            "delay_ms": "%RESP(x-weir-delay-ms)%",
             "decisions": "%FILTER_STATE(wasm.weir.decisions:PLAIN)%",
             "headers": { ":path": "%REQ(:PATH)%", "x-user": "%REQ(x-user)%" },
             "attributes": { "source.address": "%DOWNSTREAM_REMOTE_ADDRESS%" },
@@ -218,6 +553,42 @@ fn cli_replay_reports_rules_bad_lines_and_the_difference() {
 }
 
 #[test]
+fn cli_replay_merges_the_logs_of_several_envoys() {
+    let config = file("fleet.json", PER_USER_1H);
+    let one = file(
+        "fleet-1.jsonl",
+        &[line("a", 2_000_000), "{".into()].join("\n"),
+    );
+    let two = file("fleet-2.jsonl", &line("a", 1_000_000));
+    let path = |p: &PathBuf| p.to_str().unwrap().to_string();
+    let (config, one, two) = (path(&config), path(&one), path(&two));
+    let args = [
+        "replay", "--config", &config, "--log", &one, "--log", &two, "--json",
+    ];
+    let (code, stdout, stderr) = weir_check(&args);
+    assert_eq!((code, stderr.as_str()), (0, ""));
+    let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(report["requests"], 2);
+    assert_eq!(report["rules"][0]["limited"], 1);
+    // The second log's request came first: the first log's is the one limited.
+    assert_eq!(
+        report["rules"][0]["limited_over_time"][0]["start_us"],
+        2_000_000
+    );
+    assert_eq!(report["bad_lines"][0]["log"], one.as_str());
+    assert_eq!(report["bad_lines"][0]["line"], 2);
+    let (_, text, _) = weir_check(&args[..args.len() - 1]);
+    assert!(
+        text.starts_with("2 requests replayed from 2 logs, merged by time\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("  {one}: line 2: not JSON")),
+        "{text}"
+    );
+}
+
+#[test]
 fn cli_replay_names_rules_dropped_added_and_unknown_to_the_served_config() {
     let served = file(
         "served.json",
@@ -263,4 +634,299 @@ fn cli_replay_names_rules_dropped_added_and_unknown_to_the_served_config() {
     assert_eq!(report["served"]["dropped"][1]["limited_in_log"], 1);
     assert_eq!(report["served"]["added"][0], "new");
     assert_eq!(report["served"]["unknown"][0], "gone");
+}
+
+// ---- Hashed logs (weir_core::log_hash, `weir-check log-hash`) ----
+
+use weir_core::log_hash::{self, Form, LogPlan, Plan, Salt};
+
+fn salt() -> Salt {
+    Salt::new(b"a salt of more than sixteen bytes\n".to_vec()).unwrap()
+}
+
+#[test]
+fn hmac_sha256_is_rfc_4231() {
+    let hex = |b: &[u8]| b.iter().map(|b| format!("{b:02x}")).collect::<String>();
+    // Test cases 2 (a short key) and 6 (a key longer than the block).
+    assert_eq!(
+        hex(&log_hash::hmac_sha256(
+            b"Jefe",
+            b"what do ya want for nothing?"
+        )),
+        "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
+    );
+    assert_eq!(
+        hex(&log_hash::hmac_sha256(
+            &[0xaa; 131],
+            b"Test Using Larger Than Block-Size Key - Hash Key First"
+        )),
+        "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54"
+    );
+}
+
+#[test]
+fn a_short_salt_is_refused() {
+    let err = Salt::new(b"short\n".to_vec()).err().unwrap();
+    assert!(
+        err.starts_with("5 bytes of salt: at least 16 are needed"),
+        "{err}"
+    );
+}
+
+/// Keyed on a user header, the client address without its port and the path without
+/// its query; matching on the method.
+const KEYED: &str = r#"{"rules":[
+    {"name":"per-user","key":[{"header":"x-user"}],
+     "limit":{"algorithm":"gcra","rate":2,"period":"1s","burst":1}},
+    {"name":"per-ip-path","key":[{"client_ip":{}},{"path":{}}],
+     "match":{"methods":["GET"]},
+     "limit":{"algorithm":"fixed_window","limit":3,"window":"1s"}}]}"#;
+
+#[test]
+fn log_hash_hashes_what_keys_read_and_keeps_what_rules_match_on() {
+    let config = config::parse(KEYED.as_bytes()).unwrap();
+    let plan = LogPlan::new(&config);
+    let plans: Vec<(String, Plan)> = plan
+        .fields
+        .iter()
+        .map(|(s, f, p)| (format!("{s}.{f}"), p.clone()))
+        .collect();
+    assert_eq!(
+        plans,
+        [
+            ("headers.x-user".into(), Plan::Hash(Form::Value)),
+            (
+                "headers.:method".into(),
+                Plan::Clear("rule per-ip-path matches on it".into())
+            ),
+            (
+                "attributes.source.address".into(),
+                Plan::Hash(Form::ClientIp)
+            ),
+            ("headers.:path".into(), Plan::Hash(Form::Path)),
+        ]
+    );
+    let raw = r#"{"start_us":"5","decisions":null,"headers":{"x-user":"alice","x-other":"o","x-empty":"",":method":"GET",":path":"/a?q=1"},"attributes":{"source.address":"10.0.0.1:5000","gone":null}}"#;
+    let hashed: serde_json::Value =
+        serde_json::from_str(&plan.hash_line(&salt(), raw).unwrap()).unwrap();
+    let h = &hashed["headers"];
+    assert_eq!(h[":method"], "GET");
+    assert_eq!(
+        h["x-empty"], "",
+        "empty stays empty: a default applies to it"
+    );
+    assert_eq!(hashed["attributes"]["gone"], serde_json::Value::Null);
+    assert_eq!(hashed["start_us"], "5");
+    let form = |v: &serde_json::Value| Form::of(v.as_str().unwrap());
+    assert_eq!(form(&h["x-user"]), Some(Form::Value));
+    assert_eq!(
+        form(&h["x-other"]),
+        Some(Form::Value),
+        "a field no rule reads"
+    );
+    assert_eq!(form(&h[":path"]), Some(Form::Path));
+    assert_eq!(
+        h[":path"].as_str().unwrap(),
+        Form::Path.hash(&salt(), b"/a?q=2"),
+        "the query is not hashed"
+    );
+    assert_eq!(
+        form(&hashed["attributes"]["source.address"]),
+        Some(Form::ClientIp)
+    );
+    let text = hashed.to_string();
+    for secret in ["alice", "10.0.0.1", "/a"] {
+        assert!(!text.contains(secret), "{secret} in {text}");
+    }
+    // A query parameter key reads what no hash keeps: :path stays in clear.
+    let query = config::parse(
+        br#"{"rules":[{"name":"per-q","key":[{"query_param":"q"},{"path":{}}],
+        "limit":{"algorithm":"fixed_window","limit":3,"window":"1s"}}]}"#,
+    )
+    .unwrap();
+    assert_eq!(
+        LogPlan::new(&query).fields[0].2,
+        Plan::Clear("rule per-q keys on a query parameter of it".into())
+    );
+    assert_eq!(
+        plan.hash_line(&salt(), "[1]").unwrap_err(),
+        "not a JSON object"
+    );
+}
+
+/// A day of traffic: users, addresses with changing ports, paths with queries.
+fn traffic() -> Vec<String> {
+    let users = ["alice", "bob", "carol", ""];
+    let paths = ["/a?x=1", "/a?x=2", "/b", "/a"];
+    (0..400u64)
+        .map(|i| {
+            let at = 1_000_000 + i * 37_000 + (i * i) % 5_000;
+            let user = users[(i * 7 % 11 % 4) as usize];
+            let path = paths[(i % 4) as usize];
+            let method = if i % 5 == 0 { "POST" } else { "GET" };
+            let address = format!("10.0.0.{}:{}", i % 3, 40_000 + i);
+            format!(
+                r#"{{"start_us":"{at}","headers":{{"x-user":"{user}",":method":"{method}",":path":"{path}"}},"attributes":{{"source.address":"{address}"}}}}"#
+            )
+        })
+        .collect()
+}
+
+fn hash_log(config: &str, lines: &[String]) -> replay::Log {
+    let plan = LogPlan::new(&config::parse(config.as_bytes()).unwrap());
+    let hashed: Vec<String> = lines
+        .iter()
+        .map(|l| plan.hash_line(&salt(), l).unwrap())
+        .collect();
+    replay::parse_log(&hashed.join("\n"))
+}
+
+/// Each request's decisions (rule, outcome), in the order of the log.
+type Decisions = Vec<Vec<(String, Replayed)>>;
+
+/// The decisions by record, and the figures but for the keys' names.
+fn decided(report: &replay::Report) -> (Decisions, Vec<[u64; 4]>) {
+    let figures = report
+        .rules
+        .iter()
+        .map(|r| [r.matched, r.allowed, r.limited, r.top_keys.len() as u64])
+        .collect();
+    (report.decisions.values().cloned().collect(), figures)
+}
+
+#[test]
+fn a_hashed_log_replays_as_the_raw_one_for_configs_keyed_the_same_way() {
+    let lines = traffic();
+    let raw = replay::parse_log(&lines.join("\n"));
+    let hashed = hash_log(KEYED, &lines);
+    assert!(hashed.bad_lines.is_empty());
+    // The config it was hashed for, and a candidate with other limits, the same keys.
+    let tighter = KEYED
+        .replace(r#""rate":2"#, r#""rate":1"#)
+        .replace(r#""limit":3"#, r#""limit":2"#);
+    for candidate in [KEYED, tighter.as_str()] {
+        let on_raw = replay::replay(candidate.as_bytes(), &raw, &SEED).unwrap();
+        let on_hashed = replay::replay(candidate.as_bytes(), &hashed, &SEED).unwrap();
+        let (raw_decisions, raw_figures) = decided(&on_raw);
+        assert!(raw_figures.iter().all(|f| f[2] > 0), "{raw_figures:?}");
+        assert_eq!((raw_decisions, raw_figures), decided(&on_hashed));
+        assert!(on_hashed.rules[0].top_keys[0].0.starts_with("=hmac-v-"));
+    }
+}
+
+#[test]
+fn a_candidate_reading_a_hashed_fact_otherwise_is_refused() {
+    let hashed = hash_log(KEYED, &traffic());
+    let refused = |candidate: &str| {
+        replay::replay(candidate.as_bytes(), &hashed, &SEED)
+            .err()
+            .unwrap_or_else(|| panic!("replayed: {candidate}"))
+    };
+    let limit = r#""limit":{"algorithm":"fixed_window","limit":3,"window":"1s"}"#;
+    let matching = format!(
+        r#"{{"rules":[{{"name":"vip","match":{{"headers":[{{"name":"x-user","exact":"alice"}}]}},
+        "key":[{{"static":"all"}}],{limit}}}]}}"#
+    );
+    assert!(
+        refused(&matching).starts_with(
+            "rule vip matches on it (headers.x-user), which the log holds hashed whole: \
+             a replay cannot evaluate that"
+        ),
+        "{}",
+        refused(&matching)
+    );
+    let query = format!(r#"{{"rules":[{{"name":"q","key":[{{"query_param":"x"}}],{limit}}}]}}"#);
+    assert!(refused(&query).starts_with(
+        "rule q keys on a query parameter of it (headers.:path), which the log holds hashed \
+         without its query"
+    ));
+    let whole_address = format!(
+        r#"{{"rules":[{{"name":"conn","key":[{{"attribute":["source","address"]}}],{limit}}}]}}"#
+    );
+    assert!(refused(&whole_address).starts_with(
+        "rule conn keys on it (attributes.source.address), which the log holds hashed \
+         without its port"
+    ));
+    // Hashed whole, with the port: a client_ip key would see every connection apart.
+    let by_connection = format!(
+        r#"{{"rules":[{{"name":"conn","key":[{{"attribute":["source","address"]}}],{limit}}}]}}"#
+    );
+    let hashed_whole = hash_log(&by_connection, &traffic());
+    let client_ip =
+        format!(r#"{{"rules":[{{"name":"ip","key":[{{"client_ip":{{}}}}],{limit}}}]}}"#);
+    let err = replay::replay(client_ip.as_bytes(), &hashed_whole, &SEED).unwrap_err();
+    assert!(
+        err.starts_with(
+            "rule ip keys on it as client_ip (without its port) (attributes.source.address), \
+             which the log holds hashed whole"
+        ),
+        "{err}"
+    );
+    // A raw and a hashed log merged: refused too.
+    let mixed = replay::Log::merge(vec![
+        replay::parse_log(&traffic().join("\n")),
+        hash_log(KEYED, &traffic()),
+    ]);
+    let err = replay::replay(KEYED.as_bytes(), &mixed, &SEED).unwrap_err();
+    assert!(err.contains("both in clear and hashed"), "{err}");
+}
+
+#[test]
+fn cli_log_hash_rewrites_a_log_and_leaves_out_what_is_not_a_record() {
+    let config = file("hash.json", KEYED);
+    let salt = file("hash.salt", "a salt of more than sixteen bytes\n");
+    let mut lines = traffic();
+    lines.insert(1, "{ not json".into());
+    let log = file("hash-raw.jsonl", &lines.join("\n"));
+    let out = std::env::temp_dir().join(format!("weir-replay-{}-hashed", std::process::id()));
+    let path = |p: &PathBuf| p.to_str().unwrap().to_string();
+    let (config, salt, log, out) = (path(&config), path(&salt), path(&log), path(&out));
+    let (code, stdout, stderr) = weir_check(&[
+        "log-hash",
+        "--config",
+        &config,
+        "--salt-file",
+        &salt,
+        "--log",
+        &log,
+        "--out",
+        &out,
+    ]);
+    assert_eq!((code, stdout.as_str()), (0, ""), "{stderr}");
+    for expected in [
+        "hashed: headers.x-user (whole)\n",
+        "hashed: attributes.source.address (without its port)\n",
+        "in clear: headers.:method: rule per-ip-path matches on it\n",
+        "line 2: left out: not JSON",
+        "1 lines left out (not records; never written in clear)\n",
+    ] {
+        assert!(stderr.contains(expected), "{expected:?} not in:\n{stderr}");
+    }
+    let hashed = std::fs::read_to_string(&out).unwrap();
+    assert_eq!(hashed.lines().count(), 400);
+    assert!(!hashed.contains("alice"));
+    let hashed = replay::parse_log(&hashed);
+    let raw = replay::parse_log(&traffic().join("\n"));
+    assert_eq!(
+        decided(&replay::replay(KEYED.as_bytes(), &raw, &SEED).unwrap()),
+        decided(&replay::replay(KEYED.as_bytes(), &hashed, &SEED).unwrap())
+    );
+    let short = file("short.salt", "short");
+    let (code, _, stderr) = weir_check(&[
+        "log-hash",
+        "--config",
+        &config,
+        "--salt-file",
+        &path(&short),
+        "--log",
+        &log,
+    ]);
+    assert_eq!(code, 1);
+    assert!(
+        stderr.starts_with(&format!(
+            "error: --salt-file {}: 5 bytes of salt: at least 16",
+            path(&short)
+        )),
+        "{stderr}"
+    );
 }

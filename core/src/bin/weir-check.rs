@@ -13,20 +13,25 @@
 //! Exit status: 0 valid (with or without warnings), 1 invalid (or unreadable), 2 bad usage.
 //!
 //! `weir-check log-format FILE` prints the Envoy access-log `json_format` that records
-//! what FILE's rules read, and `weir-check replay --config CANDIDATE --log LOG
-//! [--served SERVED] [--json]` replays a recorded log through a candidate config
-//! (`weir_core::replay`; docs/operations.md, "Before you roll out a limit").
+//! what FILE's rules read, `weir-check log-hash` hashes such a log's values
+//! (`weir_core::log_hash`), and `weir-check replay --config CANDIDATE --log LOG...
+//! [--served SERVED] [--bucket DURATION] [--json]` replays recorded logs through a
+//! candidate config (`weir_core::replay`; docs/operations.md, "Before you roll out a
+//! limit").
 
 use std::io::{Read, Write};
 use std::process::ExitCode;
 use weir_core::config::{self, Config};
 use weir_core::key::Seed;
+use weir_core::log_hash::{LogPlan, Plan, Salt};
 use weir_core::replay::{self, AgainstServed, Report};
 
 const USAGE: &str = "\
 usage: weir-check check-config FILE
        weir-check log-format FILE
-       weir-check replay --config CANDIDATE --log LOG [--served SERVED] [--json]
+       weir-check replay --config CANDIDATE --log LOG [--log LOG ...] [--served SERVED]
+                         [--bucket DURATION] [--json]
+       weir-check log-hash --config CONFIG --salt-file SALT [--log LOG] [--out OUT]
        weir-check --help
        weir-check --version
 
@@ -36,13 +41,24 @@ Checks a weir plugin configuration (the JSON given to the filter as its
 Warnings go to stderr and do not change the exit status.
 
 log-format prints the access-log json_format (JSON) that records the facts
-FILE's rules read, weir's decisions, the status and the start time.
+FILE's rules read, weir's decisions, the status, the start time and the
+duration (for concurrency rules).
 
 replay runs CANDIDATE over LOG (lines of that format) in time order, as one
 single-worker Envoy, and prints per rule: requests matched, allowed, limited,
-the keys limited most and the 429s per second; against the decisions LOG
+the keys limited most and the 429s over time (per --bucket, e.g. 100ms, 1s,
+1m; default 1s); against the decisions LOG
 recorded (--served names the config that served it, to list what the
 candidate dropped or added). Lines that are not records are counted and named.
+--log may be given once per Envoy of a fleet: the logs are merged by time
+(equal times: in the order given) and replayed as one stream.
+
+log-hash rewrites a log recorded with log-format (LOG, or stdin; to OUT, or
+stdout): every value under headers and attributes becomes its HMAC-SHA256
+keyed with SALT (a file of at least 16 bytes), except the facts CONFIG's
+rules match on (or read a cost, a deadline or a query parameter from): those
+stay in clear, and are named on stderr. Lines that are not records are left
+out, named and counted on stderr.
 
 exit status: 0 valid, 1 invalid or unreadable, 2 bad usage
 ";
@@ -63,6 +79,13 @@ fn main() -> ExitCode {
         }
         ["check-config", file] => check_config(file),
         ["log-format", file] => log_format(file),
+        ["log-hash", rest @ ..] => match HashArgs::parse(rest) {
+            Some(args) => log_hash(&args),
+            None => {
+                eprint!("{USAGE}");
+                ExitCode::from(2)
+            }
+        },
         ["replay", rest @ ..] => match ReplayArgs::parse(rest) {
             Some(args) => replay(&args),
             None => {
@@ -155,41 +178,158 @@ fn log_format(file: &str) -> ExitCode {
     ExitCode::SUCCESS
 }
 
+struct HashArgs<'a> {
+    config: &'a str,
+    salt: &'a str,
+    log: Option<&'a str>,
+    out: Option<&'a str>,
+}
+
+impl<'a> HashArgs<'a> {
+    fn parse(args: &[&'a str]) -> Option<HashArgs<'a>> {
+        let (mut config, mut salt, mut log, mut out) = (None, None, None, None);
+        let mut args = args.iter();
+        while let Some(arg) = args.next() {
+            let value = Some(*args.next()?);
+            match *arg {
+                "--config" => config = value,
+                "--salt-file" => salt = value,
+                "--log" => log = value,
+                "--out" => out = value,
+                _ => return None,
+            }
+        }
+        Some(HashArgs {
+            config: config?,
+            salt: salt?,
+            log,
+            out,
+        })
+    }
+}
+
+fn log_hash(args: &HashArgs) -> ExitCode {
+    let inputs = read(args.config)
+        .map_err(|e| format!("cannot read {}: {e}", args.config))
+        .and_then(|json| config::parse(&json).map_err(|e| format!("{}: {e}", args.config)))
+        .and_then(|config| {
+            let salt = std::fs::read(args.salt)
+                .map_err(|e| format!("--salt-file {}: cannot read: {e}", args.salt))
+                .and_then(|bytes| {
+                    Salt::new(bytes).map_err(|e| format!("--salt-file {}: {e}", args.salt))
+                })?;
+            let log = read(args.log.unwrap_or("-"))
+                .map_err(|e| format!("cannot read {}: {e}", args.log.unwrap_or("stdin")))?;
+            Ok((config, salt, String::from_utf8_lossy(&log).into_owned()))
+        });
+    let (config, salt, log) = match inputs {
+        Ok(inputs) => inputs,
+        Err(err) => {
+            eprintln!("error: {err}");
+            return ExitCode::from(1);
+        }
+    };
+    let plan = LogPlan::new(&config);
+    for (section, field, plan) in &plan.fields {
+        match plan {
+            Plan::Hash(form) => eprintln!("hashed: {section}.{field} ({})", form.describe()),
+            Plan::Clear(why) => eprintln!("in clear: {section}.{field}: {why}"),
+        }
+    }
+    eprintln!("hashed: every other field of headers and attributes (whole)");
+    let mut out = String::with_capacity(log.len());
+    let mut left_out = 0;
+    for (at, line) in log.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        match plan.hash_line(&salt, line) {
+            Ok(hashed) => {
+                out += &hashed;
+                out.push('\n');
+            }
+            Err(err) => {
+                left_out += 1;
+                eprintln!("line {}: left out: {err}", at + 1);
+            }
+        }
+    }
+    if left_out > 0 {
+        eprintln!("{left_out} lines left out (not records; never written in clear)");
+    }
+    let written = match args.out {
+        Some(file) => std::fs::write(file, out).map_err(|e| format!("cannot write {file}: {e}")),
+        None => std::io::stdout()
+            .write_all(out.as_bytes())
+            .map_err(|e| format!("cannot write to stdout: {e}")),
+    };
+    match written {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err}");
+            ExitCode::from(1)
+        }
+    }
+}
+
 struct ReplayArgs<'a> {
     config: &'a str,
-    log: &'a str,
+    /// One log per Envoy of the fleet, at least one.
+    logs: Vec<&'a str>,
     served: Option<&'a str>,
+    /// As given (`--bucket`, default `1s`); checked by [`replay::parse_bucket`].
+    bucket: &'a str,
     json: bool,
 }
 
 impl<'a> ReplayArgs<'a> {
     fn parse(args: &[&'a str]) -> Option<ReplayArgs<'a>> {
-        let (mut config, mut log, mut served, mut json) = (None, None, None, false);
+        let (mut config, mut logs, mut served, mut json) = (None, Vec::new(), None, false);
+        let mut bucket = "1s";
         let mut args = args.iter();
         while let Some(arg) = args.next() {
             match *arg {
                 "--config" => config = Some(*args.next()?),
-                "--log" => log = Some(*args.next()?),
+                "--log" => logs.push(*args.next()?),
                 "--served" => served = Some(*args.next()?),
+                "--bucket" => bucket = args.next()?,
                 "--json" => json = true,
                 _ => return None,
             }
         }
+        if logs.is_empty() {
+            return None;
+        }
         Some(ReplayArgs {
             config: config?,
-            log: log?,
+            logs,
             served,
+            bucket,
             json,
         })
     }
 }
 
 fn replay(args: &ReplayArgs) -> ExitCode {
+    let bucket_us = match replay::parse_bucket("--bucket", args.bucket) {
+        Ok(us) => us,
+        Err(err) => {
+            eprintln!("error: {err}");
+            return ExitCode::from(2);
+        }
+    };
     let inputs = read(args.config)
         .map_err(|e| format!("cannot read {}: {e}", args.config))
         .and_then(|config| {
-            let log = read(args.log).map_err(|e| format!("cannot read {}: {e}", args.log))?;
-            Ok((config, String::from_utf8_lossy(&log).into_owned()))
+            let logs = args
+                .logs
+                .iter()
+                .map(|file| {
+                    let text = read(file).map_err(|e| format!("cannot read {file}: {e}"))?;
+                    Ok(replay::parse_log(&String::from_utf8_lossy(&text)))
+                })
+                .collect::<Result<Vec<_>, String>>()?;
+            Ok((config, replay::Log::merge(logs)))
         });
     let (candidate, log) = match inputs {
         Ok(inputs) => inputs,
@@ -210,10 +350,12 @@ fn replay(args: &ReplayArgs) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let log = replay::parse_log(&log);
-    // Any seed: slots collide only in a table far smaller than its keys.
-    let seed = Seed([0; 16]);
-    let report = match replay::replay(&candidate, &log, &seed) {
+    let options = replay::Options {
+        // Any seed: slots collide only in a table far smaller than its keys.
+        seed: Seed([0; 16]),
+        bucket_us,
+    };
+    let report = match replay::replay_with(&candidate, &log, &options) {
         Ok(report) => report,
         Err(err) => {
             eprintln!("error: {}: {err}", args.config);
@@ -224,15 +366,25 @@ fn replay(args: &ReplayArgs) -> ExitCode {
         .as_ref()
         .map(|served| replay::against_served(served, &report, &log));
     let text = if args.json {
-        serde_json::to_string_pretty(&report_json(&report, against.as_ref())).unwrap_or_default()
+        serde_json::to_string_pretty(&report_json(&report, against.as_ref(), &args.logs))
+            .unwrap_or_default()
     } else {
-        report_text(&report, against.as_ref())
+        report_text(&report, against.as_ref(), &args.logs, args.bucket)
     };
     let _ = writeln!(std::io::stdout(), "{text}");
     ExitCode::SUCCESS
 }
 
-fn report_json(report: &Report, against: Option<&AgainstServed>) -> serde_json::Value {
+/// The file a bad line was read from, by its log's position.
+fn log_name<'a>(logs: &[&'a str], log: usize) -> &'a str {
+    logs.get(log).copied().unwrap_or("?")
+}
+
+fn report_json(
+    report: &Report,
+    against: Option<&AgainstServed>,
+    logs: &[&str],
+) -> serde_json::Value {
     use serde_json::json;
     let rules: Vec<serde_json::Value> = report
         .rules
@@ -244,8 +396,10 @@ fn report_json(report: &Report, against: Option<&AgainstServed>) -> serde_json::
                 "allowed": r.allowed,
                 "limited": r.limited,
                 "shadow_limited": r.shadow_limited,
+                "delayed": r.delayed,
+                "delayed_us": r.delayed_us,
                 "top_keys": r.top_keys.iter().map(|(k, n)| json!({"key": k, "limited": n})).collect::<Vec<_>>(),
-                "limited_per_second": r.limited_per_second.iter().map(|(s, n)| json!({"second": s, "limited": n})).collect::<Vec<_>>(),
+                "limited_over_time": r.limited_over_time.iter().map(|(start, n)| json!({"start_us": start, "limited": n})).collect::<Vec<_>>(),
             });
             if let (Some(_), Some(rule)) = (against, rule.as_object_mut()) {
                 let against = json!({
@@ -261,7 +415,10 @@ fn report_json(report: &Report, against: Option<&AgainstServed>) -> serde_json::
         .collect();
     let mut out = json!({
         "requests": report.requests,
-        "bad_lines": report.bad_lines.iter().map(|b| json!({"line": b.line, "error": b.error})).collect::<Vec<_>>(),
+        "logs": logs,
+        "bucket_us": report.bucket_us,
+        "without_duration": report.without_duration,
+        "bad_lines": report.bad_lines.iter().map(|b| json!({"log": log_name(logs, b.log), "line": b.line, "error": b.error})).collect::<Vec<_>>(),
         "not_replayed": report.not_replayed.iter().map(|(r, why)| json!({"rule": r, "why": why})).collect::<Vec<_>>(),
         "central": report.central,
         "rules": rules,
@@ -282,16 +439,49 @@ fn report_json(report: &Report, against: Option<&AgainstServed>) -> serde_json::
     out
 }
 
-fn report_text(report: &Report, against: Option<&AgainstServed>) -> String {
-    let mut out = format!("{} requests replayed\n", report.requests);
+/// A bucket's start in unix seconds, with as many decimals as the bucket's width needs.
+fn unix_seconds(us: u64, bucket_us: u64) -> String {
+    let (seconds, fraction) = (us / 1_000_000, us % 1_000_000);
+    if bucket_us.is_multiple_of(1_000_000) {
+        seconds.to_string()
+    } else if bucket_us.is_multiple_of(1_000) {
+        format!("{seconds}.{:03}", fraction / 1_000)
+    } else {
+        format!("{seconds}.{fraction:06}")
+    }
+}
+
+fn report_text(
+    report: &Report,
+    against: Option<&AgainstServed>,
+    logs: &[&str],
+    bucket: &str,
+) -> String {
+    let mut out = format!("{} requests replayed", report.requests);
+    if logs.len() > 1 {
+        out += &format!(" from {} logs, merged by time", logs.len());
+    }
+    out += "\n";
     if !report.bad_lines.is_empty() {
         out += &format!("{} lines skipped:\n", report.bad_lines.len());
         for bad in report.bad_lines.iter().take(20) {
-            out += &format!("  line {}: {}\n", bad.line, bad.error);
+            // One log: its lines are named as before; several: with their file.
+            let file = if logs.len() > 1 {
+                format!("{}: ", log_name(logs, bad.log))
+            } else {
+                String::new()
+            };
+            out += &format!("  {file}line {}: {}\n", bad.line, bad.error);
         }
     }
     for (rule, why) in &report.not_replayed {
         out += &format!("rule {rule}: {why}\n");
+    }
+    if report.without_duration > 0 {
+        out += &format!(
+            "{} requests have no duration_us: they held no place of a concurrency rule\n",
+            report.without_duration
+        );
     }
     if let Some(against) = against {
         for (rule, limited) in &against.dropped {
@@ -324,6 +514,13 @@ fn report_text(report: &Report, against: Option<&AgainstServed>) -> String {
         if r.shadow_limited > 0 {
             out += &format!(", {} shadow-limited", r.shadow_limited);
         }
+        if r.delayed > 0 {
+            out += &format!(
+                " ({} of the allowed delayed, {} ms on average)",
+                r.delayed,
+                r.delayed_us / r.delayed / 1_000
+            );
+        }
         out += "\n";
         if against.is_some() {
             out += &format!(
@@ -337,10 +534,14 @@ fn report_text(report: &Report, against: Option<&AgainstServed>) -> String {
                 out += &format!("    {n:>8}  {key}\n");
             }
         }
-        if !r.limited_per_second.is_empty() {
-            out += "  limited per second (unix second: requests):\n";
-            for (second, n) in &r.limited_per_second {
-                out += &format!("    {second}: {n}\n");
+        if !r.limited_over_time.is_empty() {
+            if report.bucket_us == 1_000_000 {
+                out += "  limited per second (unix second: requests):\n";
+            } else {
+                out += &format!("  limited per {bucket} (bucket start, unix seconds: requests):\n");
+            }
+            for (start, n) in &r.limited_over_time {
+                out += &format!("    {}: {n}\n", unix_seconds(*start, report.bucket_us));
             }
         }
     }
