@@ -50,6 +50,7 @@ const ENGINE_LAYERS: &[&str] = &[
     "global",
     "runtime",
     "bridge",
+    "outstanding",
     "mod",
 ];
 
