@@ -42,9 +42,9 @@ use crate::store::SharedStore;
 use crate::time::Micros;
 use crate::worker::Worker;
 
-use super::runtime::{Engine, RuleRuntime};
 #[cfg(doc)]
-use super::{Evaluation, HeldRequest};
+use super::evaluation::{Evaluation, HeldRequest};
+use super::runtime::{Engine, RuleRuntime};
 
 /// Sets of each lease table a worker's sweep reads per call: one host call each, plus a
 /// CAS for a set that held expired units.
@@ -60,6 +60,17 @@ pub struct Expired {
 }
 
 impl Engine {
+    /// A rule's limit in units, as its policy states it (a GCRA's burst + 1, a bucket's
+    /// capacity, a window's limit): what one key may admit at once. The configured
+    /// limit of a global rule (the whole fleet's); 0 for a concurrency rule.
+    pub fn limit_units(&self, rule: RuleId) -> u64 {
+        match self.rule(rule) {
+            Some((_, RuleRuntime::Local(local))) => local.slots.limit.policy().quota,
+            Some((_, RuleRuntime::Global(global))) => global.global.limit.policy().quota,
+            Some((_, RuleRuntime::Concurrency(_))) | None => 0,
+        }
+    }
+
     /// Units held over every key of a global rule's lease table, read set by set (one
     /// host call per set): for tests and tools. `None` for any other rule, or when the
     /// store fails.

@@ -16,7 +16,10 @@
 //! denial, no bridge call), `bridge_decisions` (decided by Redis), and what their failure
 //! mode did: `failure_allowed`, `failure_denied`, `failure_local`; with leases, what
 //! became of the units Redis granted ahead: `lease_units_granted`, `lease_units_late`
-//! (came back with no time left to spend) and `lease_units_expired` (dropped unspent). For the store
+//! (came back with no time left to spend) and `lease_units_expired` (dropped unspent).
+//! Every rule has the gauges `outstanding_units` (units counted in the store and not
+//! admitted yet: see `weir_core::engine` `outstanding.rs`) and `limit_units` (its limit
+//! for one key, set once). For the store
 //! (`weir.<plugin>.store.<counter>`): `cas_retries`, `cas_give_ups`, `slot_takeovers`,
 //! `slot_evictions`. For the bridge (`weir.<plugin>.bridge.<counter>`): `calls`, `joined`
 //! (a request waited on another request's call for its keys), `busy` (that call had all
@@ -69,7 +72,7 @@
 
 use super::host::{BoundaryCounts, CallKind, Host, HostResult, MetricType};
 use crate::engine::{
-    Adapted, BridgeError, Delayed, Evaluation, FailureOutcome, RuleOutcome, Source,
+    Adapted, BridgeError, Delayed, Evaluation, Expired, FailureOutcome, RuleOutcome, Source,
 };
 use crate::rules::RuleId;
 use crate::store::{Placement, UpdateError};
@@ -122,6 +125,8 @@ struct RuleMetrics {
     in_flight_release_errors: Stat,
     in_flight_reclaimed: Stat,
     keys_without_controller: Stat,
+    /// Gauge: units counted in the store and not admitted yet (`engine::outstanding`).
+    outstanding_units: Stat,
     /// Adaptive concurrency rules: the limit, the last interval's latency sample and
     /// the baseline, recorded when a worker merges.
     adaptive: Option<AdaptiveGauges>,
@@ -183,6 +188,8 @@ pub struct RuleStats<'a> {
     /// An adaptive concurrency rule with one controller: its limit, latency sample and
     /// baseline as gauges.
     pub adaptive_gauges: bool,
+    /// The rule's limit in units (`Engine::limit_units`), set once as a gauge.
+    pub limit_units: u64,
 }
 
 #[derive(Debug)]
@@ -284,6 +291,9 @@ impl Metrics {
                 None
             };
             let prefix = format!("{base}.rule.{name}");
+            let limit_id =
+                host.define_metric(MetricType::Gauge, &format!("{prefix}.limit_units"))?;
+            host.record_metric(limit_id, rule.limit_units)?;
             let slots_in_use = r.define(MetricType::Gauge, &format!("{prefix}.slots_in_use"))?;
             let capacity_id =
                 host.define_metric(MetricType::Gauge, &format!("{prefix}.slots_capacity"))?;
@@ -328,6 +338,8 @@ impl Metrics {
                     .counter(&format!("{prefix}.in_flight_release_errors"))?,
                 in_flight_reclaimed: r.counter(&format!("{prefix}.in_flight_reclaimed"))?,
                 keys_without_controller: r.counter(&format!("{prefix}.keys_without_controller"))?,
+                outstanding_units: r
+                    .define(MetricType::Gauge, &format!("{prefix}.outstanding_units"))?,
                 adaptive,
             });
         }
@@ -511,6 +523,34 @@ impl Metrics {
         }
     }
 
+    /// A change to a rule's units outstanding.
+    pub fn outstanding(&self, rule: RuleId, units: i64) {
+        if let Some(rule) = self.rules.get(rule.index()) {
+            self.bump(rule.outstanding_units, units);
+        }
+    }
+
+    /// Counts the changes to units outstanding an evaluation made since its last step,
+    /// and forgets them (see `Evaluation::drain_outstanding`).
+    pub fn drain_outstanding(&self, eval: &mut Evaluation) {
+        eval.drain_outstanding(|rule, units| self.outstanding(rule, units));
+    }
+
+    /// Units a sweep dropped unspent: no longer outstanding, and under-admission.
+    pub fn expired(&self, expired: &Expired) {
+        let Some(rule) = self.rules.get(expired.rule.index()) else {
+            return;
+        };
+        let units = i64::try_from(expired.units).unwrap_or(i64::MAX);
+        self.bump(rule.outstanding_units, -units);
+        let counter = if expired.lease {
+            rule.lease_units_expired
+        } else {
+            rule.reservoir_expired
+        };
+        self.bump(counter, units);
+    }
+
     /// An adaptive rule's controller as a worker merged it.
     pub fn adapted<H: Host>(&self, host: &H, adapted: &Adapted) {
         // A key's controller: a gauge holds one value, and a rule has a limit per key.
@@ -550,6 +590,11 @@ impl Metrics {
             Some(BridgeError::Busy) => self.bump(self.bridge_busy, 1),
             Some(BridgeError::Reply(error)) => self.bridge_error(error),
             None => {}
+        }
+        // What the evaluation's steps have not drained (a request gone while waiting on
+        // its own call, a denied held request).
+        for (rule, units) in eval.outstanding_changes() {
+            self.outstanding(rule, units);
         }
         for report in &eval.reports {
             let Some(rule) = self.rules.get(report.rule.index()) else {

@@ -34,6 +34,9 @@ impl Root {
         match Plugin::configure(host) {
             Ok(plugin) => {
                 self.log(host, LogLevel::Info, &plugin.summary());
+                if let Some(old) = &self.plugin {
+                    old.retire(host);
+                }
                 self.plugin = Some(Rc::new(plugin));
                 // Idle workers send their pending metric increments on the tick, and
                 // every VM checks that it hashes with the stored seed.
