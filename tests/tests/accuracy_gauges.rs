@@ -1,6 +1,7 @@
 //! The accuracy gauges in a real Envoy (2 workers) with weir-bridge and a Redis Cluster:
 //! after load on a leased global rule and on a local rule with reservoirs, each rule's
-//! `outstanding_units` equals what the store counted less what the access log admitted —
+//! `outstanding_units` equals what the store counted less what the access log admitted
+//! (as the conformance checker reads the log, judging each key's admissions too) —
 //! for the global rule, the units Redis granted (the bridge's
 //! `weir_bridge_units_granted_total`); for the local rule, its bucket's whole capacity,
 //! which a 429 proves is counted (it refills 1 unit an hour). Once the units' time is
@@ -31,14 +32,14 @@ fn config() -> String {
     )
 }
 
-/// Units `rule` admitted, summed from the access log.
-fn admitted(logs: &[Vec<Logged>], rule: &str) -> u64 {
+/// Units `rule` admitted, as the conformance checker derives them from the access log
+/// (which also judges them against the rule's configured limit, key by key).
+fn admitted(s: &GlobalStack, logs: &[Vec<Logged>], rule: &str) -> u64 {
     let refs: Vec<&[Logged]> = logs.iter().map(Vec::as_slice).collect();
-    decisions::admissions(&refs, rule)
-        .values()
-        .flatten()
-        .map(|a| a.cost)
-        .sum()
+    let limit = decisions::configured_limit(&s.configs[0], rule);
+    decisions::check(&refs, rule, &limit)
+        .unwrap_or_else(|v| panic!("{v}"))
+        .admitted
 }
 
 #[test]
@@ -88,8 +89,8 @@ fn outstanding_units_match_the_store_less_the_access_log_and_return_to_zero() {
         s.bridge
             .metric_sum("weir_bridge_units_granted_total", &[("rule", "leased")]) as u64;
     let logs = s.logs.read(total);
-    let leased_admitted = admitted(&logs, "leased");
-    let pooled_admitted = admitted(&logs, "pooled");
+    let leased_admitted = admitted(&s, &logs, "leased");
+    let pooled_admitted = admitted(&s, &logs, "pooled");
     let expired_early = envoy.weir_stat("rule.leased.lease_units_expired")
         + envoy.weir_stat("rule.leased.lease_units_late")
         + envoy.weir_stat("rule.pooled.reservoir_units_expired")
