@@ -375,9 +375,11 @@ fn reservoir_units_are_outstanding_until_spent_expired_or_their_plugin_goes() {
     envoy.advance_us(150 * MS);
     envoy.tick(root);
     assert!(stat_of(&envoy, "rule.api.outstanding_units") > 0);
+    let lost = stat_of(&envoy, "rule.api.outstanding_units");
     let new_root = envoy.configure(config).unwrap();
     envoy.tear_down(root);
     assert_eq!(stat_of(&envoy, "rule.api.outstanding_units"), 0);
+    assert_eq!(stat_of(&envoy, "rule.api.reservoir_units_evicted"), lost);
     envoy.tick(new_root);
 }
 

@@ -536,6 +536,17 @@ impl Metrics {
         eval.drain_outstanding(|rule, units| self.outstanding(rule, units));
     }
 
+    /// Units a worker's reservoirs held when it forgot every key (a new hashing seed, its
+    /// plugin replaced): no longer outstanding, never admitted (`reservoir_units_evicted`).
+    pub fn reservoirs_dropped(&self, rule: RuleId, units: u64) {
+        let Some(rule) = self.rules.get(rule.index()) else {
+            return;
+        };
+        let units = i64::try_from(units).unwrap_or(i64::MAX);
+        self.bump(rule.outstanding_units, -units);
+        self.bump(rule.reservoir_lost, units);
+    }
+
     /// Units a sweep dropped unspent: no longer outstanding, and under-admission.
     pub fn expired(&self, expired: &Expired) {
         let Some(rule) = self.rules.get(expired.rule.index()) else {

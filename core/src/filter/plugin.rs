@@ -573,8 +573,7 @@ impl Plugin {
             return;
         };
         for (rule, lost) in worker.reservoirs.clear() {
-            self.metrics
-                .outstanding(rule, -i64::try_from(lost).unwrap_or(i64::MAX));
+            self.metrics.reservoirs_dropped(rule, lost);
         }
     }
 }
