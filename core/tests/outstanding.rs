@@ -1,6 +1,7 @@
 //! Units outstanding (`weir_core::engine` `outstanding.rs`): random traffic through the
 //! engine — two workers of one Envoy, a local rule with reservoirs and a delay, a global
-//! rule with leases behind a model bridge with latency — and, at every step, the sum of
+//! rule with leases behind a model bridge with latency, requests joining a call in flight
+//! for their key as the filter's do — and, at every step, the sum of
 //! every change the engine reported (drained as the filter drains them) must equal a
 //! count taken from the tables themselves: units in the workers' reservoirs, units in the
 //! lease slots in shared data, units of the requests held now (by the test's own list).
@@ -18,7 +19,8 @@ mod support;
 use std::collections::BTreeMap;
 
 use support::{engine, user, Rng, SEED, T0};
-use weir_core::engine::{Engine, Evaluation, LEASE_SETS_PER_SWEEP};
+use weir_core::engine::{BridgeError, Engine, Evaluation, LEASE_SETS_PER_SWEEP};
+use weir_core::flight::{Call as FlightCall, Flights, Join};
 use weir_core::rules::{Facts, RuleId};
 use weir_core::simulation::ModelBridge;
 use weir_core::store::memory::MemoryStore;
@@ -121,6 +123,10 @@ struct Run<'e> {
     /// units the test itself knows it holds (its cost).
     held: BTreeMap<u32, (Evaluation, usize, support::FakeRequest, u64)>,
     calls: Vec<Option<Call>>,
+    /// Each worker's calls others may join (single flight, as the filter), and the
+    /// requests waiting on them by context: the evaluation and its request.
+    flights: Vec<Flights>,
+    waiting: BTreeMap<u32, (Evaluation, support::FakeRequest)>,
     events: BTreeMap<(u64, u64), Event>,
     seq: u64,
     next_context: u32,
@@ -208,9 +214,41 @@ impl Run<'_> {
             return;
         }
         if !eval.pending.is_empty() {
+            let context = self.next_context;
+            self.next_context += 1;
+            let e = self.e;
+            match self.flights[worker].join(context, &eval.pending, |rule| e.shares_calls(rule)) {
+                Join::Waiting(_) => {
+                    self.waiting.insert(context, (eval, request));
+                    return;
+                }
+                Join::Full => {
+                    e.fail_now(&mut eval, &self.store, Micros(now), BridgeError::Busy);
+                    self.drain(&mut eval);
+                    return;
+                }
+                Join::Alone => {}
+            }
             self.e.note_call_sent(&mut eval, &self.store, Micros(now));
             self.drain(&mut eval);
             let call = self.calls.len();
+            let keys = eval
+                .pending
+                .iter()
+                .filter(|item| e.shares_calls(item.rule))
+                .map(|item| (item.rule, item.hash))
+                .collect();
+            self.flights[worker].start(
+                call as u32,
+                FlightCall {
+                    owner: context,
+                    sent_at: Micros(now),
+                    eval: Evaluation::default(),
+                    keys,
+                    waiters: Vec::new(),
+                    resent: false,
+                },
+            );
             let latency = self.rng.below(4 * MS);
             self.calls.push(Some(Call {
                 worker,
@@ -260,6 +298,20 @@ impl Run<'_> {
                 );
                 self.go_on(eval, c.worker, c.request, now);
                 self.check("a reply");
+                // Its waiters look again, as the filter's: served from what it brought,
+                // or a call of their own (which the next of them joins).
+                let waiters = self.flights[c.worker]
+                    .land(call as u32)
+                    .map(|landed| landed.waiters)
+                    .unwrap_or_default();
+                let count = waiters.len();
+                for (looked, waiter) in waiters.into_iter().enumerate() {
+                    let (mut eval, request) = self.waiting.remove(&waiter).unwrap();
+                    let still = (count - looked) as u64;
+                    self.e.revisit(&mut eval, &self.store, Micros(now), still);
+                    self.go_on(eval, c.worker, request, now);
+                    self.check("a waiter's second look");
+                }
             }
             Event::Release { context } => {
                 let (mut eval, worker, request, _) = self.held.remove(&context).unwrap();
@@ -325,6 +377,8 @@ fn run_case(case: u64) -> (u64, bool, bool) {
         gauge: BTreeMap::new(),
         held: BTreeMap::new(),
         calls: Vec::new(),
+        flights: vec![Flights::default(), Flights::default()],
+        waiting: BTreeMap::new(),
         events: BTreeMap::new(),
         seq: 0,
         next_context: 1,

@@ -29,8 +29,8 @@
 //! Units expire lazily where they are kept: a slot drops its expired units when a request
 //! next reads it. The sweep drops them when their time ends instead: a worker's
 //! reservoirs at each tick (memory only), and [`LEASE_SETS_PER_SWEEP`] sets of each lease
-//! table per tick, round the table — so a table of `S` sets is swept within `S /
-//! LEASE_SETS_PER_SWEEP` ticks of every worker together.
+//! table per tick, round the table from the worker's cursor — so one worker reads a
+//! table of `S` sets through in `S / LEASE_SETS_PER_SWEEP` sweeps.
 //!
 //! ```
 //! use weir_core::engine::LEASE_SETS_PER_SWEEP;

@@ -164,9 +164,14 @@ impl Plugin {
             .collect();
         let metrics = Metrics::define(host, &plugin_name, &rules)
             .map_err(|e| format!("cannot define metrics: {e}"))?;
+        let mut worker = engine.worker();
+        // Each VM sweeps the lease tables from its own place: together they read them
+        // through sooner than in step.
+        let [a, b, c, d, ..] = fresh;
+        worker.lease_sweep_next = u32::from_le_bytes([a, b, c, d]);
         Ok(Plugin {
             buffers: RefCell::new(BufferBudget::new(engine.config.max_buffered_bytes)),
-            worker: RefCell::new(engine.worker()),
+            worker: RefCell::new(worker),
             commits: RefCell::new(CommitQueue::default()),
             tick_ms: Cell::new(SLOW_TICK_MS),
             places_due: Cell::new(false),
