@@ -127,6 +127,9 @@ struct RuleMetrics {
     keys_without_controller: Stat,
     /// Gauge: units counted in the store and not admitted yet (`engine::outstanding`).
     outstanding_units: Stat,
+    /// A global rule's: its outstanding units are in shared data, where other workers
+    /// spend them (see [`Metrics::drain_outstanding`]).
+    outstanding_shared: bool,
     /// Adaptive concurrency rules: the limit, the last interval's latency sample and
     /// the baseline, recorded when a worker merges.
     adaptive: Option<AdaptiveGauges>,
@@ -190,6 +193,8 @@ pub struct RuleStats<'a> {
     pub adaptive_gauges: bool,
     /// The rule's limit in units (`Engine::limit_units`), set once as a gauge.
     pub limit_units: u64,
+    /// A global rule: its units outstanding are spent by every worker.
+    pub global: bool,
 }
 
 #[derive(Debug)]
@@ -340,6 +345,7 @@ impl Metrics {
                 keys_without_controller: r.counter(&format!("{prefix}.keys_without_controller"))?,
                 outstanding_units: r
                     .define(MetricType::Gauge, &format!("{prefix}.outstanding_units"))?,
+                outstanding_shared: rule.global,
                 adaptive,
             });
         }
@@ -407,12 +413,9 @@ impl Metrics {
         self.bump(b.entries, delta(now_counted.entries, before.entries));
         self.bump(b.bytes_in, delta(now_counted.bytes_in, before.bytes_in));
         self.bump(b.bytes_out, delta(now_counted.bytes_out, before.bytes_out));
-        for (id, delta) in &self.pending {
-            let by = delta.replace(0);
-            if by != 0 {
-                // A stat that cannot be incremented is not worth failing anything for.
-                let _ = host.increment_metric(*id, by);
-            }
+        for stat in 0..self.pending.len() {
+            // A stat that cannot be incremented is not worth failing anything for.
+            self.send_now(host, Stat(stat));
         }
     }
 
@@ -532,8 +535,35 @@ impl Metrics {
 
     /// Counts the changes to units outstanding an evaluation made since its last step,
     /// and forgets them (see `Evaluation::drain_outstanding`).
-    pub fn drain_outstanding(&self, eval: &mut Evaluation) {
-        eval.drain_outstanding(|rule, units| self.outstanding(rule, units));
+    pub fn drain_outstanding<H: Host>(&self, host: &H, eval: &mut Evaluation) {
+        eval.drain_outstanding(|rule, units| self.outstanding_sent(host, rule, units));
+    }
+
+    /// A change to a rule's units outstanding. A global rule's units are in shared data:
+    /// another worker may spend them a moment later and send its decrement first, so
+    /// what adds to them is sent at once, and the gauge Envoy keeps (unsigned) never goes
+    /// below 0. A local rule's units (reservoirs, held requests) are spent by the worker
+    /// that holds them, whose increments net out in its VM before they are sent. Either
+    /// way the gauge reads at most what was spent in the last [`FLUSH_INTERVAL`] above
+    /// the truth, never below it.
+    fn outstanding_sent<H: Host>(&self, host: &H, rule: RuleId, units: i64) {
+        let Some(metrics) = self.rules.get(rule.index()) else {
+            return;
+        };
+        self.bump(metrics.outstanding_units, units);
+        if units > 0 && metrics.outstanding_shared {
+            self.send_now(host, metrics.outstanding_units);
+        }
+    }
+
+    /// Sends one stat's pending increment now.
+    fn send_now<H: Host>(&self, host: &H, stat: Stat) {
+        if let Some((id, delta)) = self.pending.get(stat.0) {
+            let by = delta.replace(0);
+            if by != 0 {
+                let _ = host.increment_metric(*id, by);
+            }
+        }
     }
 
     /// Units a worker's reservoirs held when it forgot every key (a new hashing seed, its
@@ -605,7 +635,7 @@ impl Metrics {
         // What the evaluation's steps have not drained (a request gone while waiting on
         // its own call, a denied held request).
         for (rule, units) in eval.outstanding_changes() {
-            self.outstanding(rule, units);
+            self.outstanding_sent(host, rule, units);
         }
         for report in &eval.reports {
             let Some(rule) = self.rules.get(report.rule.index()) else {

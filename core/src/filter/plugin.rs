@@ -160,6 +160,7 @@ impl Plugin {
                 // A `per_key` rule's limits are one per key: no gauge holds them.
                 adaptive_gauges: rule.adaptive().is_some_and(|a| a.key_controllers.is_none()),
                 limit_units: engine.limit_units(rule.id),
+                global: rule.is_global(),
             })
             .collect();
         let metrics = Metrics::define(host, &plugin_name, &rules)

@@ -371,7 +371,7 @@ impl Request {
     ) -> Action {
         // Each step's changes to units outstanding count now, not when the request ends:
         // a request may be held, or wait on a call, for a while.
-        plugin.metrics.drain_outstanding(&mut eval);
+        plugin.metrics.drain_outstanding(host, &mut eval);
         if eval.held.is_some() {
             return self.hold(host, plugin, eval, now);
         }
