@@ -81,20 +81,29 @@ fn outstanding_units_match_the_store_less_the_access_log_and_return_to_zero() {
     });
     assert!(limited, "the pooled bucket never ran out");
 
-    // Well within the units' hold: the gauges against the store and the log.
+    // Well within the units' hold: the gauges (one snapshot, once the workers' stats
+    // are in) against the store and the log.
     let envoy = &s.envoys[0];
-    let leased_gauge = envoy.weir_stat("rule.leased.outstanding_units");
-    let pooled_gauge = envoy.weir_stat("rule.pooled.outstanding_units");
+    thread::sleep(weir_e2e::WEIR_STATS_LAG);
+    let snapshot = envoy.stats_matching(r"^wasmcustom\.weir\.weir\.rule\.");
+    let stat = |name: &str| {
+        snapshot
+            .get(&format!("wasmcustom.weir.weir.rule.{name}"))
+            .copied()
+            .unwrap_or_else(|| panic!("no stat {name}"))
+    };
+    let leased_gauge = stat("leased.outstanding_units");
+    let pooled_gauge = stat("pooled.outstanding_units");
+    let expired_early = stat("leased.lease_units_expired")
+        + stat("leased.lease_units_late")
+        + stat("pooled.reservoir_units_expired")
+        + stat("pooled.reservoir_units_evicted");
     let granted =
         s.bridge
             .metric_sum("weir_bridge_units_granted_total", &[("rule", "leased")]) as u64;
     let logs = s.logs.read(total);
     let leased_admitted = admitted(&s, &logs, "leased");
     let pooled_admitted = admitted(&s, &logs, "pooled");
-    let expired_early = envoy.weir_stat("rule.leased.lease_units_expired")
-        + envoy.weir_stat("rule.leased.lease_units_late")
-        + envoy.weir_stat("rule.pooled.reservoir_units_expired")
-        + envoy.weir_stat("rule.pooled.reservoir_units_evicted");
     eprintln!(
         "leased: Redis granted {granted}, the log admitted {leased_admitted}, gauge {leased_gauge}; \
          pooled: capacity {CAPACITY}, the log admitted {pooled_admitted}, gauge {pooled_gauge}; \
@@ -116,8 +125,8 @@ fn outstanding_units_match_the_store_less_the_access_log_and_return_to_zero() {
         CAPACITY - pooled_admitted,
         "pooled: outstanding = the bucket's capacity (all counted) - admitted in the log"
     );
-    assert_eq!(envoy.weir_stat("rule.leased.limit_units"), 100_000);
-    assert_eq!(envoy.weir_stat("rule.pooled.limit_units"), CAPACITY);
+    assert_eq!(stat("leased.limit_units"), 100_000);
+    assert_eq!(stat("pooled.limit_units"), CAPACITY);
 
     // The units' time ends with no request looking: the workers' sweeps drop them.
     let zero = weir_e2e::wait_until(Duration::from_secs(10), Duration::from_millis(200), || {
