@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use weir_e2e::decisions::{self, Logged};
 use weir_e2e::global::GlobalStack;
-use weir_e2e::{Client, Request};
+use weir_e2e::{wasm_filter_yaml, weir_wasm, Bootstrap, Client, Envoy, Request};
 
 const CAPACITY: u64 = 60;
 /// How long a lease's and a reservoir's units may be spent: long enough for the load and
@@ -151,4 +151,43 @@ fn outstanding_units_match_the_store_less_the_access_log_and_return_to_zero() {
         pooled_gauge
     );
     s.assert_no_panic();
+}
+
+/// Requests held by a delay are outstanding from their hold to their release (or their
+/// denial): one a second, four at once, so three wait (1, 2 and 3 s).
+#[test]
+fn held_requests_are_outstanding_until_their_release() {
+    let config = r#"{"rules":[{"name":"api","key":[{"header":"x-user"}],
+        "limit":{"algorithm":"gcra","rate":1,"period":"1s","burst":0},
+        "on_limit":{"delay":{"max":"4s","queue":4}}}]}"#;
+    let bootstrap = Bootstrap::new().http_filter(wasm_filter_yaml(config, &weir_wasm()));
+    let envoy = Envoy::start(&bootstrap, 2);
+    let port = envoy.http_port;
+    let gauge = || envoy.weir_stat("rule.api.outstanding_units");
+    thread::scope(|scope| {
+        let clients: Vec<_> = (0..4)
+            .map(|_| {
+                scope.spawn(move || {
+                    let mut client = Client::connect(port).unwrap();
+                    let r = client
+                        .request(Request::get("/").header("x-user", "acme"))
+                        .unwrap();
+                    r.status
+                })
+            })
+            .collect();
+        // Well before the first release (1 s; the read waits 250 ms for the workers'
+        // stats): three held, one unit each.
+        thread::sleep(Duration::from_millis(100));
+        let while_held = gauge();
+        // Released on time (200), or, on a machine whose worker ticks came late, decided
+        // again and maybe denied (429): either way no longer outstanding.
+        for client in clients {
+            let status = client.join().unwrap();
+            assert!(status == 200 || status == 429, "status {status}");
+        }
+        assert_eq!(while_held, 3, "three requests held");
+    });
+    assert_eq!(gauge(), 0, "released (admitted) or denied");
+    envoy.assert_no_panic();
 }
