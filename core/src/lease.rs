@@ -306,6 +306,15 @@ impl LeaseSlot {
         }
     }
 
+    /// The slot with the units whose window ended before `now_us` dropped, and how many
+    /// were: what a sweep writes so that units nobody spends leave the count of units
+    /// outstanding when they expire, not when the key is next asked about.
+    pub fn expire(mut self, now_us: u64) -> (LeaseSlot, u64) {
+        let before = self.held.count;
+        self.held.drop_expired(now_us);
+        (self, before.saturating_sub(self.held.count))
+    }
+
     /// Serves a request of `cost` units at `now_us`. Returns the outcome and the slot
     /// with the request counted in its demand (the caller decides whether to write it:
     /// see `UnwrittenDemand`).

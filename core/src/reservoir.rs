@@ -119,6 +119,18 @@ impl WorkerTable {
         (&mut entry.slot, found)
     }
 
+    /// Drops the units whose time ended before `now_us`, in every key's entry; returns
+    /// how many. Memory only: no host call.
+    pub fn expire(&mut self, now_us: u64) -> u64 {
+        let mut dropped = 0u64;
+        for e in self.entries.iter_mut().filter(|e| e.fingerprint != 0) {
+            let (slot, expired) = e.slot.expire(now_us);
+            e.slot = slot;
+            dropped = dropped.saturating_add(expired);
+        }
+        dropped
+    }
+
     /// Units held over every key (for tests and the gauge of what a worker holds).
     pub fn units_held(&self) -> u64 {
         self.entries
@@ -152,11 +164,44 @@ impl Reservoirs {
     }
 
     /// Forgets every key: what a new hashing seed needs (the keys' fingerprints change).
-    pub fn clear(&mut self) {
-        for table in self.tables.iter_mut().flatten() {
+    /// Returns, per rule, the units its entries held: lost, counted in shared data and
+    /// never admitted.
+    pub fn clear(&mut self) -> Vec<(RuleId, u64)> {
+        let mut lost = Vec::new();
+        for (index, slot) in self.tables.iter_mut().enumerate() {
+            let Some(table) = slot else {
+                continue;
+            };
+            lost.push((rule_id(index), table.units_held()));
             *table = WorkerTable::new(u32::try_from(table.capacity()).unwrap_or(u32::MAX));
         }
+        lost
     }
+
+    /// Per rule with reservoirs, the units its entries hold now.
+    pub fn units_held(&self) -> Vec<(RuleId, u64)> {
+        self.tables
+            .iter()
+            .enumerate()
+            .filter_map(|(index, table)| Some((rule_id(index), table.as_ref()?.units_held())))
+            .collect()
+    }
+
+    /// Drops the units whose time ended before `now_us` in every table; returns, per
+    /// rule, how many (rules that dropped none left out).
+    pub fn expire(&mut self, now_us: u64) -> Vec<(RuleId, u64)> {
+        self.tables
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(index, table)| Some((rule_id(index), table.as_mut()?.expire(now_us))))
+            .filter(|&(_, units)| units > 0)
+            .collect()
+    }
+}
+
+/// The id of the rule at `index` (tables are one per rule, so an index fits).
+fn rule_id(index: usize) -> RuleId {
+    RuleId(u16::try_from(index).unwrap_or(u16::MAX))
 }
 
 #[cfg(test)]

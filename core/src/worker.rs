@@ -26,6 +26,9 @@ pub struct Worker {
     /// Demand of global keys' requests denied from their lease slot, not yet written
     /// to it.
     pub unwritten_demand: UnwrittenDemand,
+    /// The next set of each lease table this worker's sweep of expired units reads
+    /// (see `Engine::expire_outstanding`).
+    pub lease_sweep_next: u32,
 }
 
 /// Slots of [`UnwrittenDemand`].
@@ -95,6 +98,7 @@ impl Worker {
                 .collect(),
             places: Places::default(),
             unwritten_demand: UnwrittenDemand::default(),
+            lease_sweep_next: 0,
         }
     }
 

@@ -51,6 +51,7 @@ const ENGINE_LAYERS: &[&str] = &[
     "global",
     "runtime",
     "bridge",
+    "outstanding",
     "mod",
 ];
 

@@ -114,7 +114,7 @@ fn alert_queries() -> Vec<(String, String)> {
             ));
         }
     }
-    assert_eq!(out.len(), 12, "the alerts of docs/operations.md");
+    assert_eq!(out.len(), 13, "the alerts of docs/operations.md");
     out
 }
 

@@ -82,14 +82,20 @@ impl Engine {
             let applied = item.applied(rule, now_us);
             // A waiting request's denial is written: it has no worker here.
             let asking = self.asking_for(now_us, waiting.max(1).saturating_mul(item.cost));
-            if let Some(asked) = global.spend_or_ask(eval, store, &applied, None, asking) {
-                if item.clamp_prompt.is_none() {
-                    item.want = asked.want;
+            // What its first look changed stays counted, with this look's report.
+            let carried = item.lookup.outstanding_units;
+            match global.spend_or_ask(eval, store, &applied, None, asking) {
+                Some(asked) => {
+                    if item.clamp_prompt.is_none() {
+                        item.want = asked.want;
+                    }
+                    item.reserve = asked.reserve;
+                    item.last_known = asked.last_known;
+                    item.lookup = asked.lookup;
+                    item.lookup.outstanding_units += carried;
+                    eval.pending.push(item);
                 }
-                item.reserve = asked.reserve;
-                item.last_known = asked.last_known;
-                item.lookup = asked.lookup;
-                eval.pending.push(item);
+                None => eval.carried.push((item.rule, carried)),
             }
         }
         self.after_local_decisions(eval, store, now_us);

@@ -10,7 +10,7 @@ use crate::rules::{FactSource, Facts, Rule, RuleId};
 use crate::time::{Micros, Nanos};
 use crate::wire::ReplyError;
 
-use super::report::{RuleOutcome, RuleReport, Source, Verdict};
+use super::report::{signed, RuleOutcome, RuleReport, Source, Verdict};
 
 /// A global rule that needs the bridge.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -85,6 +85,9 @@ pub struct Evaluation {
     /// that admitted the request: settle each with [`Engine::commit`](super::Engine::commit) (a concurrency
     /// rule's place: give it back with [`Engine::end_in_flight`](super::Engine::end_in_flight) on the same worker).
     pub commits: Vec<PendingCommit>,
+    /// Changes to rules' units outstanding whose report was replaced or dropped (a
+    /// second look at a lease slot, a held request released too late).
+    pub(super) carried: Vec<(RuleId, i64)>,
 }
 
 /// What a rule with a commit counted for a request, to be settled with the response's
@@ -191,7 +194,48 @@ pub enum BridgeError {
     Reply(ReplyError),
 }
 
+impl HeldRequest {
+    /// The units the request holds: counted in the key's state at its place in the
+    /// schedule, outstanding until it is released (or denied, or its client leaves).
+    pub fn units(&self) -> u64 {
+        self.report.cost
+    }
+}
+
 impl Evaluation {
+    /// The changes this evaluation made to its rules' units outstanding and not drained
+    /// yet (see [`RuleReport::outstanding_units`] and [`super::outstanding`]).
+    pub fn outstanding_changes(&self) -> impl Iterator<Item = (RuleId, i64)> + '_ {
+        let pending = self.pending.iter().map(|item| &item.lookup);
+        let held = self.held.iter().map(|h| &h.report);
+        self.reports
+            .iter()
+            .chain(pending)
+            .chain(held)
+            .map(|r| (r.rule, r.outstanding_units))
+            .chain(self.carried.iter().copied())
+            .filter(|&(_, units)| units != 0)
+    }
+
+    /// Hands `f` every change [`Evaluation::outstanding_changes`] yields and forgets
+    /// them: a filter that drains after each step (evaluated, answered, held, released)
+    /// keeps a gauge exact while the request waits.
+    pub fn drain_outstanding(&mut self, mut f: impl FnMut(RuleId, i64)) {
+        let pending = self.pending.iter_mut().map(|item| &mut item.lookup);
+        let held = self.held.iter_mut().map(|h| &mut h.report);
+        for report in self.reports.iter_mut().chain(pending).chain(held) {
+            let units = std::mem::take(&mut report.outstanding_units);
+            if units != 0 {
+                f(report.rule, units);
+            }
+        }
+        for (rule, units) in self.carried.drain(..) {
+            if units != 0 {
+                f(rule, units);
+            }
+        }
+    }
+
     /// The request must not reach the upstream.
     pub fn denied(&self) -> bool {
         self.denied_by.is_some() || self.unavailable.is_some()
@@ -223,6 +267,8 @@ impl Evaluation {
         let mut report = held.report;
         report.outcome = RuleOutcome::Limited;
         report.decided_at_us = now_us;
+        // Outstanding since it was held; denied now.
+        report.outstanding_units -= signed(held.units());
         self.reports.push(report);
         let decision = Decision {
             allowed: false,
@@ -242,7 +288,15 @@ impl Evaluation {
     }
 
     /// Holds the request for `rule`; its decision is recorded on release.
-    pub(super) fn hold(&mut self, report: RuleReport, rule: &Rule, decision: Decision, hold: Hold) {
+    pub(super) fn hold(
+        &mut self,
+        mut report: RuleReport,
+        rule: &Rule,
+        decision: Decision,
+        hold: Hold,
+    ) {
+        // Its units are in the key's schedule, not admitted until its release.
+        report.outstanding_units += signed(report.cost);
         self.held = Some(HeldRequest {
             rule: rule.id,
             hold,

@@ -6,17 +6,18 @@
 use crate::algorithms::Decision;
 use crate::bounds::MAX_WANT;
 use crate::key::encode_part;
+use crate::key::KeyHash;
 use crate::lease::{Held, LeaseSlot, SlotReply, SlotReplyOutcome, Spend};
 use crate::rules::{FactSource, Facts, FailureMode, GlobalRule, Rule};
 use crate::store::slot_table::SlotTable;
-use crate::store::SharedStore;
+use crate::store::{SharedStore, UpdateError, Updated};
 use crate::time::{Micros, Nanos};
 use crate::wire::v2::{self, Granted};
 use crate::wire::{v3, WireLimit};
 
 use super::evaluation::{Applied, CommitKey, Evaluation, PendingCommit, PendingItem, Served};
 use super::local::{decide_in_slot, LimitTable, SlotDecision};
-use super::report::{FailureOutcome, RuleOutcome, RuleReport, Source};
+use super::report::{signed, FailureOutcome, RuleOutcome, RuleReport, Source};
 use crate::worker::UnwrittenDemand;
 
 /// The longest a global rule with a commit trusts a denial from Redis: refunds of the
@@ -63,6 +64,47 @@ impl GlobalRuntime {
         &self.leases
     }
 
+    /// Updates the key's lease slot as [`SlotTable::update`] does, and adds to `report`
+    /// the change the write made to the units the table holds: the key's after minus
+    /// its before, less the units of another key's slot it replaced — lost with it, so
+    /// also dropped unspent (`lease_units_expired`). Nothing written, no change.
+    fn update_lease<S: SharedStore, R>(
+        &self,
+        store: &S,
+        (hash, report): (&KeyHash, &mut RuleReport),
+        now_us: u64,
+        mut decide: impl FnMut(Option<LeaseSlot>) -> (R, Option<LeaseSlot>),
+    ) -> Result<Updated<R>, UpdateError> {
+        let mut change = 0;
+        let updated = self.leases.update(
+            store,
+            hash,
+            now_us,
+            |s: LeaseSlot| s.vacancy(),
+            |state| {
+                let before = state.map_or(0, |s| s.held.count);
+                let (result, next) = decide(state);
+                change = next.map_or(0, |n| signed(n.held.count) - signed(before));
+                (result, next)
+            },
+        );
+        if let Ok(u) = &updated {
+            if u.placement.is_some() {
+                report.outstanding_units += change - signed(u.replaced_in_use);
+                report.lease_units_expired += u.replaced_in_use;
+            }
+        }
+        updated
+    }
+
+    /// Drops the units held in set `index` of the lease table whose window ended before
+    /// `now_us`; returns how many (written: they left the table).
+    pub(super) fn expire_set<S: SharedStore>(&self, store: &S, index: u32, now_us: u64) -> u64 {
+        self.leases
+            .tidy_set(store, index, |slot: LeaseSlot| slot.expire(now_us))
+            .map_or(0, |u| u.result)
+    }
+
     /// The local share's slots (`failure_mode: local`).
     pub(super) fn fallback(&self) -> Option<&LimitTable> {
         match &self.on_failure {
@@ -91,38 +133,32 @@ impl GlobalRuntime {
         let unwritten = demand.as_mut().map_or(0, |d| d.take(rule, &applied.hash));
         // A request looking again after waiting on a call was counted when it first looked.
         let counted = if demand.is_some() { cost } else { 0 };
-        let spent = self.leases.update(
-            store,
-            &applied.hash,
-            now_us,
-            |s: LeaseSlot| s.vacancy(),
-            |state| {
-                let before = state.unwrap_or_default();
-                let (spend, next) =
-                    before.spend_with_demand(now_us, cost, counted.saturating_add(unwritten));
-                // Only what later requests read is written: units spent, and the demand
-                // that sizes a lease's asks — which a denial's worker keeps instead (see
-                // `UnwrittenDemand`), and an exact rule never reads.
-                let write = match spend {
-                    Spend::Spent { .. } => true,
-                    Spend::Miss { .. } => leased,
-                    Spend::Denied { .. } | Spend::NotYetDue { .. } => leased && demand.is_none(),
-                };
-                let spent = if matches!(spend, Spend::Spent { .. }) {
-                    cost
-                } else {
-                    0
-                };
-                let expired = if write {
-                    before.held.count.saturating_sub(spent + next.held.count)
-                } else {
-                    0
-                };
-                ((spend, next, expired), write.then_some(next))
-            },
-        );
+        let spent = self.update_lease(store, (&applied.hash, &mut report), now_us, |state| {
+            let before = state.unwrap_or_default();
+            let (spend, next) =
+                before.spend_with_demand(now_us, cost, counted.saturating_add(unwritten));
+            // Only what later requests read is written: units spent, and the demand
+            // that sizes a lease's asks — which a denial's worker keeps instead (see
+            // `UnwrittenDemand`), and an exact rule never reads.
+            let write = match spend {
+                Spend::Spent { .. } => true,
+                Spend::Miss { .. } => leased,
+                Spend::Denied { .. } | Spend::NotYetDue { .. } => leased && demand.is_none(),
+            };
+            let spent = if matches!(spend, Spend::Spent { .. }) {
+                cost
+            } else {
+                0
+            };
+            let expired = if write {
+                before.held.count.saturating_sub(spent + next.held.count)
+            } else {
+                0
+            };
+            ((spend, next, expired), write.then_some(next))
+        });
         if let Ok(updated) = &spent {
-            report.lease_units_expired = updated.result.2;
+            report.lease_units_expired += updated.result.2;
         }
         if let (Ok(updated), Some(demand), true) = (&spent, demand, leased) {
             if matches!(
@@ -184,20 +220,14 @@ impl GlobalRuntime {
             .is_some_and(|(remaining, at_us)| lease.saturated(remaining, at_us, now_us))
             && deadline_us > now_us;
         let cost = item.cost.max(1);
-        let marked = self.leases.update(
-            store,
-            &item.hash,
-            now_us,
-            |s: LeaseSlot| s.vacancy(),
-            |state| {
-                let slot = state.map(|s| s.asked(now_us));
-                let slot = match slot {
-                    Some(s) if saturated => Some(s.deny_while_asking(cost, deadline_us)),
-                    other => other,
-                };
-                ((), slot)
-            },
-        );
+        let marked = self.update_lease(store, (&item.hash, &mut item.lookup), now_us, |state| {
+            let slot = state.map(|s| s.asked(now_us));
+            let slot = match slot {
+                Some(s) if saturated => Some(s.deny_while_asking(cost, deadline_us)),
+                other => other,
+            };
+            ((), slot)
+        });
         item.lookup.add_update(&marked);
         if saturated && marked.is_ok() {
             item.asking_until_us = deadline_us;
@@ -216,13 +246,9 @@ impl GlobalRuntime {
         if until_us == 0 {
             return;
         }
-        let stopped = self.leases.update(
-            store,
-            &item.hash,
-            now_us,
-            |s: LeaseSlot| s.vacancy(),
-            |state| ((), state.and_then(|s| s.stop_denying_for(until_us))),
-        );
+        let stopped = self.update_lease(store, (&item.hash, &mut item.lookup), now_us, |state| {
+            ((), state.and_then(|s| s.stop_denying_for(until_us)))
+        });
         item.lookup.add_update(&stopped);
     }
 
@@ -265,21 +291,15 @@ impl GlobalRuntime {
             ..item.lookup
         };
         if read_later {
-            let stored = self.leases.update(
-                store,
-                &item.hash,
-                now_us,
-                |s: LeaseSlot| s.vacancy(),
-                |state| {
-                    let slot = state.unwrap_or_default();
-                    let slot = slot.stop_denying_for(item.asking_until_us).unwrap_or(slot);
-                    let recorded = slot.record(reply, now_us);
-                    // Recording spends nothing: what it holds less than before plus the
-                    // grant expired, or could not be kept beside the units held.
-                    let dropped = (slot.held.count + kept).saturating_sub(recorded.held.count);
-                    (dropped, Some(recorded))
-                },
-            );
+            let stored = self.update_lease(store, (&item.hash, &mut report), now_us, |state| {
+                let slot = state.unwrap_or_default();
+                let slot = slot.stop_denying_for(item.asking_until_us).unwrap_or(slot);
+                let recorded = slot.record(reply, now_us);
+                // Recording spends nothing: what it holds less than before plus the
+                // grant expired, or could not be kept beside the units held.
+                let dropped = (slot.held.count + kept).saturating_sub(recorded.held.count);
+                (dropped, Some(recorded))
+            });
             if let Ok(updated) = &stored {
                 // With what the request's own look at the slot dropped.
                 report.lease_units_expired += updated.result;

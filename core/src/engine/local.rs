@@ -15,7 +15,7 @@ use crate::time::{Micros, Nanos};
 use crate::worker::Worker;
 
 use super::evaluation::{Applied, CommitKey, Evaluation, HoldOffer, PendingCommit, Served};
-use super::report::{RuleOutcome, RuleReport, Source};
+use super::report::{signed, RuleOutcome, RuleReport, Source};
 
 /// A limit and the slot table of this Envoy it is decided in.
 #[derive(Debug)]
@@ -253,6 +253,10 @@ fn decide_with_reservoir<S: SharedStore>(
         Found::Existing | Found::Empty => None,
     };
     let held_before = entry.held.count;
+    // The change to the worker's units outstanding once the entry is final: its units
+    // after less before, and the units an evicted key's entry held.
+    let lost = report.reservoir_lost.unwrap_or(0);
+    let outstanding = |held_after: u64| signed(held_after) - signed(held_before) - signed(lost);
     let (spend, next) = entry.spend(now_us, cost);
     // A miss asks the shared slot at once: its demand count is halved as a call's is.
     *entry = match spend {
@@ -274,6 +278,7 @@ fn decide_with_reservoir<S: SharedStore>(
             0
         }
         _ => {
+            report.outstanding_units = outstanding(entry.held.count);
             if let Some(served) = Served::from_spend(spend, &next, quota, now_us, Source::Reservoir)
             {
                 served.record(eval, report, applied.rule);
@@ -312,6 +317,7 @@ fn decide_with_reservoir<S: SharedStore>(
         Ok(updated) => updated.result,
         Err(error) => {
             report.outcome = RuleOutcome::StoreFailed(error);
+            report.outstanding_units = outstanding(entry.held.count);
             eval.reports.push(report);
             return;
         }
@@ -327,6 +333,7 @@ fn decide_with_reservoir<S: SharedStore>(
             },
             now_us,
         );
+        report.outstanding_units = outstanding(entry.held.count);
         record_or_hold(eval, report, applied.rule, decision, hold, offer);
         return;
     }
@@ -358,6 +365,7 @@ fn decide_with_reservoir<S: SharedStore>(
         reset_after_ns: decision.reset_after_ns,
     };
     *entry = entry.record(reply, now_us);
+    report.outstanding_units = outstanding(entry.held.count);
     report.reservoir_taken = taken.units;
     record_or_hold(eval, report, applied.rule, decision, None, offer);
 }

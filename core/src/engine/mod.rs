@@ -39,6 +39,8 @@
 //! - `global.rs`: global rules, their leases, the bridge's answers and failure modes.
 //! - `runtime.rs`: the per-rule runtime value, and the [`Engine`] that holds them.
 //! - `bridge.rs`: an evaluation's call to the bridge, and the backoff after a failure.
+//! - `outstanding.rs`: units counted in the store and not admitted yet, and the sweep
+//!   that drops those that expired unspent.
 //! - this file: a request through every rule, commits, and the worker's tick.
 
 mod report;
@@ -55,12 +57,16 @@ mod runtime;
 
 mod bridge;
 
+mod outstanding;
+
 pub use bridge::{BRIDGE_BACKOFF_US, BRIDGE_FAILING_FOR_US, BRIDGE_FAILURES_TO_SKIP};
 pub use concurrency::{Adapted, TendedPlaces};
 pub use evaluation::{
     BridgeError, Clamped, Delayed, Evaluation, HeldRequest, PendingCommit, PendingItem,
 };
 pub use global::COMMIT_DENIAL_CACHE_US;
+pub use outstanding::{Expired, LEASE_SETS_PER_SWEEP};
+use report::signed;
 pub use report::{FailureOutcome, RuleOutcome, RuleReport, Source, Verdict};
 pub use runtime::Engine;
 
@@ -173,11 +179,14 @@ impl Engine {
             late: !on_time,
             past_deadline,
         });
+        // Outstanding since it was held: admitted now, or counted and never admitted.
+        let released = held.report.outstanding_units - signed(held.units());
         if past_deadline {
             // Its client no longer waits for it: not forwarded. Its slot stays counted.
             let mut report = held.report;
             report.decided_at_us = now_us;
             report.delay_past_deadline = true;
+            report.outstanding_units = released;
             let denied = Decision {
                 allowed: false,
                 retry_after_ns: Some(0),
@@ -189,9 +198,12 @@ impl Engine {
         let first_rule = if on_time {
             let mut report = held.report;
             report.decided_at_us = now_us;
+            report.outstanding_units = released;
             eval.record(report, rule, held.decision);
             held.rule.index() + 1
         } else {
+            // Its slot is lost (its report too): decided again, as a new request.
+            eval.carried.push((held.rule, released));
             held.rule.index()
         };
         let from = Resume {

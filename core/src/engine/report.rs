@@ -94,6 +94,14 @@ pub struct RuleReport {
     /// A concurrency rule's write dropped this many units of the key's places that no
     /// live worker had re-counted for a whole epoch (see [`crate::concurrency`]).
     pub in_flight_reclaimed: u64,
+    /// The change this request made to the rule's units outstanding: units counted in
+    /// the store but not admitted yet, which the rule may still admit beyond what the
+    /// store shows — held in this Envoy's lease slots (global rules) or in this worker's
+    /// reservoirs (local rules). Units taken or granted add; units spent, dropped unspent
+    /// or lost with an evicted slot or entry subtract; a held request's units add when
+    /// it is held and subtract when it is released or denied. See
+    /// [`Evaluation::drain_outstanding`](super::Evaluation::drain_outstanding).
+    pub outstanding_units: i64,
 }
 
 impl RuleReport {
@@ -118,6 +126,7 @@ impl RuleReport {
             delay_past_deadline: false,
             key_without_controller: false,
             in_flight_reclaimed: 0,
+            outstanding_units: 0,
         }
     }
 
@@ -131,6 +140,11 @@ impl RuleReport {
             Err(e) => self.cas_retries = self.cas_retries.saturating_add(e.lost_attempts()),
         }
     }
+}
+
+/// Units as a signed change (saturating: no count of units comes near `i64::MAX`).
+pub(super) fn signed(units: u64) -> i64 {
+    i64::try_from(units).unwrap_or(i64::MAX)
 }
 
 /// An enforcing rule's decision, for the RateLimit headers.

@@ -16,7 +16,10 @@
 //! denial, no bridge call), `bridge_decisions` (decided by Redis), and what their failure
 //! mode did: `failure_allowed`, `failure_denied`, `failure_local`; with leases, what
 //! became of the units Redis granted ahead: `lease_units_granted`, `lease_units_late`
-//! (came back with no time left to spend) and `lease_units_expired` (dropped unspent). For the store
+//! (came back with no time left to spend) and `lease_units_expired` (dropped unspent).
+//! Every rule has the gauges `outstanding_units` (units counted in the store and not
+//! admitted yet: see `weir_core::engine` `outstanding.rs`) and `limit_units` (its limit
+//! for one key, set once). For the store
 //! (`weir.<plugin>.store.<counter>`): `cas_retries`, `cas_give_ups`, `slot_takeovers`,
 //! `slot_evictions`. For the bridge (`weir.<plugin>.bridge.<counter>`): `calls`, `joined`
 //! (a request waited on another request's call for its keys), `busy` (that call had all
@@ -70,7 +73,7 @@
 
 use super::host::{BoundaryCounts, CallKind, Host, HostResult, MetricType};
 use crate::engine::{
-    Adapted, BridgeError, Delayed, Evaluation, FailureOutcome, RuleOutcome, Source,
+    Adapted, BridgeError, Delayed, Evaluation, Expired, FailureOutcome, RuleOutcome, Source,
 };
 use crate::rules::RuleId;
 use crate::store::{Placement, UpdateError};
@@ -124,6 +127,11 @@ struct RuleMetrics {
     in_flight_release_errors: Stat,
     in_flight_reclaimed: Stat,
     keys_without_controller: Stat,
+    /// Gauge: units counted in the store and not admitted yet (`engine::outstanding`).
+    outstanding_units: Stat,
+    /// A global rule's: its outstanding units are in shared data, where other workers
+    /// spend them (see [`Metrics::drain_outstanding`]).
+    outstanding_shared: bool,
     /// Adaptive concurrency rules: the limit, the last interval's latency sample and
     /// the baseline, recorded when a worker merges.
     adaptive: Option<AdaptiveGauges>,
@@ -185,6 +193,10 @@ pub struct RuleStats<'a> {
     /// An adaptive concurrency rule with one controller: its limit, latency sample and
     /// baseline as gauges.
     pub adaptive_gauges: bool,
+    /// The rule's limit in units (`Engine::limit_units`), set once as a gauge.
+    pub limit_units: u64,
+    /// A global rule: its units outstanding are spent by every worker.
+    pub global: bool,
 }
 
 #[derive(Debug)]
@@ -286,6 +298,9 @@ impl Metrics {
                 None
             };
             let prefix = format!("{base}.rule.{name}");
+            let limit_id =
+                host.define_metric(MetricType::Gauge, &format!("{prefix}.limit_units"))?;
+            host.record_metric(limit_id, rule.limit_units)?;
             let slots_in_use = r.define(MetricType::Gauge, &format!("{prefix}.slots_in_use"))?;
             let capacity_id =
                 host.define_metric(MetricType::Gauge, &format!("{prefix}.slots_capacity"))?;
@@ -331,6 +346,9 @@ impl Metrics {
                     .counter(&format!("{prefix}.in_flight_release_errors"))?,
                 in_flight_reclaimed: r.counter(&format!("{prefix}.in_flight_reclaimed"))?,
                 keys_without_controller: r.counter(&format!("{prefix}.keys_without_controller"))?,
+                outstanding_units: r
+                    .define(MetricType::Gauge, &format!("{prefix}.outstanding_units"))?,
+                outstanding_shared: rule.global,
                 adaptive,
             });
         }
@@ -398,12 +416,9 @@ impl Metrics {
         self.bump(b.entries, delta(now_counted.entries, before.entries));
         self.bump(b.bytes_in, delta(now_counted.bytes_in, before.bytes_in));
         self.bump(b.bytes_out, delta(now_counted.bytes_out, before.bytes_out));
-        for (id, delta) in &self.pending {
-            let by = delta.replace(0);
-            if by != 0 {
-                // A stat that cannot be incremented is not worth failing anything for.
-                let _ = host.increment_metric(*id, by);
-            }
+        for stat in 0..self.pending.len() {
+            // A stat that cannot be incremented is not worth failing anything for.
+            self.send_now(host, Stat(stat));
         }
     }
 
@@ -523,6 +538,72 @@ impl Metrics {
         }
     }
 
+    /// A change to a rule's units outstanding.
+    pub fn outstanding(&self, rule: RuleId, units: i64) {
+        if let Some(rule) = self.rules.get(rule.index()) {
+            self.bump(rule.outstanding_units, units);
+        }
+    }
+
+    /// Counts the changes to units outstanding an evaluation made since its last step,
+    /// and forgets them (see `Evaluation::drain_outstanding`).
+    pub fn drain_outstanding<H: Host>(&self, host: &H, eval: &mut Evaluation) {
+        eval.drain_outstanding(|rule, units| self.outstanding_sent(host, rule, units));
+    }
+
+    /// A change to a rule's units outstanding. A global rule's units are in shared data:
+    /// another worker may spend them a moment later and send its decrement first, so
+    /// what adds to them is sent at once, and the gauge Envoy keeps (unsigned) never goes
+    /// below 0. A local rule's units (reservoirs, held requests) are spent by the worker
+    /// that holds them, whose increments net out in its VM before they are sent. Either
+    /// way the gauge reads at most what was spent in the last [`FLUSH_INTERVAL`] above
+    /// the truth, never below it.
+    fn outstanding_sent<H: Host>(&self, host: &H, rule: RuleId, units: i64) {
+        let Some(metrics) = self.rules.get(rule.index()) else {
+            return;
+        };
+        self.bump(metrics.outstanding_units, units);
+        if units > 0 && metrics.outstanding_shared {
+            self.send_now(host, metrics.outstanding_units);
+        }
+    }
+
+    /// Sends one stat's pending increment now.
+    fn send_now<H: Host>(&self, host: &H, stat: Stat) {
+        if let Some((id, delta)) = self.pending.get(stat.0) {
+            let by = delta.replace(0);
+            if by != 0 {
+                let _ = host.increment_metric(*id, by);
+            }
+        }
+    }
+
+    /// Units a worker's reservoirs held when it forgot every key (a new hashing seed, its
+    /// plugin replaced): no longer outstanding, never admitted (`reservoir_units_evicted`).
+    pub fn reservoirs_dropped(&self, rule: RuleId, units: u64) {
+        let Some(rule) = self.rules.get(rule.index()) else {
+            return;
+        };
+        let units = i64::try_from(units).unwrap_or(i64::MAX);
+        self.bump(rule.outstanding_units, -units);
+        self.bump(rule.reservoir_lost, units);
+    }
+
+    /// Units a sweep dropped unspent: no longer outstanding, and under-admission.
+    pub fn expired(&self, expired: &Expired) {
+        let Some(rule) = self.rules.get(expired.rule.index()) else {
+            return;
+        };
+        let units = i64::try_from(expired.units).unwrap_or(i64::MAX);
+        self.bump(rule.outstanding_units, -units);
+        let counter = if expired.lease {
+            rule.lease_units_expired
+        } else {
+            rule.reservoir_expired
+        };
+        self.bump(counter, units);
+    }
+
     /// An adaptive rule's controller as a worker merged it.
     pub fn adapted<H: Host>(&self, host: &H, adapted: &Adapted) {
         // A key's controller: a gauge holds one value, and a rule has a limit per key.
@@ -562,6 +643,11 @@ impl Metrics {
             Some(BridgeError::Busy) => self.bump(self.bridge_busy, 1),
             Some(BridgeError::Reply(error)) => self.bridge_error(error),
             None => {}
+        }
+        // What the evaluation's steps have not drained (a request gone while waiting on
+        // its own call, a denied held request).
+        for (rule, units) in eval.outstanding_changes() {
+            self.outstanding_sent(host, rule, units);
         }
         for report in &eval.reports {
             let Some(rule) = self.rules.get(report.rule.index()) else {

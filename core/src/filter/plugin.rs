@@ -54,10 +54,17 @@ pub struct Plugin {
     /// Places of concurrency rules wait to be given back or re-counted (see
     /// [`Plugin::tend_places`]).
     places_due: Cell<bool>,
+    /// When this worker last swept expired units (see [`Plugin::on_tick`]).
+    last_sweep: Cell<Micros>,
 }
 
 /// How often commits waiting for the bridge are sent.
 pub const COMMIT_TICK_MS: u32 = 10;
+
+/// How often a worker sweeps the units that expired unspent out of its reservoirs and a
+/// few sets of each lease table: the `outstanding_units` gauge lags their expiry by
+/// about this much (more for lease tables of many sets).
+pub const SWEEP_INTERVAL: Micros = Micros::from_millis(250);
 /// Most commits a worker keeps waiting; past it a commit is dropped (its estimate
 /// stands) and counted in `commit_errors`.
 pub const MAX_WAITING_COMMITS: usize = 4_096;
@@ -152,16 +159,24 @@ impl Plugin {
                     .unwrap_or(0),
                 // A `per_key` rule's limits are one per key: no gauge holds them.
                 adaptive_gauges: rule.adaptive().is_some_and(|a| a.key_controllers.is_none()),
+                limit_units: engine.limit_units(rule.id),
+                global: rule.is_global(),
             })
             .collect();
         let metrics = Metrics::define(host, &plugin_name, &rules)
             .map_err(|e| format!("cannot define metrics: {e}"))?;
+        let mut worker = engine.worker();
+        // Each VM sweeps the lease tables from its own place: together they read them
+        // through sooner than in step.
+        let [a, b, c, d, ..] = fresh;
+        worker.lease_sweep_next = u32::from_le_bytes([a, b, c, d]);
         Ok(Plugin {
             buffers: RefCell::new(BufferBudget::new(engine.config.max_buffered_bytes)),
-            worker: RefCell::new(engine.worker()),
+            worker: RefCell::new(worker),
             commits: RefCell::new(CommitQueue::default()),
             tick_ms: Cell::new(SLOW_TICK_MS),
             places_due: Cell::new(false),
+            last_sweep: Cell::new(Micros::ZERO),
             engine,
             seed: Cell::new(seed),
             metrics,
@@ -517,16 +532,54 @@ impl Plugin {
     /// VM's replaced ours. Returns whether the seed changed.
     pub fn on_tick<H: Host>(&self, host: &H, now: Micros) -> bool {
         self.tend_places(host, now);
-        self.metrics.flush(host, now);
-        match seed::reload(host, self.seed.get()) {
+        self.sweep_expired(host, now);
+        let reseeded = match seed::reload(host, self.seed.get()) {
             Ok(Some(stored)) => {
                 self.seed.set(stored);
                 // Keys hash to other fingerprints now: what the reservoirs hold under
                 // the old ones is dropped (never admitted).
-                self.worker.borrow_mut().reservoirs.clear();
+                self.drop_reservoirs();
                 true
             }
             _ => false,
+        };
+        self.metrics.flush(host, now);
+        reseeded
+    }
+
+    /// Every [`SWEEP_INTERVAL`], drops the units that expired unspent in this worker's
+    /// reservoirs and in a few sets of each lease table (see
+    /// `weir_core::engine::LEASE_SETS_PER_SWEEP`), so that the `outstanding_units` gauge
+    /// falls when their time ends, not when their key is next asked for.
+    fn sweep_expired<H: Host>(&self, host: &H, now: Micros) {
+        if now.saturating_sub(self.last_sweep.get()) < SWEEP_INTERVAL {
+            return;
+        }
+        self.last_sweep.set(now);
+        let Ok(mut worker) = self.worker.try_borrow_mut() else {
+            return;
+        };
+        for expired in self.engine.expire_outstanding(host, &mut worker, now) {
+            self.metrics.expired(&expired);
+        }
+    }
+
+    /// The plugin is replaced by a new configuration, or its root context is gone:
+    /// what its worker's reservoirs hold is lost with it (lease slots stay in shared
+    /// data, for the next plugin with the same limits), and its stats are sent.
+    pub fn retire<H: Host>(&self, host: &H) {
+        self.drop_reservoirs();
+        self.metrics.flush(host, host.now().unwrap_or(Micros::ZERO));
+    }
+
+    /// Forgets what this worker's reservoirs hold (a new seed, or the plugin going
+    /// away): counted in shared data, never admitted, no longer outstanding.
+    pub fn drop_reservoirs(&self) {
+        let Ok(mut worker) = self.worker.try_borrow_mut() else {
+            return;
+        };
+        for (rule, lost) in worker.reservoirs.clear() {
+            self.metrics.reservoirs_dropped(rule, lost);
         }
     }
 }

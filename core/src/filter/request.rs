@@ -357,10 +357,15 @@ impl Request {
                 settle(host, plugin, self.context_id, commit, None);
             }
         }
-        if let (Some(plugin), Some(_)) = (&self.plugin, &self.held) {
+        if let (Some(plugin), Some(eval)) = (&self.plugin, &self.held) {
             let forgotten = plugin.worker.borrow_mut().waiting.forget(self.context_id);
             if let Some(rule) = forgotten {
                 plugin.metrics.delay_abandoned(rule);
+            }
+            // Its units stay counted in the key's schedule, never admitted.
+            if let Some(held) = &eval.held {
+                let units = i64::try_from(held.units()).unwrap_or(i64::MAX);
+                plugin.metrics.outstanding(held.rule, -units);
             }
         }
     }
@@ -375,6 +380,9 @@ impl Request {
         mut eval: Evaluation,
         now: Micros,
     ) -> Action {
+        // Each step's changes to units outstanding count now, not when the request ends:
+        // a request may be held, or wait on a call, for a while.
+        plugin.metrics.drain_outstanding(host, &mut eval);
         if eval.held.is_some() {
             return self.hold(host, plugin, eval, now);
         }

@@ -44,6 +44,9 @@ impl Root {
                 {
                     self.log(host, LogLevel::Warn, &warning);
                 }
+                if let Some(old) = &self.plugin {
+                    old.retire(host);
+                }
                 self.plugin = Some(Rc::new(plugin));
                 // Idle workers send their pending metric increments on the tick, and
                 // every VM checks that it hashes with the stored seed.

@@ -178,6 +178,7 @@ impl Vm {
                     }
                     let _ = host.set_effective_context(context_id);
                 }
+                plugin.retire(host);
             }
         }
         if let Some(mut request) = self.requests.remove(&context_id) {

@@ -115,6 +115,9 @@ pub struct Updated<R> {
     pub placement: Option<Placement>,
     /// CAS attempts lost before this one succeeded.
     pub cas_retries: u32,
+    /// What the state this key's slot replaced held (its [`Vacancy::in_use`]), by a
+    /// takeover or an eviction; 0 otherwise. A lease's units held, lost with it.
+    pub replaced_in_use: u64,
 }
 
 /// One rule's table of `V`s (an algorithm's [`SlotState`] unless said otherwise).
@@ -213,6 +216,68 @@ impl<V: SlotValue> SlotTable<V> {
         Ok(used * u64::from(self.sets) / u64::from(read))
     }
 
+    /// Every key's state in the whole table, read set by set: one host call per set, so
+    /// for tests and offline tools.
+    pub fn states<S: SharedStore>(&self, store: &S) -> Result<Vec<V>, StoreError> {
+        let mut states = Vec::new();
+        for index in 0..self.sets {
+            let (value, _) = store.get(&self.set_key(index))?;
+            let set = SlotSet::<V>::decode(value.as_deref());
+            states.extend(
+                set.slots
+                    .iter()
+                    .filter(|s| s.fingerprint != 0)
+                    .map(|s| s.state),
+            );
+        }
+        Ok(states)
+    }
+
+    /// Runs `tidy` on every key's state in set `index`, with CAS: `tidy` returns the
+    /// state to keep and what it counted of it (units dropped); the set is written only
+    /// when some count is above 0. Returns the sum of the counts written (0 when nothing
+    /// was, or the set is not there).
+    pub fn tidy_set<S: SharedStore>(
+        &self,
+        store: &S,
+        index: u32,
+        tidy: impl Fn(V) -> (V, u64),
+    ) -> Result<Updated<u64>, UpdateError> {
+        let key = self.set_key(index);
+        for attempt in 0..super::MAX_CAS_ATTEMPTS {
+            let (value, version) = store.get(&key)?;
+            let mut set = SlotSet::<V>::decode(value.as_deref());
+            let mut counted = 0u64;
+            for slot in set.slots.iter_mut().filter(|s| s.fingerprint != 0) {
+                let (state, count) = tidy(slot.state);
+                slot.state = state;
+                counted = counted.saturating_add(count);
+            }
+            let nothing = Updated {
+                result: 0,
+                placement: None,
+                cas_retries: attempt,
+                replaced_in_use: 0,
+            };
+            let Some(version) = version.filter(|_| counted > 0) else {
+                return Ok(nothing);
+            };
+            match store.compare_and_set(&key, set.encode().as_slice(), version) {
+                Ok(()) => {
+                    return Ok(Updated {
+                        result: counted,
+                        ..nothing
+                    })
+                }
+                Err(StoreError::CasMismatch) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(UpdateError::GaveUp {
+            attempts: super::MAX_CAS_ATTEMPTS,
+        })
+    }
+
     fn count_in_use<S: SharedStore>(
         &self,
         store: &S,
@@ -255,12 +320,19 @@ impl<V: SlotValue> SlotTable<V> {
                 Placement::Existing => set.slots.get(way).map(|s| s.state),
                 _ => None,
             };
+            let replaced_in_use = match placement {
+                Placement::Takeover | Placement::Eviction => {
+                    set.slots.get(way).map_or(0, |s| vacancy(s.state).in_use)
+                }
+                Placement::Existing | Placement::Empty => 0,
+            };
             let (result, next) = decide(current);
             let Some(next) = next else {
                 return Ok(Updated {
                     result,
                     placement: None,
                     cas_retries: attempt,
+                    replaced_in_use: 0,
                 });
             };
             if let Some(slot) = set.slots.get_mut(way) {
@@ -275,6 +347,7 @@ impl<V: SlotValue> SlotTable<V> {
                         result,
                         placement: Some(placement),
                         cas_retries: attempt,
+                        replaced_in_use,
                     })
                 }
                 Err(StoreError::CasMismatch) => continue,
