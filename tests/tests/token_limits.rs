@@ -737,3 +737,50 @@ fn clamping_spends_the_budget_that_reservations_leave() {
         "used without / with clamps: {used_by:?}"
     );
 }
+
+/// The clamp example of docs/configuration.md, as written there.
+#[test]
+fn the_documented_clamp_works_as_the_docs_say() {
+    let upstream = LlmUpstream::start();
+    let envoy = start(
+        &weir_e2e::documented_json("docs/configuration.md", "llm-clamp-example"),
+        &upstream,
+        2,
+    );
+    let mut client = Client::connect(envoy.http_port).unwrap();
+    // A request asking for 16,000 tokens of output and a prompt of ⌈31 / 4⌉ = 8 is
+    // reserved the cost's `max`, 16,000, and sent with 16,000 − 8 of output: all of it
+    // used by a model that writes as much as it may.
+    let body = r#"{"max_completion_tokens":16000}"#;
+    let prompt = (body.len() as u64).div_ceil(4);
+    assert_eq!(prompt, 8);
+    let call = |key: &str, body: &str, prompt: u64| {
+        Request::post("/v1/chat/completions", body.to_string())
+            .header("x-api-key", key)
+            .header("x-llm-output", "100000")
+            .header("x-llm-usage", prompt.to_string())
+    };
+    for _ in 0..6 {
+        let r = client.request(call("key-1", body, prompt)).unwrap();
+        assert_eq!((r.status, reported_usage(&r.body)), (200, 16_000));
+    }
+    // The seventh: the 4,000 left, its output lowered to 4,000 − 8.
+    let r = client.request(call("key-1", body, prompt)).unwrap();
+    assert_eq!((r.status, reported_usage(&r.body)), (200, 4_000));
+    // The eighth: nothing left.
+    assert_eq!(
+        client.request(call("key-1", body, prompt)).unwrap().status,
+        429
+    );
+    // Another key, a body without a bound: 4,000 less its prompt (⌈2 / 4⌉) written in.
+    let r = client.request(call("key-2", "{}", 1)).unwrap();
+    assert_eq!((r.status, reported_usage(&r.body)), (200, 4_000));
+    wait_until(Duration::from_secs(2), Duration::from_millis(5), || {
+        upstream.bounds_received().len() >= 8
+    });
+    let mut expected = vec![Some(16_000 - prompt); 6];
+    expected.extend([Some(4_000 - prompt), Some(3_999)]);
+    assert_eq!(upstream.bounds_received(), expected);
+    assert_eq!(envoy.weir_stat("rule.tokens-per-key.commit_clamped"), 1);
+    envoy.assert_no_panic();
+}
