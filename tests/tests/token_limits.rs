@@ -784,3 +784,53 @@ fn the_documented_clamp_works_as_the_docs_say() {
     assert_eq!(envoy.weir_stat("rule.tokens-per-key.commit_clamped"), 1);
     envoy.assert_no_panic();
 }
+
+/// `commit.clamp` for a client speaking HTTP/2 (curl, prior knowledge), whose request
+/// carries a `content-length`: the clamped body reaches the HTTP/1.1 upstream whole.
+#[test]
+fn a_clamped_http2_request_reaches_the_upstream_lowered() {
+    let upstream = LlmUpstream::start();
+    let config = r#"{"rules":[{"name":"tokens","key":[{"header":"x-tenant"}],
+        "limit":{"algorithm":"token_bucket","capacity":1000,"refill":1000,"period":"1h"},
+        "cost":{"body":{},"default":300,"max":1000},
+        "commit":{"body":{},"clamp":{}}}]}"#;
+    let envoy = start(config, &upstream, 2);
+    let post = |body: &str| {
+        let out = std::process::Command::new("curl")
+            .args([
+                "-s",
+                "--http2-prior-knowledge",
+                "-o",
+                "-",
+                "-w",
+                "\n%{http_code}",
+            ])
+            .args(["-X", "POST", "--data-binary", body])
+            .args([
+                "-H",
+                "content-type: application/json",
+                "-H",
+                "x-tenant: acme",
+            ])
+            .args(["-H", "x-llm-output: 600", "-H", "x-llm-usage: 5"])
+            .arg(format!(
+                "http://127.0.0.1:{}/v1/chat/completions",
+                envoy.http_port
+            ))
+            .output()
+            .expect("curl");
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        let (body, status) = text.rsplit_once('\n').expect("curl's status");
+        let used = (status == "200").then(|| reported_usage(body.as_bytes()));
+        (status.to_string(), used)
+    };
+    let body = r#"{"max_tokens":600}"#;
+    assert_eq!(post(body), ("200".to_string(), Some(605)));
+    assert_eq!(post(body), ("200".to_string(), Some(395)));
+    assert_eq!(post(body).0, "429");
+    wait_until(Duration::from_secs(2), Duration::from_millis(5), || {
+        upstream.answered() >= 2
+    });
+    assert_eq!(upstream.bounds_received(), vec![Some(600), Some(390)]);
+    envoy.assert_no_panic();
+}
