@@ -515,3 +515,52 @@ fn random_walk(rng: &mut Rng) -> Result<Walk, String> {
     }
     Ok(walk)
 }
+
+/// A store where another worker makes the same first write just before ours: the first
+/// compare-and-swap is lost to an identical value.
+struct ClaimRace {
+    inner: MemoryStore,
+    raced: std::sync::atomic::AtomicBool,
+}
+
+impl weir_core::store::SharedStore for ClaimRace {
+    fn get(&self, key: &str) -> Result<(Option<Vec<u8>>, Option<u32>), StoreError> {
+        self.inner.get(key)
+    }
+    fn compare_and_set(&self, key: &str, value: &[u8], version: u32) -> Result<(), StoreError> {
+        if !self.raced.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            self.inner.compare_and_set(key, value, version)?;
+        }
+        self.inner.compare_and_set(key, value, version)
+    }
+    fn create(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
+        self.inner.create(key, value)
+    }
+}
+
+/// Two workers' first requests of a key at once: both find its controller record free,
+/// and one claims it first. The other looks again and finds the key's own controller
+/// (it used to decide that request without one: `keys_without_controller`, seen in the
+/// e2e `per_key_adaptive_limits_follow_each_tenants_own_service`).
+#[test]
+fn a_claim_lost_to_another_worker_finds_the_key_controller_it_made() {
+    let e = engine(
+        r#"{"rules":[{"name":"tenants","key":[{"header":"x-user"}],
+        "limit":{"algorithm":"concurrency","max_in_flight":200,
+                 "adaptive":{"interval":"500ms","per_key":true}}}]}"#,
+    );
+    let store = ClaimRace {
+        inner: MemoryStore::new(),
+        raced: false.into(),
+    };
+    e.prepare(&store.inner).unwrap();
+    let mut worker = e.worker();
+    let mut facts = weir_core::rules::Facts::new(&e.config.facts, user("ann"));
+    let eval = e.evaluate(&store, &mut worker, &support::SEED, &mut facts, Micros(T0));
+    assert!(!eval.denied());
+    assert!(
+        !eval.reports[0].key_without_controller,
+        "{:?}",
+        eval.reports[0]
+    );
+}

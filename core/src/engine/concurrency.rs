@@ -426,14 +426,28 @@ impl<S: SharedStore> KeyRecords<'_, S> {
 
     /// The record holding the key's controller and its limit: the key's own among the
     /// [`KEY_PROBES`] records from the one its hash names, else the first of them that is
-    /// free, claimed with a fresh controller. `None` when all belong to active keys.
+    /// free, claimed with a fresh controller. `None` when all belong to active keys. A
+    /// claim lost to another worker is looked for again: that worker may have claimed
+    /// the record for this very key (two workers' first requests of a key at once).
     fn find(&self, hash: &KeyHash, now_us: u64) -> Option<(u32, u64)> {
-        let records = self.adaptive.key_controllers?;
+        match self.find_once(hash, now_us) {
+            Err(ClaimLost) => self.find_once(hash, now_us).ok().flatten(),
+            Ok(found) => found,
+        }
+    }
+
+    /// One look at the key's records; `Err` when its claim of a free one lost its CAS.
+    fn find_once(&self, hash: &KeyHash, now_us: u64) -> Result<Option<(u32, u64)>, ClaimLost> {
+        let Some(records) = self.adaptive.key_controllers else {
+            return Ok(None);
+        };
         let owner = hash.fingerprint.max(1);
         let first = hash.set_hash % u64::from(records);
         let mut free = None;
         for probe in 0..u64::from(KEY_PROBES.min(records)) {
-            let index = u32::try_from((first + probe) % u64::from(records)).ok()?;
+            let Ok(index) = u32::try_from((first + probe) % u64::from(records)) else {
+                return Ok(None);
+            };
             let Ok((value, Some(version))) = self.store.get(&key_record(self.base, index)) else {
                 continue;
             };
@@ -443,7 +457,7 @@ impl<S: SharedStore> KeyRecords<'_, S> {
                         .controller
                         .limit()
                         .clamp(self.adaptive.min_limit, self.max_in_flight);
-                    return Some((index, limit));
+                    return Ok(Some((index, limit)));
                 }
                 Some(r) if !r.free_for(owner, self.adaptive, now_us) => {}
                 _ => {
@@ -451,11 +465,19 @@ impl<S: SharedStore> KeyRecords<'_, S> {
                 }
             }
         }
-        let (index, version) = free?;
+        let Some((index, version)) = free else {
+            return Ok(None);
+        };
         let claimed = SharedRecord::claimed(owner, self.adaptive, now_us);
-        self.store
+        match self
+            .store
             .compare_and_set(&key_record(self.base, index), &claimed.encode(), version)
-            .ok()?;
-        Some((index, claimed.controller.limit()))
+        {
+            Ok(_) => Ok(Some((index, claimed.controller.limit()))),
+            Err(_) => Err(ClaimLost),
+        }
     }
 }
+
+/// A claim of a free controller record lost its compare-and-swap to another worker.
+struct ClaimLost;
