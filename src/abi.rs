@@ -17,7 +17,7 @@
 
 use crate::host::{self, WasmHost};
 use std::cell::RefCell;
-use weir_core::filter::{Action, Vm};
+use weir_core::filter::{Action, BodyAction, Vm};
 
 thread_local! {
     static VM: RefCell<Vm> = RefCell::new(Vm::default());
@@ -79,7 +79,8 @@ pub extern "C" fn proxy_on_request_headers(context_id: u32, _headers: usize, eos
 #[no_mangle]
 pub extern "C" fn proxy_on_request_body(context_id: u32, body_size: usize, eos: u32) -> u32 {
     host::entered();
-    action(|vm| vm.on_request_body(&WasmHost, context_id, body_size, eos != 0))
+    with_vm(|vm| vm.on_request_body(&WasmHost, context_id, body_size, eos != 0))
+        .unwrap_or(BodyAction::Continue) as u32
 }
 
 #[no_mangle]

@@ -129,7 +129,7 @@ fn envoy_counters(envoy: &Envoy) -> EnvoyCounters {
         vm_bytes: get("wasmcustom.weir.weir.vm.bytes_in")
             + get("wasmcustom.weir.weir.vm.bytes_out"),
         bridge_failures: get("wasmcustom.weir.weir.bridge.skipped")
-            + get("wasmcustom.weir.weir.bridge.busy")
+            + get("wasmcustom.weir.weir.bridge.refused")
             + get("wasmcustom.weir.weir.bridge.errors_timeout")
             + get("wasmcustom.weir.weir.bridge.errors_unavailable")
             + get("wasmcustom.weir.weir.bridge.errors_status")

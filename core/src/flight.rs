@@ -11,9 +11,15 @@
 //! Every call made here is Envoy's call of the plugin's root context, which outlives the
 //! request that made it, so its answer always arrives (a 504 when it times out) and is
 //! routed by token: the call's evaluation is completed even if its request is gone, so
-//! what Redis granted is never lost, and its waiters are woken either way. A call holds
-//! at most [`MAX_WAITERS`] waiters; a request beyond them gets its rules' failure modes
-//! at once (counted), so memory stays bounded.
+//! what Redis granted is never lost, and its waiters are woken either way.
+//!
+//! A call holds at most [`MAX_WAITERS`] waiters, so that one answer wakes a bounded
+//! number of requests. A request that finds the call for its keys full makes a call of
+//! its own, which the key's next requests join instead: a crowd on one key costs a call
+//! per [`MAX_WAITERS`] requests, each decided by Redis. A full waiter list is not an
+//! outage, and never takes a rule into its failure mode. What bounds the calls in flight
+//! is the bridge cluster's circuit breaker (`max_requests`): a call Envoy refuses for it
+//! denies its request (see [`crate::wire::ReplyError::Overflow`]).
 
 use crate::engine::{Evaluation, PendingItem};
 use crate::key::KeyHash;
@@ -53,9 +59,7 @@ pub struct Call {
 pub enum Join {
     /// Another call asks about every one of its keys: it waits on that call (token).
     Waiting(u32),
-    /// That call already has [`MAX_WAITERS`] waiters.
-    Full,
-    /// No call covers its keys: it must make its own.
+    /// No call with room for a waiter covers its keys: it must make its own.
     Alone,
 }
 
@@ -93,18 +97,26 @@ impl Flights {
             return Join::Alone;
         };
         if call.waiters.len() >= MAX_WAITERS {
-            return Join::Full;
+            // Its own call, which the next requests of these keys join.
+            return Join::Alone;
         }
         call.waiters.push(waiter);
         token.map_or(Join::Alone, Join::Waiting)
     }
 
-    /// Registers a call just made: its keys that share calls become joinable (unless
-    /// another call already asks about them).
+    /// Registers a call just made: its keys that share calls become joinable, unless
+    /// another call with room for waiters already asks about them.
     pub fn start(&mut self, token: u32, call: Call) {
         if self.calls.len() < MAX_SHARED_CALLS {
             for key in &call.keys {
-                self.by_key.entry(*key).or_insert(token);
+                let joinable = self.by_key.get(key).is_some_and(|t| {
+                    self.calls
+                        .get(t)
+                        .is_some_and(|c| c.waiters.len() < MAX_WAITERS)
+                });
+                if !joinable {
+                    self.by_key.insert(*key, token);
+                }
             }
         }
         self.calls.insert(token, call);
@@ -243,7 +255,7 @@ mod tests {
     }
 
     #[test]
-    fn a_call_holds_a_bounded_number_of_waiters() {
+    fn a_full_call_sends_the_next_request_on_a_call_of_its_own_that_others_join() {
         let mut flights = Flights::default();
         flights.start(1, call(1, &[item(0, 10)]));
         for w in 0..MAX_WAITERS as u32 {
@@ -252,6 +264,20 @@ mod tests {
                 Join::Waiting(1)
             );
         }
-        assert_eq!(flights.join(999, &[item(0, 10)], |_| true), Join::Full);
+        assert_eq!(flights.join(999, &[item(0, 10)], |_| true), Join::Alone);
+        flights.start(2, call(999, &[item(0, 10)]));
+        assert_eq!(
+            flights.join(1_000, &[item(0, 10)], |_| true),
+            Join::Waiting(2),
+            "the key's next request waits on the new call"
+        );
+        // The full call lands: its waiters are woken, the new call stays joinable.
+        assert_eq!(flights.land(1).unwrap().waiters.len(), MAX_WAITERS);
+        assert_eq!(
+            flights.join(1_001, &[item(0, 10)], |_| true),
+            Join::Waiting(2)
+        );
+        assert_eq!(flights.land(2).unwrap().waiters, [1_000, 1_001]);
+        assert_eq!(flights.in_flight(), 0);
     }
 }

@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use crate::algorithms::{GlobalLimit, SlotState};
 use crate::config;
 use crate::conformance::Admission;
-use crate::engine::{BridgeError, Engine, Evaluation, RuleOutcome};
+use crate::engine::{Engine, Evaluation, RuleOutcome};
 use crate::flight::{Call as FlightCall, Flights, Join};
 use crate::key::Seed;
 use crate::rules::{FactSource, Facts, RuleId, Scope};
@@ -461,13 +461,9 @@ impl Simulation {
                         continue;
                     };
                     if self.single_flight {
-                        match envoy.join(flights, &mut waiting, (waiter, now_us), eval, now_us) {
-                            Joined::Waits => continue,
-                            Joined::Failed(eval) => {
-                                decided.push(at_once(eval));
-                                continue;
-                            }
-                            Joined::Alone(alone) => eval = alone,
+                        match envoy.join(flights, &mut waiting, (waiter, now_us), eval) {
+                            Some(alone) => eval = alone,
+                            None => continue,
                         }
                     }
                     let call = calls.len();
@@ -548,15 +544,9 @@ impl Simulation {
                         }
                         // As the filter: the first of them to miss again makes a call,
                         // and the others join it.
-                        let joined =
-                            envoy.join(flights, &mut waiting, (waiter, arrived_us), eval, now_us);
-                        let eval = match joined {
-                            Joined::Waits => continue,
-                            Joined::Failed(eval) => {
-                                decided.push(done(index, arrived_us, eval));
-                                continue;
-                            }
-                            Joined::Alone(eval) => eval,
+                        let joined = envoy.join(flights, &mut waiting, (waiter, arrived_us), eval);
+                        let Some(eval) = joined else {
+                            continue;
                         };
                         let own = calls.len();
                         flights.start(own as u32, flight_call(&envoy.engine, &eval, now_us));
@@ -570,40 +560,24 @@ impl Simulation {
     }
 }
 
-/// Where a request with pending rules stands after trying to join a call in flight.
-enum Joined {
-    /// It waits on the call (kept with the waiting requests).
-    Waits,
-    /// The call had all the waiters it may have: its rules' failure modes decided it.
-    Failed(Evaluation),
-    /// No call covers its keys: it makes its own.
-    Alone(Evaluation),
-}
-
 impl SimEnvoy {
     /// As the filter: a request whose keys a call of this Envoy already asks about waits
-    /// on it, unless that call is full (then its rules' failure modes apply at once).
+    /// on it (kept with the `waiting` requests: `None`), unless no such call has room for
+    /// a waiter: then it makes its own, which others join (its evaluation comes back).
     fn join(
         &self,
         flights: &mut Flights,
         waiting: &mut BTreeMap<u32, (u64, Evaluation)>,
         (waiter, arrived_us): (u32, u64),
-        mut eval: Evaluation,
-        now_us: u64,
-    ) -> Joined {
+        eval: Evaluation,
+    ) -> Option<Evaluation> {
         let shared = |rule| self.engine.shares_calls(rule);
         match flights.join(waiter, &eval.pending, shared) {
             Join::Waiting(_) => {
                 waiting.insert(waiter, (arrived_us, eval));
-                Joined::Waits
+                None
             }
-            Join::Full => {
-                let busy = BridgeError::Busy;
-                self.engine
-                    .fail_now(&mut eval, &*self.store, Micros(now_us), busy);
-                Joined::Failed(eval)
-            }
-            Join::Alone => Joined::Alone(eval),
+            Join::Alone => Some(eval),
         }
     }
 }

@@ -212,6 +212,9 @@ struct Response {
     cut: Option<proptest::sample::Index>,
     /// Whether the response ended (an upstream may end a short body) or was cut.
     ended: bool,
+    /// Envoy made this reply itself (a route timeout's 504, a reset upstream's 503):
+    /// its body is Envoy's text, with no usage.
+    local: bool,
 }
 
 /// A rendered body and the usages it reports: (offset just past the report's last
@@ -223,6 +226,12 @@ struct Rendered {
 
 impl Response {
     fn render(&self) -> Rendered {
+        if self.local {
+            return Rendered {
+                bytes: b"upstream request timeout".to_vec(),
+                reports: Vec::new(),
+            };
+        }
         let u = self.usage;
         let input = u / 3;
         let pad = |i: usize| -> String {
@@ -452,14 +461,16 @@ fn response() -> impl Strategy<Value = Response> {
             prop_oneof![1..8usize, 1..300usize],
             proptest::option::weighted(0.4, any::<proptest::sample::Index>()),
             proptest::bool::weighted(0.2),
+            proptest::bool::weighted(0.2),
         ),
     )
         .prop_map(
             |(
                 (status, encoding, shape, usage),
                 (line_end, split_data, pad, padded_event, mislabelled),
-                (chunk, cut, ended_anyway),
+                (chunk, cut, ended_anyway, local),
             )| Response {
+                local,
                 status,
                 encoding,
                 shape,
@@ -502,6 +513,7 @@ fn seen(config: &Config, response: &Response, delivered: &[u8]) -> ResponseSeen 
     };
     ResponseSeen {
         status: response.status,
+        from_upstream: !response.local,
         ended: response.ended,
         usage,
     }
@@ -553,7 +565,7 @@ proptest! {
 
         match settled.reason {
             SettleReason::UpstreamError => {
-                prop_assert!(is_5xx);
+                prop_assert!(is_5xx && !response.local, "only the upstream's own 5xx");
                 prop_assert_eq!(settled.cost, on_error);
             }
             SettleReason::Usage => {
@@ -579,6 +591,7 @@ proptest! {
         }
         // Not vacuous: a whole, readable response is settled at its last usage.
         let readable = !is_5xx
+            && !response.local
             && identity
             && !response.mislabelled
             && response.cut.is_none()
@@ -594,11 +607,20 @@ proptest! {
                 None => prop_assert_eq!(settled.reason, SettleReason::NoUsage),
             }
         }
+        let upstream_5xx = is_5xx && !response.local;
+        // A 5xx's body is not read, so its encoding does not matter.
         if !identity && !is_5xx {
             prop_assert_eq!(settled.reason, SettleReason::Compressed);
         }
-        if !response.ended && !is_5xx && identity && settled.reason != SettleReason::Usage {
+        if !response.ended && !upstream_5xx && identity && settled.reason != SettleReason::Usage {
             prop_assert_eq!(settled.reason, SettleReason::Aborted);
+        }
+        if response.local && response.ended && identity && response.status.is_some() {
+            prop_assert_eq!(
+                (settled.cost, settled.reason),
+                (reserved, SettleReason::LocalReply),
+                "a reply Envoy made keeps the estimate"
+            );
         }
     }
 }

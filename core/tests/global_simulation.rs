@@ -491,10 +491,29 @@ fn a_slow_bridge_does_not_eat_the_hold() {
             // The key's other requests are denied while its call is in flight: few wait
             // (its own request, and those of the unsaturated start). When every request
             // that missed waited on the call, 3,916 to 10,417 of the 40,000 did.
+            //
+            // The start is when a crowd meets a call that already has its 64 waiters:
+            // the rest wait on a call of their own (until issue 32 they took the failure
+            // mode: here `deny`, a 503). At 1,000/s behind 30 ms with two workers, 1,945
+            // of the 40,000 waited, 1,859 of them to be denied a round trip later, all
+            // in the first 2.5 s; afterwards 2 per 100 ms (at 250/s behind 10 ms, waves
+            // of 20 to 70 when the key's last reservation runs out: 280 of 25,110).
             assert!(
-                waited * 50 <= run.requests(),
+                waited * 20 <= run.requests(),
                 "{what}: {waited} of {} requests waited for a call",
                 run.requests()
+            );
+            let settled_from = T0 + 3_000_000;
+            let (late, waited_late) = run
+                .decided
+                .iter()
+                .filter(|d| d.arrived_us >= settled_from)
+                .fold((0, 0), |(n, w), d| {
+                    (n + 1, w + usize::from(d.decided_us > d.arrived_us))
+                });
+            assert!(
+                waited_late * 50 <= late,
+                "{what}: after 3 s, {waited_late} of {late} requests waited for a call"
             );
         }
     }

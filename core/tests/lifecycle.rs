@@ -17,7 +17,7 @@ use weir_core::engine::{BRIDGE_BACKOFF_US, BRIDGE_FAILING_FOR_US, BRIDGE_FAILURE
 use weir_core::filter::host::LogLevel;
 use weir_core::filter::scripted::LocalReply;
 use weir_core::filter::scripted_envoy::Envoy;
-use weir_core::filter::{Action, DELAY_HEADER};
+use weir_core::filter::{Action, BodyAction, DELAY_HEADER};
 use weir_core::simulation::ModelBridge;
 use weir_core::wire::{v2, v3};
 
@@ -742,14 +742,17 @@ fn a_cost_estimated_from_the_body_is_decided_when_the_body_is_in() {
     let (first, on_headers, on_body) = envoy.request_with_body(&headers, body);
     assert_eq!(
         (on_headers, on_body),
-        (Action::Continue, Action::Continue),
+        (Action::Continue, Some(BodyAction::Continue)),
         "the headers go on, the body decides"
     );
     assert!(reply_of(&envoy, first).is_none());
     // 491 tokens are left: the second is denied on its body, with what it read of its
     // headers before they went on.
     let (second, on_headers, on_body) = envoy.request_with_body(&headers, body);
-    assert_eq!((on_headers, on_body), (Action::Continue, Action::Pause));
+    assert_eq!(
+        (on_headers, on_body),
+        (Action::Continue, Some(BodyAction::Hold))
+    );
     assert_eq!(reply_of(&envoy, second).unwrap().status, 429);
     flush_stats(&mut envoy);
     assert_eq!(stat_of(&envoy, "rule.llm.allowed"), 1);
@@ -778,28 +781,29 @@ fn a_clamped_request_goes_on_without_content_length_and_with_its_body_lowered() 
             .any(|(n, _)| n == "content-length")
     };
     let (first, _, on_body) = envoy.request_with_body(&headers, body);
-    assert_eq!(on_body, Action::Continue);
+    assert_eq!(on_body, Some(BodyAction::Continue));
     assert!(
         !content_length(&envoy, first),
         "a clamp may rewrite the body"
     );
     assert_eq!(
-        stream(&envoy, first).request_body,
+        stream(&envoy, first).upstream.body,
         body,
         "it fits: unchanged"
     );
     // 491 left: admitted with them, its output lowered to 491 − 9.
     let (second, _, on_body) = envoy.request_with_body(&headers, body);
-    assert_eq!(on_body, Action::Continue);
+    assert_eq!(on_body, Some(BodyAction::Continue));
     assert!(reply_of(&envoy, second).is_none());
     assert_eq!(
-        stream(&envoy, second).request_body,
+        stream(&envoy, second).upstream.body,
         br#"{"max_tokens":482,"messages":[]}"#
     );
     // Nothing left for the prompt: 429, the body untouched.
     let (third, _, _) = envoy.request_with_body(&headers, body);
     assert_eq!(reply_of(&envoy, third).unwrap().status, 429);
-    assert_eq!(stream(&envoy, third).request_body, body);
+    assert_eq!(stream(&envoy, third).request_body, body, "kept in Envoy");
+    assert!(stream(&envoy, third).upstream.body.is_empty());
     flush_stats(&mut envoy);
     assert_eq!(stat_of(&envoy, "rule.llm.commit_clamped"), 1);
     assert_eq!(stat_of(&envoy, "rule.llm.allowed"), 2);
@@ -811,7 +815,7 @@ fn callbacks_for_contexts_that_do_not_exist_do_nothing() {
     let host = &envoy.host;
     let vm = &mut envoy.vm;
     assert_eq!(vm.on_request_headers(host, 99, true), Action::Continue);
-    assert_eq!(vm.on_request_body(host, 99, 10, true), Action::Continue);
+    assert_eq!(vm.on_request_body(host, 99, 10, true), BodyAction::Continue);
     assert_eq!(vm.on_request_trailers(host, 99), Action::Continue);
     assert_eq!(vm.on_response_headers(host, 99, true), Action::Continue);
     assert_eq!(vm.on_response_body(host, 99, 10, true), Action::Continue);

@@ -19,7 +19,7 @@ mod support;
 use std::collections::BTreeMap;
 
 use support::{engine, user, Rng, SEED, T0};
-use weir_core::engine::{BridgeError, Engine, Evaluation, LEASE_SETS_PER_SWEEP};
+use weir_core::engine::{Engine, Evaluation, LEASE_SETS_PER_SWEEP};
 use weir_core::flight::{Call as FlightCall, Flights, Join};
 use weir_core::rules::{Facts, RuleId};
 use weir_core::simulation::ModelBridge;
@@ -220,11 +220,6 @@ impl Run<'_> {
             match self.flights[worker].join(context, &eval.pending, |rule| e.shares_calls(rule)) {
                 Join::Waiting(_) => {
                     self.waiting.insert(context, (eval, request));
-                    return;
-                }
-                Join::Full => {
-                    e.fail_now(&mut eval, &self.store, Micros(now), BridgeError::Busy);
-                    self.drain(&mut eval);
                     return;
                 }
                 Join::Alone => {}

@@ -162,8 +162,8 @@ fn leases_and_the_denial_cache_keep_redis_out_of_the_hot_path() {
     assert_eq!(
         (ok, limited, unavailable),
         (4000, 0, 0),
-        "busy {}, errors {}",
-        s.weir_stat("bridge.busy"),
+        "refused {}, errors {}",
+        s.weir_stat("bridge.refused"),
         s.weir_stat("bridge.errors_bad_body") + s.weir_stat("bridge.errors_status")
     );
     let calls = s.weir_stat("rule.wide.bridge_decisions");

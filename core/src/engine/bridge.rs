@@ -5,6 +5,7 @@
 
 use std::sync::atomic::Ordering;
 
+use crate::algorithms::Decision;
 use crate::rules::RuleId;
 use crate::store::SharedStore;
 use crate::time::Micros;
@@ -12,6 +13,7 @@ use crate::wire::v2::{self, Sent};
 use crate::wire::{v3, ReplyError};
 
 use super::evaluation::{BridgeError, CommitKey, Evaluation, PendingCommit, PendingItem};
+use super::report::{RuleReport, Source};
 use super::runtime::{Engine, RuleRuntime};
 
 /// How long a failed bridge is left alone before it is tried again.
@@ -165,7 +167,18 @@ impl Engine {
         let (sent_at_us, now_us) = (sent_at.us(), now.us());
         let reply = match reply {
             Ok(reply) => reply,
+            // Calls of this Envoy are ending, so the bridge cluster has hosts: Envoy
+            // refused this one for its circuit breaker, full of calls in flight. A crowd
+            // of requests can fill it; only the bridge may take a rule into its failure
+            // mode, so the request is denied until the calls in flight are answered.
+            Err(ReplyError::Refused) if self.calls_ending(store, now_us) => {
+                self.deny_refused(eval, store, now_us);
+                return;
+            }
             Err(error) => {
+                if error != ReplyError::Refused {
+                    self.note_call_ended(store, now_us);
+                }
                 if self.failed_again(now_us) {
                     self.note_bridge_down(store, now_us.saturating_add(BRIDGE_BACKOFF_US));
                 }
@@ -173,6 +186,7 @@ impl Engine {
                 return;
             }
         };
+        self.note_call_ended(store, now_us);
         self.failed_in_a_row.store(0, Ordering::Relaxed);
         self.note_round_trip(now_us.saturating_sub(sent_at_us));
         let mut pending = std::mem::take(&mut eval.pending);
@@ -277,16 +291,74 @@ impl Engine {
         self.round_trip_us.load(Ordering::Relaxed)
     }
 
-    /// Applies each pending rule's failure mode now, without asking the bridge and
-    /// without holding later calls back.
-    pub fn fail_now<S: SharedStore>(
-        &self,
-        eval: &mut Evaluation,
-        store: &S,
-        now: Micros,
-        error: BridgeError,
-    ) {
-        self.fail_pending(eval, store, now.us(), error);
+    /// A call of this plugin ended at `now_us` with something from the bridge's side: an
+    /// answer (any status), a timeout, a reset. Written to shared data for every worker
+    /// (at most every [`BRIDGE_DOWN_READ_US`] per worker), where
+    /// [`Engine::calls_ending`] reads it.
+    pub fn note_call_ended<S: SharedStore>(&self, store: &S, now_us: u64) {
+        let written = self.bridge_ended_written_us.load(Ordering::Relaxed);
+        if written > 0 && now_us >= written && now_us - written < BRIDGE_DOWN_READ_US {
+            return;
+        }
+        self.bridge_ended_written_us
+            .store(now_us, Ordering::Relaxed);
+        write_instant(store, &self.bridge_ended_key, now_us);
+    }
+
+    /// Whether a call of this plugin, from any worker of this Envoy, ended less than
+    /// the bridge's timeout (and at least [`BRIDGE_FAILING_FOR_US`]) ago. A call Envoy
+    /// refuses at once is refused for its circuit breaker, full of calls in flight, or
+    /// because the cluster has no host: calls in flight end within the timeout (answered
+    /// or timed out), so calls still ending say it is the former. Read from shared data
+    /// on each refusal only.
+    fn calls_ending<S: SharedStore>(&self, store: &S, now_us: u64) -> bool {
+        let timeout_us = self
+            .config
+            .bridge
+            .as_ref()
+            .map_or(0, |b| b.timeout_ms.saturating_mul(1_000));
+        // A worker writes the instant at most every BRIDGE_DOWN_READ_US.
+        let span_us = timeout_us
+            .max(BRIDGE_FAILING_FOR_US)
+            .saturating_add(BRIDGE_DOWN_READ_US);
+        let ended_us = read_instant(store, &self.bridge_ended_key);
+        ended_us > 0 && now_us.saturating_sub(ended_us) <= span_us
+    }
+
+    /// Denies the pending rules of a request whose call Envoy refused for its circuit
+    /// breaker (see [`Engine::complete`]): each is limited, to be retried when a call
+    /// sent now would have reached its timeout; a shadow rule only says it would have.
+    fn deny_refused<S: SharedStore>(&self, eval: &mut Evaluation, store: &S, now_us: u64) {
+        let retry_after_ns = self
+            .config
+            .bridge
+            .as_ref()
+            .map_or(0, |b| b.timeout_ms.saturating_mul(1_000_000))
+            .max(1);
+        let mut pending = std::mem::take(&mut eval.pending);
+        self.stop_asking(&mut pending, store, now_us);
+        for item in pending {
+            let Some((rule, RuleRuntime::Global(global))) = self.rule(item.rule) else {
+                continue;
+            };
+            let report = RuleReport {
+                source: Some(Source::Refused),
+                decided_at_us: now_us,
+                ..item.lookup
+            };
+            let policy = global.global.limit.policy();
+            let decision = Decision {
+                allowed: false,
+                limit: policy.quota,
+                remaining: 0,
+                retry_after_ns: Some(retry_after_ns),
+                reset_after_ns: retry_after_ns,
+            };
+            eval.record(report, rule, decision);
+            if eval.denied() {
+                break;
+            }
+        }
     }
 
     /// Applies each pending rule's failure mode.
@@ -354,12 +426,7 @@ impl Engine {
         let read_us = self.bridge_down_read_us.load(Ordering::Relaxed);
         let fresh = read_us > 0 && now_us >= read_us && now_us - read_us < BRIDGE_DOWN_READ_US;
         if !fresh {
-            let until = match store.get(&self.bridge_down_key) {
-                Ok((Some(value), _)) => {
-                    <[u8; 8]>::try_from(value.as_slice()).map_or(0, u64::from_le_bytes)
-                }
-                _ => 0,
-            };
+            let until = read_instant(store, &self.bridge_down_key);
             self.bridge_down_until_us.store(until, Ordering::Relaxed);
             self.bridge_down_read_us.store(now_us, Ordering::Relaxed);
         }
@@ -373,12 +440,26 @@ impl Engine {
     fn note_bridge_down<S: SharedStore>(&self, store: &S, until_us: u64) {
         self.bridge_down_until_us
             .fetch_max(until_us, Ordering::Relaxed);
-        let key = &self.bridge_down_key;
-        let value = until_us.to_le_bytes();
-        let _ = match store.get(key) {
-            Ok((_, Some(version))) => store.compare_and_set(key, &value, version),
-            Ok((_, None)) => store.create(key, &value),
-            Err(e) => Err(e),
-        };
+        write_instant(store, &self.bridge_down_key, until_us);
+    }
+}
+
+/// Writes an instant (µs, little-endian) to `key`. Racing writers each write an instant
+/// of about the same moment; whichever lands is good enough, so a lost race is not
+/// retried.
+fn write_instant<S: SharedStore>(store: &S, key: &str, us: u64) {
+    let value = us.to_le_bytes();
+    let _ = match store.get(key) {
+        Ok((_, Some(version))) => store.compare_and_set(key, &value, version),
+        Ok((_, None)) => store.create(key, &value),
+        Err(e) => Err(e),
+    };
+}
+
+/// The instant [`write_instant`] wrote to `key`; 0 when none is there.
+fn read_instant<S: SharedStore>(store: &S, key: &str) -> u64 {
+    match store.get(key) {
+        Ok((Some(value), _)) => <[u8; 8]>::try_from(value.as_slice()).map_or(0, u64::from_le_bytes),
+        _ => 0,
     }
 }

@@ -188,9 +188,6 @@ pub enum BridgeError {
     /// Not called: it failed [`BRIDGE_FAILURES_TO_SKIP`](super::BRIDGE_FAILURES_TO_SKIP)
     /// calls in a row less than [`BRIDGE_BACKOFF_US`](super::BRIDGE_BACKOFF_US) ago.
     Skipped,
-    /// Not called: the call already asking about these keys had all the waiters it
-    /// may hold (see `crate::flight`).
-    Busy,
     Reply(ReplyError),
 }
 

@@ -48,6 +48,9 @@ pub enum Source {
     Bridge,
     /// A global rule's local fallback.
     Fallback,
+    /// A global rule whose bridge call Envoy refused for its circuit breaker: denied
+    /// until the calls in flight are answered (see `Engine::complete`).
+    Refused,
 }
 
 /// A rule's report for metrics and logs.

@@ -89,6 +89,12 @@ pub struct Engine {
     /// The shared-data key holding the instant (µs, little-endian) until which this
     /// plugin's bridge is left alone.
     pub(super) bridge_down_key: String,
+    /// The shared-data key holding the instant (µs, little-endian) a call of this
+    /// plugin's, from any worker, last ended with something from the bridge's side (an
+    /// answer, a timeout, a reset): see [`Engine::calls_ending`].
+    pub(super) bridge_ended_key: String,
+    /// When this worker last wrote [`Engine::bridge_ended_key`] (µs).
+    pub(super) bridge_ended_written_us: AtomicU64,
     /// The bridge's round trip as this plugin's calls measured it (µs, see
     /// [`Engine::note_round_trip`]): what a leased call adds to its `ttl`.
     pub(super) round_trip_us: AtomicU64,
@@ -125,15 +131,21 @@ impl Engine {
             .map(|rule| RuleRuntime::new(rule, &owner(rule)))
             .collect();
         let cluster = config.bridge.as_ref().map_or("", |b| b.cluster.as_str());
-        let bridge_down_key = if namespace.is_empty() {
-            format!("weir/v1/bridge/{cluster}/down_until")
-        } else {
-            format!("weir/v1/{namespace}/bridge/{cluster}/down_until")
+        let bridge_key = |name: &str| {
+            if namespace.is_empty() {
+                format!("weir/v1/bridge/{cluster}/{name}")
+            } else {
+                format!("weir/v1/{namespace}/bridge/{cluster}/{name}")
+            }
         };
+        let bridge_down_key = bridge_key("down_until");
+        let bridge_ended_key = bridge_key("call_ended_at");
         Engine {
             config,
             runtimes,
             bridge_down_key,
+            bridge_ended_key,
+            bridge_ended_written_us: AtomicU64::new(0),
             round_trip_us: AtomicU64::new(0),
             bridge_down_until_us: AtomicU64::new(0),
             bridge_down_read_us: AtomicU64::new(0),

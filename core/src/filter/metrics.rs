@@ -43,10 +43,11 @@
 //! request's own deadline came before its slot, or its release after that deadline) and
 //! `delay_abandoned` (the client left while its request was held). Rules with a `commit` count `committed` (costs settled after
 //! the response) and, by why they settled as they did (`weir_core::usage::settlement`):
-//! `commit_usage_read` (the response's usage), `commit_on_error` (an upstream 5xx: the
-//! rule's `on_error`), and, each keeping the estimate, `commit_no_usage` (a response
+//! `commit_usage_read` (the response's usage), `commit_on_error` (the upstream's own 5xx:
+//! the rule's `on_error`), and, each keeping the estimate, `commit_no_usage` (a response
 //! without a readable usage), `commit_over_max_bytes` (a body or event over `max_bytes`),
-//! `commit_compressed` (a compressed body), `commit_aborted` (cut before its usage came);
+//! `commit_compressed` (a compressed body), `commit_aborted` (cut before its usage came),
+//! `commit_local_reply` (a reply Envoy made itself, such as a route timeout's 504);
 //! `commit_not_forwarded` (a later rule denied the request: nothing);
 //! `commit_units_refunded`, `commit_units_charged`
 //! (the actual cost above the estimate), `commit_errors` (shared data failed: the
@@ -146,6 +147,7 @@ struct CommitReasons {
     over_max_bytes: Stat,
     compressed: Stat,
     aborted: Stat,
+    local_reply: Stat,
     not_forwarded: Stat,
 }
 
@@ -160,6 +162,7 @@ impl CommitReasons {
             over_max_bytes: stat(SettleReason::TooLarge)?,
             compressed: stat(SettleReason::Compressed)?,
             aborted: stat(SettleReason::Aborted)?,
+            local_reply: stat(SettleReason::LocalReply)?,
             not_forwarded: stat(SettleReason::NotForwarded)?,
         })
     }
@@ -172,6 +175,7 @@ impl CommitReasons {
             SettleReason::TooLarge => self.over_max_bytes,
             SettleReason::Compressed => self.compressed,
             SettleReason::Aborted => self.aborted,
+            SettleReason::LocalReply => self.local_reply,
             SettleReason::NotForwarded => self.not_forwarded,
         }
     }
@@ -212,7 +216,7 @@ pub struct Metrics {
     bridge_calls: Stat,
     bridge_joined: Stat,
     bridge_resent: Stat,
-    bridge_busy: Stat,
+    bridge_refused: Stat,
     bridge_skipped: Stat,
     bridge_timeouts: Stat,
     bridge_unavailable: Stat,
@@ -359,7 +363,7 @@ impl Metrics {
         let bridge_calls = r.counter(&format!("{base}.bridge.calls"))?;
         let bridge_joined = r.counter(&format!("{base}.bridge.joined"))?;
         let bridge_resent = r.counter(&format!("{base}.bridge.resent"))?;
-        let bridge_busy = r.counter(&format!("{base}.bridge.busy"))?;
+        let bridge_refused = r.counter(&format!("{base}.bridge.refused"))?;
         let bridge_skipped = r.counter(&format!("{base}.bridge.skipped"))?;
         let bridge_timeouts = r.counter(&format!("{base}.bridge.errors_timeout"))?;
         let bridge_unavailable = r.counter(&format!("{base}.bridge.errors_unavailable"))?;
@@ -380,7 +384,7 @@ impl Metrics {
             bridge_calls,
             bridge_joined,
             bridge_resent,
-            bridge_busy,
+            bridge_refused,
             bridge_skipped,
             bridge_timeouts,
             bridge_unavailable,
@@ -440,6 +444,12 @@ impl Metrics {
     /// A request waited on another request's call.
     pub fn bridge_joined(&self) {
         self.bump(self.bridge_joined, 1);
+    }
+
+    /// Envoy refused a call at once (its circuit breaker, or a cluster without hosts):
+    /// not counted in `calls`.
+    pub fn bridge_refused(&self) {
+        self.bump(self.bridge_refused, 1);
     }
 
     /// A call Envoy could not deliver was sent once more (also counted in `calls`).
@@ -627,9 +637,10 @@ impl Metrics {
     fn bridge_error(&self, error: &ReplyError) {
         let stat = match error {
             ReplyError::Timeout => self.bridge_timeouts,
-            ReplyError::Unavailable | ReplyError::Unreachable | ReplyError::NoResponse => {
-                self.bridge_unavailable
-            }
+            ReplyError::Unavailable
+            | ReplyError::Unreachable
+            | ReplyError::NoResponse
+            | ReplyError::Refused => self.bridge_unavailable,
             ReplyError::Status(..) => self.bridge_bad_status,
             ReplyError::BadBody(_) => self.bridge_bad_body,
         };
@@ -640,7 +651,6 @@ impl Metrics {
     pub fn record<H: Host>(&self, host: &H, eval: &Evaluation, now: Micros) {
         match &eval.bridge_error {
             Some(BridgeError::Skipped) => self.bump(self.bridge_skipped, 1),
-            Some(BridgeError::Busy) => self.bump(self.bridge_busy, 1),
             Some(BridgeError::Reply(error)) => self.bridge_error(error),
             None => {}
         }
@@ -686,7 +696,7 @@ impl Metrics {
                 Some(Source::DenialCache) => self.bump(rule.denial_cache_hits, 1),
                 Some(Source::Bridge) => self.bump(rule.bridge_decisions, 1),
                 Some(Source::Reservoir) => self.bump(rule.reservoir_hits, 1),
-                Some(Source::Slot | Source::Fallback) | None => {}
+                Some(Source::Slot | Source::Fallback | Source::Refused) | None => {}
             }
             let taken = report.reservoir_taken;
             let expired = report.reservoir_expired;

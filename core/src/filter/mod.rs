@@ -35,5 +35,5 @@ pub mod scripted_envoy;
 pub mod settling;
 pub mod vm;
 
-pub use request::{Action, Request, DELAY_HEADER};
+pub use request::{Action, BodyAction, Request, DELAY_HEADER};
 pub use vm::Vm;

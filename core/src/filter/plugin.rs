@@ -220,16 +220,14 @@ impl Plugin {
                 self.flights.borrow_mut().start(token, call);
                 Ok(())
             }
-            // A cluster Envoy does not know, or no resources for the call.
+            // Envoy refused it at once: the cluster's circuit breaker is full, or it has
+            // no host (or no such cluster).
             Err(e) => {
-                host.log(
-                    LogLevel::Warn,
-                    &format!(
-                        "#{owner}: cannot call the bridge cluster {:?}: {e}",
-                        bridge.cluster
-                    ),
-                );
-                Err(Box::new((eval, ReplyError::Unavailable)))
+                self.metrics.bridge_refused();
+                host::log(host, owner, LogLevel::Debug, || {
+                    format!("cannot call the bridge cluster {:?}: {e}", bridge.cluster)
+                });
+                Err(Box::new((eval, ReplyError::Refused)))
             }
         }
     }

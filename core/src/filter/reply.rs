@@ -83,9 +83,6 @@ impl Reply {
                      failure modes applied"
                         .to_string()
                 }
-                BridgeError::Busy => {
-                    "too many requests wait on one bridge call; failure modes applied".to_string()
-                }
             });
         }
         let denied_rule = eval.denied_by.or(eval.unavailable);
@@ -157,6 +154,7 @@ impl Reply {
                 Some(Source::DenialCache) => "cache",
                 Some(Source::Bridge) => "bridge",
                 Some(Source::Fallback) => "fallback",
+                Some(Source::Refused) => "refused",
                 None => "none",
             };
             let sep = if decisions.is_empty() { "" } else { "," };

@@ -16,7 +16,7 @@ use super::plugin::Plugin;
 use super::reply::Reply;
 use super::settling::{settle, Settlements};
 use crate::buffers::Buffered;
-use crate::engine::{BridgeError, Evaluation};
+use crate::engine::Evaluation;
 use crate::flight::Join;
 use crate::rules::Facts;
 use crate::time::Micros;
@@ -26,12 +26,27 @@ use std::rc::Rc;
 /// The response header of a request that was held: how long, in ms.
 pub const DELAY_HEADER: &str = "x-weir-delay-ms";
 
-/// What to tell Envoy after a callback.
+/// What to tell Envoy after a headers or trailers callback.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u32)]
 pub enum Action {
     Continue = 0,
     Pause = 1,
+}
+
+/// What to tell Envoy after a request body callback (proxy-wasm's `FilterDataStatus`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum BodyAction {
+    /// The body goes on to the upstream.
+    Continue = 0,
+    /// Envoy buffers the body until its end, for a rule to read it
+    /// (`StopIterationAndBuffer`; past its buffer limit Envoy answers 413).
+    Read = 1,
+    /// Envoy keeps the body, however long, and stops reading from the client while it
+    /// has too much (`StopIterationAndWatermark`): the request is not decided yet, and
+    /// no byte of its body goes on before every rule has admitted it.
+    Hold = 2,
 }
 
 /// One request's context: where its evaluation is while it waits, and what it does with
@@ -57,6 +72,8 @@ pub struct Request {
     request_body_kept: Buffered,
     /// The request's facts, read before its headers went on to wait for its body.
     read_facts: Option<ReadFacts>,
+    /// Its own bridge call is in flight: the request waits for the answer.
+    calling: bool,
 }
 
 /// The request body as read for a cost estimate.
@@ -89,7 +106,14 @@ impl Request {
             request_body: BodySeen::Absent,
             request_body_kept: Buffered::default(),
             read_facts: None,
+            calling: false,
         }
+    }
+
+    /// Its rules are not all decided yet: it waits for a bridge call (its own or
+    /// another's), or a rule holds it.
+    fn undecided(&self) -> bool {
+        self.calling || self.waiting.is_some() || self.held.is_some()
     }
 
     /// This request's facts: from the host, or as read before its headers went on.
@@ -153,27 +177,40 @@ impl Request {
         self.decide(host, &plugin)
     }
 
-    /// A piece of the request body, while a rule waits for it to estimate the cost:
-    /// Envoy buffers it until the end (or `max_bytes`, past which the rule charges its
-    /// `max`).
+    /// The request body so far (Envoy holds `size` bytes of it). While a rule waits for
+    /// it to estimate the cost, Envoy buffers it until the end, or until `max_bytes`,
+    /// past which the rule charges its `max`: decided before any byte of it goes on.
+    /// While the request is undecided (a bridge call, a hold), Envoy keeps it: a request
+    /// denied then never reaches the upstream with its body.
     pub fn on_request_body<H: Host>(
         &mut self,
         host: &H,
         size: usize,
         end_of_stream: bool,
-    ) -> Action {
-        let (Some(plugin), Some(max_bytes)) = (self.plugin.clone(), self.reading_body) else {
-            return Action::Continue;
+    ) -> BodyAction {
+        let Some(plugin) = self.plugin.clone() else {
+            return BodyAction::Continue;
+        };
+        let Some(max_bytes) = self.reading_body else {
+            return if self.undecided() {
+                BodyAction::Hold
+            } else {
+                BodyAction::Continue
+            };
         };
         if size > max_bytes {
             self.request_body = BodySeen::TooLarge;
         } else if end_of_stream {
             self.request_body = self.read_request_body(host, &plugin, size, max_bytes);
         } else {
-            return Action::Pause;
+            return BodyAction::Read;
         }
         self.reading_body = None;
-        self.decide(host, &plugin)
+        match self.decide(host, &plugin) {
+            Action::Continue => BodyAction::Continue,
+            // Waiting, held, or answered here: the body stays where it is.
+            Action::Pause => BodyAction::Hold,
+        }
     }
 
     /// The request body (Envoy holds `size` bytes), copied into the VM if its budget has
@@ -212,10 +249,18 @@ impl Request {
         }
     }
 
-    /// Trailers end a request whose body a rule was waiting for.
+    /// Trailers end a request whose body a rule was waiting for; they wait too while
+    /// the request is undecided.
     pub fn on_request_trailers<H: Host>(&mut self, host: &H) -> Action {
-        let (Some(plugin), Some(max_bytes)) = (self.plugin.clone(), self.reading_body) else {
+        let Some(plugin) = self.plugin.clone() else {
             return Action::Continue;
+        };
+        let Some(max_bytes) = self.reading_body else {
+            return if self.undecided() {
+                Action::Pause
+            } else {
+                Action::Continue
+            };
         };
         self.request_body =
             self.read_request_body(host, &plugin, max_bytes.saturating_add(1), max_bytes);
@@ -313,6 +358,7 @@ impl Request {
     /// The answer to this request's own bridge call, with its evaluation completed. The
     /// request is paused: resume it, unless it was answered here.
     pub fn on_own_call_answered<H: Host>(&mut self, host: &H, eval: Evaluation, now: Micros) {
+        self.calling = false;
         let Some(plugin) = self.plugin.clone() else {
             return;
         };
@@ -400,11 +446,11 @@ impl Request {
                     self.waiting = Some((token, eval));
                     return Action::Pause;
                 }
-                Join::Full => {
-                    engine.fail_now(&mut eval, host, now, BridgeError::Busy);
-                }
                 Join::Alone => match plugin.call_bridge(host, self.context_id, eval, now) {
-                    Ok(()) => return Action::Pause,
+                    Ok(()) => {
+                        self.calling = true;
+                        return Action::Pause;
+                    }
                     Err(failed) => {
                         let (back, error) = *failed;
                         eval = back;

@@ -20,6 +20,7 @@ use std::collections::{HashMap, HashSet};
 
 const BAD_ARGUMENT: HostError = HostError(2);
 const NOT_FOUND: HostError = HostError(super::host::NOT_FOUND);
+const INTERNAL_FAILURE: HostError = HostError(10);
 
 /// One HTTP stream as Envoy holds it.
 #[derive(Debug, Default, Clone)]
@@ -41,6 +42,24 @@ pub struct Stream {
     pub local_reply: Option<LocalReply>,
     /// Headers the filter added to the response.
     pub added_response_headers: Vec<(String, String)>,
+    /// What went on to the upstream (see [`super::scripted_envoy::Envoy`]).
+    pub upstream: Upstream,
+}
+
+/// What the upstream received of a request: Envoy's side of the filter's answers to
+/// its callbacks (played by [`super::scripted_envoy::Envoy`]). The upstream is a
+/// witness: a request whose body it received was admitted, whatever the client was
+/// answered.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Upstream {
+    /// The request's headers went on.
+    pub headers: bool,
+    /// The body bytes that went on.
+    pub body: Vec<u8>,
+    /// The request's end went on: the upstream has all of it.
+    pub ended: bool,
+    /// The request went on, then the filter answered it (Envoy resets what it sent).
+    pub reset: bool,
 }
 
 impl Stream {
@@ -104,8 +123,12 @@ pub struct Metric {
 /// What Envoy refuses, when the script wants it to.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Refusals {
-    /// `dispatch_call` fails (no such cluster).
+    /// `dispatch_call` fails (no such cluster, or no host in it).
     pub dispatch: bool,
+    /// `dispatch_call` fails while this many calls are in flight (made and not
+    /// answered): the bridge cluster's circuit breaker (`max_requests`), which Envoy
+    /// applies at once, with `InternalFailure`.
+    pub calls_in_flight: Option<usize>,
     /// `send_local_response` fails.
     pub local_response: bool,
 }
@@ -440,6 +463,11 @@ impl Host for ScriptedHost {
         let mut state = self.call("http_call");
         if state.refuse.dispatch {
             return Err(BAD_ARGUMENT);
+        }
+        if let Some(max) = state.refuse.calls_in_flight {
+            if state.dispatched.iter().filter(|d| !d.answered).count() >= max {
+                return Err(INTERNAL_FAILURE);
+            }
         }
         let token = u32::try_from(state.dispatched.len() + 1).map_err(|_| BAD_ARGUMENT)?;
         let from_context = state.effective;

@@ -2,8 +2,18 @@
 //! in the order Envoy makes them — a plugin configured (again, on a reload), a request's
 //! headers, body, response and end, the tick, a call's answer — with every callback
 //! counted as a VM entry.
+//!
+//! It also plays what Envoy does with the filter's answers, and records what reached
+//! the upstream ([`Stream::upstream`]): headers the filter paused (Envoy's Wasm host
+//! turns that into "stop everything": no body callback until resumed) go on when it
+//! resumes them, and the body then reaches the filter; a body the filter buffers
+//! ([`BodyAction::Read`]) or holds ([`BodyAction::Hold`]) stays in Envoy, growing with
+//! each piece, until a body callback says [`BodyAction::Continue`] or the filter
+//! resumes the request; a local reply ends it there, and resets what went on.
 
-use super::request::Action;
+use std::collections::HashMap;
+
+use super::request::{Action, BodyAction};
 use super::scripted::{Dispatched, ScriptedHost, Stream};
 use super::vm::Vm;
 
@@ -16,6 +26,21 @@ pub struct Envoy {
     /// The root context new requests go to (the latest configured).
     pub root: u32,
     next_context: u32,
+    /// Where Envoy stands with each request's flow to the upstream.
+    flows: HashMap<u32, Flow>,
+}
+
+/// Where Envoy stands with one request's flow to the upstream.
+#[derive(Debug, Default, Clone, Copy)]
+struct Flow {
+    /// The filter paused the headers and has not resumed them.
+    headers_stopped: bool,
+    /// The filter stopped the body (to read or to hold it) and has not let it go.
+    body_stopped: bool,
+    /// The client sent the request's end.
+    client_ended: bool,
+    /// The filter's resumes of the stream seen so far.
+    resumes: u32,
 }
 
 impl Envoy {
@@ -83,33 +108,155 @@ impl Envoy {
 
     /// A request with `headers` and no body: its context and what the filter said.
     pub fn request(&mut self, headers: &[(&str, &str)]) -> (u32, Action) {
+        self.headers(headers, true)
+    }
+
+    /// A request's `headers`, its body to follow ([`Envoy::body`]): its context and
+    /// what the filter said.
+    pub fn request_headers(&mut self, headers: &[(&str, &str)]) -> (u32, Action) {
+        self.headers(headers, false)
+    }
+
+    fn headers(&mut self, headers: &[(&str, &str)], end_of_stream: bool) -> (u32, Action) {
         let context = self.open_stream(headers);
         self.entering(1);
-        let action = self.vm.on_request_headers(&self.host, context, true);
+        let action = self
+            .vm
+            .on_request_headers(&self.host, context, end_of_stream);
+        let flow = Flow {
+            headers_stopped: action == Action::Pause,
+            client_ended: end_of_stream,
+            ..Flow::default()
+        };
+        if action == Action::Continue {
+            self.with_upstream(context, |up| {
+                up.headers = true;
+                up.ended = end_of_stream;
+            });
+        }
+        self.flows.insert(context, flow);
+        self.flow();
         (context, action)
     }
 
-    /// A request with `headers` then `body`: what the filter said to the headers and to
-    /// the body.
+    /// A request with `headers` then `body` in one piece: what the filter said to the
+    /// headers and to the body (`None`: Envoy did not call it, the headers being paused).
     pub fn request_with_body(
         &mut self,
         headers: &[(&str, &str)],
         body: &[u8],
-    ) -> (u32, Action, Action) {
-        let context = self.open_stream(headers);
-        self.entering(1);
-        let on_headers = self.vm.on_request_headers(&self.host, context, false);
-        self.host
-            .state()
-            .streams
-            .entry(context)
-            .or_default()
-            .request_body = body.to_vec();
-        self.enter(context);
-        let on_body = self
-            .vm
-            .on_request_body(&self.host, context, body.len(), true);
+    ) -> (u32, Action, Option<BodyAction>) {
+        let (context, on_headers) = self.request_headers(headers);
+        let on_body = self.body(context, body, true);
         (context, on_headers, on_body)
+    }
+
+    /// The next piece of `context`'s request body, the last one if `end_of_stream`:
+    /// what the filter said, or `None` when Envoy did not call it (paused headers, a
+    /// request answered or gone, a VM that reads no bodies... as Envoy decides).
+    pub fn body(&mut self, context: u32, piece: &[u8], end_of_stream: bool) -> Option<BodyAction> {
+        let mut flow = *self.flows.get(&context)?;
+        let buffered = {
+            let mut state = self.host.state();
+            let stream = state.streams.get_mut(&context)?;
+            if stream.local_reply.is_some() {
+                return None;
+            }
+            stream.request_body.extend_from_slice(piece);
+            stream.request_body.len()
+        };
+        flow.client_ended = end_of_stream;
+        self.flows.insert(context, flow);
+        if flow.headers_stopped {
+            return None;
+        }
+        let action = self.body_callback(context, buffered, end_of_stream);
+        self.flow();
+        Some(action)
+    }
+
+    /// Envoy calls the filter with the body it holds, and acts on the answer.
+    fn body_callback(&mut self, context: u32, buffered: usize, end_of_stream: bool) -> BodyAction {
+        self.enter(context);
+        let action = self
+            .vm
+            .on_request_body(&self.host, context, buffered, end_of_stream);
+        let stopped = action != BodyAction::Continue;
+        if let Some(flow) = self.flows.get_mut(&context) {
+            flow.body_stopped = stopped;
+        }
+        if !stopped {
+            self.forward_body(context);
+        }
+        action
+    }
+
+    /// The body Envoy holds for `context` goes on, and its end if the client sent it.
+    fn forward_body(&mut self, context: u32) {
+        let ended = self.flows.get(&context).is_some_and(|f| f.client_ended);
+        let mut state = self.host.state();
+        if let Some(stream) = state.streams.get_mut(&context) {
+            let body = std::mem::take(&mut stream.request_body);
+            stream.upstream.body.extend(body);
+            stream.upstream.ended |= ended;
+        }
+    }
+
+    fn with_upstream(&self, context: u32, f: impl FnOnce(&mut super::scripted::Upstream)) {
+        if let Some(stream) = self.host.state().streams.get_mut(&context) {
+            f(&mut stream.upstream);
+        }
+    }
+
+    /// What Envoy does after callbacks that may have resumed or answered requests: a
+    /// local reply resets what went on; a resumed request's headers go on (and its body
+    /// then reaches the filter), or its held body does.
+    fn flow(&mut self) {
+        let mut contexts: Vec<u32> = self.flows.keys().copied().collect();
+        contexts.sort_unstable();
+        for context in contexts {
+            let Some(mut flow) = self.flows.get(&context).copied() else {
+                continue;
+            };
+            let (resumed, replied, buffered) = {
+                let state = self.host.state();
+                let Some(stream) = state.streams.get(&context) else {
+                    continue;
+                };
+                (
+                    stream.resumed,
+                    stream.local_reply.is_some(),
+                    stream.request_body.len(),
+                )
+            };
+            if replied {
+                self.with_upstream(context, |up| up.reset = up.headers && !up.ended);
+                self.flows.remove(&context);
+                continue;
+            }
+            if resumed <= flow.resumes {
+                continue;
+            }
+            flow.resumes = resumed;
+            if flow.headers_stopped {
+                flow.headers_stopped = false;
+                self.flows.insert(context, flow);
+                let ended = flow.client_ended && buffered == 0;
+                self.with_upstream(context, |up| {
+                    up.headers = true;
+                    up.ended = ended;
+                });
+                if buffered > 0 {
+                    self.body_callback(context, buffered, flow.client_ended);
+                }
+            } else if flow.body_stopped {
+                flow.body_stopped = false;
+                self.flows.insert(context, flow);
+                self.forward_body(context);
+            } else {
+                self.flows.insert(context, flow);
+            }
+        }
     }
 
     fn open_stream(&mut self, headers: &[(&str, &str)]) -> u32 {
@@ -135,6 +282,26 @@ impl Envoy {
 
     /// The upstream answers `context` with `status`, `headers` and `body` (in one piece).
     pub fn respond(&mut self, context: u32, status: u16, headers: &[(&str, &str)], body: &[u8]) {
+        self.respond_with_details(context, status, headers, body, "via_upstream");
+    }
+
+    /// Envoy answers `context` itself, as its router does for a route timeout
+    /// (`upstream_response_timeout`, 504) or an upstream reset before a response (503):
+    /// the filter sees the reply's headers and body, with its `code_details`.
+    pub fn local_reply(&mut self, context: u32, status: u16, code_details: &str) {
+        let body = format!("upstream {code_details}");
+        self.respond_with_details(context, status, &[], body.as_bytes(), code_details);
+    }
+
+    /// A response to `context`, whose `response.code_details` is `code_details`.
+    pub fn respond_with_details(
+        &mut self,
+        context: u32,
+        status: u16,
+        headers: &[(&str, &str)],
+        body: &[u8],
+        code_details: &str,
+    ) {
         {
             let mut state = self.host.state();
             let Some(stream) = state.streams.get_mut(&context) else {
@@ -146,7 +313,7 @@ impl Envoy {
                 .extend(headers.iter().map(|(n, v)| (n.to_string(), v.to_string())));
             stream.attributes.insert(
                 vec!["response".to_string(), "code_details".to_string()],
-                b"via_upstream".to_vec(),
+                code_details.as_bytes().to_vec(),
             );
             stream.response_chunk = body.to_vec();
             state.effective = context;
@@ -200,6 +367,7 @@ impl Envoy {
         self.enter(context);
         self.vm.on_delete(&self.host, context);
         self.host.state().streams.remove(&context);
+        self.flows.remove(&context);
     }
 
     /// Envoy tears the plugin of root context `root` down (a config update drained, a
@@ -209,12 +377,14 @@ impl Envoy {
         self.enter(root);
         self.vm.on_delete(&self.host, root);
         self.host.state().roots.remove(&root);
+        self.flow();
     }
 
     /// The root context `root`'s tick.
     pub fn tick(&mut self, root: u32) {
         self.enter(root);
         self.vm.on_tick(&self.host, root);
+        self.flow();
     }
 
     /// Calls made and not answered yet.
@@ -246,6 +416,7 @@ impl Envoy {
         self.vm
             .on_http_call_response(&self.host, root, token, body.len());
         self.host.state().answering = None;
+        self.flow();
     }
 
     /// The stream `context` as Envoy holds it (a clone).

@@ -25,6 +25,8 @@ pub struct Settlements {
     open: Vec<Settling>,
     /// The response's status, once its headers came.
     status: Option<u16>,
+    /// The upstream sent it (not a reply Envoy made), once its headers came.
+    from_upstream: bool,
     /// What the response body read for a usage keeps of the VM's `max_buffered_bytes`.
     body_kept: Buffered,
 }
@@ -42,6 +44,7 @@ impl Settlements {
                 })
                 .collect(),
             status: None,
+            from_upstream: false,
             body_kept: Buffered::default(),
         }
     }
@@ -95,6 +98,10 @@ impl Settlements {
             .unwrap_or(0);
         let status = (status != 0).then_some(status);
         self.status = status;
+        // Only the upstream's own 5xx settles at `on_error`: a client can make Envoy
+        // answer for it (a route timeout's 504) while the upstream goes on generating.
+        let from_upstream = from_upstream(host);
+        self.from_upstream = from_upstream == Some(true);
         let content_type = host.response_header("content-type").ok().flatten();
         let content_encoding = host.response_header("content-encoding").ok().flatten();
         let mut now_known = Vec::new();
@@ -106,7 +113,7 @@ impl Settlements {
                 let Some((now, response)) = seen.or_else(|| {
                     let response = Response {
                         status: status.unwrap_or(0),
-                        from_upstream: from_upstream(host),
+                        from_upstream,
                     };
                     Some((host.now().ok()?, response))
                 }) else {
@@ -132,7 +139,8 @@ impl Settlements {
                 continue;
             };
             let usage = match &commit.source {
-                // An upstream error settles at `on_error` whatever its body says.
+                // An error status settles now whatever its body says: at `on_error` when
+                // the upstream sent it, else at the estimate.
                 _ if status.is_some_and(|s| s >= 500) => Err(Unread::NoUsage),
                 CommitSource::Header(name) => host
                     .response_header(name)
@@ -152,6 +160,7 @@ impl Settlements {
             };
             let seen = ResponseSeen {
                 status,
+                from_upstream: self.from_upstream,
                 ended: true,
                 usage,
             };
@@ -195,6 +204,7 @@ impl Settlements {
         for mut s in std::mem::take(&mut self.open) {
             let seen = ResponseSeen {
                 status: self.status,
+                from_upstream: self.from_upstream,
                 ended,
                 usage: s
                     .scanner

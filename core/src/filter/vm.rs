@@ -1,7 +1,7 @@
 //! The contexts of one VM and every callback Envoy makes, routed to them.
 
 use super::host::Host;
-use super::request::{Action, Request};
+use super::request::{Action, BodyAction, Request};
 use super::root::Root;
 use crate::time::Micros;
 use std::collections::HashMap;
@@ -100,12 +100,17 @@ impl Vm {
     }
 
     /// Runs a body or trailers callback `f` on the request whose callback this is, if
-    /// a plugin of the VM reads bodies.
-    fn body_request(&mut self, context_id: u32, f: impl FnOnce(&mut Request) -> Action) -> Action {
+    /// a plugin of the VM reads bodies; else what `proceed` says.
+    fn body_request<A>(
+        &mut self,
+        context_id: u32,
+        proceed: A,
+        f: impl FnOnce(&mut Request) -> A,
+    ) -> A {
         if !self.reads_bodies {
-            return Action::Continue;
+            return proceed;
         }
-        self.request(context_id, f)
+        self.requests.get_mut(&context_id).map_or(proceed, f)
     }
 
     pub fn on_request_headers<H: Host>(
@@ -123,14 +128,16 @@ impl Vm {
         context_id: u32,
         body_size: usize,
         end_of_stream: bool,
-    ) -> Action {
-        self.body_request(context_id, |r| {
+    ) -> BodyAction {
+        self.body_request(context_id, BodyAction::Continue, |r| {
             r.on_request_body(host, body_size, end_of_stream)
         })
     }
 
     pub fn on_request_trailers<H: Host>(&mut self, host: &H, context_id: u32) -> Action {
-        self.body_request(context_id, |r| r.on_request_trailers(host))
+        self.body_request(context_id, Action::Continue, |r| {
+            r.on_request_trailers(host)
+        })
     }
 
     pub fn on_response_headers<H: Host>(
@@ -149,13 +156,15 @@ impl Vm {
         body_size: usize,
         end_of_stream: bool,
     ) -> Action {
-        self.body_request(context_id, |r| {
+        self.body_request(context_id, Action::Continue, |r| {
             r.on_response_body(host, body_size, end_of_stream)
         })
     }
 
     pub fn on_response_trailers<H: Host>(&mut self, host: &H, context_id: u32) -> Action {
-        self.body_request(context_id, |r| r.on_response_trailers(host))
+        self.body_request(context_id, Action::Continue, |r| {
+            r.on_response_trailers(host)
+        })
     }
 
     /// A context is gone. A request stops waiting on a call or being held, and settles

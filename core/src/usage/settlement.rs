@@ -2,17 +2,24 @@
 //! between the estimate reserved at admission and what the response says.
 //!
 //! The rule: **a request costs less than its estimate only when its response reported a
-//! usage, or when the upstream answered an error status** (then the rule's `on_error`).
-//! Everything else that ends a response — a success without a readable usage, a body
-//! over `max_bytes`, a compressed body, a client that hangs up before the usage came —
-//! is something a client can choose, so it keeps the reservation: the estimate stands.
+//! usage, or when the upstream itself answered an error status** (then the rule's
+//! `on_error`). Everything else that ends a response — a success without a readable
+//! usage, a body over `max_bytes`, a compressed body, a client that hangs up before the
+//! usage came, a reply Envoy made itself — is something a client can choose, so it keeps
+//! the reservation: the estimate stands.
+//!
+//! Envoy's own replies are not the upstream's: a client causes a 504 with a generation
+//! longer than the route's timeout, or with `x-envoy-upstream-rq-timeout-ms` where
+//! Envoy honours it, while the upstream goes on generating. Envoy's
+//! `response.code_details` says which a response is (`via_upstream` for the upstream's).
 //!
 //! | the response | cost | [`SettleReason`] |
 //! |---|---|---|
-//! | status 500–599 | `on_error` | `UpstreamError` |
+//! | the upstream's own status 500–599 | `on_error` | `UpstreamError` |
 //! | a usage was read (any other status, cut or not) | the usage | `Usage` |
 //! | `content-encoding` other than `identity` | the estimate | `Compressed` |
 //! | cut before it ended (client gone, reset), no usage | the estimate | `Aborted` |
+//! | a reply Envoy made (its 504, 503, any status), no usage | the estimate | `LocalReply` |
 //! | a body or event over `max_bytes`, no usage | the estimate | `TooLarge` |
 //! | no usage in it (1xx–4xx, or no status) | the estimate | `NoUsage` |
 //! | never sent upstream (another rule denied it) | 0 | `NotForwarded` |
@@ -26,7 +33,12 @@
 //! use weir_core::usage::Unread;
 //!
 //! // An OpenAI stream without `stream_options.include_usage`: no usage, the estimate.
-//! let seen = ResponseSeen { status: Some(200), ended: true, usage: Err(Unread::NoUsage) };
+//! let seen = ResponseSeen {
+//!     status: Some(200),
+//!     from_upstream: true,
+//!     ended: true,
+//!     usage: Err(Unread::NoUsage),
+//! };
 //! let settled = Settlement::of(8_000, 0, &seen);
 //! assert_eq!((settled.cost, settled.reason), (8_000, SettleReason::NoUsage));
 //!
@@ -42,7 +54,7 @@ use super::Unread;
 pub enum SettleReason {
     /// The response reported a usage: the cost is that usage.
     Usage,
-    /// The upstream answered 5xx: the rule's `on_error`.
+    /// The upstream itself answered 5xx: the rule's `on_error`.
     UpstreamError,
     /// A response without a usage that could be read: the estimate stands.
     NoUsage,
@@ -53,17 +65,21 @@ pub enum SettleReason {
     /// The response was cut (the client left, a reset) before a usage came: the
     /// estimate stands.
     Aborted,
+    /// Envoy answered the request itself (a route timeout's 504, a 503 for a reset
+    /// upstream, another filter's reply), with no usage: the estimate stands.
+    LocalReply,
     /// The request never reached the upstream (a later rule denied it): nothing.
     NotForwarded,
 }
 
 impl SettleReason {
     /// Every reason, in the order of the table above.
-    pub const ALL: [SettleReason; 7] = [
+    pub const ALL: [SettleReason; 8] = [
         SettleReason::UpstreamError,
         SettleReason::Usage,
         SettleReason::Compressed,
         SettleReason::Aborted,
+        SettleReason::LocalReply,
         SettleReason::TooLarge,
         SettleReason::NoUsage,
         SettleReason::NotForwarded,
@@ -78,6 +94,7 @@ impl SettleReason {
             SettleReason::TooLarge => "commit_over_max_bytes",
             SettleReason::Compressed => "commit_compressed",
             SettleReason::Aborted => "commit_aborted",
+            SettleReason::LocalReply => "commit_local_reply",
             SettleReason::NotForwarded => "commit_not_forwarded",
         }
     }
@@ -88,6 +105,10 @@ impl SettleReason {
 pub struct ResponseSeen {
     /// The response's status; `None` when its headers never came.
     pub status: Option<u16>,
+    /// The upstream sent the response (Envoy's `response.code_details` is
+    /// `via_upstream`); false for a reply Envoy made itself, or when the host did not
+    /// say.
+    pub from_upstream: bool,
     /// The response ended (its last byte, or its trailers); false when it was cut: the
     /// client went away, or the stream was reset.
     pub ended: bool,
@@ -107,7 +128,7 @@ impl Settlement {
     /// `on_error` is `on_error`, whose response went as `seen` says.
     pub fn of(reserved: u64, on_error: u64, seen: &ResponseSeen) -> Settlement {
         let reason = match (seen.status, seen.usage) {
-            (Some(500..=599), _) => {
+            (Some(500..=599), _) if seen.from_upstream => {
                 return Settlement {
                     cost: on_error,
                     reason: SettleReason::UpstreamError,
@@ -121,6 +142,7 @@ impl Settlement {
             }
             (_, Err(Unread::Compressed)) => SettleReason::Compressed,
             _ if !seen.ended => SettleReason::Aborted,
+            (Some(_), _) if !seen.from_upstream => SettleReason::LocalReply,
             (_, Err(Unread::TooLarge)) => SettleReason::TooLarge,
             (_, Err(Unread::NoUsage)) => SettleReason::NoUsage,
         };
@@ -149,6 +171,7 @@ mod tests {
     fn seen(status: Option<u16>, ended: bool, usage: Result<u64, Unread>) -> ResponseSeen {
         ResponseSeen {
             status,
+            from_upstream: true,
             ended,
             usage,
         }
@@ -207,6 +230,32 @@ mod tests {
                 "{status}"
             );
         }
+    }
+
+    #[test]
+    fn a_reply_envoy_made_keeps_the_estimate_whatever_its_status() {
+        // A route timeout's 504 while the upstream still generates, a 503 for a reset
+        // upstream, another filter's 429: not the upstream's answer.
+        for status in [504, 503, 500, 429, 413, 404, 200] {
+            for usage in [Err(Unread::NoUsage), Err(Unread::TooLarge)] {
+                let seen = ResponseSeen {
+                    from_upstream: false,
+                    ..seen(Some(status), true, usage)
+                };
+                let settled = Settlement::of(500, 7, &seen);
+                assert_eq!(
+                    (settled.cost, settled.reason),
+                    (500, SettleReason::LocalReply),
+                    "{status}"
+                );
+            }
+        }
+        // Cut before it ended: an abort, as for the upstream's.
+        let seen = ResponseSeen {
+            from_upstream: false,
+            ..seen(Some(504), false, Err(Unread::NoUsage))
+        };
+        assert_eq!(Settlement::of(500, 7, &seen).reason, SettleReason::Aborted);
     }
 
     #[test]

@@ -310,6 +310,12 @@ pub enum ReplyError {
     Status(u16, String),
     /// A 200 whose body is not a valid reply for the request.
     BadBody(String),
+    /// Envoy refused the call at once (`proxy_http_call` failed): the bridge cluster's
+    /// circuit breaker was full (`max_requests`, `max_pending_requests`), or it has no
+    /// host at all. Envoy says neither which nor anything else: the filter tells them
+    /// apart by whether calls of its Envoy are still ending (see
+    /// `Engine::complete`). Never sent again.
+    Refused,
 }
 
 impl ReplyError {
@@ -337,6 +343,9 @@ impl fmt::Display for ReplyError {
             }
             ReplyError::Status(s, reason) => write!(f, "bridge answered HTTP {s}: {reason}"),
             ReplyError::BadBody(why) => write!(f, "bad bridge reply: {why}"),
+            ReplyError::Refused => f.write_str(
+                "Envoy refused the bridge call (the cluster's circuit breaker is full, or it has no host)",
+            ),
         }
     }
 }
