@@ -23,7 +23,7 @@ use crate::key::Seed;
 use crate::rules::{FactSource, Facts, RuleId, Scope};
 use crate::store::memory::MemoryStore;
 use crate::time::Micros;
-use crate::wire::{v2, CheckedItem, ReplyError};
+use crate::wire::{v2, v3, CheckedItem, ReplyError};
 use crate::worker::Worker;
 
 /// weir-bridge's `POST /v2/acquire` on a model of Redis: each item decided in order by
@@ -36,6 +36,8 @@ pub struct ModelBridge {
     pub calls: u64,
     /// Items decided (one Redis script each on the real bridge).
     pub items: u64,
+    /// Commit calls answered (`/v3/commit`).
+    pub commits: u64,
     /// Spans of Redis time `[from, to)` in µs when the bridge answers 503 (Redis down).
     pub outages: Vec<(u64, u64)>,
 }
@@ -57,14 +59,7 @@ impl ModelBridge {
         let mut items = Vec::with_capacity(request.items.len());
         for CheckedItem { item, limit } in &request.items {
             self.items += 1;
-            let key = format!(
-                "{}\u{0}{}\u{0}{}\u{0}{:?}\u{0}{:?}",
-                request.domain,
-                item.rule,
-                item.descriptor.join("\u{1}"),
-                limit.kind(),
-                limit.algorithm().parameters()
-            );
+            let key = model_key(&request.domain, &item.rule, &item.descriptor, limit);
             let grant = match limit {
                 GlobalLimit::Slot(limit) => {
                     let state = self.slots.get(&key).copied();
@@ -94,6 +89,55 @@ impl ModelBridge {
         }
         Ok(v2::Reply { items })
     }
+
+    /// weir-bridge's `POST /v3/commit` on the model: each item's cost settled in the
+    /// key's state as the settle scripts do ([`crate::algorithms::Limit::settle`]), at
+    /// `now_us`; or the status and body the bridge would answer instead.
+    pub fn commit(&mut self, body: &[u8], now_us: u64) -> Result<v3::CommitReply, (u16, String)> {
+        if self
+            .outages
+            .iter()
+            .any(|&(from, to)| (from..to).contains(&now_us))
+        {
+            return Err((503, r#"{"error":"redis unavailable"}"#.to_string()));
+        }
+        let request = v3::CommitRequest::parse(body).map_err(|e| (400, e.to_string()))?;
+        self.commits += 1;
+        let mut items = Vec::with_capacity(request.items.len());
+        for CheckedItem { item, limit } in &request.items {
+            let GlobalLimit::Slot(slot_limit) = limit else {
+                return Err((400, format!("{} cannot settle", limit.kind())));
+            };
+            let key = model_key(&request.domain, &item.rule, &item.descriptor, limit);
+            let state = self.slots.get(&key).copied();
+            let next = slot_limit.settle(
+                state,
+                item.counted_at_us,
+                item.reserved,
+                item.actual,
+                now_us,
+            );
+            if let Some(next) = next {
+                self.slots.insert(key, next);
+            }
+            items.push(v3::Committed {
+                id: item.id,
+                settled: next.is_some(),
+            });
+        }
+        Ok(v3::CommitReply { items })
+    }
+}
+
+/// The model's key of one descriptor of one rule, with the limit Redis runs (its
+/// parameters included, as the bridge's key tag has them).
+fn model_key(domain: &str, rule: &str, descriptor: &[String], limit: &GlobalLimit) -> String {
+    format!(
+        "{domain}\u{0}{rule}\u{0}{}\u{0}{:?}\u{0}{:?}",
+        descriptor.join("\u{1}"),
+        limit.kind(),
+        limit.algorithm().parameters()
+    )
 }
 
 /// One Envoy worker: its engine, and its Envoy's shared data (one worker's own, or

@@ -167,18 +167,16 @@ impl Engine {
         let (sent_at_us, now_us) = (sent_at.us(), now.us());
         let reply = match reply {
             Ok(reply) => reply,
-            // Calls of this Envoy are ending, so the bridge cluster has hosts: Envoy
-            // refused this one for its circuit breaker, full of calls in flight. A crowd
-            // of requests can fill it; only the bridge may take a rule into its failure
-            // mode, so the request is denied until the calls in flight are answered.
-            Err(ReplyError::Refused) if self.calls_ending(store, now_us) => {
+            // Envoy took calls of this plugin a moment ago, so the bridge cluster has
+            // hosts: it refused this one for its circuit breaker, full of calls in
+            // flight. A crowd of requests can fill it; only the bridge may take a rule
+            // into its failure mode, so the request is denied until the calls in flight
+            // are answered.
+            Err(ReplyError::Refused) if self.calls_in_flight(store, now_us) => {
                 self.deny_refused(eval, store, now_us);
                 return;
             }
             Err(error) => {
-                if error != ReplyError::Refused {
-                    self.note_call_ended(store, now_us);
-                }
                 if self.failed_again(now_us) {
                     self.note_bridge_down(store, now_us.saturating_add(BRIDGE_BACKOFF_US));
                 }
@@ -186,7 +184,6 @@ impl Engine {
                 return;
             }
         };
-        self.note_call_ended(store, now_us);
         self.failed_in_a_row.store(0, Ordering::Relaxed);
         self.note_round_trip(now_us.saturating_sub(sent_at_us));
         let mut pending = std::mem::take(&mut eval.pending);
@@ -291,27 +288,28 @@ impl Engine {
         self.round_trip_us.load(Ordering::Relaxed)
     }
 
-    /// A call of this plugin ended at `now_us` with something from the bridge's side: an
-    /// answer (any status), a timeout, a reset. Written to shared data for every worker
-    /// (at most every [`BRIDGE_DOWN_READ_US`] per worker), where
-    /// [`Engine::calls_ending`] reads it.
-    pub fn note_call_ended<S: SharedStore>(&self, store: &S, now_us: u64) {
-        let written = self.bridge_ended_written_us.load(Ordering::Relaxed);
+    /// Envoy took a call of this plugin at `now_us` (an acquire, its second send, a
+    /// commit): the cluster had a host. Written to shared data for every worker (at most
+    /// every [`BRIDGE_DOWN_READ_US`] per worker), where [`Engine::calls_in_flight`] reads
+    /// it.
+    pub fn note_call_made<S: SharedStore>(&self, store: &S, now_us: u64) {
+        let written = self.bridge_called_written_us.load(Ordering::Relaxed);
         if written > 0 && now_us >= written && now_us - written < BRIDGE_DOWN_READ_US {
             return;
         }
-        self.bridge_ended_written_us
+        self.bridge_called_written_us
             .store(now_us, Ordering::Relaxed);
-        write_instant(store, &self.bridge_ended_key, now_us);
+        write_instant(store, &self.bridge_called_key, now_us);
     }
 
-    /// Whether a call of this plugin, from any worker of this Envoy, ended less than
-    /// the bridge's timeout (and at least [`BRIDGE_FAILING_FOR_US`]) ago. A call Envoy
-    /// refuses at once is refused for its circuit breaker, full of calls in flight, or
-    /// because the cluster has no host: calls in flight end within the timeout (answered
-    /// or timed out), so calls still ending say it is the former. Read from shared data
+    /// Whether calls of this plugin may be in flight: Envoy took one, from any worker of
+    /// this Envoy, less than the bridge's timeout (and at least
+    /// [`BRIDGE_FAILING_FOR_US`]) ago. A call Envoy refuses at once is refused for its
+    /// circuit breaker, full of calls in flight, or because the cluster has no host.
+    /// Only the first needs calls in flight, and a call is in flight no longer than the
+    /// timeout: one taken within it says the cluster has a host. Read from shared data
     /// on each refusal only.
-    fn calls_ending<S: SharedStore>(&self, store: &S, now_us: u64) -> bool {
+    fn calls_in_flight<S: SharedStore>(&self, store: &S, now_us: u64) -> bool {
         let timeout_us = self
             .config
             .bridge
@@ -321,8 +319,9 @@ impl Engine {
         let span_us = timeout_us
             .max(BRIDGE_FAILING_FOR_US)
             .saturating_add(BRIDGE_DOWN_READ_US);
-        let ended_us = read_instant(store, &self.bridge_ended_key);
-        ended_us > 0 && now_us.saturating_sub(ended_us) <= span_us
+        let made_us = read_instant(store, &self.bridge_called_key)
+            .max(self.bridge_called_written_us.load(Ordering::Relaxed));
+        made_us > 0 && now_us.saturating_sub(made_us) <= span_us
     }
 
     /// Denies the pending rules of a request whose call Envoy refused for its circuit

@@ -59,7 +59,9 @@ mod bridge;
 
 mod outstanding;
 
-pub use bridge::{BRIDGE_BACKOFF_US, BRIDGE_FAILING_FOR_US, BRIDGE_FAILURES_TO_SKIP};
+pub use bridge::{
+    BRIDGE_BACKOFF_US, BRIDGE_DOWN_READ_US, BRIDGE_FAILING_FOR_US, BRIDGE_FAILURES_TO_SKIP,
+};
 pub use concurrency::{Adapted, TendedPlaces};
 pub use evaluation::{
     BridgeError, Clamped, Delayed, Evaluation, HeldRequest, PendingCommit, PendingItem,

@@ -89,12 +89,11 @@ pub struct Engine {
     /// The shared-data key holding the instant (µs, little-endian) until which this
     /// plugin's bridge is left alone.
     pub(super) bridge_down_key: String,
-    /// The shared-data key holding the instant (µs, little-endian) a call of this
-    /// plugin's, from any worker, last ended with something from the bridge's side (an
-    /// answer, a timeout, a reset): see [`Engine::calls_ending`].
-    pub(super) bridge_ended_key: String,
-    /// When this worker last wrote [`Engine::bridge_ended_key`] (µs).
-    pub(super) bridge_ended_written_us: AtomicU64,
+    /// The shared-data key holding the instant (µs, little-endian) Envoy last took a
+    /// call of this plugin's, from any worker: see [`Engine::calls_in_flight`].
+    pub(super) bridge_called_key: String,
+    /// When this worker last wrote [`Engine::bridge_called_key`] (µs).
+    pub(super) bridge_called_written_us: AtomicU64,
     /// The bridge's round trip as this plugin's calls measured it (µs, see
     /// [`Engine::note_round_trip`]): what a leased call adds to its `ttl`.
     pub(super) round_trip_us: AtomicU64,
@@ -139,13 +138,13 @@ impl Engine {
             }
         };
         let bridge_down_key = bridge_key("down_until");
-        let bridge_ended_key = bridge_key("call_ended_at");
+        let bridge_called_key = bridge_key("called_at");
         Engine {
             config,
             runtimes,
             bridge_down_key,
-            bridge_ended_key,
-            bridge_ended_written_us: AtomicU64::new(0),
+            bridge_called_key,
+            bridge_called_written_us: AtomicU64::new(0),
             round_trip_us: AtomicU64::new(0),
             bridge_down_until_us: AtomicU64::new(0),
             bridge_down_read_us: AtomicU64::new(0),

@@ -202,6 +202,7 @@ impl Plugin {
         match host.dispatch_call(&bridge.cluster, &headers, &body, bridge.timeout_ms) {
             Ok(token) => {
                 self.metrics.bridge_call();
+                self.engine.note_call_made(host, now.us());
                 self.engine.note_call_sent(&mut eval, host, now);
                 let keys = eval
                     .pending
@@ -262,6 +263,7 @@ impl Plugin {
         let headers = call_headers(bridge, v2::ACQUIRE_PATH);
         match host.dispatch_call(&bridge.cluster, &headers, &body, timeout_ms) {
             Ok(again) => {
+                self.engine.note_call_made(host, now.us());
                 self.flights.borrow_mut().resend(token, again);
                 self.metrics.bridge_call();
                 self.metrics.bridge_resent();
@@ -447,7 +449,12 @@ impl Plugin {
                 .commit_request(batch.iter().map(|c| c.item.clone()).collect());
             let headers = call_headers(bridge, v3::COMMIT_PATH);
             match host.dispatch_call(&bridge.cluster, &headers, &body, bridge.timeout_ms) {
-                Ok(token) => queue.in_flight.push((token, batch)),
+                Ok(token) => {
+                    if let Ok(now) = host.now() {
+                        self.engine.note_call_made(host, now.us());
+                    }
+                    queue.in_flight.push((token, batch));
+                }
                 Err(e) => {
                     host.log(
                         LogLevel::Warn,

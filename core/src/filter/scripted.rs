@@ -17,6 +17,7 @@ use crate::store::{SharedStore, StoreError};
 use crate::time::Micros;
 use std::cell::{RefCell, RefMut};
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 const BAD_ARGUMENT: HostError = HostError(2);
 const NOT_FOUND: HostError = HostError(super::host::NOT_FOUND);
@@ -151,7 +152,13 @@ pub struct HostState {
     /// The tick period each root context asked for.
     pub tick_ms: HashMap<u32, u32>,
     pub streams: HashMap<u32, Stream>,
+    /// Every call made, in order: call `token` is at `token - 1`.
     pub dispatched: Vec<Dispatched>,
+    /// Calls made and not answered yet.
+    pub in_flight: usize,
+    /// Streams the filter resumed or answered since the script last looked
+    /// ([`super::scripted_envoy::Envoy`] acts on them).
+    pub touched: Vec<u32>,
     /// The answer of the call whose callback is running: status (0: none) and body.
     pub answering: Option<(u16, Vec<u8>)>,
     pub metrics: Vec<Metric>,
@@ -191,12 +198,20 @@ fn kind_of(method: &str) -> CallKind {
 
 #[derive(Debug, Default)]
 pub struct ScriptedHost {
-    /// Shared data, seen by every VM that shares this host.
-    pub store: MemoryStore,
+    /// Shared data: of this VM's Envoy, seen by every VM (worker) of it.
+    pub store: Arc<MemoryStore>,
     state: RefCell<HostState>,
 }
 
 impl ScriptedHost {
+    /// A host whose shared data is `store`, shared with the other workers of its Envoy.
+    pub fn sharing(store: Arc<MemoryStore>) -> ScriptedHost {
+        ScriptedHost {
+            store,
+            state: RefCell::default(),
+        }
+    }
+
     pub fn state(&self) -> RefMut<'_, HostState> {
         self.state.borrow_mut()
     }
@@ -446,11 +461,19 @@ impl Host for ScriptedHost {
                 body: body.to_vec(),
                 grpc_status,
             });
-        })
+        })?;
+        let mut state = self.state.borrow_mut();
+        let effective = state.effective;
+        state.touched.push(effective);
+        Ok(())
     }
 
     fn resume_request(&self) -> HostResult<()> {
-        self.stream("continue_stream", |s| s.resumed += 1)
+        self.stream("continue_stream", |s| s.resumed += 1)?;
+        let mut state = self.state.borrow_mut();
+        let effective = state.effective;
+        state.touched.push(effective);
+        Ok(())
     }
 
     fn dispatch_call(
@@ -465,7 +488,7 @@ impl Host for ScriptedHost {
             return Err(BAD_ARGUMENT);
         }
         if let Some(max) = state.refuse.calls_in_flight {
-            if state.dispatched.iter().filter(|d| !d.answered).count() >= max {
+            if state.in_flight >= max {
                 return Err(INTERNAL_FAILURE);
             }
         }
@@ -475,6 +498,7 @@ impl Host for ScriptedHost {
             .streams
             .get(&from_context)
             .map_or(from_context, |s| s.root);
+        state.in_flight += 1;
         state.dispatched.push(Dispatched {
             token,
             from_context,

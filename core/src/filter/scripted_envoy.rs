@@ -12,6 +12,9 @@
 //! resumes the request; a local reply ends it there, and resets what went on.
 
 use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::store::memory::MemoryStore;
 
 use super::request::{Action, BodyAction};
 use super::scripted::{Dispatched, ScriptedHost, Stream};
@@ -28,6 +31,8 @@ pub struct Envoy {
     next_context: u32,
     /// Where Envoy stands with each request's flow to the upstream.
     flows: HashMap<u32, Flow>,
+    /// Requests whose flow or answer may have changed since [`Envoy::take_changed`].
+    changed: Vec<u32>,
 }
 
 /// Where Envoy stands with one request's flow to the upstream.
@@ -48,6 +53,17 @@ impl Envoy {
     /// of a configuration Envoy would refuse.
     pub fn new(config: &str) -> Result<Envoy, String> {
         let mut envoy = Envoy::default();
+        envoy.configure(config)?;
+        Ok(envoy)
+    }
+
+    /// Another worker of an Envoy whose shared data is `store`: a VM of its own, with
+    /// `config`.
+    pub fn worker(config: &str, store: Arc<MemoryStore>) -> Result<Envoy, String> {
+        let mut envoy = Envoy {
+            host: ScriptedHost::sharing(store),
+            ..Envoy::default()
+        };
         envoy.configure(config)?;
         Ok(envoy)
     }
@@ -135,8 +151,18 @@ impl Envoy {
             });
         }
         self.flows.insert(context, flow);
+        self.changed.push(context);
         self.flow();
         (context, action)
+    }
+
+    /// The requests whose flow to the upstream, or answer, may have changed since the
+    /// last call (each at most once, in the order they changed first).
+    pub fn take_changed(&mut self) -> Vec<u32> {
+        let mut changed = std::mem::take(&mut self.changed);
+        let mut seen = std::collections::HashSet::new();
+        changed.retain(|c| seen.insert(*c));
+        changed
     }
 
     /// A request with `headers` then `body` in one piece: what the filter said to the
@@ -171,6 +197,7 @@ impl Envoy {
             return None;
         }
         let action = self.body_callback(context, buffered, end_of_stream);
+        self.changed.push(context);
         self.flow();
         Some(action)
     }
@@ -212,8 +239,8 @@ impl Envoy {
     /// local reply resets what went on; a resumed request's headers go on (and its body
     /// then reaches the filter), or its held body does.
     fn flow(&mut self) {
-        let mut contexts: Vec<u32> = self.flows.keys().copied().collect();
-        contexts.sort_unstable();
+        let contexts = std::mem::take(&mut self.host.state().touched);
+        self.changed.extend(&contexts);
         for context in contexts {
             let Some(mut flow) = self.flows.get(&context).copied() else {
                 continue;
@@ -403,11 +430,13 @@ impl Envoy {
     pub fn answer(&mut self, token: u32, status: u16, body: &[u8]) {
         let root = {
             let mut state = self.host.state();
-            let Some(call) = state.dispatched.iter_mut().find(|d| d.token == token) else {
+            let index = usize::try_from(token).unwrap_or(0).wrapping_sub(1);
+            let Some(call) = state.dispatched.get_mut(index).filter(|d| !d.answered) else {
                 return;
             };
             call.answered = true;
             let root = call.root;
+            state.in_flight = state.in_flight.saturating_sub(1);
             state.answering = Some((status, body.to_vec()));
             state.effective = root;
             root

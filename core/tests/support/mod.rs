@@ -3,6 +3,7 @@
 #![allow(dead_code, clippy::unwrap_used)]
 
 pub mod commits;
+pub mod fleet;
 pub mod places;
 pub mod search;
 
