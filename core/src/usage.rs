@@ -18,6 +18,7 @@
 use std::collections::HashMap;
 
 pub mod clamp;
+pub mod json;
 pub mod settlement;
 
 /// The fields read when a rule names none: OpenAI (`usage.total_tokens`; in a Responses
