@@ -6,7 +6,9 @@
 //!
 //! A usage field is a sum of JSON paths (`usage.input_tokens+usage.output_tokens`); a
 //! rule lists fields in order of preference and the first whose paths all have a value
-//! is the cost. In a stream each event's values replace the previous ones path by path,
+//! is the cost. Bodies are read as Python's `json.loads(bytes)` reads them ([`json`]),
+//! and a value named twice counts at its largest, whichever duplicate a backend keeps.
+//! In a stream each event's values replace the previous ones path by path,
 //! so cumulative counters (Anthropic's `message_delta`, Gemini's `usageMetadata`) and a
 //! final usage event (OpenAI's `stream_options.include_usage`) both end with the totals.
 //!
@@ -15,7 +17,7 @@
 //! `max_bytes` kept. What a response then costs — its usage, `on_error` for an upstream
 //! 5xx, or its estimate when the usage cannot be read — is [`settlement`]'s to say.
 
-use std::collections::HashMap;
+use json::{Found, Kind};
 
 pub mod clamp;
 pub mod json;
@@ -77,6 +79,25 @@ impl UsageField {
         paths.join("+")
     }
 
+    /// How many terms the field sums.
+    pub fn terms(&self) -> usize {
+        self.terms.len()
+    }
+
+    /// The field's paths, term by term.
+    fn paths(&self) -> impl Iterator<Item = &[String]> {
+        self.terms.iter().map(Vec::as_slice)
+    }
+
+    /// The field's value from what each term reads (`read(i)` for the `i`th term):
+    /// `None` when a term is unset or invalid; `u64::MAX` when a term has no bound.
+    fn sum(&self, mut read: impl FnMut(usize) -> TermValue) -> Option<u64> {
+        (0..self.terms.len()).try_fold(0u64, |sum, i| match read(i) {
+            TermValue::Unset | TermValue::Invalid => None,
+            TermValue::Count(n) => Some(sum.saturating_add(n)),
+        })
+    }
+
     /// The field's path when it is one path, not a sum.
     pub fn single_path(&self) -> Option<&[String]> {
         match self.terms.as_slice() {
@@ -86,36 +107,89 @@ impl UsageField {
     }
 }
 
-impl UsageField {
-    /// The most tokens the field allows in a request body `value`: `None` when a path is
-    /// missing or `null` (a backend reads that as "not set"); `u64::MAX` for a term that
-    /// is there but is not a whole number of tokens (a fraction, a negative number, a
-    /// string, a number beyond `u64`), so that the rule's `max` applies: a client cannot
-    /// lower its estimate with a value its backend may read otherwise.
-    fn read_bound(&self, value: &serde_json::Value) -> Option<u64> {
-        self.terms.iter().try_fold(0u64, |sum, path| {
-            let found = path
-                .iter()
-                .try_fold(value, |v, segment| v.get(segment.as_str()))
-                .filter(|v| !v.is_null())?;
-            Some(sum.saturating_add(whole_number(found).unwrap_or(u64::MAX)))
-        })
+/// What one term of a field reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TermValue {
+    /// No value: the path is missing or `null`.
+    Unset,
+    /// A value that is not a count (a fraction, a negative number, a string...).
+    Invalid,
+    /// A count; `u64::MAX` stands for no bound (see [`Reading::bound`]).
+    Count(u64),
+}
+
+/// What the readers of one body find at one path, over every duplicate key: a reader
+/// keeping the first duplicate and one keeping the last may find different things.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Reading {
+    /// The largest whole number found.
+    largest: Option<u64>,
+    /// A value that is not a whole number (nor `null`) was found.
+    other: bool,
+    /// Some reader finds nothing while the path is in the body: a `null`, a duplicate
+    /// parent object without the key, or a parent that is `null` or not an object.
+    unset: bool,
+}
+
+impl Reading {
+    fn add(&mut self, found: &Found) {
+        match found {
+            Found::Value {
+                kind: Kind::Whole(n),
+                ..
+            } => self.largest = self.largest.max(Some(*n)),
+            Found::Value {
+                kind: Kind::Null, ..
+            }
+            | Found::NotObject { .. } => self.unset = true,
+            Found::Value { .. } => self.other = true,
+            // The root has no such key: every reader finds nothing, which is not a
+            // disagreement.
+            Found::Missing { depth: 0, .. } => {}
+            Found::Missing { .. } => self.unset = true,
+        }
+    }
+
+    /// The most a request body allows at the path: unset when no reader finds a value
+    /// (a backend reads the path as not set); no bound (`u64::MAX`, the rule's `max`)
+    /// when a value is not a whole number, or when one reader finds a number and another
+    /// finds none — a client cannot lower its estimate with a value its backend may read
+    /// otherwise.
+    fn bound(self) -> TermValue {
+        match (self.largest, self.other, self.unset) {
+            (None, false, _) => TermValue::Unset,
+            (Some(n), false, false) => TermValue::Count(n),
+            _ => TermValue::Count(u64::MAX),
+        }
+    }
+
+    /// The usage a response reports at the path: the largest count (never a lower one
+    /// a duplicate could slip in); invalid when a value is not a count.
+    fn usage(self) -> TermValue {
+        match (self.largest, self.other) {
+            (_, true) => TermValue::Invalid,
+            (Some(n), false) => TermValue::Count(n),
+            (None, false) => TermValue::Unset,
+        }
     }
 }
 
-/// `value` as a whole number ≥ 0: an integer, or a JSON number such as `8000.0` or `8e3`
-/// whose value is one (below 2^64).
-fn whole_number(value: &serde_json::Value) -> Option<u64> {
-    if let Some(n) = value.as_u64() {
-        return Some(n);
-    }
-    let f = value.as_f64()?;
-    // 2^64 as a float: every whole f64 below it converts exactly.
-    let beyond = 18_446_744_073_709_551_616.0_f64;
-    if f.fract() == 0.0 && (0.0..beyond).contains(&f) {
-        return Some(f as u64);
-    }
-    None
+/// The paths of `fields`, term by term, field after field: what a reading of a body
+/// follows, each reading's index being its position here.
+fn field_paths(fields: &[UsageField]) -> Vec<&[String]> {
+    fields.iter().flat_map(UsageField::paths).collect()
+}
+
+/// Reads `json` (a whole body, or an event of a stream) along `paths`.
+fn read_paths(json: &[u8], paths: &[&[String]]) -> Result<Vec<Reading>, json::Refused> {
+    let text = json::decode(json)?;
+    let mut readings = vec![Reading::default(); paths.len()];
+    json::scan(text.as_bytes(), paths, |hit| {
+        if let Some(reading) = readings.get_mut(hit.path) {
+            reading.add(&hit.found);
+        }
+    })?;
+    Ok(readings)
 }
 
 /// The fields a request's most output tokens are read from when a rule names none:
@@ -133,6 +207,12 @@ pub const DEFAULT_MAX_TOKENS_FIELDS: &[&str] = &[
 /// generate (the largest of the `fields` the body has: a client cannot pick a small field
 /// its backend ignores) plus its prompt, estimated from the body's size
 /// (`bytes_per_prompt_token`; 0: not counted).
+///
+/// The body is read as `json.loads(bytes)` reads it ([`json`]): a BOM, UTF-16 or UTF-32,
+/// `NaN` or `Infinity` in another field, lone surrogates do not make a body unreadable,
+/// and a body it refuses costs the rule's `max` (a backend that reads it anyway may read
+/// any bound). A field named twice (or inside a parent object named twice) counts at the
+/// largest of its values, whichever duplicate a backend keeps.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct BodyEstimate {
     pub fields: Vec<UsageField>,
@@ -152,21 +232,36 @@ pub enum RequestBody<'a> {
 }
 
 impl BodyEstimate {
-    /// The estimate for `body`: `None` when the body says nothing (absent, not JSON, no
-    /// field or only `null` ones: the rule's `default` applies), `u64::MAX` when it is too
-    /// large to read or a field holds something other than a whole number ≥ 0 (the
-    /// rule's `max` applies).
+    /// The estimate for `body`: `None` when the body sets no bound (absent, empty, no
+    /// field or only `null` ones: the rule's `default` applies); `u64::MAX` (the rule's
+    /// `max`) when it is too large to read, when `json.loads` would refuse it, when a
+    /// field holds something other than a whole number ≥ 0, or when a duplicate key
+    /// hides a field from some readers and not from others.
     pub fn estimate(&self, body: RequestBody<'_>) -> Option<u64> {
         let bytes = match body {
             RequestBody::Absent => return None,
             RequestBody::TooLarge => return Some(u64::MAX),
+            // No body at all: a backend reads no bound in it (and refuses it).
+            RequestBody::Complete([]) => return None,
             RequestBody::Complete(bytes) => bytes,
         };
-        let value = serde_json::from_slice::<serde_json::Value>(bytes).ok()?;
+        let Ok(readings) = read_paths(bytes, &field_paths(&self.fields)) else {
+            // A body a reader refuses: one that reads it anyway may find any bound.
+            return Some(u64::MAX);
+        };
+        let mut at = 0;
         let output = self
             .fields
             .iter()
-            .filter_map(|field| field.read_bound(&value))
+            .filter_map(|field| {
+                let first = at;
+                at += field.terms();
+                field.sum(|i| {
+                    readings
+                        .get(first + i)
+                        .map_or(TermValue::Unset, |r| r.bound())
+                })
+            })
             .max()?;
         let prompt = match self.bytes_per_prompt_token {
             0 => 0,
@@ -218,8 +313,9 @@ pub struct UsageScanner {
     dropped: bool,
     /// Reading stopped: the VM's buffer budget had no room ([`UsageScanner::give_up`]).
     gave_up: bool,
-    /// The latest value seen for each path.
-    latest: HashMap<Vec<String>, u64>,
+    /// What the latest document that had each path said of it: the fields' paths term
+    /// by term, field after field (see [`field_paths`]).
+    latest: Vec<TermValue>,
 }
 
 impl UsageScanner {
@@ -237,7 +333,7 @@ impl UsageScanner {
             after_cr: false,
             dropped: false,
             gave_up: false,
-            latest: HashMap::new(),
+            latest: vec![TermValue::Unset; fields.iter().map(UsageField::terms).sum()],
         }
     }
 
@@ -344,9 +440,15 @@ impl UsageScanner {
             let body = std::mem::take(&mut self.pending);
             self.record(&body);
         }
+        let mut at = 0;
         let usage = self.fields.iter().find_map(|field| {
-            field.terms.iter().try_fold(0u64, |sum, path| {
-                self.latest.get(path).map(|v| sum.saturating_add(*v))
+            let first = at;
+            at += field.terms();
+            field.sum(|i| {
+                self.latest
+                    .get(first + i)
+                    .copied()
+                    .unwrap_or(TermValue::Unset)
             })
         });
         match usage {
@@ -423,21 +525,19 @@ impl UsageScanner {
         }
     }
 
-    /// Records the values of every field's paths found in one JSON document; false when
-    /// it is not JSON.
+    /// Records the values of every field's paths found in one JSON document (read as
+    /// [`json`] reads it); false when it is not JSON. A path named twice reads its largest
+    /// value; one that holds something other than a count (a fraction, a negative
+    /// number, `NaN`, a number beyond `u64`) has no value from then on, so a field that
+    /// needs it is not read: the estimate stands rather than an earlier, lower count.
     fn record(&mut self, json: &[u8]) -> bool {
-        let Ok(value) = serde_json::from_slice::<serde_json::Value>(json) else {
+        let Ok(readings) = read_paths(json, &field_paths(&self.fields)) else {
             return false;
         };
-        for field in &self.fields {
-            for path in &field.terms {
-                let found = path
-                    .iter()
-                    .try_fold(&value, |v, segment| v.get(segment.as_str()))
-                    .and_then(whole_number);
-                if let Some(n) = found {
-                    self.latest.insert(path.clone(), n);
-                }
+        for (latest, reading) in self.latest.iter_mut().zip(readings) {
+            match reading.usage() {
+                TermValue::Unset => {}
+                value => *latest = value,
             }
         }
         true

@@ -188,11 +188,17 @@ fn a_request_is_estimated_from_its_max_tokens_and_its_size() {
     );
     let without = br#"{"model":"m","messages":[]}"#;
     assert_eq!(estimate.estimate(RequestBody::Complete(without)), None);
+    // Not JSON: a backend that reads it anyway may read any bound (issue 32).
     assert_eq!(
         estimate.estimate(RequestBody::Complete(b"max_tokens=5")),
-        None
+        Some(u64::MAX)
     );
     assert_eq!(estimate.estimate(RequestBody::Absent), None);
+    assert_eq!(
+        estimate.estimate(RequestBody::Complete(b"")),
+        None,
+        "an empty body is no body"
+    );
     assert_eq!(estimate.estimate(RequestBody::TooLarge), Some(u64::MAX));
     let huge = br#"{"max_tokens":18446744073709551615,"x":1}"#;
     assert_eq!(
@@ -279,4 +285,184 @@ fn fields_parse_with_errors_that_say_what_is_wrong() {
     assert!(UsageField::parse("a+b+c+d+e+f+g+h+i")
         .unwrap_err()
         .contains("9 terms"));
+}
+
+fn estimate_of(text: &[u8]) -> Option<u64> {
+    default_estimate().estimate(RequestBody::Complete(text))
+}
+
+/// Issue 32, defect 2: bodies `serde_json` refuses and `json.loads(bytes)` accepts are
+/// read as the upstream reads them, and a body no reader accepts costs the rule's `max`.
+#[test]
+fn bodies_a_strict_parser_refuses_are_read_as_python_reads_them() {
+    let plain = r#"{"model":"m","max_tokens":100000,"messages":[]}"#;
+    assert_eq!(estimate_of(plain.as_bytes()), Some(100_000));
+    let mut bom = b"\xEF\xBB\xBF".to_vec();
+    bom.extend(plain.as_bytes());
+    let utf16le: Vec<u8> = plain.encode_utf16().flat_map(u16::to_le_bytes).collect();
+    let mut utf16be: Vec<u8> = vec![0xFE, 0xFF];
+    utf16be.extend(plain.encode_utf16().flat_map(u16::to_be_bytes));
+    let utf32le: Vec<u8> = plain
+        .chars()
+        .flat_map(|c| u32::from(c).to_le_bytes())
+        .collect();
+    for body in [bom, utf16le, utf16be, utf32le] {
+        assert_eq!(estimate_of(&body), Some(100_000), "{body:?}");
+    }
+    for other in [
+        r#"{"temperature":NaN,"max_tokens":100000}"#,
+        r#"{"top_p":Infinity,"stop":[-Infinity],"max_tokens":100000}"#,
+        r#"{"prompt":"\ud800","max_tokens":100000}"#,
+        r#"{"max\u005ftokens":100000}"#,
+        r#"{"max_tokens":-0,"max_completion_tokens":100000}"#,
+    ] {
+        assert_eq!(estimate_of(other.as_bytes()), Some(100_000), "{other}");
+    }
+    assert_eq!(estimate_of(br#"{"max_tokens":-0}"#), Some(0));
+}
+
+#[test]
+fn a_bound_that_is_not_a_whole_number_or_a_body_no_one_reads_costs_the_max() {
+    for no_bound in [
+        &br#"{"max_tokens":NaN}"#[..],
+        br#"{"max_tokens":Infinity}"#,
+        br#"{"max_tokens":-Infinity}"#,
+        br#"{"max_tokens":1e400}"#,
+        br#"{"max_tokens":18446744073709551616}"#,
+        br#"{"max_tokens":100000"#,
+        b"{\"max_tokens\":5,\"p\":\"\xFF\"}",
+        b"max_tokens=5",
+        b"   ",
+        br#"{"max_tokens":5,}"#,
+        br#"{"max_tokens":5} {}"#,
+    ] {
+        assert_eq!(estimate_of(no_bound), Some(u64::MAX), "{no_bound:?}");
+    }
+    let deep = format!(
+        r#"{{"max_tokens":5,"x":{}{}}}"#,
+        "[".repeat(json::MAX_DEPTH),
+        "]".repeat(json::MAX_DEPTH)
+    );
+    assert_eq!(estimate_of(deep.as_bytes()), Some(u64::MAX), "too deep");
+    // An empty body is no body: the default.
+    assert_eq!(estimate_of(b""), None);
+    // The prompt still counts on top of a max... saturating.
+    let with_prompt = BodyEstimate {
+        bytes_per_prompt_token: 4,
+        ..default_estimate()
+    };
+    assert_eq!(
+        with_prompt.estimate(RequestBody::Complete(b"not json")),
+        Some(u64::MAX)
+    );
+}
+
+/// Issue 32, defect 3: a parser keeping the first duplicate reads another bound than one
+/// keeping the last: the estimate is the largest, at every level.
+#[test]
+fn duplicate_bound_fields_cost_the_largest_of_them() {
+    for body in [
+        r#"{"max_tokens":1,"messages":[],"max_tokens":100000}"#,
+        r#"{"max_tokens":100000,"messages":[],"max_tokens":1}"#,
+        r#"{"max_tokens":1,"max\u005ftokens":100000}"#,
+        r#"{"generationConfig":{"maxOutputTokens":1},"generationConfig":{"maxOutputTokens":100000}}"#,
+        r#"{"generationConfig":{"maxOutputTokens":100000},"generationConfig":{"maxOutputTokens":1}}"#,
+        r#"{"generationConfig":{"maxOutputTokens":1,"maxOutputTokens":100000}}"#,
+    ] {
+        assert_eq!(estimate_of(body.as_bytes()), Some(100_000), "{body}");
+    }
+    // One reader finds a number, another none (null, a duplicate parent without it or
+    // not an object): not a bound every reader agrees on, the max.
+    for body in [
+        r#"{"max_tokens":5,"max_tokens":null}"#,
+        r#"{"max_tokens":null,"max_tokens":5}"#,
+        r#"{"generationConfig":{"maxOutputTokens":5},"generationConfig":{"temperature":1}}"#,
+        r#"{"generationConfig":{"maxOutputTokens":5},"generationConfig":null}"#,
+        r#"{"generationConfig":"x","generationConfig":{"maxOutputTokens":5}}"#,
+        r#"{"max_tokens":5,"max_tokens":"5"}"#,
+    ] {
+        assert_eq!(estimate_of(body.as_bytes()), Some(u64::MAX), "{body}");
+    }
+    // Duplicates that agree, and nothing set in any of them.
+    assert_eq!(estimate_of(br#"{"max_tokens":7,"max_tokens":7}"#), Some(7));
+    assert_eq!(
+        estimate_of(br#"{"max_tokens":null,"max_tokens":null}"#),
+        None
+    );
+    assert_eq!(
+        estimate_of(br#"{"generationConfig":{},"generationConfig":null}"#),
+        None
+    );
+}
+
+fn scan_with(fields: &[&str], body: &[u8], stream: bool) -> Result<u64, Unread> {
+    let fields: Vec<UsageField> = fields
+        .iter()
+        .map(|f| UsageField::parse(f).unwrap())
+        .collect();
+    let mut s = UsageScanner::new(&fields, stream, 1 << 20);
+    s.feed(body);
+    s.finish()
+}
+
+#[test]
+fn usage_is_read_leniently_and_duplicates_read_their_largest() {
+    let fields = ["usage.total_tokens"];
+    assert_eq!(
+        scan_with(
+            &fields,
+            br#"{"usage":{"total_tokens":5,"total_tokens":50}}"#,
+            false
+        ),
+        Ok(50)
+    );
+    assert_eq!(
+        scan_with(
+            &fields,
+            br#"{"usage":{"total_tokens":50,"total_tokens":5}}"#,
+            false
+        ),
+        Ok(50)
+    );
+    assert_eq!(
+        scan_with(
+            &fields,
+            br#"{"usage":{"total_tokens":50},"usage":{"total_tokens":5}}"#,
+            false
+        ),
+        Ok(50)
+    );
+    let mut bom = b"\xEF\xBB\xBF".to_vec();
+    bom.extend(br#"{"logprob":NaN,"text":"\ud800","usage":{"total_tokens":42}}"#);
+    assert_eq!(scan_with(&fields, &bom, false), Ok(42));
+    // Not a usage: the estimate stands.
+    for odd in [
+        "-1",
+        "1.5",
+        "NaN",
+        "Infinity",
+        "18446744073709551616",
+        "1e400",
+        "\"7\"",
+    ] {
+        let body = format!(r#"{{"usage":{{"total_tokens":{odd}}}}}"#);
+        assert_eq!(
+            scan_with(&fields, body.as_bytes(), false),
+            Err(Unread::NoUsage),
+            "{odd}"
+        );
+        let dup = format!(r#"{{"usage":{{"total_tokens":9,"total_tokens":{odd}}}}}"#);
+        assert_eq!(
+            scan_with(&fields, dup.as_bytes(), false),
+            Err(Unread::NoUsage),
+            "{dup}"
+        );
+    }
+    // In a stream, a later event's bad value is not replaced by an earlier, lower count.
+    let stream =
+        b"data: {\"usage\":{\"total_tokens\":5}}\n\ndata: {\"usage\":{\"total_tokens\":-1}}\n\n";
+    assert_eq!(scan_with(&fields, stream, true), Err(Unread::NoUsage));
+    // A later null is no count: the earlier one stands (OpenAI's `"usage": null` chunks).
+    let stream = b"data: {\"usage\":{\"total_tokens\":5}}\n\ndata: {\"usage\":null}\n\n";
+    assert_eq!(scan_with(&fields, stream, true), Ok(5));
 }
