@@ -3,6 +3,7 @@
 #![allow(dead_code, clippy::unwrap_used)]
 
 pub mod commits;
+pub mod hostile_json;
 pub mod places;
 pub mod search;
 
