@@ -4,11 +4,12 @@
 //! (`commit`), and what a request may cost at most (its `max_tokens` and the size of its
 //! prompt) for a cost estimated from the request body.
 //!
-//! A usage field is a sum of JSON paths (`usage.input_tokens+usage.output_tokens`); a
-//! rule lists fields in order of preference and the first whose paths all have a value
-//! is the cost. Bodies are read as Python's `json.loads(bytes)` reads them ([`json`]),
-//! and a value named twice counts at its largest, whichever duplicate a backend keeps.
-//! In a stream each event's values replace the previous ones path by path,
+//! A usage field is a sum of JSON paths (`usage.input_tokens+usage.output_tokens`), each
+//! optionally weighted (`0.1*usage.cache_read_input_tokens`) or optional (`...?`: 0 when
+//! absent, see [`UsageField`]); a rule lists fields in order of preference and the first
+//! whose required paths all have a value is the cost. Bodies are read as Python's
+//! `json.loads(bytes)` reads them ([`json`]), and a value named twice counts at its
+//! largest, whichever duplicate a backend keeps. In a stream each event's values replace the previous ones path by path,
 //! so cumulative counters (Anthropic's `message_delta`, Gemini's `usageMetadata`) and a
 //! final usage event (OpenAI's `stream_options.include_usage`) both end with the totals.
 //!
@@ -23,15 +24,21 @@ pub mod clamp;
 pub mod json;
 pub mod settlement;
 
-/// The fields read when a rule names none: OpenAI (`usage.total_tokens`; in a Responses
-/// API stream, `response.usage.total_tokens` of its `response.completed` event), Anthropic
-/// (`usage.input_tokens` + `usage.output_tokens`; in a stream the input count comes in
-/// `message_start`'s `message.usage`), Gemini (`usageMetadata.totalTokenCount`).
+/// The fields read when a rule names none, checked against each provider's reference:
+/// OpenAI (`usage.total_tokens`, which includes the cached prompt tokens and the
+/// reasoning tokens; in a Responses API stream, `response.usage.total_tokens` of its
+/// `response.completed` event), Anthropic (`usage.input_tokens` counts only the input
+/// after the last cache breakpoint: the tokens written to and read from the prompt cache
+/// are counted apart, so they are added when present; in a stream, a `message_delta`
+/// that carries cumulative input counts is read as a whole body is, else the input and
+/// cache counts come in `message_start`'s `message.usage`), Gemini
+/// (`usageMetadata.totalTokenCount`, which includes the cached content, the thoughts and
+/// the tool-use prompt).
 pub const DEFAULT_FIELDS: &[&str] = &[
     "usage.total_tokens",
     "response.usage.total_tokens",
-    "usage.input_tokens+usage.output_tokens",
-    "message.usage.input_tokens+usage.output_tokens",
+    "usage.input_tokens+usage.cache_creation_input_tokens?+usage.cache_read_input_tokens?+usage.output_tokens",
+    "message.usage.input_tokens+message.usage.cache_creation_input_tokens?+message.usage.cache_read_input_tokens?+usage.output_tokens",
     "usageMetadata.totalTokenCount",
 ];
 
@@ -39,72 +46,46 @@ pub const DEFAULT_FIELDS: &[&str] = &[
 pub const MAX_TERMS: usize = 8;
 pub const MAX_SEGMENTS: usize = 8;
 
-/// One usage field: the sum of its paths' values.
+/// A term's weight is written with at most 3 decimals and kept in thousandths, so that
+/// a weighted sum stays exact in integers: from 0.001 to [`MAX_WEIGHT_PER_MILLE`] / 1000.
+const PER_MILLE: u64 = 1_000;
+pub const MAX_WEIGHT_PER_MILLE: u64 = 1_000_000;
+
+/// One usage field: the sum of its terms' values, each a path's value times the term's
+/// weight, rounded up to a whole token.
+///
+/// A term is `[WEIGHT*]a.b.c[?]`: the weight (a decimal from 0.001 to 1000 with at most 3
+/// decimals; 1 when absent) multiplies the path's value; `?` makes the term optional, 0
+/// when the path has no value, where a required term's absence means the field has no
+/// value (the next field is tried). A field needs at least one required term: one made
+/// only of optional terms would read 0 from a response without any usage.
+///
+/// ```
+/// use weir_core::usage::UsageField;
+///
+/// // Anthropic, with cache reads counted at a tenth and cache writes at 1.25.
+/// let field = UsageField::parse(
+///     "usage.input_tokens+1.25*usage.cache_creation_input_tokens?\
+///      +0.1*usage.cache_read_input_tokens?+usage.output_tokens",
+/// )
+/// .unwrap();
+/// assert_eq!(field.terms(), 4);
+/// assert_eq!(UsageField::parse("0*usage.x").unwrap_err(),
+///     "\"0*usage.x\": the weight 0 is out of range: expected 0.001 to 1000");
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct UsageField {
-    terms: Vec<Vec<String>>,
+    terms: Vec<Term>,
 }
 
-impl UsageField {
-    /// Parses `a.b+c.d`: 1 to [`MAX_TERMS`] paths of 1 to [`MAX_SEGMENTS`] non-empty
-    /// segments. The error says what is wrong.
-    pub fn parse(text: &str) -> Result<UsageField, String> {
-        let terms: Vec<&str> = text.split('+').collect();
-        if terms.len() > MAX_TERMS {
-            return Err(format!(
-                "{} terms; at most {MAX_TERMS} are allowed",
-                terms.len()
-            ));
-        }
-        let mut parsed = Vec::with_capacity(terms.len());
-        for term in terms {
-            let segments: Vec<String> = term.trim().split('.').map(str::to_string).collect();
-            if segments.iter().any(String::is_empty) {
-                return Err(format!("{term:?} is not a dotted path (empty segment)"));
-            }
-            if segments.len() > MAX_SEGMENTS {
-                return Err(format!(
-                    "{term:?} has {} segments; at most {MAX_SEGMENTS} are allowed",
-                    segments.len()
-                ));
-            }
-            parsed.push(segments);
-        }
-        Ok(UsageField { terms: parsed })
-    }
-
-    /// The field as configured: `a.b+c.d`.
-    pub fn text(&self) -> String {
-        let paths: Vec<String> = self.terms.iter().map(|path| path.join(".")).collect();
-        paths.join("+")
-    }
-
-    /// How many terms the field sums.
-    pub fn terms(&self) -> usize {
-        self.terms.len()
-    }
-
-    /// The field's paths, term by term.
-    fn paths(&self) -> impl Iterator<Item = &[String]> {
-        self.terms.iter().map(Vec::as_slice)
-    }
-
-    /// The field's value from what each term reads (`read(i)` for the `i`th term):
-    /// `None` when a term is unset or invalid; `u64::MAX` when a term has no bound.
-    fn sum(&self, mut read: impl FnMut(usize) -> TermValue) -> Option<u64> {
-        (0..self.terms.len()).try_fold(0u64, |sum, i| match read(i) {
-            TermValue::Unset | TermValue::Invalid => None,
-            TermValue::Count(n) => Some(sum.saturating_add(n)),
-        })
-    }
-
-    /// The field's path when it is one path, not a sum.
-    pub fn single_path(&self) -> Option<&[String]> {
-        match self.terms.as_slice() {
-            [path] => Some(path),
-            _ => None,
-        }
-    }
+/// One term of a field.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Term {
+    path: Vec<String>,
+    /// The weight in thousandths (1,000: counted once).
+    per_mille: u64,
+    /// 0 when the path has no value.
+    optional: bool,
 }
 
 /// What one term of a field reads.
@@ -116,6 +97,172 @@ enum TermValue {
     Invalid,
     /// A count; `u64::MAX` stands for no bound (see [`Reading::bound`]).
     Count(u64),
+}
+
+impl UsageField {
+    /// Parses `a.b+0.1*c.d?`: 1 to [`MAX_TERMS`] terms, each a path of 1 to
+    /// [`MAX_SEGMENTS`] non-empty segments with an optional weight and `?`. The error
+    /// says what is wrong.
+    pub fn parse(text: &str) -> Result<UsageField, String> {
+        let terms: Vec<&str> = text.split('+').collect();
+        if terms.len() > MAX_TERMS {
+            return Err(format!(
+                "{} terms; at most {MAX_TERMS} are allowed",
+                terms.len()
+            ));
+        }
+        let terms = terms
+            .into_iter()
+            .map(Term::parse)
+            .collect::<Result<Vec<Term>, String>>()?;
+        if terms.iter().all(|term| term.optional) {
+            return Err(format!(
+                "{text:?}: every term is optional; a field needs one without \"?\" (else a \
+                 body without any of its paths would read 0)"
+            ));
+        }
+        Ok(UsageField { terms })
+    }
+
+    /// The field as configured, normalized: `a.b+0.1*c.d?`.
+    pub fn text(&self) -> String {
+        let terms: Vec<String> = self.terms.iter().map(Term::text).collect();
+        terms.join("+")
+    }
+
+    /// How many terms the field sums.
+    pub fn terms(&self) -> usize {
+        self.terms.len()
+    }
+
+    /// The field's path when it is one plain path (not a sum, not weighted), or what it
+    /// is instead: a clamp writes one number into it.
+    pub fn plain_path(&self) -> Result<&[String], &'static str> {
+        // A field of one term is never optional (see `parse`).
+        match self.terms.as_slice() {
+            [term] if term.per_mille != PER_MILLE => Err("is weighted"),
+            [term] => Ok(&term.path),
+            _ => Err("is a sum of paths"),
+        }
+    }
+
+    /// The field's paths, term by term.
+    fn paths(&self) -> impl Iterator<Item = &[String]> {
+        self.terms.iter().map(|term| term.path.as_slice())
+    }
+
+    /// The field's value from what each term reads (`read(i)` for the `i`th term):
+    /// `None` when a required term is unset or a term is invalid; `u64::MAX` when a term
+    /// has no bound. Exact: the weighted sum in thousandths, rounded up once.
+    fn sum(&self, mut read: impl FnMut(usize) -> TermValue) -> Option<u64> {
+        let mut thousandths: u128 = 0;
+        let mut unbounded = false;
+        for (i, term) in self.terms.iter().enumerate() {
+            match read(i) {
+                TermValue::Unset if term.optional => {}
+                TermValue::Unset | TermValue::Invalid => return None,
+                TermValue::Count(u64::MAX) => unbounded = true,
+                TermValue::Count(n) => {
+                    // At most 8 terms of 2^64 × 10^6: far below 2^128.
+                    thousandths = thousandths
+                        .saturating_add(u128::from(n).saturating_mul(u128::from(term.per_mille)));
+                }
+            }
+        }
+        if unbounded {
+            return Some(u64::MAX);
+        }
+        Some(u64::try_from(thousandths.div_ceil(u128::from(PER_MILLE))).unwrap_or(u64::MAX))
+    }
+}
+
+impl Term {
+    fn parse(raw: &str) -> Result<Term, String> {
+        let text = raw.trim();
+        let (text, optional) = match text.strip_suffix('?') {
+            Some(rest) => (rest.trim_end(), true),
+            None => (text, false),
+        };
+        let (per_mille, path) = match text.split_once('*') {
+            Some((weight, path)) => (parse_weight(raw.trim(), weight.trim())?, path.trim()),
+            None => (PER_MILLE, text),
+        };
+        if path.contains('*') {
+            return Err(format!("{raw:?} has more than one weight (\"*\")"));
+        }
+        if path.contains('?') {
+            return Err(format!(
+                "{raw:?}: \"?\" goes at the end of a term (an optional term)"
+            ));
+        }
+        let segments: Vec<String> = path.split('.').map(str::to_string).collect();
+        if segments.iter().any(String::is_empty) {
+            return Err(format!("{raw:?} is not a dotted path (empty segment)"));
+        }
+        if segments.len() > MAX_SEGMENTS {
+            return Err(format!(
+                "{raw:?} has {} segments; at most {MAX_SEGMENTS} are allowed",
+                segments.len()
+            ));
+        }
+        Ok(Term {
+            path: segments,
+            per_mille,
+            optional,
+        })
+    }
+
+    fn text(&self) -> String {
+        let weight = match self.per_mille {
+            PER_MILLE => String::new(),
+            w => {
+                let decimals = format!("{:03}", w % PER_MILLE);
+                let decimals = decimals.trim_end_matches('0');
+                match decimals {
+                    "" => format!("{}*", w / PER_MILLE),
+                    d => format!("{}.{d}*", w / PER_MILLE),
+                }
+            }
+        };
+        let optional = if self.optional { "?" } else { "" };
+        format!("{weight}{}{optional}", self.path.join("."))
+    }
+}
+
+/// A weight as written (`0.1`, `1.25`, `3`), in thousandths.
+fn parse_weight(term: &str, weight: &str) -> Result<u64, String> {
+    let not_a_number =
+        || format!("{term:?}: the weight {weight:?} is not a decimal number (e.g. 0.1 or 1.25)");
+    let (whole, decimals) = weight.split_once('.').unwrap_or((weight, ""));
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    if !digits(whole) || (weight.contains('.') && !digits(decimals)) {
+        return Err(not_a_number());
+    }
+    if decimals.trim_end_matches('0').len() > 3 {
+        return Err(format!(
+            "{term:?}: the weight {weight} has more than 3 decimals"
+        ));
+    }
+    let out_of_range = || {
+        format!(
+            "{term:?}: the weight {weight} is out of range: expected 0.001 to {}",
+            MAX_WEIGHT_PER_MILLE / PER_MILLE
+        )
+    };
+    let thousandths = format!(
+        "{:0<3}",
+        decimals.get(..3.min(decimals.len())).unwrap_or("")
+    );
+    let per_mille = whole
+        .parse::<u64>()
+        .ok()
+        .and_then(|w| w.checked_mul(PER_MILLE))
+        .and_then(|w| w.checked_add(thousandths.parse::<u64>().ok()?))
+        .ok_or_else(out_of_range)?;
+    if per_mille == 0 || per_mille > MAX_WEIGHT_PER_MILLE {
+        return Err(out_of_range());
+    }
+    Ok(per_mille)
 }
 
 /// What the readers of one body find at one path, over every duplicate key: a reader

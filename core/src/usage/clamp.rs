@@ -38,17 +38,17 @@ pub struct BodyClamp {
 
 impl BodyClamp {
     /// The clamp of a rule whose cost is `estimate`, adding `insert` (a dotted path) to a
-    /// body without a max-token field. Each field must be a single path: the error names
-    /// the one that is a sum.
+    /// body without a max-token field. Each field must be one plain path: the error
+    /// names the one that is not, and why.
     pub fn new(estimate: &BodyEstimate, insert: &str) -> Result<BodyClamp, (usize, String)> {
         let mut fields = Vec::with_capacity(estimate.fields.len());
         for (i, field) in estimate.fields.iter().enumerate() {
-            match field.single_path() {
-                Some(path) => fields.push(path.to_vec()),
-                None => {
+            match field.plain_path() {
+                Ok(path) => fields.push(path.to_vec()),
+                Err(why) => {
                     return Err((
                         i,
-                        "is a sum of paths; a clamp writes one number into each field".into(),
+                        format!("{why}; a clamp writes one number into each field"),
                     ))
                 }
             }

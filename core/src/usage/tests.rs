@@ -405,6 +405,77 @@ fn scan_with(fields: &[&str], body: &[u8], stream: bool) -> Result<u64, Unread> 
     s.finish()
 }
 
+/// Issue 32, defect 4: Anthropic counts prompt-cache tokens apart from `input_tokens`.
+#[test]
+fn anthropic_cache_tokens_are_counted_by_default_in_bodies_and_streams() {
+    let json = br#"{"type":"message","usage":{"input_tokens":12,"cache_creation_input_tokens":100000,"cache_read_input_tokens":0,"output_tokens":500}}"#;
+    let stream = b"event: message_start\n\
+        data: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":12,\"cache_creation_input_tokens\":100000,\"cache_read_input_tokens\":0,\"output_tokens\":1}}}\n\n\
+        event: message_delta\n\
+        data: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"output_tokens\":500}}\n\n";
+    // The newer stream: `message_delta` repeats every count, cumulatively.
+    let cumulative = b"data: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":12,\"cache_read_input_tokens\":7,\"output_tokens\":1}}}\n\n\
+        data: {\"type\":\"message_delta\",\"usage\":{\"input_tokens\":30,\"cache_creation_input_tokens\":0,\"cache_read_input_tokens\":100000,\"output_tokens\":500}}\n\n";
+    for chunk in [1, 7, 4096] {
+        assert_eq!(scan(json, false, chunk), Some(100_512));
+        assert_eq!(scan(stream, true, chunk), Some(100_512));
+        assert_eq!(scan(cumulative, true, chunk), Some(100_530));
+    }
+    // Only some of them present: those present count.
+    let only_read =
+        br#"{"usage":{"input_tokens":12,"cache_read_input_tokens":88,"output_tokens":500}}"#;
+    assert_eq!(scan(only_read, false, 9), Some(600));
+    let neither =
+        br#"{"usage":{"input_tokens":12,"cache_creation_input_tokens":null,"output_tokens":500}}"#;
+    assert_eq!(scan(neither, false, 9), Some(512));
+}
+
+#[test]
+fn weighted_and_optional_terms_are_exact_and_rounded_up() {
+    let body = br#"{"usage":{"input_tokens":10,"cache_read_input_tokens":1005,"output_tokens":3}}"#;
+    let tenth = "usage.input_tokens+0.1*usage.cache_read_input_tokens?+usage.output_tokens";
+    // 10 + 100.5 + 3, rounded up.
+    assert_eq!(scan_with(&[tenth], body, false), Ok(114));
+    assert_eq!(
+        scan_with(
+            &["1.25*usage.input_tokens+0.001*usage.output_tokens"],
+            body,
+            false
+        ),
+        Ok(13)
+    );
+    assert_eq!(
+        scan_with(&["1000*usage.output_tokens"], body, false),
+        Ok(3_000)
+    );
+    // A required term missing: the next field.
+    assert_eq!(
+        scan_with(
+            &["usage.missing+usage.output_tokens", "usage.output_tokens"],
+            body,
+            false
+        ),
+        Ok(3)
+    );
+    // An optional term present but not a count: the field is not read.
+    let odd = br#"{"usage":{"input_tokens":10,"cache_read_input_tokens":-5,"output_tokens":3}}"#;
+    assert_eq!(
+        scan_with(&[tenth], odd, false),
+        Err(Unread::NoUsage),
+        "a bad value is not absent"
+    );
+    // Large counts stay exact: 8 terms of u64::MAX - 1 at 1000x saturate, never wrap.
+    let huge = format!(r#"{{"a":{}}}"#, u64::MAX - 1);
+    assert_eq!(
+        scan_with(
+            &["1000*a+1000*a+1000*a+1000*a+1000*a+1000*a+1000*a+1000*a"],
+            huge.as_bytes(),
+            false
+        ),
+        Ok(u64::MAX)
+    );
+}
+
 #[test]
 fn usage_is_read_leniently_and_duplicates_read_their_largest() {
     let fields = ["usage.total_tokens"];
@@ -465,4 +536,38 @@ fn usage_is_read_leniently_and_duplicates_read_their_largest() {
     // A later null is no count: the earlier one stands (OpenAI's `"usage": null` chunks).
     let stream = b"data: {\"usage\":{\"total_tokens\":5}}\n\ndata: {\"usage\":null}\n\n";
     assert_eq!(scan_with(&fields, stream, true), Ok(5));
+}
+
+#[test]
+fn weights_and_optional_terms_parse_with_errors_that_say_what_is_wrong() {
+    let field = UsageField::parse(" 0.10*usage.a ? + usage.b + 2*usage.c+1.000*usage.d").unwrap();
+    assert_eq!(field.text(), "0.1*usage.a?+usage.b+2*usage.c+usage.d");
+    assert_eq!(field.terms(), 4);
+    assert_eq!(field.plain_path(), Err("is a sum of paths"));
+    assert_eq!(
+        UsageField::parse("2*max_tokens").unwrap().plain_path(),
+        Err("is weighted")
+    );
+    assert_eq!(
+        UsageField::parse("max_tokens").unwrap().plain_path(),
+        Ok(&["max_tokens".to_string()][..])
+    );
+    for (text, error) in [
+        ("x*usage.a", "\"x*usage.a\": the weight \"x\" is not a decimal number (e.g. 0.1 or 1.25)"),
+        ("1.*usage.a", "\"1.*usage.a\": the weight \"1.\" is not a decimal number (e.g. 0.1 or 1.25)"),
+        ("*usage.a", "\"*usage.a\": the weight \"\" is not a decimal number (e.g. 0.1 or 1.25)"),
+        ("0*usage.a", "\"0*usage.a\": the weight 0 is out of range: expected 0.001 to 1000"),
+        ("1000.001*usage.a", "\"1000.001*usage.a\": the weight 1000.001 is out of range: expected 0.001 to 1000"),
+        ("99999999999999999999*usage.a", "\"99999999999999999999*usage.a\": the weight 99999999999999999999 is out of range: expected 0.001 to 1000"),
+        ("0.0001*usage.a", "\"0.0001*usage.a\": the weight 0.0001 has more than 3 decimals"),
+        ("usage.a?", "\"usage.a?\": every term is optional; a field needs one without \"?\" (else a body without any of its paths would read 0)"),
+        ("2*usage.a*b", "\"2*usage.a*b\" has more than one weight (\"*\")"),
+        ("usage.a?.b", "\"usage.a?.b\": \"?\" goes at the end of a term (an optional term)"),
+        ("usage.a?+usage.b?", "\"usage.a?+usage.b?\": every term is optional; a field needs one without \"?\" (else a body without any of its paths would read 0)"),
+        ("0.5*?", "\"0.5*?\" is not a dotted path (empty segment)"),
+    ] {
+        assert_eq!(UsageField::parse(text).unwrap_err(), error, "{text}");
+    }
+    assert!(UsageField::parse("1000*usage.a").is_ok());
+    assert!(UsageField::parse("0.001*usage.a+usage.b?").is_ok());
 }
