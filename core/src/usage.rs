@@ -327,6 +327,20 @@ fn field_paths(fields: &[UsageField]) -> Vec<&[String]> {
     fields.iter().flat_map(UsageField::paths).collect()
 }
 
+/// Each field with its share of `per_term`, a list with one entry per path of
+/// [`field_paths`], in its order.
+fn per_field<'a, T>(
+    fields: &'a [UsageField],
+    per_term: &'a [T],
+) -> impl Iterator<Item = (&'a UsageField, &'a [T])> {
+    let mut rest = per_term;
+    fields.iter().map(move |field| {
+        let (terms, after) = rest.split_at(field.terms().min(rest.len()));
+        rest = after;
+        (field, terms)
+    })
+}
+
 /// Reads `json` (a whole body, or an event of a stream) along `paths`.
 fn read_paths(json: &[u8], paths: &[&[String]]) -> Result<Vec<Reading>, json::Refused> {
     let text = json::decode(json)?;
@@ -396,18 +410,9 @@ impl BodyEstimate {
             // A body a reader refuses: one that reads it anyway may find any bound.
             return Some(u64::MAX);
         };
-        let mut at = 0;
-        let output = self
-            .fields
-            .iter()
-            .filter_map(|field| {
-                let first = at;
-                at += field.terms();
-                field.sum(|i| {
-                    readings
-                        .get(first + i)
-                        .map_or(TermValue::Unset, |r| r.bound())
-                })
+        let output = per_field(&self.fields, &readings)
+            .filter_map(|(field, terms)| {
+                field.sum(|i| terms.get(i).map_or(TermValue::Unset, |r| r.bound()))
             })
             .max()?;
         let prompt = match self.bytes_per_prompt_token {
@@ -587,16 +592,8 @@ impl UsageScanner {
             let body = std::mem::take(&mut self.pending);
             self.record(&body);
         }
-        let mut at = 0;
-        let usage = self.fields.iter().find_map(|field| {
-            let first = at;
-            at += field.terms();
-            field.sum(|i| {
-                self.latest
-                    .get(first + i)
-                    .copied()
-                    .unwrap_or(TermValue::Unset)
-            })
+        let usage = per_field(&self.fields, &self.latest).find_map(|(field, terms)| {
+            field.sum(|i| terms.get(i).copied().unwrap_or(TermValue::Unset))
         });
         match usage {
             Some(usage) => Ok(usage),
