@@ -4,9 +4,12 @@
 //! (`commit`), and what a request may cost at most (its `max_tokens` and the size of its
 //! prompt) for a cost estimated from the request body.
 //!
-//! A usage field is a sum of JSON paths (`usage.input_tokens+usage.output_tokens`); a
-//! rule lists fields in order of preference and the first whose paths all have a value
-//! is the cost. In a stream each event's values replace the previous ones path by path,
+//! A usage field is a sum of JSON paths (`usage.input_tokens+usage.output_tokens`), each
+//! optionally weighted (`0.1*usage.cache_read_input_tokens`) or optional (`...?`: 0 when
+//! absent, see [`UsageField`]); a rule lists fields in order of preference and the first
+//! whose required paths all have a value is the cost. Bodies are read as Python's
+//! `json.loads(bytes)` reads them ([`json`]), and a value named twice counts at its
+//! largest, whichever duplicate a backend keeps. In a stream each event's values replace the previous ones path by path,
 //! so cumulative counters (Anthropic's `message_delta`, Gemini's `usageMetadata`) and a
 //! final usage event (OpenAI's `stream_options.include_usage`) both end with the totals.
 //!
@@ -15,20 +18,27 @@
 //! `max_bytes` kept. What a response then costs — its usage, `on_error` for an upstream
 //! 5xx, or its estimate when the usage cannot be read — is [`settlement`]'s to say.
 
-use std::collections::HashMap;
+use json::{Found, Kind};
 
 pub mod clamp;
+pub mod json;
 pub mod settlement;
 
-/// The fields read when a rule names none: OpenAI (`usage.total_tokens`; in a Responses
-/// API stream, `response.usage.total_tokens` of its `response.completed` event), Anthropic
-/// (`usage.input_tokens` + `usage.output_tokens`; in a stream the input count comes in
-/// `message_start`'s `message.usage`), Gemini (`usageMetadata.totalTokenCount`).
+/// The fields read when a rule names none, checked against each provider's reference:
+/// OpenAI (`usage.total_tokens`, which includes the cached prompt tokens and the
+/// reasoning tokens; in a Responses API stream, `response.usage.total_tokens` of its
+/// `response.completed` event), Anthropic (`usage.input_tokens` counts only the input
+/// after the last cache breakpoint: the tokens written to and read from the prompt cache
+/// are counted apart, so they are added when present; in a stream, a `message_delta`
+/// that carries cumulative input counts is read as a whole body is, else the input and
+/// cache counts come in `message_start`'s `message.usage`), Gemini
+/// (`usageMetadata.totalTokenCount`, which includes the cached content, the thoughts and
+/// the tool-use prompt).
 pub const DEFAULT_FIELDS: &[&str] = &[
     "usage.total_tokens",
     "response.usage.total_tokens",
-    "usage.input_tokens+usage.output_tokens",
-    "message.usage.input_tokens+usage.output_tokens",
+    "usage.input_tokens+usage.cache_creation_input_tokens?+usage.cache_read_input_tokens?+usage.output_tokens",
+    "message.usage.input_tokens+message.usage.cache_creation_input_tokens?+message.usage.cache_read_input_tokens?+usage.output_tokens",
     "usageMetadata.totalTokenCount",
 ];
 
@@ -36,15 +46,63 @@ pub const DEFAULT_FIELDS: &[&str] = &[
 pub const MAX_TERMS: usize = 8;
 pub const MAX_SEGMENTS: usize = 8;
 
-/// One usage field: the sum of its paths' values.
+/// A term's weight is written with at most 3 decimals and kept in thousandths, so that
+/// a weighted sum stays exact in integers: from 0.001 to [`MAX_WEIGHT_PER_MILLE`] / 1000.
+const PER_MILLE: u64 = 1_000;
+pub const MAX_WEIGHT_PER_MILLE: u64 = 1_000_000;
+
+/// One usage field: the sum of its terms' values, each a path's value times the term's
+/// weight, rounded up to a whole token.
+///
+/// A term is `[WEIGHT*]a.b.c[?]`: the weight (a decimal from 0.001 to 1000 with at most 3
+/// decimals; 1 when absent) multiplies the path's value; `?` makes the term optional, 0
+/// when the path has no value, where a required term's absence means the field has no
+/// value (the next field is tried). A field needs at least one required term: one made
+/// only of optional terms would read 0 from a response without any usage.
+///
+/// ```
+/// use weir_core::usage::UsageField;
+///
+/// // Anthropic, with cache reads counted at a tenth and cache writes at 1.25.
+/// let field = UsageField::parse(
+///     "usage.input_tokens+1.25*usage.cache_creation_input_tokens?\
+///      +0.1*usage.cache_read_input_tokens?+usage.output_tokens",
+/// )
+/// .unwrap();
+/// assert_eq!(field.terms(), 4);
+/// assert_eq!(UsageField::parse("0*usage.x").unwrap_err(),
+///     "\"0*usage.x\": the weight 0 is out of range: expected 0.001 to 1000");
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct UsageField {
-    terms: Vec<Vec<String>>,
+    terms: Vec<Term>,
+}
+
+/// One term of a field.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Term {
+    path: Vec<String>,
+    /// The weight in thousandths (1,000: counted once).
+    per_mille: u64,
+    /// 0 when the path has no value.
+    optional: bool,
+}
+
+/// What one term of a field reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TermValue {
+    /// No value: the path is missing or `null`.
+    Unset,
+    /// A value that is not a count (a fraction, a negative number, a string...).
+    Invalid,
+    /// A count; `u64::MAX` stands for no bound (see [`Reading::bound`]).
+    Count(u64),
 }
 
 impl UsageField {
-    /// Parses `a.b+c.d`: 1 to [`MAX_TERMS`] paths of 1 to [`MAX_SEGMENTS`] non-empty
-    /// segments. The error says what is wrong.
+    /// Parses `a.b+0.1*c.d?`: 1 to [`MAX_TERMS`] terms, each a path of 1 to
+    /// [`MAX_SEGMENTS`] non-empty segments with an optional weight and `?`. The error
+    /// says what is wrong.
     pub fn parse(text: &str) -> Result<UsageField, String> {
         let terms: Vec<&str> = text.split('+').collect();
         if terms.len() > MAX_TERMS {
@@ -53,68 +111,246 @@ impl UsageField {
                 terms.len()
             ));
         }
-        let mut parsed = Vec::with_capacity(terms.len());
-        for term in terms {
-            let segments: Vec<String> = term.trim().split('.').map(str::to_string).collect();
-            if segments.iter().any(String::is_empty) {
-                return Err(format!("{term:?} is not a dotted path (empty segment)"));
-            }
-            if segments.len() > MAX_SEGMENTS {
-                return Err(format!(
-                    "{term:?} has {} segments; at most {MAX_SEGMENTS} are allowed",
-                    segments.len()
-                ));
-            }
-            parsed.push(segments);
+        let terms = terms
+            .into_iter()
+            .map(Term::parse)
+            .collect::<Result<Vec<Term>, String>>()?;
+        if terms.iter().all(|term| term.optional) {
+            return Err(format!(
+                "{text:?}: every term is optional; a field needs one without \"?\" (else a \
+                 body without any of its paths would read 0)"
+            ));
         }
-        Ok(UsageField { terms: parsed })
+        Ok(UsageField { terms })
     }
 
-    /// The field as configured: `a.b+c.d`.
+    /// The field as configured, normalized: `a.b+0.1*c.d?`.
     pub fn text(&self) -> String {
-        let paths: Vec<String> = self.terms.iter().map(|path| path.join(".")).collect();
-        paths.join("+")
+        let terms: Vec<String> = self.terms.iter().map(Term::text).collect();
+        terms.join("+")
     }
 
-    /// The field's path when it is one path, not a sum.
-    pub fn single_path(&self) -> Option<&[String]> {
+    /// How many terms the field sums.
+    pub fn terms(&self) -> usize {
+        self.terms.len()
+    }
+
+    /// The field's path when it is one plain path (not a sum, not weighted), or what it
+    /// is instead: a clamp writes one number into it.
+    pub fn plain_path(&self) -> Result<&[String], &'static str> {
+        // A field of one term is never optional (see `parse`).
         match self.terms.as_slice() {
-            [path] => Some(path),
-            _ => None,
+            [term] if term.per_mille != PER_MILLE => Err("is weighted"),
+            [term] => Ok(&term.path),
+            _ => Err("is a sum of paths"),
         }
+    }
+
+    /// The field's paths, term by term.
+    fn paths(&self) -> impl Iterator<Item = &[String]> {
+        self.terms.iter().map(|term| term.path.as_slice())
+    }
+
+    /// The field's value from what each term reads (`read(i)` for the `i`th term):
+    /// `None` when a required term is unset or a term is invalid; `u64::MAX` when a term
+    /// has no bound. Exact: the weighted sum in thousandths, rounded up once.
+    fn sum(&self, mut read: impl FnMut(usize) -> TermValue) -> Option<u64> {
+        let mut thousandths: u128 = 0;
+        let mut unbounded = false;
+        for (i, term) in self.terms.iter().enumerate() {
+            match read(i) {
+                TermValue::Unset if term.optional => {}
+                TermValue::Unset | TermValue::Invalid => return None,
+                TermValue::Count(u64::MAX) => unbounded = true,
+                TermValue::Count(n) => {
+                    // At most 8 terms of 2^64 × 10^6: far below 2^128.
+                    thousandths = thousandths
+                        .saturating_add(u128::from(n).saturating_mul(u128::from(term.per_mille)));
+                }
+            }
+        }
+        if unbounded {
+            return Some(u64::MAX);
+        }
+        Some(u64::try_from(thousandths.div_ceil(u128::from(PER_MILLE))).unwrap_or(u64::MAX))
     }
 }
 
-impl UsageField {
-    /// The most tokens the field allows in a request body `value`: `None` when a path is
-    /// missing or `null` (a backend reads that as "not set"); `u64::MAX` for a term that
-    /// is there but is not a whole number of tokens (a fraction, a negative number, a
-    /// string, a number beyond `u64`), so that the rule's `max` applies: a client cannot
-    /// lower its estimate with a value its backend may read otherwise.
-    fn read_bound(&self, value: &serde_json::Value) -> Option<u64> {
-        self.terms.iter().try_fold(0u64, |sum, path| {
-            let found = path
-                .iter()
-                .try_fold(value, |v, segment| v.get(segment.as_str()))
-                .filter(|v| !v.is_null())?;
-            Some(sum.saturating_add(whole_number(found).unwrap_or(u64::MAX)))
+impl Term {
+    fn parse(raw: &str) -> Result<Term, String> {
+        let text = raw.trim();
+        let (text, optional) = match text.strip_suffix('?') {
+            Some(rest) => (rest.trim_end(), true),
+            None => (text, false),
+        };
+        let (per_mille, path) = match text.split_once('*') {
+            Some((weight, path)) => (parse_weight(raw.trim(), weight.trim())?, path.trim()),
+            None => (PER_MILLE, text),
+        };
+        if path.contains('*') {
+            return Err(format!("{raw:?} has more than one weight (\"*\")"));
+        }
+        if path.contains('?') {
+            return Err(format!(
+                "{raw:?}: \"?\" goes at the end of a term (an optional term)"
+            ));
+        }
+        let segments: Vec<String> = path.split('.').map(str::to_string).collect();
+        if segments.iter().any(String::is_empty) {
+            return Err(format!("{raw:?} is not a dotted path (empty segment)"));
+        }
+        if segments.len() > MAX_SEGMENTS {
+            return Err(format!(
+                "{raw:?} has {} segments; at most {MAX_SEGMENTS} are allowed",
+                segments.len()
+            ));
+        }
+        Ok(Term {
+            path: segments,
+            per_mille,
+            optional,
         })
     }
+
+    fn text(&self) -> String {
+        let weight = match self.per_mille {
+            PER_MILLE => String::new(),
+            w => {
+                let decimals = format!("{:03}", w % PER_MILLE);
+                let decimals = decimals.trim_end_matches('0');
+                match decimals {
+                    "" => format!("{}*", w / PER_MILLE),
+                    d => format!("{}.{d}*", w / PER_MILLE),
+                }
+            }
+        };
+        let optional = if self.optional { "?" } else { "" };
+        format!("{weight}{}{optional}", self.path.join("."))
+    }
 }
 
-/// `value` as a whole number ≥ 0: an integer, or a JSON number such as `8000.0` or `8e3`
-/// whose value is one (below 2^64).
-fn whole_number(value: &serde_json::Value) -> Option<u64> {
-    if let Some(n) = value.as_u64() {
-        return Some(n);
+/// A weight as written (`0.1`, `1.25`, `3`), in thousandths.
+fn parse_weight(term: &str, weight: &str) -> Result<u64, String> {
+    let not_a_number =
+        || format!("{term:?}: the weight {weight:?} is not a decimal number (e.g. 0.1 or 1.25)");
+    let (whole, decimals) = weight.split_once('.').unwrap_or((weight, ""));
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    if !digits(whole) || (weight.contains('.') && !digits(decimals)) {
+        return Err(not_a_number());
     }
-    let f = value.as_f64()?;
-    // 2^64 as a float: every whole f64 below it converts exactly.
-    let beyond = 18_446_744_073_709_551_616.0_f64;
-    if f.fract() == 0.0 && (0.0..beyond).contains(&f) {
-        return Some(f as u64);
+    if decimals.trim_end_matches('0').len() > 3 {
+        return Err(format!(
+            "{term:?}: the weight {weight} has more than 3 decimals"
+        ));
     }
-    None
+    let out_of_range = || {
+        format!(
+            "{term:?}: the weight {weight} is out of range: expected 0.001 to {}",
+            MAX_WEIGHT_PER_MILLE / PER_MILLE
+        )
+    };
+    let thousandths = format!(
+        "{:0<3}",
+        decimals.get(..3.min(decimals.len())).unwrap_or("")
+    );
+    let per_mille = whole
+        .parse::<u64>()
+        .ok()
+        .and_then(|w| w.checked_mul(PER_MILLE))
+        .and_then(|w| w.checked_add(thousandths.parse::<u64>().ok()?))
+        .ok_or_else(out_of_range)?;
+    if per_mille == 0 || per_mille > MAX_WEIGHT_PER_MILLE {
+        return Err(out_of_range());
+    }
+    Ok(per_mille)
+}
+
+/// What the readers of one body find at one path, over every duplicate key: a reader
+/// keeping the first duplicate and one keeping the last may find different things.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Reading {
+    /// The largest whole number found.
+    largest: Option<u64>,
+    /// A value that is not a whole number (nor `null`) was found.
+    other: bool,
+    /// Some reader finds nothing while the path is in the body: a `null`, a duplicate
+    /// parent object without the key, or a parent that is `null` or not an object.
+    unset: bool,
+}
+
+impl Reading {
+    fn add(&mut self, found: &Found) {
+        match found {
+            Found::Value {
+                kind: Kind::Whole(n),
+                ..
+            } => self.largest = self.largest.max(Some(*n)),
+            Found::Value {
+                kind: Kind::Null, ..
+            }
+            | Found::NotObject { .. } => self.unset = true,
+            Found::Value { .. } => self.other = true,
+            // The root has no such key: every reader finds nothing, which is not a
+            // disagreement.
+            Found::Missing { depth: 0, .. } => {}
+            Found::Missing { .. } => self.unset = true,
+        }
+    }
+
+    /// The most a request body allows at the path: unset when no reader finds a value
+    /// (a backend reads the path as not set); no bound (`u64::MAX`, the rule's `max`)
+    /// when a value is not a whole number, or when one reader finds a number and another
+    /// finds none — a client cannot lower its estimate with a value its backend may read
+    /// otherwise.
+    fn bound(self) -> TermValue {
+        match (self.largest, self.other, self.unset) {
+            (None, false, _) => TermValue::Unset,
+            (Some(n), false, false) => TermValue::Count(n),
+            _ => TermValue::Count(u64::MAX),
+        }
+    }
+
+    /// The usage a response reports at the path: the largest count (never a lower one
+    /// a duplicate could slip in); invalid when a value is not a count.
+    fn usage(self) -> TermValue {
+        match (self.largest, self.other) {
+            (_, true) => TermValue::Invalid,
+            (Some(n), false) => TermValue::Count(n),
+            (None, false) => TermValue::Unset,
+        }
+    }
+}
+
+/// The paths of `fields`, term by term, field after field: what a reading of a body
+/// follows, each reading's index being its position here.
+fn field_paths(fields: &[UsageField]) -> Vec<&[String]> {
+    fields.iter().flat_map(UsageField::paths).collect()
+}
+
+/// Each field with its share of `per_term`, a list with one entry per path of
+/// [`field_paths`], in its order.
+fn per_field<'a, T>(
+    fields: &'a [UsageField],
+    per_term: &'a [T],
+) -> impl Iterator<Item = (&'a UsageField, &'a [T])> {
+    let mut rest = per_term;
+    fields.iter().map(move |field| {
+        let (terms, after) = rest.split_at(field.terms().min(rest.len()));
+        rest = after;
+        (field, terms)
+    })
+}
+
+/// Reads `json` (a whole body, or an event of a stream) along `paths`.
+fn read_paths(json: &[u8], paths: &[&[String]]) -> Result<Vec<Reading>, json::Refused> {
+    let text = json::decode(json)?;
+    let mut readings = vec![Reading::default(); paths.len()];
+    json::scan(text.as_bytes(), paths, |hit| {
+        if let Some(reading) = readings.get_mut(hit.path) {
+            reading.add(&hit.found);
+        }
+    })?;
+    Ok(readings)
 }
 
 /// The fields a request's most output tokens are read from when a rule names none:
@@ -132,6 +368,12 @@ pub const DEFAULT_MAX_TOKENS_FIELDS: &[&str] = &[
 /// generate (the largest of the `fields` the body has: a client cannot pick a small field
 /// its backend ignores) plus its prompt, estimated from the body's size
 /// (`bytes_per_prompt_token`; 0: not counted).
+///
+/// The body is read as `json.loads(bytes)` reads it ([`json`]): a BOM, UTF-16 or UTF-32,
+/// `NaN` or `Infinity` in another field, lone surrogates do not make a body unreadable,
+/// and a body it refuses costs the rule's `max` (a backend that reads it anyway may read
+/// any bound). A field named twice (or inside a parent object named twice) counts at the
+/// largest of its values, whichever duplicate a backend keeps.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct BodyEstimate {
     pub fields: Vec<UsageField>,
@@ -151,21 +393,27 @@ pub enum RequestBody<'a> {
 }
 
 impl BodyEstimate {
-    /// The estimate for `body`: `None` when the body says nothing (absent, not JSON, no
-    /// field or only `null` ones: the rule's `default` applies), `u64::MAX` when it is too
-    /// large to read or a field holds something other than a whole number ≥ 0 (the
-    /// rule's `max` applies).
+    /// The estimate for `body`: `None` when the body sets no bound (absent, empty, no
+    /// field or only `null` ones: the rule's `default` applies); `u64::MAX` (the rule's
+    /// `max`) when it is too large to read, when `json.loads` would refuse it, when a
+    /// field holds something other than a whole number ≥ 0, or when a duplicate key
+    /// hides a field from some readers and not from others.
     pub fn estimate(&self, body: RequestBody<'_>) -> Option<u64> {
         let bytes = match body {
             RequestBody::Absent => return None,
             RequestBody::TooLarge => return Some(u64::MAX),
+            // No body at all: a backend reads no bound in it (and refuses it).
+            RequestBody::Complete([]) => return None,
             RequestBody::Complete(bytes) => bytes,
         };
-        let value = serde_json::from_slice::<serde_json::Value>(bytes).ok()?;
-        let output = self
-            .fields
-            .iter()
-            .filter_map(|field| field.read_bound(&value))
+        let Ok(readings) = read_paths(bytes, &field_paths(&self.fields)) else {
+            // A body a reader refuses: one that reads it anyway may find any bound.
+            return Some(u64::MAX);
+        };
+        let output = per_field(&self.fields, &readings)
+            .filter_map(|(field, terms)| {
+                field.sum(|i| terms.get(i).map_or(TermValue::Unset, |r| r.bound()))
+            })
             .max()?;
         let prompt = match self.bytes_per_prompt_token {
             0 => 0,
@@ -217,8 +465,9 @@ pub struct UsageScanner {
     dropped: bool,
     /// Reading stopped: the VM's buffer budget had no room ([`UsageScanner::give_up`]).
     gave_up: bool,
-    /// The latest value seen for each path.
-    latest: HashMap<Vec<String>, u64>,
+    /// What the latest document that had each path said of it: the fields' paths term
+    /// by term, field after field (see [`field_paths`]).
+    latest: Vec<TermValue>,
 }
 
 impl UsageScanner {
@@ -236,7 +485,7 @@ impl UsageScanner {
             after_cr: false,
             dropped: false,
             gave_up: false,
-            latest: HashMap::new(),
+            latest: vec![TermValue::Unset; fields.iter().map(UsageField::terms).sum()],
         }
     }
 
@@ -343,10 +592,8 @@ impl UsageScanner {
             let body = std::mem::take(&mut self.pending);
             self.record(&body);
         }
-        let usage = self.fields.iter().find_map(|field| {
-            field.terms.iter().try_fold(0u64, |sum, path| {
-                self.latest.get(path).map(|v| sum.saturating_add(*v))
-            })
+        let usage = per_field(&self.fields, &self.latest).find_map(|(field, terms)| {
+            field.sum(|i| terms.get(i).copied().unwrap_or(TermValue::Unset))
         });
         match usage {
             Some(usage) => Ok(usage),
@@ -422,21 +669,19 @@ impl UsageScanner {
         }
     }
 
-    /// Records the values of every field's paths found in one JSON document; false when
-    /// it is not JSON.
+    /// Records the values of every field's paths found in one JSON document (read as
+    /// [`json`] reads it); false when it is not JSON. A path named twice reads its largest
+    /// value; one that holds something other than a count (a fraction, a negative
+    /// number, `NaN`, a number beyond `u64`) has no value from then on, so a field that
+    /// needs it is not read: the estimate stands rather than an earlier, lower count.
     fn record(&mut self, json: &[u8]) -> bool {
-        let Ok(value) = serde_json::from_slice::<serde_json::Value>(json) else {
+        let Ok(readings) = read_paths(json, &field_paths(&self.fields)) else {
             return false;
         };
-        for field in &self.fields {
-            for path in &field.terms {
-                let found = path
-                    .iter()
-                    .try_fold(&value, |v, segment| v.get(segment.as_str()))
-                    .and_then(whole_number);
-                if let Some(n) = found {
-                    self.latest.insert(path.clone(), n);
-                }
+        for (latest, reading) in self.latest.iter_mut().zip(readings) {
+            match reading.usage() {
+                TermValue::Unset => {}
+                value => *latest = value,
             }
         }
         true

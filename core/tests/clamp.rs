@@ -27,6 +27,7 @@ use weir_core::engine::{Engine, Evaluation, PendingCommit};
 use weir_core::rules::Facts;
 use weir_core::store::memory::MemoryStore;
 use weir_core::time::Micros;
+use weir_core::usage::clamp::BodyClamp;
 use weir_core::usage::RequestBody;
 
 fn clamping(limit: &str, cost: &str, clamp: &str) -> Engine {
@@ -55,14 +56,19 @@ fn json(bytes: &[u8]) -> Value {
     serde_json::from_slice(bytes).unwrap()
 }
 
-#[test]
-fn a_body_is_clamped_field_by_field() {
+/// The body clamp of a rule whose `cost` is given, on a bucket no test empties.
+fn body_clamp(cost: &str) -> BodyClamp {
     let e = clamping(
         r#"{"algorithm":"token_bucket","capacity":100000,"refill":1,"period":"1h"}"#,
-        r#"{"body":{}}"#,
+        cost,
         "{}",
     );
-    let clamp = &e.config.rules[0].clamp().unwrap().body;
+    e.config.rules[0].clamp().unwrap().body.clone()
+}
+
+#[test]
+fn a_body_is_clamped_field_by_field() {
+    let clamp = &body_clamp(r#"{"body":{}}"#);
     let apply = |body: &str, output| clamp.apply(body.as_bytes(), output).map(|b| json(&b));
     // Above: lowered; at or below: left alone (nothing changes: None).
     assert_eq!(
@@ -116,12 +122,7 @@ fn a_body_is_clamped_field_by_field() {
     );
 
     // The field to add, and a path whose parent is not an object.
-    let gemini = clamping(
-        r#"{"algorithm":"token_bucket","capacity":100000,"refill":1,"period":"1h"}"#,
-        r#"{"body":{"fields":["generationConfig.maxOutputTokens"]}}"#,
-        "{}",
-    );
-    let clamp = &gemini.config.rules[0].clamp().unwrap().body;
+    let clamp = &body_clamp(r#"{"body":{"fields":["generationConfig.maxOutputTokens"]}}"#);
     assert_eq!(
         clamp.apply(br#"{"contents":[]}"#, 64).map(|b| json(&b)),
         Some(json(
@@ -192,6 +193,183 @@ fn a_request_over_what_is_left_is_clamped_and_one_whose_prompt_does_not_fit_is_d
     let eval = decide(&e, &store, longer.as_bytes(), T0);
     assert!(eval.denied());
     assert_eq!(eval.verdicts[0].decision.retry_after_ns, None);
+}
+
+/// The clamp example of docs/configuration.md: `default` 4,000, `max` 16,000.
+const DOCS_EXAMPLE: &str = r#"{ "rules": [ { "name": "tokens-per-key", "key": [ { "header": "x-user" } ],
+  "limit": { "algorithm": "token_bucket", "capacity": 100000, "refill": 100000, "period": "1h" },
+  "cost": { "body": { "fields": [ "max_completion_tokens", "max_tokens" ] }, "default": 4000, "max": 16000 },
+  "commit": { "body": {}, "clamp": { "field": "max_completion_tokens", "min_output": 64 } } } ] }"#;
+
+/// Issue 32, defects 2 and 3, through the engine: a body `serde_json` refuses and
+/// `json.loads` accepts (a BOM, `NaN` elsewhere, a lone surrogate, UTF-16), or one with a
+/// duplicate bound, is reserved the `max` and sent with its bound lowered, as a plain body
+/// is; before, they were reserved the `default` (4,000) and reached the upstream asking
+/// for 100,000.
+#[test]
+fn bodies_a_strict_parser_refuses_are_reserved_and_clamped_as_plain_ones() {
+    let e = engine(DOCS_EXAMPLE);
+    let plain =
+        br#"{"model":"m","max_tokens":100000,"messages":[{"role":"user","content":"hello"}]}"#;
+    assert_eq!(plain.len(), 80);
+    let mut bom = b"\xEF\xBB\xBF".to_vec();
+    bom.extend(plain);
+    let nan = br#"{"model":"m","max_tokens":100000,"temperature":NaN,"messages":[]}"#.to_vec();
+    let surrogate =
+        br#"{"model":"m","max_tokens":100000,"messages":[{"content":"\ud800"}]}"#.to_vec();
+    let utf16: Vec<u8> = std::str::from_utf8(plain)
+        .unwrap()
+        .encode_utf16()
+        .flat_map(u16::to_le_bytes)
+        .collect();
+    let first_small = br#"{"max_tokens":1,"model":"m","max_tokens":100000}"#.to_vec();
+    let last_small = br#"{"max_tokens":100000,"model":"m","max_tokens":1}"#.to_vec();
+    for body in [
+        plain.to_vec(),
+        bom,
+        nan,
+        surrogate,
+        utf16,
+        first_small,
+        last_small,
+    ] {
+        let store = MemoryStore::new();
+        e.prepare(&store).unwrap();
+        let eval = decide(&e, &store, &body, T0);
+        assert_eq!(eval.commits[0].reserved, 16_000, "{body:?}");
+        let sent = e.clamped_body(&eval, &body).expect("rewritten");
+        let output = 16_000 - (body.len() as u64).div_ceil(4);
+        if body.as_slice() == plain {
+            assert_eq!(output, 15_980);
+        }
+        // One `max_tokens`, lowered; valid UTF-8 JSON for a strict reader too, unless the
+        // body itself holds what only a lenient one reads.
+        assert_eq!(
+            sent.windows(12).filter(|w| w == b"\"max_tokens\"").count(),
+            1,
+            "{}",
+            String::from_utf8_lossy(&sent)
+        );
+        let text = String::from_utf8_lossy(&sent);
+        assert!(text.contains(&format!("\"max_tokens\":{output}")), "{text}");
+        assert!(!sent.starts_with(b"\xEF\xBB\xBF"));
+    }
+}
+
+#[test]
+fn a_clamp_splices_the_bound_and_leaves_everything_else_as_it_was() {
+    let clamp = &body_clamp(r#"{"body":{}}"#);
+    let apply = |body: &[u8], output| {
+        clamp
+            .apply(body, output)
+            .map(|b| String::from_utf8(b).unwrap())
+    };
+    // NaN, a lone surrogate, key order and whitespace survive.
+    assert_eq!(
+        apply(
+            br#"{ "temperature": NaN, "max_tokens" : 900, "p": "\ud800", "a": 1e400 }"#,
+            300
+        )
+        .as_deref(),
+        Some(r#"{ "temperature": NaN, "max_tokens" : 300, "p": "\ud800", "a": 1e400 }"#)
+    );
+    // Duplicates: one occurrence left, at the first one's place, whichever was larger.
+    assert_eq!(
+        apply(br#"{"max_tokens":1,"model":"m","max_tokens":100000}"#, 300).as_deref(),
+        Some(r#"{"max_tokens":300,"model":"m"}"#)
+    );
+    assert_eq!(
+        apply(
+            br#"{"max_tokens":100000,"model":"m", "max_tokens" :1 }"#,
+            300
+        )
+        .as_deref(),
+        Some(r#"{"max_tokens":300,"model":"m" }"#)
+    );
+    // Every occurrence fits: the body goes as it came, duplicates and all.
+    assert_eq!(apply(br#"{"max_tokens":1,"max_tokens":200}"#, 300), None);
+    // Something else is lowered: the fitting field's duplicates go too, at its largest.
+    assert_eq!(
+        apply(
+            br#"{"max_tokens":1,"max_tokens":200,"max_completion_tokens":900}"#,
+            300
+        )
+        .as_deref(),
+        Some(r#"{"max_tokens":200,"max_completion_tokens":300}"#)
+    );
+    // A null duplicate is a reader without a bound: set.
+    assert_eq!(
+        apply(br#"{"max_tokens":5,"max_tokens":null}"#, 300).as_deref(),
+        Some(r#"{"max_tokens":300}"#)
+    );
+    // Duplicate parents: each gets the field, once; a null one becomes an object.
+    assert_eq!(
+        apply(
+            br#"{"generationConfig":{"maxOutputTokens":9,"maxOutputTokens":9000},"generationConfig":{"t":1},"generationConfig":null}"#,
+            64
+        )
+        .as_deref(),
+        Some(r#"{"generationConfig":{"maxOutputTokens":64},"generationConfig":{"t":1,"maxOutputTokens":64},"generationConfig":{"maxOutputTokens":64}}"#)
+    );
+    // A field written into an empty object, and a body without any field.
+    assert_eq!(
+        apply(
+            br#"{"generationConfig":{},"generationConfig":{"maxOutputTokens":100}}"#,
+            64
+        )
+        .as_deref(),
+        Some(
+            r#"{"generationConfig":{"maxOutputTokens":64},"generationConfig":{"maxOutputTokens":64}}"#
+        )
+    );
+    assert_eq!(
+        apply(br#"{"messages":[] }"#, 42).as_deref(),
+        Some(r#"{"messages":[] ,"max_tokens":42}"#)
+    );
+    assert_eq!(apply(b"{}", 42).as_deref(), Some(r#"{"max_tokens":42}"#));
+    assert_eq!(
+        apply(br#"{"max_tokens":null,"max_tokens":null}"#, 42).as_deref(),
+        Some(r#"{"max_tokens":42}"#)
+    );
+    // An escaped name is the field.
+    assert_eq!(
+        apply(br#"{"max\u005ftokens":900}"#, 7).as_deref(),
+        Some(r#"{"max\u005ftokens":7}"#)
+    );
+    // UTF-16 in, UTF-8 out; a BOM dropped.
+    let utf16: Vec<u8> = "\u{feff}{\"max_tokens\":900,\"p\":\"é\"}"
+        .encode_utf16()
+        .flat_map(u16::to_be_bytes)
+        .collect();
+    assert_eq!(
+        apply(&utf16, 7).as_deref(),
+        Some("{\"max_tokens\":7,\"p\":\"é\"}")
+    );
+    assert_eq!(
+        apply(b"\xEF\xBB\xBF{\"max_tokens\":900}", 7).as_deref(),
+        Some("{\"max_tokens\":7}")
+    );
+    // A parent in the way, or no object, or a body no reader accepts: not clamped.
+    let clamp = &body_clamp(r#"{"body":{"fields":["generationConfig.maxOutputTokens"]}}"#);
+    for stuck in [
+        &br#"{"generationConfig":{"maxOutputTokens":9000},"generationConfig":"x"}"#[..],
+        br#"{"generationConfig":[]}"#,
+        br#"[{"max_tokens":9000}]"#,
+        br#"{"generationConfig":{"maxOutputTokens":9000}"#,
+        b"",
+    ] {
+        assert_eq!(
+            clamp.prompt(RequestBody::Complete(stuck)),
+            None,
+            "{stuck:?}"
+        );
+        assert_eq!(clamp.apply(stuck, 5), None, "{stuck:?}");
+    }
+    assert!(clamp
+        .prompt(RequestBody::Complete(
+            br#"{"generationConfig":null,"x":NaN}"#
+        ))
+        .is_some());
 }
 
 #[test]

@@ -4,6 +4,7 @@
 
 pub mod commits;
 pub mod fleet;
+pub mod hostile_json;
 pub mod places;
 pub mod search;
 

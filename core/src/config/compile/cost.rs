@@ -157,15 +157,15 @@ fn clamp(raw: RawClamp, cost: &Cost, facts: &mut Interner, at: &str) -> Result<C
         None => estimate
             .fields
             .first()
-            .and_then(|f| f.single_path())
+            .and_then(|f| f.plain_path().ok())
             .map(|path| path.join("."))
             .unwrap_or_default(),
         Some(field) => {
             let parsed = UsageField::parse(&field).map_err(|e| error(format!("{at}.field"), e))?;
-            if parsed.single_path().is_none() {
+            if let Err(why) = parsed.plain_path() {
                 return Err(error(
                     format!("{at}.field"),
-                    format!("{field:?} is a sum of paths; a clamp sets one field"),
+                    format!("{field:?} {why}; a clamp sets one field"),
                 ));
             }
             field

@@ -1,0 +1,504 @@
+//! Issue 32: **no client-chosen body makes a request cheaper than its estimate**, judged
+//! differentially against real parsers (CONFORMANCE.md, "judge differentially").
+//!
+//! Hostile bodies ([`support::hostile_json`]: BOMs, UTF-16 and UTF-32, `NaN`, lone
+//! surrogates, duplicate keys and parents, escaped names, odd numbers, deep nesting,
+//! huge strings, truncation, invalid UTF-8, empty and non-JSON bodies) are read by weir
+//! (`BodyEstimate::estimate`, `BodyClamp::prompt` and `apply`, with the default fields)
+//! and by Python 3's `json.loads(bytes)` twice: as it is (a duplicate key keeps its last
+//! value, like serde) and with an `object_pairs_hook` that keeps the first (like
+//! RapidJSON's `FindMember` and several Go and C++ parsers). One `python3` process reads
+//! every body of the run.
+//!
+//! Judged per body:
+//! - **the estimate never falls below a reading**: where either reader reads a bound
+//!   that is a whole number, weir's output part is at least it; where either reads one
+//!   that is not (a fraction, `NaN`, a string...), or one reads a bound where the other
+//!   reads none, weir charges `max`; a body Python refuses costs `max` (an empty body:
+//!   `default`);
+//! - **and is exact otherwise**: without duplicate keys or nesting past weir's bound,
+//!   weir reads exactly the largest bound the readers read (nothing → `default`);
+//! - **a clamp bounds every reader**: the body sent upstream (rewritten or not), read by
+//!   both readers, is accepted and has every bound at most the output the clamp was
+//!   given (at least one of them set), and every other field reads as it did (`NaN` by
+//!   its repr, key order included); a rewritten body is UTF-8 without a BOM and holds no
+//!   bound twice in one object (but for `null`s: a field no reader finds set is left
+//!   alone); a body Python refuses is never clamped.
+//!
+//! `WEIR_SEARCH_CASES` bodies (default 3,000) from `WEIR_SEARCH_SEED` (default 1).
+#![cfg(not(target_arch = "wasm32"))]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::process::{Command, Stdio};
+
+use serde_json::Value;
+use support::hostile_json::{hostile_body, HostileBody, Trick};
+use support::search::env_u64;
+use support::{engine, Rng};
+use weir_core::usage::clamp::BodyClamp;
+use weir_core::usage::{BodyEstimate, RequestBody, UsageField, DEFAULT_MAX_TOKENS_FIELDS};
+
+/// Reads each input line — `E <hex>`: a body; `C <hex> <hex>`: a body and the body a
+/// clamp sent for it — and answers one JSON line: what each reader reads at each path
+/// (a whole number, "absent", "null" or "other"; `null` when it refuses the body), and
+/// for a clamp whether every other field reads as before.
+const READERS: &str = r#"
+import json, sys
+
+PATHS = [p.split('.') for p in sys.argv[1].split(',')]
+
+def first_wins(pairs):
+    d = {}
+    for k, v in pairs:
+        if k not in d:
+            d[k] = v
+    return d
+
+def load(b, first):
+    try:
+        return json.loads(b, object_pairs_hook=first_wins) if first else json.loads(b)
+    except Exception:
+        return REFUSED
+
+REFUSED = object()
+
+def read(doc, path):
+    for seg in path:
+        if isinstance(doc, dict) and seg in doc:
+            doc = doc[seg]
+        else:
+            return "absent"
+    if doc is None:
+        return "null"
+    if isinstance(doc, bool):
+        return "other"
+    if isinstance(doc, int):
+        return doc if 0 <= doc < 2**64 else "other"
+    if isinstance(doc, float):
+        if doc == doc and abs(doc) != float('inf') and doc.is_integer() and 0 <= doc < 2**64:
+            return int(doc)
+        return "other"
+    return "other"
+
+def readings(doc):
+    return None if doc is REFUSED else [read(doc, p) for p in PATHS]
+
+def show(v):
+    try:
+        return repr(v)
+    except Exception:
+        return "?"
+
+def same(a, b, paths):
+    if not isinstance(a, dict) or not isinstance(b, dict):
+        return show(a) == show(b)
+    leaf = {p[0] for p in paths if len(p) == 1}
+    through = {}
+    for p in paths:
+        if len(p) > 1:
+            through.setdefault(p[0], []).append(p[1:])
+    kept_a = [k for k in a if k not in leaf]
+    kept_b = [k for k in b if k not in leaf and (k in a or k not in through)]
+    if kept_a != kept_b:
+        return False
+    for k in kept_a:
+        if k in through and a[k] is None:
+            continue
+        if k in through and isinstance(a[k], dict):
+            if not same(a[k], b[k], through[k]):
+                return False
+        elif show(a[k]) != show(b[k]):
+            return False
+    return True
+
+class Pairs(list):
+    pass
+
+def most_in_one_object(doc, path):
+    """The most values other than null that one object holds under the path's last key,
+    through every duplicate parent."""
+    if not isinstance(doc, Pairs):
+        return 0
+    found = [v for k, v in doc if k == path[0]]
+    if len(path) == 1:
+        return len([v for v in found if v is not None])
+    return max([most_in_one_object(v, path[1:]) for v in found], default=0)
+
+def duplicated(b):
+    try:
+        doc = json.loads(b, object_pairs_hook=Pairs)
+    except Exception:
+        return False
+    return any(most_in_one_object(doc, p) > 1 for p in PATHS)
+
+for line in sys.stdin:
+    parts = line.split()
+    out = {}
+    if parts[0] == "E":
+        body = bytes.fromhex(parts[1]) if len(parts) > 1 else b""
+        for name, first in (("last", False), ("first", True)):
+            out[name] = readings(load(body, first))
+    else:
+        before, after = bytes.fromhex(parts[1]), bytes.fromhex(parts[2])
+        for name, first in (("last", False), ("first", True)):
+            a, b = load(before, first), load(after, first)
+            out[name] = readings(b)
+            out["same_" + name] = a is not REFUSED and b is not REFUSED and same(a, b, PATHS)
+        out["duplicated"] = duplicated(after)
+    print(json.dumps(out))
+"#;
+
+/// What one reader reads at one path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Read {
+    Absent,
+    Null,
+    Whole(u64),
+    Other,
+}
+
+fn reads(v: &Value) -> Option<Vec<Read>> {
+    let list = v.as_array()?;
+    Some(
+        list.iter()
+            .map(|r| match r {
+                Value::Number(n) => Read::Whole(n.as_u64().unwrap()),
+                Value::String(s) if s == "absent" => Read::Absent,
+                Value::String(s) if s == "null" => Read::Null,
+                _ => Read::Other,
+            })
+            .collect(),
+    )
+}
+
+fn hex(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        write!(out, "{b:02x}").unwrap();
+    }
+    out
+}
+
+/// A body for a failure message: escaped, the first 300 bytes.
+fn show(bytes: &[u8]) -> String {
+    let shown: String = bytes
+        .iter()
+        .take(300)
+        .flat_map(|b| std::ascii::escape_default(*b))
+        .map(char::from)
+        .collect();
+    format!("{} bytes: {shown}", bytes.len())
+}
+
+/// Runs the readers over `lines`; one answer per line.
+fn python(lines: &[String], paths: &[&str]) -> Vec<Value> {
+    let mut child = Command::new("python3")
+        .arg("-c")
+        .arg(READERS)
+        .arg(paths.join(","))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| {
+            panic!(
+                "this test judges weir against Python's json.loads and needs python3 on PATH \
+                 (apt-get install python3, or brew install python): {e}"
+            )
+        });
+    let mut stdin = child.stdin.take().unwrap();
+    let input = lines.join("\n") + "\n";
+    let writer = std::thread::spawn(move || stdin.write_all(input.as_bytes()).unwrap());
+    let output = child.wait_with_output().unwrap();
+    writer.join().unwrap();
+    assert!(
+        output.status.success(),
+        "python3 failed: {:?}",
+        output.status
+    );
+    let answers: Vec<Value> = String::from_utf8(output.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(answers.len(), lines.len(), "one answer per body");
+    answers
+}
+
+fn clamp_inserting(field: &str) -> BodyClamp {
+    let e = engine(&format!(
+        r#"{{"rules":[{{"name":"llm","key":[{{"header":"x-user"}}],
+            "limit":{{"algorithm":"token_bucket","capacity":1000000,"refill":1,"period":"1h"}},
+            "cost":{{"body":{{}},"default":4000,"max":16000}},
+            "commit":{{"body":{{}},"clamp":{{"field":"{field}"}}}}}}]}}"#
+    ));
+    e.config.rules[0].clamp().unwrap().body.clone()
+}
+
+/// A clamp's case: the body, the output it was given, what it sent.
+struct Clamped {
+    body: usize,
+    /// Its line to the readers.
+    line: usize,
+    output: u64,
+    rewritten: Option<Vec<u8>>,
+}
+
+#[test]
+fn hostile_bodies_cost_at_least_what_any_reader_reads_and_clamps_bound_every_reader() {
+    let cases = env_u64("WEIR_SEARCH_CASES", 3_000);
+    let seed = env_u64("WEIR_SEARCH_SEED", 1);
+    let paths = DEFAULT_MAX_TOKENS_FIELDS;
+    let estimate = BodyEstimate {
+        fields: paths
+            .iter()
+            .map(|f| UsageField::parse(f).unwrap())
+            .collect(),
+        bytes_per_prompt_token: 0,
+        max_bytes: 16 << 20,
+    };
+    let clamps = [
+        clamp_inserting("max_tokens"),
+        clamp_inserting("generationConfig.maxOutputTokens"),
+    ];
+    let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let bodies: Vec<HostileBody> = (0..cases).map(|_| hostile_body(&mut rng, paths)).collect();
+
+    let mut lines: Vec<String> = Vec::new();
+    let mut estimates = Vec::new();
+    let mut body_lines = Vec::new();
+    let mut prompts = Vec::new();
+    let mut clamped: Vec<Clamped> = Vec::new();
+    for (i, body) in bodies.iter().enumerate() {
+        body_lines.push(lines.len());
+        lines.push(format!("E {}", hex(&body.bytes)));
+        estimates.push(estimate.estimate(RequestBody::Complete(&body.bytes)));
+        let clamp = &clamps[i % 2];
+        let prompt = clamp.prompt(RequestBody::Complete(&body.bytes));
+        prompts.push(prompt);
+        if prompt.is_some() {
+            let scale = 1 + rng.below(18);
+            let output = 1 + rng.below(1 << scale);
+            let rewritten = clamp.apply(&body.bytes, output);
+            let sent = hex(rewritten.as_deref().unwrap_or(&body.bytes));
+            lines.push(format!("C {} {sent}", hex(&body.bytes)));
+            clamped.push(Clamped {
+                body: i,
+                line: lines.len() - 1,
+                output,
+                rewritten,
+            });
+        }
+    }
+    let answers = python(&lines, paths);
+
+    let mut failures: Vec<String> = Vec::new();
+    let fail = |failures: &mut Vec<String>, body: &HostileBody, what: String| {
+        failures.push(format!(
+            "{what}\n    tricks {:?}\n    body {}",
+            body.tricks,
+            show(&body.bytes)
+        ));
+    };
+    let mut figures: BTreeMap<&str, u64> = BTreeMap::new();
+    let mut per_trick: BTreeMap<Trick, (u64, u64)> = BTreeMap::new();
+    let mut accepted = Vec::with_capacity(bodies.len());
+    for (i, body) in bodies.iter().enumerate() {
+        let a = &answers[body_lines[i]];
+        let (last, first) = (reads(&a["last"]), reads(&a["first"]));
+        let weir = estimates[i];
+        let refused = last.is_none();
+        accepted.push(!refused);
+        for trick in &body.tricks {
+            let seen = per_trick.entry(*trick).or_default();
+            seen.0 += 1;
+            seen.1 += u64::from(refused);
+        }
+        if body.tricks.is_empty() {
+            *figures.entry("plain JSON bodies").or_default() += 1;
+        }
+        if prompts[i].is_some() && refused {
+            fail(
+                &mut failures,
+                body,
+                "a body Python refuses was found clampable".into(),
+            );
+        }
+        let (Some(last), Some(first)) = (last, first) else {
+            *figures.entry("refused by Python").or_default() += 1;
+            let expected = if body.bytes.is_empty() {
+                None
+            } else {
+                Some(u64::MAX)
+            };
+            if weir != expected {
+                fail(
+                    &mut failures,
+                    body,
+                    format!("refused by Python, weir estimates {weir:?}"),
+                );
+            }
+            continue;
+        };
+        let all: Vec<Read> = last.iter().chain(&first).copied().collect();
+        let other = all.contains(&Read::Other);
+        let largest = all
+            .iter()
+            .filter_map(|r| match r {
+                Read::Whole(n) => Some(*n),
+                _ => None,
+            })
+            .max();
+        if other && weir != Some(u64::MAX) {
+            fail(&mut failures, body, format!("a reader reads a bound that is not a whole number ({last:?} / {first:?}); weir estimates {weir:?}"));
+            continue;
+        }
+        if let Some(v) = largest {
+            if weir.is_none_or(|w| w < v) {
+                fail(
+                    &mut failures,
+                    body,
+                    format!("a reader reads {v} ({last:?} / {first:?}); weir estimates {weir:?}"),
+                );
+                continue;
+            }
+        }
+        // One reader finds a bound where the other finds none: the backend may run
+        // unbounded, so weir charges `max` (as for a bound that is not a whole number).
+        let unset = |r: &Read| matches!(r, Read::Absent | Read::Null);
+        let disagree = last.iter().zip(&first).any(|(l, f)| unset(l) != unset(f));
+        if disagree && weir != Some(u64::MAX) {
+            fail(
+                &mut failures,
+                body,
+                format!("the readers disagree on whether a bound is set ({last:?} / {first:?}); weir estimates {weir:?}"),
+            );
+            continue;
+        }
+        let exact = if other || disagree {
+            Some(u64::MAX)
+        } else {
+            largest
+        };
+        if disagree {
+            *figures
+                .entry("estimated at max: the readers disagree on a bound")
+                .or_default() += 1;
+        } else if weir == exact {
+            *figures.entry("estimated exactly as read").or_default() += 1;
+        } else if body.has(Trick::DuplicateKey) || body.has(Trick::DuplicateParent) {
+            *figures
+                .entry("estimated above the readers: duplicate keys")
+                .or_default() += 1;
+        } else if body.has(Trick::Deep) && weir == Some(u64::MAX) {
+            *figures
+                .entry("estimated at max: nested past weir's bound")
+                .or_default() += 1;
+        } else {
+            fail(
+                &mut failures,
+                body,
+                format!("Python reads {exact:?} ({last:?} / {first:?}); weir estimates {weir:?}"),
+            );
+        }
+        if prompts[i].is_none() {
+            *figures
+                .entry("accepted by Python, not clamped (decided at the estimate)")
+                .or_default() += 1;
+        }
+    }
+    for case in &clamped {
+        let a = &answers[case.line];
+        let body = &bodies[case.body];
+        if !accepted[case.body] {
+            continue;
+        }
+        *figures.entry("clamped").or_default() += 1;
+        let sent = case.rewritten.as_deref().unwrap_or(&body.bytes);
+        if let Some(rewritten) = &case.rewritten {
+            *figures.entry("clamped with a rewritten body").or_default() += 1;
+            if rewritten.starts_with(b"\xEF\xBB\xBF") || rewritten.iter().take(4).any(|&b| b == 0) {
+                fail(
+                    &mut failures,
+                    body,
+                    format!("rewritten as {}: not UTF-8 without a BOM", show(rewritten)),
+                );
+            }
+            if a["duplicated"] != Value::Bool(false) {
+                fail(
+                    &mut failures,
+                    body,
+                    format!(
+                        "rewritten with a bound named twice in one object: {}",
+                        show(rewritten)
+                    ),
+                );
+            }
+        }
+        for name in ["last", "first"] {
+            let Some(read) = reads(&a[name]) else {
+                fail(
+                    &mut failures,
+                    body,
+                    format!(
+                        "the clamped body (output {}) is refused by Python: {}",
+                        case.output,
+                        show(sent)
+                    ),
+                );
+                break;
+            };
+            let bounded = read.iter().all(|r| match r {
+                Read::Whole(n) => *n <= case.output,
+                Read::Absent | Read::Null => true,
+                Read::Other => false,
+            });
+            let set = read.iter().any(|r| matches!(r, Read::Whole(_)));
+            if !bounded || !set {
+                fail(
+                    &mut failures,
+                    body,
+                    format!(
+                        "clamped to {}, the {name}-duplicate reader reads {read:?} in {}",
+                        case.output,
+                        show(sent)
+                    ),
+                );
+            }
+            if a[format!("same_{name}")] != Value::Bool(true) {
+                fail(&mut failures, body, format!("clamped to {}, the {name}-duplicate reader reads other fields differently in {}", case.output, show(sent)));
+            }
+        }
+    }
+    let mut report = format!("{cases} hostile bodies (seed {seed}):\n");
+    for (what, n) in &figures {
+        writeln!(report, "  {what}: {n}").unwrap();
+    }
+    writeln!(report, "  by trick (bodies, of which Python refused):").unwrap();
+    for trick in Trick::ALL {
+        let (n, refused) = per_trick.get(&trick).copied().unwrap_or_default();
+        writeln!(report, "    {trick:?}: {n} ({refused})").unwrap();
+    }
+    eprint!("{report}");
+    assert!(
+        failures.is_empty(),
+        "{} failures; the first:\n{}",
+        failures.len(),
+        failures[..failures.len().min(12)].join("\n")
+    );
+    for trick in Trick::ALL {
+        assert!(
+            per_trick.contains_key(&trick),
+            "the generator never played {trick:?}"
+        );
+    }
+}
