@@ -38,156 +38,14 @@ mod support;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::io::Write as _;
-use std::process::{Command, Stdio};
 
 use serde_json::Value;
 use support::hostile_json::{hostile_body, HostileBody, Trick};
+use support::python_json::{hex, python, reads, Read};
 use support::search::env_u64;
 use support::{engine, Rng};
 use weir_core::usage::clamp::BodyClamp;
 use weir_core::usage::{BodyEstimate, RequestBody, UsageField, DEFAULT_MAX_TOKENS_FIELDS};
-
-/// Reads each input line — `E <hex>`: a body; `C <hex> <hex>`: a body and the body a
-/// clamp sent for it — and answers one JSON line: what each reader reads at each path
-/// (a whole number, "absent", "null" or "other"; `null` when it refuses the body), and
-/// for a clamp whether every other field reads as before.
-const READERS: &str = r#"
-import json, sys
-
-PATHS = [p.split('.') for p in sys.argv[1].split(',')]
-
-def first_wins(pairs):
-    d = {}
-    for k, v in pairs:
-        if k not in d:
-            d[k] = v
-    return d
-
-def load(b, first):
-    try:
-        return json.loads(b, object_pairs_hook=first_wins) if first else json.loads(b)
-    except Exception:
-        return REFUSED
-
-REFUSED = object()
-
-def read(doc, path):
-    for seg in path:
-        if isinstance(doc, dict) and seg in doc:
-            doc = doc[seg]
-        else:
-            return "absent"
-    if doc is None:
-        return "null"
-    if isinstance(doc, bool):
-        return "other"
-    if isinstance(doc, int):
-        return doc if 0 <= doc < 2**64 else "other"
-    if isinstance(doc, float):
-        if doc == doc and abs(doc) != float('inf') and doc.is_integer() and 0 <= doc < 2**64:
-            return int(doc)
-        return "other"
-    return "other"
-
-def readings(doc):
-    return None if doc is REFUSED else [read(doc, p) for p in PATHS]
-
-def show(v):
-    try:
-        return repr(v)
-    except Exception:
-        return "?"
-
-def same(a, b, paths):
-    if not isinstance(a, dict) or not isinstance(b, dict):
-        return show(a) == show(b)
-    leaf = {p[0] for p in paths if len(p) == 1}
-    through = {}
-    for p in paths:
-        if len(p) > 1:
-            through.setdefault(p[0], []).append(p[1:])
-    kept_a = [k for k in a if k not in leaf]
-    kept_b = [k for k in b if k not in leaf and (k in a or k not in through)]
-    if kept_a != kept_b:
-        return False
-    for k in kept_a:
-        if k in through and a[k] is None:
-            continue
-        if k in through and isinstance(a[k], dict):
-            if not same(a[k], b[k], through[k]):
-                return False
-        elif show(a[k]) != show(b[k]):
-            return False
-    return True
-
-class Pairs(list):
-    pass
-
-def most_in_one_object(doc, path):
-    """The most values other than null that one object holds under the path's last key,
-    through every duplicate parent."""
-    if not isinstance(doc, Pairs):
-        return 0
-    found = [v for k, v in doc if k == path[0]]
-    if len(path) == 1:
-        return len([v for v in found if v is not None])
-    return max([most_in_one_object(v, path[1:]) for v in found], default=0)
-
-def duplicated(b):
-    try:
-        doc = json.loads(b, object_pairs_hook=Pairs)
-    except Exception:
-        return False
-    return any(most_in_one_object(doc, p) > 1 for p in PATHS)
-
-for line in sys.stdin:
-    parts = line.split()
-    out = {}
-    if parts[0] == "E":
-        body = bytes.fromhex(parts[1]) if len(parts) > 1 else b""
-        for name, first in (("last", False), ("first", True)):
-            out[name] = readings(load(body, first))
-    else:
-        before, after = bytes.fromhex(parts[1]), bytes.fromhex(parts[2])
-        for name, first in (("last", False), ("first", True)):
-            a, b = load(before, first), load(after, first)
-            out[name] = readings(b)
-            out["same_" + name] = a is not REFUSED and b is not REFUSED and same(a, b, PATHS)
-        out["duplicated"] = duplicated(after)
-    print(json.dumps(out))
-"#;
-
-/// What one reader reads at one path.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Read {
-    Absent,
-    Null,
-    Whole(u64),
-    Other,
-}
-
-fn reads(v: &Value) -> Option<Vec<Read>> {
-    let list = v.as_array()?;
-    Some(
-        list.iter()
-            .map(|r| match r {
-                Value::Number(n) => Read::Whole(n.as_u64().unwrap()),
-                Value::String(s) if s == "absent" => Read::Absent,
-                Value::String(s) if s == "null" => Read::Null,
-                _ => Read::Other,
-            })
-            .collect(),
-    )
-}
-
-fn hex(bytes: &[u8]) -> String {
-    let mut out = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        write!(out, "{b:02x}").unwrap();
-    }
-    out
-}
 
 /// A body for a failure message: escaped, the first 300 bytes.
 fn show(bytes: &[u8]) -> String {
@@ -198,40 +56,6 @@ fn show(bytes: &[u8]) -> String {
         .map(char::from)
         .collect();
     format!("{} bytes: {shown}", bytes.len())
-}
-
-/// Runs the readers over `lines`; one answer per line.
-fn python(lines: &[String], paths: &[&str]) -> Vec<Value> {
-    let mut child = Command::new("python3")
-        .arg("-c")
-        .arg(READERS)
-        .arg(paths.join(","))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| {
-            panic!(
-                "this test judges weir against Python's json.loads and needs python3 on PATH \
-                 (apt-get install python3, or brew install python): {e}"
-            )
-        });
-    let mut stdin = child.stdin.take().unwrap();
-    let input = lines.join("\n") + "\n";
-    let writer = std::thread::spawn(move || stdin.write_all(input.as_bytes()).unwrap());
-    let output = child.wait_with_output().unwrap();
-    writer.join().unwrap();
-    assert!(
-        output.status.success(),
-        "python3 failed: {:?}",
-        output.status
-    );
-    let answers: Vec<Value> = String::from_utf8(output.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    assert_eq!(answers.len(), lines.len(), "one answer per body");
-    answers
 }
 
 fn clamp_inserting(field: &str) -> BodyClamp {

@@ -32,7 +32,7 @@ use support::search::*;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use support::{evaluate_on, Rng, SEED};
+use support::{evaluate_on, Rng, SEED, T0};
 
 use weir_core::conformance::Admission;
 use weir_core::delay::RELEASE_SLACK_US;
@@ -57,6 +57,8 @@ struct LocalCase {
     /// decided in arrival order, each at a clock read up to this much earlier (workers
     /// read the clock, then race for the CAS).
     clock_lag_us: u64,
+    /// The rule is in shadow mode.
+    shadow: bool,
     schedule: Vec<Request>,
 }
 
@@ -147,7 +149,7 @@ fn draw_local(seed: u64) -> LocalCase {
     };
     // Enough requests to go past the limit a few times over.
     let requests = (log_uniform(&mut rng, 20, 1_200) + 3 * limit.max_cost.min(600)) as usize;
-    let schedule = draw_schedule(
+    let mut schedule = draw_schedule(
         &mut rng,
         &limit,
         workers,
@@ -156,6 +158,28 @@ fn draw_local(seed: u64) -> LocalCase {
         cost_max,
         commit == Some(Commit::Lying),
     );
+    // Crowds: 1 to 1,000 requests on one key at one instant, over its workers. Drawn
+    // apart, so that the seeds found before keep their cases but for the crowds.
+    let mut crowd_rng = Rng(seed.wrapping_mul(0x94d0_49bb_1331_11eb) | 1);
+    let span = schedule.last().map_or(0, |r| r.at_us - T0);
+    if chance(&mut crowd_rng, 3) {
+        let at_us = T0 + crowd_rng.below(span + 1);
+        let user = crowd_rng.below(users as u64) as usize;
+        for _ in 0..log_uniform(&mut crowd_rng, 1, 1_000) {
+            let mut r = draw_request(
+                &mut crowd_rng,
+                at_us,
+                workers,
+                users,
+                cost_max,
+                commit == Some(Commit::Lying),
+                &limit,
+            );
+            r.user = user;
+            schedule.push(r);
+        }
+    }
+    schedule.sort_by_key(|r| r.at_us);
     LocalCase {
         seed,
         config: format!(r#"{{"rules":[{{{rule}}}]}}"#),
@@ -164,6 +188,7 @@ fn draw_local(seed: u64) -> LocalCase {
         commit,
         max_late_us,
         clock_lag_us,
+        shadow,
         schedule,
     }
 }
@@ -180,6 +205,9 @@ struct LocalRun {
     late: u64,
     /// Held requests admitted after the deadline they stated.
     past_deadline: u64,
+    /// Admissions whose decision instant lies outside what happened: before the
+    /// request's arrival (less its worker's clock lag) or after the request went on.
+    outside: Vec<(usize, u64)>,
 }
 
 enum Event {
@@ -246,9 +274,22 @@ fn run_local(case: &LocalCase, e: &Engine, schedule: &[Request]) -> LocalRun {
         }
         let r = &schedule[index];
         let released = eval.delayed.is_some();
+        // What happened, not what the engine called it: an enforcing rule admitted the
+        // request when the request went on; a shadow rule never denies, so what it would
+        // have admitted is its own word.
+        let went_on = !eval.denied();
         for report in &eval.reports {
-            if report.outcome != RuleOutcome::Allowed {
+            let admitted = if case.shadow {
+                report.outcome == RuleOutcome::Allowed
+            } else {
+                went_on && report.outcome != RuleOutcome::NotMatched
+            };
+            if !admitted {
                 continue;
+            }
+            let earliest = r.at_us.saturating_sub(case.clock_lag_us);
+            if report.decided_at_us < earliest || report.decided_at_us > now {
+                out.outside.push((index, report.decided_at_us));
             }
             let deadline = stated_deadline(r).map(|(_, _, timeout_us)| r.at_us + timeout_us);
             if released && deadline.is_some_and(|at| report.decided_at_us > at) {
@@ -256,7 +297,7 @@ fn run_local(case: &LocalCase, e: &Engine, schedule: &[Request]) -> LocalRun {
             }
             let cost = match case.commit {
                 Some(Commit::Honest) => r.actual,
-                _ => report.cost,
+                _ => r.cost,
             };
             out.admitted += cost;
             out.admissions.entry(r.user).or_default().push(Admission {
@@ -288,6 +329,12 @@ fn check_local(case: &LocalCase) -> Result<Option<LocalRun>, String> {
     };
     let limit = configured_limit(&e, RuleId(0)).unwrap();
     let run = run_local(case, &e, &case.schedule);
+    if let Some((index, at_us)) = run.outside.first() {
+        return Err(format!(
+            "seed {}: request {index} was decided at {at_us}, outside its arrival .. admission\n{}",
+            case.seed, case.config
+        ));
+    }
     if run.past_deadline > 0 {
         return Err(format!(
             "seed {}: {} held requests admitted after the deadline they stated\n{}",

@@ -162,8 +162,9 @@ pub struct Fleet {
     /// Bridge calls the bridge refused (400): a request of a config the check
     /// accepted that the bridge will not decide.
     pub refused_by_bridge: Vec<String>,
-    /// Each plan's response delay.
-    response_after_us: Vec<u64>,
+    /// What the upstream does with each request that reached it (from its plan, or
+    /// from the upstream given to [`Fleet::play_with`] when it was admitted).
+    responses: Vec<Option<Respond>>,
     /// Each call's half latency, by worker and token.
     halves: BTreeMap<(usize, u32), u64>,
     /// Events other than ticks still to come, and when the last one happened.
@@ -214,7 +215,7 @@ impl Fleet {
             outcomes: Vec::new(),
             contexts: Vec::new(),
             refused_by_bridge: Vec::new(),
-            response_after_us: Vec::new(),
+            responses: Vec::new(),
             halves: BTreeMap::new(),
             pending: 0,
             last_busy_us: 0,
@@ -231,12 +232,15 @@ impl Fleet {
 
     /// Plays `plans` to the end: every request decided and answered, every call landed.
     pub fn play(&mut self, plans: &[Plan]) {
+        self.play_with(plans, &mut |i, _| plans[i].response.clone());
+    }
+
+    /// [`Fleet::play`], with an upstream that decides how to answer request `i` from the
+    /// body it received, when it is admitted.
+    pub fn play_with(&mut self, plans: &[Plan], upstream: &mut dyn FnMut(usize, &[u8]) -> Respond) {
         self.outcomes = vec![Outcome::default(); plans.len()];
         self.contexts = vec![None; plans.len()];
-        self.response_after_us = plans
-            .iter()
-            .map(|p| response_after_us(&p.response))
-            .collect();
+        self.responses = vec![None; plans.len()];
         for (i, plan) in plans.iter().enumerate() {
             self.at(plan.at_us, Event::Arrive(i));
         }
@@ -277,7 +281,7 @@ impl Fleet {
                         });
                     }
                 }
-                Event::Respond(i) => self.respond(plans, i),
+                Event::Respond(i) => self.respond(i),
                 Event::Tick(worker) => {
                     let w = &mut self.workers[worker];
                     w.tick_at = None;
@@ -285,7 +289,7 @@ impl Fleet {
                     w.envoy.tick(root);
                 }
             }
-            self.after(now);
+            self.after(now, upstream);
         }
         for w in &self.workers {
             for &i in w.open.values() {
@@ -324,7 +328,7 @@ impl Fleet {
 
     /// After every event: new calls are taken up, requests that reached the upstream or
     /// were answered are recorded, ticks scheduled.
-    fn after(&mut self, now: u64) {
+    fn after(&mut self, now: u64, upstream: &mut dyn FnMut(usize, &[u8]) -> Respond) {
         for worker in 0..self.workers.len() {
             let calls: Vec<(u32, u64)> = {
                 let w = &mut self.workers[worker];
@@ -344,7 +348,7 @@ impl Fleet {
                     self.at(now + timeout_us, Event::Timeout { worker, token });
                 }
             }
-            self.track(worker, now);
+            self.track(worker, now, upstream);
             // Ticks while anything is left to do: the filter's periodic work (commits to
             // send, held requests, stats) is for requests and calls still around.
             // A worker ticks while it has requests or calls, and for a second after the
@@ -429,7 +433,12 @@ impl Fleet {
 
     /// Records what changed for `worker`'s open requests: admitted (the whole request
     /// reached the upstream), answered here, or body bytes leaked.
-    fn track(&mut self, worker: usize, now: u64) {
+    fn track(
+        &mut self,
+        worker: usize,
+        now: u64,
+        upstream: &mut dyn FnMut(usize, &[u8]) -> Respond,
+    ) {
         let changed = self.workers[worker].envoy.take_changed();
         let mut respond = Vec::new();
         let mut answered = Vec::new();
@@ -469,21 +478,25 @@ impl Fleet {
             w.envoy.close(context);
         }
         for i in respond {
-            self.schedule_response(i, now);
+            let response = upstream(i, &self.outcomes[i].upstream_body);
+            self.at(now + response_after_us(&response), Event::Respond(i));
+            self.responses[i] = Some(response);
         }
     }
 
-    fn schedule_response(&mut self, i: usize, now: u64) {
-        let after_us = self.response_after_us.get(i).copied().unwrap_or(0);
-        self.at(now + after_us, Event::Respond(i));
+    /// What the upstream was told to do with request `i`, once it was admitted.
+    pub fn answered_with(&self, i: usize) -> Option<Respond> {
+        self.responses.get(i).cloned().flatten()
     }
 
-    fn respond(&mut self, plans: &[Plan], i: usize) {
-        let Some((worker, context)) = self.contexts[i] else {
+    fn respond(&mut self, i: usize) {
+        let (Some((worker, context)), Some(response)) =
+            (self.contexts[i], self.responses[i].clone())
+        else {
             return;
         };
         let w = &mut self.workers[worker];
-        match &plans[i].response {
+        match &response {
             Respond::Upstream {
                 status,
                 headers,

@@ -6,6 +6,7 @@ pub mod commits;
 pub mod fleet;
 pub mod hostile_json;
 pub mod places;
+pub mod python_json;
 pub mod search;
 
 use std::collections::HashMap;
