@@ -371,12 +371,14 @@ mod tests {
         };
         assert_eq!(
             kinds(0),
-            // The bridge-down key is read by a worker's first call (then every 10 ms).
+            // The bridge-down key is read by a worker's first call (then every 10 ms), and
+            // the instant Envoy took a call of the plugin written (then every 10 ms).
             [
                 ("clock", 1),
                 ("dispatch", 1),
                 ("header", 1),
-                ("shared_get", 2)
+                ("shared_get", 2),
+                ("shared_set", 1)
             ]
         );
         assert_eq!(
@@ -389,8 +391,10 @@ mod tests {
                 ("stream", 3)
             ]
         );
+        // 11 per request once a worker has read the bridge-down key and written the
+        // instant of its last call (each at most every 10 ms).
         let total: u64 = trace.callbacks.iter().flat_map(|c| c.calls.values()).sum();
-        assert_eq!(total, 12);
+        assert_eq!(total, 13);
         assert_eq!(trace.call_body.len(), 228);
     }
 

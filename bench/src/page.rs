@@ -448,8 +448,9 @@ the count), 8 more than the floor:\n\n\
 - *on_request_headers*: the **clock** (time enters once); the **`x-tenant` header** (the \
 key); a **shared-data get of the rule's lease slot set** (a cached denial would answer \
 the request; an exact rule writes nothing there when it asks); the **dispatch**. A worker \
-also reads the bridge-down key (skip the bridge for a second after a failure), at most \
-every 10 ms, not per call.\n\
+also reads the bridge-down key (skip the bridge for a second after a failure), and writes \
+the instant Envoy last took a call of the plugin (a call Envoy then refuses is a full \
+circuit breaker, not a cluster without hosts), each at most every 10 ms, not per call.\n\
 - *on_http_call_response*: the **clock** (the call's latency, and the instants a grant \
 is anchored on); a **stats record** (the bridge latency histogram); the answer's \
 **`:status` header** and **body**; **set_effective_context** to the request, its \

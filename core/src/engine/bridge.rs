@@ -299,7 +299,9 @@ impl Engine {
         }
         self.bridge_called_written_us
             .store(now_us, Ordering::Relaxed);
-        write_instant(store, &self.bridge_called_key, now_us);
+        // One unconditional write, no read first: racing workers each write an instant
+        // of about now, and whichever lands says the same.
+        let _ = store.create(&self.bridge_called_key, &now_us.to_le_bytes());
     }
 
     /// Whether calls of this plugin may be in flight: Envoy took one, from any worker of
