@@ -275,3 +275,39 @@ fn no_byte_of_a_body_goes_on_before_the_bridge_admits_the_request() {
         );
     }
 }
+
+/// A global token budget whose rule clamps: the body is read whole, the rule waits for
+/// the bridge, and the answer's clamp rewrites the body. Envoy's Wasm host lets the
+/// answer's callback reach the body only if the last body callback buffered it
+/// (`StopIterationAndBuffer`): after `StopIterationAndWatermark` it points at a piece
+/// that is gone, and Envoy 1.40 crashed (a segmentation fault, in the e2e test
+/// `a_clamped_request_reaches_the_upstream_with_what_is_left`) when an earlier version
+/// of this issue's fix held such a body that way.
+#[test]
+fn a_global_clamp_rewrites_a_body_envoy_still_buffers() {
+    let mut envoy = envoy(
+        r#"{"bridge":{"cluster":"weir_bridge"},"rules":[
+        {"name":"tokens","scope":"global","key":[{"header":"x-user"}],
+         "limit":{"algorithm":"token_bucket","capacity":1000,"refill":1000,"period":"1h"},
+         "cost":{"body":{},"default":300,"max":1000},"commit":{"body":{},"clamp":{}}}]}"#,
+    );
+    let mut bridge = ModelBridge::default();
+    let headers = [(":path", "/v1/chat"), ("x-user", "acme")];
+    let body = br#"{"max_tokens":600}"#;
+    let mut sent = Vec::new();
+    for _ in 0..2 {
+        let (context, on_headers, on_body) = envoy.request_with_body(&headers, body);
+        assert_eq!(on_headers, Action::Continue);
+        assert_eq!(
+            on_body,
+            Some(BodyAction::Read),
+            "buffered while the bridge decides"
+        );
+        envoy.advance_us(MS);
+        answer_calls(&mut envoy, &mut bridge);
+        sent.push(envoy.stream(context).unwrap().upstream.body);
+    }
+    assert_eq!(envoy.host.state().dangling_body, 0);
+    assert_eq!(sent[0], body, "605 of 1,000: unchanged");
+    assert_eq!(sent[1], br#"{"max_tokens":390}"#, "395 left: clamped");
+}

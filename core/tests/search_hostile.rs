@@ -990,6 +990,12 @@ fn budget_fault(
     fleet: &Fleet,
     j: &BudgetJudged,
 ) -> Option<String> {
+    if fleet.dangling_body > 0 {
+        return Some(format!(
+            "the filter touched a request body Envoy no longer held for it {} times: Envoy crashes",
+            fleet.dangling_body
+        ));
+    }
     if let Some(body) = fleet.refused_by_bridge.first() {
         return Some(format!(
             "the bridge refused a call of a config the check accepted: {body}"

@@ -40,8 +40,9 @@ pub enum Action {
 pub enum BodyAction {
     /// The body goes on to the upstream.
     Continue = 0,
-    /// Envoy buffers the body until its end, for a rule to read it
-    /// (`StopIterationAndBuffer`; past its buffer limit Envoy answers 413).
+    /// Envoy buffers the body until its end, for a rule to read it, or to rewrite it
+    /// once decided (`StopIterationAndBuffer`; past its buffer limit Envoy answers 413).
+    /// Only after this may a later callback touch the body.
     Read = 1,
     /// Envoy keeps the body, however long, and stops reading from the client while it
     /// has too much (`StopIterationAndWatermark`): the request is not decided yet, and
@@ -208,7 +209,14 @@ impl Request {
         self.reading_body = None;
         match self.decide(host, &plugin) {
             Action::Continue => BodyAction::Continue,
-            // Waiting, held, or answered here: the body stays where it is.
+            // Waiting on the bridge, with the whole body read: Envoy keeps buffering it,
+            // for a clamp may rewrite it when the answer comes. Envoy's Wasm host lets a
+            // later callback reach the body only when the last body callback buffered
+            // it: after `StopIterationAndWatermark` it points at a piece that is gone,
+            // and rewriting it crashes Envoy (1.40, a segmentation fault).
+            Action::Pause if matches!(self.request_body, BodySeen::Complete(_)) => BodyAction::Read,
+            // Waiting or held with a body too large to read (it is never touched
+            // again), or answered here: the body stays where it is.
             Action::Pause => BodyAction::Hold,
         }
     }

@@ -45,6 +45,12 @@ pub struct Stream {
     pub added_response_headers: Vec<(String, String)>,
     /// What went on to the upstream (see [`super::scripted_envoy::Envoy`]).
     pub upstream: Upstream,
+    /// Whether the filter may read or write the request body now: during a body
+    /// callback, or after one that buffered it (`StopIterationAndBuffer`). Envoy's Wasm
+    /// host keeps a pointer to the last piece otherwise, which dangles once the
+    /// callback returned: a later access crashes Envoy (seen in 1.40 after
+    /// `StopIterationAndWatermark`).
+    pub body_access: bool,
 }
 
 /// What the upstream received of a request: Envoy's side of the filter's answers to
@@ -165,6 +171,9 @@ pub struct HostState {
     pub refuse: Refusals,
     /// Calls made on a context that does not exist.
     pub misdirected: u32,
+    /// Reads or writes of a request body Envoy did not hold for the filter any more
+    /// ([`Stream::body_access`]): each would have crashed Envoy.
+    pub dangling_body: u32,
 }
 
 impl HostState {
@@ -230,6 +239,16 @@ impl ScriptedHost {
             self.state.borrow_mut().counts.entries += 1;
         }
         value
+    }
+
+    /// Counts an access to a request body Envoy no longer holds for the filter
+    /// ([`Stream::body_access`]): in Envoy, a crash.
+    fn body_accessed(&self, ok: bool) -> HostResult<()> {
+        if ok {
+            return Ok(());
+        }
+        self.state.borrow_mut().dangling_body += 1;
+        Err(BAD_ARGUMENT)
     }
 
     /// The effective context's stream.
@@ -406,17 +425,24 @@ impl Host for ScriptedHost {
     }
 
     fn replace_request_body(&self, size: usize, body: &[u8]) -> HostResult<()> {
-        self.stream("set_buffer_bytes", |s| {
+        let done = self.stream("set_buffer_bytes", |s| {
+            if !s.body_access {
+                return false;
+            }
             let size = size.min(s.request_body.len());
             s.request_body.splice(..size, body.iter().copied());
-        })
+            true
+        })?;
+        self.body_accessed(done)
     }
 
     fn request_body(&self, max_size: usize) -> HostResult<Option<Vec<u8>>> {
         let found = self.stream("get_buffer_bytes", |s| {
-            Some(s.request_body.iter().copied().take(max_size).collect())
-        });
-        self.handed_in(found)
+            s.body_access
+                .then(|| s.request_body.iter().copied().take(max_size).collect())
+        })?;
+        self.body_accessed(found.is_some())?;
+        self.handed_in(Ok(found))
     }
 
     fn response_header(&self, name: &str) -> HostResult<Option<Vec<u8>>> {

@@ -205,9 +205,12 @@ impl Envoy {
     /// Envoy calls the filter with the body it holds, and acts on the answer.
     fn body_callback(&mut self, context: u32, buffered: usize, end_of_stream: bool) -> BodyAction {
         self.enter(context);
+        self.set_body_access(context, true);
         let action = self
             .vm
             .on_request_body(&self.host, context, buffered, end_of_stream);
+        // Envoy keeps the body for the filter only when it buffers it.
+        self.set_body_access(context, action == BodyAction::Read);
         let stopped = action != BodyAction::Continue;
         if let Some(flow) = self.flows.get_mut(&context) {
             flow.body_stopped = stopped;
@@ -226,6 +229,12 @@ impl Envoy {
             let body = std::mem::take(&mut stream.request_body);
             stream.upstream.body.extend(body);
             stream.upstream.ended |= ended;
+        }
+    }
+
+    fn set_body_access(&self, context: u32, access: bool) {
+        if let Some(stream) = self.host.state().streams.get_mut(&context) {
+            stream.body_access = access;
         }
     }
 

@@ -162,6 +162,9 @@ pub struct Fleet {
     /// Bridge calls the bridge refused (400): a request of a config the check
     /// accepted that the bridge will not decide.
     pub refused_by_bridge: Vec<String>,
+    /// Reads or writes of a request body Envoy no longer held for the filter: each
+    /// would have crashed Envoy.
+    pub dangling_body: u32,
     /// What the upstream does with each request that reached it (from its plan, or
     /// from the upstream given to [`Fleet::play_with`] when it was admitted).
     responses: Vec<Option<Respond>>,
@@ -215,6 +218,7 @@ impl Fleet {
             outcomes: Vec::new(),
             contexts: Vec::new(),
             refused_by_bridge: Vec::new(),
+            dangling_body: 0,
             responses: Vec::new(),
             halves: BTreeMap::new(),
             pending: 0,
@@ -291,6 +295,11 @@ impl Fleet {
             }
             self.after(now, upstream);
         }
+        self.dangling_body = self
+            .workers
+            .iter()
+            .map(|w| w.envoy.host.state().dangling_body)
+            .sum();
         for w in &self.workers {
             for &i in w.open.values() {
                 self.outcomes[i].stuck =
