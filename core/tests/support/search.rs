@@ -8,7 +8,8 @@ use std::collections::BTreeMap;
 use weir_core::algorithms::{AlgorithmKind, AlgorithmSpec, GlobalLimit};
 use weir_core::config;
 use weir_core::conformance::{self, Admission, Violation};
-use weir_core::engine::Engine;
+use weir_core::engine::{Engine, BRIDGE_BACKOFF_US};
+use weir_core::simulation::with_extra_bursts;
 
 pub const MS: u64 = 1_000;
 /// The longest reservoir hold the config accepts (1 min).
@@ -254,4 +255,143 @@ pub fn violation(
         a.sort_by_key(|a| a.at_us);
         conformance::check(limit, &a).err().map(|v| (*user, v))
     })
+}
+
+/// A global rule drawn over the whole range the config accepts, as `search_global.rs` and
+/// `search_hostile.rs` draw it: its limit, the bridge timeout, leases (`lease.max` 1 a
+/// quarter of the time), the failure mode, shadow mode, costs, Envoys and users.
+pub struct DrawnGlobal {
+    pub limit: DrawnLimit,
+    pub timeout_us: u64,
+    pub envoys: usize,
+    pub users: usize,
+    pub cost_max: u64,
+    /// The `global` object's lease member (`,"lease":{…}`).
+    pub lease: String,
+    pub failure_mode: &'static str,
+    pub shadow: bool,
+}
+
+impl DrawnGlobal {
+    /// Draws one from `rng`, and from `more` what was added to the draw later (so the
+    /// seeds kept before still draw their cases).
+    pub fn draw(rng: &mut Rng, more: &mut Rng) -> DrawnGlobal {
+        let timeout_us = if chance(more, 2) {
+            log_uniform(more, MS, 250 * MS)
+        } else {
+            50 * MS
+        };
+        let limit = draw_limit(
+            rng,
+            &[
+                "gcra",
+                "token_bucket",
+                "fixed_window",
+                "sliding_window",
+                "sliding_log",
+            ],
+        );
+        let envoys = 1 + rng.below(3) as usize;
+        let users = 1 + rng.below(2) as usize;
+        let cost_max = if limit.max_cost < 2 || chance(rng, 3) {
+            1
+        } else {
+            log_uniform(rng, 2, limit.max_cost.min(20))
+        };
+        let lease = if chance(rng, 4) {
+            r#","lease":{"max":1}"#.to_string()
+        } else {
+            let max = log_uniform(rng, 1, 200);
+            let ttl_us = log_uniform(rng, MS, limit.scale_us.clamp(MS, 10 * S));
+            let mut lease = format!(r#","lease":{{"max":{max},"ttl":"{ttl_us}us""#);
+            if chance(more, 2) {
+                let round_trip_us = log_uniform(more, 1, 100 * MS);
+                lease.push_str(&format!(r#","round_trip":"{round_trip_us}us""#));
+            }
+            if spec_of(limit.name).has_schedule && chance(rng, 2) {
+                let horizon_us = log_uniform(rng, MS, 10 * S);
+                lease.push_str(&format!(r#","horizon":"{horizon_us}us""#));
+            }
+            lease.push('}');
+            lease
+        };
+        let failure_mode = ["allow", "deny", "local"][rng.below(3) as usize];
+        let shadow = chance(rng, 6);
+        DrawnGlobal {
+            limit,
+            timeout_us,
+            envoys,
+            users,
+            cost_max,
+            lease,
+            failure_mode,
+            shadow,
+        }
+    }
+
+    /// The plugin config of one global rule `r`, keyed by `x-user`, its cost from
+    /// `x-cost`; `top` adds members to the top level (`,"response":{…}`).
+    pub fn config(&self, top: &str) -> String {
+        let cost = if self.cost_max > 1 {
+            format!(r#","cost":{{"header":"x-cost","max":{}}}"#, self.cost_max)
+        } else {
+            String::new()
+        };
+        let shadow = if self.shadow { r#","shadow":true"# } else { "" };
+        format!(
+            r#"{{"bridge":{{"cluster":"weir_bridge","timeout":"{}us"}}{top},"rules":[{{"name":"r","scope":"global",
+            "key":[{{"header":"x-user"}}],"limit":{}{cost}{shadow},
+            "global":{{"failure_mode":"{}","expected_instances":{}{}}}}}]}}"#,
+            self.timeout_us, self.limit.json, self.failure_mode, self.envoys, self.lease
+        )
+    }
+}
+
+/// The bound docs/global.md states for a global rule around a bridge fault ("The bound
+/// under `local`"): `limit` plus two bursts, plus what Redis admitted for the calls in
+/// flight when the fault was seen (`in_flight`), plus what the `envoys`' fallback shares
+/// add up to beyond one limit (a share is at least one unit), plus one backoff's worth
+/// (a second) of the limit's rate: an Envoy stays on its fallback until its backoff ends
+/// while Redis already serves the others. Seed 1114829 of `search_global.rs` (a deep run)
+/// found the bound without that last term too strict.
+pub fn loose(limit: &GlobalLimit, envoys: u64, in_flight: u64) -> GlobalLimit {
+    let shares = limit
+        .local_share(envoys)
+        .map_or(0, |share| share.max_cost().saturating_mul(envoys));
+    let rounding = shares.saturating_sub(limit.max_cost());
+    let policy = limit.policy();
+    let backoff_ns = u128::from(BRIDGE_BACKOFF_US) * 1_000;
+    let after_outage = u64::try_from(
+        (u128::from(policy.quota) * backoff_ns).div_ceil(u128::from(policy.window_ns.max(1))),
+    )
+    .unwrap_or(u64::MAX);
+    with_extra_units(
+        &with_extra_bursts(limit, 2),
+        in_flight + rounding + after_outage,
+    )
+}
+
+/// `limit` admitting `units` more at once: the GCRA burst, the bucket's capacity, the
+/// window's limit grown by them (by less where a parameter has a ceiling: a sliding log
+/// keeps at most 100,000 entries).
+pub fn with_extra_units(limit: &GlobalLimit, units: u64) -> GlobalLimit {
+    let spec = limit.kind().spec();
+    let mut values = limit.algorithm().parameters();
+    let at = spec
+        .parameters
+        .iter()
+        .position(|p| p.name == spec.limit_parameter.name)
+        .unwrap();
+    let base = values[at];
+    let mut extra = units;
+    loop {
+        values[at] = base.saturating_add(extra);
+        if let Ok(loose) = GlobalLimit::build(spec.kind, &values) {
+            return loose;
+        }
+        if extra == 0 {
+            return limit.clone();
+        }
+        extra /= 2;
+    }
 }
