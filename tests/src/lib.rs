@@ -46,6 +46,7 @@ pub mod prometheus;
 pub mod promql;
 pub mod redis;
 pub mod registry;
+pub mod slow_proxy;
 pub mod wasm;
 
 pub use bridge::{
@@ -66,3 +67,4 @@ pub use prereq::{
 };
 pub use process::{pid_exists, wait_for, wait_until, Child, Process, TestDir};
 pub use redis::{key_slot, redis_cli_at, RedisCluster};
+pub use slow_proxy::SlowProxy;
