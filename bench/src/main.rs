@@ -1056,11 +1056,13 @@ fn check_conformance(
     };
     let logged = logs.read_until(|l| of_key(l) >= sent);
     let refs: Vec<&[decisions::Logged]> = logged.iter().map(Vec::as_slice).collect();
-    let admissions = decisions::admissions(&refs, rule)
+    let judge = decisions::Judge::configured(config, rule);
+    let admissions = judge
+        .admissions(&refs)
+        .per_key
         .remove(key)
         .unwrap_or_default();
-    let limit = decisions::configured_limit(config, rule);
-    let violation = weir_core::conformance::check(&limit, &admissions)
+    let violation = weir_core::conformance::check(&judge.limit, &admissions)
         .err()
         .map(|v| format!("{v:?}"));
     (admissions.len() as u64, violation)
