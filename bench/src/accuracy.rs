@@ -98,7 +98,7 @@ pub fn local_config() -> String {
 
 /// The slowed runs: [`SLOWED`] run again, once per delay here (the slowest alone in a
 /// smoke run; in ascending order), by two more global Envoys
-/// that reach the bridge through a delaying proxy ([`crate::slow_proxy`]) adding this many
+/// that reach the bridge through a delaying proxy ([`weir_e2e::slow_proxy`]) adding this many
 /// ms to every round trip. A 16 ms round trip (a saturated machine) once ate most of the
 /// 20 ms hold and a saturated key asked the bridge far too often: these runs show it.
 pub const SLOW_BRIDGE_MS: [u64; 2] = [10, 30];

@@ -292,8 +292,8 @@ fn delay_run(limiter: &str, delay: bool, secs: f64) -> DelayRun {
     };
     let lines = logs.read(seen.len());
     let refs: Vec<&[weir_e2e::decisions::Logged]> = lines.iter().map(Vec::as_slice).collect();
-    let limit = weir_e2e::decisions::configured_limit(&config, "api");
-    let conformance = match weir_e2e::decisions::check(&refs, "api", &limit) {
+    let judge = weir_e2e::decisions::Judge::configured(&config, "api");
+    let conformance = match judge.check(&refs) {
         Ok(c) => format!("ok ({} admissions checked)", c.requests),
         Err(v) => format!("VIOLATED: {v}"),
     };

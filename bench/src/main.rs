@@ -15,7 +15,7 @@
 //! 2. **Accuracy** ([`accuracy`]): a global limit of 1,000/s on two Envoys (exact and
 //!    leased) and a local one on a 4-worker Envoy, offered 5× that by a paced generator;
 //!    then the leased runs again on two Envoys that reach the bridge through a delaying
-//!    proxy ([`slow_proxy`]), as the `*-slow*` cost scenarios do.
+//!    proxy ([`weir_e2e::slow_proxy`]), as the `*-slow*` cost scenarios do.
 //! 3. **Report** ([`report`]): `OUT/bench/results.json`, `OUT/benchmarks.md`, and
 //!    `OUT/benchmarks-accuracy.png` drawn by `bench/plot.py` (matplotlib in `.tools/venv`).
 //!
@@ -31,7 +31,6 @@ mod page;
 mod report;
 mod scenario;
 mod simulate;
-mod slow_proxy;
 mod sys;
 mod wrk;
 
@@ -49,8 +48,8 @@ use accuracy::{Mode, PacedRun};
 use cost::{Fleet, Samples};
 use report::{AccuracyResults, Results, Settings};
 use scenario::{Scenario, Wasm};
-use slow_proxy::SlowProxy;
 use sys::{ENVOY_CORE, LOAD_CORE};
+use weir_e2e::slow_proxy::SlowProxy;
 
 const PNG: &str = "benchmarks-accuracy.png";
 
@@ -1057,11 +1056,13 @@ fn check_conformance(
     };
     let logged = logs.read_until(|l| of_key(l) >= sent);
     let refs: Vec<&[decisions::Logged]> = logged.iter().map(Vec::as_slice).collect();
-    let admissions = decisions::admissions(&refs, rule)
+    let judge = decisions::Judge::configured(config, rule);
+    let admissions = judge
+        .admissions(&refs)
+        .per_key
         .remove(key)
         .unwrap_or_default();
-    let limit = decisions::configured_limit(config, rule);
-    let violation = weir_core::conformance::check(&limit, &admissions)
+    let violation = weir_core::conformance::check(&judge.limit, &admissions)
         .err()
         .map(|v| format!("{v:?}"));
     (admissions.len() as u64, violation)

@@ -584,7 +584,7 @@ fn slow_bridge_intro(a: &AccuracyResults) -> String {
     format!(
         "**A slow bridge** (the rows marked *bridge +N ms*): the leased 5× and 20× runs again, \
          with {} added to every bridge round trip. Two fresh global Envoys (2 workers each) per \
-         delay, whose bridge cluster points at a delaying TCP proxy (`bench/src/slow_proxy.rs`: \
+         delay, whose bridge cluster points at a delaying TCP proxy (`tests/src/slow_proxy.rs`: \
          half the delay on each leg, every chunk written at its own deadline, so calls in \
          flight together are not serialised) in front of the same weir-bridge and Redis \
          Cluster; same rules, same schedule, `bridge.timeout` 250 ms. The proxy runs in the \
@@ -779,7 +779,7 @@ fn running_section() -> String {
      `weir-unkeyed` (one rule without a key). The slowed scenarios \
      (`weir-global-saturated-slow10`, `-slow30`) and the leased accuracy runs marked *bridge \
      +10 ms* and *+30 ms* reach weir-bridge through a delaying TCP proxy \
-     (`bench/src/slow_proxy.rs`), to show what a slow bridge does to the global figures \
+     (`tests/src/slow_proxy.rs`), to show what a slow bridge does to the global figures \
      (issue 21). `just bench-sim` simulates a fleet against the real \
      bridge and Redis (docs/capacity.md). `just bench` then runs `weir-bench features`: token \
      budgets (costs known after the response) and delay instead of reject, on real Envoys, \

@@ -156,7 +156,7 @@ impl Scenario {
                 "the same as bridge-call-floor, with the bridge cluster speaking HTTP/2 (prior knowledge), as weir-global-exact-h2"
             }
             Scenario::WeirGlobalSaturatedSlow10 => {
-                "weir-global-saturated with a slow bridge: Envoy's bridge cluster points at a delaying TCP proxy (bench/src/slow_proxy.rs, in weir-bench's process on the load core) that adds 10 ms to every round trip, 5 ms each way; `bridge.timeout` is 250ms here as in every global scenario (the default, 50 ms, would leave a slow bridge little room)"
+                "weir-global-saturated with a slow bridge: Envoy's bridge cluster points at a delaying TCP proxy (tests/src/slow_proxy.rs, in weir-bench's process on the load core) that adds 10 ms to every round trip, 5 ms each way; `bridge.timeout` is 250ms here as in every global scenario (the default, 50 ms, would leave a slow bridge little room)"
             }
             Scenario::WeirGlobalSaturatedSlow30 => {
                 "the same with 30 ms added to every bridge round trip (15 ms each way), longer than the rule's 20 ms lease hold"
@@ -191,7 +191,7 @@ impl Scenario {
     }
 
     /// A scenario that is another one with a slower bridge: that scenario, and the time a
-    /// delaying proxy ([`crate::slow_proxy`]) between Envoy and weir-bridge adds to every
+    /// delaying proxy ([`weir_e2e::slow_proxy`]) between Envoy and weir-bridge adds to every
     /// round trip. Its config and traffic are the other scenario's.
     pub fn slowed(self) -> Option<(Scenario, Duration)> {
         match self {

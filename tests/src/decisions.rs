@@ -2,10 +2,24 @@
 //!
 //! With `"response": {"filter_state": "all"}` the filter writes every rule it decided into
 //! the filter state `wasm.weir.decisions` (`rule:outcome:source:cost:decided_at_us`,
-//! comma-separated). [`access_log_format`] logs it with the status and the request's key
-//! header; [`read`] parses the file; [`check`] gathers the admissions of one rule from
+//! comma-separated). [`access_log_format`] logs it with the status, what Envoy says of
+//! the response (`%RESPONSE_CODE_DETAILS%`), the upstream host and the request's key
+//! header; [`read`] parses the file; a [`Judge`] gathers the admissions of one rule from
 //! every Envoy, per key, and runs `weir_core::conformance::check` on them. [`Logs`] does
 //! all three for a set of Envoys, and [`with_decisions`] turns the filter state on.
+//!
+//! **What counts as an admission is what happened, not what the engine says.** A request
+//! is an admission of every enforcing rule that decided it when Envoy's router had it
+//! ([`Logged::forwarded`]: it was sent to an upstream host, or the route answered it
+//! itself with its `direct_response`) — whatever outcome the rule labelled it with:
+//! `allowed`, but also `bridge_failed` (a failure mode that let it through) or anything
+//! else. Envoy's router gets a request only once every filter has let it go, so this is
+//! the one fact the filter cannot label its way out of. Only a **shadow** rule is judged
+//! by its `allowed` label: it never denies, so what reached the upstream says nothing of
+//! it; its bound is on what it would have admitted. A test that injects a failure itself
+//! (kills or stops the bridge, kills a Redis master) may leave out the admissions inside
+//! a window of time it recorded around what it did ([`Excuse`]), never by the engine's
+//! label.
 //!
 //! The instants come from one clock: each Envoy's `decided_at_us` is its own wall clock
 //! (the filter reads Envoy's time source), a bridge decision's is Redis's `TIME`, and in
@@ -15,7 +29,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use weir_core::algorithms::GlobalLimit;
 use weir_core::conformance::{self, Admission};
@@ -23,10 +37,14 @@ use weir_core::engine::Engine;
 
 use crate::Bootstrap;
 
-/// The access-log line the parser reads: status, decisions, then the value of
-/// `key_header` (the rest of the line; `-` when absent).
+/// The access-log line the parser reads: status, Envoy's response code details, the
+/// upstream host, decisions, then the value of `key_header` (the rest of the line; `-`
+/// when absent).
 pub fn access_log_format(key_header: &str) -> String {
-    format!("%RESPONSE_CODE% %FILTER_STATE(wasm.weir.decisions:PLAIN)% %REQ({key_header})%")
+    format!(
+        "%RESPONSE_CODE% %RESPONSE_CODE_DETAILS% %UPSTREAM_HOST% \
+         %FILTER_STATE(wasm.weir.decisions:PLAIN)% %REQ({key_header})%"
+    )
 }
 
 /// One rule's decision for one request.
@@ -45,6 +63,12 @@ pub struct RuleDecision {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Logged {
     pub status: u16,
+    /// Envoy's `%RESPONSE_CODE_DETAILS%`: `via_upstream` for an upstream's answer,
+    /// `direct_response` for the route's own, `response_timeout` for the router's 504,
+    /// `weir_rate_limited` for weir's 429, …
+    pub details: String,
+    /// `%UPSTREAM_HOST%`: the host the router sent the request to, `-` when none.
+    pub upstream_host: String,
     pub key: String,
     pub decisions: Vec<RuleDecision>,
 }
@@ -54,12 +78,33 @@ impl Logged {
     pub fn decision(&self, rule: &str) -> Option<&RuleDecision> {
         self.decisions.iter().find(|d| d.rule == rule)
     }
+
+    /// Whether the request went past weir to its route: Envoy's router sent it to an
+    /// upstream host (whatever came back: an answer, a timeout, a reset) or answered it
+    /// with the route's own `direct_response` (the tests whose Envoy has no upstream), and
+    /// weir did not answer it. The router runs after every other filter and gets a
+    /// request only once each let it go: this is what happened to the request, not what
+    /// a filter says of it. A reply of weir's own (`weir_rate_limited`: its 429, and the
+    /// 503 of failure mode `deny`) is the exception: a rule that estimates from the body
+    /// lets the headers go on before it decides, so the router may have sent them, but no
+    /// byte of the body may follow — which only the upstream can tell
+    /// ([`crate::Witness`]).
+    pub fn forwarded(&self) -> bool {
+        self.details != WEIR_REPLY
+            && (self.upstream_host != "-"
+                || matches!(self.details.as_str(), "via_upstream" | "direct_response"))
+    }
 }
+
+/// Envoy's `%RESPONSE_CODE_DETAILS%` for a reply weir sent itself.
+pub const WEIR_REPLY: &str = "weir_rate_limited";
 
 /// Parses one line of [`access_log_format`]; `None` for a line that is not one.
 pub fn parse_line(line: &str) -> Option<Logged> {
-    let mut parts = line.splitn(3, ' ');
+    let mut parts = line.splitn(5, ' ');
     let status = parts.next()?.parse().ok()?;
+    let details = parts.next()?.to_string();
+    let upstream_host = parts.next()?.to_string();
     let decisions = parts.next()?;
     let key = parts.next().unwrap_or("-").to_string();
     let decisions = if decisions == "-" || decisions.is_empty() {
@@ -85,6 +130,8 @@ pub fn parse_line(line: &str) -> Option<Logged> {
     };
     Some(Logged {
         status,
+        details,
+        upstream_host,
         key,
         decisions,
     })
@@ -154,67 +201,203 @@ impl Logs {
         self.read_until(|logs| logs.iter().map(Vec::len).sum::<usize>() >= lines)
     }
 
-    /// Judges `rule`'s admissions in every file, key by key, against `limit` (by default
-    /// the one `config_json` configures), once `lines` are logged; panics on a violation,
-    /// or when the rule admitted nothing (a check of nothing proves nothing).
-    pub fn assert_conformant(
-        &self,
-        config_json: &str,
-        rule: &str,
-        lines: usize,
-        limit: Option<GlobalLimit>,
-    ) -> Checked {
-        let limit = limit.unwrap_or_else(|| configured_limit(config_json, rule));
+    /// Judges the admissions in every file with `judge`, once `lines` are logged; panics
+    /// on a violation, or when the rule admitted nothing (a check of nothing proves
+    /// nothing).
+    pub fn assert_conformant(&self, judge: &Judge, lines: usize) -> Checked {
         let logs = self.read(lines);
         let refs: Vec<&[Logged]> = logs.iter().map(Vec::as_slice).collect();
-        let checked = check(&refs, rule, &limit).unwrap_or_else(|v| panic!("{v}"));
+        let checked = judge.check(&refs).unwrap_or_else(|v| panic!("{v}"));
         assert!(
             checked.admitted > 0,
-            "no admission of {rule} in the access logs"
+            "no admission of {} in the access logs",
+            judge.rule
         );
         checked
     }
 }
 
-/// The limit a rule's admissions must keep: the one configured in `config_json` (for a
-/// global rule, not the one it runs with in Redis).
-pub fn configured_limit(config_json: &str, rule: &str) -> GlobalLimit {
-    let config = weir_core::config::parse(config_json.as_bytes())
-        .unwrap_or_else(|e| panic!("config does not parse: {e}"));
-    let engine = Engine::new(config);
-    let id = engine
-        .config
-        .rules
-        .iter()
-        .find(|r| r.name == rule)
-        .unwrap_or_else(|| panic!("no rule named {rule}"))
-        .id;
-    weir_core::simulation::configured_limit(&engine, id)
-        .unwrap_or_else(|| panic!("no limit for rule {rule}"))
+/// Microseconds since the Unix epoch, now: the clock every process of a test reads.
+pub fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
 }
 
-/// What one rule admitted, per key, from every log given, in time order.
-pub fn admissions(logs: &[&[Logged]], rule: &str) -> BTreeMap<String, Vec<Admission>> {
-    let mut per_key: BTreeMap<String, Vec<Admission>> = BTreeMap::new();
-    for log in logs {
-        for line in log.iter() {
-            if let Some(d) = line.decision(rule) {
-                if d.outcome == "allowed" {
-                    per_key
-                        .entry(line.key.clone())
-                        .or_default()
-                        .push(Admission {
-                            at_us: d.at_us,
-                            cost: d.cost,
-                        });
-                }
-            }
+/// A span of time `[from_us, to_us)` that a test recorded around a failure it injected
+/// itself (the bridge killed or stopped, a Redis master killed), inside which a rule's
+/// admissions are left out of its check: there the rule's failure mode decides, which
+/// the docs bound otherwise (docs/global.md, "Failure modes"), if at all (`allow`).
+/// Only the harness makes one, from what it did and when; never from a label the engine
+/// wrote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Excuse {
+    pub what: String,
+    pub from_us: u64,
+    pub to_us: u64,
+}
+
+impl Excuse {
+    /// An excuse for `what`, starting now, open until [`Excuse::ended`].
+    pub fn starting(what: &str) -> Excuse {
+        Excuse {
+            what: what.to_string(),
+            from_us: now_us(),
+            to_us: u64::MAX,
         }
     }
-    for admissions in per_key.values_mut() {
-        admissions.sort_by_key(|a| a.at_us);
+
+    /// The excuse ending `after` from now: how long the docs say the failure's effects
+    /// outlast it (e.g. the second an Envoy leaves its bridge alone after 3 failures).
+    pub fn ended(self, after: Duration) -> Excuse {
+        Excuse {
+            to_us: now_us() + after.as_micros() as u64,
+            ..self
+        }
     }
-    per_key
+
+    pub fn covers(&self, at_us: u64) -> bool {
+        (self.from_us..self.to_us).contains(&at_us)
+    }
+}
+
+/// How one rule's admissions are read from the access logs, and the bound they must
+/// keep. See the module doc for what counts as an admission.
+#[derive(Debug, Clone)]
+pub struct Judge {
+    pub rule: String,
+    pub limit: GlobalLimit,
+    /// A shadow rule: its admissions are the requests it labelled `allowed`.
+    pub shadow: bool,
+    pub excuses: Vec<Excuse>,
+}
+
+impl Judge {
+    /// Rule `rule` of the plugin config `config_json`, against the limit configured
+    /// there (for a global rule, not the one it runs with in Redis).
+    pub fn configured(config_json: &str, rule: &str) -> Judge {
+        let config = weir_core::config::parse(config_json.as_bytes())
+            .unwrap_or_else(|e| panic!("config does not parse: {e}"));
+        let engine = Engine::new(config);
+        let configured = engine
+            .config
+            .rules
+            .iter()
+            .find(|r| r.name == rule)
+            .unwrap_or_else(|| panic!("no rule named {rule}"));
+        let limit = weir_core::simulation::configured_limit(&engine, configured.id)
+            .unwrap_or_else(|| panic!("no limit for rule {rule}"));
+        Judge {
+            rule: rule.to_string(),
+            limit,
+            shadow: configured.shadow,
+            excuses: Vec::new(),
+        }
+    }
+
+    /// The same rule against `limit` instead (a looser bound a test documents).
+    pub fn against(self, limit: GlobalLimit) -> Judge {
+        Judge { limit, ..self }
+    }
+
+    /// Leaves out the admissions inside `excuse`.
+    pub fn excusing(mut self, excuse: Excuse) -> Judge {
+        self.excuses.push(excuse);
+        self
+    }
+
+    /// This rule's decision of `line` if the request was one of its admissions.
+    pub fn admission<'a>(&self, line: &'a Logged) -> Option<&'a RuleDecision> {
+        let d = line.decision(&self.rule)?;
+        let admitted = if self.shadow {
+            d.outcome == "allowed"
+        } else {
+            line.forwarded()
+        };
+        admitted.then_some(d)
+    }
+
+    /// What the rule admitted, per key, from every log given, in time order, with what
+    /// the excuses left out and the labels the engine gave the admissions; each at the
+    /// cost its decision logged.
+    pub fn admissions(&self, logs: &[&[Logged]]) -> Admitted {
+        self.admissions_costing(logs, |_, d| d.cost)
+    }
+
+    /// [`Judge::admissions`], each admission at `cost(line, decision)`: for a cost known
+    /// after the response (`commit`), what it settled at.
+    pub fn admissions_costing(
+        &self,
+        logs: &[&[Logged]],
+        cost: impl Fn(&Logged, &RuleDecision) -> u64,
+    ) -> Admitted {
+        let mut admitted = Admitted::default();
+        for line in logs.iter().flat_map(|log| log.iter()) {
+            let Some(d) = self.admission(line) else {
+                continue;
+            };
+            if self.excuses.iter().any(|e| e.covers(d.at_us)) {
+                admitted.excused += 1;
+                continue;
+            }
+            *admitted.labelled.entry(d.outcome.clone()).or_default() += 1;
+            admitted
+                .per_key
+                .entry(line.key.clone())
+                .or_default()
+                .push(Admission {
+                    at_us: d.at_us,
+                    cost: cost(line, d),
+                });
+        }
+        for admissions in admitted.per_key.values_mut() {
+            admissions.sort_by_key(|a| a.at_us);
+        }
+        admitted
+    }
+
+    /// Checks the rule's admissions in every log, key by key; the error names the key
+    /// and the violation.
+    pub fn check(&self, logs: &[&[Logged]]) -> Result<Checked, String> {
+        self.check_costing(logs, |_, d| d.cost)
+    }
+
+    /// [`Judge::check`] with each admission at `cost(line, decision)` (see
+    /// [`Judge::admissions_costing`]).
+    pub fn check_costing(
+        &self,
+        logs: &[&[Logged]],
+        cost: impl Fn(&Logged, &RuleDecision) -> u64,
+    ) -> Result<Checked, String> {
+        let admitted = self.admissions_costing(logs, cost);
+        let mut checked = Checked {
+            excused: admitted.excused,
+            labelled: admitted.labelled,
+            ..Checked::default()
+        };
+        for (key, admissions) in admitted.per_key {
+            conformance::check(&self.limit, &admissions).map_err(|v| {
+                format!(
+                    "rule {}, key {key:?}: {v:?} (admissions by label: {:?})",
+                    self.rule, checked.labelled
+                )
+            })?;
+            checked.keys += 1;
+            checked.requests += admissions.len();
+            checked.admitted += admissions.iter().map(|a| a.cost).sum::<u64>();
+        }
+        Ok(checked)
+    }
+}
+
+/// One rule's admissions as a [`Judge`] reads them.
+#[derive(Debug, Clone, Default)]
+pub struct Admitted {
+    pub per_key: BTreeMap<String, Vec<Admission>>,
+    /// Admissions left out by an excuse.
+    pub excused: usize,
+    /// Admissions judged, by the outcome the engine labelled them with.
+    pub labelled: BTreeMap<String, usize>,
 }
 
 /// What the check saw.
@@ -224,20 +407,11 @@ pub struct Checked {
     /// Units admitted, over every key.
     pub admitted: u64,
     pub requests: usize,
-}
-
-/// Checks the admissions of `rule` in every log, key by key, against `limit`; the error
-/// names the key and the violation.
-pub fn check(logs: &[&[Logged]], rule: &str, limit: &GlobalLimit) -> Result<Checked, String> {
-    let mut checked = Checked::default();
-    for (key, admissions) in admissions(logs, rule) {
-        conformance::check(limit, &admissions)
-            .map_err(|v| format!("rule {rule}, key {key:?}: {v:?}"))?;
-        checked.keys += 1;
-        checked.requests += admissions.len();
-        checked.admitted += admissions.iter().map(|a| a.cost).sum::<u64>();
-    }
-    Ok(checked)
+    /// Admissions left out by an excuse.
+    pub excused: usize,
+    /// Admissions judged, by the outcome the engine labelled them with (`allowed`, and
+    /// `bridge_failed` for a failure mode that let a request through).
+    pub labelled: BTreeMap<String, usize>,
 }
 
 #[cfg(test)]
@@ -247,10 +421,11 @@ mod tests {
     #[test]
     fn lines_parse_with_and_without_decisions() {
         let l = parse_line(
-            "200 api:allowed:lease:3:1795478039912711,b:shadow_limited:bridge:1:7 acme corp",
+            "200 via_upstream 127.0.0.1:8080 api:allowed:lease:3:1795478039912711,b:shadow_limited:bridge:1:7 acme corp",
         )
         .unwrap();
         assert_eq!(l.status, 200);
+        assert!(l.forwarded());
         assert_eq!(l.key, "acme corp");
         assert_eq!(l.decisions.len(), 2);
         assert_eq!(
@@ -263,26 +438,102 @@ mod tests {
                 at_us: 1795478039912711
             }
         );
-        let none = parse_line("429 - -").unwrap();
+        let none = parse_line("429 weir_rate_limited - - -").unwrap();
         assert!(none.decisions.is_empty());
         assert_eq!(none.key, "-");
-        assert!(parse_line("200 api:allowed:lease:1795478039912711 k").is_none());
+        assert!(!none.forwarded());
+        assert!(parse_line("200 direct_response - - -").unwrap().forwarded());
+        assert!(parse_line("504 response_timeout 127.0.0.1:1 - -")
+            .unwrap()
+            .forwarded());
+        // Headers sent on ahead of a body estimate, then weir's 429.
+        assert!(!parse_line("429 weir_rate_limited 127.0.0.1:1 - -")
+            .unwrap()
+            .forwarded());
+        assert!(parse_line("200 via_upstream - api:allowed:lease:1795478039912711 k").is_none());
     }
+
+    /// A minute boundary (1.8e15 µs is a whole number of minutes).
+    const T: u64 = 1_800_000_000_000_000;
+
+    fn line(outcome: &str, details: &str, key: &str, at: u64) -> Logged {
+        parse_line(&format!("200 {details} - api:{outcome}:slot:1:{at} {key}")).unwrap()
+    }
+
+    const FIXED_2: &str = r#"{"rules":[{"name":"api","key":[{"header":"x-user"}],
+        "limit":{"algorithm":"fixed_window","limit":2,"window":"1m"}}]}"#;
 
     #[test]
     fn a_burst_over_the_limit_is_a_violation_naming_the_key() {
-        let config = r#"{"rules":[{"name":"api","key":[{"header":"x-user"}],
-            "limit":{"algorithm":"fixed_window","limit":2,"window":"1m"}}]}"#;
-        let limit = configured_limit(config, "api");
-        let line =
-            |key: &str, at: u64| parse_line(&format!("200 api:allowed:slot:1:{at} {key}")).unwrap();
-        // A minute boundary (1.8e15 µs is a whole number of minutes).
-        let t = 1_800_000_000_000_000u64;
-        assert_eq!(t % 60_000_000, 0);
-        let a = vec![line("a", t + 1), line("a", t + 2), line("b", t + 3)];
-        let b = vec![line("a", t + 4)];
-        assert_eq!(check(&[&a], "api", &limit).unwrap().admitted, 3);
-        let err = check(&[&a, &b], "api", &limit).unwrap_err();
+        let judge = Judge::configured(FIXED_2, "api");
+        assert!(!judge.shadow);
+        assert_eq!(T % 60_000_000, 0);
+        let allowed = |key: &str, at: u64| line("allowed", "direct_response", key, at);
+        let a = vec![
+            allowed("a", T + 1),
+            allowed("a", T + 2),
+            allowed("b", T + 3),
+        ];
+        let b = vec![allowed("a", T + 4)];
+        assert_eq!(judge.check(&[&a]).unwrap().admitted, 3);
+        let err = judge.check(&[&a, &b]).unwrap_err();
         assert!(err.contains("key \"a\""), "{err}");
+    }
+
+    /// The engine's label excuses nothing: a request the upstream answered is an
+    /// admission whatever the rule called it, and one it never had is none.
+    #[test]
+    fn what_reached_the_upstream_counts_whatever_its_label() {
+        let judge = Judge::configured(FIXED_2, "api");
+        let log = vec![
+            line("allowed", "via_upstream", "a", T + 1),
+            line("bridge_failed", "via_upstream", "a", T + 2),
+            // Labelled allowed, answered by someone else (a later filter): not admitted.
+            line("allowed", "weir_rate_limited", "a", T + 3),
+        ];
+        let checked = judge.check(&[&log]).unwrap();
+        assert_eq!(checked.requests, 2);
+        assert_eq!(checked.labelled.get("bridge_failed"), Some(&1));
+        let mut more = log.clone();
+        more.push(line("limited", "via_upstream", "a", T + 4));
+        assert!(
+            judge.check(&[&more]).is_err(),
+            "a 'limited' request that went on"
+        );
+    }
+
+    /// A shadow rule never denies: its admissions are what it labelled `allowed`.
+    #[test]
+    fn a_shadow_rule_is_judged_by_what_it_would_have_admitted() {
+        let config = FIXED_2.replace(r#""name":"api","#, r#""name":"api","shadow":true,"#);
+        let judge = Judge::configured(&config, "api");
+        assert!(judge.shadow);
+        let log = vec![
+            line("allowed", "via_upstream", "a", T + 1),
+            line("shadow_limited", "via_upstream", "a", T + 2),
+            line("allowed", "weir_rate_limited", "a", T + 3),
+        ];
+        assert_eq!(judge.check(&[&log]).unwrap().requests, 2);
+    }
+
+    /// A window the harness recorded leaves out what was admitted inside it, and only that.
+    #[test]
+    fn an_excuse_leaves_out_its_window_only() {
+        let excuse = Excuse {
+            what: "bridge stopped".into(),
+            from_us: T + 10,
+            to_us: T + 20,
+        };
+        let judge = Judge::configured(FIXED_2, "api").excusing(excuse);
+        let log: Vec<Logged> = [T + 1, T + 10, T + 15, T + 19, T + 20]
+            .iter()
+            .map(|&at| line("bridge_failed", "via_upstream", "a", at))
+            .collect();
+        assert!(judge
+            .check(&[&log])
+            .is_ok_and(|c| c.excused == 3 && c.requests == 2));
+        let mut more = log.clone();
+        more.push(line("allowed", "via_upstream", "a", T + 21));
+        assert!(judge.check(&[&more]).is_err());
     }
 }

@@ -241,6 +241,23 @@ pub fn shipped_stats_config() -> String {
     block
 }
 
+/// The plugin configuration (JSON) of the weir filter in the shipped `envoy/envoy.yaml`:
+/// the README's config.
+pub fn shipped_plugin_config() -> String {
+    let path = crate::prereq::repo_root().join("envoy/envoy.yaml");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let bootstrap: serde_yaml::Value = serde_yaml::from_str(&text)
+        .unwrap_or_else(|e| panic!("{} is not YAML: {e}", path.display()));
+    let filters = &bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+        ["typed_config"]["http_filters"];
+    filters
+        .as_sequence()
+        .and_then(|f| f.iter().find(|f| f["name"] == "envoy.filters.http.wasm"))
+        .and_then(|f| f["typed_config"]["config"]["configuration"]["value"].as_str())
+        .unwrap_or_else(|| panic!("no weir filter configuration in {}", path.display()))
+        .to_string()
+}
+
 /// The weir filter as an HTTP filter list item, per docs ENVOY_NOTES: name/root_id/vm_id `weir`,
 /// V8, `FAIL_RELOAD`, the plugin JSON as a `google.protobuf.StringValue`.
 pub fn wasm_filter_yaml(plugin_config_json: &str, wasm_path: &Path) -> String {

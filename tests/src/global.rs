@@ -2,9 +2,7 @@
 //! weir-bridge, and Envoys with 2 workers each running weir with every decision in their
 //! access logs, so that a test can judge the admissions of all of them together.
 
-use weir_core::algorithms::GlobalLimit;
-
-use crate::decisions::{with_decisions, Checked, Logs};
+use crate::decisions::{with_decisions, Checked, Judge, Logs};
 use crate::{bridge_cluster_yaml, wasm_filter_yaml, weir_wasm, Bootstrap, Bridge, Envoy};
 use crate::{RedisCluster, TestDir};
 
@@ -72,17 +70,16 @@ impl GlobalStack {
         self.envoys.iter().map(|e| e.weir_stat(name)).sum()
     }
 
-    /// Judges `rule`'s admissions of every Envoy with the conformance checker, against
-    /// `limit` or the configured one, once `lines` requests are logged (see
-    /// [`Logs::assert_conformant`]).
-    pub fn assert_conformant(
-        &self,
-        rule: &str,
-        lines: usize,
-        limit: Option<GlobalLimit>,
-    ) -> Checked {
+    /// Rule `rule` as the first Envoy's config sets it, to judge its admissions.
+    pub fn judge(&self, rule: &str) -> Judge {
         let config = self.configs.first().map(String::as_str).unwrap_or("{}");
-        self.logs.assert_conformant(config, rule, lines, limit)
+        Judge::configured(config, rule)
+    }
+
+    /// Judges the admissions of every Envoy with `judge` (e.g. [`GlobalStack::judge`]),
+    /// once `lines` requests are logged (see [`Logs::assert_conformant`]).
+    pub fn assert_conformant(&self, judge: &Judge, lines: usize) -> Checked {
+        self.logs.assert_conformant(judge, lines)
     }
 
     pub fn assert_no_panic(&self) {

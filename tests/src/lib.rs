@@ -29,6 +29,7 @@ pub mod bridge;
 pub mod decisions;
 pub mod envoy;
 pub mod global;
+pub mod h2;
 pub mod http;
 pub mod istio;
 pub mod istio_authz;
@@ -44,8 +45,10 @@ pub mod prereq;
 pub mod process;
 pub mod prometheus;
 pub mod promql;
+pub mod py_upstream;
 pub mod redis;
 pub mod registry;
+pub mod slow_proxy;
 pub mod wasm;
 
 pub use bridge::{
@@ -53,16 +56,20 @@ pub use bridge::{
     shipped_bridge_cluster_yaml, Bridge, BridgeProtocol,
 };
 pub use envoy::{
-    parse_stats, shipped_stats_config, wasm_filter_yaml, Bootstrap, Envoy, WEIR_STATS_LAG,
+    parse_stats, shipped_plugin_config, shipped_stats_config, wasm_filter_yaml, Bootstrap, Envoy,
+    WEIR_STATS_LAG,
 };
 pub use http::{get, send, Client, Request, Response};
 pub use knee_upstream::KneeUpstream;
 pub use llm_upstream::LlmUpstream;
 pub use load::{run_clients, LoadReport, Outcome};
+pub use loopback::{Received, Witness};
 pub use ports::{free_port, free_ports};
 pub use prereq::{
-    documented_json, envoy_bin, redis_cli_bin, redis_server_bin, repo_relative, repo_root,
-    venv_tool, weir_wasm,
+    documented_json, envoy_bin, python3_bin, redis_cli_bin, redis_server_bin, repo_relative,
+    repo_root, venv_tool, weir_wasm,
 };
 pub use process::{pid_exists, wait_for, wait_until, Child, Process, TestDir};
+pub use py_upstream::PyUpstream;
 pub use redis::{key_slot, redis_cli_at, RedisCluster};
+pub use slow_proxy::SlowProxy;

@@ -7,7 +7,9 @@
 //! - `x-llm-usage: N` — the tokens the response reports (default 0);
 //! - `x-llm-format`: `openai` (default: `usage.total_tokens`), `anthropic`
 //!   (`input_tokens` + `output_tokens`, in a stream split between `message_start` and
-//!   `message_delta`), `responses` (OpenAI's Responses API: in a stream, the usage under
+//!   `message_delta`; `x-llm-input: N` sets `input_tokens`, `x-llm-cache-creation: N`
+//!   adds `cache_creation_input_tokens`, both within the usage: the output is what is
+//!   left), `responses` (OpenAI's Responses API: in a stream, the usage under
 //!   `response.usage` of the `response.completed` event), or `header` (an
 //!   `x-tokens-used: N` response header, body `ok`);
 //! - `x-llm-stream: 1` — `text/event-stream`, chunked, events spread over the duration;
@@ -33,7 +35,9 @@
 //! Every 200 answer echoes the request's `accept-encoding` in `x-llm-accept-encoding`.
 //!
 //! Plain blocking std code, a thread per connection, keep-alive. It counts the requests
-//! it answered and those whose client went away before the end (a write failed).
+//! it answered and those whose client went away before the end (a write failed), and
+//! records what it received of every request ([`LlmUpstream::witness`]: headers, body
+//! bytes, whether the body came whole).
 
 use std::io::{self, BufReader, Write};
 use std::net::TcpStream;
@@ -42,7 +46,7 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Duration;
 
-use crate::loopback::{read_request_with_body, Loopback};
+use crate::loopback::{read_witnessed, Loopback, Witness};
 use crate::{bridge_cluster_yaml, Bootstrap};
 
 /// The response header carrying the usage in the `header` format.
@@ -55,6 +59,7 @@ struct Counters {
     /// The max-token bound of each request asking for `x-llm-output` (`None`: the body
     /// set none), in the order they came.
     bounds: Mutex<Vec<Option<u64>>>,
+    witness: Witness,
 }
 
 /// The running upstream; stops accepting when dropped.
@@ -94,6 +99,11 @@ impl LlmUpstream {
             .lock()
             .map(|b| b.clone())
             .unwrap_or_default()
+    }
+
+    /// What it received of every request, in the order their headers came.
+    pub fn witness(&self) -> &Witness {
+        &self.counters.witness
     }
 
     /// The Envoy cluster `llm` pointing here.
@@ -136,6 +146,10 @@ struct Ask {
     pad: usize,
     /// `x-llm-output`: the tokens the model would write, within the body's bound.
     output: Option<u64>,
+    /// Anthropic's `input_tokens` (default: a third of the usage).
+    input: Option<u64>,
+    /// Anthropic's `cache_creation_input_tokens` (0: the field is not sent).
+    cache_creation: u64,
     /// Response headers: `content-encoding` and the `accept-encoding` echo.
     extra_headers: String,
 }
@@ -145,7 +159,7 @@ fn serve(conn: TcpStream, counters: &Counters) {
         return;
     };
     let mut reader = BufReader::new(conn);
-    while let Some(ask) = read_request_with_body(&mut reader)
+    while let Some(ask) = read_witnessed(&mut reader, &counters.witness)
         .and_then(|(headers, body)| Ask::from_request(&headers, &body, counters))
     {
         match answer(&mut writer, &ask) {
@@ -203,6 +217,8 @@ impl Ask {
                 "x-llm-split-data" => ask.split_data = value == "1",
                 "x-llm-pad" => ask.pad = value.parse().ok()?,
                 "x-llm-output" => ask.output = Some(value.parse().ok()?),
+                "x-llm-input" => ask.input = Some(value.parse().ok()?),
+                "x-llm-cache-creation" => ask.cache_creation = value.parse().ok()?,
                 "x-llm-content-encoding" => {
                     ask.extra_headers += &format!("content-encoding: {value}\r\n");
                 }
@@ -212,6 +228,24 @@ impl Ask {
         }
         ask.extra_headers += &format!("x-llm-accept-encoding: {accept_encoding}\r\n");
         Some(ask)
+    }
+}
+
+impl Ask {
+    /// Anthropic's `input_tokens` and `output_tokens`: the usage less the cache tokens,
+    /// split as asked.
+    fn anthropic_split(&self) -> (u64, u64) {
+        let uncached = self.usage.saturating_sub(self.cache_creation);
+        let input = self.input.unwrap_or(uncached / 3).min(uncached);
+        (input, uncached - input)
+    }
+
+    /// `"cache_creation_input_tokens":N,` when asked for, else nothing.
+    fn cache_field(&self) -> String {
+        if self.cache_creation == 0 {
+            return String::new();
+        }
+        format!(r#""cache_creation_input_tokens":{},"#, self.cache_creation)
     }
 }
 
@@ -261,13 +295,13 @@ fn answer(w: &mut TcpStream, ask: &Ask) -> io::Result<()> {
                 "ok".to_string(),
             ),
             "anthropic" => {
-                let input = ask.usage / 3;
+                let (input, output) = ask.anthropic_split();
                 (
                     "application/json",
                     String::new(),
                     format!(
-                        r#"{{"type":"message","content":[{{"type":"text","text":"hi"}}],"usage":{{"input_tokens":{input},"output_tokens":{}}}}}"#,
-                        ask.usage - input
+                        r#"{{"type":"message","content":[{{"type":"text","text":"hi"}}],"usage":{{"input_tokens":{input},{}"output_tokens":{output}}}}}"#,
+                        ask.cache_field()
                     ),
                 )
             }
@@ -362,16 +396,16 @@ fn stream_events(ask: &Ask) -> Vec<String> {
         return events;
     }
     if ask.format == "anthropic" {
-        let input = ask.usage / 3;
+        let (input, output) = ask.anthropic_split();
         let mut events = vec![format!(
-            "event: message_start\ndata: {{\"type\":\"message_start\",\"message\":{{\"usage\":{{\"input_tokens\":{input},\"output_tokens\":1}}}}}}\n\n"
+            "event: message_start\ndata: {{\"type\":\"message_start\",\"message\":{{\"usage\":{{\"input_tokens\":{input},{}\"output_tokens\":1}}}}}}\n\n",
+            ask.cache_field()
         )];
         events.extend(words.iter().map(|w| {
             format!("event: content_block_delta\ndata: {{\"type\":\"content_block_delta\",\"delta\":{{\"type\":\"text_delta\",\"text\":\"{w}\"}}}}\n\n")
         }));
         events.push(format!(
-            "event: message_delta\ndata: {{\"type\":\"message_delta\",\"usage\":{{\"output_tokens\":{}}}}}\n\n",
-            ask.usage - input
+            "event: message_delta\ndata: {{\"type\":\"message_delta\",\"usage\":{{\"output_tokens\":{output}}}}}\n\n"
         ));
         events.push("event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n".to_string());
         return events;

@@ -114,6 +114,17 @@ pub fn venv_tool(var: &str, name: &str) -> PathBuf {
     p
 }
 
+/// `python3`: `$PYTHON3_BIN`, else on `PATH` (the stand-in upstream that reads bodies as
+/// Python services do, [`crate::py_upstream`]).
+pub fn python3_bin() -> PathBuf {
+    if let Some(p) = env::var_os("PYTHON3_BIN") {
+        return PathBuf::from(p);
+    }
+    find_on_path("python3").unwrap_or_else(|| {
+        panic!("python3 not found on PATH: apt-get install -y python3, or set PYTHON3_BIN")
+    })
+}
+
 /// `redis-server`: `$REDIS_SERVER_BIN`, else on `PATH`.
 pub fn redis_server_bin() -> PathBuf {
     tool("REDIS_SERVER_BIN", "redis-server")

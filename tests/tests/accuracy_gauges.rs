@@ -36,8 +36,8 @@ fn config() -> String {
 /// (which also judges them against the rule's configured limit, key by key).
 fn admitted(s: &GlobalStack, logs: &[Vec<Logged>], rule: &str) -> u64 {
     let refs: Vec<&[Logged]> = logs.iter().map(Vec::as_slice).collect();
-    let limit = decisions::configured_limit(&s.configs[0], rule);
-    decisions::check(&refs, rule, &limit)
+    decisions::Judge::configured(&s.configs[0], rule)
+        .check(&refs)
         .unwrap_or_else(|v| panic!("{v}"))
         .admitted
 }

@@ -7,7 +7,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::thread;
 use std::time::{Duration, Instant};
-use weir_e2e::decisions::{with_decisions, Logs};
+use weir_e2e::decisions::{with_decisions, Judge, Logs};
 use weir_e2e::{wasm_filter_yaml, weir_wasm, Bootstrap, Client, Envoy, Request};
 
 const DELAY_HEADER: &str = "x-weir-delay-ms";
@@ -98,7 +98,7 @@ fn five_times_the_rate_is_paced_at_the_rate_and_waits_at_most_max() {
         envoy.weir_stat("rule.api.delay_queue_full"),
     );
     assert_eq!(admitted + limited, seen.len(), "only 200 and 429");
-    let checked = logs.assert_conformant(&config, "api", seen.len(), None);
+    let checked = logs.assert_conformant(&Judge::configured(&config, "api"), seen.len());
     assert_eq!(
         checked.admitted, admitted as u64,
         "the access log saw every 200"

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::thread;
 use std::time::{Duration, Instant};
-use weir_e2e::decisions::{with_decisions, Logs};
+use weir_e2e::decisions::{with_decisions, Judge, Logs};
 use weir_e2e::jwt::{hs256, hs256_jwks};
 use weir_e2e::{
     get, run_clients, send, wasm_filter_yaml, weir_wasm, Bootstrap, Client, Envoy, Request,
@@ -81,7 +81,7 @@ fn exact_across_workers(limit: &str, expected: usize) {
     // every unit of the burst is accounted for — admitted, or still in the reservoir of
     // a worker whose clients stopped before spending it (counted in shared data, never
     // admitted: the documented cost of reservoirs, at most a few units here).
-    let checked = logs.assert_conformant(&config, "per-user", total, None);
+    let checked = logs.assert_conformant(&Judge::configured(&config, "per-user"), total);
     assert_eq!(
         checked.admitted, admitted as u64,
         "admissions in the access log"
@@ -173,7 +173,7 @@ fn reservoirs_then_idle_then_a_burst_on_every_worker_keep_the_bound() {
         Request::get("/").header("x-user", "alice")
     });
     burst.assert_no_errors();
-    let checked = logs.assert_conformant(&config, "per-user", 2_400, None);
+    let checked = logs.assert_conformant(&Judge::configured(&config, "per-user"), 2_400);
     let hits = envoy.weir_stat("rule.per-user.reservoir_hits");
     eprintln!(
         "burst: {} of 2000 admitted; {hits} requests served from reservoirs, {} units taken, \
@@ -211,7 +211,7 @@ fn a_key_flood_at_max_keys_keeps_the_bound_of_a_key_at_its_limit() {
         Request::get("/").header("x-user", user)
     });
     report.assert_no_errors();
-    let checked = logs.assert_conformant(&config, "per-user", 3_000, None);
+    let checked = logs.assert_conformant(&Judge::configured(&config, "per-user"), 3_000);
     let evictions = envoy.weir_stat("store.slot_evictions");
     eprintln!(
         "{} keys, {} admitted; {evictions} slot evictions, {} reservoir evictions",

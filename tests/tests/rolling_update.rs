@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
-use weir_e2e::decisions::{with_decisions, Logs};
+use weir_e2e::decisions::{with_decisions, Judge, Logs};
 use weir_e2e::{
     shipped_bridge_cluster_yaml, wasm_filter_yaml, weir_wasm, Bootstrap, Bridge, Client, Envoy,
     RedisCluster, Request, TestDir,
@@ -224,7 +224,8 @@ fn roll(flags: &[&str], check: impl FnOnce(&Rolled)) {
     // with room for a loaded machine.
     let longest_ms = seen.longest_gap_us.load(Ordering::Relaxed) / 1_000;
     assert!(longest_ms < 1_000, "{longest_ms} ms without a decision");
-    let checked = logs.assert_conformant(&config, "quota", seen.total() as usize, None);
+    let checked =
+        logs.assert_conformant(&Judge::configured(&config, "quota"), seen.total() as usize);
     eprintln!("conformant: {checked:?}");
     envoy.assert_no_panic();
     check(&rolled);

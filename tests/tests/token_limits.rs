@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 use weir_core::conformance::{self, Admission};
-use weir_e2e::decisions::{configured_limit, with_decisions, Logs};
+use weir_e2e::decisions::{with_decisions, Judge, Logs};
 use weir_e2e::llm_upstream::USAGE_HEADER;
 use weir_e2e::{
     wait_until, wasm_filter_yaml, weir_wasm, Bridge, Client, Envoy, LlmUpstream, RedisCluster,
@@ -106,26 +106,33 @@ fn usage_logs(dir: &TestDir, n: usize) -> Logs {
 }
 
 /// Judges rule `tokens`' admissions in `logs` with the core's conformance checker at
-/// their actual cost: the usage of each request answered 200, at the instant its
-/// estimate was admitted (an answer other than 200 settled at `on_error`, 0). Returns the
-/// tokens judged.
+/// their actual cost, at the instant each estimate was admitted: every request Envoy's
+/// router had (an admission, whatever the rule labelled it), costing the usage it asked
+/// the stand-in for when answered 200, nothing when the upstream itself answered an
+/// error (settled at `on_error`, 0), and its estimate when Envoy answered for the
+/// upstream (a local reply keeps it). Returns the tokens judged.
 fn assert_conformant_at_actual_cost(config: &str, logs: &Logs, requests: usize) -> u64 {
+    let judge = Judge::configured(config, "tokens");
+    // One tenant: every admission is of the same key (the lines are keyed by usage).
     let mut admissions: Vec<Admission> = logs
         .read(requests)
         .iter()
         .flatten()
-        .filter(|line| line.status == 200)
         .filter_map(|line| {
-            let d = line.decision("tokens")?;
-            (d.outcome == "allowed").then(|| Admission {
+            let d = judge.admission(line)?;
+            let cost = match (line.status, line.details.as_str()) {
+                (200, _) => line.key.parse().expect("the usage header"),
+                (_, "via_upstream") => 0,
+                _ => d.cost,
+            };
+            Some(Admission {
                 at_us: d.at_us,
-                cost: line.key.parse().expect("the usage header"),
+                cost,
             })
         })
         .collect();
     admissions.sort_by_key(|a| a.at_us);
-    let limit = configured_limit(config, "tokens");
-    conformance::check(&limit, &admissions).unwrap_or_else(|v| panic!("{v:?}"));
+    conformance::check(&judge.limit, &admissions).unwrap_or_else(|v| panic!("{v:?}"));
     admissions.iter().map(|a| a.cost).sum()
 }
 
