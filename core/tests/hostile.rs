@@ -311,3 +311,47 @@ fn a_global_clamp_rewrites_a_body_envoy_still_buffers() {
     assert_eq!(sent[0], body, "605 of 1,000: unchanged");
     assert_eq!(sent[1], br#"{"max_tokens":390}"#, "395 left: clamped");
 }
+
+/// Envoy may turn a call away after taking it: a stream over `max_pending_requests`
+/// while the bridge's connection opens gets Envoy's own 503 with `x-envoy-overloaded`;
+/// and a call sent once more (after Envoy's 503 for a connection that failed) may be
+/// refused at once. Both are a full circuit breaker, not a bridge that is down: the e2e
+/// crowd on a cold Envoy let two such requests through under `allow` on an earlier
+/// version of this fix.
+#[test]
+fn a_call_envoy_turns_away_for_its_circuit_breaker_after_taking_it_is_denied() {
+    // Envoy's 503 for an overflow.
+    let mut envoy = envoy(EXACT_ALLOW);
+    let (context, action) = envoy.request(&[(":path", "/"), ("x-user", "acme")]);
+    assert_eq!(action, Action::Pause);
+    let call = envoy.open_calls()[0].token;
+    envoy.advance_us(MS);
+    envoy.answer_with_headers(
+        call,
+        503,
+        &[("x-envoy-overloaded", "true")],
+        b"upstream connect error or disconnect/reset before headers. reset reason: overflow",
+    );
+    assert_eq!(
+        envoy.stream(context).unwrap().local_reply.unwrap().status,
+        429
+    );
+    assert!(!reached_upstream(&envoy, context, action));
+
+    // Envoy's 503 for a connection that failed, then the second send refused.
+    let mut envoy = self::envoy(EXACT_ALLOW);
+    let (context, action) = envoy.request(&[(":path", "/"), ("x-user", "acme")]);
+    let call = envoy.open_calls()[0].token;
+    envoy.host.state().refuse.calls_in_flight = Some(0);
+    envoy.advance_us(MS);
+    envoy.answer(
+        call,
+        503,
+        b"upstream connect error or disconnect/reset before headers",
+    );
+    assert_eq!(
+        envoy.stream(context).unwrap().local_reply.unwrap().status,
+        429
+    );
+    assert!(!reached_upstream(&envoy, context, action));
+}

@@ -235,27 +235,29 @@ impl Plugin {
 
     /// Sends the call answered as `token` once more, if its `reply` says Envoy could not
     /// deliver it and there is time left (see [`crate::engine::Engine::resend_timeout_ms`]):
-    /// it stays in flight with its waiters. Returns whether it was sent.
+    /// it stays in flight with its waiters. Returns whether it was sent, or
+    /// [`ReplyError::Refused`] when Envoy refused the second send at once (its circuit
+    /// breaker): that, not the first answer, is what the call got.
     pub fn resend<H: Host>(
         &self,
         host: &H,
         token: u32,
         reply: &Result<v2::Reply, ReplyError>,
         now: Micros,
-    ) -> bool {
+    ) -> Result<bool, ReplyError> {
         let (Some(bridge), Err(error)) = (&self.engine.config.bridge, reply) else {
-            return false;
+            return Ok(false);
         };
         let (body, timeout_ms, owner) = {
             let flights = self.flights.borrow();
             let Some(call) = flights.get(token) else {
-                return false;
+                return Ok(false);
             };
             let Some(timeout_ms) =
                 self.engine
                     .resend_timeout_ms(error, call.resent, call.sent_at, now)
             else {
-                return false;
+                return Ok(false);
             };
             let body = self.engine.bridge_request(&call.eval.pending);
             (body, timeout_ms, call.owner)
@@ -270,9 +272,12 @@ impl Plugin {
                 host::log(host, owner, LogLevel::Debug, || {
                     format!("{error}; the call is sent once more")
                 });
-                true
+                Ok(true)
             }
-            Err(_) => false,
+            Err(_) => {
+                self.metrics.bridge_refused();
+                Err(ReplyError::Refused)
+            }
         }
     }
 
@@ -294,6 +299,19 @@ impl Plugin {
                     .and_then(|s| s.parse::<u16>().ok())
             })
             .unwrap_or(0);
+        // Envoy's own 503 for a call its circuit breaker turned away once it was taken
+        // (a stream over `max_pending_requests` while the connection opens): a full
+        // breaker, like a call refused at once, not a bridge that is down.
+        let overloaded = status == 503
+            && host
+                .call_response_header("x-envoy-overloaded")
+                .ok()
+                .flatten()
+                .is_some();
+        if overloaded {
+            self.metrics.bridge_refused();
+            return Err(ReplyError::Refused);
+        }
         if body_size > MAX_BODY_BYTES {
             return Err(ReplyError::BadBody(format!("{body_size} bytes")));
         }

@@ -167,6 +167,8 @@ pub struct HostState {
     pub touched: Vec<u32>,
     /// The answer of the call whose callback is running: status (0: none) and body.
     pub answering: Option<(u16, Vec<u8>)>,
+    /// The headers of that answer, beyond `:status`.
+    pub answering_headers: Vec<(String, String)>,
     pub metrics: Vec<Metric>,
     pub refuse: Refusals,
     /// Calls made on a context that does not exist.
@@ -545,7 +547,11 @@ impl Host for ScriptedHost {
         let found = {
             let state = self.call("get_header_map_value");
             let (status, _) = state.answering.as_ref().ok_or(NOT_FOUND)?;
-            (name == ":status" && *status != 0).then(|| status.to_string().into_bytes())
+            if name == ":status" {
+                (*status != 0).then(|| status.to_string().into_bytes())
+            } else {
+                Stream::header(&state.answering_headers, name)
+            }
         };
         self.handed_in(Ok(found))
     }

@@ -437,6 +437,18 @@ impl Envoy {
     /// Envoy delivers the answer of the call `token` (`status` 0: no response) on the
     /// root context of the plugin that made it.
     pub fn answer(&mut self, token: u32, status: u16, body: &[u8]) {
+        self.answer_with_headers(token, status, &[], body);
+    }
+
+    /// [`Envoy::answer`], with response headers beyond `:status` (Envoy's own reply for
+    /// an overflow carries `x-envoy-overloaded`).
+    pub fn answer_with_headers(
+        &mut self,
+        token: u32,
+        status: u16,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) {
         let root = {
             let mut state = self.host.state();
             let index = usize::try_from(token).unwrap_or(0).wrapping_sub(1);
@@ -447,6 +459,10 @@ impl Envoy {
             let root = call.root;
             state.in_flight = state.in_flight.saturating_sub(1);
             state.answering = Some((status, body.to_vec()));
+            state.answering_headers = headers
+                .iter()
+                .map(|(n, v)| (n.to_string(), v.to_string()))
+                .collect();
             state.effective = root;
             root
         };

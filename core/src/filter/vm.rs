@@ -228,9 +228,11 @@ impl Vm {
         };
         let now = host.now().unwrap_or(sent_at);
         // Envoy could not deliver it: another host of the cluster may answer.
-        if plugin.resend(host, token, &reply, now) {
-            return;
-        }
+        let reply = match plugin.resend(host, token, &reply, now) {
+            Ok(true) => return,
+            Ok(false) => reply,
+            Err(refused) => Err(refused),
+        };
         let Some(call) = plugin.flights.borrow_mut().land(token) else {
             return;
         };
