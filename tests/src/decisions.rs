@@ -41,9 +41,15 @@ use crate::Bootstrap;
 /// upstream host, decisions, then the value of `key_header` (the rest of the line; `-`
 /// when absent).
 pub fn access_log_format(key_header: &str) -> String {
+    keyed_format(&format!("%REQ({key_header})%"))
+}
+
+/// [`access_log_format`], keyed by any of Envoy's command operators (a response header:
+/// `%RESP(x-llm-used)%`).
+fn keyed_format(key: &str) -> String {
     format!(
         "%RESPONSE_CODE% %RESPONSE_CODE_DETAILS% %UPSTREAM_HOST% \
-         %FILTER_STATE(wasm.weir.decisions:PLAIN)% %REQ({key_header})%"
+         %FILTER_STATE(wasm.weir.decisions:PLAIN)% {key}"
     )
 }
 
@@ -168,13 +174,22 @@ impl Logs {
     /// `n` log files in `dir` (created if missing), lines keyed by the request header
     /// `key_header`.
     pub fn new(dir: &Path, n: usize, key_header: &str) -> Logs {
+        Logs::keyed(dir, n, &format!("%REQ({key_header})%"))
+    }
+
+    /// `n` log files in `dir`, lines keyed by the response header `header`.
+    pub fn by_response_header(dir: &Path, n: usize, header: &str) -> Logs {
+        Logs::keyed(dir, n, &format!("%RESP({header})%"))
+    }
+
+    fn keyed(dir: &Path, n: usize, key: &str) -> Logs {
         std::fs::create_dir_all(dir)
             .unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
         Logs {
             paths: (0..n)
                 .map(|i| dir.join(format!("access-{i}.log")))
                 .collect(),
-            format: access_log_format(key_header),
+            format: keyed_format(key),
         }
     }
 

@@ -32,7 +32,9 @@
 //!   number, gets 400. The bound each such request carried is recorded
 //!   ([`LlmUpstream::bounds_received`]).
 //!
-//! Every 200 answer echoes the request's `accept-encoding` in `x-llm-accept-encoding`.
+//! Every 200 answer echoes the request's `accept-encoding` in `x-llm-accept-encoding`,
+//! and says the tokens it reports in `x-llm-used` (an access log can key its lines by
+//! what a model really used, bounded by the body it received).
 //!
 //! Plain blocking std code, a thread per connection, keep-alive. It counts the requests
 //! it answered and those whose client went away before the end (a write failed), and
@@ -131,7 +133,7 @@ impl LlmUpstream {
 }
 
 /// What one request asked for.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 struct Ask {
     usage: u64,
     format: String,
@@ -231,6 +233,9 @@ impl Ask {
     }
 }
 
+/// The response header saying what a 200 answer reports as its usage.
+pub const USED_HEADER: &str = "x-llm-used";
+
 impl Ask {
     /// Anthropic's `input_tokens` and `output_tokens`: the usage less the cache tokens,
     /// split as asked.
@@ -284,6 +289,10 @@ fn answer(w: &mut TcpStream, ask: &Ask) -> io::Result<()> {
             body.len()
         );
     }
+    let ask = &Ask {
+        extra_headers: format!("{}{USED_HEADER}: {}\r\n", ask.extra_headers, ask.usage),
+        ..ask.clone()
+    };
     if !ask.stream {
         if ask.pad == 0 {
             thread::sleep(Duration::from_millis(ask.duration_ms));

@@ -11,7 +11,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 use weir_core::conformance::{self, Admission};
 use weir_e2e::decisions::{with_decisions, Judge, Logs};
-use weir_e2e::llm_upstream::USAGE_HEADER;
+use weir_e2e::llm_upstream::{USAGE_HEADER, USED_HEADER};
 use weir_e2e::{
     wait_until, wasm_filter_yaml, weir_wasm, Bridge, Client, Envoy, LlmUpstream, RedisCluster,
     Request, TestDir,
@@ -684,7 +684,8 @@ fn a_clamped_request_reaches_the_upstream_with_what_is_left() {
 }
 
 /// Many clients against one budget, with and without `commit.clamp`: the clamps spend
-/// what the reservations alone leave at the end, and the budget is never overrun.
+/// what the reservations alone leave at the end, and the budget is never overrun — the
+/// conformance checker judges what each request that reached the upstream really used.
 #[test]
 fn clamping_spends_the_budget_that_reservations_leave() {
     let upstream = LlmUpstream::start();
@@ -697,7 +698,12 @@ fn clamping_spends_the_budget_that_reservations_leave() {
             "commit":{{"body":{{}}{}}}}}]}}"#,
             if clamp { r#","clamp":{}"# } else { "" }
         );
-        let envoy = start(&config, &upstream, 2);
+        // Each line keyed by what the model really used, within the body it received.
+        let config = with_decisions(&config);
+        let dir = TestDir::new("clamp-budget");
+        let logs = Logs::by_response_header(dir.path(), 1, USED_HEADER);
+        let filter = wasm_filter_yaml(&config, &weir_wasm());
+        let envoy = Envoy::start(&logs.add_to(0, upstream.bootstrap(filter, None)), 2);
         let used = AtomicU64::new(0);
         let limited = AtomicU64::new(0);
         thread::scope(|s| {
@@ -733,6 +739,8 @@ fn clamping_spends_the_budget_that_reservations_leave() {
             envoy.weir_stat("rule.tokens.commit_clamped")
         );
         assert!(used <= 20_000, "the budget was overrun: {used}");
+        // Every request that reached the upstream, at what it used, keeps the bound.
+        assert_eq!(assert_conformant_at_actual_cost(&config, &logs, 240), used);
         assert!(limited.load(Ordering::Relaxed) > 0, "the budget ran out");
         envoy.assert_no_panic();
         used_by.push(used);
