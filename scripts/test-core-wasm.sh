@@ -29,12 +29,15 @@ have=$(wasm-bindgen-test-runner --version 2>/dev/null | awk '{ print $2 }' || tr
 if [ "$have" != "$version" ]; then
   say "installing wasm-bindgen-cli $version into .tools/cargo (found: ${have:-none})"
   started=$SECONDS
-  # --locked builds the CLI with the dependencies its release was tested with; if the
-  # registry no longer (or not yet) serves one of them, fall back to a fresh resolution.
-  if ! cargo install --locked --quiet --root "$tools" --version "$version" wasm-bindgen-cli; then
-    say "--locked install failed; retrying without --locked"
-    cargo install --quiet --root "$tools" --version "$version" wasm-bindgen-cli
-  fi
+  # --locked: the CLI is built with the dependencies its release was published with (the
+  # Cargo.lock inside the crate), so the test toolchain is the same on every machine. A
+  # wasm-bindgen whose published lockfile names a crate the registry does not serve cannot be
+  # installed so: pick one that can (`cargo update -p wasm-bindgen-test --precise ...`)
+  # rather than resolve the CLI's dependencies afresh.
+  cargo install --locked --quiet --root "$tools" --version "$version" wasm-bindgen-cli || {
+    say "cannot install wasm-bindgen-cli $version with --locked (above: which dependency of its lockfile failed)"
+    exit 1
+  }
   say "installed in $((SECONDS - started)) s"
 fi
 
