@@ -130,5 +130,6 @@ counted:
 test-bench:
     cargo test -p weir-bench -p weir-empty-filter
 
-# The whole suite, as CI runs it.
-test: lint test-core test-wasm test-bridge test-bench validate-yaml test-alerts test-e2e bench-smoke
+# The whole suite, as CI runs it; ends with a table of each recipe's wall and CPU time (scripts/stages.py).
+test:
+    python3 scripts/stages.py {{just_executable()}} lint test-core test-wasm test-bridge test-bench validate-yaml test-alerts test-e2e bench-smoke
