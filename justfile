@@ -83,7 +83,7 @@ test-core:
 
 # The search, deep: 100,000 random configurations of each kind (local, global, hostile), judged by the conformance checker (CI runs 1,500, 500, 100 and 60 of them in test-core). SEED picks where to start; a failure prints its seed.
 fuzz SEED="1" CASES="100000":
-    WEIR_SEARCH_SEED={{SEED}} WEIR_SEARCH_CASES={{CASES}} cargo test --release -p weir-core --test search --test search_global --test search_hostile --test hostile_bodies -- --nocapture
+    WEIR_SEARCH_SEED={{SEED}} WEIR_SEARCH_CASES={{CASES}} cargo test --release -p weir-core --test suite -- --nocapture search:: search_global:: search_hostile:: hostile_bodies::
 
 # The same core tests compiled to wasm32 and run with wasm-bindgen-test under Node.js.
 test-wasm:

@@ -17,9 +17,7 @@
 #[cfg(target_arch = "wasm32")]
 use wasm_bindgen_test::wasm_bindgen_test as test;
 
-#[path = "support/conformance.rs"]
-#[allow(dead_code)]
-mod checked;
+use crate::support::conformance as checked;
 
 use checked::*;
 use weir_core::conformance::check;

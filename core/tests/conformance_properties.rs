@@ -11,9 +11,7 @@
     clippy::indexing_slicing
 )]
 
-#[path = "support/conformance.rs"]
-#[allow(dead_code)]
-mod checked;
+use crate::support::conformance as checked;
 
 use checked::*;
 use weir_core::algorithms::{gcra::Gcra, AlgorithmKind, GlobalLimit, Limit};

@@ -8,7 +8,7 @@
     clippy::indexing_slicing
 )]
 
-mod support;
+use crate::support;
 
 use support::{engine, run, user, FakeRequest, SEED, T0};
 use weir_core::config;

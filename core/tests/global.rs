@@ -10,7 +10,7 @@
     clippy::indexing_slicing
 )]
 
-mod support;
+use crate::support;
 
 use support::{engine, evaluate, user, T0};
 use weir_core::engine::{

@@ -14,7 +14,7 @@
     clippy::indexing_slicing
 )]
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 

@@ -3,6 +3,7 @@
 #![allow(dead_code, clippy::unwrap_used)]
 
 pub mod commits;
+pub mod conformance;
 pub mod fleet;
 pub mod hostile_json;
 pub mod places;
