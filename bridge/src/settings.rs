@@ -460,7 +460,10 @@ mod tests {
     fn redis_modes_and_their_errors() {
         let cluster = parse(&["--redis-nodes", "a:1,b:2"]).unwrap();
         assert_eq!(cluster.redis_mode, RedisMode::Cluster, "the default");
-        assert!(matches!(cluster.redis_client(), Ok(RedisClient::Cluster(_))));
+        assert!(matches!(
+            cluster.redis_client(),
+            Ok(RedisClient::Cluster(_))
+        ));
         let one = parse(&["--redis-mode", "standalone", "--redis-nodes", "a:1"]).unwrap();
         assert!(matches!(one.redis_client(), Ok(RedisClient::Standalone(_))));
         let sentinel = parse(&[
@@ -472,7 +475,10 @@ mod tests {
             "mymaster",
         ])
         .unwrap();
-        assert!(matches!(sentinel.redis_client(), Ok(RedisClient::Sentinel(_))));
+        assert!(matches!(
+            sentinel.redis_client(),
+            Ok(RedisClient::Sentinel(_))
+        ));
 
         let error = |args: &[&str]| parse(args).unwrap().redis_client().err();
         assert_eq!(
@@ -487,7 +493,13 @@ mod tests {
             )
         );
         assert_eq!(
-            error(&["--redis-nodes", "a:1", "--redis-sentinel-master", "mymaster"]).as_deref(),
+            error(&[
+                "--redis-nodes",
+                "a:1",
+                "--redis-sentinel-master",
+                "mymaster"
+            ])
+            .as_deref(),
             Some(
                 "--redis-sentinel-master mymaster: only used with --redis-mode sentinel (the \
                  mode is cluster)"
