@@ -13,7 +13,7 @@ use std::time::Duration;
 use crate::ports::free_port;
 use crate::prereq::redis_server_bin;
 use crate::process::{wait_until, Child, TestDir};
-use crate::redis::{info_field, redis_cli_at};
+use crate::redis::{info_field, redis_cli_at, THROWAWAY_ARGS};
 
 /// Starting a server, syncing a replica, sentinels discovering each other.
 pub const READY_TIMEOUT: Duration = Duration::from_secs(20);
@@ -32,7 +32,8 @@ pub struct RedisServer {
 }
 
 impl RedisServer {
-    /// `redis-server` with no persistence, plus `extra` arguments (`--appendonly yes`…).
+    /// `redis-server` with no persistence, plus `extra` arguments (`--appendonly yes`…:
+    /// later ones win).
     pub fn start(extra: &[&str]) -> RedisServer {
         RedisServer::start_bin(&redis_server_bin(), extra)
     }
@@ -41,23 +42,12 @@ impl RedisServer {
     pub fn start_bin(bin: &Path, extra: &[&str]) -> RedisServer {
         let dir = TestDir::new("redis-server");
         let port = free_port();
-        let mut args: Vec<OsString> = [
-            "--port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--daemonize",
-            "no",
-            "--protected-mode",
-            "no",
-        ]
-        .iter()
-        .map(OsString::from)
-        .collect();
+        let port_arg = port.to_string();
+        let mut args: Vec<OsString> = ["--port", &port_arg]
+            .iter()
+            .chain(&THROWAWAY_ARGS)
+            .map(OsString::from)
+            .collect();
         args.extend(extra.iter().map(OsString::from));
         args.push("--dir".into());
         args.push(dir.path().as_os_str().to_owned());
