@@ -18,7 +18,7 @@ use serde_json::{json, Value as Json};
 use std::time::{Duration, Instant};
 use tower::ServiceExt;
 use weir_bridge::connection::SENTINEL_CHECK;
-use weir_bridge::{app, state_from_client, AppState};
+use weir_bridge::{app, state_from_client, AppState, Settings};
 use weir_core::wire::v1::ACQUIRE_PATH;
 use weir_e2e::redis_single::MASTER_NAME;
 use weir_e2e::{redis_cli_at, RedisSentinel, RedisServer};
@@ -260,4 +260,65 @@ fn count_at(addr: &str) -> String {
 
 fn port_of(addr: &str) -> u16 {
     addr.rsplit(':').next().unwrap().parse().unwrap()
+}
+
+/// A standalone server with a password and an ACL user: the bridge's `--redis-password`
+/// and `--redis-username` reach it; a wrong password is a 500 (`auth`, not transient) and
+/// readiness fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standalone_server_takes_the_password_and_the_acl_user() {
+    let server = RedisServer::start(&["--requirepass", "default-pw"]);
+    let acl = redis_cli_at(
+        server.port,
+        [
+            "--no-auth-warning",
+            "-a",
+            "default-pw",
+            "ACL",
+            "SETUSER",
+            "weir",
+            "on",
+            ">weir-pw",
+            "~weir:*",
+            "+@all",
+        ],
+    );
+    assert_eq!(acl.as_deref(), Ok("OK"));
+    let state_with = |auth: &[&str]| {
+        let mut args = vec![
+            "weir-bridge".to_string(),
+            "--redis-mode".into(),
+            "standalone".into(),
+            "--redis-nodes".into(),
+            server.addr(),
+        ];
+        args.extend(auth.iter().map(|a| a.to_string()));
+        let settings = <Settings as clap::Parser>::try_parse_from(args).unwrap();
+        state_from_client(settings.redis_client().unwrap(), TIMEOUT, TIMEOUT, None)
+    };
+    for auth in [
+        &["--redis-password", "default-pw"][..],
+        &["--redis-username", "weir", "--redis-password", "weir-pw"],
+    ] {
+        let state = state_with(auth);
+        assert_eq!(health(&state).await, StatusCode::OK, "{auth:?}");
+        assert_eq!(take(&state, "carol").await.0, StatusCode::OK, "{auth:?}");
+    }
+    let wrong = state_with(&["--redis-password", "nope"]);
+    assert_eq!(health(&wrong).await, StatusCode::SERVICE_UNAVAILABLE);
+    let window = json!({"algorithm": "fixed_window", "limit": 10, "window_us": 60_000_000});
+    let body = json!({"domain": "single", "items": [
+        {"rule": "per-user", "descriptor": ["=carol"], "limit": window, "cost": 1, "want": 1}
+    ]});
+    let request = Request::post(ACQUIRE_PATH)
+        .body(Body::from(body.to_string()))
+        .unwrap();
+    let (status, text) = call(&wrong, request).await;
+    assert_eq!(
+        (status, text.as_str()),
+        (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            r#"{"error":"redis error (auth)"}"#
+        )
+    );
 }

@@ -71,7 +71,8 @@ impl RedisServer {
         self.child = Some(child);
         let port = self.port;
         let up = wait_until(READY_TIMEOUT, Duration::from_millis(20), || {
-            redis_cli_at(port, ["PING"]).is_ok_and(|s| s == "PONG")
+            // With `requirepass`, an unauthenticated PING is refused: up all the same.
+            redis_cli_at(port, ["PING"]).is_ok_and(|s| s == "PONG" || s.starts_with("NOAUTH"))
         });
         assert!(up, "{name} did not answer PING; log:\n{}", self.log());
     }
