@@ -314,11 +314,22 @@ impl MasterConnection {
                     }
                 }
             };
-            let outcome = lookup
+            let waited = lookup
                 .wait_for(Option::is_some)
                 .await
-                .map_err(|_| lookup_abandoned())?
-                .clone();
+                .map(|outcome| outcome.clone());
+            let outcome = match waited {
+                Ok(outcome) => outcome,
+                Err(_) => {
+                    // The lookup ended without a word (its task was cancelled: the
+                    // runtime is stopping): let the next call start another.
+                    let mut state = lock(&self.0.state);
+                    if matches!(&state.0, State::Looking(l) if l.same_channel(&lookup)) {
+                        state.0 = State::Idle;
+                    }
+                    return Err(lookup_abandoned());
+                }
+            };
             match outcome {
                 Some(Err(err)) => return Err(err),
                 // Ready now (or already lost again: look once more).
