@@ -322,3 +322,27 @@ async fn a_standalone_server_takes_the_password_and_the_acl_user() {
         )
     );
 }
+
+/// A frozen standalone server (SIGSTOP: connections stay open, nothing answers): every
+/// request is a 503 at the timeout, never later; once thawed the bridge serves again on a
+/// new connection. A call the bridge gave up on may still be run by the server when it
+/// thaws (it was in its socket): a 503 that was charged, under-admission, never more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_server_costs_the_timeout_and_no_more() {
+    let mut servers = common::Servers::Standalone(RedisServer::start(&[]));
+    let state = state(&servers);
+    assert_eq!(take(&state, "dan").await, (StatusCode::OK, Some(999)));
+    servers.standalone().signal(libc::SIGSTOP);
+    for _ in 0..3 {
+        // `take` fails the test past TIMEOUT + MARGIN.
+        assert_eq!(take(&state, "dan").await.0, StatusCode::SERVICE_UNAVAILABLE);
+    }
+    assert_eq!(health(&state).await, StatusCode::SERVICE_UNAVAILABLE);
+    servers.standalone().signal(libc::SIGCONT);
+    let (remaining, refused) = take_until_served(&state, "dan", Duration::from_secs(5)).await;
+    let refused = u64::from(refused) + 3;
+    assert!(
+        (998 - refused..=998).contains(&remaining),
+        "{remaining} left after {refused} 503s"
+    );
+}

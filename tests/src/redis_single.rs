@@ -118,6 +118,14 @@ impl RedisServer {
         }
     }
 
+    /// Sends `sig` to the server (SIGSTOP freezes it: its socket accepts, nothing
+    /// answers; SIGCONT thaws it).
+    pub fn signal(&mut self, sig: libc::c_int) {
+        if let Some(child) = self.child.as_mut() {
+            child.signal(sig);
+        }
+    }
+
     /// Starts again on the same port with the same arguments and data directory.
     pub fn restart(&mut self) {
         assert!(self.child.is_none(), "stop or kill the server first");
