@@ -20,7 +20,7 @@ use tower::ServiceExt;
 use weir_bridge::connection::SENTINEL_CHECK;
 use weir_bridge::{app, state_from_client, AppState, Settings};
 use weir_core::wire::v1::ACQUIRE_PATH;
-use weir_e2e::redis_single::MASTER_NAME;
+use weir_e2e::redis_single::{SentinelAuth, MASTER_NAME};
 use weir_e2e::{redis_cli_at, RedisSentinel, RedisServer};
 
 /// The Redis timeout of these bridges.
@@ -345,4 +345,47 @@ async fn a_frozen_server_costs_the_timeout_and_no_more() {
         (998 - refused..=998).contains(&remaining),
         "{remaining} left after {refused} 503s"
     );
+}
+
+/// Sentinel with passwords on both sides: the master's (`--redis-password`) and the
+/// sentinels' own, from the `user:password@` of their URLs. Without the sentinels'
+/// password the master cannot be found: no decision, readiness fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinels_and_the_master_each_take_their_own_password() {
+    let auth = SentinelAuth {
+        master: Some("master-pw".into()),
+        sentinel: Some("sentinel-pw".into()),
+    };
+    let setup = RedisSentinel::start_with(0, 1, auth);
+    let sentinel = &setup.sentinel_addrs()[0];
+    let state_with = |nodes: String, password: &str| {
+        let args = [
+            "weir-bridge",
+            "--redis-mode",
+            "sentinel",
+            "--redis-sentinel-master",
+            MASTER_NAME,
+            "--redis-nodes",
+            &nodes,
+            "--redis-password",
+            password,
+        ];
+        let settings = <Settings as clap::Parser>::try_parse_from(args).unwrap();
+        state_from_client(settings.redis_client().unwrap(), TIMEOUT, TIMEOUT, None)
+    };
+    let state = state_with(format!("redis://:sentinel-pw@{sentinel}"), "master-pw");
+    assert_eq!(health(&state).await, StatusCode::OK);
+    assert_eq!(take(&state, "erin").await, (StatusCode::OK, Some(999)));
+
+    for (nodes, password) in [
+        (sentinel.clone(), "master-pw"),
+        (format!("redis://:sentinel-pw@{sentinel}"), "wrong"),
+    ] {
+        let state = state_with(nodes.clone(), password);
+        assert_eq!(
+            health(&state).await,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "{nodes} {password}"
+        );
+    }
 }

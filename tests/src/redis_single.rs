@@ -13,7 +13,7 @@ use std::time::Duration;
 use crate::ports::free_port;
 use crate::prereq::redis_server_bin;
 use crate::process::{wait_until, Child, TestDir};
-use crate::redis::{info_field, redis_cli_at, THROWAWAY_ARGS};
+use crate::redis::{redis_cli_at, THROWAWAY_ARGS};
 
 /// Starting a server, syncing a replica, sentinels discovering each other.
 pub const READY_TIMEOUT: Duration = Duration::from_secs(20);
@@ -141,7 +141,24 @@ pub struct RedisSentinel {
     servers: Vec<RedisServer>,
     // Field order matters: the sentinels die before the directory is removed.
     sentinels: Vec<(u16, Child)>,
+    auth: SentinelAuth,
     dir: TestDir,
+}
+
+/// Passwords (`requirepass`) of the Redis servers and of the sentinels; none by default.
+#[derive(Debug, Clone, Default)]
+pub struct SentinelAuth {
+    pub master: Option<String>,
+    pub sentinel: Option<String>,
+}
+
+/// `redis-cli` with `-a password` when there is one.
+fn cli_as<const N: usize>(port: u16, password: &Option<String>, args: [&str; N]) -> Option<String> {
+    let auth = password
+        .iter()
+        .flat_map(|pw| ["--no-auth-warning", "-a", pw.as_str()]);
+    let all: Vec<&str> = auth.chain(args).collect();
+    redis_cli_at(port, all).ok()
 }
 
 /// The name the sentinels monitor the master under.
@@ -151,12 +168,32 @@ impl RedisSentinel {
     /// Starts the servers and the sentinels; returns once the replicas are in sync and
     /// every sentinel knows every replica and every other sentinel. Quorum: a majority.
     pub fn start(replicas: usize, sentinels: usize) -> RedisSentinel {
+        RedisSentinel::start_with(replicas, sentinels, SentinelAuth::default())
+    }
+
+    /// The same, with passwords: the servers' (`requirepass`, `masterauth`, and the
+    /// sentinels' `auth-pass`) and the sentinels' own (`requirepass`, `sentinel-pass`).
+    pub fn start_with(replicas: usize, sentinels: usize, auth: SentinelAuth) -> RedisSentinel {
         assert!(sentinels >= 1);
-        let master = RedisServer::start(&[]);
-        let of = ["--replicaof", "127.0.0.1", &master.port.to_string()];
+        let server_auth: Vec<&str> = auth
+            .master
+            .iter()
+            .flat_map(|pw| ["--requirepass", pw.as_str(), "--masterauth", pw.as_str()])
+            .collect();
+        let master = RedisServer::start(&server_auth);
+        let master_port = master.port.to_string();
+        let mut of = vec!["--replicaof", "127.0.0.1", &master_port];
+        of.extend(&server_auth);
         let mut servers = vec![master];
         for _ in 0..replicas {
             servers.push(RedisServer::start(&of));
+        }
+        let mut sentinel_auth = String::new();
+        if let Some(pw) = &auth.master {
+            sentinel_auth += &format!("sentinel auth-pass {MASTER_NAME} {pw}\n");
+        }
+        if let Some(pw) = &auth.sentinel {
+            sentinel_auth += &format!("requirepass {pw}\nsentinel sentinel-pass {pw}\n");
         }
         let dir = TestDir::new("redis-sentinel");
         let quorum = sentinels / 2 + 1;
@@ -168,7 +205,7 @@ impl RedisSentinel {
                  sentinel monitor {MASTER_NAME} 127.0.0.1 {master} {quorum}\n\
                  sentinel down-after-milliseconds {MASTER_NAME} 500\n\
                  sentinel failover-timeout {MASTER_NAME} 2000\n\
-                 sentinel parallel-syncs {MASTER_NAME} 1\n",
+                 sentinel parallel-syncs {MASTER_NAME} 1\n{sentinel_auth}",
                 dir = dir.path().display(),
                 master = servers[0].port,
             );
@@ -187,6 +224,7 @@ impl RedisSentinel {
         let setup = RedisSentinel {
             servers,
             sentinels: children,
+            auth,
             dir,
         };
         let ready = wait_until(READY_TIMEOUT, Duration::from_millis(50), || {
@@ -201,7 +239,11 @@ impl RedisSentinel {
     }
 
     fn replicas_in_sync(&self, replicas: usize) -> bool {
-        let Ok(info) = redis_cli_at(self.servers[0].port, ["INFO", "replication"]) else {
+        let Some(info) = cli_as(
+            self.servers[0].port,
+            &self.auth.master,
+            ["INFO", "replication"],
+        ) else {
             return false;
         };
         let online = info
@@ -213,7 +255,11 @@ impl RedisSentinel {
 
     fn sentinels_know_all(&self, replicas: usize, sentinels: usize) -> bool {
         self.sentinels.iter().all(|(port, _)| {
-            let Ok(text) = redis_cli_at(*port, ["SENTINEL", "MASTER", MASTER_NAME]) else {
+            let Some(text) = cli_as(
+                *port,
+                &self.auth.sentinel,
+                ["SENTINEL", "MASTER", MASTER_NAME],
+            ) else {
                 return false;
             };
             let fields: Vec<&str> = text.lines().collect();
@@ -239,8 +285,11 @@ impl RedisSentinel {
     /// The master the first sentinel that answers names.
     pub fn master_addr(&self) -> Option<String> {
         self.sentinels.iter().find_map(|(port, _)| {
-            let text =
-                redis_cli_at(*port, ["SENTINEL", "GET-MASTER-ADDR-BY-NAME", MASTER_NAME]).ok()?;
+            let text = cli_as(
+                *port,
+                &self.auth.sentinel,
+                ["SENTINEL", "GET-MASTER-ADDR-BY-NAME", MASTER_NAME],
+            )?;
             let mut lines = text.lines();
             Some(format!("{}:{}", lines.next()?, lines.next()?))
         })
@@ -264,7 +313,7 @@ impl RedisSentinel {
                 .filter(|addr| addr != old)
                 .filter(|addr| {
                     let port = addr.rsplit(':').next().and_then(|p| p.parse().ok());
-                    port.and_then(|p| redis_cli_at(p, ["ROLE"]).ok())
+                    port.and_then(|p| cli_as(p, &self.auth.master, ["ROLE"]))
                         .is_some_and(|role| role.starts_with("master"))
                 });
             found.is_some()
@@ -276,12 +325,5 @@ impl RedisSentinel {
                 self.dir.path().display()
             ),
         }
-    }
-
-    /// `INFO` field of the server at `addr`.
-    pub fn info(&self, addr: &str, section: &str, field: &str) -> Option<String> {
-        let server = self.servers.iter().find(|s| s.addr() == addr)?;
-        let info = redis_cli_at(server.port, ["INFO", section]).ok()?;
-        info_field(&info, field).map(str::to_string)
     }
 }
