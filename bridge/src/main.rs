@@ -1,4 +1,4 @@
-//! `weir-bridge`: settings, tracing, the cluster client, serve, then on SIGTERM or SIGINT
+//! `weir-bridge`: settings, tracing, the Redis client, serve, then on SIGTERM or SIGINT
 //! a drain (readiness fails, requests still served) and a graceful shutdown.
 
 use clap::Parser;
@@ -24,10 +24,10 @@ async fn run(settings: Settings) -> Result<(), String> {
     // The redis crate's rustls has no crypto provider of its own.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let secret = settings.load_secret()?;
-    let client = settings.cluster_client()?;
+    let client = settings.redis_client()?;
     let secret_next = secret.as_ref().is_some_and(|s| s.has_next());
     let state = weir_bridge::state_from_client(
-        &client,
+        client,
         settings.redis_timeout,
         settings.redis_connect_timeout,
         secret,
@@ -40,6 +40,7 @@ async fn run(settings: Settings) -> Result<(), String> {
         .map_err(|e| format!("cannot read the listening address: {e}"))?;
     tracing::info!(
         listen = %local,
+        redis_mode = ?settings.redis_mode,
         redis_nodes = ?settings.seeds_for_log(),
         secret = state.secret.is_some(),
         secret_next,

@@ -1,11 +1,13 @@
 //! Settings, from flags or `WEIR_BRIDGE_*` environment variables (flags win).
 
 use crate::app::Secret;
+use crate::connection::{NodeAccess, RedisClient, Sentinels};
 use clap::{Parser, ValueEnum};
-use redis::cluster::{ClusterClient, ClusterClientBuilder};
+use redis::cluster::ClusterClientBuilder;
 use redis::{ClientTlsConfig, TlsCertificates, TlsMode};
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::sync::OnceLock;
 use std::time::Duration;
 use weir_core::bounds::BRIDGE_REDIS_TIMEOUT_MS;
@@ -16,7 +18,18 @@ pub enum LogFormat {
     Json,
 }
 
-/// weir-bridge: global rate-limit quotas on a Redis Cluster for the weir Envoy filter.
+/// How Redis is deployed: what `--redis-nodes` lists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum RedisMode {
+    /// A Redis Cluster: the nodes are seeds, the rest is discovered.
+    Cluster,
+    /// One `redis-server` (no cluster mode): exactly one node.
+    Standalone,
+    /// A master found through Redis Sentinel: the nodes are the sentinels.
+    Sentinel,
+}
+
+/// weir-bridge: global rate-limit quotas on Redis for the weir Envoy filter.
 #[derive(Debug, Clone, Parser)]
 #[command(name = "weir-bridge", version, about)]
 pub struct Settings {
@@ -24,8 +37,10 @@ pub struct Settings {
     #[arg(long, env = "WEIR_BRIDGE_LISTEN", default_value = "127.0.0.1:8081")]
     pub listen: SocketAddr,
 
-    /// Redis Cluster seed nodes, comma-separated: `host:port` or `redis[s]://host:port`.
-    /// The rest of the cluster is discovered from them.
+    /// Redis nodes, comma-separated: `host:port` or `redis[s]://host:port`. Cluster: seed
+    /// nodes, the rest of the cluster is discovered from them. Standalone: the one server.
+    /// Sentinel: the sentinels (a `user:password@` in their URLs is the sentinels' own
+    /// AUTH).
     #[arg(
         long,
         env = "WEIR_BRIDGE_REDIS_NODES",
@@ -33,6 +48,20 @@ pub struct Settings {
         required = true
     )]
     pub redis_nodes: Vec<String>,
+
+    /// How Redis is deployed: `cluster`, `standalone` (one server) or `sentinel`.
+    #[arg(
+        long,
+        env = "WEIR_BRIDGE_REDIS_MODE",
+        value_enum,
+        default_value = "cluster"
+    )]
+    pub redis_mode: RedisMode,
+
+    /// The master name the sentinels monitor (`sentinel monitor <name> ...`); sentinel
+    /// mode only.
+    #[arg(long, env = "WEIR_BRIDGE_REDIS_SENTINEL_MASTER")]
+    pub redis_sentinel_master: Option<String>,
 
     /// Redis ACL user name (AUTH username password).
     #[arg(long, env = "WEIR_BRIDGE_REDIS_USERNAME")]
@@ -238,9 +267,71 @@ impl Settings {
         }
     }
 
-    /// The cluster client: timeouts, credentials and TLS. Nothing connects yet.
-    pub fn cluster_client(&self) -> Result<ClusterClient, String> {
-        let mut builder = ClusterClientBuilder::new(self.seed_urls()?)
+    /// The client of `--redis-mode`: timeouts, credentials and TLS. Nothing connects yet.
+    pub fn redis_client(&self) -> Result<RedisClient, String> {
+        let urls = self.seed_urls()?;
+        let certs = self.certificates()?;
+        let master = self.redis_sentinel_master.as_deref().map(str::trim);
+        match (self.redis_mode, master) {
+            (RedisMode::Sentinel, None | Some("")) => {
+                return Err(
+                    "--redis-mode sentinel needs --redis-sentinel-master: the name \
+                            the sentinels monitor the master under"
+                        .into(),
+                )
+            }
+            (RedisMode::Cluster | RedisMode::Standalone, Some(name)) => {
+                return Err(format!(
+                    "--redis-sentinel-master {name}: only used with --redis-mode sentinel \
+                     (the mode is {})",
+                    self.mode_name()
+                ))
+            }
+            _ => {}
+        }
+        match self.redis_mode {
+            RedisMode::Cluster => self.cluster_client(urls, certs),
+            RedisMode::Standalone => self.standalone_client(urls, certs),
+            RedisMode::Sentinel => self.sentinel_client(urls, master.unwrap_or_default(), certs),
+        }
+    }
+
+    fn mode_name(&self) -> String {
+        self.redis_mode
+            .to_possible_value()
+            .map(|v| v.get_name().to_string())
+            .unwrap_or_default()
+    }
+
+    /// The CA and client certificate, when TLS is on and either is given.
+    fn certificates(&self) -> Result<Option<TlsCertificates>, String> {
+        if !self.tls() {
+            return Ok(None);
+        }
+        let read =
+            |p: &PathBuf| std::fs::read(p).map_err(|e| format!("cannot read {}: {e}", p.display()));
+        let client_tls = match (&self.redis_client_cert, &self.redis_client_key) {
+            (Some(cert), Some(key)) => Some(ClientTlsConfig {
+                client_cert: read(cert)?,
+                client_key: read(key)?,
+            }),
+            _ => None,
+        };
+        let root_cert = self.redis_ca_file.as_ref().map(read).transpose()?;
+        Ok(
+            (client_tls.is_some() || root_cert.is_some()).then_some(TlsCertificates {
+                client_tls,
+                root_cert,
+            }),
+        )
+    }
+
+    fn cluster_client(
+        &self,
+        urls: Vec<String>,
+        certs: Option<TlsCertificates>,
+    ) -> Result<RedisClient, String> {
+        let mut builder = ClusterClientBuilder::new(urls)
             .connection_timeout(self.redis_connect_timeout)
             .response_timeout(self.redis_timeout)
             // Retries (MOVED, TRYAGAIN, reconnects) run inside the same bound.
@@ -255,28 +346,69 @@ impl Settings {
         }
         if self.tls() {
             builder = builder.tls(TlsMode::Secure);
-            let read = |p: &PathBuf| {
-                std::fs::read(p).map_err(|e| format!("cannot read {}: {e}", p.display()))
-            };
-            let client_tls = match (&self.redis_client_cert, &self.redis_client_key) {
-                (Some(cert), Some(key)) => Some(ClientTlsConfig {
-                    client_cert: read(cert)?,
-                    client_key: read(key)?,
-                }),
-                _ => None,
-            };
-            let root_cert = self.redis_ca_file.as_ref().map(read).transpose()?;
-            if client_tls.is_some() || root_cert.is_some() {
-                builder = builder.certs(TlsCertificates {
-                    client_tls,
-                    root_cert,
-                });
-            }
         }
-        builder
-            .build()
-            .map_err(|e| format!("Redis client settings: {e}"))
+        if let Some(certs) = certs {
+            builder = builder.certs(certs);
+        }
+        let client = builder.build().map_err(client_error)?;
+        Ok(RedisClient::Cluster(Box::new(client)))
     }
+
+    /// The flags' TLS and credentials, for a standalone server or the master.
+    fn node_access(&self, certs: Option<TlsCertificates>) -> NodeAccess {
+        NodeAccess {
+            tls: self.tls(),
+            certs,
+            username: self.redis_username.clone(),
+            password: self.redis_password.clone(),
+        }
+    }
+
+    fn standalone_client(
+        &self,
+        urls: Vec<String>,
+        certs: Option<TlsCertificates>,
+    ) -> Result<RedisClient, String> {
+        let [url] = urls.as_slice() else {
+            return Err(format!(
+                "--redis-nodes {}: --redis-mode standalone takes exactly one server, got {}",
+                self.redis_nodes.join(","),
+                urls.len()
+            ));
+        };
+        let client = self.node_access(certs).client(url).map_err(client_error)?;
+        Ok(RedisClient::Standalone(Box::new(client)))
+    }
+
+    /// Sentinel: the flags' credentials go to the master, the TLS settings to the master
+    /// and the sentinels; a sentinel's own AUTH is the `user:password@` of its URL.
+    fn sentinel_client(
+        &self,
+        urls: Vec<String>,
+        master: &str,
+        certs: Option<TlsCertificates>,
+    ) -> Result<RedisClient, String> {
+        let access = self.node_access(certs);
+        let to_sentinels = NodeAccess {
+            username: None,
+            password: None,
+            ..access.clone()
+        };
+        let sentinels = urls
+            .iter()
+            .map(|url| to_sentinels.client(url))
+            .collect::<Result<_, _>>()
+            .map_err(client_error)?;
+        Ok(RedisClient::Sentinel(Arc::new(Sentinels {
+            name: master.to_string(),
+            sentinels,
+            master: access,
+        })))
+    }
+}
+
+fn client_error(err: redis::RedisError) -> String {
+    format!("Redis client settings: {err}")
 }
 
 #[cfg(test)]
@@ -315,13 +447,65 @@ mod tests {
             ["redis://127.0.0.1:7000", "redis://127.0.0.1:7001"]
         );
         assert!(s.load_secret().unwrap().is_none());
-        assert!(s.cluster_client().is_ok());
+        assert!(s.redis_client().is_ok());
 
         let tls = parse(&["--redis-nodes", "a:1,redis://b:2", "--redis-tls"]).unwrap();
         assert_eq!(tls.seed_urls().unwrap(), ["rediss://a:1", "rediss://b:2"]);
 
         let secret = parse(&["--redis-nodes", "redis://u:p@w@a:1,b:2"]).unwrap();
         assert_eq!(secret.seeds_for_log(), ["redis://a:1", "redis://b:2"]);
+    }
+
+    #[test]
+    fn redis_modes_and_their_errors() {
+        let cluster = parse(&["--redis-nodes", "a:1,b:2"]).unwrap();
+        assert_eq!(cluster.redis_mode, RedisMode::Cluster, "the default");
+        assert!(matches!(
+            cluster.redis_client(),
+            Ok(RedisClient::Cluster(_))
+        ));
+        let one = parse(&["--redis-mode", "standalone", "--redis-nodes", "a:1"]).unwrap();
+        assert!(matches!(one.redis_client(), Ok(RedisClient::Standalone(_))));
+        let sentinel = parse(&[
+            "--redis-mode",
+            "sentinel",
+            "--redis-nodes",
+            "a:26379,redis://:pw@b:26379",
+            "--redis-sentinel-master",
+            "mymaster",
+        ])
+        .unwrap();
+        assert!(matches!(
+            sentinel.redis_client(),
+            Ok(RedisClient::Sentinel(_))
+        ));
+
+        let error = |args: &[&str]| parse(args).unwrap().redis_client().err();
+        assert_eq!(
+            error(&["--redis-mode", "standalone", "--redis-nodes", "a:1,b:2"]).as_deref(),
+            Some("--redis-nodes a:1,b:2: --redis-mode standalone takes exactly one server, got 2")
+        );
+        assert_eq!(
+            error(&["--redis-mode", "sentinel", "--redis-nodes", "a:26379"]).as_deref(),
+            Some(
+                "--redis-mode sentinel needs --redis-sentinel-master: the name the sentinels \
+                 monitor the master under"
+            )
+        );
+        assert_eq!(
+            error(&[
+                "--redis-nodes",
+                "a:1",
+                "--redis-sentinel-master",
+                "mymaster"
+            ])
+            .as_deref(),
+            Some(
+                "--redis-sentinel-master mymaster: only used with --redis-mode sentinel (the \
+                 mode is cluster)"
+            )
+        );
+        assert!(parse(&["--redis-mode", "replicated", "--redis-nodes", "a:1"]).is_err());
     }
 
     #[test]
@@ -340,7 +524,7 @@ mod tests {
         let empty = parse(&["--redis-nodes", "a:1", "--secret", ""]).unwrap();
         assert!(empty.load_secret().is_err());
         let missing_ca = parse(&["--redis-nodes", "a:1", "--redis-ca-file", "/nonexistent"]);
-        assert!(missing_ca.unwrap().cluster_client().is_err());
+        assert!(missing_ca.unwrap().redis_client().is_err());
     }
 
     #[test]

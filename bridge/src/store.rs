@@ -1,7 +1,8 @@
-//! Running the scripts on the Redis Cluster.
+//! Running the scripts on Redis, whatever its deployment ([`crate::connection`]).
 //!
-//! Each call is `EVALSHA` routed by its first key's slot; on `NOSCRIPT` it is sent again as
-//! `EVAL` with the source, to the same slot, which also caches the script on that node.
+//! Each call is `EVALSHA` (on a cluster, routed by its first key's slot); on `NOSCRIPT` it
+//! is sent again as `EVAL` with the source, to the same node, which also caches the script
+//! there.
 //! `SCRIPT LOAD` and `EVAL` are not replicated, so a replica promoted by a failover (or a
 //! node that restarted or ran `SCRIPT FLUSH`) answers NOSCRIPT once.
 //!
@@ -13,10 +14,9 @@
 //!
 //! Every call is bounded by the command timeout, whatever the client's own retries do.
 
+use crate::connection::RedisConnection;
 use crate::metrics::Metrics;
 use crate::scripts::{decode_reply, decode_settled, Invocation, ScriptReply, Scripts};
-use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -31,10 +31,10 @@ pub enum CallError {
     BadReply(String),
 }
 
-/// The cluster connection and the scripts. Cheap to clone (the connection multiplexes).
+/// The connection and the scripts. Cheap to clone (the connection multiplexes).
 #[derive(Clone)]
 pub struct RedisStore {
-    conn: ClusterConnection,
+    conn: RedisConnection,
     scripts: Arc<Scripts>,
     timeout: Duration,
     metrics: Arc<Metrics>,
@@ -43,9 +43,9 @@ pub struct RedisStore {
 impl RedisStore {
     /// `conn` may still be connecting (a pending connection): nothing is sent until the
     /// first call.
-    pub fn new(conn: ClusterConnection, timeout: Duration, metrics: Arc<Metrics>) -> Self {
+    pub fn new(conn: impl Into<RedisConnection>, timeout: Duration, metrics: Arc<Metrics>) -> Self {
         RedisStore {
-            conn,
+            conn: conn.into(),
             scripts: Arc::new(Scripts::load()),
             timeout,
             metrics,
@@ -84,35 +84,35 @@ impl RedisStore {
                 inv.kind.to_string(),
             )));
         };
-        let mut conn = self.conn.clone();
         let sha = command("EVALSHA", &script.sha1, inv);
-        match sha.query_async::<Value>(&mut conn).await {
+        match self.conn.query(&sha).await {
             Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                 self.metrics.script_fallback(inv.kind.name());
                 tracing::info!(algorithm = %inv.kind, "NOSCRIPT: sending the script with EVAL");
-                command("EVAL", script.source, inv)
-                    .query_async::<Value>(&mut conn)
-                    .await
+                self.conn.query(&command("EVAL", script.source, inv)).await
             }
             other => other,
         }
     }
 
-    /// `PING` to one node the client is connected to, within the timeout: whether this
-    /// replica reaches Redis at all. A master that is down fails the calls for its own
+    /// `PING` within the timeout: whether this replica reaches Redis. Standalone and
+    /// sentinel: the master. Cluster: one node the client is connected to. A master that is down fails the calls for its own
     /// slots, not this: were readiness to need every master, one dead shard would take
     /// every bridge replica out of service, and every key with it. (A fan-out to every
     /// master taking the first answer waits here on the dead master's reconnection:
     /// measured on a cluster with one master killed, it timed out.)
     pub async fn ping(&self) -> Result<(), CallError> {
-        let mut conn = self.conn.clone();
-        let any_node = RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random);
-        let ping = conn.route_command(redis::cmd("PING"), any_node);
-        match tokio::time::timeout(self.timeout, ping).await {
+        match tokio::time::timeout(self.timeout, self.conn.ping()).await {
             Err(_) => Err(CallError::Timeout),
             Ok(Err(err)) => Err(CallError::Redis(err)),
             Ok(Ok(_)) => Ok(()),
         }
+    }
+
+    /// The connection the scripts run on, for commands of the caller's own (tests
+    /// inspecting keys). Not bounded by the timeout.
+    pub fn connection(&self) -> &RedisConnection {
+        &self.conn
     }
 }
 

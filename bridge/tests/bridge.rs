@@ -1,6 +1,7 @@
-//! The bridge against a real 6-node Redis Cluster: acquire replies, stop at the first
-//! denial, health, metrics (in process, through the Router); then the binary itself:
-//! failover under load, the drain and graceful shutdown.
+//! The bridge against real Redis: acquire replies, stop at the first denial, health,
+//! metrics, commits (in process, through the Router), on every deployment the bridge
+//! supports (`cluster::*`, `standalone::*`, `sentinel::*`); then the binary itself on a
+//! 6-node Redis Cluster: failover under load, the drain and graceful shutdown.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -9,6 +10,8 @@
 )]
 
 mod common;
+
+use common::{Backend, Servers};
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
@@ -27,12 +30,14 @@ use weir_e2e::{key_slot, redis_cli_at, wait_until, Process, RedisCluster};
 
 const SECRET: &str = "bridge-test-secret";
 
-fn state_for(cluster: &RedisCluster, timeout: Duration) -> AppState {
-    let client = redis::cluster::ClusterClient::builder(cluster.seed_urls())
-        .build()
-        .unwrap();
+on_every_backend!(
+    acquire_health_and_metrics,
+    commits_settle_what_acquire_counted
+);
+
+fn state_for(servers: &Servers, timeout: Duration) -> AppState {
     state_from_client(
-        &client,
+        servers.client(timeout),
         timeout,
         Duration::from_secs(1),
         Some(Secret::new(SECRET)),
@@ -80,10 +85,9 @@ fn key_of(items_json: &str, index: usize) -> String {
         .clone()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn acquire_health_and_metrics_on_a_real_cluster() {
-    let mut cluster = RedisCluster::start(3, 1);
-    let state = state_for(&cluster, Duration::from_millis(500));
+async fn acquire_health_and_metrics(backend: Backend) {
+    let mut servers = Servers::start(backend);
+    let state = state_for(&servers, Duration::from_millis(500));
     let (status, text) = call(
         &state,
         Request::get("/healthz").body(Body::empty()).unwrap(),
@@ -134,9 +138,9 @@ async fn acquire_health_and_metrics_on_a_real_cluster() {
     assert_eq!(r.items.len(), 2, "{r:?}");
     assert!(r.items[0].allowed && !r.items[1].allowed);
     let carol = key_of(&body(&items), 2);
-    assert_eq!(cluster.redis_cli(["EXISTS", &carol]), "0");
+    assert_eq!(servers.redis_cli(&["EXISTS", &carol]), "0");
     let bob = key_of(&body(&items), 0);
-    assert!(cluster.redis_cli(["GET", &bob]).starts_with("1 "));
+    assert!(servers.redis_cli(&["GET", &bob]).starts_with("1 "));
 
     // The sliding log and the token bucket through HTTP too.
     let log = json!({"algorithm": "sliding_log", "limit": 2, "window_us": 60_000_000});
@@ -169,9 +173,7 @@ async fn acquire_health_and_metrics_on_a_real_cluster() {
     }
 
     // Every node down: health and acquire answer 503 within the timeout.
-    for addr in cluster.addrs() {
-        cluster.kill_node(&addr);
-    }
+    servers.kill_all();
     let started = Instant::now();
     let (status, text) = call(
         &state,
@@ -553,10 +555,9 @@ fn sigint_stops_too() {
 /// gives its units back to the next acquire; every result echoes its item's id; an item
 /// without an id, or an algorithm that cannot settle, is a 400 naming the field; the
 /// secret is required; the metrics count the commits.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn commits_settle_what_acquire_counted() {
-    let cluster = RedisCluster::start(3, 1);
-    let state = state_for(&cluster, Duration::from_secs(2));
+async fn commits_settle_what_acquire_counted(backend: Backend) {
+    let servers = Servers::start(backend);
+    let state = state_for(&servers, Duration::from_secs(2));
     let limit = json!({"algorithm": "token_bucket", "capacity": 100, "refill": 100, "period_us": 3_600_000_000u64});
     let post = |path: &'static str, body: String, secret: bool| {
         let mut r = Request::post(path);

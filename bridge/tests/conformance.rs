@@ -1,5 +1,7 @@
-//! The differential check: the Lua scripts on a real 6-node Redis Cluster against the core's
-//! pure functions, with the clock pinned.
+//! The differential check: the Lua scripts on real Redis against the core's pure functions,
+//! with the clock pinned, on every deployment the bridge supports (`cluster::*`: a 6-node
+//! Redis Cluster; `standalone::*`: one `redis-server`; `sentinel::*`: a master found through
+//! a sentinel). One body per check, run on each.
 //!
 //! - every row of the core's scenario tables (`want = cost`), GCRA rows by their Decision;
 //! - lease rows (`want > cost`);
@@ -22,7 +24,7 @@
 
 mod common;
 
-use common::{future_base, invocation, invocation_for, Redis, Rng};
+use common::{future_base, invocation, invocation_for, Backend, Redis, Rng};
 use std::time::Duration;
 use weir_bridge::scripts::{log_seq_key, Invocation, ScriptReply, Settle};
 use weir_core::algorithms::fixed_window::FixedWindow;
@@ -33,6 +35,18 @@ use weir_core::algorithms::token_bucket::TokenBucket;
 use weir_core::algorithms::GlobalLimit;
 use weir_core::algorithms::{AlgorithmKind, Ask, Decision, Limit, SlotState};
 use weir_core::scenarios::{self, expected, limit_of, log_of, Scenario, T0};
+
+on_every_backend!(
+    scenario_tables_agree,
+    sliding_log_table_agrees,
+    lease_rows_agree,
+    random_walks_agree,
+    sliding_log_keeps_equal_timestamps_and_drops_denials,
+    keys_carry_deadlines_where_their_state_stops_mattering,
+    expired_keys_decide_like_their_state_would_have,
+    settles_agree,
+    an_expired_key_is_charged_its_excess,
+);
 
 fn decision_of(reply: &ScriptReply) -> Decision {
     reply.grant.decision
@@ -89,9 +103,8 @@ impl<'a> SlotPair<'a> {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn scenario_tables_agree() {
-    let redis = Redis::start().await;
+async fn scenario_tables_agree(backend: Backend) {
+    let redis = Redis::start(backend).await;
     let base = future_base(T0);
     let all: Vec<&Scenario> = scenarios::slot_tables().collect();
     assert!(all.len() >= 10, "the tables are all there");
@@ -110,9 +123,8 @@ async fn scenario_tables_agree() {
 
 /// The sliding log's table ([`scenarios::SLIDING_LOG`]): it has no slot state, so the log
 /// is kept beside the script (see [`log_step`]) and each row is decided both ways.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sliding_log_table_agrees() {
-    let redis = Redis::start().await;
+async fn sliding_log_table_agrees(backend: Backend) {
+    let redis = Redis::start(backend).await;
     let base = future_base(T0);
     assert!(!scenarios::SLIDING_LOG.is_empty());
     for (n, scenario) in scenarios::SLIDING_LOG.iter().enumerate() {
@@ -142,9 +154,8 @@ fn global(limit: Limit) -> GlobalLimit {
     GlobalLimit::Slot(limit)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn lease_rows_agree() {
-    let redis = Redis::start().await;
+async fn lease_rows_agree(backend: Backend) {
+    let redis = Redis::start(backend).await;
     let base = future_base(T0);
     let s = 1_000_000;
     // (limit, steps of (µs after base, cost, want, granted, remaining)).
@@ -409,9 +420,8 @@ async fn random_walk(redis: &Redis, kind: AlgorithmKind, seed: u64, steps: usize
 
 const RANDOM_STEPS: usize = 3000;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn random_walks_agree() {
-    let redis = Redis::start().await;
+async fn random_walks_agree(backend: Backend) {
+    let redis = Redis::start(backend).await;
     let mut walks = Vec::new();
     for (i, kind) in AlgorithmKind::ALL.into_iter().enumerate() {
         let redis = &redis;
@@ -436,9 +446,8 @@ async fn futures_join_all<F: std::future::Future<Output = ()>>(futures: Vec<F>) 
     .await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sliding_log_keeps_equal_timestamps_and_drops_denials() {
-    let redis = Redis::start().await;
+async fn sliding_log_keeps_equal_timestamps_and_drops_denials(backend: Backend) {
+    let redis = Redis::start(backend).await;
     let base = future_base(T0);
     let log = SlidingLog::new(3, 1_000_000).unwrap();
     let mut events = Vec::new();
@@ -472,9 +481,8 @@ async fn sliding_log_keeps_equal_timestamps_and_drops_denials() {
     assert_eq!(redis.get(&log_seq_key(&key)).await.as_deref(), Some("5"));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn keys_carry_deadlines_where_their_state_stops_mattering() {
-    let redis = Redis::start().await;
+async fn keys_carry_deadlines_where_their_state_stops_mattering(backend: Backend) {
+    let redis = Redis::start(backend).await;
     let base = future_base(T0) + 123_456;
     let s = 1_000_000;
     let limits = [
@@ -526,9 +534,8 @@ async fn keys_carry_deadlines_where_their_state_stops_mattering() {
 
 /// With Redis's own clock: write, wait until the key is really gone, and check that the
 /// next decision is the one the stored state would have given.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn expired_keys_decide_like_their_state_would_have() {
-    let redis = Redis::start().await;
+async fn expired_keys_decide_like_their_state_would_have(backend: Backend) {
+    let redis = Redis::start(backend).await;
     let ms = 1_000;
     let limits = [
         Limit::TokenBucket(TokenBucket::new(3, 1, 100 * ms).unwrap()),
@@ -646,9 +653,8 @@ impl SlotPair<'_> {
 /// decided by the settle scripts and by the core side by side, on fixed limits and on
 /// random ones over the range the scripts accept (a refill period of 30 days, whose
 /// debts reach past the 2^48 µs a settle carries them).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn settles_agree() {
-    let redis = Redis::start().await;
+async fn settles_agree(backend: Backend) {
+    let redis = Redis::start(backend).await;
     let base = future_base(T0);
     let mut limits = vec![
         Limit::TokenBucket(TokenBucket::new(100, 10, 1_000_000).unwrap()),
@@ -748,9 +754,8 @@ async fn settles_agree() {
 /// Issue 19, defect 4: with Redis's own clock, a key that really expired while a response
 /// ran (a full bucket, a window over) is charged the response's excess from a fresh start,
 /// as the core charges a key without state.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_expired_key_is_charged_its_excess() {
-    let redis = Redis::start().await;
+async fn an_expired_key_is_charged_its_excess(backend: Backend) {
+    let redis = Redis::start(backend).await;
     let ms = 1_000;
     let limits = [
         Limit::TokenBucket(TokenBucket::new(3, 1, 100 * ms).unwrap()),

@@ -35,7 +35,7 @@ fn limit(wire: serde_json::Value) -> GlobalLimit {
 /// come and go with the calls).
 fn index_memory(redis: &common::Redis) -> i64 {
     redis
-        .cluster
+        .servers
         .masters()
         .iter()
         .map(|addr| {
@@ -69,7 +69,7 @@ const ENTRY_BYTES: i64 = 24;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_memory_per_key_of_each_algorithm() {
-    let redis = common::Redis::start().await;
+    let redis = common::Redis::start(common::Backend::Cluster).await;
     // Hour-long periods: no key expires while it is measured. Each key is granted 2
     // units (a sliding log holds one entry per unit).
     let hour = 3_600_000_000u64;

@@ -11,7 +11,7 @@
 
 mod common;
 
-use common::{future_base, invocation, Redis};
+use common::{future_base, invocation, Backend, Redis};
 use weir_core::algorithms::fixed_window::FixedWindow;
 use weir_core::algorithms::GlobalLimit;
 use weir_core::algorithms::Limit;
@@ -33,7 +33,7 @@ fn fallbacks(redis: &Redis) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flushed_script_cache_costs_one_eval_even_with_a_shard_down() {
-    let mut redis = Redis::start().await;
+    let mut redis = Redis::start(Backend::Cluster).await;
     let limit = GlobalLimit::Slot(Limit::FixedWindow(
         FixedWindow::new(100, 60_000_000).unwrap(),
     ));
@@ -41,7 +41,8 @@ async fn a_flushed_script_cache_costs_one_eval_even_with_a_shard_down() {
     let inv = invocation(&limit, "noscript", now, 1, 1);
     let key = inv.keys[0].clone();
     let master = redis
-        .cluster
+        .servers
+        .cluster()
         .master_of_slot(key_slot(key.as_bytes()))
         .unwrap();
 
@@ -53,7 +54,7 @@ async fn a_flushed_script_cache_costs_one_eval_even_with_a_shard_down() {
 
     // Lose another shard for good (its replica, then its master): with
     // cluster-require-full-coverage no, the other shards keep serving.
-    let nodes = redis.cluster.cluster_nodes();
+    let nodes = redis.servers.cluster().cluster_nodes();
     let other_master = nodes
         .iter()
         .find(|n| n.is_master() && n.addr != master)
@@ -65,8 +66,8 @@ async fn a_flushed_script_cache_costs_one_eval_even_with_a_shard_down() {
         .unwrap()
         .addr
         .clone();
-    redis.cluster.kill_node(&its_replica);
-    redis.cluster.kill_node(&other_master.addr);
+    redis.servers.cluster().kill_node(&its_replica);
+    redis.servers.cluster().kill_node(&other_master.addr);
     // Then flush the scripts of the key's master, as a restart or a promoted replica
     // would have it.
     assert_eq!(

