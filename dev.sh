@@ -3,6 +3,7 @@
 # `just` itself, which a `just` command cannot do), then runs a justfile recipe.
 #   ./dev.sh run     the demo stack, then shows limiting
 #   ./dev.sh test    the whole test suite (what CI runs)
+#   ./dev.sh test-fast   lint and the core's tests: the loop while changing code
 #   ./dev.sh check-config FILE   a plugin configuration, checked offline (needs only cargo)
 #   ./dev.sh <recipe> [args]   any other recipe; `./dev.sh --list` lists them
 set -euo pipefail

@@ -94,11 +94,10 @@ test-wasm:
 test-bridge:
     cargo test -p weir-bridge -- --test-threads 2
 
-# End-to-end tests: real Envoy, Redis Cluster and weir-bridge started on free loopback ports.
+# End-to-end tests: real Envoy, Redis Cluster and weir-bridge started on free loopback ports; the bridge is the static one its image ships (`just oci-bridge`), the one build of it the suite makes.
 test-e2e: build oci-bridge
-    cargo build -p weir-bridge
     cargo build -p weir-core --bin weir-check
-    ENVOY_BIN={{envoy}} WEIR_WASM={{wasm}} WEIR_BRIDGE_IMAGE={{bridge_image}} WEIR_BRIDGE_MUSL={{bridge_musl}} WEIR_CHECK_BIN={{weir_check}} cargo test -p weir-e2e -- --test-threads 2
+    ENVOY_BIN={{envoy}} WEIR_WASM={{wasm}} WEIR_BRIDGE_BIN={{bridge_musl}} WEIR_BRIDGE_IMAGE={{bridge_image}} WEIR_BRIDGE_MUSL={{bridge_musl}} WEIR_CHECK_BIN={{weir_check}} cargo test -p weir-e2e -- --test-threads 2
 
 # Benchmarks (~17 min): weir vs no filter, native local_ratelimit, empty wasm; a saturated global key with the bridge 10 and 30 ms away; accuracy at 5x, 20x and after idle, with conformance, the leased runs again with the slow bridge; token budgets and delay; concurrency limits vs Envoy's adaptive_concurrency; rewrites docs/benchmarks.md, docs/benchmarks-features.md and docs/benchmarks-concurrency.md.
 bench: build
@@ -108,14 +107,14 @@ bench: build
     ENVOY_BIN={{envoy}} WEIR_WASM={{wasm}} cargo run --release -q -p weir-bench -- features
     ENVOY_BIN={{envoy}} WEIR_WASM={{wasm}} cargo run --release -q -p weir-bench -- concurrency
 
-# Every part of the benchmark for a second or two, into a temp dir: checks that numbers come out, asserts no performance.
-bench-smoke: build
+# Every part of the benchmark for a second or two, into a temp dir: checks that numbers come out, asserts no performance. Built as the tests are (debug), with the static weir-bridge of `just oci-bridge`: no release build of their dependencies just to smoke them.
+bench-smoke: build oci-bridge
     cargo build -p weir-empty-filter --target wasm32-wasip1 --profile wasm
-    cargo build -p weir-bridge --release
-    ENVOY_BIN={{envoy}} WEIR_WASM={{wasm}} cargo run --release -q -p weir-bench -- --smoke
-    cargo run --release -q -p weir-bench -- simulate --smoke
-    ENVOY_BIN={{envoy}} WEIR_WASM={{wasm}} cargo run --release -q -p weir-bench -- features --smoke
-    ENVOY_BIN={{envoy}} WEIR_WASM={{wasm}} cargo run --release -q -p weir-bench -- concurrency --smoke
+    cargo build -p weir-bench
+    WEIR_BRIDGE_BIN={{bridge_musl}} ENVOY_BIN={{envoy}} WEIR_WASM={{wasm}} target/debug/weir-bench --smoke
+    WEIR_BRIDGE_BIN={{bridge_musl}} target/debug/weir-bench simulate --smoke
+    WEIR_BRIDGE_BIN={{bridge_musl}} ENVOY_BIN={{envoy}} WEIR_WASM={{wasm}} target/debug/weir-bench features --smoke
+    WEIR_BRIDGE_BIN={{bridge_musl}} ENVOY_BIN={{envoy}} WEIR_WASM={{wasm}} target/debug/weir-bench concurrency --smoke
 
 # A fleet without Envoy processes (~1 min): simulated Envoys running weir's engine against the real weir-bridge and a 6-node Redis Cluster; writes docs/bench/simulation.json (docs/capacity.md reads it).
 bench-sim:
@@ -129,6 +128,10 @@ counted:
 # The benchmark harness's own unit tests (report formatting, the empty filter's steps).
 test-bench:
     cargo test -p weir-bench -p weir-empty-filter
+
+# The contributor's loop (a few minutes on a warm checkout): formatting and lints, then the core's tests, which hold the lifecycle on the scripted Envoy, the config fixtures and the searches.
+test-fast:
+    python3 scripts/stages.py {{just_executable()}} lint test-core
 
 # The whole suite, as CI runs it; ends with a table of each recipe's wall and CPU time (scripts/stages.py).
 test:
