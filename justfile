@@ -99,7 +99,7 @@ test-e2e: build oci-bridge
     cargo build -p weir-core --bin weir-check
     ENVOY_BIN={{envoy}} WEIR_WASM={{wasm}} WEIR_BRIDGE_BIN={{bridge_musl}} WEIR_BRIDGE_IMAGE={{bridge_image}} WEIR_BRIDGE_MUSL={{bridge_musl}} WEIR_CHECK_BIN={{weir_check}} cargo test -p weir-e2e -- --test-threads 2
 
-# Benchmarks (~17 min): weir vs no filter, native local_ratelimit, empty wasm; a saturated global key with the bridge 10 and 30 ms away; accuracy at 5x, 20x and after idle, with conformance, the leased runs again with the slow bridge; token budgets and delay; concurrency limits vs Envoy's adaptive_concurrency; rewrites docs/benchmarks.md, docs/benchmarks-features.md and docs/benchmarks-concurrency.md.
+# Benchmarks (docs/benchmarks.md says how long): weir vs no filter, native local_ratelimit, empty wasm; a saturated global key with the bridge 10 and 30 ms away; accuracy at 5x, 20x and after idle, with conformance, the leased runs again with the slow bridge; token budgets and delay; concurrency limits vs Envoy's adaptive_concurrency; rewrites docs/benchmarks.md, docs/benchmarks-features.md and docs/benchmarks-concurrency.md.
 bench: build
     cargo build -p weir-empty-filter --target wasm32-wasip1 --profile wasm
     cargo build -p weir-bridge --release
