@@ -970,3 +970,56 @@ fn anchors_are_made_as_on_github() {
         ["a", "a-1", "b_c"].map(String::from).into_iter().collect()
     );
 }
+
+/// docs/README.md is the index: every page of docs/ is on it, once, and every relative link
+/// of the docs (to a page, a file or a folder of the repository) points at something that
+/// exists.
+#[test]
+fn the_index_lists_every_page_and_every_link_finds_its_file() {
+    let root = repo_root();
+    let index = std::fs::read_to_string(root.join("docs/README.md")).unwrap();
+    for path in doc_files() {
+        let Ok(page) = path.strip_prefix(root.join("docs")) else {
+            continue;
+        };
+        let page = page.to_string_lossy();
+        if page == "README.md" {
+            continue;
+        }
+        let listed = index.matches(&format!("]({page})")).count();
+        assert_eq!(
+            listed, 1,
+            "docs/README.md lists docs/{page} {listed} times, not once"
+        );
+    }
+    let mut checked = 0;
+    for path in doc_files() {
+        let text = std::fs::read_to_string(&path).unwrap();
+        let file = repo_relative(&path);
+        let mut in_fence = false;
+        for (i, line) in text.lines().enumerate() {
+            if line.trim_start().starts_with("```") {
+                in_fence = !in_fence;
+            }
+            if in_fence {
+                continue;
+            }
+            for (start, _) in line.match_indices("](") {
+                let target = line[start + 2..].split(')').next().unwrap_or("");
+                let target = target.split('#').next().unwrap_or("");
+                if target.is_empty() || target.contains("://") || target.starts_with("mailto:") {
+                    continue;
+                }
+                let linked = path.parent().unwrap().join(target);
+                assert!(
+                    linked.exists(),
+                    "{file}:{}: `{target}` does not exist",
+                    i + 1
+                );
+                checked += 1;
+            }
+        }
+    }
+    eprintln!("{checked} links to files");
+    assert!(checked >= 40, "only {checked} links to files");
+}
