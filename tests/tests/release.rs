@@ -24,7 +24,7 @@ use std::process::{Command, Output};
 use weir_e2e::istio::{labels, parse_yaml_docs, Resource};
 use weir_e2e::manifests::{overlays, validate_core_kinds, Rendered};
 use weir_e2e::registry::{run_ok, Layout, Registry};
-use weir_e2e::{repo_root, weir_wasm, TestDir};
+use weir_e2e::{repo_relative, repo_root, weir_wasm, TestDir};
 
 /// Where the shipped manifests' images live before an operator points them at their own.
 const SHIPPED_REGISTRY: &str = "registry.example.com";
@@ -543,4 +543,44 @@ fn release_refuses_a_dirty_tree_and_a_version_without_a_changelog_section() {
     git(&["commit", "-q", "-am", "empty section"]);
     let (ok, said) = preflight(&[]);
     assert!(!ok, "an empty section must be refused:\n{said}");
+}
+
+/// The examples in envoy/istio/ name the version this tree builds, in every image tag and
+/// download path: a copied example must not point at a release that serves other paths
+/// (a 0.1.0 bridge serves no `/v2` or `/v3`).
+#[test]
+fn the_istio_examples_name_the_workspace_version() {
+    let version = workspace_version();
+    let dir = repo_root().join("envoy/istio");
+    let mut named = 0;
+    for entry in fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let text = read(&path);
+        for (i, line) in text.lines().enumerate() {
+            for marker in ["weir-bridge:", "/weir/"] {
+                let Some((_, after)) = line.split_once(marker) else {
+                    continue;
+                };
+                let said: String = after
+                    .chars()
+                    .take_while(|c| c.is_ascii_digit() || *c == '.')
+                    .collect();
+                if said.is_empty() {
+                    continue;
+                }
+                assert_eq!(
+                    said.trim_end_matches('.'),
+                    version,
+                    "{}:{}: `{line}` names {said}, the workspace is {version}",
+                    repo_relative(&path),
+                    i + 1
+                );
+                named += 1;
+            }
+        }
+    }
+    assert!(
+        named >= 2,
+        "only {named} versioned references in envoy/istio"
+    );
 }
