@@ -9,7 +9,7 @@
 //! |---|---|---|
 //! | ` ```json ` | a weir plugin configuration: `weir_core::config::parse` accepts it | `<!-- not-a-config -->`: other JSON (wire format, replies): valid JSON only. `<!-- bad-config -->`: the parser refuses it, and the ` ```text ` block that follows holds the exact error |
 //! | ` ```text ` | not checked | `<!-- config-errors -->`: every line is exactly the message of one `core/tests/config/bad/*.expected` fixture, i.e. an error the filter really gives (the fixtures' own test pins each message to its input) |
-//! | ` ```yaml ` | parsed (every document); then, by content: an EnvoyFilter or WasmPlugin is rendered as Istio would and loaded by `envoy --mode validate` (see `weir_e2e::istio`); an Envoy bootstrap (`static_resources`), a list of HTTP filters, of clusters or of routes, or an HTTP connection manager fragment (`http_filters:`, `route_config:`) or a `stats_config:` is placed into a bootstrap and validated; anything else (Kubernetes objects, envoyproxy/ratelimit configs, Helm values) is parsed only | `<!-- not-envoy -->`: parsed only |
+//! | ` ```yaml ` | parsed (every document); then, by content: an EnvoyFilter or WasmPlugin is rendered as Istio would and loaded by `envoy --mode validate` (see `weir_e2e::istio`); an Envoy bootstrap (`static_resources`), a list of HTTP filters, of clusters or of routes, or an HTTP connection manager fragment (`http_filters:`, `route_config:`, and the `clusters:` they call) or a `stats_config:` is placed into a bootstrap and validated; anything else (Kubernetes objects, envoyproxy/ratelimit configs, Helm values) is parsed only | `<!-- not-envoy -->`: parsed only |
 //!
 //! In bootstraps and fragments every wasm filter's code becomes the locally built
 //! `weir.wasm` (so `on_configure` runs on its configuration), and every cluster a fragment
@@ -319,6 +319,8 @@ fn shape(doc: &Value) -> Shape {
                 .filter(|f| f["name"] != "envoy.filters.http.router")
                 .collect(),
             route_config: doc.get("route_config").cloned(),
+            // README's "Add weir to your Envoy": the filters and the clusters they call.
+            clusters: doc["clusters"].as_array().cloned().unwrap_or_default(),
             ..Fragment::default()
         });
     }
