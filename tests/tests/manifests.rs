@@ -919,3 +919,47 @@ fn the_plain_envoy_overlay_serves_its_global_rule_through_the_bridge_with_the_sh
         "weir's rule label on the health listener's /stats/prometheus"
     );
 }
+
+/// envoy/istio/bridge.yaml is the bridge's deployment for a reader who does not use
+/// kustomize; the package is the source. What the two share must agree: the
+/// DestinationRule (outlier detection, the circuit breaker of "What a crowd gets"), and the
+/// bridge container's probes (liveness on `/metrics`, which answers whatever Redis does).
+#[test]
+fn the_istio_example_bridge_agrees_with_the_package() {
+    let text = std::fs::read_to_string(repo_root().join("envoy/istio/bridge.yaml")).unwrap();
+    let example = weir_e2e::istio::parse_yaml_docs(&text, "envoy/istio/bridge.yaml");
+    let of = |kind: &str| {
+        example
+            .iter()
+            .find(|r| r.kind() == kind && r.name() == "weir-bridge")
+            .unwrap_or_else(|| panic!("envoy/istio/bridge.yaml has no {kind} weir-bridge"))
+    };
+    // A probe as the port is named: the package names it `http`, the example says 8081.
+    let probe = |container: &Value, which: &str| {
+        let mut probe = container[which].clone();
+        for get in ["httpGet", "tcpSocket"] {
+            if probe[get]["port"] == "http" {
+                probe[get]["port"] = serde_json::json!(8081);
+            }
+        }
+        probe
+    };
+    let example_container = &of("Deployment").spec()["template"]["spec"]["containers"][0];
+    for overlay in ISTIO_OVERLAYS {
+        let rendered = render(overlay);
+        let rule = rendered.one("DestinationRule", "weir-bridge");
+        assert_eq!(
+            rule.spec(),
+            of("DestinationRule").spec(),
+            "{overlay}: the DestinationRule differs from envoy/istio/bridge.yaml's"
+        );
+        assert_eq!(rule.namespace(), of("DestinationRule").namespace());
+        for which in ["livenessProbe", "readinessProbe"] {
+            assert_eq!(
+                probe(bridge_container(&rendered), which),
+                probe(example_container, which),
+                "{overlay}: the bridge's {which} differs from envoy/istio/bridge.yaml's"
+            );
+        }
+    }
+}
