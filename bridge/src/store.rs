@@ -96,8 +96,8 @@ impl RedisStore {
     }
 
     /// `PING` within the timeout: whether this replica reaches Redis. Standalone and
-    /// sentinel: the master. Cluster: one node the client is connected to. A master that is down fails the calls for its own
-    /// slots, not this: were readiness to need every master, one dead shard would take
+    /// sentinel: the master. Cluster: one node the client is connected to. A master that
+    /// is down fails the calls for its own slots, not this: were readiness to need every master, one dead shard would take
     /// every bridge replica out of service, and every key with it. (A fan-out to every
     /// master taking the first answer waits here on the dead master's reconnection:
     /// measured on a cluster with one master killed, it timed out.)

@@ -22,8 +22,9 @@
 //! for one key, set once). For the store
 //! (`weir.<plugin>.store.<counter>`): `cas_retries`, `cas_give_ups`, `slot_takeovers`,
 //! `slot_evictions`. For the bridge (`weir.<plugin>.bridge.<counter>`): `calls`, `joined`
-//! (a request waited on another request's call for its keys), `busy` (that call had all
-//! the waiters it may hold: the failure mode decided), `resent` (a call Envoy could not
+//! (a request waited on another request's call for its keys), `refused` (Envoy refused
+//! the call at once while it still takes the plugin's calls, a full circuit breaker: the
+//! request was denied 429, not given the failure mode), `resent` (a call Envoy could not
 //! deliver, sent once more: see `ReplyError::worth_resending`), `skipped` (not called:
 //! calls failed [`BRIDGE_FAILURES_TO_SKIP`](crate::engine::BRIDGE_FAILURES_TO_SKIP) times in a row
 //! less than a second ago),
