@@ -120,9 +120,11 @@ enum Stop {
 /// - no persistence: reset, however the server stopped;
 /// - RDB snapshots (`save 3600 1`): kept over a clean shutdown (it saves on the way
 ///   out), reset by a crash (everything since the last snapshot);
-/// - AOF (`appendonly yes`, `appendfsync everysec`): kept over a crash of the process
-///   (each write reaches the file before its reply; the fsync policy only matters when
-///   the machine itself goes down).
+/// - AOF with `appendfsync always`: kept over a crash of the process (each write is in
+///   the file, and synced, before its reply). Not `everysec`: while a background fsync
+///   runs, Redis postpones writing the AOF for up to 2 s and replies meanwhile, so a
+///   crash then loses what it replied to (a CI run next to other work lost 1 of 2
+///   charges, 998 where 997 was kept); docs/redis.md says so.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_standalone_server_is_served_again_with_what_it_persisted() {
     let rows: [(&str, &[&str], Stop, bool); 5] = [
@@ -131,8 +133,8 @@ async fn a_restarted_standalone_server_is_served_again_with_what_it_persisted() 
         ("rdb", &["--save", "3600 1"], Stop::Clean, true),
         ("rdb", &["--save", "3600 1"], Stop::Crash, false),
         (
-            "aof everysec",
-            &["--appendonly", "yes", "--appendfsync", "everysec"],
+            "aof always",
+            &["--appendonly", "yes", "--appendfsync", "always"],
             Stop::Crash,
             true,
         ),
