@@ -21,7 +21,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use weir_core::conformance::{self, Admission};
 use weir_core::key::Seed;
-use weir_core::rules::{Fact, FactSource};
+use weir_core::rules::{Fact, FactSource, Lease, RuleId, Scope};
 use weir_core::simulation::{admissions, configured_limit, SimEnvoy};
 use weir_e2e::{Bridge, Client, Request};
 
@@ -42,7 +42,7 @@ pub struct Profile {
     pub rate: u64,
     pub burst: u64,
     pub lease_max: u64,
-    /// The hold; `None`: the default (a quarter of the burst's time, at most 1 s).
+    /// `lease.ttl`; `None`: the default (a quarter of the burst's time, at most 1 s).
     pub ttl_ms: Option<u64>,
     pub horizon_ms: u64,
     pub secs: u64,
@@ -116,11 +116,23 @@ impl Profile {
         )
     }
 
-    /// The hold in seconds, the default's as the config computes it.
-    fn hold_s(&self) -> f64 {
-        match self.ttl_ms {
-            Some(ms) => ms as f64 / 1000.0,
-            None => ((self.burst / 4) as f64 / self.rate as f64).min(1.0),
+    /// The rule's lease and the burst Redis enforces, as the filter compiles them: the
+    /// hold a call asks for is `ttl` plus the bridge's round trip as the plugin measured
+    /// it, at most `hold_max` (`ttl` plus `lease.round_trip`), and a GCRA key pays for
+    /// that longest hold with burst (`weir_core::rules::Lease::hold_for`).
+    fn compiled(&self) -> (Lease, u64) {
+        let config = weir_core::config::parse(self.config().as_bytes())
+            .unwrap_or_else(|e| panic!("simulate: the profile's config: {e}"));
+        match config.rule(RuleId(0)).map(|rule| &rule.scope) {
+            Some(Scope::Global(global)) => {
+                let lease = global
+                    .lease
+                    .unwrap_or_else(|| panic!("simulate: the profile's rule has no lease"));
+                // GCRA's parameters: rate, period, burst.
+                let burst = global.redis_limit.algorithm().parameters()[2];
+                (lease, burst)
+            }
+            _ => panic!("simulate: the profile's rule is not global"),
         }
     }
 
@@ -151,15 +163,18 @@ pub struct Prediction {
 
 /// The model: requests for a key reach each of `E` Envoys at `d = rate_k / E` per
 /// second. Far from the limit one call takes `u = clamp(⌈d · hold⌉, 1, min(lease.max,
-/// max(1, (burst + 1) / E)))` units (what the Envoy would spend within the hold, no more
-/// than its share of the key), so the pair costs `d / u` calls per second. At saturation
-/// a GCRA pair reserves its share of the next `horizon` and calls about once per horizon:
-/// `min(d, 1 / horizon)`. Each call runs one script (one rule).
+/// max(1, ⌊(burst_redis + 1) / E⌋)))` units: what the Envoy would spend within the hold
+/// (here its longest, `hold_max`, which is what a call asks for until the plugin has
+/// measured the bridge's round trip, and its bound after), no more than its share of what
+/// Redis has left (`expected_instances` = `E`), so the pair costs `d / u` calls per
+/// second. At saturation a GCRA pair reserves its share of the next `horizon` and calls
+/// about once per horizon: `min(d, 1 / horizon)`. Each call runs one script (one rule).
 pub fn predict(p: &Profile) -> Prediction {
     let e = p.envoys as f64;
-    let hold_s = p.hold_s();
-    let horizon_s = p.horizon_ms as f64 / 1000.0;
-    let share = ((p.burst + 1) as f64 / e).floor().max(1.0);
+    let (lease, burst_redis) = p.compiled();
+    let hold_s = lease.hold_max_us as f64 / 1e6;
+    let horizon_s = lease.horizon_us as f64 / 1e6;
+    let share = ((burst_redis + 1) as f64 / e).floor().max(1.0);
     let per_key = |k: usize| {
         let d = p.key_rps(k) / e;
         if d == 0.0 {
@@ -479,6 +494,11 @@ mod tests {
         // 100 ms horizon = 10/s per pair.
         p.hot = 1;
         p.keys = 2;
+        // The default `ttl` (a quarter of the burst, 240 ms) and round trip (the bridge's
+        // 50 ms timeout): docs/capacity.md's row and docs/global.md quote this hold.
+        let (lease, burst_redis) = p.compiled();
+        assert_eq!((lease.ttl_us, lease.hold_max_us), (240_000, 290_000));
+        assert_eq!(burst_redis, 99 - 29);
         let m = predict(&p);
         let cold = 20.0;
         let hot = 10.0 * 20.0;
