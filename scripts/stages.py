@@ -1,18 +1,75 @@
 #!/usr/bin/env python3
-"""Runs just recipes one after another, as `just a b c` would, and prints how long each took.
+"""Runs just recipes and prints how long each took.
 
-    scripts/stages.py JUST RECIPE...
+    scripts/stages.py JUST RECIPE...     one after another, as `just a b c` would
+    scripts/stages.py JUST --suite       the whole suite, its recipes side by side (below)
 
 Per recipe: the wall time, and the CPU time (user + system) of everything it ran, its
-children's children included. Compiling shows as CPU near twice the wall on a 2-core machine;
-waiting (processes starting, timeouts, sleeps) as wall alone. Stops at the first recipe that
-fails and still prints the table so far. `./dev.sh test` ends with this table: it is where to
-look first when the suite gets slower.
+children's children included. Compiling shows as CPU near twice the wall on a 2-core
+machine; waiting (processes starting, timeouts, sleeps) as wall alone. Stops at the first
+recipe that fails and still prints the table so far. `./dev.sh test` ends with this
+table: it is where to look first when the suite gets slower.
+
+`--suite` runs SUITE, a graph of recipes, so that waiting and compiling overlap: the
+end-to-end and bridge tests spend most of their time waiting on Envoy, Redis and the
+clock, and the builds and the core's tests fill the cores meanwhile. Two kinds of recipe:
+
+- **work** (builds, clippy, the core's tests natively and under wasm): CPU-bound and not
+  sensitive to time. They run under `nice -n 19`, two at a time at most: whatever they
+  take is what the timed tests leave.
+- **timed** (tests that start Envoy, Redis and the bridge and hold them to rates and
+  timeouts): normal priority, two at a time at most.
+
+A recipe starts once the recipes it needs have passed, in the order SUITE lists them
+(the end-to-end tests' builds first: they are the longest chain). Each recipe's output
+goes to target/stages/RECIPE.log and is printed whole when it ends, so the logs of
+recipes running side by side do not interleave. The first failure stops the rest (their
+process groups are killed) and ends with that recipe's log.
 """
+import os
 import resource
+import signal
 import subprocess
 import sys
 import time
+
+WORK, TIMED = "work", "timed"
+
+# (recipe, kind, the recipes it needs). Order is priority: the end-to-end chain first.
+SUITE = [
+    ("build", WORK, []),
+    ("oci-bridge", WORK, []),
+    ("build-e2e", WORK, []),
+    ("test-e2e", TIMED, ["build", "oci-bridge", "build-e2e"]),
+    ("build-bridge-tests", WORK, []),
+    ("test-bridge", TIMED, ["build-bridge-tests"]),
+    ("validate-yaml", TIMED, ["build"]),
+    ("test-alerts", TIMED, []),
+    ("lint", WORK, []),
+    ("build-core-tests", WORK, []),
+    ("test-core", WORK, ["build-core-tests"]),
+    ("build-bench", WORK, []),
+    ("test-bench", WORK, ["build-bench"]),
+    ("bench-smoke", TIMED, ["build", "oci-bridge", "build-bench", "test-e2e"]),
+    ("wasm-bindgen-runner", WORK, []),
+    ("build-core-wasm-tests", WORK, []),
+    ("test-wasm", WORK, ["wasm-bindgen-runner", "build-core-wasm-tests"]),
+]
+AT_ONCE = {WORK: 2, TIMED: 2}
+# The environment a recipe gets beside the suite's. The suite's weir-bridge image is the
+# same code as the shipped one built at opt-level 1 without LTO: 386 CPU-seconds on a cold
+# target (measured 2026-11-29), against the shipped profile's fat LTO and single codegen
+# unit; `just oci-bridge` and `just release` build the shipped one (cargo rebuilds when the
+# profile differs, so the two never mix).
+ENV = {
+    "oci-bridge": {
+        "CARGO_PROFILE_BRIDGE_IMAGE_OPT_LEVEL": "1",
+        "CARGO_PROFILE_BRIDGE_IMAGE_LTO": "false",
+        "CARGO_PROFILE_BRIDGE_IMAGE_CODEGEN_UNITS": "16",
+    },
+}
+# Recipes run with `just --no-deps`: SUITE lists everything their justfile dependencies build.
+NO_DEPS = {"test-e2e", "test-bridge", "bench-smoke"}
 
 
 def children_cpu():
@@ -20,27 +77,109 @@ def children_cpu():
     return usage.ru_utime + usage.ru_stime
 
 
-def main(just, recipes):
+def print_table(rows, wall, failed, status, extra=""):
+    out = sys.stderr
+    print("\nstages: recipe                  start     wall       cpu", file=out)
+    for recipe, start, took, cpu in rows:
+        start_text = "" if start is None else f"{start:5.0f} s"
+        print(f"stages: {recipe:<22} {start_text:>7}  {took:6.0f} s  {cpu:6.0f} s", file=out)
+    print(f"stages: {'total':<22} {'':>7}  {wall:6.0f} s  {sum(r[3] for r in rows):6.0f} s{extra}", file=out)
+    if failed:
+        print(f"stages: stopped: {failed} failed (exit {status})", file=out)
+
+
+def sequential(just, recipes):
     rows, status, failed = [], 0, None
     suite_started = time.monotonic()
     for recipe in recipes:
         started, cpu_before = time.monotonic(), children_cpu()
         status = subprocess.call([just, recipe])
-        rows.append((recipe, time.monotonic() - started, children_cpu() - cpu_before))
+        rows.append((recipe, None, time.monotonic() - started, children_cpu() - cpu_before))
         if status != 0:
             failed = recipe
             break
-    out = sys.stderr
-    print("\nstages: recipe               wall       cpu", file=out)
-    for recipe, wall, cpu in rows:
-        print(f"stages: {recipe:<18} {wall:6.0f} s  {cpu:6.0f} s", file=out)
-    print(f"stages: {'total':<18} {time.monotonic() - suite_started:6.0f} s  {sum(r[2] for r in rows):6.0f} s", file=out)
+    print_table(rows, time.monotonic() - suite_started, failed, status)
+    return status
+
+
+def suite(just):
+    names = [name for name, _, _ in SUITE]
+    for name, _, needs in SUITE:
+        missing = [n for n in needs if n not in names]
+        assert not missing, f"{name} needs {missing}, not in SUITE"
+    logs = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "target", "stages")
+    os.makedirs(logs, exist_ok=True)
+    started = time.monotonic()
+    pending = list(SUITE)
+    running = {}  # pid -> (name, kind, start, log file)
+    done, rows = set(), []
+    failed, status = None, 0
+
+    def say(text):
+        print(f"stages: {time.monotonic() - started:5.0f} s  {text}", file=sys.stderr, flush=True)
+
+    while pending or running:
+        if failed is None:
+            for job in list(pending):
+                name, kind, needs = job
+                no_deps = name in NO_DEPS
+                busy = sum(1 for _, k, _, _ in running.values() if k == kind)
+                if busy >= AT_ONCE[kind] or not all(n in done for n in needs):
+                    continue
+                log = open(os.path.join(logs, f"{name}.log"), "wb")
+                # The graph has built what a recipe's own dependencies would build; run
+                # again they would only wait on cargo's lock for other recipes' builds.
+                command = [just, "--no-deps", name] if no_deps else [just, name]
+                if kind == WORK:
+                    command = ["nice", "-n", "19"] + command
+                child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                         env={**os.environ, **ENV.get(name, {})},
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+                running[child.pid] = (name, kind, time.monotonic(), log)
+                pending.remove(job)
+                say(f"start {name} ({kind})")
+        if not running:
+            break
+        pid, wait_status, usage = os.wait4(-1, 0)
+        if pid not in running:
+            continue
+        name, kind, start, log = running.pop(pid)
+        log.close()
+        code = os.waitstatus_to_exitcode(wait_status)
+        took = time.monotonic() - start
+        rows.append((name, start - started, took, usage.ru_utime + usage.ru_stime))
+        with open(log.name, "rb") as f:
+            text = f.read().decode("utf-8", "replace")
+        sys.stdout.write(f"\n===== {name} ({'passed' if code == 0 else f'exit {code}'}, {took:.0f} s) =====\n")
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        say(f"end {name}: {'ok' if code == 0 else f'exit {code}'} after {took:.0f} s")
+        if code == 0:
+            done.add(name)
+        elif failed is None:
+            failed, status = name, code
+            for other_pid, (other, _, _, _) in running.items():
+                say(f"stopping {other}")
+                try:
+                    os.killpg(other_pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+            pending.clear()
     if failed:
-        print(f"stages: stopped: {failed} failed (exit {status})", file=out)
+        with open(os.path.join(logs, f"{failed}.log"), "rb") as f:
+            tail = f.read().decode("utf-8", "replace").splitlines()[-60:]
+        sys.stdout.write(f"\n===== {failed} failed; the end of its log =====\n" + "\n".join(tail) + "\n")
+        sys.stdout.flush()
+    wall = time.monotonic() - started
+    cpu = sum(r[3] for r in rows)
+    print_table(rows, wall, failed, status,
+                extra=f"  (the cores were busy {cpu / wall / (os.cpu_count() or 1) * 100:.0f} % of the wall)")
     return status
 
 
 if __name__ == "__main__":
     if len(sys.argv) < 3:
         sys.exit(__doc__)
-    sys.exit(main(sys.argv[1], sys.argv[2:]))
+    if sys.argv[2] == "--suite":
+        sys.exit(suite(sys.argv[1]))
+    sys.exit(sequential(sys.argv[1], sys.argv[2:]))

@@ -3,6 +3,7 @@
 # wasm-bindgen-test: what is tested natively is what runs inside Envoy.
 #
 # Usage: scripts/test-core-wasm.sh [cargo test args...]   (default: --tests)
+#        scripts/test-core-wasm.sh --install-only       (the runner, nothing else)
 #
 # Installs wasm-bindgen-test-runner (crate wasm-bindgen-cli) into .tools/cargo at exactly
 # the version of the wasm-bindgen crate in Cargo.lock (the runner refuses test binaries
@@ -25,8 +26,19 @@ version=$(awk '
 
 tools="$PWD/.tools/cargo"
 export PATH="$tools/bin:$PATH"
+# `--install-only`: the runner and nothing else; with `--no-run` among the arguments the
+# tests are only built, and the runner is neither needed nor installed (the suite does
+# both side by side: scripts/stages.py).
+install_only=false
+no_run=false
+for arg in "$@"; do
+  case $arg in
+    --install-only) install_only=true ;;
+    --no-run) no_run=true ;;
+  esac
+done
 have=$(wasm-bindgen-test-runner --version 2>/dev/null | awk '{ print $2 }' || true)
-if [ "$have" != "$version" ]; then
+if [ "$have" != "$version" ] && ! $no_run; then
   say "installing wasm-bindgen-cli $version into .tools/cargo (found: ${have:-none})"
   started=$SECONDS
   # --locked: the CLI is built with the dependencies its release was published with (the
@@ -43,9 +55,13 @@ if [ "$have" != "$version" ]; then
   say "installed in $((SECONDS - started)) s"
 fi
 
+$install_only && exit 0
 [ $# -gt 0 ] || set -- --tests
 # Without debug info the test wasm is a seventh of the size (6 MB, not 43), and the runner
 # (which rewrites the whole binary) takes a third of the time.
 export CARGO_PROFILE_DEV_DEBUG=false
 export CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER=wasm-bindgen-test-runner
-exec cargo test -p weir-core --target wasm32-unknown-unknown "$@"
+# The workspace builds the core at opt-level 1 for its searches (Cargo.toml); under wasm the
+# tests run in seconds and the build is what costs, so here it is built unoptimised.
+exec cargo test -p weir-core --target wasm32-unknown-unknown \
+  --config 'profile.dev.package.weir-core.opt-level=0' "$@"

@@ -53,7 +53,7 @@ fn the_prometheus_rule_carries_the_rules_file() {
     if std::env::var_os("WEIR_WRITE_ALERTS").is_some() {
         let text = format!(
             "# Generated from weir-rules.yaml by tests/tests/alerts.rs (WEIR_WRITE_ALERTS=1 cargo test -p weir-e2e\n\
-             # --test alerts): edit weir-rules.yaml, not this file. For the Prometheus Operator; its\n\
+             # --test e2e alerts::): edit weir-rules.yaml, not this file. For the Prometheus Operator; its\n\
              # ruleSelector must match the labels below.\n{}",
             serde_yaml::to_string(&want).unwrap()
         );
@@ -62,7 +62,7 @@ fn the_prometheus_rule_carries_the_rules_file() {
     let got: Value = serde_yaml::from_str(&read(PROMETHEUS_RULE)).unwrap();
     assert!(
         got == want,
-        "{PROMETHEUS_RULE} is not {RULES} as a PrometheusRule: run WEIR_WRITE_ALERTS=1 cargo test -p weir-e2e --test alerts"
+        "{PROMETHEUS_RULE} is not {RULES} as a PrometheusRule: run WEIR_WRITE_ALERTS=1 cargo test -p weir-e2e --test e2e alerts::"
     );
 }
 
