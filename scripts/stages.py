@@ -11,17 +11,17 @@ recipe that fails and still prints the table so far. `./dev.sh test` ends with t
 table: it is where to look first when the suite gets slower.
 
 `--suite` runs SUITE, a graph of recipes, so that waiting and compiling overlap: the
-end-to-end and bridge tests spend most of their time waiting on Envoy, Redis and the
+end-to-end and bridge tests spend part of their time waiting on Envoy, Redis and the
 clock, and the builds and the core's tests fill the cores meanwhile. Two kinds of recipe:
 
-- **work** (builds, clippy, the core's tests natively and under wasm): CPU-bound and not
-  sensitive to time. They run under `nice -n 19`, two at a time at most: whatever they
-  take is what the timed tests leave.
+- **work** (builds, clippy, the core's tests natively and under wasm, validation): not
+  sensitive to time. They run under `nice -n 19`, two at a time, one beside a timed
+  recipe.
 - **timed** (tests that start Envoy, Redis and the bridge and hold them to rates and
-  timeouts): normal priority, two at a time at most.
+  timeouts): normal priority, one at a time, and only once at most one work recipe runs.
 
 A recipe starts once the recipes it needs have passed, in the order SUITE lists them
-(the end-to-end tests' builds first: they are the longest chain). Each recipe's output
+(the builds the timed tests wait for first). Each recipe's output
 goes to target/stages/RECIPE.log and is printed whole when it ends, so the logs of
 recipes running side by side do not interleave. The first failure stops the rest (their
 process groups are killed) and ends with that recipe's log.
@@ -35,41 +35,35 @@ import time
 
 WORK, TIMED = "work", "timed"
 
-# (recipe, kind, the recipes it needs). Order is priority: the end-to-end chain first.
+# (recipe, kind, the recipes it needs). Order is priority: the builds the timed tests
+# wait for first, then the timed tests in the order they can start.
 SUITE = [
-    ("build", WORK, []),
-    ("oci-bridge", WORK, []),
-    ("build-e2e", WORK, []),
-    ("test-e2e", TIMED, ["build", "oci-bridge", "build-e2e"]),
     ("build-bridge-tests", WORK, []),
+    ("build", WORK, []),
+    ("build-e2e", WORK, []),
     ("test-bridge", TIMED, ["build-bridge-tests"]),
-    ("validate-yaml", TIMED, ["build"]),
-    ("test-alerts", TIMED, []),
+    ("test-e2e-live", TIMED, ["build", "build-bridge-tests", "build-e2e"]),
+    ("build-bench", WORK, []),
+    ("bench-smoke", TIMED, ["build", "build-bridge-tests", "build-bench"]),
+    ("oci-bridge", WORK, []),
+    ("test-images", TIMED, ["build", "oci-bridge", "build-e2e"]),
     ("lint", WORK, []),
     ("build-core-tests", WORK, []),
     ("test-core", WORK, ["build-core-tests"]),
-    ("build-bench", WORK, []),
     ("test-bench", WORK, ["build-bench"]),
-    ("bench-smoke", TIMED, ["build", "oci-bridge", "build-bench", "test-e2e"]),
     ("wasm-bindgen-runner", WORK, []),
     ("build-core-wasm-tests", WORK, []),
     ("test-wasm", WORK, ["wasm-bindgen-runner", "build-core-wasm-tests"]),
+    ("validate-yaml", WORK, ["build"]),
+    ("test-alerts", WORK, []),
 ]
-AT_ONCE = {WORK: 2, TIMED: 2}
-# The environment a recipe gets beside the suite's. The suite's weir-bridge image is the
-# same code as the shipped one built at opt-level 1 without LTO: 386 CPU-seconds on a cold
-# target (measured 2026-11-29), against the shipped profile's fat LTO and single codegen
-# unit; `just oci-bridge` and `just release` build the shipped one (cargo rebuilds when the
-# profile differs, so the two never mix).
-ENV = {
-    "oci-bridge": {
-        "CARGO_PROFILE_BRIDGE_IMAGE_OPT_LEVEL": "1",
-        "CARGO_PROFILE_BRIDGE_IMAGE_LTO": "false",
-        "CARGO_PROFILE_BRIDGE_IMAGE_CODEGEN_UNITS": "16",
-    },
-}
+# At most one timed recipe at a time: two side by side (the bridge's tests and the
+# end-to-end ones) made bridge calls miss their 50 ms timeout on 2 cores, and so did
+# two niced builds beside them. Beside a timed recipe, one work recipe at a time.
+AT_ONCE = {WORK: 2, TIMED: 1}
+WORK_BESIDE_TIMED = 1
 # Recipes run with `just --no-deps`: SUITE lists everything their justfile dependencies build.
-NO_DEPS = {"test-e2e", "test-bridge", "bench-smoke"}
+NO_DEPS = {"test-e2e-live", "test-images", "test-bridge", "bench-smoke"}
 
 
 def children_cpu():
@@ -124,7 +118,13 @@ def suite(just):
                 name, kind, needs = job
                 no_deps = name in NO_DEPS
                 busy = sum(1 for _, k, _, _ in running.values() if k == kind)
-                if busy >= AT_ONCE[kind] or not all(n in done for n in needs):
+                timed = any(k == TIMED for _, k, _, _ in running.values())
+                limit = WORK_BESIDE_TIMED if kind == WORK and timed else AT_ONCE[kind]
+                if kind == TIMED:
+                    # A timed recipe waits until at most WORK_BESIDE_TIMED work runs.
+                    work = sum(1 for _, k, _, _ in running.values() if k == WORK)
+                    limit = AT_ONCE[TIMED] if work <= WORK_BESIDE_TIMED else 0
+                if busy >= limit or not all(n in done for n in needs):
                     continue
                 log = open(os.path.join(logs, f"{name}.log"), "wb")
                 # The graph has built what a recipe's own dependencies would build; run
@@ -133,7 +133,6 @@ def suite(just):
                 if kind == WORK:
                     command = ["nice", "-n", "19"] + command
                 child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                         env={**os.environ, **ENV.get(name, {})},
                                          stdin=subprocess.DEVNULL, start_new_session=True)
                 running[child.pid] = (name, kind, time.monotonic(), log)
                 pending.remove(job)
