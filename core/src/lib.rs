@@ -9,6 +9,7 @@
 //!
 //! - [`field_error`]: the one error type of parsed JSON (a path and a message).
 //! - [`bounds`]: every size limit the config, the wire and the bridge share.
+//! - [`stats`]: weir's Envoy stats, each declared once, and the levels that choose them.
 //! - [`time`]: [`time::Micros`] and [`time::Nanos`], times where they cross modules.
 //! - [`buffers`]: a VM's budget of bytes kept for requests in flight.
 //! - [`algorithms`]: the rate-limit algorithms, pure functions of
@@ -43,6 +44,8 @@
 pub mod field_error;
 
 pub mod bounds;
+
+pub mod stats;
 
 pub mod time;
 

@@ -17,6 +17,7 @@ use crate::adaptive::Adaptive;
 use crate::algorithms::{GlobalLimit, Limit, Policy};
 use crate::concurrency::Concurrency;
 use crate::key::PartOrigin;
+use crate::stats::{Applies, StatsLevel};
 use crate::usage::clamp::BodyClamp;
 use crate::usage::{BodyEstimate, UsageField};
 
@@ -148,6 +149,8 @@ pub struct Rule {
     pub delay: Option<Delay>,
     /// The request's cost is an estimate, corrected when the response ends (`commit`).
     pub commit: Option<Commit>,
+    /// The rule's own `stats` level; `None`: the plugin's ([`crate::config::Config::stats_level`]).
+    pub stats: Option<StatsLevel>,
 }
 
 /// `commit`: the cost a request was admitted with (its `cost`) is an estimate; the
@@ -344,6 +347,24 @@ impl Rule {
 
     pub fn is_global(&self) -> bool {
         matches!(self.scope, Scope::Global(_))
+    }
+
+    /// Whether the rule has the stats declared for `applies` rules
+    /// ([`crate::stats::rule_stats`]).
+    pub fn has_stats(&self, applies: Applies) -> bool {
+        let adaptive = self.adaptive();
+        match applies {
+            Applies::Every => true,
+            Applies::Shadow => self.shadow,
+            Applies::Global => self.is_global(),
+            Applies::DenialCache => self.is_global() || self.reservoir.is_some(),
+            Applies::Reservoir => self.reservoir.is_some(),
+            Applies::Delay => self.delay.is_some(),
+            Applies::Commit => self.commit.is_some(),
+            Applies::Concurrency => matches!(self.scope, Scope::Concurrency(_)),
+            Applies::Adaptive => adaptive.is_some_and(|a| a.key_controllers.is_none()),
+            Applies::PerKey => adaptive.is_some_and(|a| a.key_controllers.is_some()),
+        }
     }
 }
 

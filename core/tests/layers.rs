@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 const CORE_LAYERS: &[&str] = &[
     "field_error",
     "bounds",
+    "stats",
     "time",
     "buffers",
     "algorithms",

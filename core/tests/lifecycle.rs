@@ -4,7 +4,8 @@
 //! held requests released or abandoned, costs settled after a denial or the response,
 //! a reload while a call is out, and the tick's work. No Envoy: what these check is the
 //! order of callbacks and host calls, which the end-to-end suite can only see from
-//! outside.
+//! outside. The configs ask for `"stats": "detailed"`: the tests read why requests went
+//! as they did (delays, commits, resent calls).
 
 #![allow(
     clippy::unwrap_used,
@@ -28,7 +29,7 @@ const T0: u64 = 1_750_000_000_000_000;
 const MS: u64 = 1_000;
 
 /// A global token bucket of 6,000 a minute per `x-user`, leasing up to 10 units for 1 s.
-const LEASED: &str = r#"{"bridge":{"cluster":"weir_bridge"},"rules":[
+const LEASED: &str = r#"{"stats":"detailed","bridge":{"cluster":"weir_bridge"},"rules":[
     {"name":"tenant","scope":"global","key":[{"header":"x-user"}],
      "limit":{"algorithm":"token_bucket","capacity":6000,"refill":6000,"period":"1m"},
      "global":{"lease":{"max":10,"ttl":"1s"}}}]}"#;
@@ -96,7 +97,7 @@ fn a_bridge_answer_after_its_request_is_gone_is_counted_leased_and_settled() {
     // A concurrency rule counts the request before the global rule pauses it: its
     // place must come back when the answer finds the request gone.
     let mut envoy = envoy(
-        r#"{"bridge":{"cluster":"weir_bridge"},"rules":[
+        r#"{"stats":"detailed","bridge":{"cluster":"weir_bridge"},"rules":[
         {"name":"inflight","key":[{"header":"x-user"}],
          "limit":{"algorithm":"concurrency","max_in_flight":1}},
         {"name":"tenant","scope":"global","key":[{"header":"x-user"}],
@@ -187,7 +188,7 @@ fn two_requests_joined_on_one_call_are_both_resumed_by_its_answer() {
 /// first is held, its slot 100 ms after the first.
 fn one_held() -> (Envoy, u32) {
     let mut envoy = envoy(
-        r#"{"rules":[{"name":"api","key":[{"header":"x-user"}],
+        r#"{"stats":"detailed","rules":[{"name":"api","key":[{"header":"x-user"}],
         "limit":{"algorithm":"gcra","rate":10,"period":"1s","burst":0},
         "on_limit":{"delay":{"max":"1s"}}}]}"#,
     );
@@ -289,7 +290,7 @@ fn outstanding(envoy: &mut Envoy, root: u32) -> i64 {
 fn held_requests_are_outstanding_until_released_abandoned_or_answered_by_a_teardown() {
     // One a second, delayed up to 5 s: each request after the first is held a second.
     let mut envoy = envoy(
-        r#"{"rules":[{"name":"api","key":[{"header":"x-user"}],
+        r#"{"stats":"detailed","rules":[{"name":"api","key":[{"header":"x-user"}],
         "limit":{"algorithm":"gcra","rate":1,"period":"1s","burst":0},
         "on_limit":{"delay":{"max":"5s"}}}]}"#,
     );
@@ -338,7 +339,7 @@ fn held_requests_are_outstanding_until_released_abandoned_or_answered_by_a_teard
 
 #[test]
 fn reservoir_units_are_outstanding_until_spent_expired_or_their_plugin_goes() {
-    let config = r#"{"rules":[{"name":"api","key":[{"header":"x-user"}],
+    let config = r#"{"stats":"detailed","rules":[{"name":"api","key":[{"header":"x-user"}],
         "limit":{"algorithm":"token_bucket","capacity":1000,"refill":1000,"period":"1s"},
         "reservoir":{"max":20,"hold":"500ms"}}]}"#;
     let mut envoy = envoy(config);
@@ -388,7 +389,7 @@ fn reservoir_units_are_outstanding_until_spent_expired_or_their_plugin_goes() {
 fn a_denial_names_its_rule_in_filter_state_and_its_decisions_when_asked() {
     let denied_state = |response: &str| {
         let mut envoy = envoy(&format!(
-            r#"{{"rules":[{{"name":"api","key":[{{"header":"x-user"}}],
+            r#"{{"stats":"detailed","rules":[{{"name":"api","key":[{{"header":"x-user"}}],
             "limit":{{"algorithm":"gcra","rate":1,"period":"1h","burst":0}}}}]{response}}}"#
         ));
         let (allowed, _) = envoy.request(&user("acme"));
@@ -422,7 +423,7 @@ fn a_denial_names_its_rule_in_filter_state_and_its_decisions_when_asked() {
 
 /// A token budget per user (settled with the response's `x-tokens`), and one request a
 /// minute per session.
-const BUDGET_AND_SESSIONS: &str = r#"{"rules":[
+const BUDGET_AND_SESSIONS: &str = r#"{"stats":"detailed","rules":[
     {"name":"llm","key":[{"header":"x-user"}],
      "limit":{"algorithm":"fixed_window","limit":1000,"window":"1m"},
      "cost":{"header":"x-estimate","max":500},"commit":{"header":"x-tokens"}},
@@ -501,7 +502,7 @@ fn a_reload_while_a_call_is_out_answers_the_call_on_the_old_plugin() {
     // The new config: one request a minute per user, decided locally.
     let new_root = envoy
         .configure(
-            r#"{"rules":[{"name":"per_user","key":[{"header":"x-user"}],
+            r#"{"stats":"detailed","rules":[{"name":"per_user","key":[{"header":"x-user"}],
             "limit":{"algorithm":"fixed_window","limit":1,"window":"1m"}}]}"#,
         )
         .unwrap();
@@ -533,7 +534,7 @@ fn a_reload_while_a_call_is_out_answers_the_call_on_the_old_plugin() {
 #[test]
 fn the_tick_sends_global_commits_and_counts_their_answer() {
     let mut envoy = envoy(
-        r#"{"bridge":{"cluster":"weir_bridge"},"rules":[
+        r#"{"stats":"detailed","bridge":{"cluster":"weir_bridge"},"rules":[
         {"name":"llm","scope":"global","key":[{"header":"x-user"}],
          "limit":{"algorithm":"token_bucket","capacity":10000,"refill":10000,"period":"1m"},
          "cost":{"header":"x-estimate","max":500},"commit":{"header":"x-tokens"}}]}"#,
@@ -589,7 +590,7 @@ fn the_tick_sends_global_commits_and_counts_their_answer() {
 #[test]
 fn a_failed_call_applies_the_failure_mode_and_resumes_or_answers() {
     let mut envoy = envoy(
-        r#"{"bridge":{"cluster":"weir_bridge"},"rules":[
+        r#"{"stats":"detailed","bridge":{"cluster":"weir_bridge"},"rules":[
         {"name":"tenant","scope":"global","key":[{"header":"x-user"}],"global":{"failure_mode":"deny"},
          "limit":{"algorithm":"token_bucket","capacity":100,"refill":100,"period":"1m"}}]}"#,
     );
@@ -621,7 +622,7 @@ fn a_failed_call_applies_the_failure_mode_and_resumes_or_answers() {
     assert_eq!(stat("rule.tenant.failure_denied"), 5);
 }
 
-const DENY: &str = r#"{"bridge":{"cluster":"weir_bridge","timeout":"100ms"},"rules":[
+const DENY: &str = r#"{"stats":"detailed","bridge":{"cluster":"weir_bridge","timeout":"100ms"},"rules":[
     {"name":"tenant","scope":"global","key":[{"header":"x-user"}],"global":{"failure_mode":"deny"},
      "limit":{"algorithm":"token_bucket","capacity":100,"refill":100,"period":"1m"}}]}"#;
 /// What Envoy answers itself for a host that refuses the connection.
@@ -733,7 +734,7 @@ fn only_calls_failing_in_a_row_skip_the_bridge() {
 fn a_cost_estimated_from_the_body_is_decided_when_the_body_is_in() {
     // 1,500 tokens an hour; a request asking for 1,000 costs 1,009 (its size counted too).
     let mut envoy = envoy(
-        r#"{"rules":[{"name":"llm","key":[{"header":"x-user"}],
+        r#"{"stats":"detailed","rules":[{"name":"llm","key":[{"header":"x-user"}],
         "limit":{"algorithm":"token_bucket","capacity":1500,"refill":1500,"period":"1h"},
         "cost":{"body":{"max_bytes":4096},"default":300,"max":1500}}]}"#,
     );
@@ -763,7 +764,7 @@ fn a_cost_estimated_from_the_body_is_decided_when_the_body_is_in() {
 fn a_clamped_request_goes_on_without_content_length_and_with_its_body_lowered() {
     // 1,500 tokens an hour; a request asking for 1,000 costs 1,009.
     let mut envoy = envoy(
-        r#"{"rules":[{"name":"llm","key":[{"header":"x-user"}],
+        r#"{"stats":"detailed","rules":[{"name":"llm","key":[{"header":"x-user"}],
         "limit":{"algorithm":"token_bucket","capacity":1500,"refill":1500,"period":"1h"},
         "cost":{"body":{}},"commit":{"body":{},"clamp":{}}}]}"#,
     );
@@ -832,7 +833,7 @@ fn callbacks_for_contexts_that_do_not_exist_do_nothing() {
 #[test]
 fn a_configuration_envoy_must_refuse_names_the_field() {
     let error = Envoy::new(
-        r#"{"rules":[{"name":"a","limit":{"algorithm":"gcra","rate":0,"period":"1s"}}]}"#,
+        r#"{"stats":"detailed","rules":[{"name":"a","limit":{"algorithm":"gcra","rate":0,"period":"1s"}}]}"#,
     )
     .err()
     .expect("refused");

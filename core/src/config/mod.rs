@@ -15,6 +15,7 @@ pub use compile::{DEFAULT_MAX_KEYS, MAX_MAX_KEYS};
 use crate::field_error::FieldError;
 use crate::response::ResponseSettings;
 use crate::rules::{Cost, Fact, FactTable, Rule, RuleId};
+use crate::stats::StatsLevel;
 
 /// A compiled, valid configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,6 +29,9 @@ pub struct Config {
     /// The most bytes one worker's VM keeps for its requests in flight (request bodies
     /// read for an estimate, response bodies read for a usage): see [`crate::buffers`].
     pub max_buffered_bytes: u64,
+    /// The plugin's stats level: its plugin-wide stats, and each rule's that does not
+    /// set its own ([`crate::stats`]).
+    pub stats: StatsLevel,
 }
 
 /// The filter's side of the bridge connection.
@@ -64,6 +68,11 @@ impl Config {
 
     pub fn rule(&self, id: RuleId) -> Option<&Rule> {
         self.rules.get(id.index())
+    }
+
+    /// The stats level of `rule`: its own, or else the plugin's.
+    pub fn stats_level(&self, rule: &Rule) -> StatsLevel {
+        rule.stats.unwrap_or(self.stats)
     }
 }
 

@@ -10,6 +10,7 @@ use super::duration::parse_duration;
 use crate::algorithms::{AlgorithmKind, Parameter, Unit};
 use crate::bounds::MAX_CONFIG_BYTES;
 use crate::field_error::FieldError;
+use crate::stats::StatsLevel;
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 use std::fmt;
@@ -96,6 +97,7 @@ pub(crate) struct RawConfig {
     pub response: Option<RawResponse>,
     pub bridge: Option<RawBridge>,
     pub max_buffered_bytes: Option<u64>,
+    pub stats: Option<StatsLevel>,
 }
 
 /// How the filter reaches weir-bridge (needed by global rules).
@@ -152,6 +154,7 @@ pub(crate) struct RawRule {
     pub reservoir: Option<RawReservoir>,
     pub on_limit: Option<RawOnLimit>,
     pub commit: Option<RawCommit>,
+    pub stats: Option<StatsLevel>,
 }
 
 /// A cost estimated from the request's JSON body.

@@ -1,4 +1,4 @@
-//! Envoy stats for every decision.
+//! Envoy stats for every decision, defined from their declarations in [`crate::stats`].
 //!
 //! Envoy shows them as `wasmcustom.weir.<plugin>.…` in `/stats` and without the
 //! `wasmcustom.` prefix in `/stats/prometheus`; with the `stats_tags` weir ships
@@ -8,76 +8,34 @@
 //! worker defines the same names, which Envoy maps to the same stats, so the counters
 //! are process-wide.
 //!
-//! Per rule (`weir.<plugin>.rule.<name>.<counter>`): `allowed`, `limited`, `shadow_limited`,
-//! `key_missing` (a key source had no value: the rule did not apply), `store_errors`
-//! (shared data failed or the CAS gave up: the rule let the request through), and the
-//! gauges `slots_in_use` and `slots_capacity` of its slot table. Global rules also
-//! count `lease_hits` (served from a lease), `denial_cache_hits` (denied by a cached
-//! denial, no bridge call), `bridge_decisions` (decided by Redis), and what their failure
-//! mode did: `failure_allowed`, `failure_denied`, `failure_local`; with leases, what
-//! became of the units Redis granted ahead: `lease_units_granted`, `lease_units_late`
-//! (came back with no time left to spend) and `lease_units_expired` (dropped unspent).
-//! Every rule has the gauges `outstanding_units` (units counted in the store and not
-//! admitted yet: see `weir_core::engine` `outstanding.rs`) and `limit_units` (its limit
-//! for one key, set once). For the store
-//! (`weir.<plugin>.store.<counter>`): `cas_retries`, `cas_give_ups`, `slot_takeovers`,
-//! `slot_evictions`. For the bridge (`weir.<plugin>.bridge.<counter>`): `calls`, `joined`
-//! (a request waited on another request's call for its keys), `refused` (Envoy refused
-//! the call at once while it still takes the plugin's calls, a full circuit breaker: the
-//! request was denied 429, not given the failure mode), `resent` (a call Envoy could not
-//! deliver, sent once more: see `ReplyError::worth_resending`), `skipped` (not called:
-//! calls failed [`BRIDGE_FAILURES_TO_SKIP`](crate::engine::BRIDGE_FAILURES_TO_SKIP) times in a row
-//! less than a second ago),
-//! `errors_timeout`, `errors_unavailable` (a 503, or no response at all),
-//! `errors_status`, `errors_bad_body`, and the histogram `latency_us`.
+//! Per rule, `weir.<plugin>.rule.<name>.<stat>` ([`crate::stats::rule_stats`]: `allowed`,
+//! `limited`, `store_errors`, `lease_hits`, `delayed`, `commit_usage_read`, …); for the
+//! plugin, `weir.<plugin>.store.<stat>` (shared data: `cas_retries`, `cas_give_ups`,
+//! `slot_takeovers`), `weir.<plugin>.bridge.<stat>` (the calls to weir-bridge: `calls`,
+//! `joined`, `refused`, `resent`, `skipped`, `errors_*` and the histogram `latency_us`)
+//! and `weir.<plugin>.vm.<stat>` (`buffer_full`, and what crossed the boundary between
+//! the VM and Envoy, counted by every VM of the plugin: `host_calls`, `calls.<kind>`,
+//! `entries`, `bytes_in`, `bytes_out`; with two plugins in one VM, each counts the VM's).
+//! docs/operations.md has the table of them all, rendered from the declarations.
 //!
-//! Local rules with reservoirs also count, per worker's reservoirs: `reservoir_hits`
-//! (served from units the worker took ahead), `reservoir_units_taken`,
-//! `reservoir_units_expired` (held past their time, never admitted),
-//! `reservoir_evictions` (a key took another key's entry in a full worker table) and
-//! `reservoir_units_evicted` (units such an entry still held); a local key denied from a
-//! worker's cached denial counts in `denial_cache_hits`. Rules with `on_limit.delay`
-//! count `delayed` (requests held instead of denied), `delay_waited_us` (the time they
-//! waited, summed: divided by `delayed`, the mean wait), `delay_late` (released after
-//! their slot: decided again), `delay_queue_full` (denied because the worker held
-//! `queue` requests of the rule already), `delay_past_deadline` (denied because the
-//! request's own deadline came before its slot, or its release after that deadline) and
-//! `delay_abandoned` (the client left while its request was held). Rules with a `commit` count `committed` (costs settled after
-//! the response) and, by why they settled as they did (`weir_core::usage::settlement`):
-//! `commit_usage_read` (the response's usage), `commit_on_error` (the upstream's own 5xx:
-//! the rule's `on_error`), and, each keeping the estimate, `commit_no_usage` (a response
-//! without a readable usage), `commit_over_max_bytes` (a body or event over `max_bytes`),
-//! `commit_compressed` (a compressed body), `commit_aborted` (cut before its usage came),
-//! `commit_local_reply` (a reply Envoy made itself, such as a route timeout's 504);
-//! `commit_not_forwarded` (a later rule denied the request: nothing);
-//! `commit_units_refunded`, `commit_units_charged`
-//! (the actual cost above the estimate), `commit_errors` (shared data failed: the
-//! estimate stands) and `commit_clamped` (`commit.clamp`: requests reserved less than
-//! their estimate, their body's output lowered to fit). Concurrency rules count `in_flight_released` (streams ended, their
-//! places given back at once or, when shared data refused, on the worker's next tick),
-//! `in_flight_release_errors` (shared data refused a give-back at the stream's end: the
-//! tick retries it) and `in_flight_reclaimed` (units of places no live worker re-counted
-//! for a whole epoch, dropped: a VM that died with requests in flight); adaptive ones have the gauges `concurrency_limit`, `latency_sample_us`
-//! (the last interval's latency quantile) and `latency_baseline_us` — with `per_key`,
-//! whose limits are one per key, none of these but the counter `keys_without_controller`
-//! (requests whose key had no controller of its own: decided against `max_in_flight`).
-//! What crossed the boundary between the VM and Envoy, counted by every VM of the plugin
-//! (with two plugins in one VM, each counts the VM's): `weir.<plugin>.vm.host_calls`
-//! (every call into Envoy), `vm.calls.<kind>` by kind (`clock`, `header`, `body`,
-//! `shared_get`, `shared_set`, `property`, `dispatch`, `stream`, `stats`, `log`, `tick`),
-//! `vm.entries` (every callback Envoy made into the VM) and `vm.bytes_in` / `vm.bytes_out`
-//! (bytes copied in and handed out). Divided by requests, they are what a request costs
-//! in units no machine changes; the benchmark reports them.
+//! Which are defined is decided here, once, where each is defined: a stat above the
+//! level of its rule (or of the plugin, for plugin-wide ones) or declared for other
+//! rules is never defined with Envoy, and its handle is off: recording it does nothing,
+//! so the code that records a stat does not ask whether it exists. Recording a stat
+//! declared for other rules is a mistake in the declarations, which debug builds (and
+//! so the core's tests) assert.
 //!
 //! Counting a request costs no host call: increments are kept in the VM and sent every
 //! [`FLUSH_INTERVAL`] — by the next request after that, or by the root context's tick
 //! when the worker is idle — so stats lag traffic by at most about a tenth of a second.
 
 use super::host::{BoundaryCounts, CallKind, Host, HostResult, MetricType};
+use crate::config::Config;
 use crate::engine::{
     Adapted, BridgeError, Delayed, Evaluation, Expired, FailureOutcome, RuleOutcome, Source,
 };
-use crate::rules::RuleId;
+use crate::rules::{Rule, RuleId};
+use crate::stats::{Applies, Group, StatKind, StatsLevel};
 use crate::store::{Placement, UpdateError};
 use crate::time::Micros;
 use crate::usage::settlement::SettleReason;
@@ -87,174 +45,181 @@ use std::cell::Cell;
 /// How often increments kept in the VM are sent to Envoy.
 pub const FLUSH_INTERVAL: Micros = Micros::from_millis(100);
 
-/// A counter or gauge: its index among the VM's pending increments.
-#[derive(Debug, Clone, Copy)]
-struct Stat(usize);
-
-#[derive(Debug)]
-struct RuleMetrics {
-    allowed: Stat,
-    limited: Stat,
-    shadow_limited: Stat,
-    key_missing: Stat,
-    store_errors: Stat,
-    slots_in_use: Stat,
-    lease_hits: Stat,
-    denial_cache_hits: Stat,
-    bridge_decisions: Stat,
-    failure_allowed: Stat,
-    failure_denied: Stat,
-    failure_local: Stat,
-    reservoir_hits: Stat,
-    reservoir_taken: Stat,
-    reservoir_expired: Stat,
-    reservoir_evictions: Stat,
-    reservoir_lost: Stat,
-    lease_units_granted: Stat,
-    lease_units_late: Stat,
-    lease_units_expired: Stat,
-    delayed: Stat,
-    delay_waited_us: Stat,
-    delay_late: Stat,
-    delay_queue_full: Stat,
-    delay_past_deadline: Stat,
-    delay_abandoned: Stat,
-    committed: Stat,
-    commit_reasons: CommitReasons,
-    commit_units_refunded: Stat,
-    commit_units_charged: Stat,
-    commit_errors: Stat,
-    commit_clamped: Stat,
-    in_flight_released: Stat,
-    in_flight_release_errors: Stat,
-    in_flight_reclaimed: Stat,
-    keys_without_controller: Stat,
-    /// Gauge: units counted in the store and not admitted yet (`engine::outstanding`).
-    outstanding_units: Stat,
-    /// A global rule's: its outstanding units are in shared data, where other workers
-    /// spend them (see [`Metrics::drain_outstanding`]).
-    outstanding_shared: bool,
-    /// Adaptive concurrency rules: the limit, the last interval's latency sample and
-    /// the baseline, recorded when a worker merges.
-    adaptive: Option<AdaptiveGauges>,
+/// A stat's handle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stat {
+    /// Defined with Envoy: its index among the VM's pending increments.
+    On(usize),
+    /// Above its rule's (or the plugin's) level: not defined, recording it does nothing.
+    Off,
+    /// Declared for other rules ([`Applies`]), or for a plugin without a bridge: not
+    /// defined, and never recorded.
+    NotDeclared,
 }
 
-/// A rule's settlements, one counter per [`SettleReason`].
-#[derive(Debug)]
-struct CommitReasons {
-    usage_read: Stat,
-    on_error: Stat,
-    no_usage: Stat,
-    over_max_bytes: Stat,
-    compressed: Stat,
-    aborted: Stat,
-    local_reply: Stat,
-    not_forwarded: Stat,
-}
-
-impl CommitReasons {
-    fn define<H: Host>(r: &mut Registry<'_, H>, prefix: &str) -> HostResult<CommitReasons> {
-        let mut stat =
-            |reason: SettleReason| r.counter(&format!("{prefix}.{}", reason.stat_name()));
-        Ok(CommitReasons {
-            usage_read: stat(SettleReason::Usage)?,
-            on_error: stat(SettleReason::UpstreamError)?,
-            no_usage: stat(SettleReason::NoUsage)?,
-            over_max_bytes: stat(SettleReason::TooLarge)?,
-            compressed: stat(SettleReason::Compressed)?,
-            aborted: stat(SettleReason::Aborted)?,
-            local_reply: stat(SettleReason::LocalReply)?,
-            not_forwarded: stat(SettleReason::NotForwarded)?,
-        })
+/// Whether a stat of `level` that applies (or not) is defined at `at`.
+fn presence(applies: bool, level: StatsLevel, at: StatsLevel) -> Presence {
+    match (applies, at.includes(level)) {
+        (false, _) => Presence::NotDeclared,
+        (true, false) => Presence::Off,
+        (true, true) => Presence::On,
     }
+}
 
-    fn of(&self, reason: SettleReason) -> Stat {
-        match reason {
-            SettleReason::Usage => self.usage_read,
-            SettleReason::UpstreamError => self.on_error,
-            SettleReason::NoUsage => self.no_usage,
-            SettleReason::TooLarge => self.over_max_bytes,
-            SettleReason::Compressed => self.compressed,
-            SettleReason::Aborted => self.aborted,
-            SettleReason::LocalReply => self.local_reply,
-            SettleReason::NotForwarded => self.not_forwarded,
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Presence {
+    On,
+    Off,
+    NotDeclared,
+}
+
+/// A rule's stats: one handle per declaration of [`crate::stats::rule_stats`].
+macro_rules! rule_stat_set {
+    ($($field:ident $(= $name:literal)?: $kind:ident, $level:ident, $applies:ident, $doc:literal;)*) => {
+        #[derive(Debug)]
+        struct RuleStatSet {
+            $(#[doc = $doc] $field: Stat,)*
+        }
+
+        impl RuleStatSet {
+            fn define<H: Host>(
+                r: &mut Registry<'_, H>,
+                prefix: &str,
+                rule: &Rule,
+                level: StatsLevel,
+            ) -> HostResult<RuleStatSet> {
+                Ok(RuleStatSet {
+                    $($field: r.define(
+                        StatKind::$kind,
+                        &format!("{prefix}.{}", crate::stats::stat_name!($field $($name)?)),
+                        presence(rule.has_stats(Applies::$applies), StatsLevel::$level, level),
+                    )?,)*
+                })
+            }
+        }
+    };
+}
+crate::stats::rule_stats!(rule_stat_set);
+
+/// The plugin-wide stats: a struct per group (`Store`, `Bridge`, `Vm`), one handle per
+/// declaration of [`crate::stats::plugin_stats`].
+macro_rules! plugin_stat_sets {
+    ($($group:ident($variant:ident) {
+        $($field:ident $(= $name:literal)?: $kind:ident, $level:ident, $doc:literal;)*
+    })*) => {
+        $(
+            #[derive(Debug)]
+            struct $variant {
+                $(#[doc = $doc] $field: Stat,)*
+            }
+
+            impl $variant {
+                fn define<H: Host>(
+                    r: &mut Registry<'_, H>,
+                    base: &str,
+                    level: StatsLevel,
+                    declared: bool,
+                ) -> HostResult<$variant> {
+                    Ok($variant {
+                        $($field: r.define(
+                            StatKind::$kind,
+                            &format!(
+                                "{base}.{}.{}",
+                                stringify!($group),
+                                crate::stats::stat_name!($field $($name)?)
+                            ),
+                            presence(declared, StatsLevel::$level, level),
+                        )?,)*
+                    })
+                }
+            }
+        )*
+
+        #[derive(Debug)]
+        struct PluginStats {
+            $($group: $variant,)*
+        }
+
+        impl PluginStats {
+            /// `declared`: whether the plugin has the stats of a group (the bridge's only
+            /// with a bridge).
+            fn define<H: Host>(
+                r: &mut Registry<'_, H>,
+                base: &str,
+                level: StatsLevel,
+                declared: impl Fn(Group) -> bool,
+            ) -> HostResult<PluginStats> {
+                Ok(PluginStats {
+                    $($group: $variant::define(r, base, level, declared(Group::$variant))?,)*
+                })
+            }
+        }
+    };
+}
+crate::stats::plugin_stats!(plugin_stat_sets);
+
+impl Vm {
+    /// The `vm.calls.<kind>` counter of `kind`.
+    fn calls(&self, kind: CallKind) -> Stat {
+        match kind {
+            CallKind::Clock => self.calls_clock,
+            CallKind::Header => self.calls_header,
+            CallKind::Body => self.calls_body,
+            CallKind::SharedGet => self.calls_shared_get,
+            CallKind::SharedSet => self.calls_shared_set,
+            CallKind::Property => self.calls_property,
+            CallKind::Dispatch => self.calls_dispatch,
+            CallKind::Stream => self.calls_stream,
+            CallKind::Stats => self.calls_stats,
+            CallKind::Log => self.calls_log,
+            CallKind::Tick => self.calls_tick,
         }
     }
 }
 
-#[derive(Debug, Clone, Copy)]
-struct AdaptiveGauges {
-    limit: u32,
-    sample_us: u32,
-    baseline_us: u32,
+impl RuleStatSet {
+    /// The counter of settlements for `reason`.
+    fn commit_reason(&self, reason: SettleReason) -> Stat {
+        match reason {
+            SettleReason::Usage => self.commit_usage_read,
+            SettleReason::UpstreamError => self.commit_on_error,
+            SettleReason::NoUsage => self.commit_no_usage,
+            SettleReason::TooLarge => self.commit_over_max_bytes,
+            SettleReason::Compressed => self.commit_compressed,
+            SettleReason::Aborted => self.commit_aborted,
+            SettleReason::LocalReply => self.commit_local_reply,
+            SettleReason::NotForwarded => self.commit_not_forwarded,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct RuleMetrics {
+    stats: RuleStatSet,
+    /// A global rule's: its outstanding units are in shared data, where other workers
+    /// spend them (see [`Metrics::drain_outstanding`]).
+    outstanding_shared: bool,
 }
 
 /// What [`Metrics::define`] needs to know of a rule.
 pub struct RuleStats<'a> {
-    pub name: &'a str,
+    pub rule: &'a Rule,
     pub capacity: u64,
     /// Slots already in use (tables survive config reloads; an estimate for large ones).
     pub in_use: u64,
-    /// An adaptive concurrency rule with one controller: its limit, latency sample and
-    /// baseline as gauges.
-    pub adaptive_gauges: bool,
     /// The rule's limit in units (`Engine::limit_units`), set once as a gauge.
     pub limit_units: u64,
-    /// A global rule: its units outstanding are spent by every worker.
-    pub global: bool,
 }
 
 #[derive(Debug)]
 pub struct Metrics {
-    /// Host metric id and the increment not yet sent, per stat.
+    /// Host metric id and the increment not yet sent, per stat defined.
     pending: Vec<(u32, Cell<i64>)>,
     last_flush: Cell<Micros>,
     rules: Vec<RuleMetrics>,
-    cas_retries: Stat,
-    cas_give_ups: Stat,
-    slot_takeovers: Stat,
-    slot_evictions: Stat,
-    bridge_calls: Stat,
-    bridge_joined: Stat,
-    bridge_resent: Stat,
-    bridge_refused: Stat,
-    bridge_skipped: Stat,
-    bridge_timeouts: Stat,
-    bridge_unavailable: Stat,
-    bridge_bad_status: Stat,
-    bridge_bad_body: Stat,
-    bridge_latency_us: u32,
-    boundary: BoundaryStats,
-    /// Bytes a request could not keep: the VM's `max_buffered_bytes` was full.
-    buffer_full: Stat,
+    plugin: PluginStats,
     /// [`Host::counts`] at the last flush.
     counted: Cell<BoundaryCounts>,
-}
-
-/// The `vm.*` counters of what crossed the VM's boundary.
-#[derive(Debug)]
-struct BoundaryStats {
-    host_calls: Stat,
-    calls: Vec<Stat>,
-    entries: Stat,
-    bytes_in: Stat,
-    bytes_out: Stat,
-}
-
-impl BoundaryStats {
-    fn define<H: Host>(r: &mut Registry<'_, H>, base: &str) -> HostResult<BoundaryStats> {
-        let mut calls = Vec::with_capacity(CallKind::ALL.len());
-        for kind in CallKind::ALL {
-            calls.push(r.counter(&format!("{base}.vm.calls.{}", kind.stat_name()))?);
-        }
-        Ok(BoundaryStats {
-            host_calls: r.counter(&format!("{base}.vm.host_calls"))?,
-            calls,
-            entries: r.counter(&format!("{base}.vm.entries"))?,
-            bytes_in: r.counter(&format!("{base}.vm.bytes_in"))?,
-            bytes_out: r.counter(&format!("{base}.vm.bytes_out"))?,
-        })
-    }
 }
 
 /// Defines host metrics and hands out their [`Stat`]s.
@@ -264,143 +229,113 @@ struct Registry<'h, H> {
 }
 
 impl<H: Host> Registry<'_, H> {
-    fn define(&mut self, metric_type: MetricType, name: &str) -> HostResult<Stat> {
+    fn define(&mut self, kind: StatKind, name: &str, presence: Presence) -> HostResult<Stat> {
+        match presence {
+            Presence::Off => return Ok(Stat::Off),
+            Presence::NotDeclared => return Ok(Stat::NotDeclared),
+            Presence::On => {}
+        }
+        let metric_type = match kind {
+            StatKind::Counter => MetricType::Counter,
+            StatKind::Gauge => MetricType::Gauge,
+            StatKind::Histogram => MetricType::Histogram,
+        };
         let id = self.host.define_metric(metric_type, name)?;
         self.pending.push((id, Cell::new(0)));
-        Ok(Stat(self.pending.len() - 1))
+        Ok(Stat::On(self.pending.len() - 1))
     }
 
-    fn counter(&mut self, name: &str) -> HostResult<Stat> {
-        self.define(MetricType::Counter, name)
+    /// Sets a gauge (or records a histogram's value) now.
+    fn record(&self, stat: Stat, value: u64) -> HostResult<()> {
+        match stat {
+            Stat::On(i) => match self.pending.get(i) {
+                Some((id, _)) => self.host.record_metric(*id, value),
+                None => Ok(()),
+            },
+            Stat::Off | Stat::NotDeclared => Ok(()),
+        }
     }
 }
 
 impl Metrics {
-    /// Defines every metric of `plugin`, with `rules` in config order.
+    /// Defines the metrics of `plugin` that `config`'s levels hold, with `rules` in
+    /// config order.
     pub fn define<H: Host>(
         host: &H,
         plugin: &str,
-        rules_and_tables: &[RuleStats<'_>],
+        config: &Config,
+        rules: &[RuleStats<'_>],
     ) -> HostResult<Metrics> {
         let mut r = Registry {
             host,
             pending: Vec::new(),
         };
-        let mut rules = Vec::with_capacity(rules_and_tables.len());
         let base = format!("weir.{}", stat_segment(plugin));
-        for rule in rules_and_tables {
-            let (name, capacity, in_use) = (rule.name, rule.capacity, rule.in_use);
-            let adaptive = if rule.adaptive_gauges {
-                let gauge = |what: &str| {
-                    host.define_metric(MetricType::Gauge, &format!("{base}.rule.{name}.{what}"))
-                };
-                Some(AdaptiveGauges {
-                    limit: gauge("concurrency_limit")?,
-                    sample_us: gauge("latency_sample_us")?,
-                    baseline_us: gauge("latency_baseline_us")?,
-                })
-            } else {
-                None
-            };
-            let prefix = format!("{base}.rule.{name}");
-            let limit_id =
-                host.define_metric(MetricType::Gauge, &format!("{prefix}.limit_units"))?;
-            host.record_metric(limit_id, rule.limit_units)?;
-            let slots_in_use = r.define(MetricType::Gauge, &format!("{prefix}.slots_in_use"))?;
-            let capacity_id =
-                host.define_metric(MetricType::Gauge, &format!("{prefix}.slots_capacity"))?;
-            host.record_metric(capacity_id, capacity)?;
-            if let Some((id, _)) = r.pending.get(slots_in_use.0) {
-                host.record_metric(*id, in_use)?;
-            }
-            rules.push(RuleMetrics {
-                allowed: r.counter(&format!("{prefix}.allowed"))?,
-                limited: r.counter(&format!("{prefix}.limited"))?,
-                shadow_limited: r.counter(&format!("{prefix}.shadow_limited"))?,
-                key_missing: r.counter(&format!("{prefix}.key_missing"))?,
-                store_errors: r.counter(&format!("{prefix}.store_errors"))?,
-                slots_in_use,
-                lease_hits: r.counter(&format!("{prefix}.lease_hits"))?,
-                denial_cache_hits: r.counter(&format!("{prefix}.denial_cache_hits"))?,
-                bridge_decisions: r.counter(&format!("{prefix}.bridge_decisions"))?,
-                failure_allowed: r.counter(&format!("{prefix}.failure_allowed"))?,
-                failure_denied: r.counter(&format!("{prefix}.failure_denied"))?,
-                failure_local: r.counter(&format!("{prefix}.failure_local"))?,
-                reservoir_hits: r.counter(&format!("{prefix}.reservoir_hits"))?,
-                reservoir_taken: r.counter(&format!("{prefix}.reservoir_units_taken"))?,
-                reservoir_expired: r.counter(&format!("{prefix}.reservoir_units_expired"))?,
-                reservoir_evictions: r.counter(&format!("{prefix}.reservoir_evictions"))?,
-                reservoir_lost: r.counter(&format!("{prefix}.reservoir_units_evicted"))?,
-                lease_units_granted: r.counter(&format!("{prefix}.lease_units_granted"))?,
-                lease_units_late: r.counter(&format!("{prefix}.lease_units_late"))?,
-                lease_units_expired: r.counter(&format!("{prefix}.lease_units_expired"))?,
-                delayed: r.counter(&format!("{prefix}.delayed"))?,
-                delay_waited_us: r.counter(&format!("{prefix}.delay_waited_us"))?,
-                delay_late: r.counter(&format!("{prefix}.delay_late"))?,
-                delay_queue_full: r.counter(&format!("{prefix}.delay_queue_full"))?,
-                delay_past_deadline: r.counter(&format!("{prefix}.delay_past_deadline"))?,
-                delay_abandoned: r.counter(&format!("{prefix}.delay_abandoned"))?,
-                committed: r.counter(&format!("{prefix}.committed"))?,
-                commit_reasons: CommitReasons::define(&mut r, &prefix)?,
-                commit_units_refunded: r.counter(&format!("{prefix}.commit_units_refunded"))?,
-                commit_units_charged: r.counter(&format!("{prefix}.commit_units_charged"))?,
-                commit_errors: r.counter(&format!("{prefix}.commit_errors"))?,
-                commit_clamped: r.counter(&format!("{prefix}.commit_clamped"))?,
-                in_flight_released: r.counter(&format!("{prefix}.in_flight_released"))?,
-                in_flight_release_errors: r
-                    .counter(&format!("{prefix}.in_flight_release_errors"))?,
-                in_flight_reclaimed: r.counter(&format!("{prefix}.in_flight_reclaimed"))?,
-                keys_without_controller: r.counter(&format!("{prefix}.keys_without_controller"))?,
-                outstanding_units: r
-                    .define(MetricType::Gauge, &format!("{prefix}.outstanding_units"))?,
-                outstanding_shared: rule.global,
-                adaptive,
+        let mut defined = Vec::with_capacity(rules.len());
+        for rule in rules {
+            let prefix = format!("{base}.rule.{}", rule.rule.name);
+            let stats =
+                RuleStatSet::define(&mut r, &prefix, rule.rule, config.stats_level(rule.rule))?;
+            r.record(stats.limit_units, rule.limit_units)?;
+            r.record(stats.slots_capacity, rule.capacity)?;
+            r.record(stats.slots_in_use, rule.in_use)?;
+            defined.push(RuleMetrics {
+                stats,
+                outstanding_shared: rule.rule.is_global(),
             });
         }
-        let cas_retries = r.counter(&format!("{base}.store.cas_retries"))?;
-        let cas_give_ups = r.counter(&format!("{base}.store.cas_give_ups"))?;
-        let slot_takeovers = r.counter(&format!("{base}.store.slot_takeovers"))?;
-        let slot_evictions = r.counter(&format!("{base}.store.slot_evictions"))?;
-        let bridge_calls = r.counter(&format!("{base}.bridge.calls"))?;
-        let bridge_joined = r.counter(&format!("{base}.bridge.joined"))?;
-        let bridge_resent = r.counter(&format!("{base}.bridge.resent"))?;
-        let bridge_refused = r.counter(&format!("{base}.bridge.refused"))?;
-        let bridge_skipped = r.counter(&format!("{base}.bridge.skipped"))?;
-        let bridge_timeouts = r.counter(&format!("{base}.bridge.errors_timeout"))?;
-        let bridge_unavailable = r.counter(&format!("{base}.bridge.errors_unavailable"))?;
-        let bridge_bad_status = r.counter(&format!("{base}.bridge.errors_status"))?;
-        let bridge_bad_body = r.counter(&format!("{base}.bridge.errors_bad_body"))?;
-        let bridge_latency_us =
-            host.define_metric(MetricType::Histogram, &format!("{base}.bridge.latency_us"))?;
-        let boundary = BoundaryStats::define(&mut r, &base)?;
-        let buffer_full = r.counter(&format!("{base}.vm.buffer_full"))?;
+        let has_bridge = config.bridge.is_some();
+        let plugin = PluginStats::define(&mut r, &base, config.stats, |group| {
+            group != Group::Bridge || has_bridge
+        })?;
         Ok(Metrics {
             pending: r.pending,
             last_flush: Cell::new(Micros::ZERO),
-            rules,
-            cas_retries,
-            cas_give_ups,
-            slot_takeovers,
-            slot_evictions,
-            bridge_calls,
-            bridge_joined,
-            bridge_resent,
-            bridge_refused,
-            bridge_skipped,
-            bridge_timeouts,
-            bridge_unavailable,
-            bridge_bad_status,
-            bridge_bad_body,
-            bridge_latency_us,
-            boundary,
-            buffer_full,
+            rules: defined,
+            plugin,
             counted: Cell::new(host.counts()),
         })
     }
 
+    /// How many stats were defined with Envoy.
+    pub fn defined(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// The stats of rule `id`.
+    fn rule(&self, id: RuleId) -> Option<&RuleStatSet> {
+        self.rules.get(id.index()).map(|r| &r.stats)
+    }
+
     fn bump(&self, stat: Stat, by: i64) {
-        if let Some((_, delta)) = self.pending.get(stat.0) {
-            delta.set(delta.get().saturating_add(by));
+        match stat {
+            Stat::On(i) => {
+                if let Some((_, delta)) = self.pending.get(i) {
+                    delta.set(delta.get().saturating_add(by));
+                }
+            }
+            Stat::Off => {}
+            Stat::NotDeclared => debug_assert!(
+                by == 0,
+                "a stat recorded where crate::stats does not declare it (its Applies)"
+            ),
+        }
+    }
+
+    /// Sets a gauge, or records a histogram's value, now.
+    fn set<H: Host>(&self, host: &H, stat: Stat, value: u64) {
+        match stat {
+            Stat::On(i) => {
+                if let Some((id, _)) = self.pending.get(i) {
+                    // A stat that cannot be recorded is not worth failing anything for.
+                    let _ = host.record_metric(*id, value);
+                }
+            }
+            Stat::Off => {}
+            Stat::NotDeclared => debug_assert!(
+                false,
+                "a stat recorded where crate::stats does not declare it (its Applies)"
+            ),
         }
     }
 
@@ -410,20 +345,23 @@ impl Metrics {
         let now_counted = host.counts();
         let before = self.counted.replace(now_counted);
         let delta = |now: u64, then: u64| i64::try_from(now.wrapping_sub(then)).unwrap_or(i64::MAX);
-        let b = &self.boundary;
+        let vm = &self.plugin.vm;
         self.bump(
-            b.host_calls,
+            vm.host_calls,
             delta(now_counted.total_calls(), before.total_calls()),
         );
-        for ((stat, now), then) in b.calls.iter().zip(now_counted.calls).zip(before.calls) {
-            self.bump(*stat, delta(now, then));
+        for kind in CallKind::ALL {
+            let (now, then) = (now_counted.calls, before.calls);
+            if let (Some(now), Some(then)) = (now.get(kind.index()), then.get(kind.index())) {
+                self.bump(vm.calls(kind), delta(*now, *then));
+            }
         }
-        self.bump(b.entries, delta(now_counted.entries, before.entries));
-        self.bump(b.bytes_in, delta(now_counted.bytes_in, before.bytes_in));
-        self.bump(b.bytes_out, delta(now_counted.bytes_out, before.bytes_out));
+        self.bump(vm.entries, delta(now_counted.entries, before.entries));
+        self.bump(vm.bytes_in, delta(now_counted.bytes_in, before.bytes_in));
+        self.bump(vm.bytes_out, delta(now_counted.bytes_out, before.bytes_out));
         for stat in 0..self.pending.len() {
             // A stat that cannot be incremented is not worth failing anything for.
-            self.send_now(host, Stat(stat));
+            self.send_now(host, Stat::On(stat));
         }
     }
 
@@ -435,43 +373,43 @@ impl Metrics {
 
     /// A body (or more of one) did not fit in the VM's `max_buffered_bytes`.
     pub fn buffer_full(&self) {
-        self.bump(self.buffer_full, 1);
+        self.bump(self.plugin.vm.buffer_full, 1);
     }
 
     pub fn bridge_call(&self) {
-        self.bump(self.bridge_calls, 1);
+        self.bump(self.plugin.bridge.calls, 1);
     }
 
     /// A request waited on another request's call.
     pub fn bridge_joined(&self) {
-        self.bump(self.bridge_joined, 1);
+        self.bump(self.plugin.bridge.joined, 1);
     }
 
     /// Envoy refused a call at once (its circuit breaker, or a cluster without hosts):
     /// not counted in `calls`.
     pub fn bridge_refused(&self) {
-        self.bump(self.bridge_refused, 1);
+        self.bump(self.plugin.bridge.refused, 1);
     }
 
     /// A call Envoy could not deliver was sent once more (also counted in `calls`).
     pub fn bridge_resent(&self) {
-        self.bump(self.bridge_resent, 1);
+        self.bump(self.plugin.bridge.resent, 1);
     }
 
     pub fn bridge_latency<H: Host>(&self, host: &H, latency: Micros) {
-        let _ = host.record_metric(self.bridge_latency_us, latency.us());
+        self.set(host, self.plugin.bridge.latency_us, latency.us());
     }
 
     /// A rule held a request instead of denying it.
     pub fn delay_held(&self, rule: RuleId) {
-        if let Some(rule) = self.rules.get(rule.index()) {
+        if let Some(rule) = self.rule(rule) {
             self.bump(rule.delayed, 1);
         }
     }
 
     /// A held request was released (on time or late).
     pub fn delay_released(&self, delayed: &Delayed) {
-        if let Some(rule) = self.rules.get(delayed.rule.index()) {
+        if let Some(rule) = self.rule(delayed.rule) {
             let waited = i64::try_from(delayed.waited.us()).unwrap_or(i64::MAX);
             self.bump(rule.delay_waited_us, waited);
             if delayed.late {
@@ -483,7 +421,7 @@ impl Metrics {
     /// A held request went away (the client left, or the plugin shut down) before its
     /// release; its place in the schedule is not given back.
     pub fn delay_abandoned(&self, rule: RuleId) {
-        if let Some(rule) = self.rules.get(rule.index()) {
+        if let Some(rule) = self.rule(rule) {
             self.bump(rule.delay_abandoned, 1);
         }
     }
@@ -491,16 +429,16 @@ impl Metrics {
     /// A rule's cost settled after the response (or, for a global rule, sent to the
     /// bridge to be), and why at that cost.
     pub fn committed(&self, rule: RuleId, reason: SettleReason) {
-        let Some(rule) = self.rules.get(rule.index()) else {
+        let Some(rule) = self.rule(rule) else {
             return;
         };
         self.bump(rule.committed, 1);
-        self.bump(rule.commit_reasons.of(reason), 1);
+        self.bump(rule.commit_reason(reason), 1);
     }
 
     /// The key's state took the settlement: the units given back or charged.
     pub fn commit_settled(&self, rule: RuleId, reserved: u64, actual: u64) {
-        let Some(rule) = self.rules.get(rule.index()) else {
+        let Some(rule) = self.rule(rule) else {
             return;
         };
         let units = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
@@ -514,7 +452,7 @@ impl Metrics {
     /// An admitted request's clamps: each rule that reserved less than its estimate.
     pub fn clamped(&self, eval: &Evaluation) {
         for clamped in eval.clamped.iter().filter(|c| c.lowered) {
-            if let Some(rule) = self.rules.get(clamped.rule.index()) {
+            if let Some(rule) = self.rule(clamped.rule) {
                 self.bump(rule.commit_clamped, 1);
             }
         }
@@ -522,7 +460,7 @@ impl Metrics {
 
     /// Settling failed (shared data, or the bridge): the estimate stands.
     pub fn commit_failed(&self, rule: RuleId) {
-        if let Some(rule) = self.rules.get(rule.index()) {
+        if let Some(rule) = self.rule(rule) {
             self.bump(rule.commit_errors, 1);
         }
     }
@@ -530,7 +468,7 @@ impl Metrics {
     /// A concurrency rule's stream ended: its place is given back now (`ok`), or on
     /// the worker's next tick (shared data refused now).
     pub fn in_flight_released(&self, rule: RuleId, ok: bool) {
-        if let Some(rule) = self.rules.get(rule.index()) {
+        if let Some(rule) = self.rule(rule) {
             self.bump(rule.in_flight_released, 1);
             if !ok {
                 self.bump(rule.in_flight_release_errors, 1);
@@ -541,7 +479,7 @@ impl Metrics {
     /// Units of a concurrency rule's places dropped because no live worker re-counted
     /// them for a whole epoch.
     pub fn in_flight_reclaimed(&self, rule: RuleId, units: u64) {
-        if let Some(rule) = self.rules.get(rule.index()) {
+        if let Some(rule) = self.rule(rule) {
             self.bump(
                 rule.in_flight_reclaimed,
                 i64::try_from(units).unwrap_or(i64::MAX),
@@ -551,7 +489,7 @@ impl Metrics {
 
     /// A change to a rule's units outstanding.
     pub fn outstanding(&self, rule: RuleId, units: i64) {
-        if let Some(rule) = self.rules.get(rule.index()) {
+        if let Some(rule) = self.rule(rule) {
             self.bump(rule.outstanding_units, units);
         }
     }
@@ -573,15 +511,18 @@ impl Metrics {
         let Some(metrics) = self.rules.get(rule.index()) else {
             return;
         };
-        self.bump(metrics.outstanding_units, units);
+        self.bump(metrics.stats.outstanding_units, units);
         if units > 0 && metrics.outstanding_shared {
-            self.send_now(host, metrics.outstanding_units);
+            self.send_now(host, metrics.stats.outstanding_units);
         }
     }
 
     /// Sends one stat's pending increment now.
     fn send_now<H: Host>(&self, host: &H, stat: Stat) {
-        if let Some((id, delta)) = self.pending.get(stat.0) {
+        let Stat::On(i) = stat else {
+            return;
+        };
+        if let Some((id, delta)) = self.pending.get(i) {
             let by = delta.replace(0);
             if by != 0 {
                 let _ = host.increment_metric(*id, by);
@@ -592,17 +533,17 @@ impl Metrics {
     /// Units a worker's reservoirs held when it forgot every key (a new hashing seed, its
     /// plugin replaced): no longer outstanding, never admitted (`reservoir_units_evicted`).
     pub fn reservoirs_dropped(&self, rule: RuleId, units: u64) {
-        let Some(rule) = self.rules.get(rule.index()) else {
+        let Some(rule) = self.rule(rule) else {
             return;
         };
         let units = i64::try_from(units).unwrap_or(i64::MAX);
         self.bump(rule.outstanding_units, -units);
-        self.bump(rule.reservoir_lost, units);
+        self.bump(rule.reservoir_units_evicted, units);
     }
 
     /// Units a sweep dropped unspent: no longer outstanding, and under-admission.
     pub fn expired(&self, expired: &Expired) {
-        let Some(rule) = self.rules.get(expired.rule.index()) else {
+        let Some(rule) = self.rule(expired.rule) else {
             return;
         };
         let units = i64::try_from(expired.units).unwrap_or(i64::MAX);
@@ -610,7 +551,7 @@ impl Metrics {
         let counter = if expired.lease {
             rule.lease_units_expired
         } else {
-            rule.reservoir_expired
+            rule.reservoir_units_expired
         };
         self.bump(counter, units);
     }
@@ -621,29 +562,27 @@ impl Metrics {
         if adapted.key.is_some() {
             return;
         }
-        let Some(gauges) = self
-            .rules
-            .get(adapted.rule.index())
-            .and_then(|r| r.adaptive)
-        else {
+        let Some(rule) = self.rule(adapted.rule) else {
             return;
         };
-        let _ = host.record_metric(gauges.limit, adapted.limit);
+        self.set(host, rule.concurrency_limit, adapted.limit);
         if adapted.controller.last_sample_us > 0 {
-            let _ = host.record_metric(gauges.sample_us, adapted.controller.last_sample_us);
-            let _ = host.record_metric(gauges.baseline_us, adapted.controller.baseline_us);
+            let controller = &adapted.controller;
+            self.set(host, rule.latency_sample_us, controller.last_sample_us);
+            self.set(host, rule.latency_baseline_us, controller.baseline_us);
         }
     }
 
     fn bridge_error(&self, error: &ReplyError) {
+        let bridge = &self.plugin.bridge;
         let stat = match error {
-            ReplyError::Timeout => self.bridge_timeouts,
+            ReplyError::Timeout => bridge.errors_timeout,
             ReplyError::Unavailable
             | ReplyError::Unreachable
             | ReplyError::NoResponse
-            | ReplyError::Refused => self.bridge_unavailable,
-            ReplyError::Status(..) => self.bridge_bad_status,
-            ReplyError::BadBody(_) => self.bridge_bad_body,
+            | ReplyError::Refused => bridge.errors_unavailable,
+            ReplyError::Status(..) => bridge.errors_status,
+            ReplyError::BadBody(_) => bridge.errors_bad_body,
         };
         self.bump(stat, 1);
     }
@@ -651,7 +590,7 @@ impl Metrics {
     /// Counts one request's evaluation, finished at `now`.
     pub fn record<H: Host>(&self, host: &H, eval: &Evaluation, now: Micros) {
         match &eval.bridge_error {
-            Some(BridgeError::Skipped) => self.bump(self.bridge_skipped, 1),
+            Some(BridgeError::Skipped) => self.bump(self.plugin.bridge.skipped, 1),
             Some(BridgeError::Reply(error)) => self.bridge_error(error),
             None => {}
         }
@@ -661,7 +600,7 @@ impl Metrics {
             self.outstanding_sent(host, rule, units);
         }
         for report in &eval.reports {
-            let Some(rule) = self.rules.get(report.rule.index()) else {
+            let Some(rule) = self.rule(report.rule) else {
                 continue;
             };
             match report.outcome {
@@ -689,7 +628,7 @@ impl Metrics {
             if let Some(error) = store_error {
                 self.bump(rule.store_errors, 1);
                 if let UpdateError::GaveUp { .. } = error {
-                    self.bump(self.cas_give_ups, 1);
+                    self.bump(self.plugin.store.cas_give_ups, 1);
                 }
             }
             match report.source {
@@ -703,13 +642,13 @@ impl Metrics {
             let expired = report.reservoir_expired;
             if taken > 0 {
                 self.bump(
-                    rule.reservoir_taken,
+                    rule.reservoir_units_taken,
                     i64::try_from(taken).unwrap_or(i64::MAX),
                 );
             }
             if expired > 0 {
                 self.bump(
-                    rule.reservoir_expired,
+                    rule.reservoir_units_expired,
                     i64::try_from(expired).unwrap_or(i64::MAX),
                 );
             }
@@ -724,7 +663,10 @@ impl Metrics {
             }
             if let Some(lost) = report.reservoir_lost {
                 self.bump(rule.reservoir_evictions, 1);
-                self.bump(rule.reservoir_lost, i64::try_from(lost).unwrap_or(i64::MAX));
+                self.bump(
+                    rule.reservoir_units_evicted,
+                    i64::try_from(lost).unwrap_or(i64::MAX),
+                );
             }
             if report.delay_past_deadline {
                 self.bump(rule.delay_past_deadline, 1);
@@ -742,12 +684,12 @@ impl Metrics {
                 );
             }
             if report.cas_retries > 0 {
-                self.bump(self.cas_retries, i64::from(report.cas_retries));
+                self.bump(self.plugin.store.cas_retries, i64::from(report.cas_retries));
             }
             match report.placement {
                 Some(Placement::Empty) => self.bump(rule.slots_in_use, 1),
-                Some(Placement::Takeover) => self.bump(self.slot_takeovers, 1),
-                Some(Placement::Eviction) => self.bump(self.slot_evictions, 1),
+                Some(Placement::Takeover) => self.bump(self.plugin.store.slot_takeovers, 1),
+                Some(Placement::Eviction) => self.bump(rule.slot_evictions, 1),
                 Some(Placement::Existing) | None => {}
             }
         }

@@ -152,18 +152,15 @@ impl Plugin {
             .rules
             .iter()
             .map(|rule| RuleStats {
-                name: rule.name.as_str(),
+                rule,
                 capacity: engine.capacity(rule.id),
                 in_use: engine
                     .estimate_slots_in_use(rule.id, host, GAUGE_SAMPLE_SETS)
                     .unwrap_or(0),
-                // A `per_key` rule's limits are one per key: no gauge holds them.
-                adaptive_gauges: rule.adaptive().is_some_and(|a| a.key_controllers.is_none()),
                 limit_units: engine.limit_units(rule.id),
-                global: rule.is_global(),
             })
             .collect();
-        let metrics = Metrics::define(host, &plugin_name, &rules)
+        let metrics = Metrics::define(host, &plugin_name, &engine.config, &rules)
             .map_err(|e| format!("cannot define metrics: {e}"))?;
         let mut worker = engine.worker();
         // Each VM sweeps the lease tables from its own place: together they read them

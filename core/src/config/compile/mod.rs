@@ -94,6 +94,7 @@ pub(super) fn compile(raw: RawConfig) -> Result<Config> {
         response,
         bridge,
         max_buffered_bytes,
+        stats: raw.stats.unwrap_or_default(),
     })
 }
 

@@ -172,6 +172,7 @@ pub(super) fn compile(
         reservoir,
         delay,
         commit,
+        stats: raw.stats,
     })
 }
 
@@ -247,6 +248,7 @@ fn concurrency_rule(
         reservoir: None,
         delay: None,
         commit: None,
+        stats: raw.stats,
     })
 }
 
