@@ -471,8 +471,8 @@ fn count<'a>(stats: impl Iterator<Item = &'a StatDecl>) -> (usize, usize) {
 }
 
 /// docs/operations.md's tables of the stats, rendered from the declarations: the rule
-/// stats, the plugin-wide ones, and the count per level (`weir-check stats-docs` prints
-/// them; `core/tests/stats.rs` fails when the doc has other ones).
+/// stats, the plugin-wide ones, and the count per level (`tests/tests/docs_examples.rs`
+/// fails when the doc has other ones).
 pub fn markdown_tables() -> String {
     let mut out = String::new();
     out.push_str(

@@ -10,6 +10,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use serde_yaml::{Mapping, Value};
+use weir_core::stats::{self, StatDecl, StatKind, StatsLevel};
 use weir_e2e::promql::{self, MetricName};
 use weir_e2e::{
     bridge_cluster_yaml, get, prometheus, redis_cli_at, repo_root, send, shipped_stats_config,
@@ -269,6 +270,81 @@ fn unseen(queries: &[(String, String)], exported: &Exported) -> Vec<String> {
     missing
 }
 
+/// The filter's stats (`weir_core::stats`, every level) that `queries` read, by their
+/// Prometheus names: a histogram read by its `_bucket` is the histogram. weir-bridge's
+/// own metrics (`weir_bridge_*_total`, `weir_bridge_redis_call_duration_seconds`) are no
+/// filter stat and are left out; that they exist is the end-to-end test's to check.
+fn filter_stats_read(queries: &[(String, String)]) -> BTreeSet<String> {
+    let declared: BTreeMap<String, &StatDecl> = stats::RULE_STATS
+        .iter()
+        .chain(stats::PLUGIN_STATS)
+        .map(|s| (s.prometheus_name(), s))
+        .collect();
+    let mut read = BTreeSet::new();
+    for (what, expr) in queries {
+        let query = promql::read(expr).unwrap_or_else(|e| panic!("{what}: {e}: {expr}"));
+        for selector in query.selectors {
+            let name = match selector.name {
+                MetricName::Exact(name) => name,
+                MetricName::Regex(r) => {
+                    assert!(
+                        !r.starts_with("weir"),
+                        "{what}: weir's stats are read by name, not by the regex {r:?}"
+                    );
+                    continue;
+                }
+            };
+            let stat = ["", "_bucket", "_sum", "_count"].iter().find_map(|suffix| {
+                let base = name.strip_suffix(suffix)?;
+                declared
+                    .get(base)
+                    .filter(|s| suffix.is_empty() || s.kind == StatKind::Histogram)
+                    .map(|_| base.to_string())
+            });
+            read.extend(stat);
+        }
+    }
+    read
+}
+
+/// The default stats level holds exactly the filter's stats the shipped alerts and
+/// dashboard read: nothing they read is left to an opt-in level, and nothing else is
+/// defined by default (docs/operations.md, "Stats levels").
+#[test]
+fn the_default_stats_level_is_what_the_alerts_and_the_dashboard_read() {
+    let mut queries = alert_queries();
+    queries.extend(dashboard_queries());
+    let read = filter_stats_read(&queries);
+    let default: BTreeSet<String> = stats::RULE_STATS
+        .iter()
+        .chain(stats::PLUGIN_STATS)
+        .filter(|s| s.level == StatsLevel::Default)
+        .map(StatDecl::prometheus_name)
+        .collect();
+    let not_default: Vec<&String> = read.difference(&default).collect();
+    let unread: Vec<&String> = default.difference(&read).collect();
+    assert!(
+        not_default.is_empty() && unread.is_empty(),
+        "read by {RULES} or {DASHBOARD} but not in the default level (core/src/stats.rs): \
+         {not_default:?}\nin the default level but read by neither: {unread:?}"
+    );
+}
+
+#[test]
+fn the_filter_stats_a_query_reads_are_found_by_name_and_histogram_series() {
+    let q = |e: &str| vec![("q".to_string(), e.to_string())];
+    let names = |e: &str| filter_stats_read(&q(e)).into_iter().collect::<Vec<_>>();
+    assert_eq!(
+        names("rate(weir_rule_allowed[1m]) + rate(weir_bridge_latency_us_bucket[1m])"),
+        ["weir_bridge_latency_us", "weir_rule_allowed"]
+    );
+    // The bridge's own, a counter's made-up `_count`, another exporter's.
+    assert!(names(
+        "weir_bridge_requests_total + weir_rule_allowed_count + envoy_cluster_upstream_rq"
+    )
+    .is_empty());
+}
+
 #[test]
 fn grafana_variables_are_replaced_and_undefined_ones_reported() {
     let vars = ["rule".to_string(), "rules".to_string()];
@@ -322,6 +398,8 @@ const CONFIG: &str = r#"{"bridge": {"cluster": "weir_bridge", "timeout": "1s"},
   {"name": "tenant", "match": {"path": {"prefix": "/global/"}}, "scope": "global",
    "key": [{"header": "x-user"}], "limit": {"algorithm": "token_bucket", "capacity": 2, "refill": 1, "period": "1h"},
    "global": {"failure_mode": "allow"}},
+  {"name": "trial", "match": {"path": {"prefix": "/local/"}}, "key": [{"header": "x-user"}],
+   "shadow": true, "limit": {"algorithm": "token_bucket", "capacity": 1, "refill": 1, "period": "1h"}},
   {"name": "service", "match": {"path": {"prefix": "/conc/"}},
    "limit": {"algorithm": "concurrency", "max_in_flight": 10, "adaptive": {"interval": "100ms"}}}]}"#;
 
