@@ -92,7 +92,8 @@ pub struct FeatureResults {
 const COMMIT: &str = r#","commit":{"body":{}}"#;
 const CLAMP: &str = r#","commit":{"body":{},"clamp":{}}"#;
 
-/// The tenant's rule; `commit` is "" (estimate only), [`COMMIT`] or [`CLAMP`].
+/// The tenant's rule; `commit` is "" (estimate only), [`COMMIT`] or [`CLAMP`]. Its stats
+/// are `detailed`: the run reads `commit_clamped`.
 fn token_config(commit: &str, global: bool) -> String {
     let scope = if global { r#""scope":"global","# } else { "" };
     let bridge = if global {
@@ -101,7 +102,7 @@ fn token_config(commit: &str, global: bool) -> String {
         ""
     };
     format!(
-        r#"{{{bridge}"rules":[{{"name":"tokens",{scope}"key":[{{"header":"x-tenant"}}],
+        r#"{{{bridge}"rules":[{{"name":"tokens","stats":"detailed",{scope}"key":[{{"header":"x-tenant"}}],
         "limit":{{"algorithm":"token_bucket","capacity":{BUDGET},"refill":{BUDGET},"period":"1h"}},
         "cost":{{"body":{{}},"default":2000,"max":2000}}{commit}}}]}}"#
     )
@@ -185,11 +186,14 @@ fn stream_usage(body: &[u8]) -> Option<u64> {
     digits.parse().ok()
 }
 
-/// What the Envoys counted as clamped.
+/// What the Envoys counted as clamped; 0 for a rule without `commit`, which has no
+/// `commit_clamped`.
 fn clamped(envoys: &[&Envoy]) -> u64 {
+    std::thread::sleep(weir_e2e::WEIR_STATS_LAG);
     envoys
         .iter()
-        .map(|e| e.weir_stat("rule.tokens.commit_clamped"))
+        .flat_map(|e| e.stats_matching(r"^wasmcustom\.weir\.weir\.rule\.tokens\.commit_clamped$"))
+        .map(|(_, n)| n)
         .sum()
 }
 

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use weir_e2e::{bridge_cluster_yaml_with, wasm_filter_yaml, Bootstrap, BridgeProtocol};
+use weir_e2e::{bridge_cluster_yaml_with, wasm_filter_yaml, with_stats, Bootstrap, BridgeProtocol};
 
 use crate::wrk::Traffic;
 
@@ -219,7 +219,8 @@ impl Scenario {
         )
     }
 
-    /// weir's plugin configuration, for the weir scenarios.
+    /// weir's plugin configuration, for the weir scenarios, at `"stats": "all"`: the
+    /// benchmark reads the VM's boundary counters (`vm.*`), which only that level defines.
     pub fn plugin_config(self) -> Option<String> {
         if let Some((same, _)) = self.slowed() {
             return same.plugin_config();
@@ -267,7 +268,7 @@ impl Scenario {
             ),
             _ => return None,
         };
-        Some(json)
+        Some(with_stats(&json, "all"))
     }
 
     /// The bootstrap of this scenario's Envoy; `bridge_port` is where its bridge cluster

@@ -284,6 +284,27 @@ pub fn wasm_filter_yaml(plugin_config_json: &str, wasm_path: &Path) -> String {
     )
 }
 
+/// Why a weir stat a test reads may be missing.
+fn not_defined(name: &str) -> String {
+    format!(
+        "weir did not define the stat {name}: its level is above the rule's (or the \
+         plugin's) `stats` (set \"stats\": \"detailed\" in the test's config), or the rule \
+         does not have what it counts (core/src/stats.rs)"
+    )
+}
+
+/// The plugin configuration `json` with its `stats` level set to `level` (a test that reads
+/// detailed stats asks for them: the default level does not define them).
+pub fn with_stats(json: &str, level: &str) -> String {
+    let mut config: serde_json::Value = serde_json::from_str(json)
+        .unwrap_or_else(|e| panic!("not a JSON plugin configuration ({e}): {json}"));
+    let object = config
+        .as_object_mut()
+        .unwrap_or_else(|| panic!("not a JSON object: {json}"));
+    object.insert("stats".to_string(), level.into());
+    config.to_string()
+}
+
 /// A YAML double-quoted scalar holding exactly `s` (JSON string escaping, which YAML accepts).
 pub fn yaml_quote(s: &str) -> String {
     let mut out = String::with_capacity(s.len() + 2);
@@ -549,19 +570,24 @@ impl Envoy {
     }
 
     /// A weir stat (`wasmcustom.weir.<plugin>.<name>`) added up over every plugin of
-    /// this Envoy, 0 when absent. weir keeps increments in each worker's VM and sends them
-    /// every 100 ms, so this first waits for them to land.
+    /// this Envoy. weir keeps increments in each worker's VM and sends them every 100 ms,
+    /// so this first waits for them to land. Panics when no plugin defined it: a stat
+    /// outside its rule's `stats` level, or of a feature the rule does not have, is not
+    /// defined, and reading it as 0 would pass any `== 0`.
     pub fn weir_stat(&self, name: &str) -> u64 {
         std::thread::sleep(WEIR_STATS_LAG);
         let pattern = format!(r"^wasmcustom\.weir\.[^.]+\.{}$", regex_escape(name));
-        self.stats_matching(&pattern).values().sum()
+        let found = self.stats_matching(&pattern);
+        assert!(!found.is_empty(), "{}", not_defined(name));
+        found.values().sum()
     }
 
-    /// A weir stat of one plugin (`wasmcustom.weir.<plugin>.<name>`), 0 when absent.
+    /// A weir stat of one plugin (`wasmcustom.weir.<plugin>.<name>`); panics when it is not
+    /// defined, as [`Envoy::weir_stat`] does.
     pub fn plugin_stat(&self, plugin: &str, name: &str) -> u64 {
         std::thread::sleep(WEIR_STATS_LAG);
         self.stat(&format!("wasmcustom.weir.{plugin}.{name}"))
-            .unwrap_or(0)
+            .unwrap_or_else(|| panic!("{}", not_defined(&format!("{plugin}.{name}"))))
     }
 
     /// Panics with the log tail if weir panicked or a Wasm VM failed, as far as the log so far

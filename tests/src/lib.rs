@@ -57,8 +57,8 @@ pub use bridge::{
     shipped_bridge_cluster_yaml, Bridge, BridgeProtocol,
 };
 pub use envoy::{
-    parse_stats, shipped_plugin_config, shipped_stats_config, wasm_filter_yaml, Bootstrap, Envoy,
-    WEIR_STATS_LAG,
+    parse_stats, shipped_plugin_config, shipped_stats_config, wasm_filter_yaml, with_stats,
+    Bootstrap, Envoy, WEIR_STATS_LAG,
 };
 pub use http::{get, send, Client, Request, Response};
 pub use knee_upstream::KneeUpstream;

@@ -23,7 +23,7 @@ fn config() -> String {
     format!(
         r#"{{"bridge":{{"cluster":"weir_bridge","timeout":"300ms"}},
  "rules":[
-  {{"name":"leased","scope":"global","match":{{"path":{{"prefix":"/g"}}}},"key":[{{"header":"x-user"}}],"max_keys":64,
+  {{"name":"leased","stats":"detailed","scope":"global","match":{{"path":{{"prefix":"/g"}}}},"key":[{{"header":"x-user"}}],"max_keys":64,
    "limit":{{"algorithm":"token_bucket","capacity":100000,"refill":100000,"period":"1h"}},
    "global":{{"lease":{{"max":20,"ttl":"{HOLD}"}},"failure_mode":"deny"}}}},
   {{"name":"pooled","match":{{"path":{{"prefix":"/l"}}}},"key":[{{"header":"x-user"}}],

@@ -17,7 +17,7 @@ fn held_requests_keep_at_most_the_budget_and_a_body_that_does_not_fit_costs_max(
     // 1 MiB per VM; bodies of 300 KiB: three fit. The rule holds requests up to 5 s for
     // a bucket of 10 refilled every 2 s; a request costs its max_tokens (1), or 10 when
     // its body cannot be read.
-    let config = r#"{"max_buffered_bytes":1048576,"rules":[{"name":"tokens",
+    let config = r#"{"max_buffered_bytes":1048576,"stats":"detailed","rules":[{"name":"tokens",
         "key":[{"header":"x-tenant"}],
         "limit":{"algorithm":"token_bucket","capacity":10,"refill":10,"period":"2s"},
         "cost":{"body":{"bytes_per_prompt_token":0,"max_bytes":524288},"default":1,"max":10},
@@ -59,7 +59,7 @@ fn held_requests_keep_at_most_the_budget_and_a_body_that_does_not_fit_costs_max(
 }
 
 /// A token budget read from JSON responses, with `max_buffered_bytes` of 1 MiB.
-const RESPONSE_RULE: &str = r#"{"max_buffered_bytes":1048576,"rules":[{"name":"tokens",
+const RESPONSE_RULE: &str = r#"{"max_buffered_bytes":1048576,"stats":"detailed","rules":[{"name":"tokens",
     "key":[{"header":"x-tenant"}],
     "limit":{"algorithm":"token_bucket","capacity":100000,"refill":100000,"period":"1h"},
     "cost":{"header":"x-estimate","max":50000},

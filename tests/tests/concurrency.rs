@@ -304,7 +304,7 @@ fn per_key_adaptive_limits_follow_each_tenants_own_service() {
     let wide = KneeUpstream::start(4, Duration::from_millis(40));
     let narrow = KneeUpstream::start(1, Duration::from_millis(40));
     let config = r#"{"response":{"headers_on_allowed":true},
-        "rules":[{"name":"tenants","key":[{"header":"x-tenant"}],
+        "rules":[{"name":"tenants","stats":"detailed","key":[{"header":"x-tenant"}],
         "limit":{"algorithm":"concurrency","max_in_flight":200,
                  "adaptive":{"interval":"500ms","per_key":true}}}]}"#;
     let routes = "- match: { prefix: \"/\", headers: [ { name: x-tenant, string_match: { exact: narrow } } ] }

@@ -18,7 +18,7 @@ fn weir(config: &str) -> Bootstrap {
 
 fn delayed_rule(limit: &str, delay: &str) -> String {
     format!(
-        r#"{{"rules":[{{"name":"api","key":[{{"header":"x-user"}}],"limit":{limit},
+        r#"{{"rules":[{{"name":"api","stats":"detailed","key":[{{"header":"x-user"}}],"limit":{limit},
             "on_limit":{{"delay":{delay}}}}}]}}"#
     )
 }

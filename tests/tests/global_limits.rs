@@ -150,7 +150,7 @@ fn the_limit_holds_across_two_envoys() {
 fn leases_and_the_denial_cache_keep_redis_out_of_the_hot_path() {
     let config = format!(
         r#"{{{BRIDGE}, "rules": [
-          {{"name":"wide","match":{{"path":{{"exact":"/wide"}}}},"scope":"global","key":[{{"header":"x-k"}}],
+          {{"name":"wide","stats":"detailed","match":{{"path":{{"exact":"/wide"}}}},"scope":"global","key":[{{"header":"x-k"}}],
             "limit":{{"algorithm":"token_bucket","capacity":1000000,"refill":1000000,"period":"1h"}},
             "global":{{"lease":{{"max":200,"ttl":"10s"}},"expected_instances":2}}}},
           {{"name":"tight","match":{{"path":{{"exact":"/tight"}}}},"scope":"global","key":[{{"header":"x-k"}}],

@@ -25,8 +25,9 @@ use std::time::{Duration, Instant};
 use weir_e2e::decisions::{now_us, with_decisions, Checked, Judge, Logged, Logs};
 use weir_e2e::h2::{self, StreamEnd};
 use weir_e2e::{
-    shipped_bridge_cluster_yaml, shipped_plugin_config, wasm_filter_yaml, weir_wasm, Bootstrap,
-    Bridge, Client, Envoy, LlmUpstream, Received, RedisCluster, Request, SlowProxy, TestDir,
+    shipped_bridge_cluster_yaml, shipped_plugin_config, wasm_filter_yaml, weir_wasm, with_stats,
+    Bootstrap, Bridge, Client, Envoy, LlmUpstream, Received, RedisCluster, Request, SlowProxy,
+    TestDir,
 };
 
 /// What the delaying proxy adds to every round trip between Envoy and weir-bridge.
@@ -95,7 +96,8 @@ impl Front {
     /// `bootstrap` makes the Envoy's bootstrap around weir's HTTP filter (a YAML list
     /// item).
     fn start(config: &str, key_header: &str, bootstrap: impl FnOnce(String) -> Bootstrap) -> Front {
-        let config = with_decisions(config);
+        // Detailed stats: the cases read why costs settled as they did (`commit_*`).
+        let config = with_stats(&with_decisions(config), "detailed");
         let dir = TestDir::new("hostile");
         let logs = Logs::new(dir.path(), 1, key_header);
         let bootstrap = bootstrap(wasm_filter_yaml(&config, &weir_wasm()));

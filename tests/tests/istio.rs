@@ -583,7 +583,7 @@ const THROUGH_RBAC: &str = r#"{"bridge":{"cluster":"weir_bridge","timeout":"500m
     {"name":"per-user","match":{"path":{"exact":"/limited"}},"scope":"global",
      "key":[{"header":"x-user"}],"limit":{"algorithm":"gcra","rate":1,"period":"1h","burst":4},
      "global":{"failure_mode":"deny"}},
-    {"name":"llm","match":{"path":{"exact":"/llm"}},"scope":"global","key":[{"header":"x-user"}],
+    {"name":"llm","stats":"detailed","match":{"path":{"exact":"/llm"}},"scope":"global","key":[{"header":"x-user"}],
      "limit":{"algorithm":"token_bucket","capacity":10000,"refill":10000,"period":"1m"},
      "cost":{"header":"x-estimate","max":500},"commit":{"header":"x-tokens"},
      "global":{"failure_mode":"deny"}}]}"#;

@@ -195,7 +195,7 @@ fn reservoirs_then_idle_then_a_burst_on_every_worker_keep_the_bound() {
 #[test]
 fn a_key_flood_at_max_keys_keeps_the_bound_of_a_key_at_its_limit() {
     let config = with_decisions(
-        r#"{"rules":[{"name":"per-user","key":[{"header":"x-user"}],"max_keys":64,
+        r#"{"rules":[{"name":"per-user","stats":"detailed","key":[{"header":"x-user"}],"max_keys":64,
             "limit":{"algorithm":"fixed_window","limit":100,"window":"1s"},
             "reservoir":{"max":16,"max_keys":16}}]}"#,
     );
@@ -212,7 +212,7 @@ fn a_key_flood_at_max_keys_keeps_the_bound_of_a_key_at_its_limit() {
     });
     report.assert_no_errors();
     let checked = logs.assert_conformant(&Judge::configured(&config, "per-user"), 3_000);
-    let evictions = envoy.weir_stat("store.slot_evictions");
+    let evictions = envoy.weir_stat("rule.per-user.slot_evictions");
     eprintln!(
         "{} keys, {} admitted; {evictions} slot evictions, {} reservoir evictions",
         checked.keys,
@@ -600,7 +600,7 @@ fn memory_stays_bounded_by_max_keys() {
     eprintln!(
         "100k keys: slots_in_use {in_use}, takeovers {}, evictions {}, RSS {} → {} KiB",
         envoy.weir_stat("store.slot_takeovers"),
-        envoy.weir_stat("store.slot_evictions"),
+        envoy.weir_stat("rule.per-user.slot_evictions"),
         rss_warm >> 10,
         rss_end >> 10
     );

@@ -95,7 +95,12 @@ fn record(dir: &Path, config: &str, workers: u32, connections: usize) -> Recorde
     let text = read_log(&log, sent);
     let per_worker = envoy.stats_matching("worker_.*downstream_cx_total");
     let workers_used = per_worker.values().filter(|&&n| n > 0).count();
-    let reservoir_hits = envoy.weir_stat("rule.per-user.reservoir_hits");
+    // A rule without reservoirs has no reservoir stats.
+    let reservoir_hits = if compiled.rules.iter().any(|r| r.reservoir.is_some()) {
+        envoy.weir_stat("rule.per-user.reservoir_hits")
+    } else {
+        0
+    };
     drop(envoy);
     let replay::Log {
         records,

@@ -22,8 +22,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 use weir_e2e::decisions::{with_decisions, Judge, Logs};
 use weir_e2e::{
-    shipped_bridge_cluster_yaml, wasm_filter_yaml, weir_wasm, Bootstrap, Bridge, Client, Envoy,
-    RedisCluster, Request, TestDir,
+    shipped_bridge_cluster_yaml, wasm_filter_yaml, weir_wasm, with_stats, Bootstrap, Bridge,
+    Client, Envoy, RedisCluster, Request, TestDir,
 };
 
 /// Exact (no lease): every request is a bridge call, so every moment of the update is
@@ -99,7 +99,8 @@ fn roll(flags: &[&str], check: impl FnOnce(&Rolled)) {
     let ports = [bridges[0].port, bridges[1].port];
     let dir = TestDir::new("rolling-update");
     let logs = Logs::new(dir.path(), 1, "x-k");
-    let config = with_decisions(CONFIG);
+    // Detailed stats: `bridge.resent` is read.
+    let config = with_stats(&with_decisions(CONFIG), "detailed");
     let bootstrap = Bootstrap::new()
         .http_filter(wasm_filter_yaml(&config, &weir_wasm()))
         .cluster(shipped_bridge_cluster_yaml(&ports));

@@ -2,6 +2,8 @@
 //! LLM API ([`LlmUpstream`]) that reports the token usage each test asks for: a request
 //! is admitted with its estimate (`x-estimate`), and when its response ends the rule is
 //! settled with what the JSON body, the event stream or a header says it really cost.
+//! Every Envoy here runs its config at `"stats": "detailed"`: the tests read the
+//! `commit_*` counters.
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -13,12 +15,15 @@ use weir_core::conformance::{self, Admission};
 use weir_e2e::decisions::{with_decisions, Judge, Logs};
 use weir_e2e::llm_upstream::{USAGE_HEADER, USED_HEADER};
 use weir_e2e::{
-    wait_until, wasm_filter_yaml, weir_wasm, Bridge, Client, Envoy, LlmUpstream, RedisCluster,
-    Request, TestDir,
+    wait_until, wasm_filter_yaml, weir_wasm, with_stats, Bridge, Client, Envoy, LlmUpstream,
+    RedisCluster, Request, TestDir,
 };
 
 fn start(config: &str, upstream: &LlmUpstream, workers: u32) -> Envoy {
-    let bootstrap = upstream.bootstrap(wasm_filter_yaml(config, &weir_wasm()), None);
+    let bootstrap = upstream.bootstrap(
+        wasm_filter_yaml(&with_stats(config, "detailed"), &weir_wasm()),
+        None,
+    );
     Envoy::start(&bootstrap, workers)
 }
 
@@ -150,7 +155,7 @@ fn concurrent_requests_never_overrun_the_token_budget() {
     let config = with_decisions(&config);
     let dir = TestDir::new("token-budget");
     let logs = usage_logs(&dir, 1);
-    let filter = wasm_filter_yaml(&config, &weir_wasm());
+    let filter = wasm_filter_yaml(&with_stats(&config, "detailed"), &weir_wasm());
     let envoy = Envoy::start(&logs.add_to(0, upstream.bootstrap(filter, None)), 2);
     let chats = concurrent_chats(&[envoy.http_port], false);
     let (used, admitted) = (chats.used, chats.count(200));
@@ -540,7 +545,7 @@ fn a_global_token_budget_holds_across_two_envoys_and_settles_exactly_in_redis() 
     let logs = usage_logs(&dir, 2);
     let envoys: Vec<Envoy> = (0..2)
         .map(|i| {
-            let filter = wasm_filter_yaml(config, &weir_wasm());
+            let filter = wasm_filter_yaml(&with_stats(config, "detailed"), &weir_wasm());
             Envoy::start(
                 &logs.add_to(i, upstream.bootstrap(filter, Some(bridge.port))),
                 2,
@@ -645,7 +650,7 @@ fn a_clamped_request_reaches_the_upstream_with_what_is_left() {
             "commit":{{"body":{{}},"clamp":{{}}}}}}]}}"#
         );
         let bootstrap = upstream.bootstrap(
-            wasm_filter_yaml(&config, &weir_wasm()),
+            wasm_filter_yaml(&with_stats(&config, "detailed"), &weir_wasm()),
             global.then_some(bridge.port),
         );
         let envoy = Envoy::start(&bootstrap, 2);
@@ -702,7 +707,7 @@ fn clamping_spends_the_budget_that_reservations_leave() {
         let config = with_decisions(&config);
         let dir = TestDir::new("clamp-budget");
         let logs = Logs::by_response_header(dir.path(), 1, USED_HEADER);
-        let filter = wasm_filter_yaml(&config, &weir_wasm());
+        let filter = wasm_filter_yaml(&with_stats(&config, "detailed"), &weir_wasm());
         let envoy = Envoy::start(&logs.add_to(0, upstream.bootstrap(filter, None)), 2);
         let used = AtomicU64::new(0);
         let limited = AtomicU64::new(0);
