@@ -67,8 +67,8 @@ pub use load::{run_clients, LoadReport, Outcome};
 pub use loopback::{Received, Witness};
 pub use ports::{free_port, free_ports};
 pub use prereq::{
-    doc_files, documented_json, envoy_bin, generated_doc_block, python3_bin, redis_cli_bin, redis_server_bin,
-    repo_relative, repo_root, venv_tool, weir_wasm,
+    doc_files, documented_json, envoy_bin, generated_doc_block, python3_bin, redis_cli_bin,
+    redis_server_bin, repo_relative, repo_root, venv_tool, weir_wasm,
 };
 pub use process::{pid_exists, wait_for, wait_until, Child, Process, TestDir};
 pub use py_upstream::PyUpstream;
