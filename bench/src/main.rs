@@ -954,7 +954,12 @@ fn measure_mode(
     let envoys = &served.envoys;
     let ports: Vec<u16> = envoys.iter().map(|e| e.http_port).collect();
     let rule0 = rule_stats(envoys, rule);
-    let calls0 = weir_stat(envoys, "bridge.calls");
+    // A local mode's plugin has no `bridge`, so no `bridge.*` stats to read.
+    let calls0 = if mode.is_global() {
+        weir_stat(envoys, "bridge.calls")
+    } else {
+        0
+    };
     let scripts0 = cost::redis_commands(probes.masters).1;
     let granted = || {
         probes
