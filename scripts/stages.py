@@ -38,19 +38,17 @@ WORK, TIMED = "work", "timed"
 # (recipe, kind, the recipes it needs). Order is priority: the builds the timed tests
 # wait for first, then the timed tests in the order they can start.
 SUITE = [
-    ("build-bridge-tests", WORK, []),
+    ("build-tests", WORK, []),
     ("build", WORK, []),
-    ("build-e2e", WORK, []),
-    ("test-bridge", TIMED, ["build-bridge-tests"]),
-    ("test-e2e-live", TIMED, ["build", "build-bridge-tests", "build-e2e"]),
+    ("test-bridge", TIMED, ["build-tests"]),
+    ("test-e2e-live", TIMED, ["build", "build-tests"]),
     ("build-bench", WORK, []),
-    ("bench-smoke", TIMED, ["build", "build-bridge-tests", "build-bench"]),
+    ("bench-smoke", TIMED, ["build", "build-tests", "build-bench"]),
     ("oci-bridge", WORK, []),
-    ("test-images", TIMED, ["build", "oci-bridge", "build-e2e"]),
+    ("test-images", TIMED, ["build", "oci-bridge", "build-tests"]),
     ("lint", WORK, []),
-    ("build-core-tests", WORK, []),
-    ("test-core", WORK, ["build-core-tests"]),
-    ("test-bench", WORK, ["build-bench"]),
+    ("test-core-built", WORK, ["build-tests"]),
+    ("test-bench", WORK, ["build-tests"]),
     ("wasm-bindgen-runner", WORK, []),
     ("build-core-wasm-tests", WORK, []),
     ("test-wasm", WORK, ["wasm-bindgen-runner", "build-core-wasm-tests"]),
@@ -63,7 +61,7 @@ SUITE = [
 AT_ONCE = {WORK: 2, TIMED: 1}
 WORK_BESIDE_TIMED = 1
 # Recipes run with `just --no-deps`: SUITE lists everything their justfile dependencies build.
-NO_DEPS = {"test-e2e-live", "test-images", "test-bridge", "bench-smoke"}
+NO_DEPS = {"test-e2e-live", "test-images", "test-bridge", "bench-smoke", "test-core-built", "test-bench"}
 
 
 def children_cpu():

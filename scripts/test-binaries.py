@@ -1,15 +1,23 @@
 #!/usr/bin/env python3
-"""Builds a package's test binaries and runs them later without cargo.
+"""Builds packages' test binaries and runs them later without cargo.
 
-    scripts/test-binaries.py build LIST -- CARGO_TEST_ARGS...   cargo test --no-run ARGS;
-                                                                 the binaries into LIST
-    scripts/test-binaries.py run LIST [-- TEST_ARGS...]         each binary of LIST in turn
+    scripts/test-binaries.py build LIST -- CARGO_ARGS...    cargo build --all-targets ARGS;
+                                                             the test binaries into LIST
+    scripts/test-binaries.py run LIST [--package NAME]... [-- TEST_ARGS...]
+                                                             each binary of LIST (of those
+                                                             packages) in turn
 
 `cargo test` takes the build directory's lock even when nothing is to build, and waits
 for any other cargo building there: the suite (scripts/stages.py) runs the end-to-end and
 bridge tests while other recipes compile, so they run their binaries directly, as cargo
 would (the package's directory as the working directory, one binary after another,
 stopping at the first that fails).
+
+The suite builds every native package's tests in one cargo invocation (`just build-tests`):
+cargo unifies features over the packages it builds together, so weir-core, serde_json and
+the rest are compiled once, where a build per package compiled them once per feature set.
+`--all-targets` (not `cargo test --no-run`) also builds the packages' binaries as they run
+(weir-bridge, weir-check, weir-bench) with the same features.
 """
 import json
 import os
@@ -17,11 +25,21 @@ import subprocess
 import sys
 
 
+def package_names():
+    """Each workspace package's name by its manifest's path."""
+    out = subprocess.run(
+        ["cargo", "metadata", "--no-deps", "--format-version", "1"],
+        stdout=subprocess.PIPE, text=True, check=True,
+    ).stdout
+    return {p["manifest_path"]: p["name"] for p in json.loads(out)["packages"]}
+
+
 def build(listing, cargo_args):
-    command = ["cargo", "test", "--no-run", "--message-format=json-render-diagnostics", *cargo_args]
+    command = ["cargo", "build", "--all-targets", "--message-format=json-render-diagnostics", *cargo_args]
     result = subprocess.run(command, stdout=subprocess.PIPE, text=True)
     if result.returncode != 0:
         return result.returncode
+    names = package_names()
     binaries = []
     for line in result.stdout.splitlines():
         message = json.loads(line)
@@ -31,6 +49,7 @@ def build(listing, cargo_args):
             continue
         target = message["target"]
         binaries.append({
+            "package": names[message["manifest_path"]],
             "name": target["name"],
             "kind": target["kind"][0],
             "executable": message["executable"],
@@ -40,13 +59,20 @@ def build(listing, cargo_args):
     with open(listing, "w") as f:
         json.dump(binaries, f, indent=1)
     for b in binaries:
-        print(f"  Built {b['kind']} {b['name']}: {b['executable']}")
+        print(f"  Built {b['package']} {b['kind']} {b['name']}: {b['executable']}")
     return 0
 
 
-def run(listing, test_args):
+def run(listing, packages, test_args):
     with open(listing) as f:
         binaries = json.load(f)
+    if packages:
+        unknown = set(packages) - {b["package"] for b in binaries}
+        if unknown:
+            print(f"test-binaries: {listing} lists no test binary of {', '.join(sorted(unknown))}",
+                  file=sys.stderr)
+            return 1
+        binaries = [b for b in binaries if b["package"] in packages]
     if not binaries:
         print(f"test-binaries: {listing} lists no test binary", file=sys.stderr)
         return 1
@@ -63,9 +89,15 @@ def main(argv):
     if len(argv) < 2 or argv[0] not in ("build", "run"):
         sys.exit(__doc__)
     what, listing, rest = argv[0], argv[1], argv[2:]
+    packages = []
+    while what == "run" and len(rest) >= 2 and rest[0] == "--package":
+        packages.append(rest[1])
+        rest = rest[2:]
     if rest and rest[0] == "--":
         rest = rest[1:]
-    return build(listing, rest) if what == "build" else run(listing, rest)
+    elif rest and what == "run":
+        sys.exit(f"test-binaries: unexpected {rest[0]!r}\n{__doc__}")
+    return build(listing, rest) if what == "build" else run(listing, packages, rest)
 
 
 if __name__ == "__main__":

@@ -48,7 +48,11 @@ if [ "$have" != "$version" ] && ! $no_run; then
   # rather than resolve the CLI's dependencies afresh.
   # --debug: unoptimised, it built in 240 CPU-seconds here against 435 at opt-level 1 (more
   # at the release profile's 3), and it runs as fast on test binaries without debug info.
-  cargo install --locked --debug --quiet --root "$tools" --version "$version" wasm-bindgen-cli || {
+  # Without debug info of its own and without its default feature (rustls, which only the
+  # browser runners' driver downloads use; tests here run under Node.js): 161 CPU-seconds
+  # (measured 2026-11-29, cold, nothing beside it).
+  CARGO_PROFILE_DEV_DEBUG=false \
+    cargo install --locked --debug --no-default-features --quiet --root "$tools" --version "$version" wasm-bindgen-cli || {
     say "cannot install wasm-bindgen-cli $version with --locked (above: which dependency of its lockfile failed)"
     exit 1
   }
