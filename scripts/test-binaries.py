@@ -3,9 +3,11 @@
 
     scripts/test-binaries.py build LIST -- CARGO_ARGS...    cargo build --all-targets ARGS;
                                                              the test binaries into LIST
-    scripts/test-binaries.py run LIST [--package NAME]... [-- TEST_ARGS...]
+    scripts/test-binaries.py run LIST [--package NAME]... [--jobs N [--first NAME]...] [-- TEST_ARGS...]
                                                              each binary of LIST (of those
-                                                             packages) in turn
+                                                             packages) in turn, or N at a
+                                                             time, the binaries named
+                                                             --first first
 
 `cargo test` takes the build directory's lock even when nothing is to build, and waits
 for any other cargo building there: the suite (scripts/stages.py) runs the end-to-end and
@@ -21,8 +23,11 @@ the rest are compiled once, where a build per package compiled them once per fea
 """
 import json
 import os
+import signal
 import subprocess
 import sys
+import tempfile
+import time
 
 
 def package_names():
@@ -63,7 +68,7 @@ def build(listing, cargo_args):
     return 0
 
 
-def run(listing, packages, test_args):
+def run(listing, packages, test_args, jobs=1, first=()):
     with open(listing) as f:
         binaries = json.load(f)
     if packages:
@@ -76,28 +81,72 @@ def run(listing, packages, test_args):
     if not binaries:
         print(f"test-binaries: {listing} lists no test binary", file=sys.stderr)
         return 1
-    for b in binaries:
-        print(f"     Running {b['kind']} {b['name']} ({b['executable']})", flush=True)
-        status = subprocess.call([b["executable"], *test_args], cwd=b["cwd"])
-        if status != 0:
-            print(f"error: test failed: {b['kind']} {b['name']} (exit {status})", file=sys.stderr)
-            return status if status > 0 else 1
-    return 0
+    if jobs <= 1:
+        for b in binaries:
+            print(f"     Running {b['kind']} {b['name']} ({b['executable']})", flush=True)
+            status = subprocess.call([b["executable"], *test_args], cwd=b["cwd"])
+            if status != 0:
+                print(f"error: test failed: {b['kind']} {b['name']} (exit {status})", file=sys.stderr)
+                return status if status > 0 else 1
+        return 0
+    return run_side_by_side(binaries, test_args, jobs, first)
+
+
+def run_side_by_side(binaries, test_args, jobs, first):
+    """`jobs` binaries at a time, those named in `first` first (the longest, so that the
+    others fill the second lane beside it); each one's output printed whole when it ends.
+    The first failure stops the others."""
+    order = sorted(binaries, key=lambda b: (b["name"] not in first, first.index(b["name"]) if b["name"] in first else 0))
+    waiting, running, status = list(order), {}, 0
+    while waiting or running:
+        while waiting and len(running) < jobs and status == 0:
+            b = waiting.pop(0)
+            out = tempfile.TemporaryFile()
+            child = subprocess.Popen([b["executable"], *test_args], cwd=b["cwd"],
+                                     stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            running[child.pid] = (b, child, out, time.monotonic())
+        if not running:
+            break
+        pid, wait_status = os.wait()
+        if pid not in running:
+            continue
+        b, child, out, started = running.pop(pid)
+        code = os.waitstatus_to_exitcode(wait_status)
+        out.seek(0)
+        print(f"     Running {b['kind']} {b['name']} ({b['executable']}; {time.monotonic() - started:.1f} s)",
+              flush=True)
+        sys.stdout.buffer.write(out.read())
+        sys.stdout.flush()
+        if code != 0 and status == 0:
+            print(f"error: test failed: {b['kind']} {b['name']} (exit {code})", file=sys.stderr)
+            status = code if code > 0 else 1
+            waiting.clear()
+            for _, other, _, _ in running.values():
+                try:
+                    os.killpg(other.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+    return status
 
 
 def main(argv):
     if len(argv) < 2 or argv[0] not in ("build", "run"):
         sys.exit(__doc__)
     what, listing, rest = argv[0], argv[1], argv[2:]
-    packages = []
-    while what == "run" and len(rest) >= 2 and rest[0] == "--package":
-        packages.append(rest[1])
+    packages, jobs, first = [], 1, []
+    while what == "run" and len(rest) >= 2 and rest[0] in ("--package", "--jobs", "--first"):
+        if rest[0] == "--package":
+            packages.append(rest[1])
+        elif rest[0] == "--first":
+            first.append(rest[1])
+        else:
+            jobs = int(rest[1])
         rest = rest[2:]
     if rest and rest[0] == "--":
         rest = rest[1:]
     elif rest and what == "run":
         sys.exit(f"test-binaries: unexpected {rest[0]!r}\n{__doc__}")
-    return build(listing, rest) if what == "build" else run(listing, packages, rest)
+    return build(listing, rest) if what == "build" else run(listing, packages, rest, jobs, first)
 
 
 if __name__ == "__main__":
