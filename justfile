@@ -122,10 +122,8 @@ test-bridge: build-tests
 test-e2e: test-e2e-live test-images
 
 # End-to-end tests but the images': real Envoy, Redis Cluster and weir-bridge (the debug build the bridge's own tests start) on free loopback ports.
-# The e2e binary's tests run 3 at a time (202 s beside a busy core, twice without a failure, against 337 s 2 at a time in the last clean CI run; measured 2026-11-29); `concurrency`'s, which measure latency, 2 at a time.
 test-e2e-live: build build-tests
-    ENVOY_BIN={{envoy}} WEIR_WASM={{wasm}} WEIR_BRIDGE_BIN={{bridge_debug}} WEIR_CHECK_BIN={{weir_check}} python3 scripts/test-binaries.py run {{tests_list}} --package weir-e2e --binary e2e -- --test-threads 3 --skip oci_bridge:: --skip release::
-    ENVOY_BIN={{envoy}} WEIR_WASM={{wasm}} WEIR_BRIDGE_BIN={{bridge_debug}} WEIR_CHECK_BIN={{weir_check}} python3 scripts/test-binaries.py run {{tests_list}} --package weir-e2e --skip-binary e2e -- --test-threads 2
+    ENVOY_BIN={{envoy}} WEIR_WASM={{wasm}} WEIR_BRIDGE_BIN={{bridge_debug}} WEIR_CHECK_BIN={{weir_check}} python3 scripts/test-binaries.py run {{tests_list}} --package weir-e2e -- --test-threads 2 --skip oci_bridge:: --skip release::
 
 # The shipped artifacts as a cluster takes them (tests/tests/oci_bridge.rs, release.rs): weir-bridge's OCI image (`just oci-bridge`) through a real registry and run from its own root filesystem, and a release folder packed twice.
 test-images: build oci-bridge build-tests

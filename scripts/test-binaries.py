@@ -3,8 +3,7 @@
 
     scripts/test-binaries.py build LIST -- CARGO_ARGS...    cargo build --all-targets ARGS;
                                                              the test binaries into LIST
-    scripts/test-binaries.py run LIST [--package NAME]... [--binary NAME]... [--skip-binary NAME]...
-                                [--jobs N [--first NAME]...] [-- TEST_ARGS...]
+    scripts/test-binaries.py run LIST [--package NAME]... [--jobs N [--first NAME]...] [-- TEST_ARGS...]
                                                              each binary of LIST (of those
                                                              packages) in turn, or N at a
                                                              time, the binaries named
@@ -69,7 +68,7 @@ def build(listing, cargo_args):
     return 0
 
 
-def run(listing, packages, test_args, jobs=1, first=(), names=()):
+def run(listing, packages, test_args, jobs=1, first=()):
     with open(listing) as f:
         binaries = json.load(f)
     if packages:
@@ -79,10 +78,6 @@ def run(listing, packages, test_args, jobs=1, first=(), names=()):
                   file=sys.stderr)
             return 1
         binaries = [b for b in binaries if b["package"] in packages]
-    wanted = [n for n in names if not n.startswith("!")]
-    skipped = [n[1:] for n in names if n.startswith("!")]
-    binaries = [b for b in binaries
-                if (not wanted or b["name"] in wanted) and b["name"] not in skipped]
     if not binaries:
         print(f"test-binaries: {listing} lists no test binary", file=sys.stderr)
         return 1
@@ -138,14 +133,10 @@ def main(argv):
     if len(argv) < 2 or argv[0] not in ("build", "run"):
         sys.exit(__doc__)
     what, listing, rest = argv[0], argv[1], argv[2:]
-    packages, jobs, first, names = [], 1, [], []
-    while what == "run" and len(rest) >= 2 and rest[0] in ("--package", "--jobs", "--first", "--binary", "--skip-binary"):
+    packages, jobs, first = [], 1, []
+    while what == "run" and len(rest) >= 2 and rest[0] in ("--package", "--jobs", "--first"):
         if rest[0] == "--package":
             packages.append(rest[1])
-        elif rest[0] == "--binary":
-            names.append(rest[1])
-        elif rest[0] == "--skip-binary":
-            names.append("!" + rest[1])
         elif rest[0] == "--first":
             first.append(rest[1])
         else:
@@ -155,7 +146,7 @@ def main(argv):
         rest = rest[1:]
     elif rest and what == "run":
         sys.exit(f"test-binaries: unexpected {rest[0]!r}\n{__doc__}")
-    return build(listing, rest) if what == "build" else run(listing, packages, rest, jobs, first, names)
+    return build(listing, rest) if what == "build" else run(listing, packages, rest, jobs, first)
 
 
 if __name__ == "__main__":
