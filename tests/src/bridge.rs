@@ -49,9 +49,16 @@ impl Bridge {
 
     /// [`Bridge::start`] on `port`: a replica that replaces one stopped on that port.
     pub fn start_on(redis: &RedisCluster, port: u16, extra: &[&str]) -> Bridge {
-        let listen = format!("127.0.0.1:{port}");
         let nodes = redis.seed_nodes().join(",");
-        let mut args = vec!["--listen", &listen, "--redis-nodes", &nodes];
+        Bridge::start_with_redis(port, &["--redis-nodes", &nodes], extra)
+    }
+
+    /// [`Bridge::start_on`] with the Redis flags given (`--redis-mode`, `--redis-nodes`…):
+    /// a standalone server or Sentinel.
+    pub fn start_with_redis(port: u16, redis_args: &[&str], extra: &[&str]) -> Bridge {
+        let listen = format!("127.0.0.1:{port}");
+        let mut args = vec!["--listen", &listen];
+        args.extend_from_slice(redis_args);
         if !extra.contains(&"--drain-delay") {
             args.extend(["--drain-delay", "0s"]);
         }

@@ -19,6 +19,7 @@ mod local_limits;
 mod manifests;
 mod oci_bridge;
 mod oci_wasm;
+mod redis_modes;
 mod release;
 mod replay;
 mod rolling_update;
