@@ -49,7 +49,8 @@ SUITE = [
     # recipes start sooner. They then fill the cores beside the timed ones.
     ("oci-bridge", WORK, ["build-tests"]),
     ("test-images", TIMED, ["build", "oci-bridge", "build-tests"]),
-    ("lint", WORK, ["build-tests"]),
+    # `lint`'s native half is in build-tests (clippy compiles the workspace's crates there).
+    ("lint-wasm", WORK, ["build-tests"]),
     ("test-core-built", WORK, ["build-tests"]),
     ("test-bench", WORK, ["build-tests"]),
     ("wasm-bindgen-runner", WORK, ["build-tests"]),
