@@ -66,6 +66,7 @@ impl StatsLevel {
 
 /// A level's name, and nothing else (serde's derive would also take `{"all": null}`).
 impl<'de> Deserialize<'de> for StatsLevel {
+    #[inline(never)] // as the config's (`config::raw::object_only!`)
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         const NAMES: [&str; 3] = [
             StatsLevel::Default.name(),

@@ -44,9 +44,17 @@ pub(crate) fn parse(json: &[u8]) -> Result<RawConfig, FieldError> {
 /// `deserialize` of `#[serde(remote = "Self")]`, accepting only a JSON object: serde's
 /// derive would also take an array of the field values in declaration order, which no
 /// one means to write and which would make a malformed config compile.
+///
+/// Every hand-written `deserialize` in this file is `#[inline(never)]`. Inlined into their
+/// parents' derived visitors, they made the rule's visitor one 65 KB function of
+/// weir.wasm, and V8's optimizing compiler, whose time grows faster than a function's
+/// size, spent 294 ms of the module's 921 on it (`node --no-liftoff
+/// --no-wasm-lazy-compilation --trace-wasm-compilation-times`, measured 2026-11-29):
+/// Envoy compiles the whole module so at every start and at every new VM.
 macro_rules! object_only {
     ($ty:ident, $expecting:expr) => {
         impl<'de> Deserialize<'de> for $ty {
+            #[inline(never)] // see `object_only!`
             fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
                 struct ObjectVisitor;
                 impl<'de> Visitor<'de> for ObjectVisitor {
@@ -306,6 +314,7 @@ impl RawPart {
 pub(crate) struct Empty;
 
 impl<'de> Deserialize<'de> for Empty {
+    #[inline(never)] // see `object_only!`
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         struct EmptyVisitor;
         impl<'de> Visitor<'de> for EmptyVisitor {
@@ -331,6 +340,7 @@ impl<'de> Deserialize<'de> for Empty {
 pub(crate) struct ClaimPath(pub Vec<String>);
 
 impl<'de> Deserialize<'de> for ClaimPath {
+    #[inline(never)] // see `object_only!`
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         struct ClaimVisitor;
         impl<'de> Visitor<'de> for ClaimVisitor {
@@ -407,6 +417,7 @@ impl RawLimit {
 }
 
 impl<'de> Deserialize<'de> for RawLimit {
+    #[inline(never)] // see `object_only!`
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         deserializer.deserialize_map(RawLimitVisitor)
     }
@@ -495,6 +506,7 @@ struct Refuse(String);
 impl<'de> DeserializeSeed<'de> for Refuse {
     type Value = RawLimit;
 
+    #[inline(never)] // see `object_only!`
     fn deserialize<D: Deserializer<'de>>(self, _deserializer: D) -> Result<RawLimit, D::Error> {
         Err(de::Error::custom(self.0))
     }
@@ -508,6 +520,7 @@ pub(crate) struct RawDuration {
 }
 
 impl<'de> Deserialize<'de> for RawDuration {
+    #[inline(never)] // see `object_only!`
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         struct DurationVisitor;
         impl<'de> Visitor<'de> for DurationVisitor {
@@ -546,6 +559,7 @@ pub(crate) struct RawRequestCost {
 }
 
 impl<'de> Deserialize<'de> for RawCost {
+    #[inline(never)] // see `object_only!`
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         struct CostVisitor;
         impl<'de> Visitor<'de> for CostVisitor {

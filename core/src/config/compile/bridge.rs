@@ -15,6 +15,7 @@ pub const DEFAULT_DOMAIN: &str = "weir";
 /// For the bridge's cluster name, authority and secret.
 pub const MAX_BRIDGE_TEXT_BYTES: usize = 256;
 
+#[inline(never)] // a wasm function of its own: see `compile::compile`
 pub(super) fn compile(raw: RawBridge) -> Result<BridgeSettings> {
     let text = |value: String, at: &str, what: &str| -> Result<String> {
         let printable = value.bytes().all(|b| (0x21..0x7f).contains(&b));

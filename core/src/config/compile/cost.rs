@@ -90,6 +90,7 @@ fn body_bytes(raw: Option<u64>, default: usize, at: &str) -> Result<usize> {
 /// `commit`: where the response says what the request cost. `max_cost` bounds
 /// `on_error` like the cost itself; a clamp needs the rule's `cost` to be estimated from
 /// the body.
+#[inline(never)] // a wasm function of its own: see `compile::compile`
 pub(super) fn commit(
     raw: RawCommit,
     max_cost: u64,
@@ -207,6 +208,7 @@ fn not_from_body(at: &str) -> super::FieldError {
 
 /// `max_cost` is the most the rule's limit can admit at once (for a global rule, also
 /// what one bridge item may ask for).
+#[inline(never)] // a wasm function of its own: see `compile::compile`
 pub(super) fn compile(
     raw: Option<RawCost>,
     max_cost: u64,

@@ -12,6 +12,7 @@ pub const MAX_ATTRIBUTE_SEGMENTS: usize = 10;
 pub const JWT_AUTHN_FILTER: &str = "envoy.filters.http.jwt_authn";
 pub const DEFAULT_JWT_METADATA_KEY: &str = "jwt_payload";
 
+#[inline(never)] // a wasm function of its own: see `compile::compile`
 pub(super) fn compile(parts: Vec<RawPart>, at: &str, facts: &mut Interner) -> Result<Vec<KeyPart>> {
     if parts.len() > MAX_KEY_PARTS {
         return Err(error(

@@ -14,6 +14,7 @@ pub(super) const CONCURRENCY: &str = "concurrency";
 /// What a concurrency denial tells clients to wait by default.
 pub const DEFAULT_CONCURRENCY_RETRY_AFTER_US: u64 = 1_000_000;
 
+#[inline(never)] // a wasm function of its own: see `compile::compile`
 pub(super) fn compile(raw: &RawLimit, at: &str) -> Result<GlobalLimit> {
     if let Some(field) = raw.concurrency.first_set() {
         return Err(error(

@@ -8,6 +8,7 @@ use crate::rules::{Fact, HeaderMatch, HeaderTest, RequestMatch, StringMatch};
 /// Header conditions in one `match`.
 pub const MAX_HEADER_MATCHES: usize = 16;
 
+#[inline(never)] // a wasm function of its own: see `compile::compile`
 pub(super) fn compile(raw: RawMatch, at: &str, facts: &mut Interner) -> Result<RequestMatch> {
     let mut matcher = RequestMatch::default();
     if let Some(path) = raw.path {

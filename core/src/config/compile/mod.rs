@@ -31,6 +31,12 @@ fn error(path: impl Into<String>, message: impl Into<String>) -> FieldError {
     FieldError::new(path, message)
 }
 
+/// The config as the engine runs it, or the first field that is wrong.
+///
+/// Runs once per configure, and its parts are `#[inline(never)]`: inlined into one another
+/// they made `rule::compile` a 38 KB wasm function that took V8's optimizing compiler 108 ms
+/// of weir.wasm's 689 (measured 2026-11-29 as `config::raw::object_only!` says), and Envoy
+/// compiles every function at every start and every new VM.
 pub(super) fn compile(raw: RawConfig) -> Result<Config> {
     if raw.rules.is_empty() {
         return Err(error(

@@ -8,6 +8,7 @@ use crate::response::{CustomBody, FilterState, HeaderStyle, ResponseSettings};
 pub const DEFAULT_STATUS: u16 = 429;
 pub const MAX_BODY_BYTES: usize = 4096;
 
+#[inline(never)] // a wasm function of its own: see `compile::compile`
 pub(super) fn compile(raw: Option<RawResponse>) -> Result<ResponseSettings> {
     let defaults = ResponseSettings::default();
     let Some(raw) = raw else {

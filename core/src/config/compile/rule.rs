@@ -37,6 +37,7 @@ pub(super) fn name(name: &str, at: &str) -> Result<String> {
     Ok(name.to_string())
 }
 
+#[inline(never)] // a wasm function of its own: see `compile::compile`
 pub(super) fn compile(
     id: RuleId,
     name: String,
@@ -178,6 +179,7 @@ pub(super) fn compile(
 
 /// A concurrency rule: local, decided in shared data for every request (no reservoir:
 /// units in flight are given back, not spent), never delayed, with no commit.
+#[inline(never)] // a wasm function of its own: see `compile::compile`
 fn concurrency_rule(
     id: RuleId,
     name: String,
@@ -268,6 +270,7 @@ fn max_keys(raw: Option<u64>, at: &str) -> Result<u32> {
 }
 
 /// `on_limit.delay`: for local rules whose algorithm has a schedule to hold requests on.
+#[inline(never)] // a wasm function of its own: see `compile::compile`
 fn delay(
     raw: RawOnLimit,
     scope: &Scope,
@@ -339,6 +342,7 @@ fn delay(
 }
 
 /// A local rule's reservoir settings; `max` 1 turns them off (exact).
+#[inline(never)] // a wasm function of its own: see `compile::compile`
 fn reservoir(raw: RawReservoir, rule_max_keys: u32, at: &str) -> Result<Option<Reservoir>> {
     let max = raw.max.unwrap_or(DEFAULT_RESERVOIR_MAX);
     if max == 0 || max > MAX_RESERVOIR_MAX {
@@ -379,6 +383,7 @@ fn reservoir(raw: RawReservoir, rule_max_keys: u32, at: &str) -> Result<Option<R
     }))
 }
 
+#[inline(never)] // a wasm function of its own: see `compile::compile`
 fn scope(
     limit: GlobalLimit,
     scope: RawScope,
@@ -417,6 +422,7 @@ fn scope(
     }
 }
 
+#[inline(never)] // a wasm function of its own: see `compile::compile`
 fn global_rule(
     limit: GlobalLimit,
     raw: Option<RawGlobal>,
@@ -472,6 +478,7 @@ fn global_rule(
 /// ([`crate::rules::Lease::hold_for`]), up to `ttl` plus `round_trip`. A GCRA key pays
 /// for that longest hold with burst; `ttl` must be affordable, and so must an explicit
 /// `round_trip` beside it.
+#[inline(never)] // a wasm function of its own: see `compile::compile`
 fn lease(
     limit: &GlobalLimit,
     raw: RawLease,
