@@ -50,9 +50,11 @@ if [ "$have" != "$version" ] && ! $no_run; then
   # at the release profile's 3), and it runs as fast on test binaries without debug info.
   # Without debug info of its own and without its default feature (rustls, which only the
   # browser runners' driver downloads use; tests here run under Node.js): 161 CPU-seconds
-  # (measured 2026-11-29, cold, nothing beside it).
+  # (measured 2026-11-29, cold, nothing beside it). Only the runner: the other two binaries
+  # of the crate are not linked.
   CARGO_PROFILE_DEV_DEBUG=false \
-    cargo install --locked --debug --no-default-features --quiet --root "$tools" --version "$version" wasm-bindgen-cli || {
+    cargo install --locked --debug --no-default-features --quiet --root "$tools" --version "$version" \
+      --bin wasm-bindgen-test-runner wasm-bindgen-cli || {
     say "cannot install wasm-bindgen-cli $version with --locked (above: which dependency of its lockfile failed)"
     exit 1
   }
