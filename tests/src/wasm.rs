@@ -39,30 +39,51 @@ fn leb128(bytes: &[u8], mut at: usize) -> (u64, usize) {
     }
 }
 
-/// The names of the functions a wasm module exports (section 7, kind 0).
-pub fn exported_functions(module: &[u8]) -> BTreeSet<String> {
+/// Each section of a wasm module: its id and its contents.
+fn sections(module: &[u8]) -> Vec<(u8, &[u8])> {
     assert_eq!(&module[..8], b"\0asm\x01\0\0\0", "not a wasm module");
     let mut at = 8;
-    let mut names = BTreeSet::new();
+    let mut found = Vec::new();
     while at < module.len() {
-        let id = module[at];
         let (size, start) = leb128(module, at + 1);
         let end = start + size as usize;
-        if id == 7 {
-            let (count, mut p) = leb128(module, start);
-            for _ in 0..count {
-                let (len, name_at) = leb128(module, p);
-                let name_end = name_at + len as usize;
-                let name = String::from_utf8(module[name_at..name_end].to_vec()).unwrap();
-                let kind = module[name_end];
-                let (_, next) = leb128(module, name_end + 1);
-                if kind == 0 {
-                    names.insert(name);
-                }
-                p = next;
-            }
-        }
+        found.push((module[at], &module[start..end]));
         at = end;
+    }
+    found
+}
+
+/// The size in bytes of each function body a wasm module defines (its code section), in
+/// the order of the section.
+pub fn function_body_sizes(module: &[u8]) -> Vec<usize> {
+    let mut sizes = Vec::new();
+    for (_, code) in sections(module).into_iter().filter(|(id, _)| *id == 10) {
+        let (count, mut p) = leb128(code, 0);
+        for _ in 0..count {
+            let (size, body) = leb128(code, p);
+            sizes.push(size as usize);
+            p = body + size as usize;
+        }
+    }
+    sizes
+}
+
+/// The names of the functions a wasm module exports (section 7, kind 0).
+pub fn exported_functions(module: &[u8]) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    for (_, exports) in sections(module).into_iter().filter(|(id, _)| *id == 7) {
+        let (count, mut p) = leb128(exports, 0);
+        for _ in 0..count {
+            let (len, name_at) = leb128(exports, p);
+            let name_end = name_at + len as usize;
+            let name = String::from_utf8(exports[name_at..name_end].to_vec()).unwrap();
+            let kind = exports[name_end];
+            let (_, next) = leb128(exports, name_end + 1);
+            if kind == 0 {
+                names.insert(name);
+            }
+            p = next;
+        }
     }
     names
 }

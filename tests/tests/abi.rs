@@ -80,6 +80,35 @@ fn weir_wasm_exports_every_http_filter_callback_and_nothing_else_envoy_calls() {
     assert!(unknown.is_empty(), "exports no test covers: {unknown:?}");
 }
 
+/// The largest function body weir.wasm may have. Envoy's V8 compiles every function of
+/// the module with its optimizing compiler at each start and each new VM, in time that
+/// grows faster than a function's size: a 65 KB config deserializer took 294 ms of the
+/// module's 921 (measured 2026-11-29; core/src/config/raw.rs, `object_only!`, says how
+/// that was cut to 18 KB for the largest). Bodies are about 18 KB at most today.
+const MAX_FUNCTION_BODY: usize = 24 * 1024;
+
+#[test]
+fn no_function_of_weir_wasm_is_large_enough_to_slow_envoys_start() {
+    let module = std::fs::read(weir_wasm()).unwrap();
+    let sizes = weir_e2e::wasm::function_body_sizes(&module);
+    assert!(
+        sizes.len() > 100,
+        "{} functions: not weir.wasm's code",
+        sizes.len()
+    );
+    let largest: Vec<(usize, usize)> = sizes
+        .iter()
+        .copied()
+        .enumerate()
+        .filter(|(_, size)| *size > MAX_FUNCTION_BODY)
+        .collect();
+    assert!(
+        largest.is_empty(),
+        "functions (index in the code section, bytes) over {MAX_FUNCTION_BODY} bytes: \
+         {largest:?}; split them (`#[inline(never)]` on what is inlined into them)"
+    );
+}
+
 /// The first `{ … }` of `source`, braces matched.
 fn braced(source: &str) -> &str {
     let start = source.find('{').unwrap();
