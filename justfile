@@ -12,7 +12,7 @@ weir_check := justfile_directory() / "target/debug/weir-check"
 # The native packages whose tests the suite builds together (`build-tests`): one cargo
 # invocation, so features unify and each crate compiles once. `weir` (the filter's ABI layer)
 # has no native tests; it is there to be linted (`build-tests` compiles through clippy).
-test_packages := "-p weir-core -p weir-bridge -p weir-e2e -p weir-bench -p weir-empty-filter -p weir"
+test_packages := "-p weir-protocol -p weir-core -p weir-bridge -p weir-e2e -p weir-bench -p weir-empty-filter -p weir"
 # clippy as the compiler of the workspace's own crates (dependencies stay with rustc), with
 # `-D warnings` as `cargo clippy -- -D warnings` passes it: `build-tests` lints what it
 # compiles, so the suite does not type-check every dependency a second time for clippy.
@@ -92,11 +92,11 @@ lint-wasm:
 
 # The core's tests, natively (unit, scenario tables, properties, config fixtures, doc tests).
 test-core:
-    cargo test -p weir-core
+    cargo test -p weir-protocol -p weir-core
 
 # The core's tests as the suite runs them: the binaries `build-tests` built (its doc tests ran there).
 test-core-built: build-tests
-    python3 scripts/test-binaries.py run {{tests_list}} --package weir-core
+    python3 scripts/test-binaries.py run {{tests_list}} --package weir-protocol --package weir-core
 
 # Every native package's tests and binaries (weir-bridge, weir-check, weir-bench), built in one cargo invocation and listed in target/stages/tests.json for the test recipes to run without cargo (scripts/test-binaries.py); the doc tests run here. The workspace's crates are compiled by clippy-driver, so this is also `cargo clippy --workspace --all-targets -- -D warnings`: a lint fails the build.
 build-tests:

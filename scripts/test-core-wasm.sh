@@ -69,5 +69,6 @@ export CARGO_PROFILE_DEV_DEBUG=false
 export CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER=wasm-bindgen-test-runner
 # The workspace builds the core at opt-level 1 for its searches (Cargo.toml); under wasm the
 # tests run in seconds and the build is what costs, so here it is built unoptimised.
-exec cargo test -p weir-core --target wasm32-unknown-unknown \
-  --config 'profile.dev.package.weir-core.opt-level=0' "$@"
+exec cargo test -p weir-protocol -p weir-core --target wasm32-unknown-unknown \
+  --config 'profile.dev.package.weir-core.opt-level=0' \
+  --config 'profile.dev.package.weir-protocol.opt-level=0' "$@"

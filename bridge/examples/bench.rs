@@ -15,8 +15,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use weir_bridge::scripts::Invocation;
 use weir_bridge::{Metrics, RedisStore};
-use weir_core::algorithms::{AlgorithmKind, Ask, GlobalLimit};
 use weir_e2e::{wait_until, Process, RedisCluster};
+use weir_protocol::algorithms::{AlgorithmKind, Ask, GlobalLimit};
 
 const CALLS: usize = 20_000;
 

@@ -17,9 +17,9 @@ use sha2::{Digest, Sha256};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use subtle::{Choice, ConstantTimeEq};
-use weir_core::algorithms::{Ask, GlobalLimit};
-use weir_core::bounds::MAX_BODY_BYTES;
-use weir_core::wire::{v1, v2, v3, CheckedItem, SECRET_HEADER};
+use weir_protocol::algorithms::{Ask, GlobalLimit};
+use weir_protocol::bounds::MAX_BODY_BYTES;
+use weir_protocol::wire::{v1, v2, v3, CheckedItem, SECRET_HEADER};
 
 /// The shared secret a call must present, kept as its SHA-256 so that the comparison
 /// takes the same time whatever the length or content of what a client sends; during a

@@ -125,12 +125,12 @@ impl fmt::Display for ApiError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             ApiError::Unauthorized => {
-                write!(f, "missing or wrong {}", weir_core::wire::SECRET_HEADER)
+                write!(f, "missing or wrong {}", weir_protocol::wire::SECRET_HEADER)
             }
             ApiError::PayloadTooLarge => write!(
                 f,
                 "body larger than {} bytes",
-                weir_core::bounds::MAX_BODY_BYTES
+                weir_protocol::bounds::MAX_BODY_BYTES
             ),
             ApiError::BadRequest(message) => f.write_str(message),
             ApiError::Unavailable { class } => write!(f, "redis unavailable ({class})"),

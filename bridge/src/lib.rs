@@ -1,7 +1,7 @@
 //! weir-bridge: the global-quota service of weir.
 //!
 //! The filter sends every global rule of a request in one `POST /v2/acquire`
-//! ([`weir_core::wire`]); the bridge runs one Lua script per item on Redis,
+//! ([`weir_protocol::wire`]); the bridge runs one Lua script per item on Redis,
 //! atomically per key, in order, and stops after the first denial. Redis is a cluster, one
 //! standalone server or a master behind Sentinel ([`connection`]). Time comes from Redis
 //! `TIME`. See `bridge/README.md` for running it and `bridge/lua/` for the scripts.

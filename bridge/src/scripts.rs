@@ -13,7 +13,7 @@
 //! | 6 | `horizon_us`: how far ahead reserved units may be due |
 //! | 7.. | the algorithm's script arguments (`Algorithm::script_args` in the core) |
 //!
-//! (a [`weir_core::algorithms::Ask`]) and all reply `{allowed 0/1, granted, limit,
+//! (a [`weir_protocol::algorithms::Ask`]) and all reply `{allowed 0/1, granted, limit,
 //! remaining, retry_after_ns, reset_after_ns, now_us, due_ns, spacing_ns, valid_ns}` (a
 //! [`Grant`] and Redis's clock), the durations as decimal strings (`"-1"`: no retry
 //! time) because a ns duration may pass 2^53, where Lua's doubles stop being exact.
@@ -21,8 +21,8 @@
 //! Everything here is pure: building an invocation and decoding a reply need no Redis.
 
 use redis::Value;
-use weir_core::algorithms::{AlgorithmKind, Ask, Decision, GlobalLimit, Grant};
-use weir_core::key::{redis_key_tag, redis_state_key};
+use weir_protocol::algorithms::{AlgorithmKind, Ask, Decision, GlobalLimit, Grant};
+use weir_protocol::key::{redis_key_tag, redis_state_key};
 
 include!(concat!(env!("OUT_DIR"), "/lua_scripts.rs"));
 
@@ -104,7 +104,7 @@ pub struct Invocation {
 pub fn log_seq_key(state_key: &str) -> String {
     format!(
         "{state_key}{}",
-        weir_core::algorithms::sliding_log::SEQ_KEY_SUFFIX
+        weir_protocol::algorithms::sliding_log::SEQ_KEY_SUFFIX
     )
 }
 
@@ -304,7 +304,7 @@ fn value_kind(v: &Value) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use weir_core::wire::WireLimit;
+    use weir_protocol::wire::WireLimit;
 
     fn compile(kind: AlgorithmKind, values: &[u64]) -> GlobalLimit {
         WireLimit {

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::OnceLock;
 use std::time::Duration;
-use weir_core::bounds::BRIDGE_REDIS_TIMEOUT_MS;
+use weir_protocol::bounds::BRIDGE_REDIS_TIMEOUT_MS;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
@@ -191,7 +191,7 @@ fn read_secret(
 
 /// "100ms", "2s": the config's duration syntax.
 fn duration(text: &str) -> Result<Duration, String> {
-    weir_core::config::duration::parse_duration(text).map(Duration::from_micros)
+    weir_protocol::duration::parse_duration(text).map(Duration::from_micros)
 }
 
 /// A duration that may also be zero ("0s", "0ms"): off.
@@ -414,7 +414,7 @@ fn client_error(err: redis::RedisError) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use weir_core::bounds::MIN_BRIDGE_TIMEOUT_MS;
+    use weir_protocol::bounds::MIN_BRIDGE_TIMEOUT_MS;
 
     fn parse(args: &[&str]) -> Result<Settings, clap::Error> {
         Settings::try_parse_from(std::iter::once("weir-bridge").chain(args.iter().copied()))

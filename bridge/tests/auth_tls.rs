@@ -10,9 +10,9 @@
 use serde_json::{json, Value as Json};
 use std::process::Command;
 use std::time::Duration;
-use weir_core::wire::v1::ACQUIRE_PATH;
-use weir_core::wire::{v2, v3};
 use weir_e2e::{redis_cli_at, wait_until, Child, Process, RedisCluster, TestDir};
+use weir_protocol::wire::v1::ACQUIRE_PATH;
+use weir_protocol::wire::{v2, v3};
 
 const BODY: &str = r#"{"domain":"weir","items":[{"rule":"r","descriptor":["=alice"],
     "limit":{"algorithm":"gcra","burst":9,"rate":10,"period_us":1000000},"cost":1,"want":3}]}"#;

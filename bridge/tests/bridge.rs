@@ -23,10 +23,10 @@ use std::time::{Duration, Instant};
 use tower::ServiceExt;
 use weir_bridge::scripts::Invocation;
 use weir_bridge::{app, state_from_client, AppState, Secret};
-use weir_core::algorithms::Ask;
-use weir_core::wire::v1::{AcquireRequest, AcquireResponse, ACQUIRE_PATH};
-use weir_core::wire::{v2, v3, CheckedItem, SECRET_HEADER};
 use weir_e2e::{key_slot, redis_cli_at, wait_until, Process, RedisCluster};
+use weir_protocol::algorithms::Ask;
+use weir_protocol::wire::v1::{AcquireRequest, AcquireResponse, ACQUIRE_PATH};
+use weir_protocol::wire::{v2, v3, CheckedItem, SECRET_HEADER};
 
 const SECRET: &str = "bridge-test-secret";
 

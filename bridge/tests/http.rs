@@ -14,9 +14,9 @@ use http_body_util::BodyExt;
 use std::time::{Duration, Instant};
 use tower::ServiceExt;
 use weir_bridge::{app, state_from_client, AppState, Secret};
-use weir_core::bounds::MAX_BODY_BYTES;
-use weir_core::wire::v1::ACQUIRE_PATH;
-use weir_core::wire::SECRET_HEADER;
+use weir_protocol::bounds::MAX_BODY_BYTES;
+use weir_protocol::wire::v1::ACQUIRE_PATH;
+use weir_protocol::wire::SECRET_HEADER;
 
 const SECRET: &str = "s3cret-for-tests";
 const TIMEOUT: Duration = Duration::from_millis(100);

@@ -1,6 +1,6 @@
 //! The AuthorizationPolicies shipped in front of the bridge (`envoy/istio/`, whatever
 //! file holds them) let every call of the filter through, and nothing the bridge does not
-//! serve: each path in `weir_core::wire::FILTER_PATHS` is admitted with `FILTER_METHOD`,
+//! serve: each path in `weir_protocol::wire::FILTER_PATHS` is admitted with `FILTER_METHOD`,
 //! and each `(method, path)` they list is one the bridge's own router answers (asked in
 //! process: not 404, not 405). tests/tests/istio.rs runs the same policy, rendered into
 //! Envoy's RBAC filter, in front of a real bridge.
@@ -18,9 +18,9 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use tower::ServiceExt;
 use weir_bridge::{app, state_from_client, AppState, Secret};
-use weir_core::wire::{FILTER_METHOD, FILTER_PATHS};
 use weir_e2e::istio::{shipped, Mesh, Resource};
 use weir_e2e::istio_authz::{admits, listed_operations, pod_labels, policies_for};
+use weir_protocol::wire::{FILTER_METHOD, FILTER_PATHS};
 
 /// The shipped weir-bridge Deployments and their pods' labels.
 fn bridge_workloads(mesh: &Mesh) -> Vec<(&Resource, BTreeMap<String, String>)> {
@@ -112,8 +112,8 @@ async fn the_shipped_policy_admits_nothing_the_bridge_does_not_serve() {
         }
         // Listed is all it admits: older filters' v1 path, reads and probes are refused.
         for (method, path) in [
-            ("POST", weir_core::wire::v1::ACQUIRE_PATH),
-            ("GET", weir_core::wire::v2::ACQUIRE_PATH),
+            ("POST", weir_protocol::wire::v1::ACQUIRE_PATH),
+            ("GET", weir_protocol::wire::v2::ACQUIRE_PATH),
             ("GET", "/metrics"),
             ("GET", "/healthz"),
         ] {

@@ -14,8 +14,8 @@ mod common;
 
 use redis::Value;
 use serde_json::json;
-use weir_core::algorithms::GlobalLimit;
-use weir_core::wire::v1::AcquireRequest;
+use weir_protocol::algorithms::GlobalLimit;
+use weir_protocol::wire::v1::AcquireRequest;
 
 /// Keys written per algorithm for the `used_memory` growth.
 const KEYS: u64 = 3_000;

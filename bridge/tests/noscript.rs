@@ -12,10 +12,10 @@
 mod common;
 
 use common::{future_base, invocation, Backend, Redis};
-use weir_core::algorithms::fixed_window::FixedWindow;
-use weir_core::algorithms::GlobalLimit;
-use weir_core::algorithms::Limit;
 use weir_e2e::{key_slot, redis_cli_at};
+use weir_protocol::algorithms::fixed_window::FixedWindow;
+use weir_protocol::algorithms::GlobalLimit;
+use weir_protocol::algorithms::Limit;
 
 fn port_of(addr: &str) -> u16 {
     addr.rsplit(':').next().unwrap().parse().unwrap()

@@ -18,10 +18,10 @@ use std::time::{Duration, Instant};
 use tower::ServiceExt;
 use weir_bridge::scripts::Invocation;
 use weir_bridge::{app, state_from_client, AppState};
-use weir_core::algorithms::Ask;
-use weir_core::wire::v1::{AcquireRequest, ACQUIRE_PATH};
-use weir_core::wire::CheckedItem;
 use weir_e2e::{key_slot, redis_cli_at, wait_until, RedisCluster};
+use weir_protocol::algorithms::Ask;
+use weir_protocol::wire::v1::{AcquireRequest, ACQUIRE_PATH};
+use weir_protocol::wire::CheckedItem;
 
 async fn call(state: &AppState, request: Request<Body>) -> (StatusCode, String) {
     let response = app(state.clone()).oneshot(request).await.unwrap();

@@ -19,9 +19,9 @@ use std::time::{Duration, Instant};
 use tower::ServiceExt;
 use weir_bridge::connection::SENTINEL_CHECK;
 use weir_bridge::{app, state_from_client, AppState, Settings};
-use weir_core::wire::v1::ACQUIRE_PATH;
 use weir_e2e::redis_single::{SentinelAuth, MASTER_NAME};
 use weir_e2e::{redis_cli_at, RedisSentinel, RedisServer};
+use weir_protocol::wire::v1::ACQUIRE_PATH;
 
 /// The Redis timeout of these bridges.
 const TIMEOUT: Duration = Duration::from_millis(100);

@@ -1,28 +1,31 @@
-//! weir's core: everything the filter and the bridge decide, with no host in sight.
+//! weir's core: everything the filter decides, with no host in sight (what the bridge
+//! decides too is `weir-protocol`'s, re-exported here).
 //!
 //! This crate has no dependency on proxy-wasm, tokio or redis, so the compiler keeps
 //! the seam: the filter crate is glue that feeds request facts and the clock in, and
 //! carries decisions out.
 //!
 //! Modules are layered: each uses only the ones listed before it (a test,
-//! `core/tests/layers.rs`, fails on an import that breaks the order).
+//! `core/tests/layers.rs`, fails on an import that breaks the order). Those marked
+//! `weir-protocol` are that crate's, re-exported here: what the filter and weir-bridge
+//! agree on, and all of this crate the bridge compiles.
 //!
-//! - [`field_error`]: the one error type of parsed JSON (a path and a message).
-//! - [`bounds`]: every size limit the config, the wire and the bridge share.
+//! - [`field_error`]: (`weir-protocol`) the one error type of parsed JSON (a path and a message).
+//! - [`bounds`]: (`weir-protocol`) every size limit the config, the wire and the bridge share.
 //! - [`stats`]: weir's Envoy stats, each declared once, and the levels that choose them.
-//! - [`time`]: [`time::Micros`] and [`time::Nanos`], times where they cross modules.
+//! - [`time`]: (`weir-protocol`) [`time::Micros`] and [`time::Nanos`], times where they cross modules.
 //! - [`buffers`]: a VM's budget of bytes kept for requests in flight.
-//! - [`algorithms`]: the rate-limit algorithms, pure functions of
+//! - [`algorithms`]: (`weir-protocol`) the rate-limit algorithms, pure functions of
 //!   `(params, state, now, cost)`, each with everything weir knows about it.
-//! - [`conformance`]: whether admissions of one key, from anywhere, keep their
+//! - [`conformance`]: (`weir-protocol`) whether admissions of one key, from anywhere, keep their
 //!   algorithm's bound.
 //! - [`adaptive`]: latency sketches and the controller of adaptive concurrency limits.
 //! - [`concurrency`]: concurrency limits, requests in flight per key.
-//! - [`key`]: key parts, their hashing to slots, their names on the wire and in Redis.
+//! - [`key`]: (`weir-protocol`) key parts, their hashing to slots, their names on the wire and in Redis.
 //! - [`usage`]: what a response says it cost (token usage in JSON bodies and streams).
 //! - [`rules`]: request matching, key building and costs.
 //! - [`config`]: the plugin JSON, parsed and compiled into types that cannot be invalid.
-//! - [`wire`]: the filter ⇄ bridge format.
+//! - [`wire`]: (`weir-protocol`) the filter ⇄ bridge format.
 //! - [`store`]: the shared-data contract, the seed, the bounded CAS loop and slot tables.
 //! - [`lease`]: leases and cached denials of global rules.
 //! - [`reservoir`]: a worker's units taken ahead and cached denials of local rules.
@@ -41,25 +44,25 @@
 //! - `simulation` (feature `simulation`): many Envoys and a model of the bridge, in
 //!   process, for tests and weir-bench.
 
-pub mod field_error;
+pub use weir_protocol::field_error;
 
-pub mod bounds;
+pub use weir_protocol::bounds;
 
 pub mod stats;
 
-pub mod time;
+pub use weir_protocol::time;
 
 pub mod buffers;
 
-pub mod algorithms;
+pub use weir_protocol::algorithms;
 
-pub mod conformance;
+pub use weir_protocol::conformance;
 
 pub mod adaptive;
 
 pub mod concurrency;
 
-pub mod key;
+pub use weir_protocol::key;
 
 pub mod usage;
 
@@ -69,7 +72,7 @@ pub mod rules;
 
 pub mod config;
 
-pub mod wire;
+pub use weir_protocol::wire;
 
 pub mod store;
 

@@ -42,6 +42,19 @@ const CORE_LAYERS: &[&str] = &[
     "simulation",
 ];
 
+/// weir-protocol's modules, lowest first (its lib.rs says what each is). weir-core
+/// re-exports them under the same names, so `CORE_LAYERS` places them too.
+const PROTOCOL_LAYERS: &[&str] = &[
+    "field_error",
+    "bounds",
+    "time",
+    "duration",
+    "algorithms",
+    "conformance",
+    "key",
+    "wire",
+];
+
 /// The files of `core/src/engine/`, lowest first: each uses (`super::<file>`) only the
 /// ones before it. `mod` declares them all and comes last.
 const ENGINE_LAYERS: &[&str] = &[
@@ -188,6 +201,14 @@ fn core_modules_only_use_lower_layers() {
 }
 
 #[test]
+fn protocol_modules_only_use_lower_layers() {
+    check_layers(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("../protocol/src"),
+        PROTOCOL_LAYERS,
+    );
+}
+
+#[test]
 fn engine_files_only_use_lower_files() {
     check_files("engine", ENGINE_LAYERS);
 }
@@ -252,4 +273,29 @@ fn the_checker_sees_uses_and_ignores_comments() {
     let source = "use crate::{key::Seed, rules};\n// crate::engine in a comment\nlet x = crate::store::MAX; // crate::wire\n";
     let found: Vec<String> = uses(source).into_iter().collect();
     assert_eq!(found, ["key", "rules", "store"]);
+}
+
+/// weir-bridge builds on weir-protocol, not on this crate: the bridge compiles what the
+/// filter and it agree on, not the filter's config model, engine or lifecycle. (The
+/// bridge's tests may use the core's scenario tables, as a dev-dependency.)
+#[test]
+fn the_bridge_depends_on_the_protocol_not_the_core() {
+    let manifest =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../bridge/Cargo.toml"))
+            .unwrap();
+    let dependencies = manifest
+        .split("\n[dependencies]\n")
+        .nth(1)
+        .expect("bridge/Cargo.toml has [dependencies]")
+        .split("\n[")
+        .next()
+        .unwrap();
+    let names: Vec<&str> = dependencies
+        .lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| line.split([' ', '=']).next())
+        .filter(|name| !name.is_empty())
+        .collect();
+    assert!(names.contains(&"weir-protocol"), "{names:?}");
+    assert!(!names.contains(&"weir-core"), "{names:?}");
 }

@@ -7,7 +7,7 @@
 //! the filter's `on_configure` and in the offline checker (`weir-check check-config FILE`).
 
 mod compile;
-pub mod duration;
+pub use weir_protocol::duration;
 mod raw;
 
 pub use compile::{DEFAULT_MAX_KEYS, MAX_MAX_KEYS};

@@ -16,7 +16,7 @@
 //! of the true count over the last `W`.
 //!
 //! ```
-//! use weir_core::algorithms::sliding_window::SlidingWindow;
+//! use weir_protocol::algorithms::sliding_window::SlidingWindow;
 //!
 //! // 10 per minute.
 //! let window = SlidingWindow::new(10, 60_000_000).unwrap();

@@ -8,7 +8,7 @@
 //! count far from overflow.
 //!
 //! ```
-//! use weir_core::config::duration::parse_duration;
+//! use weir_protocol::duration::parse_duration;
 //!
 //! assert_eq!(parse_duration("250ms"), Ok(250_000));
 //! assert_eq!(parse_duration("1m"), Ok(60_000_000));

@@ -33,7 +33,7 @@
 //! `core/tests/adding_an_algorithm.rs` keeps that list true.
 //!
 //! ```
-//! use weir_core::algorithms::{gcra::Gcra, Limit};
+//! use weir_protocol::algorithms::{gcra::Gcra, Limit};
 //!
 //! // 1 request per second with a burst of 4: five at once, then one a second.
 //! let limit = Limit::Gcra(Gcra::new(4, 1, 1_000_000).unwrap());

@@ -13,7 +13,7 @@
 //! request arrives. A key never seen starts with a full bucket.
 //!
 //! ```
-//! use weir_core::algorithms::token_bucket::TokenBucket;
+//! use weir_protocol::algorithms::token_bucket::TokenBucket;
 //!
 //! // 10 tokens, 2 more every second.
 //! let bucket = TokenBucket::new(10, 2, 1_000_000).unwrap();

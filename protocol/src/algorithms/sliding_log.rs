@@ -10,7 +10,7 @@
 //! nothing, so an attacker hammering a limited key does not extend its own ban.
 //!
 //! ```
-//! use weir_core::algorithms::sliding_log::SlidingLog;
+//! use weir_protocol::algorithms::sliding_log::SlidingLog;
 //!
 //! let log = SlidingLog::new(2, 1_000_000).unwrap(); // 2 per second
 //! let t0 = 1_700_000_000_000_000;

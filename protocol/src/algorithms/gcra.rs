@@ -16,7 +16,7 @@
 //! A quantity of 0 is a **peek**: it reports the state and changes nothing.
 //!
 //! ```
-//! use weir_core::algorithms::gcra::Gcra;
+//! use weir_protocol::algorithms::gcra::Gcra;
 //!
 //! // CL.THROTTLE user 4 1 1: 1 per second with a burst of 4.
 //! let gcra = Gcra::new(4, 1, 1_000_000).unwrap();

@@ -27,7 +27,7 @@ pub enum PartOrigin {
 }
 
 /// The secret that keys the slot hash; one per Envoy process, shared by all workers
-/// through shared data (see [`crate::store::slot_table`]).
+/// through shared data (see `weir_core::store::slot_table`).
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct Seed(pub [u8; 16]);
 
@@ -97,7 +97,8 @@ fn is_plain(text: &str) -> bool {
         .any(|c| c.is_control() || c == '"' || c == '\\')
 }
 
-pub(crate) fn hex(bytes: &[u8]) -> String {
+/// `bytes` as lowercase hex: Redis key tags here, and weir-core's hashed logs.
+pub fn hex(bytes: &[u8]) -> String {
     let mut out = String::with_capacity(bytes.len() * 2);
     for b in bytes {
         let _ = write!(out, "{b:02x}");

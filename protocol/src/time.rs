@@ -10,7 +10,7 @@
 //! lease's schedule — works in u128 or i128 on the integers, in its own module.)
 //!
 //! ```
-//! use weir_core::time::{Micros, Nanos};
+//! use weir_protocol::time::{Micros, Nanos};
 //!
 //! let arrived = Micros(1_700_000_000_000_000);
 //! let released = arrived.saturating_add(Micros::from_millis(250));

@@ -47,8 +47,8 @@
 //! that displacement is exactly what the bound must survive.
 //!
 //! ```
-//! use weir_core::algorithms::{fixed_window::FixedWindow, GlobalLimit, Limit};
-//! use weir_core::conformance::{check, Admission};
+//! use weir_protocol::algorithms::{fixed_window::FixedWindow, GlobalLimit, Limit};
+//! use weir_protocol::conformance::{check, Admission};
 //!
 //! // 3 per second, windows aligned to whole seconds.
 //! let limit = GlobalLimit::Slot(Limit::FixedWindow(FixedWindow::new(3, 1_000_000).unwrap()));

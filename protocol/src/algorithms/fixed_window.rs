@@ -17,7 +17,7 @@
 //! sliding window smooths that out.
 //!
 //! ```
-//! use weir_core::algorithms::fixed_window::FixedWindow;
+//! use weir_protocol::algorithms::fixed_window::FixedWindow;
 //!
 //! // 3 per minute.
 //! let window = FixedWindow::new(3, 60_000_000).unwrap();
