@@ -3,14 +3,17 @@
 //! from `/proc`, Envoy's stats and Redis `INFO commandstats`.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use weir_core::filter::host::CallKind;
-use weir_e2e::{parse_stats, redis_cli_at, Envoy};
+use weir_e2e::slow_proxy::SlowProxy;
+use weir_e2e::{parse_stats, redis_cli_at, Bridge, Envoy};
 
-use crate::scenario::Scenario;
-use crate::sys::{self, ENVOY_CORE};
+use crate::scenario::{Scenario, Wasm};
+use crate::sys::{self, ENVOY_CORE, LOAD_CORE};
 use crate::wrk::{self, WrkReport};
+use crate::{log, start_envoys, Opts};
 
 /// One measured wrk run of one scenario.
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
@@ -283,3 +286,195 @@ pub fn round_order(scenarios: &[Scenario], round: usize) -> Vec<Scenario> {
 
 /// Samples per scenario, in the order of [`Scenario::ALL`].
 pub type Samples = BTreeMap<Scenario, Vec<Sample>>;
+
+// The cost run's driver: its Envoys and their fleet, the warm-up, each sample.
+
+pub(crate) fn run_cost(
+    opts: &Opts,
+    scenarios: &[Scenario],
+    wasm: &Wasm,
+    bridge: &Option<Bridge>,
+    script: &Path,
+    masters: &[u16],
+) -> (Samples, Vec<String>) {
+    // The proxies outlive the samples: the slowed scenarios' Envoys reach the bridge
+    // through them.
+    let (fleet, _proxies, allowed) = start_cost_fleet(scenarios, wasm, bridge);
+    warm_up(opts, &fleet, scenarios, script);
+    let mut samples = Samples::new();
+    // A smoke run asserts no figure, so a disturbed sample is not measured again.
+    let mut retries_left = if opts.smoke { 0 } else { RETRIES_PER_RUN };
+    for round in 0..opts.rounds {
+        for (position, s) in round_order(scenarios, round).into_iter().enumerate() {
+            let at = SamplePlace {
+                round,
+                position,
+                scenario: s,
+            };
+            let sample = measure_sample(opts, &fleet, script, masters, at, &mut retries_left);
+            samples.entry(s).or_default().push(sample);
+        }
+    }
+    (samples, allowed)
+}
+
+/// One Envoy per scenario (1 worker), every one pinned to the Envoy core; returns the
+/// fleet, the delaying proxies of the slowed scenarios, and the CPU lists the Envoys were
+/// checked to run on.
+fn start_cost_fleet(
+    scenarios: &[Scenario],
+    wasm: &Wasm,
+    bridge: &Option<Bridge>,
+) -> (Fleet, Vec<SlowProxy>, Vec<String>) {
+    let bridge_port = bridge.as_ref().map(|b| b.port);
+    let proxies = slow_proxies(scenarios.iter().filter_map(|s| s.slowed()), bridge);
+    // A slowed scenario's Envoy reaches the bridge through the proxy of its delay.
+    let port_of = |s: &Scenario| match s.slowed() {
+        Some((_, delay)) => proxies.iter().find(|p| p.delay == delay).map(|p| p.port),
+        None => bridge_port,
+    };
+    log(format!(
+        "starting {} Envoys (1 worker each)",
+        scenarios.len()
+    ));
+    let envoys = start_envoys(
+        scenarios
+            .iter()
+            .map(|s| (s.bootstrap(wasm, port_of(s)), 1))
+            .collect(),
+    );
+    let fleet = Fleet {
+        envoys: scenarios.iter().copied().zip(envoys).collect(),
+    };
+    let mut allowed = Vec::new();
+    for (_, e) in &fleet.envoys {
+        sys::pin_process(e.pid(), &[ENVOY_CORE]);
+        let a = sys::allowed_cpus(e.pid());
+        if !allowed.contains(&a) {
+            allowed.push(a);
+        }
+    }
+    if let Some(b) = bridge {
+        log(format!(
+            "pinned: Envoys to CPU {}, wrk/bridge/Redis to {} (bridge allows {})",
+            allowed.join(";"),
+            LOAD_CORE,
+            sys::allowed_cpus(b.pid())
+        ));
+    }
+    (fleet, proxies, allowed)
+}
+
+/// One delaying proxy in front of the bridge per distinct delay of `slowed` (none
+/// without a bridge: no global scenario runs then).
+fn slow_proxies(
+    slowed: impl Iterator<Item = (Scenario, Duration)>,
+    bridge: &Option<Bridge>,
+) -> Vec<SlowProxy> {
+    let Some(bridge) = bridge else {
+        return Vec::new();
+    };
+    let mut delays: Vec<Duration> = slowed.map(|(_, d)| d).collect();
+    delays.sort();
+    delays.dedup();
+    delays
+        .into_iter()
+        .map(|d| {
+            let p = SlowProxy::start(bridge.port, d);
+            log(format!(
+                "a delaying proxy on port {} adds {} ms to every bridge round trip",
+                p.port,
+                d.as_millis()
+            ));
+            p
+        })
+        .collect()
+}
+
+pub(crate) fn warm_up(opts: &Opts, fleet: &Fleet, scenarios: &[Scenario], script: &Path) {
+    if opts.warmup == 0 {
+        return;
+    }
+    for &s in scenarios {
+        log(format!("warm-up {} ({} s)", s.id(), opts.warmup));
+        let r = wrk::run(
+            script,
+            fleet.envoy(s).http_port,
+            opts.connections,
+            Duration::from_secs(opts.warmup),
+            s.traffic(),
+            "warm",
+        );
+        assert!(r.requests > 0, "warm-up of {} sent no request", s.id());
+    }
+}
+
+/// Which sample of the run: the round, the scenario's place in it, the scenario.
+#[derive(Clone, Copy)]
+struct SamplePlace {
+    round: usize,
+    position: usize,
+    scenario: Scenario,
+}
+
+/// Measures one sample; when something else took the Envoy core, measures again (at most
+/// [`RETRIES_PER_SAMPLE`] times, and `retries_left` in the whole run) and keeps the
+/// least disturbed attempt.
+fn measure_sample(
+    opts: &Opts,
+    fleet: &Fleet,
+    script: &Path,
+    masters: &[u16],
+    at: SamplePlace,
+    retries_left: &mut u32,
+) -> Sample {
+    let s = at.scenario;
+    let measure = |attempt| {
+        measure(
+            fleet,
+            s,
+            script,
+            opts.connections,
+            Duration::from_secs(opts.duration),
+            masters,
+            at.round,
+            at.position,
+            attempt,
+        )
+    };
+    let mut sample = measure(0);
+    let mut retries = 0;
+    while sample.envoy_core_other_pct > DISTURBED_PCT
+        && retries < RETRIES_PER_SAMPLE
+        && *retries_left > 0
+    {
+        retries += 1;
+        *retries_left -= 1;
+        log(format!(
+            "round {}/{} {}: {:.1} % of the Envoy core went elsewhere; measuring again",
+            at.round + 1,
+            opts.rounds,
+            s.id(),
+            sample.envoy_core_other_pct
+        ));
+        let again = measure(retries as usize);
+        if again.envoy_core_other_pct < sample.envoy_core_other_pct {
+            sample = again;
+        }
+    }
+    sample.retries = retries;
+    log(format!(
+        "round {}/{} {:<24} {:>8.0} req/s  p50 {:>5.0} µs  p99 {:>6.0} µs  {:>6.2} µs CPU/req ({:.2} schedstat)  {:.4} bridge calls/req  {:.3} Redis cmds/req",
+        at.round + 1,
+        opts.rounds,
+        s.id(),
+        sample.wrk.rps(),
+        sample.wrk.p50_us,
+        sample.wrk.p99_us,
+        sample.cpu_us_per_request,
+        sample.runtime_us_per_request,
+        sample.per_request(sample.bridge_calls),
+        sample.per_request(sample.redis_commands),
+    ));
+    sample
+}
