@@ -202,8 +202,50 @@ impl RedisCluster {
     pub fn start(masters: usize, replicas_per_master: usize) -> RedisCluster {
         assert!(masters >= 3, "Redis Cluster needs at least 3 masters");
         let started = Instant::now();
-        let dir = TestDir::new("redis-cluster");
         let total = masters * (1 + replicas_per_master);
+        // A port is free when `free_port` hands it out, not when the node binds it: another
+        // process (a test binary beside this one has its own `free_port`) can take it in
+        // between, and the node exits at once ("Address already in use"). Start again, on
+        // fresh ports, rather than wait for it.
+        let mut attempts = 1;
+        let mut cluster = loop {
+            let mut cluster = RedisCluster::spawn_nodes(total);
+            if !cluster.lost_a_port_while_starting() || attempts == 3 {
+                break cluster;
+            }
+            attempts += 1;
+        };
+        cluster.wait_or_panic("every node answers PING", |c| {
+            c.nodes
+                .iter()
+                .all(|n| redis_cli_at(n.port, ["PING"]).is_ok_and(|s| s == "PONG"))
+        });
+        cluster.form(total, masters, replicas_per_master);
+        cluster.startup = started.elapsed();
+        cluster
+    }
+
+    /// Waits until every node answers PING, or one has exited because its port was taken
+    /// (true).
+    fn lost_a_port_while_starting(&mut self) -> bool {
+        let mut lost = false;
+        wait_until(CLUSTER_TIMEOUT, Duration::from_millis(50), || {
+            for node in &mut self.nodes {
+                if node.child.try_wait().is_some() {
+                    lost = node.child.log().contains("Address already in use");
+                    return true;
+                }
+            }
+            self.nodes
+                .iter()
+                .all(|n| redis_cli_at(n.port, ["PING"]).is_ok_and(|s| s == "PONG"))
+        });
+        lost
+    }
+
+    /// `total` cluster-enabled nodes on fresh ports, started, not yet a cluster.
+    fn spawn_nodes(total: usize) -> RedisCluster {
+        let dir = TestDir::new("redis-cluster");
         let mut nodes = Vec::with_capacity(total);
         for _ in 0..total {
             let port = free_port();
@@ -251,21 +293,19 @@ impl RedisCluster {
                 killed: false,
             });
         }
-        let mut cluster = RedisCluster {
+        RedisCluster {
             nodes,
             dir,
             startup: Duration::ZERO,
-        };
-        cluster.wait_or_panic("every node answers PING", |c| {
-            c.nodes
-                .iter()
-                .all(|n| redis_cli_at(n.port, ["PING"]).is_ok_and(|s| s == "PONG"))
-        });
+        }
+    }
 
+    /// `redis-cli --cluster create` over the nodes, then waits until the cluster is whole.
+    fn form(&self, total: usize, masters: usize, replicas_per_master: usize) {
         let create = Command::new(redis_cli_bin())
             .arg("--cluster")
             .arg("create")
-            .args(cluster.nodes.iter().map(RedisNode::addr))
+            .args(self.nodes.iter().map(RedisNode::addr))
             .args([
                 "--cluster-replicas",
                 &replicas_per_master.to_string(),
@@ -284,11 +324,9 @@ impl RedisCluster {
             create.status
         );
 
-        cluster.wait_or_panic("cluster_state:ok and all replicas in sync", |c| {
+        self.wait_or_panic("cluster_state:ok and all replicas in sync", |c| {
             c.is_healthy(total, masters)
         });
-        cluster.startup = started.elapsed();
-        cluster
     }
 
     fn wait_or_panic(&self, what: &str, cond: impl Fn(&RedisCluster) -> bool) {
