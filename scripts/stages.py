@@ -66,8 +66,8 @@ AT_ONCE = {WORK: 2, TIMED: 1}
 WORK_BESIDE_TIMED = 1
 # Work runs at nice 19, but build-tests at 10: every timed recipe waits for it, so the
 # builds beside it (weir.wasm first) take only the cycles it leaves, in the gaps where
-# cargo has fewer units ready than cores; beside it at equal priority, weir.wasm's 80
-# CPU-seconds delayed it by about 40 s (259 s in a clean-clone run against 215 s alone).
+# cargo has fewer units ready than cores. (Alone it built in 215 s, beside weir.wasm at
+# equal priority in 259 s; on a suite bound by CPU the order moves little of the wall.)
 NICE = {"build-tests": 10}
 # Recipes run with `just --no-deps`: SUITE lists everything their justfile dependencies build.
 NO_DEPS = {"test-e2e-live", "test-images", "test-bridge", "bench-smoke", "test-core-built", "test-bench"}
