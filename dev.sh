@@ -20,7 +20,7 @@ if [ "${1:-}" = check-config ]; then
     - | /*) ;;
     *) file=$caller/$file ;;
   esac
-  exec cargo run -q -p weir-core --bin weir-check -- check-config "$file"
+  exec cargo run -q -p weir-check --bin weir-check -- check-config "$file"
 fi
 
 bash scripts/setup.sh

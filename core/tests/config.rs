@@ -3,9 +3,9 @@
 //! sibling `.expected` file. Adding a fixture adds a case.
 //!
 //! Then a few compiled configs are inspected field by field (defaults, lowercasing,
-//! facts), and the `weir-check check-config` binary is run on a good and a bad fixture.
+//! facts). The `weir-check check-config` binary runs on these fixtures in check/tests/cli.rs.
 
-// Reads fixtures from disk and runs the CLI: native only (the e2e suite runs the same
+// Reads fixtures from disk: native only (the e2e suite runs the same
 // parser inside Envoy). A test harness reports by panicking, helpers included.
 #![cfg(not(target_arch = "wasm32"))]
 #![allow(
@@ -16,7 +16,7 @@
 )]
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+
 use weir_core::algorithms::{AlgorithmKind, Limit};
 use weir_core::config::{self, Config};
 use weir_core::field_error::FieldError;
@@ -494,120 +494,6 @@ fn shadow_and_max_keys() {
     let config = parse_fixture("scope_local_max_keys");
     let max_keys: Vec<u32> = config.rules.iter().map(|r| r.max_keys).collect();
     assert_eq!(max_keys, [1, 1_000_000]);
-}
-
-fn weir_check(args: &[&str], stdin: Option<&[u8]>) -> (i32, String, String) {
-    use std::io::Write;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_weir-check"))
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut pipe = child.stdin.take().unwrap();
-    pipe.write_all(stdin.unwrap_or_default()).unwrap();
-    drop(pipe);
-    let out = child.wait_with_output().unwrap();
-    (
-        out.status.code().unwrap(),
-        String::from_utf8(out.stdout).unwrap(),
-        String::from_utf8(out.stderr).unwrap(),
-    )
-}
-
-#[test]
-fn cli_accepts_a_good_file() {
-    let path = fixture("good", "algorithm_gcra");
-    let (code, stdout, stderr) = weir_check(&["check-config", path.to_str().unwrap()], None);
-    assert_eq!((code, stderr.as_str()), (0, ""));
-    assert_eq!(
-        stdout,
-        "ok: 2 rules: gcra-burst (gcra, local), gcra-no-burst (gcra, local)\n"
-    );
-}
-
-#[test]
-fn cli_rejects_a_bad_file_with_its_message() {
-    let path = fixture("bad", "duration_unknown_unit");
-    let expected = std::fs::read_to_string(path.with_extension("expected")).unwrap();
-    let (code, stdout, stderr) = weir_check(&["check-config", path.to_str().unwrap()], None);
-    assert_eq!((code, stdout.as_str()), (1, ""));
-    assert_eq!(stderr, format!("error: {expected}"));
-}
-
-/// A `bridge.timeout` shorter than the bridge's default Redis timeout plus the call's
-/// margin loads, with a warning naming the field, the value and what to do.
-#[test]
-fn cli_warns_about_a_bridge_timeout_the_bridge_outlasts() {
-    let path = fixture("good", "global_rules");
-    let (code, stdout, stderr) = weir_check(&["check-config", path.to_str().unwrap()], None);
-    assert_eq!(code, 0, "a warning is not an error");
-    assert!(stdout.starts_with("ok: 4 rules: "), "{stdout}");
-    assert_eq!(
-        stderr,
-        "warning: bridge.timeout: \"25ms\" is shorter than 50ms, what a weir-bridge with its \
-         default Redis timeout (40ms) needs with 10ms for the call itself: the filter gives \
-         up on calls the bridge is still waiting on, and units Redis grants after that are \
-         lost. Raise bridge.timeout to 50ms or more, or run the bridge with --redis-timeout \
-         at most 15ms\n"
-    );
-    // At the bound, and by default, nothing to say.
-    for bridge in [
-        r#"{"cluster": "weir_bridge", "timeout": "50ms"}"#,
-        r#"{"cluster": "weir_bridge"}"#,
-    ] {
-        let json = format!(
-            r#"{{"bridge": {bridge}, "rules": [{{"name": "g", "scope": "global",
-            "limit": {{"algorithm": "fixed_window", "limit": 10, "window": "1s"}}}}]}}"#
-        );
-        let (code, _, stderr) = weir_check(&["check-config", "-"], Some(json.as_bytes()));
-        assert_eq!((code, stderr.as_str()), (0, ""), "{bridge}");
-    }
-}
-
-#[test]
-fn cli_reads_stdin() {
-    let json = std::fs::read(fixture("good", "shadow")).unwrap();
-    let (code, stdout, _) = weir_check(&["check-config", "-"], Some(&json));
-    assert_eq!(
-        (code, stdout.as_str()),
-        (0, "ok: 1 rule: trial (sliding_window, local, shadow)\n")
-    );
-    let (code, _, stderr) = weir_check(&["check-config", "-"], Some(b"{"));
-    assert_eq!(
-        (code, stderr.as_str()),
-        (
-            1,
-            "error: invalid JSON at line 1 column 1: EOF while parsing an object\n"
-        )
-    );
-}
-
-#[test]
-fn cli_usage() {
-    let (code, stdout, _) = weir_check(&["--help"], None);
-    assert_eq!(code, 0);
-    assert!(
-        stdout.starts_with("usage: weir-check check-config FILE"),
-        "{stdout}"
-    );
-    for args in [
-        &[][..],
-        &["check"],
-        &["check-config"],
-        &["check-config", "a", "b"],
-    ] {
-        let (code, stdout, stderr) = weir_check(args, None);
-        assert_eq!((code, stdout.as_str()), (2, ""), "{args:?}");
-        assert!(stderr.starts_with("usage:"), "{args:?}: {stderr}");
-    }
-    let (code, _, stderr) = weir_check(&["check-config", "/nonexistent/weir.json"], None);
-    assert_eq!(code, 1);
-    assert!(
-        stderr.starts_with("error: cannot read /nonexistent/weir.json: "),
-        "{stderr}"
-    );
 }
 
 #[test]

@@ -36,8 +36,6 @@ const CORE_LAYERS: &[&str] = &[
     "engine",
     "flight",
     "filter",
-    "log_hash",
-    "replay",
     "scenarios",
     "simulation",
 ];

@@ -34,7 +34,6 @@ mod hostile_bodies;
 mod layers;
 mod lifecycle;
 mod outstanding;
-mod replay;
 mod reservoirs;
 mod search;
 mod search_global;

@@ -58,7 +58,7 @@ fn weir_check() -> PathBuf {
     built(
         "WEIR_CHECK_BIN",
         "debug/weir-check",
-        "cargo build -p weir-core --bin weir-check",
+        "cargo build -p weir-check",
     )
 }
 

@@ -1,5 +1,5 @@
 //! `weir-check replay` against a real Envoy: traffic recorded with the access-log format
-//! `weir-check log-format` prints, replayed through `weir_core::replay` (what the command
+//! `weir-check log-format` prints, replayed through `weir_check::replay` (what the command
 //! runs), predicts the recorded decisions; a tightened config predicts more 429s where
 //! the traffic is heavy.
 
@@ -7,10 +7,10 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::thread;
 use std::time::{Duration, Instant};
+use weir_check::log_hash::{LogPlan, Salt};
+use weir_check::replay::{self, Record, RecordId, Replayed, Report};
 use weir_core::config;
 use weir_core::key::Seed;
-use weir_core::log_hash::{LogPlan, Salt};
-use weir_core::replay::{self, Record, RecordId, Replayed, Report};
 use weir_e2e::decisions::with_decisions;
 use weir_e2e::{
     bridge_cluster_yaml, wasm_filter_yaml, weir_wasm, Bootstrap, Bridge, Client, Envoy,

@@ -14,17 +14,17 @@
 //!
 //! `weir-check log-format FILE` prints the Envoy access-log `json_format` that records
 //! what FILE's rules read, `weir-check log-hash` hashes such a log's values
-//! (`weir_core::log_hash`), and `weir-check replay --config CANDIDATE --log LOG...
+//! (`weir_check::log_hash`), and `weir-check replay --config CANDIDATE --log LOG...
 //! [--served SERVED] [--bucket DURATION] [--json]` replays recorded logs through a
-//! candidate config (`weir_core::replay`; docs/operations.md, "Before you roll out a
+//! candidate config (`weir_check::replay`; docs/operations.md, "Before you roll out a
 //! limit").
 
 use std::io::{Read, Write};
 use std::process::ExitCode;
+use weir_check::log_hash::{LogPlan, Plan, Salt};
+use weir_check::replay::{self, AgainstServed, Report};
 use weir_core::config::{self, Config};
 use weir_core::key::Seed;
-use weir_core::log_hash::{LogPlan, Plan, Salt};
-use weir_core::replay::{self, AgainstServed, Report};
 
 const USAGE: &str = "\
 usage: weir-check check-config FILE

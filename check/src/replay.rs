@@ -26,7 +26,7 @@
 //!
 //! ```
 //! use weir_core::key::Seed;
-//! use weir_core::replay::{parse_log, replay, RecordId, Replayed};
+//! use weir_check::replay::{parse_log, replay, RecordId, Replayed};
 //!
 //! // One request an hour per user; two requests of user `a`, one of `b`.
 //! let candidate = br#"{"rules":[{"name":"per-user","key":[{"header":"x-user"}],
@@ -76,14 +76,14 @@ use std::num::NonZeroU64;
 
 use serde_json::{Map, Value};
 
-use crate::config::{self, Config};
-use crate::engine::{Engine, Evaluation, PendingCommit, RuleOutcome};
-use crate::key::{encode_part, Seed};
 use crate::log_hash::{self, Form, Read};
-use crate::rules::{Fact, FactId, FactSource, Facts, Rule, Scope};
-use crate::store::memory::MemoryStore;
-use crate::time::Micros;
-use crate::worker::Worker;
+use weir_core::config::{self, Config};
+use weir_core::engine::{Engine, Evaluation, PendingCommit, RuleOutcome};
+use weir_core::key::{encode_part, Seed};
+use weir_core::rules::{Fact, FactId, FactSource, Facts, Rule, Scope};
+use weir_core::store::memory::MemoryStore;
+use weir_core::time::Micros;
+use weir_core::worker::Worker;
 
 /// The filter state weir writes its decisions to.
 pub const DECISIONS_FILTER_STATE: &str = "wasm.weir.decisions";
@@ -502,7 +502,7 @@ impl Options {
 /// Parses a bucket width as the config writes durations (`"100ms"`, `"1s"`, `"1m"`).
 /// The error names `option` and the value.
 pub fn parse_bucket(option: &str, text: &str) -> Result<NonZeroU64, String> {
-    crate::config::duration::parse_duration(text)
+    weir_core::config::duration::parse_duration(text)
         .ok()
         .and_then(NonZeroU64::new)
         .ok_or_else(|| {

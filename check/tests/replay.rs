@@ -1,4 +1,4 @@
-//! `weir_core::replay` on logs written by hand: bad lines, time order, and how global and
+//! `weir_check::replay` on logs written by hand: bad lines, time order, and how global and
 //! concurrency rules are replayed. The recorded run of a real Envoy is in
 //! tests/tests/replay.rs.
 
@@ -7,9 +7,9 @@
 
 use std::path::PathBuf;
 use std::process::Command;
+use weir_check::replay::{self, RecordId, Replayed};
 use weir_core::config;
 use weir_core::key::Seed;
-use weir_core::replay::{self, RecordId, Replayed};
 
 const SEED: Seed = Seed([1; 16]);
 
@@ -636,9 +636,9 @@ fn cli_replay_names_rules_dropped_added_and_unknown_to_the_served_config() {
     assert_eq!(report["served"]["unknown"][0], "gone");
 }
 
-// ---- Hashed logs (weir_core::log_hash, `weir-check log-hash`) ----
+// ---- Hashed logs (weir_check::log_hash, `weir-check log-hash`) ----
 
-use weir_core::log_hash::{self, Form, LogPlan, Plan, Salt};
+use weir_check::log_hash::{self, Form, LogPlan, Plan, Salt};
 
 fn salt() -> Salt {
     Salt::new(b"a salt of more than sixteen bytes\n".to_vec()).unwrap()

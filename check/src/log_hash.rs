@@ -21,7 +21,7 @@
 //! them as they are. Empty values stay empty (a key's `default` applies to them).
 //!
 //! ```
-//! use weir_core::log_hash::{hmac_sha256, Form, Salt};
+//! use weir_check::log_hash::{hmac_sha256, Form, Salt};
 //!
 //! let salt = Salt::new(b"0123456789abcdef".to_vec()).unwrap();
 //! let a = Form::ClientIp.hash(&salt, b"10.0.0.1:51000");
@@ -34,9 +34,9 @@
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use crate::config::Config;
-use crate::key::hex;
-use crate::rules::{path_only, strip_port, Cost, Fact, FactId, KeySource};
+use weir_core::config::Config;
+use weir_core::key::hex;
+use weir_core::rules::{path_only, strip_port, Cost, Fact, FactId, KeySource};
 
 /// What every hashed value starts with.
 pub const PREFIX: &str = "hmac-";
