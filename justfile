@@ -18,6 +18,9 @@ test_packages := "-p weir-protocol -p weir-core -p weir-check -p weir-bridge -p 
 # compiles, so the suite does not type-check every dependency a second time for clippy.
 clippy_build := "RUSTC_WORKSPACE_WRAPPER=clippy-driver CLIPPY_ARGS=-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__"
 tests_list := "target/stages/tests.json"
+# What the timed recipes of the suite run and start (weir-bridge's, weir-e2e's and weir-bench's
+# tests, and the weir-bridge, weir-check and weir-bench binaries): `build-timed-tests`.
+timed_test_packages := "-p weir-check -p weir-bridge -p weir-e2e -p weir-bench"
 # The workspace version (Cargo.toml's [workspace.package]): the crates', the images' and a release's.
 version := `sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"/\1/p' Cargo.toml`
 
@@ -102,6 +105,10 @@ test-core-built: build-tests
 build-tests:
     {{clippy_build}} python3 scripts/test-binaries.py build {{tests_list}} -- {{test_packages}}
     {{clippy_build}} cargo test --doc {{test_packages}}
+
+# The part of `build-tests` the timed recipes need, listed in the same file: the suite builds it first and starts the bridge's and the end-to-end tests on it while `build-tests` compiles the core's tests beside them. A subset of the same invocation: features unify as in `build-tests`, which then compiles only what is left.
+build-timed-tests:
+    {{clippy_build}} python3 scripts/test-binaries.py build {{tests_list}} -- {{timed_test_packages}}
 
 # The search, deep: 100,000 random configurations of each kind (local, global, hostile), judged by the conformance checker (CI runs 1,500, 500, 100 and 60 of them in test-core). SEED picks where to start; a failure prints its seed.
 fuzz SEED="1" CASES="100000":

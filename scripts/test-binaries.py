@@ -61,8 +61,12 @@ def build(listing, cargo_args):
             "cwd": os.path.dirname(message["manifest_path"]),
         })
     os.makedirs(os.path.dirname(os.path.abspath(listing)), exist_ok=True)
-    with open(listing, "w") as f:
+    # Written whole, then renamed over the old list: the suite rewrites it (`build-tests`
+    # after `build-timed-tests`) while the timed recipes read it.
+    with tempfile.NamedTemporaryFile("w", dir=os.path.dirname(os.path.abspath(listing)),
+                                     delete=False, suffix=".tmp") as f:
         json.dump(binaries, f, indent=1)
+    os.replace(f.name, listing)
     for b in binaries:
         print(f"  Built {b['package']} {b['kind']} {b['name']}: {b['executable']}")
     return 0
