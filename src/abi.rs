@@ -8,14 +8,14 @@
 //! must reach its call whether or not the request that made it still exists, and
 //! nothing here may panic on an input the host sends.
 //!
-//! Every callback Envoy makes counts itself (`vm.entries`, see [`host::entered`]).
+//! Every callback Envoy makes counts itself (`vm.entries`, see [`wasm_host::entered`]).
 //!
 //! The VM's state is borrowed for the length of a callback. Should Envoy ever re-enter
 //! the VM from within a callback (it does not: a local reply or a resumed request is
 //! carried out after the callback returns), the inner callback finds the state borrowed
 //! and does nothing, rather than borrowing twice.
 
-use crate::host::{self, WasmHost};
+use crate::wasm_host::{self, WasmHost};
 use std::cell::RefCell;
 use weir_core::filter::{Action, BodyAction, Vm};
 
@@ -39,7 +39,7 @@ pub extern "C" fn proxy_abi_version_0_2_1() {}
 /// taken back by `host` with `Vec::from_raw_parts(ptr, size, size)`.
 #[no_mangle]
 pub extern "C" fn proxy_on_memory_allocate(size: usize) -> *mut u8 {
-    host::entered();
+    wasm_host::entered();
     let mut bytes = vec![0u8; size].into_boxed_slice();
     let ptr = bytes.as_mut_ptr();
     std::mem::forget(bytes);
@@ -48,62 +48,62 @@ pub extern "C" fn proxy_on_memory_allocate(size: usize) -> *mut u8 {
 
 #[no_mangle]
 pub extern "C" fn proxy_on_context_create(context_id: u32, parent_id: u32) {
-    host::entered();
+    wasm_host::entered();
     with_vm(|vm| vm.on_context_create(context_id, parent_id));
 }
 
 #[no_mangle]
 pub extern "C" fn proxy_on_vm_start(_root_id: u32, _vm_configuration_size: usize) -> u32 {
-    host::entered();
+    wasm_host::entered();
     1
 }
 
 #[no_mangle]
 pub extern "C" fn proxy_on_configure(root_id: u32, _plugin_configuration_size: usize) -> u32 {
-    host::entered();
+    wasm_host::entered();
     u32::from(with_vm(|vm| vm.on_configure(&WasmHost, root_id)).unwrap_or(false))
 }
 
 #[no_mangle]
 pub extern "C" fn proxy_on_tick(root_id: u32) {
-    host::entered();
+    wasm_host::entered();
     with_vm(|vm| vm.on_tick(&WasmHost, root_id));
 }
 
 #[no_mangle]
 pub extern "C" fn proxy_on_request_headers(context_id: u32, _headers: usize, eos: u32) -> u32 {
-    host::entered();
+    wasm_host::entered();
     action(|vm| vm.on_request_headers(&WasmHost, context_id, eos != 0))
 }
 
 #[no_mangle]
 pub extern "C" fn proxy_on_request_body(context_id: u32, body_size: usize, eos: u32) -> u32 {
-    host::entered();
+    wasm_host::entered();
     with_vm(|vm| vm.on_request_body(&WasmHost, context_id, body_size, eos != 0))
         .unwrap_or(BodyAction::Continue) as u32
 }
 
 #[no_mangle]
 pub extern "C" fn proxy_on_request_trailers(context_id: u32, _trailers: usize) -> u32 {
-    host::entered();
+    wasm_host::entered();
     action(|vm| vm.on_request_trailers(&WasmHost, context_id))
 }
 
 #[no_mangle]
 pub extern "C" fn proxy_on_response_headers(context_id: u32, _headers: usize, eos: u32) -> u32 {
-    host::entered();
+    wasm_host::entered();
     action(|vm| vm.on_response_headers(&WasmHost, context_id, eos != 0))
 }
 
 #[no_mangle]
 pub extern "C" fn proxy_on_response_body(context_id: u32, body_size: usize, eos: u32) -> u32 {
-    host::entered();
+    wasm_host::entered();
     action(|vm| vm.on_response_body(&WasmHost, context_id, body_size, eos != 0))
 }
 
 #[no_mangle]
 pub extern "C" fn proxy_on_response_trailers(context_id: u32, _trailers: usize) -> u32 {
-    host::entered();
+    wasm_host::entered();
     action(|vm| vm.on_response_trailers(&WasmHost, context_id))
 }
 
@@ -114,7 +114,7 @@ pub extern "C" fn proxy_on_response_trailers(context_id: u32, _trailers: usize) 
 
 #[no_mangle]
 pub extern "C" fn proxy_on_delete(context_id: u32) {
-    host::entered();
+    wasm_host::entered();
     with_vm(|vm| vm.on_delete(&WasmHost, context_id));
 }
 
@@ -126,6 +126,6 @@ pub extern "C" fn proxy_on_http_call_response(
     body_size: usize,
     _trailers: u32,
 ) {
-    host::entered();
+    wasm_host::entered();
     with_vm(|vm| vm.on_http_call_response(&WasmHost, root_id, token, body_size));
 }

@@ -1,14 +1,15 @@
 //! weir as a proxy-wasm HTTP filter: the ABI, translated. The request lifecycle is
 //! `weir_core::filter`; this crate only connects it to Envoy.
 //!
-//! - [`host`]: the only module that calls the host ABI; [`host::WasmHost`] is the core's
+//! - [`wasm_host`]: the only module that calls the host ABI; [`wasm_host::WasmHost`] is the core's
 //!   `Host` over it, every status a `Result`.
 //! - [`abi`]: the callbacks Envoy makes, each a call into the core's `Vm`.
 //!
 //! Each uses only the ones listed before it (`core/tests/layers.rs` checks).
 
+pub mod wasm_host;
+
 pub mod abi;
-pub mod host;
 
 #[cfg(target_os = "wasi")]
 extern "C" {
@@ -26,7 +27,7 @@ pub extern "C" fn _initialize() {
         __wasm_call_ctors();
     }
     std::panic::set_hook(Box::new(|info| {
-        host::log(
+        wasm_host::log(
             weir_core::filter::host::LogLevel::Critical,
             &format!("panic: {info}"),
         );

@@ -436,7 +436,7 @@ pub fn call_trace_section(trace: &crate::counted::CallTrace) -> String {
 }
 
 /// Why weir's request makes each host call beyond the floor's, and what could go: what
-/// the code does today (core/src/filter/request.rs, core/src/engine/bridge.rs and
+/// the code does today (core/src/filter/request.rs, core/src/engine/bridge_call.rs and
 /// global.rs, protocol/src/wire/v2.rs), for whoever cuts weir's share.
 const BRIDGE_CALL_READING: &str = "How to read it. The floor's 3 host calls (the dispatch, \
 the SDK's switch to the request when the answer comes, the resume) and its VM entries \

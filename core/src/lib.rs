@@ -22,16 +22,17 @@
 //! - [`adaptive`]: latency sketches and the controller of adaptive concurrency limits.
 //! - [`concurrency`]: concurrency limits, requests in flight per key.
 //! - [`key`]: (`weir-protocol`) key parts, their hashing to slots, their names on the wire and in Redis.
-//! - [`usage`]: what a response says it cost (token usage in JSON bodies and streams).
-//! - [`rules`]: request matching, key building and costs.
-//! - [`config`]: the plugin JSON, parsed and compiled into types that cannot be invalid.
-//! - [`wire`]: (`weir-protocol`) the filter ⇄ bridge format.
 //! - [`store`]: the shared-data contract, the seed, the bounded CAS loop and slot tables.
 //! - [`lease`]: leases and cached denials of global rules.
+//! - [`response`]: what a client sees (status, RateLimit headers, body).
+//! - [`usage`]: what a response says it cost (token usage in JSON bodies and streams).
+//! - [`deadline`]: a request's own deadline, as its headers state it (delays end before it).
+//! - [`rules`]: request matching, key building and costs.
 //! - [`reservoir`]: a worker's units taken ahead and cached denials of local rules.
+//! - [`config`]: the plugin JSON, parsed and compiled into types that cannot be invalid.
 //! - [`delay`]: a worker's requests held instead of denied (`on_limit.delay`).
 //! - [`worker`]: what one worker keeps beside shared data (reservoirs, held requests).
-//! - [`response`]: what a client sees (status, RateLimit headers, body).
+//! - [`wire`]: (`weir-protocol`) the filter ⇄ bridge format.
 //! - [`engine`]: one request through every rule; one file per scope (local,
 //!   concurrency, global) around each rule's runtime value.
 //! - [`flight`]: bridge calls in flight, one per key (single flight).
@@ -61,27 +62,27 @@ pub mod concurrency;
 
 pub use weir_protocol::key;
 
+pub mod store;
+
+pub mod lease;
+
+pub mod response;
+
 pub mod usage;
 
 pub mod deadline;
 
 pub mod rules;
 
-pub mod config;
-
-pub use weir_protocol::wire;
-
-pub mod store;
-
-pub mod lease;
-
 pub mod reservoir;
+
+pub mod config;
 
 pub mod delay;
 
 pub mod worker;
 
-pub mod response;
+pub use weir_protocol::wire;
 
 pub mod engine;
 

@@ -1,6 +1,8 @@
 //! The module graph has no cycles: each module of the core, and of the filter's glue,
-//! uses only modules listed before it. A new `use crate::…` that points up a layer, or a
-//! new module that is not placed in a layer, fails here.
+//! uses only modules declared before it. The order is written once, where the modules are
+//! declared (`core/src/lib.rs`, `protocol/src/lib.rs`, `src/lib.rs`, and for the files of
+//! the engine and of the filter, their `mod.rs`); this test reads it from there. A new
+//! `use crate::…` that points up a layer fails here.
 //!
 //! Uses are read from the sources (`crate::<module>` outside comments), so the test sees
 //! what the compiler resolves, without a dependency on a parser.
@@ -10,81 +12,34 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-/// The core's modules, lowest first (lib.rs says what each is).
-const CORE_LAYERS: &[&str] = &[
-    "field_error",
-    "bounds",
-    "stats",
-    "time",
-    "buffers",
-    "algorithms",
-    "conformance",
-    "adaptive",
-    "concurrency",
-    "key",
-    "store",
-    "lease",
-    "response",
-    "usage",
-    "deadline",
-    "rules",
-    "reservoir",
-    "config",
-    "delay",
-    "worker",
-    "wire",
-    "engine",
-    "flight",
-    "filter",
-    "scenarios",
-    "simulation",
-];
+/// The modules a root file (`lib.rs`, `mod.rs`) declares, in its order: `mod m;` and
+/// `pub mod m;`, and for weir-core the modules it re-exports from weir-protocol
+/// (`pub use weir_protocol::m;`), which it layers among its own.
+fn declared(root: &str) -> Vec<String> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(root);
+    let source = std::fs::read_to_string(&path).unwrap();
+    let mut order = Vec::new();
+    for line in source.lines() {
+        let line = line.trim();
+        let line = line.strip_prefix("pub ").unwrap_or(line);
+        let name = line
+            .strip_prefix("mod ")
+            .or_else(|| line.strip_prefix("use weir_protocol::"))
+            .and_then(|rest| rest.strip_suffix(';'));
+        if let Some(name) = name.filter(|n| n.chars().all(|c| c.is_ascii_lowercase() || c == '_')) {
+            order.push(name.to_string());
+        }
+    }
+    assert!(!order.is_empty(), "{} declares no module", path.display());
+    order
+}
 
-/// weir-protocol's modules, lowest first (its lib.rs says what each is). weir-core
-/// re-exports them under the same names, so `CORE_LAYERS` places them too.
-const PROTOCOL_LAYERS: &[&str] = &[
-    "field_error",
-    "bounds",
-    "time",
-    "duration",
-    "algorithms",
-    "conformance",
-    "key",
-    "wire",
-];
-
-/// The files of `core/src/engine/`, lowest first: each uses (`super::<file>`) only the
-/// ones before it. `mod` declares them all and comes last.
-const ENGINE_LAYERS: &[&str] = &[
-    "report",
-    "evaluation",
-    "local",
-    "concurrency",
-    "global",
-    "runtime",
-    "bridge",
-    "outstanding",
-    "mod",
-];
-
-/// The files of `core/src/filter/`, lowest first, as for the engine.
-const FILTER_FILE_LAYERS: &[&str] = &[
-    "host",
-    "facts",
-    "metrics",
-    "plugin",
-    "settling",
-    "reply",
-    "request",
-    "root",
-    "vm",
-    "scripted",
-    "scripted_envoy",
-    "mod",
-];
-
-/// The filter crate's modules (the ABI translation), lowest first.
-const FILTER_LAYERS: &[&str] = &["host", "abi"];
+/// [`declared`] with `mod` (the root file itself, which may use them all) last.
+fn declared_files(root: &str) -> Vec<String> {
+    let mut order = declared(root);
+    order.push("mod".to_string());
+    order
+}
 
 /// Every `.rs` file under `dir`, with the top-level module it belongs to (`lib.rs` and
 /// binaries belong to none).
@@ -158,15 +113,15 @@ fn named_after(source: &str, prefix: &str) -> BTreeSet<String> {
 }
 
 /// Every use between two modules of `dir`, checked against `layers`.
-fn check_layers(dir: &Path, layers: &[&str]) {
-    let rank = |m: &str| layers.iter().position(|l| *l == m);
+fn check_layers(dir: &Path, layers: &[String], root: &str) {
+    let rank = |m: &str| layers.iter().position(|l| l == m);
     let mut problems = Vec::new();
     let files = module_files(dir);
     assert!(!files.is_empty(), "no sources under {}", dir.display());
     for (module, path) in &files {
         let Some(own) = rank(module) else {
             problems.push(format!(
-                "{}: module `{module}` is in no layer; add it to the list in core/tests/layers.rs",
+                "{}: module `{module}` is not declared in {root}",
                 path.display()
             ));
             continue;
@@ -194,7 +149,8 @@ fn check_layers(dir: &Path, layers: &[&str]) {
 fn core_modules_only_use_lower_layers() {
     check_layers(
         &Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
-        CORE_LAYERS,
+        &declared("src/lib.rs"),
+        "core/src/lib.rs",
     );
 }
 
@@ -202,26 +158,27 @@ fn core_modules_only_use_lower_layers() {
 fn protocol_modules_only_use_lower_layers() {
     check_layers(
         &Path::new(env!("CARGO_MANIFEST_DIR")).join("../protocol/src"),
-        PROTOCOL_LAYERS,
+        &declared("../protocol/src/lib.rs"),
+        "protocol/src/lib.rs",
     );
 }
 
 #[test]
 fn engine_files_only_use_lower_files() {
-    check_files("engine", ENGINE_LAYERS);
+    check_files("engine", &declared_files("src/engine/mod.rs"));
 }
 
 #[test]
 fn filter_files_only_use_lower_files() {
-    check_files("filter", FILTER_FILE_LAYERS);
+    check_files("filter", &declared_files("src/filter/mod.rs"));
 }
 
 /// Every use between two files of `core/src/<module>/`, checked against `layers`.
-fn check_files(module: &str, layers: &[&str]) {
+fn check_files(module: &str, layers: &[String]) {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("src")
         .join(module);
-    let rank = |m: &str| layers.iter().position(|l| *l == m);
+    let rank = |m: &str| layers.iter().position(|l| l == m);
     let mut problems = Vec::new();
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .unwrap()
@@ -233,7 +190,7 @@ fn check_files(module: &str, layers: &[&str]) {
         let file = path.file_stem().unwrap().to_string_lossy().to_string();
         let Some(own) = rank(&file) else {
             problems.push(format!(
-                "{}: file `{file}` is in no layer; add it to the {module} list in core/tests/layers.rs",
+                "{}: file `{file}` is not declared in core/src/{module}/mod.rs",
                 path.display()
             ));
             continue;
@@ -263,7 +220,7 @@ fn check_files(module: &str, layers: &[&str]) {
 #[test]
 fn filter_modules_only_use_lower_layers() {
     let filter = Path::new(env!("CARGO_MANIFEST_DIR")).join("../src");
-    check_layers(&filter, FILTER_LAYERS);
+    check_layers(&filter, &declared("../src/lib.rs"), "src/lib.rs");
 }
 
 #[test]
@@ -296,4 +253,18 @@ fn the_bridge_depends_on_the_protocol_not_the_core() {
         .collect();
     assert!(names.contains(&"weir-protocol"), "{names:?}");
     assert!(!names.contains(&"weir-core"), "{names:?}");
+}
+
+/// The order comes from the declarations, `#[cfg]`-gated ones and weir-protocol's
+/// re-exports included, comments and `use` of items left out.
+#[test]
+fn the_order_is_read_from_where_the_modules_are_declared() {
+    let core = declared("src/lib.rs");
+    assert_eq!(core[..3], ["field_error", "bounds", "stats"]);
+    assert_eq!(core.last().map(String::as_str), Some("simulation"));
+    assert!(core.contains(&"scenarios".to_string()), "{core:?}");
+    let engine = declared_files("src/engine/mod.rs");
+    assert_eq!(engine.first().map(String::as_str), Some("report"));
+    assert_eq!(engine.last().map(String::as_str), Some("mod"));
+    assert!(!engine.contains(&"bridge::".to_string()));
 }

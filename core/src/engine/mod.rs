@@ -35,10 +35,11 @@
 //!   steps every scope shares.
 //! - `local.rs`: local rules, in a slot table, a worker's reservoir or a held request
 //!   (and a global rule's local fallback).
-//! - `concurrency.rs`: concurrency rules, their places and adaptive controllers.
+//! - `in_flight.rs`: concurrency rules (requests in flight per key), their places and
+//!   adaptive controllers.
 //! - `global.rs`: global rules, their leases, the bridge's answers and failure modes.
 //! - `runtime.rs`: the per-rule runtime value, and the [`Engine`] that holds them.
-//! - `bridge.rs`: an evaluation's call to the bridge, and the backoff after a failure.
+//! - `bridge_call.rs`: an evaluation's call to the bridge, and the backoff after a failure.
 //! - `outstanding.rs`: units counted in the store and not admitted yet, and the sweep
 //!   that drops those that expired unspent.
 //! - this file: a request through every rule, commits, and the worker's tick.
@@ -49,24 +50,24 @@ mod evaluation;
 
 mod local;
 
-mod concurrency;
+mod in_flight;
 
 mod global;
 
 mod runtime;
 
-mod bridge;
+mod bridge_call;
 
 mod outstanding;
 
-pub use bridge::{
+pub use bridge_call::{
     BRIDGE_BACKOFF_US, BRIDGE_DOWN_READ_US, BRIDGE_FAILING_FOR_US, BRIDGE_FAILURES_TO_SKIP,
 };
-pub use concurrency::{Adapted, TendedPlaces};
 pub use evaluation::{
     BridgeError, Clamped, Delayed, Evaluation, HeldRequest, PendingCommit, PendingItem,
 };
 pub use global::COMMIT_DENIAL_CACHE_US;
+pub use in_flight::{Adapted, TendedPlaces};
 pub use outstanding::{Expired, LEASE_SETS_PER_SWEEP};
 use report::signed;
 pub use report::{FailureOutcome, RuleOutcome, RuleReport, Source, Verdict};
@@ -82,9 +83,9 @@ use crate::store::{SharedStore, StoreError, UpdateError};
 use crate::time::Micros;
 use crate::worker::Worker;
 
-use concurrency::worker_latency;
 use evaluation::{applies, CommitKey, Resume};
 use global::pending_item;
+use in_flight::worker_latency;
 use runtime::RuleRuntime;
 
 impl Engine {

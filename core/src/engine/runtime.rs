@@ -7,8 +7,8 @@ use crate::config::Config;
 use crate::rules::{Rule, RuleId, Scope};
 use crate::store::{SharedStore, StoreError};
 
-use super::concurrency::ConcurrencyRuntime;
 use super::global::GlobalRuntime;
+use super::in_flight::ConcurrencyRuntime;
 use super::local::LocalRuntime;
 
 /// One rule's runtime: what its scope decides with, and the tables it owns.

@@ -21,19 +21,31 @@
 //!   plays Envoy's part, and Envoy's callbacks made over it, for tests and the
 //!   benchmark's counts.
 
-pub mod facts;
+// Lowest first: each file uses only those declared before it (core/tests/layers.rs
+// reads this order). Blank lines keep rustfmt from sorting them.
 pub mod host;
+
+pub mod facts;
+
 pub mod metrics;
+
 pub mod plugin;
+
+pub mod settling;
+
 pub mod reply;
+
 pub mod request;
+
 pub mod root;
+
+pub mod vm;
+
 #[cfg(feature = "simulation")]
 pub mod scripted;
+
 #[cfg(feature = "simulation")]
 pub mod scripted_envoy;
-pub mod settling;
-pub mod vm;
 
 pub use request::{Action, BodyAction, Request, DELAY_HEADER};
 pub use vm::Vm;

@@ -30,7 +30,7 @@
 //! assert_eq!(d.retry_after_ns, Some(50_000_000_000)); // the next minute
 //! ```
 
-use super::time::{sat_u64, until_ns};
+use super::saturating::{sat_u64, until_ns};
 use super::window::{self, Window, WindowSum, Windowed};
 use super::{
     values_of, Admission, AlgorithmKind, AlgorithmSpec, Breach, Decision, GlobalLimit, Limit,

@@ -51,9 +51,9 @@
 
 pub mod fixed_window;
 pub mod gcra;
+mod saturating;
 pub mod sliding_log;
 pub mod sliding_window;
-mod time;
 pub mod token_bucket;
 mod window;
 
@@ -66,14 +66,14 @@ pub use crate::time::NS_PER_US;
 /// parameters that would break it, for the config checker and the bridge alike.
 pub const MAX_SCRIPT_EXACT: u64 = 1 << 48;
 
-mod bound;
+mod admissions;
 mod kind;
 mod limit;
 mod outcome;
 mod spec;
 mod traits;
 
-pub use bound::{Admission, Breach};
+pub use admissions::{Admission, Breach};
 pub use kind::{AlgorithmKind, GlobalLimit, Limit};
 pub use outcome::{
     Ahead, Ask, Decision, Grant, Hold, LeaseCost, Policy, Reservation, SlotState, TakenAhead,

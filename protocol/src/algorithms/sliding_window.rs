@@ -29,7 +29,7 @@
 //! assert_eq!(d.remaining, 0);
 //! ```
 
-use super::time::{add_us, sat_u64, until_ns};
+use super::saturating::{add_us, sat_u64, until_ns};
 use super::window::{self, Window, WindowSum, Windowed};
 use super::{
     values_of, Admission, AlgorithmKind, AlgorithmSpec, Breach, Decision, GlobalLimit, Limit,

@@ -29,7 +29,7 @@
 //! assert_eq!(d.retry_after_ns, Some(1_600_000_000));
 //! ```
 
-use super::time::{sat_u64, until_ns};
+use super::saturating::{sat_u64, until_ns};
 use super::{
     values_of, Admission, Algorithm, AlgorithmKind, AlgorithmSpec, Breach, Decision, GlobalLimit,
     Limit, LimitParameter, ParamError, Parameter, Policy, SlotAlgorithm, SlotState, Unit,

@@ -1,7 +1,7 @@
 //! What the three window algorithms (fixed window, sliding-window counter, sliding log)
 //! share: `limit` units per `window`, windows aligned to the Unix epoch.
 
-use super::time::until_ns;
+use super::saturating::until_ns;
 use super::{
     Admission, Algorithm, AlgorithmSpec, Breach, Limit, LimitParameter, ParamError, Parameter,
     Policy, Unit, MAX_SCRIPT_EXACT, NS_PER_US,

@@ -7,7 +7,7 @@
 //! scope, global settings, `max_keys`), [`limit`] (an algorithm and its parameters),
 //! [`matcher`] (`match`), [`key`] (key parts), [`cost`], [`bridge`], [`response`].
 
-mod bridge;
+mod bridge_settings;
 mod cost;
 mod key;
 mod limit;
@@ -54,7 +54,7 @@ pub(super) fn compile(raw: RawConfig) -> Result<Config> {
         table: FactTable::default(),
     };
     // The bridge first: a leased global rule's hold pays for the bridge's timeout.
-    let bridge = raw.bridge.map(bridge::compile).transpose()?;
+    let bridge = raw.bridge.map(bridge_settings::compile).transpose()?;
     let bridge_timeout_us = bridge.as_ref().map(|b| b.timeout_ms.saturating_mul(1_000));
     let mut rules: Vec<Rule> = Vec::with_capacity(raw.rules.len());
     for (i, raw_rule) in raw.rules.into_iter().enumerate() {

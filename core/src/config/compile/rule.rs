@@ -1,7 +1,7 @@
 //! A rule: its name, where it is decided (scope and global settings) and how many keys
 //! it tracks; the other fields are compiled by their own modules.
 
-use super::bridge::MAX_BRIDGE_TIMEOUT_US;
+use super::bridge_settings::MAX_BRIDGE_TIMEOUT_US;
 use super::{cost, error, key, limit, matcher, Interner, Result, DEFAULT_MAX_KEYS, MAX_MAX_KEYS};
 use crate::algorithms::{AlgorithmKind, AlgorithmSpec, GlobalLimit, LeaseCost};
 use crate::bounds::{check_name, MAX_LEASE_HORIZON_US, MAX_LEASE_TTL_US, MAX_WANT};
