@@ -1,6 +1,5 @@
 //! The `weir-check` binary: `check-config` on the core's config fixtures (core/tests/config/),
 //! a good one and a bad one, from a file and from stdin; the usage it prints.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
