@@ -5,7 +5,7 @@ json.loads on its bytes: UTF-8 with or without a BOM, UTF-16 and UTF-32 (told ap
 their zero bytes) are all accepted, so are NaN and Infinity, lone surrogates in string
 escapes, and a key given twice (the last one wins). Whatever weir estimates and clamps
 from a body, this is what a model server of that kind does with it: the witness of the
-differential checks in tests/tests/hostile.rs (tests/src/py_upstream.rs starts it).
+differential checks in tests/tests/hostile/bodies.rs (tests/src/py_upstream.rs starts it).
 
 POST: the body is read (content-length or chunked), parsed with json.loads, and the
 request's bound on output is recorded: the largest of max_tokens,
