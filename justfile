@@ -37,9 +37,9 @@ build:
 oci-wasm TAG="": build
     bash scripts/oci-wasm.sh {{wasm}} target/oci/weir-wasm {{TAG}}
 
-# The demo: Redis Cluster, weir-bridge and two Envoys with weir; shows local and global limits.
+# The demo: Redis Cluster, weir-bridge and two Envoys with weir; shows local and global limits. With WEIR_BRIDGE_BIN set, that bridge binary is run and none is built (CI runs the suite's).
 run: build
-    cargo build -p weir-bridge
+    [ -n "${WEIR_BRIDGE_BIN:-}" ] || cargo build -p weir-bridge
     ENVOY_BIN={{envoy}} bash scripts/demo.sh
 
 # weir-bridge as an OCI image layout in target/oci/weir-bridge, without a daemon: the bridge built static (musl) on an empty base, run as 65532. Same commit and toolchain, same digest. Push: `skopeo copy oci:target/oci/weir-bridge:VERSION docker://REGISTRY/weir-bridge:VERSION`.

@@ -14,6 +14,7 @@ use crate::http::{self, Request, Response};
 use crate::ports::free_port;
 use crate::prereq::envoy_bin;
 use crate::process::{wait_for, Child, TestDir};
+use crate::shared_envoy::Lease;
 
 /// How long Envoy gets to become LIVE (or, in `start_expect_failure`, to exit).
 pub const START_TIMEOUT: Duration = Duration::from_secs(20);
@@ -340,16 +341,23 @@ pub fn indent(yaml: &str, n: usize) -> String {
     out
 }
 
-/// A running Envoy, killed by PID when dropped.
+/// A running Envoy, killed by PID when dropped: a process of the test's own
+/// ([`Envoy::start`]), or the test's listener on the binary's shared Envoy
+/// ([`Envoy::shared`]).
 #[derive(Debug)]
 pub struct Envoy {
     pub http_port: u16,
     pub admin_port: u16,
-    // Field order matters: the process dies before its directory is removed.
-    child: Child,
-    dir: TestDir,
-    /// Time from spawn to admin `/ready` = LIVE.
+    runs: Runs,
+    /// Time from spawn to admin `/ready` = LIVE (a shared Envoy: until the listener is served).
     pub startup: Duration,
+}
+
+#[derive(Debug)]
+enum Runs {
+    // Field order matters: the process dies before its directory is removed.
+    Own { child: Child, dir: TestDir },
+    Shared(Lease),
 }
 
 fn args(config: &Path, concurrency: u32, base_id: u16, extra: &[&str]) -> Vec<String> {
@@ -435,8 +443,60 @@ impl Envoy {
             http_port,
             admin_port,
             startup: started.elapsed(),
-            child,
-            dir,
+            runs: Runs::Own { child, dir },
+        }
+    }
+
+    /// `bootstrap`'s listener and clusters served by the test binary's shared Envoy with
+    /// `concurrency` workers (tests/src/shared_envoy.rs), started on first use: ~0.04
+    /// CPU-seconds where a process of its own takes ~1.7, compiling weir.wasm. Its plugins
+    /// and clusters are renamed apart from other tests'; stats read through this handle
+    /// (`weir_stat`, `plugin_stat`, `stat`, `stats`, `stats_matching`) use the bootstrap's
+    /// names, and `log` is the shared log since the listener was added. What belongs to a
+    /// process (`pid`, `kill`, `memory_rss`, `is_running`, `dir`) panics: a test that needs
+    /// it, a bootstrap-level setting or a config Envoy must refuse, starts its own.
+    pub fn shared(bootstrap: &Bootstrap, concurrency: u32) -> Envoy {
+        assert!(
+            bootstrap.stats_config.is_none(),
+            "a stats_config is the bootstrap's, not a listener's: use Envoy::start"
+        );
+        let started = Instant::now();
+        let rendered: serde_json::Value = serde_yaml::from_str(&bootstrap.render())
+            .unwrap_or_else(|e| panic!("the rendered bootstrap is not YAML: {e}"));
+        let resources = &rendered["static_resources"];
+        let listener = resources["listeners"][0].clone();
+        let clusters = resources["clusters"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        let lease = crate::shared_envoy::lease(listener, clusters, concurrency);
+        Envoy {
+            http_port: bootstrap.http_port,
+            admin_port: lease.admin_port,
+            startup: started.elapsed(),
+            runs: Runs::Shared(lease),
+        }
+    }
+
+    fn own(&self, what: &str) -> (&Child, &TestDir) {
+        match &self.runs {
+            Runs::Own { child, dir } => (child, dir),
+            Runs::Shared(lease) => panic!(
+                "{what} is a process's, and this test's listener {} is on the shared Envoy: \
+                 start an Envoy of its own (Envoy::start)",
+                lease.name
+            ),
+        }
+    }
+
+    fn own_mut(&mut self, what: &str) -> &mut Child {
+        match &mut self.runs {
+            Runs::Own { child, .. } => child,
+            Runs::Shared(lease) => panic!(
+                "{what} is a process's, and this test's listener {} is on the shared Envoy: \
+                 start an Envoy of its own (Envoy::start)",
+                lease.name
+            ),
         }
     }
 
@@ -513,21 +573,32 @@ impl Envoy {
     }
 
     pub fn pid(&self) -> u32 {
-        self.child.pid()
+        self.own("pid").0.pid()
     }
 
     /// The per-run directory (config and log).
     pub fn dir(&self) -> &TestDir {
-        &self.dir
+        self.own("dir").1
     }
 
-    /// The whole log (stdout + stderr) so far.
+    /// The whole log (stdout + stderr) so far; on the shared Envoy, since this test's
+    /// listener was added (other tests' lines among it).
     pub fn log(&self) -> String {
-        self.child.log()
+        match &self.runs {
+            Runs::Own { child, .. } => child.log(),
+            Runs::Shared(lease) => lease.log(),
+        }
     }
 
     pub fn log_tail(&self, n: usize) -> String {
-        self.child.log_tail(n)
+        match &self.runs {
+            Runs::Own { child, .. } => child.log_tail(n),
+            Runs::Shared(lease) => {
+                let log = lease.log();
+                let lines: Vec<&str> = log.lines().collect();
+                lines[lines.len().saturating_sub(n)..].join("\n")
+            }
+        }
     }
 
     /// A request to the admin interface (panics on I/O errors).
@@ -536,33 +607,58 @@ impl Envoy {
             .unwrap_or_else(|e| panic!("admin {method} {path}: {e}"))
     }
 
-    /// Every counter and gauge from admin `/stats` (histograms are skipped).
+    /// Every counter and gauge from admin `/stats` (histograms are skipped); on the shared
+    /// Envoy, this test's plugins', HCM's and clusters' under the bootstrap's names.
     pub fn stats(&self) -> BTreeMap<String, u64> {
-        let r = self.admin("GET", "/stats");
-        assert_eq!(
-            r.status,
-            200,
-            "admin /stats answered {}: {}",
-            r.status,
-            r.text()
-        );
-        parse_stats(&r.text())
+        let all = self.served_stats("");
+        match &self.runs {
+            Runs::Own { .. } => all,
+            Runs::Shared(lease) => all
+                .into_iter()
+                .filter_map(|(name, value)| Some((lease.test_stat(&name)?, value)))
+                .collect(),
+        }
     }
 
     /// One counter or gauge, `None` if Envoy does not have it (yet).
     pub fn stat(&self, name: &str) -> Option<u64> {
-        self.stats_matching(&format!("^{}$", regex_escape(name)))
-            .get(name)
+        let served = match &self.runs {
+            Runs::Own { .. } => name.to_string(),
+            Runs::Shared(lease) => lease.served_stat(name),
+        };
+        self.served_stats(&format!("^{}$", regex_escape(&served)))
+            .get(&served)
             .copied()
     }
 
-    /// The counters and gauges whose names match `pattern` (admin `/stats?filter=`).
+    /// The counters and gauges whose names match `pattern` (admin `/stats?filter=`); on
+    /// the shared Envoy, matched against this test's stats under the bootstrap's names.
     pub fn stats_matching(&self, pattern: &str) -> BTreeMap<String, u64> {
-        let r = self.admin("GET", &format!("/stats?filter={}", pct_encode(pattern)));
+        match &self.runs {
+            Runs::Own { .. } => self.served_stats(pattern),
+            Runs::Shared(_) => {
+                let re = regex::Regex::new(pattern)
+                    .unwrap_or_else(|e| panic!("not a regex: {pattern}: {e}"));
+                self.stats()
+                    .into_iter()
+                    .filter(|(name, _)| re.is_match(name))
+                    .collect()
+            }
+        }
+    }
+
+    /// Admin `/stats?filter=pattern` as Envoy names them.
+    fn served_stats(&self, pattern: &str) -> BTreeMap<String, u64> {
+        let path = if pattern.is_empty() {
+            "/stats".to_string()
+        } else {
+            format!("/stats?filter={}", pct_encode(pattern))
+        };
+        let r = self.admin("GET", &path);
         assert_eq!(
             r.status,
             200,
-            "admin /stats answered {}: {}",
+            "admin {path} answered {}: {}",
             r.status,
             r.text()
         );
@@ -576,8 +672,15 @@ impl Envoy {
     /// defined, and reading it as 0 would pass any `== 0`.
     pub fn weir_stat(&self, name: &str) -> u64 {
         std::thread::sleep(WEIR_STATS_LAG);
-        let pattern = format!(r"^wasmcustom\.weir\.[^.]+\.{}$", regex_escape(name));
-        let found = self.stats_matching(&pattern);
+        let plugins = match &self.runs {
+            Runs::Own { .. } => "[^.]+".to_string(),
+            Runs::Shared(lease) => {
+                let served: Vec<String> = lease.plugins.values().map(|p| regex_escape(p)).collect();
+                format!("({})", served.join("|"))
+            }
+        };
+        let pattern = format!(r"^wasmcustom\.weir\.{plugins}\.{}$", regex_escape(name));
+        let found = self.served_stats(&pattern);
         assert!(!found.is_empty(), "{}", not_defined(name));
         found.values().sum()
     }
@@ -621,12 +724,12 @@ impl Envoy {
     }
 
     pub fn is_running(&mut self) -> bool {
-        self.child.is_running()
+        self.own_mut("is_running").is_running()
     }
 
     /// SIGTERM (then SIGKILL after 5 s) and reap. The log stays readable until drop.
     pub fn kill(&mut self) {
-        self.child.kill();
+        self.own_mut("kill").kill();
     }
 }
 

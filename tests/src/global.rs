@@ -115,7 +115,7 @@ impl<R> GlobalStack<R> {
                 let bootstrap = Bootstrap::new()
                     .http_filter(filter.clone())
                     .cluster(bridge_cluster_yaml(bridge.port));
-                Envoy::start(&logs.add_to(i, bootstrap), 2)
+                Envoy::shared(&logs.add_to(i, bootstrap), 2)
             })
             .collect();
         GlobalStack {

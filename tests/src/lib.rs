@@ -11,6 +11,10 @@
 //!   an AuthorizationPolicy becomes the RBAC filter istiod would build ([`istio_authz`]).
 //! - **overlay** — a kustomize overlay of the Kubernetes package `deploy/kubernetes/`,
 //!   rendered by `kubectl kustomize` and validated offline ([`manifests`]).
+//! - **shared Envoy** — one Envoy per worker count for the whole test binary
+//!   ([`shared_envoy`]), serving each test's bootstrap as a listener of its own through
+//!   file-based LDS and CDS ([`Envoy::shared`]): `weir.wasm` is compiled once per process,
+//!   not once per test. Tests that need the process itself use [`Envoy::start`].
 //! - **prerequisite** — an external binary or the built filter; missing ones panic with the
 //!   command that fixes it ([`envoy_bin`], [`weir_wasm`]).
 //!
@@ -49,6 +53,7 @@ pub mod py_upstream;
 pub mod redis;
 pub mod redis_single;
 pub mod registry;
+pub mod shared_envoy;
 pub mod slow_proxy;
 pub mod wasm;
 

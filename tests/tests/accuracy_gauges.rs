@@ -161,7 +161,7 @@ fn held_requests_are_outstanding_until_their_release() {
         "limit":{"algorithm":"gcra","rate":1,"period":"1s","burst":0},
         "on_limit":{"delay":{"max":"4s","queue":4}}}]}"#;
     let bootstrap = Bootstrap::new().http_filter(wasm_filter_yaml(config, &weir_wasm()));
-    let envoy = Envoy::start(&bootstrap, 2);
+    let envoy = Envoy::shared(&bootstrap, 2);
     let port = envoy.http_port;
     let gauge = || envoy.weir_stat("rule.api.outstanding_units");
     thread::scope(|scope| {

@@ -25,7 +25,7 @@ fn held_requests_keep_at_most_the_budget_and_a_body_that_does_not_fit_costs_max(
     let upstream = LlmUpstream::start();
     let bootstrap = upstream.bootstrap(wasm_filter_yaml(config, &weir_wasm()), None);
     // One worker: one VM, one budget.
-    let envoy = Envoy::start(&bootstrap, 1);
+    let envoy = Envoy::shared(&bootstrap, 1);
     let chat = |body: String| {
         Request::post("/v1/chat/completions", body)
             .header("content-type", "application/json")
@@ -102,7 +102,7 @@ fn a_response_body_over_the_budget_is_not_read_and_keeps_its_estimate() {
         r#""response":{"header_style":"ietf","headers_on_allowed":true},"rules""#,
     );
     let bootstrap = upstream.bootstrap(wasm_filter_yaml(&config, &weir_wasm()), None);
-    let envoy = Envoy::start(&bootstrap, 1);
+    let envoy = Envoy::shared(&bootstrap, 1);
     // Under max_bytes (4 MiB) but over the VM's budget (1 MiB): not read, the estimate
     // of 1,000 stays charged.
     let r = send(envoy.http_port, padded_chat(2 << 20, 0)).unwrap();
@@ -127,7 +127,7 @@ fn a_response_body_over_the_budget_is_not_read_and_keeps_its_estimate() {
 fn concurrent_large_responses_share_the_budget() {
     let upstream = LlmUpstream::start();
     let bootstrap = upstream.bootstrap(wasm_filter_yaml(RESPONSE_RULE, &weir_wasm()), None);
-    let envoy = Envoy::start(&bootstrap, 1);
+    let envoy = Envoy::shared(&bootstrap, 1);
     // Eight responses of 400 KiB, each half-sent and then paused for 500 ms: eight
     // halves (1.6 MiB) do not fit in 1 MiB at once.
     let statuses: Vec<u16> = thread::scope(|s| {

@@ -78,7 +78,7 @@ fn five_times_the_rate_is_paced_at_the_rate_and_waits_at_most_max() {
     ));
     let dir = tempfile::tempdir().unwrap();
     let logs = Logs::new(dir.path(), 1, "x-user");
-    let envoy = Envoy::start(&logs.add_to(0, weir(&config)), 2);
+    let envoy = Envoy::shared(&logs.add_to(0, weir(&config)), 2);
     let started = Instant::now();
     let seen = offered(envoy.http_port, "alice", 200.0, 400, 48);
     let secs = started.elapsed().as_secs_f64();
@@ -133,7 +133,7 @@ fn a_full_queue_answers_429_at_once_and_counts_it() {
         r#"{"algorithm":"gcra","rate":1,"period":"1s","burst":1}"#,
         r#"{"max":"5s","queue":2}"#,
     );
-    let envoy = Envoy::start(&weir(&config), 1);
+    let envoy = Envoy::shared(&weir(&config), 1);
     let port = envoy.http_port;
     let seen: Vec<Seen> = thread::scope(|s| {
         let handles: Vec<_> = (0..10)
@@ -190,7 +190,7 @@ fn a_client_that_leaves_while_held_frees_its_place_and_is_counted() {
         r#"{"algorithm":"gcra","rate":1,"period":"1s","burst":1}"#,
         r#"{"max":"5s","queue":1}"#,
     );
-    let envoy = Envoy::start(&weir(&config), 1);
+    let envoy = Envoy::shared(&weir(&config), 1);
     let mut client = Client::connect(envoy.http_port).unwrap();
     let t0 = Instant::now();
     let first = client
@@ -276,7 +276,7 @@ fn a_request_whose_deadline_comes_before_its_slot_is_answered_at_once() {
         r#"{"max":"2s","queue":10}"#,
     );
     // The client stands for an Envoy in front, on loopback: its requests are internal.
-    let envoy = Envoy::start(&weir(&config).internal_cidr("127.0.0.0", 8), 1);
+    let envoy = Envoy::shared(&weir(&config).internal_cidr("127.0.0.0", 8), 1);
     let port = envoy.http_port;
     let send = |request: Request| {
         let started = Instant::now();

@@ -23,5 +23,6 @@ mod redis_modes;
 mod release;
 mod replay;
 mod rolling_update;
+mod shared_envoy;
 mod stats;
 mod token_limits;

@@ -381,7 +381,7 @@ fn a_dead_bridge_of_one_plugin_does_not_pause_another_plugin_in_the_same_vm() {
         .http_filter(plugin("healthy", "weir_bridge", "deny"))
         .cluster(bridge_cluster_yaml(bridge.port))
         .cluster(dead_cluster);
-    let envoy = Envoy::start(&bootstrap, 2);
+    let envoy = Envoy::shared(&bootstrap, 2);
     let mut client = Client::connect(envoy.http_port).unwrap();
     let mut statuses = std::collections::BTreeMap::new();
     for i in 0..200 {

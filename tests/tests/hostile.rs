@@ -103,7 +103,7 @@ impl Front {
         let dir = TestDir::new("hostile");
         let logs = Logs::new(dir.path(), 1, key_header);
         let bootstrap = bootstrap(wasm_filter_yaml(&config, &weir_wasm()));
-        let envoy = Envoy::start(&logs.add_to(0, bootstrap), 2);
+        let envoy = Envoy::shared(&logs.add_to(0, bootstrap), 2);
         Front {
             envoy,
             logs,

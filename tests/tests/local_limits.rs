@@ -1,7 +1,9 @@
 //! Local limits in a real Envoy: exactness across workers, what clients see, shadow mode,
 //! gRPC, bad configs, key isolation, bounded memory and hostile input.
 //!
-//! Every test starts its own Envoy with `weir.wasm` on free loopback ports.
+//! Each test serves its own listener (its plugins and clusters renamed apart) on the binary's
+//! shared Envoy of its worker count (`Envoy::shared`); the memory test starts an Envoy of its
+//! own, and refused configs are started alone.
 
 use std::collections::BTreeMap;
 use std::thread;
@@ -67,7 +69,7 @@ fn exact_across_workers(limit: &str, expected: usize) {
     let config = with_decisions(&config);
     let dir = tempfile::tempdir().unwrap();
     let logs = Logs::new(dir.path(), 1, "x-user");
-    let envoy = Envoy::start(&logs.add_to(0, weir(&config)), 4);
+    let envoy = Envoy::shared(&logs.add_to(0, weir(&config)), 4);
     let total = 2 * expected;
     let (admitted, limited) = count_admitted(&envoy, 16, total, "alice");
     let served = envoy.weir_stat("rule.per-user.reservoir_hits");
@@ -157,7 +159,7 @@ fn reservoirs_then_idle_then_a_burst_on_every_worker_keep_the_bound() {
     );
     let dir = tempfile::tempdir().unwrap();
     let logs = Logs::new(dir.path(), 1, "x-user");
-    let envoy = Envoy::start(&logs.add_to(0, weir(&config)), 4);
+    let envoy = Envoy::shared(&logs.add_to(0, weir(&config)), 4);
     // Far from the limit: 400 requests paced over a second from 16 clients.
     let start = Instant::now();
     let far = run_clients(16, 400, envoy.http_port, |_, i| {
@@ -203,7 +205,7 @@ fn a_key_flood_at_max_keys_keeps_the_bound_of_a_key_at_its_limit() {
     );
     let dir = tempfile::tempdir().unwrap();
     let logs = Logs::new(dir.path(), 1, "x-user");
-    let envoy = Envoy::start(&logs.add_to(0, weir(&config)), 4);
+    let envoy = Envoy::shared(&logs.add_to(0, weir(&config)), 4);
     let report = run_clients(16, 3_000, envoy.http_port, |_, i| {
         let user = if i % 2 == 0 {
             "hot".to_string()
@@ -268,7 +270,7 @@ fn users_never_share_a_bucket_and_parts_cannot_be_spliced() {
        "limit":{"algorithm":"fixed_window","limit":1,"window":"1h"}},
       {"name":"anon","match":{"path":{"prefix":"/anon"}},"key":[{"header":"x-user","default":"anonymous"}],
        "limit":{"algorithm":"fixed_window","limit":1,"window":"1h"}}]}"#;
-    let envoy = Envoy::start(&weir(config), 2);
+    let envoy = Envoy::shared(&weir(config), 2);
     let status =
         |path: &str, headers: &[(&str, &str)]| get(envoy.http_port, path, headers).unwrap().status;
 
@@ -327,7 +329,7 @@ fn a_denial_spends_earlier_rules_but_not_later_ones() {
       {"name":"route-before","limit":{"algorithm":"fixed_window","limit":1000,"window":"1h"}},
       {"name":"per-user","key":[{"header":"x-user"}],"limit":{"algorithm":"fixed_window","limit":2,"window":"1h"}},
       {"name":"route-after","limit":{"algorithm":"fixed_window","limit":1000,"window":"1h"}}]}"#;
-    let envoy = Envoy::start(&weir(config), 1);
+    let envoy = Envoy::shared(&weir(config), 1);
     for _ in 0..5 {
         get(envoy.http_port, "/", &[("x-user", "dave")]).unwrap();
     }
@@ -354,7 +356,7 @@ fn cost_from_a_header_is_bounded() {
     let config = r#"{"rules":[{"name":"bytes","key":[{"header":"x-user"}],
         "cost":{"header":"x-cost","default":1,"max":4},
         "limit":{"algorithm":"token_bucket","capacity":10,"refill":10,"period":"1h"}}]}"#;
-    let envoy = Envoy::start(&weir(config), 1);
+    let envoy = Envoy::shared(&weir(config), 1);
     let remaining = |cost: &str| {
         let r = get(
             envoy.http_port,
@@ -380,7 +382,7 @@ fn hostile_input_never_panics_and_missing_keys_skip_the_rule() {
     let config = r#"{"rules":[
       {"name":"per-user","key":[{"header":"x-user"}],"limit":{"algorithm":"gcra","rate":1,"period":"1h","burst":1}},
       {"name":"by-query","key":[{"query_param":"tenant"}],"limit":{"algorithm":"sliding_window","limit":1,"window":"1h"}}]}"#;
-    let envoy = Envoy::start(&weir(config), 2);
+    let envoy = Envoy::shared(&weir(config), 2);
     let big = "u".repeat(60 * 1024);
     let binary: Vec<u8> = (0x80u8..=0xff).collect();
     let mut client = Client::connect(envoy.http_port).unwrap();
@@ -549,7 +551,7 @@ fn keys_from_jwt_claims_and_attributes() {
     let bootstrap = Bootstrap::new()
         .http_filter(jwt_authn)
         .http_filter(wasm_filter_yaml(config, &weir_wasm()));
-    let envoy = Envoy::start(&bootstrap, 1);
+    let envoy = Envoy::shared(&bootstrap, 1);
     let token = |sub: &str, org: &str| {
         let payload = format!(
             r#"{{"iss":"weir-test","sub":"{sub}","org":{{"id":"{org}"}},"exp":4102444800}}"#

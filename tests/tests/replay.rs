@@ -90,7 +90,7 @@ fn record(dir: &Path, config: &str, workers: u32, connections: usize) -> Recorde
     let bootstrap = Bootstrap::new()
         .http_filter(wasm_filter_yaml(&served, &weir_wasm()))
         .access_log_json(&log, &format);
-    let envoy = Envoy::start(&bootstrap, workers);
+    let envoy = Envoy::shared(&bootstrap, workers);
     let sent = offer(envoy.http_port, connections);
     let text = read_log(&log, sent);
     let per_worker = envoy.stats_matching("worker_.*downstream_cx_total");
@@ -380,7 +380,7 @@ fn a_concurrency_rule_replayed_from_start_and_duration() {
         .cluster(upstream.cluster_yaml())
         .routes(KneeUpstream::routes_yaml("5s"))
         .access_log_json(&log, &format);
-    let envoy = Envoy::start(&bootstrap, 1);
+    let envoy = Envoy::shared(&bootstrap, 1);
     // Six clients of `heavy` against 3 places; three of `fits` never exceed them.
     let sent = closed_loops(envoy.http_port, &[("heavy", 6), ("fits", 3)], 3.0);
     let text = read_log(&log, sent);
@@ -451,7 +451,7 @@ fn record_fleet(config: &str) -> replay::Log {
                 .http_filter(wasm_filter_yaml(&served, &weir_wasm()))
                 .cluster(bridge_cluster_yaml(bridge.port))
                 .access_log_json(path, &format);
-            Envoy::start(&bootstrap, 2)
+            Envoy::shared(&bootstrap, 2)
         })
         .collect();
     let sent: Vec<usize> = thread::scope(|s| {

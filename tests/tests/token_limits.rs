@@ -26,7 +26,7 @@ fn start(config: &str, upstream: &LlmUpstream, workers: u32) -> Envoy {
         wasm_filter_yaml(&with_stats(config, "detailed"), &weir_wasm()),
         None,
     );
-    Envoy::start(&bootstrap, workers)
+    Envoy::shared(&bootstrap, workers)
 }
 
 /// A tenant's token budget: `limit` (a JSON limit), estimates from `x-estimate` up to
@@ -158,7 +158,7 @@ fn concurrent_requests_never_overrun_the_token_budget() {
     let dir = TestDir::new("token-budget");
     let logs = usage_logs(&dir, 1);
     let filter = wasm_filter_yaml(&with_stats(&config, "detailed"), &weir_wasm());
-    let envoy = Envoy::start(&logs.add_to(0, upstream.bootstrap(filter, None)), 2);
+    let envoy = Envoy::shared(&logs.add_to(0, upstream.bootstrap(filter, None)), 2);
     let chats = concurrent_chats(&[envoy.http_port], false);
     let (used, admitted) = (chats.used, chats.count(200));
     assert_eq!(assert_conformant_at_actual_cost(&config, &logs, 120), used);
@@ -548,7 +548,7 @@ fn a_global_token_budget_holds_across_two_envoys_and_settles_exactly_in_redis() 
     let envoys: Vec<Envoy> = (0..2)
         .map(|i| {
             let filter = wasm_filter_yaml(&with_stats(config, "detailed"), &weir_wasm());
-            Envoy::start(
+            Envoy::shared(
                 &logs.add_to(i, upstream.bootstrap(filter, Some(bridge.port))),
                 2,
             )

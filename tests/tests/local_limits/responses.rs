@@ -10,7 +10,7 @@ fn ietf_headers_on_denials_and_allowed_responses() {
       "response": {"headers_on_allowed": true},
       "rules": [{"name":"per-user","key":[{"header":"x-user"}],
                  "limit":{"algorithm":"gcra","rate":2,"period":"10s","burst":2}}]}"#;
-    let envoy = Envoy::start(&weir(config), 2);
+    let envoy = Envoy::shared(&weir(config), 2);
     let mut client = Client::connect(envoy.http_port).unwrap();
     let mut remaining_seen = Vec::new();
     for _ in 0..3 {
@@ -74,7 +74,7 @@ fn legacy_headers_and_custom_status_and_body() {
                    "body": {"content_type": "text/plain", "text": "slow down"}},
       "rules": [{"name":"per-ip","key":[{"client_ip":{}}],
                  "limit":{"algorithm":"fixed_window","limit":2,"window":"1h"}}]}"#;
-    let envoy = Envoy::start(&weir(config), 1);
+    let envoy = Envoy::shared(&weir(config), 1);
     let first = get(envoy.http_port, "/", &[]).unwrap();
     assert_eq!(first.header("x-ratelimit-limit"), Some("2"));
     assert_eq!(first.header("x-ratelimit-remaining"), Some("1"));
@@ -99,7 +99,7 @@ fn shadow_rules_count_and_log_but_never_deny() {
       "response": {"shadow_header": "x-weir-shadow"},
       "rules": [{"name":"trial","shadow":true,"key":[{"header":"x-user"}],
                  "limit":{"algorithm":"fixed_window","limit":2,"window":"1h"}}]}"#;
-    let envoy = Envoy::start(&weir(config), 2);
+    let envoy = Envoy::shared(&weir(config), 2);
     let mut client = Client::connect(envoy.http_port).unwrap();
     let mut flagged = 0;
     for _ in 0..10 {
@@ -130,7 +130,7 @@ fn shadow_rules_count_and_log_but_never_deny() {
 #[test]
 fn grpc_requests_get_resource_exhausted() {
     let config = r#"{"rules":[{"name":"calls","limit":{"algorithm":"token_bucket","capacity":1,"refill":1,"period":"1h"}}]}"#;
-    let envoy = Envoy::start(&weir(config), 1);
+    let envoy = Envoy::shared(&weir(config), 1);
     let grpc = || {
         Request::post("/pkg.Service/Method", b"\0\0\0\0\0".to_vec())
             .header("content-type", "application/grpc")

@@ -50,7 +50,7 @@ fn a_clamped_request_reaches_the_upstream_with_what_is_left() {
             wasm_filter_yaml(&with_stats(&config, "detailed"), &weir_wasm()),
             global.then_some(bridge.port),
         );
-        let envoy = Envoy::start(&bootstrap, 2);
+        let envoy = Envoy::shared(&bootstrap, 2);
         let mut client = Client::connect(envoy.http_port).unwrap();
         let mut send = |request: Request| {
             let r = client.request(request).unwrap();
@@ -105,7 +105,7 @@ fn clamping_spends_the_budget_that_reservations_leave() {
         let dir = TestDir::new("clamp-budget");
         let logs = Logs::by_response_header(dir.path(), 1, USED_HEADER);
         let filter = wasm_filter_yaml(&with_stats(&config, "detailed"), &weir_wasm());
-        let envoy = Envoy::start(&logs.add_to(0, upstream.bootstrap(filter, None)), 2);
+        let envoy = Envoy::shared(&logs.add_to(0, upstream.bootstrap(filter, None)), 2);
         let used = AtomicU64::new(0);
         let limited = AtomicU64::new(0);
         thread::scope(|s| {
