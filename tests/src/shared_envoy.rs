@@ -14,8 +14,10 @@
 //! plugin's `bridge.cluster`) with it. [`Lease::served_stat`] and [`Lease::test_stat`]
 //! translate stat names both ways, so a test reads the names its bootstrap implies.
 //!
-//! The process is killed (SIGKILL, `PR_SET_PDEATHSIG`) when the test binary exits: it is
-//! spawned from a thread that lives as long as the binary. Its directory,
+//! The process is stopped and reaped when the test binary exits (an `atexit` handler: SIGTERM,
+//! then SIGKILL), so its CPU time counts in the binary's, as an own Envoy's does; if the binary
+//! dies without exiting, `PR_SET_PDEATHSIG` kills it (it is spawned from a thread that lives
+//! as long as the binary). Its directory,
 //! `target/e2e-envoys/<binary pid>-<workers>/`, keeps the log until the next run removes it.
 
 use std::collections::{BTreeMap, HashMap};
@@ -76,6 +78,38 @@ struct Served {
 }
 
 static NEXT_LEASE: AtomicU64 = AtomicU64::new(1);
+
+/// Each shared Envoy's PID and what its waiting thread sets once it has reaped it.
+type Running = (u32, Arc<Mutex<Option<String>>>);
+
+/// The shared Envoys of this binary, for [`stop_shared_envoys`].
+static RUNNING: Mutex<Vec<Running>> = Mutex::new(Vec::new());
+
+/// At the binary's exit: SIGTERM to every shared Envoy, SIGKILL to any still up 5 s later,
+/// and wait until each one's thread has reaped it.
+extern "C" fn stop_shared_envoys() {
+    let running = RUNNING.lock().unwrap_or_else(|e| e.into_inner());
+    let reaped = |exited: &Arc<Mutex<Option<String>>>| {
+        exited.lock().unwrap_or_else(|e| e.into_inner()).is_some()
+    };
+    for signal in [libc::SIGTERM, libc::SIGKILL] {
+        for (pid, exited) in running.iter() {
+            if !reaped(exited) {
+                // SAFETY: kill(2) has no memory-safety preconditions; the PID is our child,
+                // not reaped yet (its thread sets `exited` when it is).
+                unsafe { libc::kill(*pid as libc::pid_t, signal) };
+            }
+        }
+        let all_reaped = || running.iter().all(|(_, exited)| reaped(exited));
+        if wait_for(Duration::from_secs(5), Duration::from_millis(10), || {
+            all_reaped().then_some(())
+        })
+        .is_some()
+        {
+            return;
+        }
+    }
+}
 
 fn pool() -> &'static Mutex<HashMap<u32, Arc<SharedProcess>>> {
     static POOL: OnceLock<Mutex<HashMap<u32, Arc<SharedProcess>>>> = OnceLock::new();
@@ -384,10 +418,21 @@ dynamic_resources:
                 }
             })
             .expect("spawn the shared Envoy's thread");
-        let spawned = spawned.recv().expect("the shared Envoy's thread answers");
-        if let Err(e) = spawned {
-            panic!("cannot start the shared Envoy ({}): {e}", bin.display());
-        }
+        let pid = match spawned.recv().expect("the shared Envoy's thread answers") {
+            Ok(pid) => pid,
+            Err(e) => panic!("cannot start the shared Envoy ({}): {e}", bin.display()),
+        };
+        RUNNING
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((pid, exited.clone()));
+        static AT_EXIT: std::sync::Once = std::sync::Once::new();
+        AT_EXIT.call_once(|| {
+            // SAFETY: registers a function that takes no arguments and never unwinds out.
+            if unsafe { libc::atexit(stop_shared_envoys) } != 0 {
+                eprintln!("weir-e2e: atexit failed: the shared Envoys die with the binary");
+            }
+        });
         let process = SharedProcess {
             admin_port,
             dir,
