@@ -52,13 +52,15 @@ SUITE = [
     # sooner. They then fill the cores beside the timed ones.
     ("oci-bridge", WORK, ["build-timed-tests"]),
     ("test-images", TIMED, ["build", "oci-bridge", "build-timed-tests"]),
-    # `lint`'s native half is in build-tests (clippy compiles the workspace's crates there).
-    ("lint-wasm", WORK, ["build-tests"]),
     ("test-core-built", WORK, ["build-tests"]),
     ("test-bench", WORK, ["build-tests"]),
     ("wasm-bindgen-runner", WORK, ["build-timed-tests"]),
     ("build-core-wasm-tests", WORK, ["build-tests"]),
     ("test-wasm", WORK, ["wasm-bindgen-runner", "build-core-wasm-tests"]),
+    # `lint`'s native half is in build-tests (clippy compiles the workspace's crates there).
+    # Last: once the timed recipes end it runs beside the wasm tests, where only they were
+    # left on one core (CI of 179133a: its last 45 s kept 1.2 cores busy).
+    ("lint-wasm", WORK, ["build-tests"]),
     ("validate-yaml", WORK, ["build"]),
     ("test-alerts", WORK, []),
 ]
