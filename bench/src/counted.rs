@@ -158,7 +158,12 @@ fn finish(envoy: &mut Envoy, context: u32) -> bool {
     if answered_here {
         envoy.deliver_local_reply(context);
     } else {
-        envoy.respond(context, 200, &[], weir_e2e::envoy::DEFAULT_BODY.as_bytes());
+        envoy.respond(
+            context,
+            200,
+            &[],
+            weir_e2e::bootstrap::DEFAULT_BODY.as_bytes(),
+        );
     }
     envoy.close(context);
     answered_here
@@ -247,7 +252,12 @@ pub fn trace_call(scenario: Scenario) -> Option<CallTrace> {
     let (status, reply) = model_answer(&mut bridge, &call.body, envoy.now_us());
     envoy.answer(call.token, status, &reply);
     step(&envoy, "on_http_call_response");
-    envoy.respond(context, 200, &[], weir_e2e::envoy::DEFAULT_BODY.as_bytes());
+    envoy.respond(
+        context,
+        200,
+        &[],
+        weir_e2e::bootstrap::DEFAULT_BODY.as_bytes(),
+    );
     step(&envoy, "on_response_headers, on_response_body");
     envoy.close(context);
     step(&envoy, "on_done, on_delete");

@@ -29,6 +29,7 @@
 //!
 //! Everything is blocking std code (no async runtime): tests are sequences of real requests.
 
+pub mod bootstrap;
 pub mod bridge;
 pub mod decisions;
 pub mod envoy;
@@ -57,14 +58,14 @@ pub mod shared_envoy;
 pub mod slow_proxy;
 pub mod wasm;
 
+pub use bootstrap::{
+    shipped_plugin_config, shipped_stats_config, wasm_filter_yaml, with_stats, Bootstrap,
+};
 pub use bridge::{
     bridge_bin, bridge_cluster_yaml, bridge_cluster_yaml_with, prometheus_sum,
     shipped_bridge_cluster_yaml, Bridge, BridgeProtocol,
 };
-pub use envoy::{
-    parse_stats, shipped_plugin_config, shipped_stats_config, wasm_filter_yaml, with_stats,
-    Bootstrap, Envoy, WEIR_STATS_LAG,
-};
+pub use envoy::{parse_stats, Envoy, WEIR_STATS_LAG};
 pub use http::{get, send, Client, Request, Response};
 pub use knee_upstream::KneeUpstream;
 pub use llm_upstream::LlmUpstream;

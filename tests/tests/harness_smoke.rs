@@ -27,7 +27,7 @@ fn envoy_without_filters_serves_reports_stats_and_dies_by_pid() {
 
     let r = get(envoy.http_port, "/anything", &[("x-user", "alice")]).unwrap();
     assert_eq!(r.status, 200);
-    assert_eq!(r.text(), weir_e2e::envoy::DEFAULT_BODY);
+    assert_eq!(r.text(), weir_e2e::bootstrap::DEFAULT_BODY);
 
     // Keep-alive: three requests, one connection.
     let mut c = Client::connect(envoy.http_port).unwrap();
