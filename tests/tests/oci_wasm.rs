@@ -195,8 +195,8 @@ fn registry_round_trip_by_digest() {
 }
 
 /// Every shipped WasmPlugin that pulls an image pins it by digest, in the url and in `sha256`
-/// alike (tests/src/istio.rs holds them equal, as istio-agent does), and names the repository
-/// `just oci-wasm` prints the push command for.
+/// alike (tests/src/istio/plugins.rs holds them equal, as istio-agent does), and names the
+/// repository `just oci-wasm` prints the push command for.
 #[test]
 fn shipped_oci_plugins_pin_the_image_digest() {
     let pinned: Vec<_> = weir_e2e::istio::shipped()
