@@ -367,7 +367,7 @@ mod tests {
         assert!(weir_core::wire::v2::Request::parse(floor_body.as_bytes()).is_ok());
     }
 
-    /// The page's reading of a bridge call (page.rs, `BRIDGE_CALL_READING`) walks
+    /// The page's reading of a bridge call (page/bridge_call.rs, `BRIDGE_CALL_READING`) walks
     /// through these calls: a change to them must change it too.
     #[test]
     fn an_exact_bridge_call_makes_the_host_calls_the_page_describes() {

@@ -1,5 +1,5 @@
 //! Medians, ratios, targets, and what `results.json` holds (every sample). The page is
-//! `page.rs`. Nothing here measures; every figure comes from the run.
+//! `page/`. Nothing here measures; every figure comes from the run.
 
 use crate::accuracy::{self, Mode, PacedRun};
 use std::collections::BTreeMap;
