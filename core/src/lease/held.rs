@@ -167,15 +167,23 @@ impl Held {
     }
 }
 
-/// A [`Held`] of `count` units, the first due at `due_us`, each next `spacing_us` later,
-/// each valid `window_us` (the tests' shorthand).
+/// The lease tests' instants and shorthand.
 #[cfg(test)]
-pub(super) fn held(count: u64, due_us: u64, spacing_us: u64, window_us: u64) -> Held {
-    Held {
-        count,
-        next_due_ns: due_us * 1_000,
-        spacing_ns: spacing_us * 1_000,
-        window_us,
+pub(super) mod fixtures {
+    use super::Held;
+
+    pub const NOW: u64 = 1_700_000_000_000_000;
+    pub const MS: u64 = 1_000;
+
+    /// A [`Held`] of `count` units, the first due at `due_us`, each next `spacing_us`
+    /// later, each valid `window_us`.
+    pub fn held(count: u64, due_us: u64, spacing_us: u64, window_us: u64) -> Held {
+        Held {
+            count,
+            next_due_ns: due_us * 1_000,
+            spacing_ns: spacing_us * 1_000,
+            window_us,
+        }
     }
 }
 
@@ -184,10 +192,8 @@ mod tests {
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
+    use super::fixtures::{held, MS, NOW};
     use super::*;
-
-    const NOW: u64 = 1_700_000_000_000_000;
-    const MS: u64 = 1_000;
 
     #[test]
     fn replies_are_anchored_so_no_unit_leaves_its_window() {

@@ -315,11 +315,8 @@ mod tests {
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
-    use super::held::held;
+    use super::held::fixtures::{held, MS, NOW};
     use super::*;
-
-    const NOW: u64 = 1_700_000_000_000_000;
-    const MS: u64 = 1_000;
 
     #[test]
     fn slots_round_trip_through_words() {
