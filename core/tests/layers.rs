@@ -173,6 +173,31 @@ fn filter_files_only_use_lower_files() {
     check_files("filter", &declared_files("src/filter/mod.rs"));
 }
 
+/// The sources of one file of a module, or of each file of a folder of it, with what their
+/// `super::` is written as when it names the module's root.
+fn sources_of(path: &Path) -> Vec<(String, &'static str)> {
+    if !path.is_dir() {
+        return vec![(std::fs::read_to_string(path).unwrap(), "super::")];
+    }
+    let mut files: Vec<PathBuf> = std::fs::read_dir(path)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "rs"))
+        .collect();
+    files.sort();
+    files
+        .iter()
+        .map(|file| {
+            let root = if file.ends_with("mod.rs") {
+                "super::"
+            } else {
+                "super::super::"
+            };
+            (std::fs::read_to_string(file).unwrap(), root)
+        })
+        .collect()
+}
+
 /// Every use between two files of `core/src/<module>/`, checked against `layers`.
 fn check_files(module: &str, layers: &[String]) {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -195,9 +220,13 @@ fn check_files(module: &str, layers: &[String]) {
             ));
             continue;
         };
-        let source = std::fs::read_to_string(path).unwrap();
-        let mut used = named_after(&source, "super::");
-        used.extend(named_after(&source, &format!("crate::{module}::")));
+        // A file's `super::` is the module's root; a folder's (`metrics/`) files are one
+        // file of the module: its `mod.rs` as a file, the others one level further down.
+        let mut used = BTreeSet::new();
+        for (source, parent) in sources_of(path) {
+            used.extend(named_after(&source, parent));
+            used.extend(named_after(&source, &format!("crate::{module}::")));
+        }
         for used in used {
             match rank(&used) {
                 Some(r) if r < own => {}
