@@ -10,7 +10,7 @@ use crate::bootstrap::Bootstrap;
 use crate::http::{self, Request, Response};
 use crate::prereq::envoy_bin;
 use crate::process::{wait_for, Child, TestDir};
-use crate::shared_envoy::Lease;
+use crate::shared_envoy::{Lease, Sharing};
 
 /// How long Envoy gets to become LIVE (or, in `start_expect_failure`, to exit).
 pub const START_TIMEOUT: Duration = Duration::from_secs(20);
@@ -142,6 +142,17 @@ impl Envoy {
     /// process (`pid`, `kill`, `memory_rss`, `is_running`, `dir`) panics: a test that needs
     /// it, a bootstrap-level setting or a config Envoy must refuse, starts its own.
     pub fn shared(bootstrap: &Bootstrap, concurrency: u32) -> Envoy {
+        Envoy::leased(bootstrap, concurrency, Sharing::Shared)
+    }
+
+    /// [`Envoy::shared`], on a process that serves this test's listener alone while it
+    /// lasts (reused by the next such test): for tests that hold Envoy to instants, which
+    /// another test's traffic on the same workers would shift.
+    pub fn alone(bootstrap: &Bootstrap, concurrency: u32) -> Envoy {
+        Envoy::leased(bootstrap, concurrency, Sharing::Alone)
+    }
+
+    fn leased(bootstrap: &Bootstrap, concurrency: u32, sharing: Sharing) -> Envoy {
         assert!(
             bootstrap.stats_config.is_none(),
             "a stats_config is the bootstrap's, not a listener's: use Envoy::start"
@@ -155,7 +166,7 @@ impl Envoy {
             .as_array()
             .cloned()
             .unwrap_or_default();
-        let lease = crate::shared_envoy::lease(listener, clusters, concurrency);
+        let lease = crate::shared_envoy::lease(listener, clusters, concurrency, sharing);
         Envoy {
             http_port: bootstrap.http_port,
             admin_port: lease.admin_port,

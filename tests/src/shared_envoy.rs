@@ -18,7 +18,9 @@
 //! then SIGKILL), so its CPU time counts in the binary's, as an own Envoy's does; if the binary
 //! dies without exiting, `PR_SET_PDEATHSIG` kills it (it is spawned from a thread that lives
 //! as long as the binary). Its directory,
-//! `target/e2e-envoys/<binary pid>-<workers>/`, keeps the log until the next run removes it.
+//! `target/e2e-envoys/<binary pid>-<workers>-<n>/`, keeps the log until the next run removes
+//! it. A test that holds Envoy to instants leases a process alone ([`Sharing::Alone`]): one
+//! that no other lease holds meanwhile, reused by the next such test.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs;
@@ -56,10 +58,24 @@ pub struct Lease {
     /// Where the shared log was when the lease began: [`Lease::log`] starts there.
     log_offset: u64,
     pub admin_port: u16,
+    /// The process serves this lease alone, and goes back to the idle ones when it ends.
+    alone: bool,
+}
+
+/// Whether a lease shares its Envoy's workers with other tests' listeners.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sharing {
+    /// Beside every other shared lease of the same worker count.
+    Shared,
+    /// Alone while it lasts, on a process that other such leases used before (or a new one
+    /// when all are busy): for tests that hold Envoy to instants, which another test's
+    /// traffic on the same workers would shift.
+    Alone,
 }
 
 #[derive(Debug)]
 struct SharedProcess {
+    concurrency: u32,
     admin_port: u16,
     dir: PathBuf,
     log_path: PathBuf,
@@ -116,14 +132,31 @@ fn pool() -> &'static Mutex<HashMap<u32, Arc<SharedProcess>>> {
     POOL.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
+/// The processes for [`Sharing::Alone`] leases that no lease holds now, by worker count.
+fn idle() -> &'static Mutex<HashMap<u32, Vec<Arc<SharedProcess>>>> {
+    static IDLE: OnceLock<Mutex<HashMap<u32, Vec<Arc<SharedProcess>>>>> = OnceLock::new();
+    IDLE.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
 /// Serves `listener` (a `static_resources` listener of the test's bootstrap) and `clusters`
-/// on the shared Envoy with `concurrency` workers, started on first use.
-pub fn lease(listener: Value, clusters: Vec<Value>, concurrency: u32) -> Lease {
-    let process = {
-        let mut pool = pool().lock().unwrap_or_else(|e| e.into_inner());
-        pool.entry(concurrency)
-            .or_insert_with(|| Arc::new(SharedProcess::start(concurrency)))
-            .clone()
+/// on a shared Envoy with `concurrency` workers, started on first use.
+pub fn lease(listener: Value, clusters: Vec<Value>, concurrency: u32, sharing: Sharing) -> Lease {
+    let process = match sharing {
+        Sharing::Shared => {
+            let mut pool = pool().lock().unwrap_or_else(|e| e.into_inner());
+            pool.entry(concurrency)
+                .or_insert_with(|| Arc::new(SharedProcess::start(concurrency)))
+                .clone()
+        }
+        Sharing::Alone => {
+            let reused = idle()
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .entry(concurrency)
+                .or_default()
+                .pop();
+            reused.unwrap_or_else(|| Arc::new(SharedProcess::start(concurrency)))
+        }
     };
     process.assert_running();
     let id = NEXT_LEASE.fetch_add(1, Ordering::Relaxed);
@@ -216,6 +249,7 @@ pub fn lease(listener: Value, clusters: Vec<Value>, concurrency: u32) -> Lease {
         clusters: cluster_names,
         listener_stats,
         log_offset,
+        alone: sharing == Sharing::Alone,
     }
 }
 
@@ -333,8 +367,20 @@ impl Drop for Lease {
                 served.clusters.remove(cluster);
             }
         });
-        if let Err(why) = removed {
-            eprintln!("weir-e2e: could not remove listener {name} from the shared Envoy: {why}");
+        match removed {
+            Err(why) => {
+                eprintln!("weir-e2e: could not remove listener {name} from the shared Envoy: {why}")
+            }
+            Ok(()) if self.alone && self.process.exit_status().is_none() => {
+                let concurrency = self.process.concurrency;
+                idle()
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .entry(concurrency)
+                    .or_default()
+                    .push(self.process.clone());
+            }
+            Ok(()) => {}
         }
     }
 }
@@ -344,7 +390,9 @@ impl SharedProcess {
         let bin = envoy_bin();
         let root = repo_root().join("target/e2e-envoys");
         remove_stale(&root);
-        let dir = root.join(format!("{}-{concurrency}", std::process::id()));
+        static STARTED: AtomicU64 = AtomicU64::new(0);
+        let n = STARTED.fetch_add(1, Ordering::Relaxed);
+        let dir = root.join(format!("{}-{concurrency}-{n}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
         fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
         let admin_port = free_port();
@@ -434,6 +482,7 @@ dynamic_resources:
             }
         });
         let process = SharedProcess {
+            concurrency,
             admin_port,
             dir,
             log_path,

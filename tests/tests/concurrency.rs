@@ -30,7 +30,7 @@ fn start(config: &str, upstream: &KneeUpstream, route_timeout: &str, workers: u3
         .http_filter(wasm_filter_yaml(config, &weir_wasm()))
         .cluster(upstream.cluster_yaml())
         .routes(KneeUpstream::routes_yaml(route_timeout));
-    Envoy::shared(&bootstrap, workers)
+    Envoy::alone(&bootstrap, workers)
 }
 
 /// docs/algorithms.md "Concurrency limits", as written there: 5 in flight per tenant.
@@ -317,7 +317,7 @@ fn per_key_adaptive_limits_follow_each_tenants_own_service() {
         .cluster(wide.cluster_yaml_named("wide"))
         .cluster(narrow.cluster_yaml_named("narrow"))
         .routes(routes);
-    let envoy = Envoy::shared(&bootstrap, 2);
+    let envoy = Envoy::alone(&bootstrap, 2);
     let port = envoy.http_port;
     // Every response names its key's limit (`headers_on_allowed`).
     let load = |tenant: &str, clients: usize, secs: f64| {
@@ -387,7 +387,7 @@ fn local_replies_are_not_sampled_by_an_adaptive_rule() {
         .http_filter(wasm_filter_yaml(config, &weir_wasm()))
         .cluster(upstream.cluster_yaml())
         .routes(routes);
-    let envoy = Envoy::shared(&bootstrap, 2);
+    let envoy = Envoy::alone(&bootstrap, 2);
     let sample = || {
         envoy
             .stat("wasmcustom.weir.weir.rule.service.latency_sample_us")

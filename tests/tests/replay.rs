@@ -3,10 +3,10 @@
 //! runs), predicts the recorded decisions; a tightened config predicts more 429s where
 //! the traffic is heavy.
 //!
-//! Each test records on an Envoy of its own, not on the binary's shared one: a replay
-//! decides each request at the instant its log line says it started, and another test's
-//! traffic on the same workers delays when Envoy decides (in CI of 80c8b96 the delaying
-//! rule's replay agreed on 296 of 310 decisions there, against 310 of 310 alone).
+//! Each test records on an Envoy that serves it alone (`Envoy::alone`), not beside other
+//! tests' listeners: a replay decides each request at the instant its log line says it
+//! started, and another test's traffic on the same workers delays when Envoy decides (in CI
+//! of 80c8b96 the delaying rule's replay agreed on 296 of 310 decisions so).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -95,7 +95,7 @@ fn record(dir: &Path, config: &str, workers: u32, connections: usize) -> Recorde
     let bootstrap = Bootstrap::new()
         .http_filter(wasm_filter_yaml(&served, &weir_wasm()))
         .access_log_json(&log, &format);
-    let envoy = Envoy::start(&bootstrap, workers);
+    let envoy = Envoy::alone(&bootstrap, workers);
     let sent = offer(envoy.http_port, connections);
     let text = read_log(&log, sent);
     let per_worker = envoy.stats_matching("worker_.*downstream_cx_total");
@@ -385,7 +385,7 @@ fn a_concurrency_rule_replayed_from_start_and_duration() {
         .cluster(upstream.cluster_yaml())
         .routes(KneeUpstream::routes_yaml("5s"))
         .access_log_json(&log, &format);
-    let envoy = Envoy::start(&bootstrap, 1);
+    let envoy = Envoy::alone(&bootstrap, 1);
     // Six clients of `heavy` against 3 places; three of `fits` never exceed them.
     let sent = closed_loops(envoy.http_port, &[("heavy", 6), ("fits", 3)], 3.0);
     let text = read_log(&log, sent);
@@ -456,7 +456,7 @@ fn record_fleet(config: &str) -> replay::Log {
                 .http_filter(wasm_filter_yaml(&served, &weir_wasm()))
                 .cluster(bridge_cluster_yaml(bridge.port))
                 .access_log_json(path, &format);
-            Envoy::start(&bootstrap, 2)
+            Envoy::alone(&bootstrap, 2)
         })
         .collect();
     let sent: Vec<usize> = thread::scope(|s| {
