@@ -440,6 +440,11 @@ pub fn parse_stats(text: &str) -> BTreeMap<String, u64> {
         .collect()
 }
 
+/// Admin `/stats?filter=` matching exactly the stat `name`, percent-encoded.
+pub(crate) fn stats_filter(name: &str) -> String {
+    pct_encode(&format!("^{}$", regex_escape(name)))
+}
+
 fn regex_escape(s: &str) -> String {
     let mut out = String::with_capacity(s.len() + 8);
     for c in s.chars() {

@@ -33,6 +33,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+use crate::envoy::stats_filter;
 use crate::http;
 use crate::ports::free_port;
 use crate::prereq::{envoy_bin, repo_root};
@@ -349,11 +350,6 @@ impl Lease {
         let start = usize::try_from(self.log_offset).unwrap_or(usize::MAX);
         text.get(start..).unwrap_or(&text).to_string()
     }
-
-    /// Where the shared Envoy keeps its bootstrap, resources and log.
-    pub fn process_dir(&self) -> &Path {
-        &self.process.dir
-    }
 }
 
 impl Drop for Lease {
@@ -607,7 +603,7 @@ dynamic_resources:
     fn counter(&self, name: &str) -> u64 {
         http::get(
             self.admin_port,
-            &format!("/stats?filter=^{}$", name.replace('.', "%5C.")),
+            &format!("/stats?filter={}", stats_filter(name)),
             &[],
         )
         .ok()
