@@ -1,5 +1,11 @@
 //! One request's decision, carried out.
 //!
+//! A request passes through the states of [`Stage`]: its rules are evaluated when its
+//! headers are in, or once its body is (a rule estimates its cost from it); a rule that
+//! needs Redis makes it wait on a bridge call, and a delaying rule holds it; in the end
+//! it is admitted, with what its rules counted settling as its response ends, or
+//! answered here.
+//!
 //! `on_request_headers` asks the core's engine. Local rules and global rules served from
 //! what this Envoy holds (a lease, a reservation, a cached denial) are decided at once.
 //! Global rules that need Redis either wait for a call of this VM already asking about
@@ -50,31 +56,52 @@ pub enum BodyAction {
     Hold = 2,
 }
 
-/// One request's context: where its evaluation is while it waits, and what it does with
-/// the response.
+/// One request's context: where it is on its way to a decision ([`Stage`]), what it read
+/// ahead of it, and what it does with the response.
 pub struct Request {
     context_id: u32,
     plugin: Option<Rc<Plugin>>,
-    /// The evaluation of a request waiting on another request's call, and that call.
-    waiting: Option<(u32, Evaluation)>,
-    /// The evaluation of a request a rule holds (`on_limit.delay`) until it is due.
-    held: Option<Evaluation>,
+    stage: Stage,
+    /// What the request read before its rules were decided, kept until they are: from
+    /// the moment its headers go on to wait for its body.
+    read_ahead: Option<ReadAhead>,
     /// What the request is answered, or the headers the upstream's response gets.
     reply: Reply,
-    /// Costs and places to settle when the response ends.
-    settlements: Settlements,
-    /// A rule estimates this request's cost from its body: the decision waits for the
-    /// body, buffered by Envoy up to this many bytes.
-    reading_body: Option<usize>,
-    /// What was read of the request body, kept until the request is decided.
-    request_body: BodySeen,
-    /// What the request body read for an estimate keeps of its VM's
-    /// `max_buffered_bytes`.
-    request_body_kept: Buffered,
-    /// The request's facts, read before its headers went on to wait for its body.
-    read_facts: Option<ReadFacts>,
-    /// Its own bridge call is in flight: the request waits for the answer.
-    calling: bool,
+}
+
+/// Where a request is on its way to a decision. Each state holds what only it needs:
+///
+/// ```text
+/// Deciding ─▶ ReadingBody ─▶ Deciding
+/// Deciding ─▶ Calling | Waiting | Held ─▶ Deciding     (an answer, a landed call, a due slot)
+/// Deciding ─▶ Admitted (settles as its response ends) | Answered (denied here)
+/// ```
+enum Stage {
+    /// Its rules are about to be evaluated, or are being evaluated: the state a request
+    /// starts in, and passes through between the others.
+    Deciding,
+    /// A rule estimates its cost from its body: the decision waits for the body,
+    /// buffered by Envoy up to `max_bytes`.
+    ReadingBody { max_bytes: usize },
+    /// Its own bridge call is in flight (the evaluation travels with the call).
+    Calling,
+    /// It waits on another request's bridge call, `flight`, for its pending rules.
+    Waiting { flight: u32, eval: Evaluation },
+    /// A rule holds it (`on_limit.delay`) until its slot is due.
+    Held(Evaluation),
+    /// Admitted: what its rules counted settles as its response ends.
+    Admitted(Settlements),
+    /// Denied, answered here: nothing of it reached the upstream, nothing is left to settle.
+    Answered,
+}
+
+/// What a request read ahead of its decision, while the host still had it: its facts as
+/// its headers stood, and its body for a cost estimate.
+struct ReadAhead {
+    facts: ReadFacts,
+    body: BodySeen,
+    /// What the body keeps of its VM's `max_buffered_bytes`.
+    kept: Buffered,
 }
 
 /// The request body as read for a cost estimate.
@@ -99,30 +126,52 @@ impl Request {
         Request {
             context_id,
             plugin,
-            waiting: None,
-            held: None,
+            stage: Stage::Deciding,
+            read_ahead: None,
             reply: Reply::new(context_id),
-            settlements: Settlements::default(),
-            reading_body: None,
-            request_body: BodySeen::Absent,
-            request_body_kept: Buffered::default(),
-            read_facts: None,
-            calling: false,
         }
     }
 
     /// Its rules are not all decided yet: it waits for a bridge call (its own or
     /// another's), or a rule holds it.
     fn undecided(&self) -> bool {
-        self.calling || self.waiting.is_some() || self.held.is_some()
+        matches!(
+            self.stage,
+            Stage::Calling | Stage::Waiting { .. } | Stage::Held(_)
+        )
+    }
+
+    /// The evaluation a rule holds, taken out (the request is deciding again).
+    fn take_held(&mut self) -> Option<Evaluation> {
+        match std::mem::replace(&mut self.stage, Stage::Deciding) {
+            Stage::Held(eval) => Some(eval),
+            other => {
+                self.stage = other;
+                None
+            }
+        }
+    }
+
+    /// The evaluation waiting on another request's call, taken out.
+    fn take_waiting(&mut self) -> Option<Evaluation> {
+        match std::mem::replace(&mut self.stage, Stage::Deciding) {
+            Stage::Waiting { eval, .. } => Some(eval),
+            other => {
+                self.stage = other;
+                None
+            }
+        }
     }
 
     /// This request's facts: from the host, or as read before its headers went on.
     fn facts<'a, H: Host>(&'a self, host: &'a H) -> RequestFacts<'a, H> {
         RequestFacts {
             host,
-            body: self.request_body.as_request_body(),
-            read: self.read_facts.as_ref(),
+            body: self
+                .read_ahead
+                .as_ref()
+                .map_or(RequestBody::Absent, |read| read.body.as_request_body()),
+            read: self.read_ahead.as_ref().map(|read| &read.facts),
         }
     }
 
@@ -171,8 +220,12 @@ impl Request {
             // paused header callback into "stop everything", body callbacks included, so
             // the body could never be read. The upstream sees the headers; a request
             // denied on its body is reset before its body is sent.
-            self.reading_body = Some(max_bytes);
-            self.read_facts = Some(ReadFacts::now(host, &plugin.engine.config.facts));
+            self.stage = Stage::ReadingBody { max_bytes };
+            self.read_ahead = Some(ReadAhead {
+                facts: ReadFacts::now(host, &plugin.engine.config.facts),
+                body: BodySeen::Absent,
+                kept: Buffered::default(),
+            });
             return Action::Continue;
         }
         self.decide(host, &plugin)
@@ -192,7 +245,7 @@ impl Request {
         let Some(plugin) = self.plugin.clone() else {
             return BodyAction::Continue;
         };
-        let Some(max_bytes) = self.reading_body else {
+        let Stage::ReadingBody { max_bytes } = self.stage else {
             return if self.undecided() {
                 BodyAction::Hold
             } else {
@@ -200,24 +253,40 @@ impl Request {
             };
         };
         if size > max_bytes {
-            self.request_body = BodySeen::TooLarge;
+            self.set_body(BodySeen::TooLarge);
         } else if end_of_stream {
-            self.request_body = self.read_request_body(host, &plugin, size, max_bytes);
+            self.read_request_body(host, &plugin, size, max_bytes);
         } else {
             return BodyAction::Read;
         }
-        self.reading_body = None;
-        match self.decide(host, &plugin) {
+        self.stage = Stage::Deciding;
+        let action = self.decide(host, &plugin);
+        // Still undecided, the body read whole (a decided request has dropped it).
+        let body_read = matches!(
+            self.read_ahead,
+            Some(ReadAhead {
+                body: BodySeen::Complete(_),
+                ..
+            })
+        );
+        match action {
             Action::Continue => BodyAction::Continue,
             // Waiting on the bridge, with the whole body read: Envoy keeps buffering it,
             // for a clamp may rewrite it when the answer comes. Envoy's Wasm host lets a
             // later callback reach the body only when the last body callback buffered
             // it: after `StopIterationAndWatermark` it points at a piece that is gone,
             // and rewriting it crashes Envoy (1.40, a segmentation fault).
-            Action::Pause if matches!(self.request_body, BodySeen::Complete(_)) => BodyAction::Read,
+            Action::Pause if body_read => BodyAction::Read,
             // Waiting or held with a body too large to read (it is never touched
             // again), or answered here: the body stays where it is.
             Action::Pause => BodyAction::Hold,
+        }
+    }
+
+    /// What was read of the body, for the estimate.
+    fn set_body(&mut self, body: BodySeen) {
+        if let Some(read) = &mut self.read_ahead {
+            read.body = body;
         }
     }
 
@@ -229,31 +298,32 @@ impl Request {
         plugin: &Plugin,
         size: usize,
         max_bytes: usize,
-    ) -> BodySeen {
+    ) {
+        let Some(read) = &mut self.read_ahead else {
+            return;
+        };
         let mut budget = plugin.buffers.borrow_mut();
-        if !self.request_body_kept.grow_to(&mut budget, size) {
+        if !read.kept.grow_to(&mut budget, size) {
             plugin.metrics.buffer_full();
-            return BodySeen::TooLarge;
+            read.body = BodySeen::TooLarge;
+            return;
         }
-        let body = match host.request_body(size) {
+        read.body = match host.request_body(size) {
             Ok(Some(bytes)) if bytes.len() > max_bytes => BodySeen::TooLarge,
             Ok(Some(bytes)) => BodySeen::Complete(bytes),
             _ => BodySeen::Absent,
         };
-        let kept = match &body {
+        let kept = match &read.body {
             BodySeen::Complete(bytes) => bytes.len(),
             _ => 0,
         };
-        self.request_body_kept.grow_to(&mut budget, kept);
-        body
+        read.kept.grow_to(&mut budget, kept);
     }
 
-    /// Forgets the request body read for an estimate, and gives its bytes back.
-    fn drop_request_body(&mut self) {
-        self.request_body = BodySeen::Absent;
-        if let Some(plugin) = &self.plugin {
-            self.request_body_kept
-                .release(&mut plugin.buffers.borrow_mut());
+    /// Forgets what was read ahead of the decision, and gives the body's bytes back.
+    fn drop_read_ahead(&mut self) {
+        if let (Some(mut read), Some(plugin)) = (self.read_ahead.take(), &self.plugin) {
+            read.kept.release(&mut plugin.buffers.borrow_mut());
         }
     }
 
@@ -263,16 +333,15 @@ impl Request {
         let Some(plugin) = self.plugin.clone() else {
             return Action::Continue;
         };
-        let Some(max_bytes) = self.reading_body else {
+        let Stage::ReadingBody { max_bytes } = self.stage else {
             return if self.undecided() {
                 Action::Pause
             } else {
                 Action::Continue
             };
         };
-        self.request_body =
-            self.read_request_body(host, &plugin, max_bytes.saturating_add(1), max_bytes);
-        self.reading_body = None;
+        self.read_request_body(host, &plugin, max_bytes.saturating_add(1), max_bytes);
+        self.stage = Stage::Deciding;
         self.decide(host, &plugin)
     }
 
@@ -295,7 +364,7 @@ impl Request {
     /// rules go on from the one that held it, and the request is resumed, answered, or
     /// held again (its release came too late for its slot).
     pub fn on_hold_due<H: Host>(&mut self, host: &H, now: Micros) {
-        let (Some(plugin), Some(mut eval)) = (self.plugin.clone(), self.held.take()) else {
+        let (Some(plugin), Some(mut eval)) = (self.plugin.clone(), self.take_held()) else {
             return;
         };
         let engine = &plugin.engine;
@@ -318,7 +387,7 @@ impl Request {
     /// The plugin goes away while this request is held: it is answered as limited, with
     /// the time it would have waited as its retry.
     pub fn on_plugin_done<H: Host>(&mut self, host: &H, now: Micros) {
-        let (Some(plugin), Some(mut eval)) = (self.plugin.clone(), self.held.take()) else {
+        let (Some(plugin), Some(mut eval)) = (self.plugin.clone(), self.take_held()) else {
             return;
         };
         if let Some(held) = &eval.held {
@@ -358,7 +427,7 @@ impl Request {
             };
         }
         plugin.metrics.delay_held(held.rule);
-        self.held = Some(eval);
+        self.stage = Stage::Held(eval);
         plugin.adjust_tick(host);
         Action::Pause
     }
@@ -366,7 +435,7 @@ impl Request {
     /// The answer to this request's own bridge call, with its evaluation completed. The
     /// request is paused: resume it, unless it was answered here.
     pub fn on_own_call_answered<H: Host>(&mut self, host: &H, eval: Evaluation, now: Micros) {
-        self.calling = false;
+        self.stage = Stage::Deciding;
         let Some(plugin) = self.plugin.clone() else {
             return;
         };
@@ -379,7 +448,7 @@ impl Request {
     /// table. Look again; ask the bridge only if this request still misses, then for the
     /// `waiting` requests of that call that have not looked again yet, itself included.
     pub fn on_flight_landed<H: Host>(&mut self, host: &H, now: Micros, waiting: u64) {
-        let (Some(plugin), Some((_, mut eval))) = (self.plugin.clone(), self.waiting.take()) else {
+        let (Some(plugin), Some(mut eval)) = (self.plugin.clone(), self.take_waiting()) else {
             return;
         };
         plugin.engine.revisit(&mut eval, host, now, waiting);
@@ -391,36 +460,41 @@ impl Request {
     /// The request is gone: stop waiting on a call, or leave the held requests (the
     /// slot it was given is not handed back: it counts as admitted).
     pub fn on_delete<H: Host>(&mut self, host: &H) {
-        self.drop_request_body();
-        // A response that never ended (reset, aborted): what is still open settles with
-        // the usage its body reported before it was cut, or else keeps its estimate (the
-        // client chooses when it hangs up).
-        if let Some(plugin) = &self.plugin {
-            if !self.settlements.is_empty() {
-                self.settlements.settle_all(host, plugin, false);
+        self.drop_read_ahead();
+        let Some(plugin) = &self.plugin else {
+            return;
+        };
+        match &mut self.stage {
+            // A response that never ended (reset, aborted): what is still open settles
+            // with the usage its body reported before it was cut, or else keeps its
+            // estimate (the client chooses when it hangs up).
+            Stage::Admitted(settlements) if !settlements.is_empty() => {
+                settlements.settle_all(host, plugin, false);
             }
-        }
-        if let (Some(plugin), Some((token, eval))) = (&self.plugin, &self.waiting) {
-            plugin
-                .flights
-                .borrow_mut()
-                .forget_waiter(*token, self.context_id);
-            // What rules before the global ones counted: the request never reached the
-            // upstream (a concurrency rule's place is given back).
-            for commit in &eval.commits {
-                settle(host, plugin, self.context_id, commit, None);
+            Stage::Waiting { flight, eval } => {
+                plugin
+                    .flights
+                    .borrow_mut()
+                    .forget_waiter(*flight, self.context_id);
+                // What rules before the global ones counted: the request never reached
+                // the upstream (a concurrency rule's place is given back).
+                for commit in &eval.commits {
+                    settle(host, plugin, self.context_id, commit, None);
+                }
             }
-        }
-        if let (Some(plugin), Some(eval)) = (&self.plugin, &self.held) {
-            let forgotten = plugin.worker.borrow_mut().waiting.forget(self.context_id);
-            if let Some(rule) = forgotten {
-                plugin.metrics.delay_abandoned(rule);
+            Stage::Held(eval) => {
+                let forgotten = plugin.worker.borrow_mut().waiting.forget(self.context_id);
+                if let Some(rule) = forgotten {
+                    plugin.metrics.delay_abandoned(rule);
+                }
+                // Its units stay counted in the key's schedule, never admitted.
+                if let Some(held) = &eval.held {
+                    let units = i64::try_from(held.units()).unwrap_or(i64::MAX);
+                    plugin.metrics.outstanding(held.rule, -units);
+                }
             }
-            // Its units stay counted in the key's schedule, never admitted.
-            if let Some(held) = &eval.held {
-                let units = i64::try_from(held.units()).unwrap_or(i64::MAX);
-                plugin.metrics.outstanding(held.rule, -units);
-            }
+            // Its own call's answer finds it gone (`Vm::on_http_call_response`).
+            _ => {}
         }
     }
 
@@ -449,14 +523,14 @@ impl Request {
                     engine.shares_calls(rule)
                 });
             match joined {
-                Join::Waiting(token) => {
+                Join::Waiting(flight) => {
                     plugin.metrics.bridge_joined();
-                    self.waiting = Some((token, eval));
+                    self.stage = Stage::Waiting { flight, eval };
                     return Action::Pause;
                 }
                 Join::Alone => match plugin.call_bridge(host, self.context_id, eval, now) {
                     Ok(()) => {
-                        self.calling = true;
+                        self.stage = Stage::Calling;
                         return Action::Pause;
                     }
                     Err(failed) => {
@@ -492,20 +566,23 @@ impl Request {
         eval: &Evaluation,
         now: Micros,
     ) -> bool {
-        let clamped = match &self.request_body {
-            BodySeen::Complete(body) if !eval.denied() => plugin
+        let clamped = match &self.read_ahead {
+            Some(ReadAhead {
+                body: BodySeen::Complete(body),
+                ..
+            }) if !eval.denied() => plugin
                 .engine
                 .clamped_body(eval, body)
                 .map(|clamped| (body.len(), clamped)),
             _ => None,
         };
-        // Decided: what was read for an estimate is not needed any more.
-        self.drop_request_body();
-        self.read_facts = None;
+        // Decided: what was read ahead of the decision is not needed any more.
+        self.drop_read_ahead();
         if !self.reply.carry_out(host, plugin, eval, now) {
             for commit in &eval.commits {
                 settle(host, plugin, self.context_id, commit, None);
             }
+            self.stage = Stage::Answered;
             return false;
         }
         plugin.metrics.clamped(eval);
@@ -520,15 +597,14 @@ impl Request {
         }
         // Also when the host refused to send a denial: the request goes on to the
         // upstream, so what the rules counted stays counted until its response ends.
-        self.settlements = Settlements::new(self.context_id, &eval.commits);
+        self.stage = Stage::Admitted(Settlements::new(self.context_id, &eval.commits));
         true
     }
 
     pub fn on_response_headers<H: Host>(&mut self, host: &H, end_of_stream: bool) -> Action {
         self.reply.on_response_headers(host);
-        if let Some(plugin) = &self.plugin {
-            self.settlements
-                .on_response_headers(host, plugin, end_of_stream);
+        if let (Some(plugin), Stage::Admitted(settlements)) = (&self.plugin, &mut self.stage) {
+            settlements.on_response_headers(host, plugin, end_of_stream);
         }
         Action::Continue
     }
@@ -540,18 +616,17 @@ impl Request {
         size: usize,
         end_of_stream: bool,
     ) -> Action {
-        if let Some(plugin) = &self.plugin {
-            self.settlements
-                .on_response_body(host, plugin, size, end_of_stream);
+        if let (Some(plugin), Stage::Admitted(settlements)) = (&self.plugin, &mut self.stage) {
+            settlements.on_response_body(host, plugin, size, end_of_stream);
         }
         Action::Continue
     }
 
     /// Trailers end a response: what its body said settles now.
     pub fn on_response_trailers<H: Host>(&mut self, host: &H) -> Action {
-        if let Some(plugin) = &self.plugin {
-            if !self.settlements.is_empty() {
-                self.settlements.settle_all(host, plugin, true);
+        if let (Some(plugin), Stage::Admitted(settlements)) = (&self.plugin, &mut self.stage) {
+            if !settlements.is_empty() {
+                settlements.settle_all(host, plugin, true);
             }
         }
         Action::Continue
