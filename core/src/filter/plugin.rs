@@ -58,6 +58,19 @@ pub struct Plugin {
     last_sweep: Cell<Micros>,
 }
 
+/// A bridge call answered and landed ([`Plugin::on_call_answer`]): its evaluation,
+/// completed with the answer, for the request that made it, and the requests that waited
+/// on it, to look again.
+pub struct Landed {
+    /// The request that made the call (it may be gone).
+    pub owner: u32,
+    pub eval: Evaluation,
+    /// The requests that waited on it, by context id, in the order they joined.
+    pub waiters: Vec<u32>,
+    /// When the answer came.
+    pub now: Micros,
+}
+
 /// How often commits waiting for the bridge are sent.
 pub const COMMIT_TICK_MS: u32 = 10;
 
@@ -230,12 +243,66 @@ impl Plugin {
         }
     }
 
+    /// The answer of the call `token`, on the plugin's root context. A commit call
+    /// settles its commits. A bridge call Envoy could not deliver is sent once more (see
+    /// [`Plugin::resend`]). A bridge call that landed has its evaluation completed: what
+    /// Redis granted goes into the lease table whether or not its request is still
+    /// there, and the call is returned for the VM to hand to its requests. `None` for
+    /// every other answer.
+    pub fn on_call_answer<H: Host>(
+        &self,
+        host: &H,
+        token: u32,
+        body_size: usize,
+    ) -> Option<Landed> {
+        let commits = self.commits.borrow_mut().land(token);
+        if let Some(commits) = commits {
+            self.commits_answered(host, commits, body_size);
+            return None;
+        }
+        let (reply, sent_at) = {
+            let flights = self.flights.borrow();
+            let call = flights.get(token)?;
+            (self.read_bridge_reply(host, call, body_size), call.sent_at)
+        };
+        let now = host.now().unwrap_or(sent_at);
+        // Envoy could not deliver it: another host of the cluster may answer.
+        let reply = match self.resend(host, token, &reply, now) {
+            Ok(true) => return None,
+            Ok(false) => reply,
+            Err(refused) => Err(refused),
+        };
+        let call = self.flights.borrow_mut().land(token)?;
+        self.metrics
+            .bridge_latency(host, now.saturating_sub(call.sent_at));
+        let mut eval = call.eval;
+        self.engine
+            .complete(&mut eval, host, call.sent_at, now, reply);
+        Some(Landed {
+            owner: call.owner,
+            eval,
+            waiters: call.waiters,
+            now,
+        })
+    }
+
+    /// The request of a landed call is gone: what the call decided is still counted, and
+    /// what its rules hold for a response that will never come is settled now (a
+    /// concurrency rule's place given back; an estimate given back too: the request,
+    /// paused for this call, never reached the upstream).
+    pub fn on_owner_gone<H: Host>(&self, host: &H, eval: &Evaluation, now: Micros) {
+        self.metrics.record(host, eval, now);
+        for commit in &eval.commits {
+            self.settle(host, commit, None);
+        }
+    }
+
     /// Sends the call answered as `token` once more, if its `reply` says Envoy could not
     /// deliver it and there is time left (see [`crate::engine::Engine::resend_timeout_ms`]):
     /// it stays in flight with its waiters. Returns whether it was sent, or
     /// [`ReplyError::Refused`] when Envoy refused the second send at once (its circuit
     /// breaker): that, not the first answer, is what the call got.
-    pub fn resend<H: Host>(
+    fn resend<H: Host>(
         &self,
         host: &H,
         token: u32,
@@ -280,7 +347,7 @@ impl Plugin {
 
     /// The answer of the call `call` made, read in the callback of its response: its
     /// status (0: none, the connection failed) and body, decoded against what was sent.
-    pub fn read_bridge_reply<H: Host>(
+    fn read_bridge_reply<H: Host>(
         &self,
         host: &H,
         call: &Call,
@@ -488,12 +555,7 @@ impl Plugin {
 
     /// The answer to a commit call: each commit settled or not (its result found by its
     /// id), or the call failed (the estimates stand): a bad reply fails the whole call.
-    pub fn commits_answered<H: Host>(
-        &self,
-        host: &H,
-        commits: Vec<QueuedCommit>,
-        body_size: usize,
-    ) {
+    fn commits_answered<H: Host>(&self, host: &H, commits: Vec<QueuedCommit>, body_size: usize) {
         let status = host
             .call_response_header(":status")
             .ok()

@@ -195,12 +195,12 @@ impl Vm {
         }
     }
 
-    /// The answer of a call, on the root context of the plugin that made it. A commit
-    /// call settles its commits. A bridge call Envoy could not deliver is sent once more
-    /// (see `Plugin::resend`). A bridge call's evaluation is completed (what Redis
-    /// granted goes into the lease table even if its request is gone), its request
-    /// resumed or answered — or, gone, its outcome counted and what it held settled —
-    /// then every request that waited on it looks again.
+    /// The answer of a call, on the root context of the plugin that made it
+    /// ([`Plugin::on_call_answer`] reads it): a bridge call's request is resumed or
+    /// answered — or, gone, what its call decided is wound up by the plugin — then every
+    /// request that waited on the call looks again.
+    ///
+    /// [`Plugin::on_call_answer`]: super::plugin::Plugin::on_call_answer
     pub fn on_http_call_response<H: Host>(
         &mut self,
         host: &H,
@@ -211,58 +211,22 @@ impl Vm {
         let Some(plugin) = self.roots.get(&root_id).and_then(|r| r.plugin().cloned()) else {
             return;
         };
-        let commits = plugin.commits.borrow_mut().land(token);
-        if let Some(commits) = commits {
-            plugin.commits_answered(host, commits, body_size);
-            return;
-        }
-        let (reply, sent_at) = {
-            let flights = plugin.flights.borrow();
-            let Some(call) = flights.get(token) else {
-                return;
-            };
-            (
-                plugin.read_bridge_reply(host, call, body_size),
-                call.sent_at,
-            )
-        };
-        let now = host.now().unwrap_or(sent_at);
-        // Envoy could not deliver it: another host of the cluster may answer.
-        let reply = match plugin.resend(host, token, &reply, now) {
-            Ok(true) => return,
-            Ok(false) => reply,
-            Err(refused) => Err(refused),
-        };
-        let Some(call) = plugin.flights.borrow_mut().land(token) else {
+        let Some(landed) = plugin.on_call_answer(host, token, body_size) else {
             return;
         };
-        plugin
-            .metrics
-            .bridge_latency(host, now.saturating_sub(call.sent_at));
-        let mut eval = call.eval;
-        plugin
-            .engine
-            .complete(&mut eval, host, call.sent_at, now, reply);
+        let now = landed.now;
         let owner = self
             .requests
-            .get_mut(&call.owner)
-            .filter(|_| host.set_effective_context(call.owner).is_ok());
-        if let Some(owner) = owner {
-            owner.on_own_call_answered(host, eval, now);
-        } else {
-            // Its request is gone; what the call decided is still counted, and what its
-            // rules hold for a response that will never come is settled now (a
-            // concurrency rule's place given back; an estimate given back too: the
-            // request, paused for this call, never reached the upstream).
-            plugin.metrics.record(host, &eval, now);
-            for commit in &eval.commits {
-                plugin.settle(host, commit, None);
-            }
+            .get_mut(&landed.owner)
+            .filter(|_| host.set_effective_context(landed.owner).is_ok());
+        match owner {
+            Some(owner) => owner.on_own_call_answered(host, landed.eval, now),
+            None => plugin.on_owner_gone(host, &landed.eval, now),
         }
         // Each looks again knowing how many still wait (itself included): the first to
         // miss asks for them all.
-        let waiters = call.waiters.len();
-        for (looked, waiter) in call.waiters.into_iter().enumerate() {
+        let waiters = landed.waiters.len();
+        for (looked, waiter) in landed.waiters.into_iter().enumerate() {
             let waiting = (waiters - looked) as u64;
             self.in_request(host, waiter, |r| r.on_flight_landed(host, now, waiting));
         }
