@@ -16,6 +16,7 @@ mod adaptive;
 mod adding_an_algorithm;
 mod algorithm_properties;
 mod algorithms;
+mod architecture;
 mod clamp;
 mod commit;
 mod commit_lying;
