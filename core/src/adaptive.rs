@@ -59,7 +59,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::algorithms::ParamError;
+use crate::rules::Adaptive;
 
 /// Buckets of a sketch: bucket `i` holds latencies in `[BASE × 2^(i/8), BASE ×
 /// 2^((i+1)/8))` µs, the last one everything above.
@@ -94,30 +94,6 @@ pub fn measures_service(response: Response) -> bool {
     response.from_upstream != Some(false) && (100..400).contains(&response.status)
 }
 
-/// `adaptive`: parameters of the controller, validated. Fractions are in parts per
-/// million so that rules stay comparable for equality.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Adaptive {
-    /// The latency quantile sampled, per million (p90: 900,000).
-    pub quantile_ppm: u32,
-    /// The limit never goes below it.
-    pub min_limit: u64,
-    /// The limit a rule starts with.
-    pub initial_limit: u64,
-    pub interval_us: u64,
-    /// Weight of the new target in the limit, per million (1,000,000: no smoothing).
-    pub smoothing_ppm: u32,
-    /// Latency allowed over the baseline before the limit shrinks, per million
-    /// (1,250,000: 25 % more).
-    pub tolerance_ppm: u32,
-    /// `per_key`: a controller for each key, for up to this many keys at once (`keys`);
-    /// `None`: one controller for the rule.
-    pub key_controllers: Option<u32>,
-}
-
-/// The most keys a rule may give controllers of their own (`adaptive.keys`): each is a
-/// record of [`RECORD_BYTES`] in shared data, created when the plugin starts.
-pub const MAX_KEY_CONTROLLERS: u32 = 1_024;
 /// A key's controller is looked for in this many consecutive records from the one its
 /// hash names (so two keys rarely compete for one).
 pub const KEY_PROBES: u32 = 4;
@@ -132,46 +108,6 @@ pub const FORGET_INTERVALS: u64 = 2;
 pub const MIN_FORGET_US: u64 = 2_000_000;
 
 impl Adaptive {
-    /// Checks every field but `initial_limit` against the rule's `max_in_flight`.
-    pub fn check(&self, max_in_flight: u64) -> Result<(), ParamError> {
-        if !(1..1_000_000).contains(&self.quantile_ppm) {
-            return Err(ParamError::new("adaptive.latency", "must be p1 to p99.9"));
-        }
-        if self.min_limit == 0 || self.min_limit > max_in_flight {
-            return Err(ParamError::new(
-                "adaptive.min",
-                format!("must be 1 to max_in_flight ({max_in_flight})"),
-            ));
-        }
-        if !(self.min_limit..=max_in_flight).contains(&self.initial_limit) {
-            return Err(ParamError::new(
-                "adaptive.initial",
-                format!("must be adaptive.min to max_in_flight ({max_in_flight})"),
-            ));
-        }
-        if !(10_000..=600_000_000).contains(&self.interval_us) {
-            return Err(ParamError::new("adaptive.interval", "must be 10ms to 10m"));
-        }
-        if !(1..=1_000_000).contains(&self.smoothing_ppm) {
-            return Err(ParamError::new(
-                "adaptive.smoothing",
-                "must be above 0 and at most 1",
-            ));
-        }
-        if !(1_000_000..=10_000_000).contains(&self.tolerance_ppm) {
-            return Err(ParamError::new("adaptive.tolerance", "must be 1 to 10"));
-        }
-        if let Some(keys) = self.key_controllers {
-            if !(1..=MAX_KEY_CONTROLLERS).contains(&keys) {
-                return Err(ParamError::new(
-                    "adaptive.keys",
-                    format!("must be 1 to {MAX_KEY_CONTROLLERS}"),
-                ));
-            }
-        }
-        Ok(())
-    }
-
     /// How long a key's record must go untouched before another key may take it, µs.
     pub fn stale_after_us(&self) -> u64 {
         self.interval_us

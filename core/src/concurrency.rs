@@ -31,7 +31,8 @@
 //! beyond its limit until the worker re-counts them on its next tick or request.
 //!
 //! ```
-//! use weir_core::concurrency::{Concurrency, KeyPlaces};
+//! use weir_core::concurrency::KeyPlaces;
+//! use weir_core::rules::Concurrency;
 //!
 //! let limit = Concurrency::new(2, 1_000_000, None).unwrap();
 //! let epoch = 7;
@@ -51,11 +52,8 @@
 
 use std::collections::BTreeMap;
 
-use crate::adaptive::Adaptive;
-use crate::algorithms::{Decision, ParamError, Policy, SlotState, NS_PER_US};
-
-/// The most requests of one key a rule may let in flight at once.
-pub const MAX_IN_FLIGHT: u64 = 1_000_000;
+use crate::algorithms::{Decision, Policy, SlotState, NS_PER_US};
+use crate::rules::Concurrency;
 
 /// How long an epoch of places lasts, µs: every live worker re-counts its places once
 /// per epoch, and a place nobody re-counted for a whole epoch is dropped (see the module
@@ -69,19 +67,6 @@ pub const MAX_PLACE_UPDATES_PER_TICK: usize = 256;
 /// The epoch of the instant `now_us`.
 pub fn place_epoch(now_us: u64) -> u64 {
     now_us / PLACE_EPOCH_US
-}
-
-/// `algorithm: "concurrency"`, validated.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Concurrency {
-    /// The most units in flight per key (with `adaptive`: the ceiling of the limit).
-    pub max_in_flight: u64,
-    /// What a denial tells the client to wait (`Retry-After`), µs: the time in which
-    /// a request of the key usually ends.
-    pub retry_after_us: u64,
-    /// The limit follows the observed latency, between `adaptive.min` and
-    /// `max_in_flight`.
-    pub adaptive: Option<Adaptive>,
 }
 
 /// A key's count in flight: units counted in `epoch` and in the epoch before it. Stored
@@ -268,30 +253,6 @@ pub struct Admission {
 }
 
 impl Concurrency {
-    pub fn new(
-        max_in_flight: u64,
-        retry_after_us: u64,
-        adaptive: Option<Adaptive>,
-    ) -> Result<Concurrency, ParamError> {
-        if !(1..=MAX_IN_FLIGHT).contains(&max_in_flight) {
-            return Err(ParamError::new(
-                "max_in_flight",
-                format!("must be 1 to {MAX_IN_FLIGHT}"),
-            ));
-        }
-        if !(1_000..=3_600_000_000).contains(&retry_after_us) {
-            return Err(ParamError::new("retry_after", "must be 1ms to 1h"));
-        }
-        if let Some(adaptive) = &adaptive {
-            adaptive.check(max_in_flight)?;
-        }
-        Ok(Concurrency {
-            max_in_flight,
-            retry_after_us,
-            adaptive,
-        })
-    }
-
     /// Admits `cost` units if the key's count in flight stays within `limit` (the
     /// rule's `max_in_flight`, or the adaptive limit of the moment, never above it), in
     /// `epoch`, by a worker holding `mine` of the key (given back and re-counted in the

@@ -19,15 +19,15 @@
 //!   `(params, state, now, cost)`, each with everything weir knows about it.
 //! - [`conformance`]: (`weir-protocol`) whether admissions of one key, from anywhere, keep their
 //!   algorithm's bound.
-//! - [`adaptive`]: latency sketches and the controller of adaptive concurrency limits.
-//! - [`concurrency`]: concurrency limits, requests in flight per key.
 //! - [`key`]: (`weir-protocol`) key parts, their hashing to slots, their names on the wire and in Redis.
 //! - [`store`]: the shared-data contract, the seed, the bounded CAS loop and slot tables.
 //! - [`lease`]: leases and cached denials of global rules.
 //! - [`response`]: what a client sees (status, RateLimit headers, body).
 //! - [`usage`]: what a response says it cost (token usage in JSON bodies and streams).
 //! - [`deadline`]: a request's own deadline, as its headers state it (delays end before it).
-//! - [`rules`]: request matching, key building and costs.
+//! - [`rules`]: request matching, key building, costs, and a concurrency rule's limit.
+//! - [`adaptive`]: latency sketches and the controller of adaptive concurrency limits.
+//! - [`concurrency`]: concurrency limits, requests in flight per key.
 //! - [`reservoir`]: a worker's units taken ahead and cached denials of local rules.
 //! - [`config`]: the plugin JSON, parsed and compiled into types that cannot be invalid.
 //! - [`delay`]: a worker's requests held instead of denied (`on_limit.delay`).
@@ -56,10 +56,6 @@ pub use weir_protocol::algorithms;
 
 pub use weir_protocol::conformance;
 
-pub mod adaptive;
-
-pub mod concurrency;
-
 pub use weir_protocol::key;
 
 pub mod store;
@@ -73,6 +69,10 @@ pub mod usage;
 pub mod deadline;
 
 pub mod rules;
+
+pub mod adaptive;
+
+pub mod concurrency;
 
 pub mod reservoir;
 

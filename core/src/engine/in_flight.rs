@@ -3,12 +3,12 @@
 //! a controller in shared data follows from the latencies the workers observe.
 
 use crate::adaptive::{
-    Adaptive, ControllerState, KeyedEntry, KeyedLatencies, SharedRecord, WorkerLatency, KEY_PROBES,
+    ControllerState, KeyedEntry, KeyedLatencies, SharedRecord, WorkerLatency, KEY_PROBES,
 };
 use crate::algorithms::SlotState;
-use crate::concurrency::{place_epoch, Concurrency, KeyPlaces};
+use crate::concurrency::{place_epoch, KeyPlaces};
 use crate::key::KeyHash;
-use crate::rules::{Rule, RuleId};
+use crate::rules::{Adaptive, Concurrency, Rule, RuleId};
 use crate::store::slot_table::SlotTable;
 use crate::store::{SharedStore, StoreError, UpdateError, Vacancy};
 use crate::time::Micros;

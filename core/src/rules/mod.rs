@@ -31,15 +31,17 @@ mod keys;
 /// What a request costs.
 mod costs;
 
+/// A concurrency rule's limit (`algorithm: "concurrency"`, `adaptive`).
+mod concurrency_limit;
+
+pub use concurrency_limit::{Adaptive, Concurrency, MAX_IN_FLIGHT, MAX_KEY_CONTROLLERS};
 pub use costs::{parse_decimal, Cost};
 pub use facts::{DeadlineFacts, Fact, FactId, FactSource, FactTable, Facts};
 pub use keys::{KeyPart, KeySource};
 pub use matching::{HeaderMatch, HeaderTest, RequestMatch, StringMatch};
 pub use request_text::{host_only, path_only, query_param, strip_port};
 
-use crate::adaptive::Adaptive;
 use crate::algorithms::{GlobalLimit, Limit, Policy};
-use crate::concurrency::Concurrency;
 use crate::stats::{Applies, StatsLevel};
 use crate::usage::clamp::BodyClamp;
 use crate::usage::UsageField;

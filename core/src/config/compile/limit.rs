@@ -3,11 +3,10 @@
 //! names an algorithm or a parameter.
 
 use super::{and_list, error, Result};
-use crate::adaptive::Adaptive;
 use crate::algorithms::{AlgorithmKind, AlgorithmSpec, GlobalLimit, ParamError};
-use crate::concurrency::Concurrency;
 use crate::config::raw::{RawAdaptive, RawLimit, RawValue};
 use crate::field_error::{quoted, FieldError};
+use crate::rules::{Adaptive, Concurrency};
 
 /// The name of the concurrency limit, which is not a rate algorithm.
 pub(super) const CONCURRENCY: &str = "concurrency";
