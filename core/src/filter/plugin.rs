@@ -290,10 +290,10 @@ impl Plugin {
     /// what its rules hold for a response that will never come is settled now (a
     /// concurrency rule's place given back; an estimate given back too: the request,
     /// paused for this call, never reached the upstream).
-    pub fn on_owner_gone<H: Host>(&self, host: &H, eval: &Evaluation, now: Micros) {
-        self.metrics.record(host, eval, now);
-        for commit in &eval.commits {
-            self.settle(host, commit, None);
+    pub fn on_owner_gone<H: Host>(&self, host: &H, landed: &Landed) {
+        self.metrics.record(host, &landed.eval, landed.now);
+        for commit in &landed.eval.commits {
+            self.settle(host, landed.owner, commit, None);
         }
     }
 
@@ -387,18 +387,20 @@ impl Plugin {
         v2::decode_reply(status, &body, &self.engine.sent(&call.eval.pending))
     }
 
-    /// Settles what a rule counted for a request when its response ended (or never
-    /// will): a cost as the core decides from what was `seen` of the response (`None`:
-    /// the request never reached the upstream, it costs nothing), a concurrency rule's
-    /// place given back. Returns the settlement, for the log (`None` for a concurrency
-    /// rule).
+    /// Settles what a rule counted for request `context_id` when its response ended (or
+    /// never will): a cost as the core decides from what was `seen` of the response
+    /// (`None`: the request never reached the upstream, it costs nothing), a concurrency
+    /// rule's place given back. Logged at debug on the request's context.
     pub fn settle<H: Host>(
         &self,
         host: &H,
+        context_id: u32,
         commit: &PendingCommit,
         seen: Option<&ResponseSeen>,
-    ) -> Option<Settlement> {
-        let rule = self.engine.config.rule(commit.rule)?;
+    ) {
+        let Some(rule) = self.engine.config.rule(commit.rule) else {
+            return;
+        };
         let now = || host.now().unwrap_or(commit.counted_at);
         let Some(cost) = &rule.commit else {
             // A concurrency rule: the stream is over. A give-back shared data refuses
@@ -416,7 +418,10 @@ impl Plugin {
             if !released {
                 self.adjust_tick(host);
             }
-            return None;
+            host::log(host, context_id, LogLevel::Debug, || {
+                format!("rule {}: place given back", rule.name)
+            });
+            return;
         };
         let settlement = match seen {
             Some(seen) => Settlement::of(commit.reserved, cost.on_error, seen),
@@ -446,7 +451,12 @@ impl Plugin {
                 Err(_) => self.metrics.commit_failed(commit.rule),
             }
         }
-        Some(settlement)
+        host::log(host, context_id, LogLevel::Debug, || {
+            format!(
+                "rule {}: cost {} settled as {value} ({:?})",
+                rule.name, commit.reserved, settlement.reason
+            )
+        });
     }
 
     /// Adaptive concurrency rules, from the root context's tick: this worker's latencies

@@ -20,7 +20,7 @@ use super::facts::{ReadFacts, RequestFacts};
 use super::host::{self, Host, LogLevel};
 use super::plugin::Plugin;
 use super::reply::Reply;
-use super::settling::{settle, Settlements};
+use super::settling::Settlements;
 use crate::buffers::Buffered;
 use crate::engine::Evaluation;
 use crate::flight::Join;
@@ -479,7 +479,7 @@ impl Request {
                 // What rules before the global ones counted: the request never reached
                 // the upstream (a concurrency rule's place is given back).
                 for commit in &eval.commits {
-                    settle(host, plugin, self.context_id, commit, None);
+                    plugin.settle(host, self.context_id, commit, None);
                 }
             }
             Stage::Held(eval) => {
@@ -580,7 +580,7 @@ impl Request {
         self.drop_read_ahead();
         if !self.reply.carry_out(host, plugin, eval, now) {
             for commit in &eval.commits {
-                settle(host, plugin, self.context_id, commit, None);
+                plugin.settle(host, self.context_id, commit, None);
             }
             self.stage = Stage::Answered;
             return false;

@@ -2,7 +2,7 @@
 //! (read from the response's headers or body) and the places of concurrency rules, with
 //! the latency adaptive rules sample.
 
-use super::host::{self, Host, LogLevel};
+use super::host::Host;
 use super::plugin::Plugin;
 use crate::adaptive::Response;
 use crate::buffers::Buffered;
@@ -169,7 +169,7 @@ impl Settlements {
         self.open
             .retain(|s| !now_known.iter().any(|(c, _)| c.rule == s.commit.rule));
         for (commit, seen) in now_known {
-            settle(host, plugin, self.context_id, &commit, Some(&seen));
+            plugin.settle(host, self.context_id, &commit, Some(&seen));
         }
         if end_of_stream {
             self.settle_all(host, plugin, true);
@@ -211,35 +211,9 @@ impl Settlements {
                     .take()
                     .map_or(Err(Unread::NoUsage), UsageScanner::finish),
             };
-            settle(host, plugin, self.context_id, &s.commit, Some(&seen));
+            plugin.settle(host, self.context_id, &s.commit, Some(&seen));
         }
     }
-}
-
-/// Settles one rule's cost as the core decides from what was `seen` of the response
-/// (`None`: the request never reached the upstream); a concurrency rule gives its
-/// place back.
-pub fn settle<H: Host>(
-    host: &H,
-    plugin: &Plugin,
-    context_id: u32,
-    commit: &PendingCommit,
-    seen: Option<&ResponseSeen>,
-) {
-    let settled = plugin.settle(host, commit, seen);
-    host::log(host, context_id, LogLevel::Debug, || match settled {
-        Some(s) => format!(
-            "rule {}: cost {} settled as {} ({:?})",
-            plugin.engine.rule_name(commit.rule),
-            commit.reserved,
-            s.cost,
-            s.reason
-        ),
-        None => format!(
-            "rule {}: place given back",
-            plugin.engine.rule_name(commit.rule)
-        ),
-    });
 }
 
 /// Whether the upstream sent the response (Envoy's `response.code_details` is

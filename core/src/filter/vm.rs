@@ -221,7 +221,7 @@ impl Vm {
             .filter(|_| host.set_effective_context(landed.owner).is_ok());
         match owner {
             Some(owner) => owner.on_own_call_answered(host, landed.eval, now),
-            None => plugin.on_owner_gone(host, &landed.eval, now),
+            None => plugin.on_owner_gone(host, &landed),
         }
         // Each looks again knowing how many still wait (itself included): the first to
         // miss asks for them all.
