@@ -1,7 +1,7 @@
 //! `weir-bench simulate`: a fleet of Envoys without Envoy processes, against the real
 //! weir-bridge (release build) and a real Redis Cluster of 3 masters and 3 replicas.
 //!
-//! Each simulated Envoy is `weir_core::simulation::SimEnvoy`: the filter's own engine,
+//! Each simulated Envoy is `weir_testkit::simulation::SimEnvoy`: the filter's own engine,
 //! leases, reservations and denial cache over its own shared data. Requests for a key go
 //! to Envoys at random; a request whose rule must ask the bridge makes a real HTTP call to
 //! `/v2/acquire` (keep-alive, one connection per thread) and is finished with the answer,
@@ -22,8 +22,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use weir_core::conformance::{self, Admission};
 use weir_core::key::Seed;
 use weir_core::rules::{Fact, FactSource, Lease, RuleId, Scope};
-use weir_core::simulation::{admissions, configured_limit, SimEnvoy};
 use weir_e2e::{Bridge, Client, Request};
+use weir_testkit::simulation::{admissions, configured_limit, SimEnvoy};
 
 use crate::sys;
 

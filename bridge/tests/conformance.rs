@@ -27,7 +27,6 @@ mod common;
 use common::{future_base, invocation, invocation_for, Backend, Redis, Rng};
 use std::time::Duration;
 use weir_bridge::scripts::{log_seq_key, Invocation, ScriptReply, Settle};
-use weir_core::scenarios::{self, expected, limit_of, log_of, Scenario, T0};
 use weir_protocol::algorithms::fixed_window::FixedWindow;
 use weir_protocol::algorithms::gcra::Gcra;
 use weir_protocol::algorithms::sliding_log::SlidingLog;
@@ -35,6 +34,7 @@ use weir_protocol::algorithms::sliding_window::SlidingWindow;
 use weir_protocol::algorithms::token_bucket::TokenBucket;
 use weir_protocol::algorithms::GlobalLimit;
 use weir_protocol::algorithms::{AlgorithmKind, Ask, Decision, Limit, SlotState};
+use weir_testkit::scenarios::{self, expected, limit_of, log_of, Scenario, T0};
 
 on_every_backend!(
     scenario_tables_agree,

@@ -38,9 +38,9 @@
 //! - [`flight`]: bridge calls in flight, one per key (single flight).
 //! - [`filter`]: a request's whole lifecycle in Envoy, behind a host seam (the
 //!   [`filter::host::Host`] trait): the filter crate only translates the ABI.
-//! - `scenarios` (feature `scenarios`): behaviour tables the core and the bridge share.
-//! - `simulation` (feature `simulation`): many Envoys and a model of the bridge, in
-//!   process, for tests and weir-bench.
+//!
+//! What the test suites and weir-bench drive this crate with (the scenario tables, a
+//! scripted Envoy host, a simulated fleet) is the `weir-testkit` crate's.
 
 pub use weir_protocol::field_error;
 
@@ -89,9 +89,3 @@ pub mod engine;
 pub mod flight;
 
 pub mod filter;
-
-#[cfg(feature = "scenarios")]
-pub mod scenarios;
-
-#[cfg(feature = "simulation")]
-pub mod simulation;

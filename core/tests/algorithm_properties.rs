@@ -11,7 +11,7 @@ use weir_core::algorithms::{
     token_bucket::{self, TokenBucket},
     Limit, SlotState,
 };
-use weir_core::scenarios::{MS_US, S_US, T0};
+use weir_testkit::scenarios::{MS_US, S_US, T0};
 
 /// Properties over random parameters, histories and states.
 #[cfg(not(target_arch = "wasm32"))]

@@ -13,11 +13,11 @@ use weir_core::algorithms::{
     AlgorithmKind, GlobalLimit, Limit, ParamError, Policy, SlotState,
 };
 use weir_core::key::KeyHash;
-use weir_core::scenarios::{
-    self, expected, limit_of, log_of, Scenario, Throttle, MS_US, S_NS, S_US, T0,
-};
 use weir_core::store::memory::MemoryStore;
 use weir_core::store::{Placement, SlotTable, Vacancy};
+use weir_testkit::scenarios::{
+    self, expected, limit_of, log_of, Scenario, Throttle, MS_US, S_NS, S_US, T0,
+};
 
 fn reply(t: &Throttle) -> ThrottleReply {
     ThrottleReply {

@@ -28,10 +28,10 @@ use weir_core::algorithms::SlotState;
 use weir_core::conformance::{self, Admission};
 use weir_core::engine::{Engine, PendingCommit};
 use weir_core::rules::{Facts, RuleId};
-use weir_core::simulation::configured_limit;
 use weir_core::store::memory::MemoryStore;
 use weir_core::time::Micros;
 use weir_core::usage::RequestBody;
+use weir_testkit::simulation::configured_limit;
 
 const MS: u64 = 1_000;
 const S: u64 = 1_000_000;

@@ -21,7 +21,7 @@ use crate::support::conformance as checked;
 
 use checked::*;
 use weir_core::conformance::check;
-use weir_core::scenarios::{S_US, T0};
+use weir_testkit::scenarios::{S_US, T0};
 
 // ---------------------------------------------------------------------------------
 // Tables: a schedule exactly at the bound passes; one unit more fails, where expected.

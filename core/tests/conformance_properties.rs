@@ -16,7 +16,7 @@ use crate::support::conformance as checked;
 use checked::*;
 use weir_core::algorithms::{gcra::Gcra, AlgorithmKind, GlobalLimit, Limit};
 use weir_core::conformance::{check, Admission, Violation};
-use weir_core::scenarios::{S_US, T0};
+use weir_testkit::scenarios::{S_US, T0};
 
 /// Properties over random limits and schedules (natively: proptest does not run under
 /// wasm32).

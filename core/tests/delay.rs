@@ -24,10 +24,10 @@ use weir_core::conformance::{self, Admission};
 use weir_core::delay::RELEASE_SLACK_US;
 use weir_core::engine::{Engine, Evaluation, RuleOutcome};
 use weir_core::rules::{Facts, RuleId};
-use weir_core::simulation::configured_limit;
 use weir_core::store::memory::MemoryStore;
 use weir_core::time::Micros;
 use weir_core::worker::Worker;
+use weir_testkit::simulation::configured_limit;
 
 const MS: u64 = 1_000;
 

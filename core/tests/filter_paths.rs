@@ -13,10 +13,10 @@
 
 use std::collections::BTreeSet;
 
-use weir_core::filter::scripted_envoy::Envoy;
 use weir_core::filter::Action;
-use weir_core::simulation::ModelBridge;
 use weir_core::wire::{v3, FILTER_METHOD, FILTER_PATHS};
+use weir_testkit::scripted_envoy::Envoy;
+use weir_testkit::simulation::ModelBridge;
 
 #[cfg(target_arch = "wasm32")]
 use wasm_bindgen_test::wasm_bindgen_test as test;

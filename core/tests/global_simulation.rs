@@ -22,7 +22,7 @@ use std::collections::BTreeMap;
 use support::{user, FakeRequest, T0};
 use weir_core::conformance::{self, Admission};
 use weir_core::engine::RuleOutcome;
-use weir_core::simulation::{
+use weir_testkit::simulation::{
     admissions, configured_limit, with_extra_bursts, Arrival, Decided, Simulation,
 };
 

@@ -10,9 +10,9 @@
     clippy::indexing_slicing
 )]
 
-use weir_core::filter::scripted_envoy::Envoy;
 use weir_core::filter::{Action, BodyAction};
-use weir_core::simulation::ModelBridge;
+use weir_testkit::scripted_envoy::Envoy;
+use weir_testkit::simulation::ModelBridge;
 
 #[cfg(target_arch = "wasm32")]
 use wasm_bindgen_test::wasm_bindgen_test as test;

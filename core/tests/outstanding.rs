@@ -22,11 +22,11 @@ use support::{engine, user, Rng, SEED, T0};
 use weir_core::engine::{Engine, Evaluation, LEASE_SETS_PER_SWEEP};
 use weir_core::flight::{Call as FlightCall, Flights, Join};
 use weir_core::rules::{Facts, RuleId};
-use weir_core::simulation::ModelBridge;
 use weir_core::store::memory::MemoryStore;
 use weir_core::time::Micros;
 use weir_core::wire::ReplyError;
 use weir_core::worker::Worker;
+use weir_testkit::simulation::ModelBridge;
 
 #[cfg(target_arch = "wasm32")]
 use wasm_bindgen_test::wasm_bindgen_test as test;

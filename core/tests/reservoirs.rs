@@ -25,9 +25,9 @@ use weir_core::algorithms::{Ahead, GlobalLimit, Limit};
 use weir_core::conformance::{self, Admission};
 use weir_core::engine::{Engine, RuleOutcome, Source};
 use weir_core::rules::RuleId;
-use weir_core::simulation::configured_limit;
 use weir_core::store::memory::MemoryStore;
 use weir_core::worker::Worker;
+use weir_testkit::simulation::configured_limit;
 
 const MS: u64 = 1_000;
 

@@ -38,10 +38,10 @@ use weir_core::conformance::Admission;
 use weir_core::delay::RELEASE_SLACK_US;
 use weir_core::engine::{Engine, Evaluation, PendingCommit, RuleOutcome};
 use weir_core::rules::{Facts, RuleId};
-use weir_core::simulation::configured_limit;
 use weir_core::store::memory::MemoryStore;
 use weir_core::time::Micros;
 use weir_core::worker::Worker;
+use weir_testkit::simulation::configured_limit;
 
 /// A local case: a rule over one Envoy's shared data and its workers.
 #[derive(Clone, Debug)]

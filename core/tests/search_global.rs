@@ -27,8 +27,8 @@ use weir_core::algorithms::GlobalLimit;
 use weir_core::conformance::{self, Admission, Violation};
 use weir_core::engine::{BridgeError, RuleOutcome, BRIDGE_BACKOFF_US};
 use weir_core::rules::RuleId;
-use weir_core::simulation::{configured_limit, Arrival, Simulation};
 use weir_core::wire::ReplyError;
+use weir_testkit::simulation::{configured_limit, Arrival, Simulation};
 
 /// A global case: one rule, several Envoys, a model of the bridge.
 #[derive(Clone, Debug)]

@@ -61,8 +61,8 @@ use weir_core::algorithms::GlobalLimit;
 use weir_core::conformance::{self, Admission, Violation};
 use weir_core::engine::{BRIDGE_BACKOFF_US, BRIDGE_DOWN_READ_US};
 use weir_core::rules::RuleId;
-use weir_core::simulation::configured_limit;
 use weir_core::usage::DEFAULT_MAX_TOKENS_FIELDS;
+use weir_testkit::simulation::configured_limit;
 
 /// A hostile global case.
 #[derive(Clone, Debug)]

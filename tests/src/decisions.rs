@@ -300,7 +300,7 @@ impl Judge {
             .iter()
             .find(|r| r.name == rule)
             .unwrap_or_else(|| panic!("no rule named {rule}"));
-        let limit = weir_core::simulation::configured_limit(&engine, configured.id)
+        let limit = weir_testkit::simulation::configured_limit(&engine, configured.id)
             .unwrap_or_else(|| panic!("no limit for rule {rule}"));
         Judge {
             rule: rule.to_string(),

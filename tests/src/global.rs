@@ -6,7 +6,7 @@ use crate::decisions::{with_decisions, Checked, Excuse, Judge, Logged, Logs};
 use crate::redis_single::MASTER_NAME;
 use crate::{bridge_cluster_yaml, wasm_filter_yaml, weir_wasm, Bootstrap, Bridge, Envoy};
 use crate::{free_port, RedisCluster, RedisSentinel, RedisServer, TestDir};
-use weir_core::simulation::with_extra_bursts;
+use weir_testkit::simulation::with_extra_bursts;
 
 /// Field order is drop order: Envoys, then the bridge, then Redis, then the logs' dir.
 /// `R` is the Redis the bridge runs on: a cluster ([`GlobalStack::start`]), a standalone

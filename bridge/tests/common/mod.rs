@@ -9,9 +9,9 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use weir_bridge::scripts::{Invocation, ScriptReply};
 use weir_bridge::{Metrics, RedisClient, RedisStore, Settings};
-use weir_core::algorithms::GlobalLimit;
-use weir_core::algorithms::{AlgorithmKind, Ask, SlotState};
 use weir_e2e::{RedisCluster, RedisSentinel, RedisServer};
+use weir_protocol::algorithms::GlobalLimit;
+use weir_protocol::algorithms::{AlgorithmKind, Ask, SlotState};
 
 /// The Redis deployments the bridge supports (`--redis-mode`). A test body written once
 /// runs on each through [`on_every_backend!`].

@@ -17,9 +17,9 @@
 //!   settled when its response ends, and [`reply`] for the answer it gets).
 //! - [`root`]: one plugin's root context: configure and tick.
 //! - [`vm`]: the contexts of one VM ([`Vm`]), and every callback routed to them.
-//! - [`scripted`] and [`scripted_envoy`] (feature `simulation`): a scripted host that
-//!   plays Envoy's part, and Envoy's callbacks made over it, for tests and the
-//!   benchmark's counts.
+//!
+//! The scripted host that plays Envoy's part in tests, and Envoy's callbacks made over
+//! it, are the test kit's (`weir_testkit::scripted`, `weir_testkit::scripted_envoy`).
 
 // Lowest first: each file uses only those declared before it (core/tests/layers.rs
 // reads this order). Blank lines keep rustfmt from sorting them.
@@ -40,12 +40,6 @@ pub mod request;
 pub mod root;
 
 pub mod vm;
-
-#[cfg(feature = "simulation")]
-pub mod scripted;
-
-#[cfg(feature = "simulation")]
-pub mod scripted_envoy;
 
 pub use request::{Action, BodyAction, Request, DELAY_HEADER};
 pub use vm::Vm;

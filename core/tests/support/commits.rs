@@ -6,8 +6,8 @@ use super::{engine, FakeRequest, Rng};
 use weir_core::algorithms::{GlobalLimit, Limit};
 use weir_core::engine::Engine;
 use weir_core::rules::{Fact, FactSource, RuleId};
-use weir_core::simulation::configured_limit;
 use weir_core::usage::RequestBody;
+use weir_testkit::simulation::configured_limit;
 
 pub fn committed_rule(limit: &str, max_estimate: u64) -> Engine {
     engine(&format!(

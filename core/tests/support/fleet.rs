@@ -24,11 +24,11 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use weir_core::filter::scripted::Dispatched;
-use weir_core::filter::scripted_envoy::Envoy;
-use weir_core::simulation::ModelBridge;
 use weir_core::store::memory::MemoryStore;
 use weir_core::wire::{v2, v3};
+use weir_testkit::scripted::Dispatched;
+use weir_testkit::scripted_envoy::Envoy;
+use weir_testkit::simulation::ModelBridge;
 
 /// One request, as its client plays it.
 #[derive(Clone, Debug)]

@@ -9,7 +9,7 @@ use weir_core::algorithms::{AlgorithmKind, AlgorithmSpec, GlobalLimit};
 use weir_core::config;
 use weir_core::conformance::{self, Admission, Violation};
 use weir_core::engine::{Engine, BRIDGE_BACKOFF_US};
-use weir_core::simulation::with_extra_bursts;
+use weir_testkit::simulation::with_extra_bursts;
 
 pub const MS: u64 = 1_000;
 /// The longest reservoir hold the config accepts (1 min).

@@ -8,23 +8,23 @@
 //! Redis decides half-way, the reply lands later, and other requests go on meanwhile
 //! (each call stands for one Envoy worker's; there is no single flight here, so calls for
 //! one key overlap as they would across workers). The admissions it returns are what
-//! [`crate::conformance::check`] judges.
+//! [`weir_core::conformance::check`] judges.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
 use std::sync::{Arc, Mutex};
 
-use crate::algorithms::{GlobalLimit, SlotState};
-use crate::config;
-use crate::conformance::Admission;
-use crate::engine::{Engine, Evaluation, RuleOutcome};
-use crate::flight::{Call as FlightCall, Flights, Join};
-use crate::key::Seed;
-use crate::rules::{FactSource, Facts, RuleId, Scope};
-use crate::store::memory::MemoryStore;
-use crate::time::Micros;
-use crate::wire::{v2, v3, CheckedItem, ReplyError};
-use crate::worker::Worker;
+use weir_core::algorithms::{GlobalLimit, SlotState};
+use weir_core::config;
+use weir_core::conformance::Admission;
+use weir_core::engine::{Engine, Evaluation, RuleOutcome};
+use weir_core::flight::{Call as FlightCall, Flights, Join};
+use weir_core::key::Seed;
+use weir_core::rules::{FactSource, Facts, RuleId, Scope};
+use weir_core::store::memory::MemoryStore;
+use weir_core::time::Micros;
+use weir_core::wire::{v2, v3, CheckedItem, ReplyError};
+use weir_core::worker::Worker;
 
 /// weir-bridge's `POST /v2/acquire` on a model of Redis: each item decided in order by
 /// the core's reference of its script, stopping after an enforcing item's denial.
@@ -91,7 +91,7 @@ impl ModelBridge {
     }
 
     /// weir-bridge's `POST /v3/commit` on the model: each item's cost settled in the
-    /// key's state as the settle scripts do ([`crate::algorithms::Limit::settle`]), at
+    /// key's state as the settle scripts do ([`weir_core::algorithms::Limit::settle`]), at
     /// `now_us`; or the status and body the bridge would answer instead.
     pub fn commit(&mut self, body: &[u8], now_us: u64) -> Result<v3::CommitReply, (u16, String)> {
         if self
@@ -263,7 +263,7 @@ pub fn configured_limit(engine: &Engine, rule: RuleId) -> Option<GlobalLimit> {
 }
 
 /// `limit` with `extra` more bursts: the parameter its limit is made of
-/// ([`crate::algorithms::AlgorithmSpec::limit_parameter`]) grown so that the limit is
+/// ([`weir_core::algorithms::AlgorithmSpec::limit_parameter`]) grown so that the limit is
 /// `extra + 1` times its own (the GCRA burst by `extra × (burst + 1)`, a token bucket's
 /// capacity or a window's limit by `extra ×` itself). A bound a little above
 /// the algorithm's own, for paths documented to exceed it by that much (the local fallback
@@ -300,7 +300,7 @@ pub struct Simulation {
     pub bridge: ModelBridge,
     /// From a call leaving to Redis deciding, and again from there to the reply landing.
     pub half_latency_us: u64,
-    /// Whether each Envoy shares calls as one filter worker does ([`crate::flight`]): a
+    /// Whether each Envoy shares calls as one filter worker does ([`weir_core::flight`]): a
     /// request whose keys a call of its Envoy already asks about waits for that call's
     /// answer and looks again. Off (the default), every request that misses makes its
     /// own call, so calls for one key overlap as they would across many workers.

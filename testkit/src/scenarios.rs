@@ -17,8 +17,8 @@
 //! outcome are ns (`retry_after_ns`, `reset_after_ns`); `throttle` is redis-cell's
 //! `CL.THROTTLE` reply, in whole seconds.
 
-use crate::algorithms::sliding_log::SlidingLog;
-use crate::algorithms::{AlgorithmKind, Decision, GlobalLimit, Limit};
+use weir_core::algorithms::sliding_log::SlidingLog;
+use weir_core::algorithms::{AlgorithmKind, Decision, GlobalLimit, Limit};
 
 /// An instant: 2023-11-14T22:13:20Z, on a 10 s boundary (20 s into its minute).
 pub const T0: u64 = 1_700_000_000_000_000;

@@ -14,11 +14,11 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::store::memory::MemoryStore;
+use weir_core::store::memory::MemoryStore;
 
-use super::request::{Action, BodyAction};
-use super::scripted::{Dispatched, ScriptedHost, Stream};
-use super::vm::Vm;
+use crate::scripted::{Dispatched, ScriptedHost, Stream};
+use weir_core::filter::Vm;
+use weir_core::filter::{Action, BodyAction};
 
 /// Envoy, as far as one VM sees it: contexts created and callbacks made in Envoy's
 /// order, over a [`ScriptedHost`].
@@ -238,7 +238,7 @@ impl Envoy {
         }
     }
 
-    fn with_upstream(&self, context: u32, f: impl FnOnce(&mut super::scripted::Upstream)) {
+    fn with_upstream(&self, context: u32, f: impl FnOnce(&mut crate::scripted::Upstream)) {
         if let Some(stream) = self.host.state().streams.get_mut(&context) {
             f(&mut stream.upstream);
         }

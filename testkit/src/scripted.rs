@@ -5,22 +5,24 @@
 //! Envoy's semantics (a [`MemoryStore`]), an effective context that callbacks act on,
 //! request and response headers and bodies per stream, local replies and resumes
 //! recorded per stream, calls out recorded with a token, stats kept by id, a clock the
-//! script moves. [`super::scripted_envoy::Envoy`] drives a `Vm` over it.
+//! script moves. [`crate::scripted_envoy::Envoy`] drives a `Vm` over it.
 //!
 //! Calls on a context that does not exist (a request already deleted) fail as Envoy's
 //! do, with `BadArgument`, and are counted in [`HostState::misdirected`]: a lifecycle
 //! that resumes or answers a request that is gone is a bug these tests see.
 
-use super::host::{BoundaryCounts, CallKind, Host, HostError, HostResult, LogLevel, MetricType};
-use crate::store::memory::MemoryStore;
-use crate::store::{SharedStore, StoreError};
-use crate::time::Micros;
 use std::cell::{RefCell, RefMut};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
+use weir_core::filter::host::{
+    BoundaryCounts, CallKind, Host, HostError, HostResult, LogLevel, MetricType,
+};
+use weir_core::store::memory::MemoryStore;
+use weir_core::store::{SharedStore, StoreError};
+use weir_core::time::Micros;
 
 const BAD_ARGUMENT: HostError = HostError(2);
-const NOT_FOUND: HostError = HostError(super::host::NOT_FOUND);
+const NOT_FOUND: HostError = HostError(weir_core::filter::host::NOT_FOUND);
 const INTERNAL_FAILURE: HostError = HostError(10);
 
 /// One HTTP stream as Envoy holds it.
@@ -43,7 +45,7 @@ pub struct Stream {
     pub local_reply: Option<LocalReply>,
     /// Headers the filter added to the response.
     pub added_response_headers: Vec<(String, String)>,
-    /// What went on to the upstream (see [`super::scripted_envoy::Envoy`]).
+    /// What went on to the upstream (see [`crate::scripted_envoy::Envoy`]).
     pub upstream: Upstream,
     /// Whether the filter may read or write the request body now: during a body
     /// callback, or after one that buffered it (`StopIterationAndBuffer`). Envoy's Wasm
@@ -54,7 +56,7 @@ pub struct Stream {
 }
 
 /// What the upstream received of a request: Envoy's side of the filter's answers to
-/// its callbacks (played by [`super::scripted_envoy::Envoy`]). The upstream is a
+/// its callbacks (played by [`crate::scripted_envoy::Envoy`]). The upstream is a
 /// witness: a request whose body it received was admitted, whatever the client was
 /// answered.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -163,7 +165,7 @@ pub struct HostState {
     /// Calls made and not answered yet.
     pub in_flight: usize,
     /// Streams the filter resumed or answered since the script last looked
-    /// ([`super::scripted_envoy::Envoy`] acts on them).
+    /// ([`crate::scripted_envoy::Envoy`] acts on them).
     pub touched: Vec<u32>,
     /// The answer of the call whose callback is running: status (0: none) and body.
     pub answering: Option<(u16, Vec<u8>)>,
