@@ -16,7 +16,7 @@ use weir_core::filter::host::{
     NOT_FOUND,
 };
 use weir_core::store::{SharedStore, StoreError};
-use weir_core::time::{Micros, Nanos};
+use weir_core::time::Micros;
 
 const MAP_REQUEST_HEADERS: u32 = 0;
 const MAP_RESPONSE_HEADERS: u32 = 2;
@@ -222,7 +222,7 @@ fn now() -> HostResult<Micros> {
     count(CallKind::Clock, 0);
     let mut ns = 0u64;
     ok(unsafe { proxy_get_current_time_nanoseconds(&mut ns) })?;
-    Ok(Nanos(ns).as_micros_floor())
+    Ok(Micros::from_clock_nanos(ns))
 }
 
 fn set_tick_period_ms(period: u32) -> HostResult<()> {

@@ -19,7 +19,7 @@ use weir_core::adaptive::{Response, SharedRecord};
 use weir_core::engine::{Engine, PendingCommit};
 use weir_core::store::memory::MemoryStore;
 use weir_core::store::SharedStore;
-use weir_core::time::Micros;
+use weir_core::time::{Micros, Span};
 use weir_core::worker::Worker;
 
 const MS: u64 = 1_000;
@@ -117,7 +117,7 @@ fn per_key_service(
                 break;
             }
             let (w, k, pending, started) = open.remove(&(ends, id)).unwrap();
-            e.observe_latency(&mut workers[w], &pending, Micros(ends - started));
+            e.observe_latency(&mut workers[w], &pending, Span(ends - started));
             end(&e, &store, &mut workers[w], &pending, ends);
             in_flight[k] -= 1;
         }
@@ -189,7 +189,7 @@ fn keys_beyond_adaptive_keys_wait_for_a_record_and_take_an_idle_one() {
     let quota = |worker: &mut Worker, key: &str, now: u64| {
         let eval = evaluate_on(&e, &store, worker, &user(key), now);
         for pending in &eval.commits {
-            e.observe_latency(worker, pending, Micros(20 * MS));
+            e.observe_latency(worker, pending, Span(20 * MS));
             end(&e, &store, worker, pending, now);
         }
         let without = eval.reports[0].key_without_controller;
@@ -368,7 +368,7 @@ fn an_interval_of_fast_failures_does_not_halve_the_limit() {
                 status,
                 from_upstream: Some(true),
             };
-            e.observe_response(&mut workers[w], &pending, response, Micros(ends - started));
+            e.observe_response(&mut workers[w], &pending, response, Span(ends - started));
             end(&e, &store, &mut workers[w], &pending, ends);
         }
         let limit = tick_if_due(&e, &store, &mut workers, now, &mut next_tick);

@@ -21,7 +21,7 @@ use weir_core::concurrency::{place_epoch, PLACE_EPOCH_US};
 use weir_core::engine::{Engine, PendingCommit};
 use weir_core::store::memory::MemoryStore;
 use weir_core::store::{StoreError, UpdateError, MAX_CAS_ATTEMPTS};
-use weir_core::time::Micros;
+use weir_core::time::{Micros, Span};
 use weir_core::worker::Worker;
 
 const MS: u64 = 1_000;
@@ -392,7 +392,7 @@ fn random_walk(rng: &mut Rng) -> Result<Walk, String> {
             maybe_fail_writes(rng, &store, 8);
             let (generation, worker, _, _) = &mut workers[w];
             // Latencies as fast as they come: adaptive limits grow (slow start).
-            engines[*generation].observe_latency(worker, &pending, Micros(10 * MS));
+            engines[*generation].observe_latency(worker, &pending, Span(10 * MS));
             if engines[*generation]
                 .end_in_flight(&store, worker, &pending, Micros(ends))
                 .is_err()

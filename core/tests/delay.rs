@@ -25,7 +25,7 @@ use weir_core::delay::RELEASE_SLACK_US;
 use weir_core::engine::{Engine, Evaluation, RuleOutcome};
 use weir_core::rules::{Facts, RuleId};
 use weir_core::store::memory::MemoryStore;
-use weir_core::time::Micros;
+use weir_core::time::{Micros, Span};
 use weir_core::worker::Worker;
 use weir_testkit::simulation::configured_limit;
 
@@ -139,7 +139,7 @@ fn run(
             continue;
         }
         if let Some(delayed) = eval.delayed {
-            assert_eq!(delayed.waited, Micros(now - arrived_us));
+            assert_eq!(delayed.waited, Span(now - arrived_us));
         }
         let report = *eval.reports.last().unwrap();
         out.queue_full += u64::from(report.delay_queue_full);
@@ -291,7 +291,7 @@ fn a_request_is_not_held_by_a_rule_after_one_that_counted_it() {
     assert!(!second.denied());
     assert_eq!(second.reports.len(), 2);
     assert_eq!(second.reports[1].decided_at_us, held.hold.due_us);
-    assert_eq!(second.delayed.unwrap().waited, Micros(999 * MS));
+    assert_eq!(second.delayed.unwrap().waited, Span(999 * MS));
 }
 
 #[test]

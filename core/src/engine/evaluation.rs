@@ -7,7 +7,7 @@ use crate::algorithms::{Decision, Hold};
 use crate::key::{KeyHash, KeyHasher, Seed};
 use crate::lease::{LeaseSlot, Spend};
 use crate::rules::{FactSource, Facts, Rule, RuleId};
-use crate::time::{Micros, Nanos};
+use crate::time::{Micros, Nanos, Span};
 use crate::wire::ReplyError;
 
 use super::report::{signed, RuleOutcome, RuleReport, Source, Verdict};
@@ -149,7 +149,7 @@ pub struct HeldRequest {
 pub struct Delayed {
     pub rule: RuleId,
     /// From the request's arrival to its release.
-    pub waited: Micros,
+    pub waited: Span,
     /// The release came after [`Hold::release_by_us`]: the slot was lost and the rule
     /// decided the request again.
     pub late: bool,
@@ -271,7 +271,7 @@ impl Evaluation {
             allowed: false,
             remaining: 0,
             retry_after_ns: Some(
-                Micros(held.hold.due_us.saturating_sub(now_us).max(1))
+                Span(held.hold.due_us.saturating_sub(now_us).max(1))
                     .as_nanos()
                     .ns(),
             ),

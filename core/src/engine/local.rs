@@ -346,7 +346,7 @@ fn decide_with_reservoir<S: SharedStore>(
             .saturating_sub(1);
         SlotReplyOutcome::Held(Held {
             count: taken.units,
-            next_due_ns: Micros(now_us).as_nanos().ns(),
+            next_due_ns: Micros(now_us).as_epoch_nanos(),
             spacing_ns: 0,
             window_us,
         })

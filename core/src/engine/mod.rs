@@ -80,7 +80,7 @@ use crate::key::Seed;
 use crate::response::RuleVerdict;
 use crate::rules::{Commit, CommitSource, Cost, Fact, FactSource, Facts, RuleId, Scope};
 use crate::store::{SharedStore, StoreError, UpdateError};
-use crate::time::Micros;
+use crate::time::{Micros, Span};
 use crate::worker::Worker;
 
 use evaluation::{applies, CommitKey, Resume};
@@ -377,7 +377,7 @@ impl Engine {
     /// A response of a request admitted by an adaptive concurrency rule came back
     /// `latency` after the rule admitted it (`admitted`: the request's commit for the
     /// rule): the worker records it for its next merge ([`Engine::adapt`]).
-    pub fn observe_latency(&self, worker: &mut Worker, admitted: &PendingCommit, latency: Micros) {
+    pub fn observe_latency(&self, worker: &mut Worker, admitted: &PendingCommit, latency: Span) {
         let CommitKey::Local(hash) = &admitted.key else {
             return;
         };
@@ -395,7 +395,7 @@ impl Engine {
         worker: &mut Worker,
         admitted: &PendingCommit,
         response: Response,
-        latency: Micros,
+        latency: Span,
     ) -> bool {
         if !measures_service(response) {
             return false;

@@ -18,7 +18,7 @@ use crate::key::Seed;
 use crate::rules::Rule;
 use crate::rules::RuleId;
 use crate::store::seed;
-use crate::time::Micros;
+use crate::time::{Micros, Span};
 use crate::usage::settlement::{ResponseSeen, Settlement};
 use crate::wire::{v2, v3, ReplyError, SECRET_HEADER};
 use crate::worker::Worker;
@@ -77,7 +77,7 @@ pub const COMMIT_TICK_MS: u32 = 10;
 /// How often a worker sweeps the units that expired unspent out of its reservoirs and a
 /// few sets of each lease table: the `outstanding_units` gauge lags their expiry by
 /// about this much (more for lease tables of many sets).
-pub const SWEEP_INTERVAL: Micros = Micros::from_millis(250);
+pub const SWEEP_INTERVAL: Span = Span::from_millis(250);
 /// Most commits a worker keeps waiting; past it a commit is dropped (its estimate
 /// stands) and counted in `commit_errors`.
 pub const MAX_WAITING_COMMITS: usize = 4_096;

@@ -6,7 +6,7 @@ use super::{evaluate_on, FakeRequest};
 use std::collections::BTreeMap;
 use weir_core::engine::{Engine, PendingCommit};
 use weir_core::store::memory::MemoryStore;
-use weir_core::time::Micros;
+use weir_core::time::{Micros, Span};
 use weir_core::worker::Worker;
 
 /// Admits one request on `worker`; its pending release when allowed.
@@ -42,7 +42,7 @@ pub fn end_due(e: &Engine, store: &MemoryStore, workers: &mut [Worker], open: &m
             break;
         }
         let (w, pending, started) = open.remove(&(ends, id)).unwrap();
-        e.observe_latency(&mut workers[w], &pending, Micros(ends - started));
+        e.observe_latency(&mut workers[w], &pending, Span(ends - started));
         end(e, store, &mut workers[w], &pending, ends);
     }
 }

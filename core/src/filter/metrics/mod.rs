@@ -36,12 +36,12 @@ use super::host::{BoundaryCounts, CallKind, Host, HostResult, MetricType};
 use crate::config::Config;
 use crate::rules::{Rule, RuleId};
 use crate::stats::{Applies, Group, StatKind, StatsLevel};
-use crate::time::Micros;
+use crate::time::{Micros, Span};
 use crate::usage::settlement::SettleReason;
 use std::cell::Cell;
 
 /// How often increments kept in the VM are sent to Envoy.
-pub const FLUSH_INTERVAL: Micros = Micros::from_millis(100);
+pub const FLUSH_INTERVAL: Span = Span::from_millis(100);
 
 /// A stat's handle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

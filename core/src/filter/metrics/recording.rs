@@ -9,7 +9,7 @@ use crate::engine::{
 use crate::filter::host::Host;
 use crate::rules::RuleId;
 use crate::store::{Placement, UpdateError};
-use crate::time::Micros;
+use crate::time::{Micros, Span};
 use crate::usage::settlement::SettleReason;
 use crate::wire::ReplyError;
 
@@ -39,7 +39,7 @@ impl Metrics {
         self.bump(self.plugin.bridge.resent, 1);
     }
 
-    pub fn bridge_latency<H: Host>(&self, host: &H, latency: Micros) {
+    pub fn bridge_latency<H: Host>(&self, host: &H, latency: Span) {
         self.set(host, self.plugin.bridge.latency_us, latency.us());
     }
 
