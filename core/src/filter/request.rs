@@ -302,8 +302,7 @@ impl Request {
         let Some(read) = &mut self.read_ahead else {
             return;
         };
-        let mut budget = plugin.buffers.borrow_mut();
-        if !read.kept.grow_to(&mut budget, size) {
+        if !plugin.keep(&mut read.kept, size) {
             plugin.metrics.buffer_full();
             read.body = BodySeen::TooLarge;
             return;
@@ -317,13 +316,13 @@ impl Request {
             BodySeen::Complete(bytes) => bytes.len(),
             _ => 0,
         };
-        read.kept.grow_to(&mut budget, kept);
+        plugin.keep(&mut read.kept, kept);
     }
 
     /// Forgets what was read ahead of the decision, and gives the body's bytes back.
     fn drop_read_ahead(&mut self) {
         if let (Some(mut read), Some(plugin)) = (self.read_ahead.take(), &self.plugin) {
-            read.kept.release(&mut plugin.buffers.borrow_mut());
+            plugin.give_back(&mut read.kept);
         }
     }
 
@@ -352,11 +351,7 @@ impl Request {
         };
         let engine = &plugin.engine;
         let mut facts = Facts::new(&engine.config.facts, self.facts(host));
-        let eval = {
-            let mut worker = plugin.worker.borrow_mut();
-            let seed = plugin.seed.get();
-            engine.evaluate(host, &mut worker, &seed, &mut facts, now)
-        };
+        let eval = plugin.evaluate(host, &mut facts, now);
         self.go_on(host, plugin, eval, now)
     }
 
@@ -369,11 +364,7 @@ impl Request {
         };
         let engine = &plugin.engine;
         let mut facts = Facts::new(&engine.config.facts, self.facts(host));
-        {
-            let mut worker = plugin.worker.borrow_mut();
-            let seed = plugin.seed.get();
-            engine.release(&mut eval, host, &mut worker, &seed, &mut facts, now);
-        }
+        plugin.release(&mut eval, host, &mut facts, now);
         if let Some(delayed) = &eval.delayed {
             plugin.metrics.delay_released(delayed);
             self.reply
@@ -410,12 +401,7 @@ impl Request {
         let Some(held) = eval.held else {
             return Action::Continue;
         };
-        let queued =
-            plugin
-                .worker
-                .borrow_mut()
-                .waiting
-                .hold(self.context_id, held.rule, held.hold.due_us);
+        let queued = plugin.hold(self.context_id, held.rule, held.hold.due_us);
         if !queued {
             // The engine holds only when the worker has room; should that ever not be
             // so, the request is denied (its slot is lost, never admitted early).
@@ -472,10 +458,7 @@ impl Request {
                 settlements.settle_all(host, plugin, false);
             }
             Stage::Waiting { flight, eval } => {
-                plugin
-                    .flights
-                    .borrow_mut()
-                    .forget_waiter(*flight, self.context_id);
+                plugin.leave_flight(*flight, self.context_id);
                 // What rules before the global ones counted: the request never reached
                 // the upstream (a concurrency rule's place is given back).
                 for commit in &eval.commits {
@@ -483,7 +466,7 @@ impl Request {
                 }
             }
             Stage::Held(eval) => {
-                let forgotten = plugin.worker.borrow_mut().waiting.forget(self.context_id);
+                let forgotten = plugin.forget_held(self.context_id);
                 if let Some(rule) = forgotten {
                     plugin.metrics.delay_abandoned(rule);
                 }
@@ -516,12 +499,7 @@ impl Request {
         }
         let engine = &plugin.engine;
         if !eval.pending.is_empty() {
-            let joined = plugin
-                .flights
-                .borrow_mut()
-                .join(self.context_id, &eval.pending, |rule| {
-                    engine.shares_calls(rule)
-                });
+            let joined = plugin.join_flight(self.context_id, &eval.pending);
             match joined {
                 Join::Waiting(flight) => {
                     plugin.metrics.bridge_joined();

@@ -121,12 +121,7 @@ impl Settlements {
                 };
                 seen = Some((now, response));
                 let latency = now.saturating_sub(s.commit.counted_at);
-                plugin.engine.observe_response(
-                    &mut plugin.worker.borrow_mut(),
-                    &s.commit,
-                    response,
-                    latency,
-                );
+                plugin.observe_response(&s.commit, response, latency);
             }
         }
         for s in &mut self.open {
@@ -184,8 +179,7 @@ impl Settlements {
         let wanted = scanners().fold(0usize, |sum, scanner| {
             sum.saturating_add(scanner.buffered().saturating_add(incoming))
         });
-        let mut budget = plugin.buffers.borrow_mut();
-        if self.body_kept.grow_to(&mut budget, wanted) {
+        if plugin.keep(&mut self.body_kept, wanted) {
             return;
         }
         plugin.metrics.buffer_full();
@@ -194,13 +188,13 @@ impl Settlements {
                 scanner.give_up();
             }
         }
-        self.body_kept.release(&mut budget);
+        plugin.give_back(&mut self.body_kept);
     }
 
     /// Settles every cost still open with what its body said: the response `ended`, or
     /// was cut (the client went away, a reset) before its end.
     pub fn settle_all<H: Host>(&mut self, host: &H, plugin: &Plugin, ended: bool) {
-        self.body_kept.release(&mut plugin.buffers.borrow_mut());
+        plugin.give_back(&mut self.body_kept);
         for mut s in std::mem::take(&mut self.open) {
             let seen = ResponseSeen {
                 status: self.status,

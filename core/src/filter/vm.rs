@@ -67,14 +67,14 @@ impl Vm {
         };
         plugin.send_commits(host);
         plugin.adapt(host);
-        if plugin.worker.borrow().waiting.is_empty() {
+        if plugin.holds_none() {
             plugin.adjust_tick(host);
             return;
         }
         let Ok(now) = host.now() else {
             return;
         };
-        let due = plugin.worker.borrow_mut().waiting.take_due(now.us());
+        let due = plugin.take_due(now);
         for context in due {
             self.in_request(host, context, |request| request.on_hold_due(host, now));
         }
@@ -179,7 +179,7 @@ impl Vm {
     pub fn on_delete<H: Host>(&mut self, host: &H, context_id: u32) {
         if let Some(root) = self.roots.remove(&context_id) {
             if let Some(plugin) = root.plugin() {
-                let held = plugin.worker.borrow_mut().waiting.take_all();
+                let held = plugin.take_all_held();
                 if !held.is_empty() {
                     let now = host.now().unwrap_or(Micros::ZERO);
                     for context in held {

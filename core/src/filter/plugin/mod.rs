@@ -4,25 +4,40 @@
 //! `configure` runs in every VM of the process (a base VM on the main thread, then one
 //! per worker), so everything here is idempotent: the seed is whatever the first VM
 //! stored, tables that exist keep their state, metrics map to the same stats.
+//!
+//! What a plugin keeps that changes (the worker's reservoirs and held requests, calls in
+//! flight, commits waiting, the bytes kept for bodies) is its own: requests and the VM
+//! reach it through the methods here, never through the cells. Beside this file:
+//! `calls` (a request's bridge call and its answer) and `commits` (global commits queued
+//! and sent from the tick).
 
 use super::host::{self, Host, LogLevel};
 use super::metrics::{Metrics, RuleStats, FLUSH_INTERVAL};
-use crate::bounds::MAX_ITEMS;
-use crate::bounds::{MAX_BODY_BYTES, MAX_CONFIG_BYTES};
-use crate::buffers::BufferBudget;
-use crate::config::{self, BridgeSettings};
+use crate::adaptive::Response;
+use crate::bounds::MAX_CONFIG_BYTES;
+use crate::buffers::{BufferBudget, Buffered};
+use crate::config;
 use crate::delay::RELEASE_TICK_MS;
-use crate::engine::{Engine, Evaluation, PendingCommit};
-use crate::flight::{Call, Flights};
+use crate::engine::{Engine, Evaluation, PendingCommit, PendingItem};
+use crate::flight::{Flights, Join};
 use crate::key::Seed;
-use crate::rules::Rule;
-use crate::rules::RuleId;
+use crate::rules::{FactSource, Facts, Rule, RuleId};
 use crate::store::seed;
 use crate::time::{Micros, Span};
 use crate::usage::settlement::{ResponseSeen, Settlement};
-use crate::wire::{v2, v3, ReplyError, SECRET_HEADER};
 use crate::worker::Worker;
 use std::cell::{Cell, RefCell};
+
+/// A request's bridge call and its answer.
+mod calls;
+
+/// Global commits, queued and sent from the tick.
+mod commits;
+
+pub use calls::Landed;
+pub use commits::{
+    CommitQueue, QueuedCommit, COMMIT_TICK_MS, MAX_COMMIT_CALLS, MAX_WAITING_COMMITS,
+};
 
 /// The most sets of a table read at configure time to estimate its `slots_in_use`
 /// gauge: a table of a million keys costs this many host calls, not 250,000.
@@ -36,17 +51,17 @@ pub struct Plugin {
     pub engine: Engine,
     /// The process's hashing seed; replaced if a racing VM's seed is the one stored
     /// (see `crate::store::seed`).
-    pub seed: Cell<Seed>,
+    seed: Cell<Seed>,
     pub metrics: Metrics,
     /// Bridge calls of this plugin in flight in this VM.
-    pub flights: RefCell<Flights>,
+    flights: RefCell<Flights>,
     /// This worker's reservoirs and cached denials of local rules, and the requests it
     /// holds (`on_limit.delay`).
-    pub worker: RefCell<Worker>,
+    worker: RefCell<Worker>,
     /// Global commits waiting to be sent to the bridge, and the calls carrying them.
-    pub commits: RefCell<CommitQueue>,
+    commits: RefCell<CommitQueue>,
     /// Bytes this VM keeps for its requests in flight, against `max_buffered_bytes`.
-    pub buffers: RefCell<BufferBudget>,
+    buffers: RefCell<BufferBudget>,
     /// The tick period set last (ms): every [`crate::delay::RELEASE_TICK_MS`] while
     /// requests are held, [`COMMIT_TICK_MS`] while commits or places wait, else every
     /// metrics flush.
@@ -58,65 +73,10 @@ pub struct Plugin {
     last_sweep: Cell<Micros>,
 }
 
-/// A bridge call answered and landed ([`Plugin::on_call_answer`]): its evaluation,
-/// completed with the answer, for the request that made it, and the requests that waited
-/// on it, to look again.
-pub struct Landed {
-    /// The request that made the call (it may be gone).
-    pub owner: u32,
-    pub eval: Evaluation,
-    /// The requests that waited on it, by context id, in the order they joined.
-    pub waiters: Vec<u32>,
-    /// When the answer came.
-    pub now: Micros,
-}
-
-/// How often commits waiting for the bridge are sent.
-pub const COMMIT_TICK_MS: u32 = 10;
-
 /// How often a worker sweeps the units that expired unspent out of its reservoirs and a
 /// few sets of each lease table: the `outstanding_units` gauge lags their expiry by
 /// about this much (more for lease tables of many sets).
 pub const SWEEP_INTERVAL: Span = Span::from_millis(250);
-/// Most commits a worker keeps waiting; past it a commit is dropped (its estimate
-/// stands) and counted in `commit_errors`.
-pub const MAX_WAITING_COMMITS: usize = 4_096;
-/// Most `/v3/commit` calls a worker has in flight.
-pub const MAX_COMMIT_CALLS: usize = 16;
-
-/// A global commit: the item for the bridge, with what the metrics need.
-pub struct QueuedCommit {
-    pub rule: RuleId,
-    pub item: v3::CommitItem,
-}
-
-/// Global commits of one worker: waiting, and in flight by call token.
-#[derive(Default)]
-pub struct CommitQueue {
-    waiting: Vec<QueuedCommit>,
-    in_flight: Vec<(u32, Vec<QueuedCommit>)>,
-}
-
-impl CommitQueue {
-    /// Queues a commit; false when the queue is full.
-    pub fn push(&mut self, commit: QueuedCommit) -> bool {
-        if self.waiting.len() >= MAX_WAITING_COMMITS {
-            return false;
-        }
-        self.waiting.push(commit);
-        true
-    }
-
-    pub fn is_waiting(&self) -> bool {
-        !self.waiting.is_empty()
-    }
-
-    /// The commits the call `token` carried, if it was a commit call.
-    pub fn land(&mut self, token: u32) -> Option<Vec<QueuedCommit>> {
-        let at = self.in_flight.iter().position(|(t, _)| *t == token)?;
-        Some(self.in_flight.swap_remove(at).1)
-    }
-}
 
 impl Plugin {
     /// Reads, compiles and prepares the plugin configuration. The error is the line to
@@ -194,197 +154,96 @@ impl Plugin {
         })
     }
 
-    /// Sends `eval.pending` to the bridge for the request `owner`; the call is in
-    /// flight, holding the evaluation, until its answer comes. Gives the evaluation back
-    /// when the call cannot be made.
-    pub fn call_bridge<H: Host>(
-        &self,
-        host: &H,
-        owner: u32,
-        mut eval: Evaluation,
-        now: Micros,
-    ) -> Result<(), Box<(Evaluation, ReplyError)>> {
-        let Some(bridge) = &self.engine.config.bridge else {
-            return Err(Box::new((eval, ReplyError::Unavailable)));
-        };
-        let body = self.engine.bridge_request(&eval.pending);
-        let headers = call_headers(bridge, v2::ACQUIRE_PATH);
-        match host.dispatch_call(&bridge.cluster, &headers, &body, bridge.timeout_ms) {
-            Ok(token) => {
-                self.metrics.bridge_call();
-                self.engine.note_call_made(host, now.us());
-                self.engine.note_call_sent(&mut eval, host, now);
-                let keys = eval
-                    .pending
-                    .iter()
-                    .filter(|item| self.engine.shares_calls(item.rule))
-                    .map(|item| (item.rule, item.hash))
-                    .collect();
-                let call = Call {
-                    owner,
-                    sent_at: now,
-                    eval,
-                    keys,
-                    waiters: Vec::new(),
-                    resent: false,
-                };
-                self.flights.borrow_mut().start(token, call);
-                Ok(())
-            }
-            // Envoy refused it at once: the cluster's circuit breaker is full, or it has
-            // no host (or no such cluster).
-            Err(e) => {
-                self.metrics.bridge_refused();
-                host::log(host, owner, LogLevel::Debug, || {
-                    format!("cannot call the bridge cluster {:?}: {e}", bridge.cluster)
-                });
-                Err(Box::new((eval, ReplyError::Refused)))
-            }
-        }
+    /// Grows what `kept` holds of the VM's `max_buffered_bytes` to `bytes` (or shrinks
+    /// it); false, holding what it held, when the budget has no room.
+    pub fn keep(&self, kept: &mut Buffered, bytes: usize) -> bool {
+        kept.grow_to(&mut self.buffers.borrow_mut(), bytes)
     }
 
-    /// The answer of the call `token`, on the plugin's root context. A commit call
-    /// settles its commits. A bridge call Envoy could not deliver is sent once more (see
-    /// [`Plugin::resend`]). A bridge call that landed has its evaluation completed: what
-    /// Redis granted goes into the lease table whether or not its request is still
-    /// there, and the call is returned for the VM to hand to its requests. `None` for
-    /// every other answer.
-    pub fn on_call_answer<H: Host>(
+    /// Gives back all `kept` holds of the VM's budget.
+    pub fn give_back(&self, kept: &mut Buffered) {
+        kept.release(&mut self.buffers.borrow_mut());
+    }
+
+    /// Evaluates a request's rules now ([`Engine::evaluate`]) against this worker's
+    /// reservoirs and the process's hashing seed.
+    pub fn evaluate<H: Host, F: FactSource>(
         &self,
         host: &H,
-        token: u32,
-        body_size: usize,
-    ) -> Option<Landed> {
-        let commits = self.commits.borrow_mut().land(token);
-        if let Some(commits) = commits {
-            self.commits_answered(host, commits, body_size);
-            return None;
-        }
-        let (reply, sent_at) = {
-            let flights = self.flights.borrow();
-            let call = flights.get(token)?;
-            (self.read_bridge_reply(host, call, body_size), call.sent_at)
-        };
-        let now = host.now().unwrap_or(sent_at);
-        // Envoy could not deliver it: another host of the cluster may answer.
-        let reply = match self.resend(host, token, &reply, now) {
-            Ok(true) => return None,
-            Ok(false) => reply,
-            Err(refused) => Err(refused),
-        };
-        let call = self.flights.borrow_mut().land(token)?;
-        self.metrics
-            .bridge_latency(host, now.saturating_sub(call.sent_at));
-        let mut eval = call.eval;
+        facts: &mut Facts<'_, F>,
+        now: Micros,
+    ) -> Evaluation {
+        let mut worker = self.worker.borrow_mut();
+        let seed = self.seed.get();
+        self.engine.evaluate(host, &mut worker, &seed, facts, now)
+    }
+
+    /// Releases a held request that is due ([`Engine::release`]).
+    pub fn release<H: Host, F: FactSource>(
+        &self,
+        eval: &mut Evaluation,
+        host: &H,
+        facts: &mut Facts<'_, F>,
+        now: Micros,
+    ) {
+        let mut worker = self.worker.borrow_mut();
+        let seed = self.seed.get();
         self.engine
-            .complete(&mut eval, host, call.sent_at, now, reply);
-        Some(Landed {
-            owner: call.owner,
-            eval,
-            waiters: call.waiters,
-            now,
-        })
+            .release(eval, host, &mut worker, &seed, facts, now);
     }
 
-    /// The request of a landed call is gone: what the call decided is still counted, and
-    /// what its rules hold for a response that will never come is settled now (a
-    /// concurrency rule's place given back; an estimate given back too: the request,
-    /// paused for this call, never reached the upstream).
-    pub fn on_owner_gone<H: Host>(&self, host: &H, landed: &Landed) {
-        self.metrics.record(host, &landed.eval, landed.now);
-        for commit in &landed.eval.commits {
-            self.settle(host, landed.owner, commit, None);
-        }
+    /// Holds request `context_id` for `rule` until `due_us`; false when the worker has
+    /// no room for it.
+    pub fn hold(&self, context_id: u32, rule: RuleId, due_us: u64) -> bool {
+        self.worker
+            .borrow_mut()
+            .waiting
+            .hold(context_id, rule, due_us)
     }
 
-    /// Sends the call answered as `token` once more, if its `reply` says Envoy could not
-    /// deliver it and there is time left (see [`crate::engine::Engine::resend_timeout_ms`]):
-    /// it stays in flight with its waiters. Returns whether it was sent, or
-    /// [`ReplyError::Refused`] when Envoy refused the second send at once (its circuit
-    /// breaker): that, not the first answer, is what the call got.
-    fn resend<H: Host>(
+    /// A held request is gone: it leaves the queue. The rule that held it, if it was held.
+    pub fn forget_held(&self, context_id: u32) -> Option<RuleId> {
+        self.worker.borrow_mut().waiting.forget(context_id)
+    }
+
+    /// Whether this worker holds no request.
+    pub fn holds_none(&self) -> bool {
+        self.worker.borrow().waiting.is_empty()
+    }
+
+    /// The held requests due at `now`, out of the queue, by context id.
+    pub fn take_due(&self, now: Micros) -> Vec<u32> {
+        self.worker.borrow_mut().waiting.take_due(now.us())
+    }
+
+    /// Every held request, out of the queue (the plugin goes away).
+    pub fn take_all_held(&self) -> Vec<u32> {
+        self.worker.borrow_mut().waiting.take_all()
+    }
+
+    /// Request `context_id` waits on a call of this VM for its `pending` rules, if one
+    /// asks about all their keys ([`Join::Waiting`]), or must make its own.
+    pub fn join_flight(&self, context_id: u32, pending: &[PendingItem]) -> Join {
+        self.flights
+            .borrow_mut()
+            .join(context_id, pending, |rule| self.engine.shares_calls(rule))
+    }
+
+    /// Request `context_id` stops waiting on the call `flight` (it is gone).
+    pub fn leave_flight(&self, flight: u32, context_id: u32) {
+        self.flights.borrow_mut().forget_waiter(flight, context_id);
+    }
+
+    /// A response of a request an adaptive concurrency rule admitted came back
+    /// ([`Engine::observe_response`]); whether its latency was recorded.
+    pub fn observe_response(
         &self,
-        host: &H,
-        token: u32,
-        reply: &Result<v2::Reply, ReplyError>,
-        now: Micros,
-    ) -> Result<bool, ReplyError> {
-        let (Some(bridge), Err(error)) = (&self.engine.config.bridge, reply) else {
-            return Ok(false);
-        };
-        let (body, timeout_ms, owner) = {
-            let flights = self.flights.borrow();
-            let Some(call) = flights.get(token) else {
-                return Ok(false);
-            };
-            let Some(timeout_ms) =
-                self.engine
-                    .resend_timeout_ms(error, call.resent, call.sent_at, now)
-            else {
-                return Ok(false);
-            };
-            let body = self.engine.bridge_request(&call.eval.pending);
-            (body, timeout_ms, call.owner)
-        };
-        let headers = call_headers(bridge, v2::ACQUIRE_PATH);
-        match host.dispatch_call(&bridge.cluster, &headers, &body, timeout_ms) {
-            Ok(again) => {
-                self.engine.note_call_made(host, now.us());
-                self.flights.borrow_mut().resend(token, again);
-                self.metrics.bridge_call();
-                self.metrics.bridge_resent();
-                host::log(host, owner, LogLevel::Debug, || {
-                    format!("{error}; the call is sent once more")
-                });
-                Ok(true)
-            }
-            Err(_) => {
-                self.metrics.bridge_refused();
-                Err(ReplyError::Refused)
-            }
-        }
-    }
-
-    /// The answer of the call `call` made, read in the callback of its response: its
-    /// status (0: none, the connection failed) and body, decoded against what was sent.
-    fn read_bridge_reply<H: Host>(
-        &self,
-        host: &H,
-        call: &Call,
-        body_size: usize,
-    ) -> Result<v2::Reply, ReplyError> {
-        let status = host
-            .call_response_header(":status")
-            .ok()
-            .flatten()
-            .and_then(|s| {
-                std::str::from_utf8(&s)
-                    .ok()
-                    .and_then(|s| s.parse::<u16>().ok())
-            })
-            .unwrap_or(0);
-        // Envoy's own 503 for a call its circuit breaker turned away once it was taken
-        // (a stream over `max_pending_requests` while the connection opens): a full
-        // breaker, like a call refused at once, not a bridge that is down.
-        let overloaded = status == 503
-            && host
-                .call_response_header("x-envoy-overloaded")
-                .ok()
-                .flatten()
-                .is_some();
-        if overloaded {
-            self.metrics.bridge_refused();
-            return Err(ReplyError::Refused);
-        }
-        if body_size > MAX_BODY_BYTES {
-            return Err(ReplyError::BadBody(format!("{body_size} bytes")));
-        }
-        let body = host
-            .call_response_body(body_size)
-            .ok()
-            .flatten()
-            .unwrap_or_default();
-        v2::decode_reply(status, &body, &self.engine.sent(&call.eval.pending))
+        admitted: &PendingCommit,
+        response: Response,
+        latency: Span,
+    ) -> bool {
+        self.engine
+            .observe_response(&mut self.worker.borrow_mut(), admitted, response, latency)
     }
 
     /// Settles what a rule counted for request `context_id` when its response ended (or
@@ -522,88 +381,6 @@ impl Plugin {
         }
     }
 
-    /// Sends the commits waiting for the bridge (from the root context's tick), in calls
-    /// of at most [`MAX_ITEMS`] items, at most [`MAX_COMMIT_CALLS`] in flight.
-    pub fn send_commits<H: Host>(&self, host: &H) {
-        let Some(bridge) = &self.engine.config.bridge else {
-            return;
-        };
-        let mut queue = self.commits.borrow_mut();
-        while queue.is_waiting() && queue.in_flight.len() < MAX_COMMIT_CALLS {
-            let take = queue.waiting.len().min(MAX_ITEMS);
-            let mut batch: Vec<QueuedCommit> = queue.waiting.drain(..take).collect();
-            // Ids unique within the call: the reply is matched to the batch by them.
-            for (id, commit) in (0u16..).zip(batch.iter_mut()) {
-                commit.item.id = id;
-            }
-            let body = self
-                .engine
-                .commit_request(batch.iter().map(|c| c.item.clone()).collect());
-            let headers = call_headers(bridge, v3::COMMIT_PATH);
-            match host.dispatch_call(&bridge.cluster, &headers, &body, bridge.timeout_ms) {
-                Ok(token) => {
-                    if let Ok(now) = host.now() {
-                        self.engine.note_call_made(host, now.us());
-                    }
-                    queue.in_flight.push((token, batch));
-                }
-                Err(e) => {
-                    host.log(
-                        LogLevel::Warn,
-                        &format!(
-                            "cannot send commits to the bridge cluster {:?}: {e}",
-                            bridge.cluster
-                        ),
-                    );
-                    for commit in &batch {
-                        self.metrics.commit_failed(commit.rule);
-                    }
-                }
-            }
-        }
-    }
-
-    /// The answer to a commit call: each commit settled or not (its result found by its
-    /// id), or the call failed (the estimates stand): a bad reply fails the whole call.
-    fn commits_answered<H: Host>(&self, host: &H, commits: Vec<QueuedCommit>, body_size: usize) {
-        let status = host
-            .call_response_header(":status")
-            .ok()
-            .flatten()
-            .and_then(|s| std::str::from_utf8(&s).ok()?.parse::<u16>().ok())
-            .unwrap_or(0);
-        let body = if body_size <= MAX_BODY_BYTES {
-            host.call_response_body(body_size)
-                .ok()
-                .flatten()
-                .unwrap_or_default()
-        } else {
-            Vec::new()
-        };
-        let answered = match v3::decode_reply(status, &body, &commits, |c| c.item.id) {
-            Ok(answered) => answered,
-            Err(error) => {
-                host.log(
-                    LogLevel::Warn,
-                    &format!(
-                        "the bridge did not settle {} commits ({error}): their estimates stand",
-                        commits.len()
-                    ),
-                );
-                for commit in &commits {
-                    self.metrics.commit_failed(commit.rule);
-                }
-                return;
-            }
-        };
-        for (commit, result) in answered {
-            if result.settled {
-                self.metrics
-                    .commit_settled(commit.rule, commit.item.reserved, commit.item.actual);
-            }
-        }
-    }
-
     /// The rules as the configure log line lists them.
     pub fn summary(&self) -> String {
         let describe = |r: &Rule| {
@@ -674,18 +451,4 @@ impl Plugin {
             self.metrics.reservoirs_dropped(rule, lost);
         }
     }
-}
-
-/// The headers of a call to the bridge's `path`.
-fn call_headers<'a>(bridge: &'a BridgeSettings, path: &'a str) -> Vec<(&'a str, &'a str)> {
-    let mut headers = vec![
-        (":method", "POST"),
-        (":path", path),
-        (":authority", bridge.authority.as_str()),
-        ("content-type", "application/json"),
-    ];
-    if let Some(secret) = &bridge.secret {
-        headers.push((SECRET_HEADER, secret.as_str()));
-    }
-    headers
 }
