@@ -183,16 +183,7 @@ impl Plugin {
         call: &Call,
         body_size: usize,
     ) -> Result<v2::Reply, ReplyError> {
-        let status = host
-            .call_response_header(":status")
-            .ok()
-            .flatten()
-            .and_then(|s| {
-                std::str::from_utf8(&s)
-                    .ok()
-                    .and_then(|s| s.parse::<u16>().ok())
-            })
-            .unwrap_or(0);
+        let status = call_status(host);
         // Envoy's own 503 for a call its circuit breaker turned away once it was taken
         // (a stream over `max_pending_requests` while the connection opens): a full
         // breaker, like a call refused at once, not a bridge that is down.
@@ -216,6 +207,16 @@ impl Plugin {
             .unwrap_or_default();
         v2::decode_reply(status, &body, &self.engine.sent(&call.eval.pending))
     }
+}
+
+/// The status of a call's answer, read in its callback: 0 when it has none (the
+/// connection failed) or one that is not a number.
+pub(super) fn call_status<H: Host>(host: &H) -> u16 {
+    host.call_response_header(":status")
+        .ok()
+        .flatten()
+        .and_then(|s| std::str::from_utf8(&s).ok()?.parse::<u16>().ok())
+        .unwrap_or(0)
 }
 
 /// The headers of a call to the bridge's `path`.

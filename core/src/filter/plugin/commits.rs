@@ -1,6 +1,6 @@
 //! A plugin's global commits: queued when a response settles a cost, sent to the bridge
 //! from the tick in batches, and their answers counted.
-use super::calls::call_headers;
+use super::calls::{call_headers, call_status};
 use super::Plugin;
 use crate::bounds::{MAX_BODY_BYTES, MAX_ITEMS};
 use crate::filter::host::{Host, LogLevel};
@@ -100,12 +100,7 @@ impl Plugin {
         commits: Vec<QueuedCommit>,
         body_size: usize,
     ) {
-        let status = host
-            .call_response_header(":status")
-            .ok()
-            .flatten()
-            .and_then(|s| std::str::from_utf8(&s).ok()?.parse::<u16>().ok())
-            .unwrap_or(0);
+        let status = call_status(host);
         let body = if body_size <= MAX_BODY_BYTES {
             host.call_response_body(body_size)
                 .ok()
