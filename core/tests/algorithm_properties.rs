@@ -4,12 +4,13 @@
 // Test code: a failed expectation is meant to panic, helpers included.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use crate::support::conformance::drawn_limit;
 use weir_core::algorithms::{
     fixed_window::{self, FixedWindow},
     gcra::{self, Gcra},
     sliding_window::{self, SlidingWindow},
     token_bucket::{self, TokenBucket},
-    Limit, SlotState,
+    AlgorithmKind, Limit, SlotState,
 };
 use weir_testkit::scenarios::{MS_US, S_US, T0};
 
@@ -19,28 +20,27 @@ mod properties {
     use super::*;
     use proptest::prelude::*;
 
-    /// A limit with parameters small enough that random histories hit its edges, and its
-    /// natural time scale in µs.
+    /// A limit of any slot algorithm with parameters small enough that random histories
+    /// hit its edges (counts up to 12, as an algorithm accepts them), and its natural time
+    /// scale in µs.
     fn limits() -> impl Strategy<Value = (Limit, u64)> {
         let period = prop_oneof![1u64..=50, 1_000u64..=2_000_000, Just(S_US), Just(60 * S_US)];
-        prop_oneof![
-            (0u64..=8, 1u64..=9, period.clone()).prop_filter_map("valid gcra", |(b, r, p)| {
-                Gcra::new(b, r, p).ok().map(|g| {
-                    let scale = g.tolerance_ns() / 1_000 + 1;
-                    (Limit::Gcra(g), scale)
-                })
-            }),
-            (1u64..=10, 1u64..=12, period.clone()).prop_map(|(c, r, p)| {
-                (
-                    Limit::TokenBucket(TokenBucket::new(c, r, p).unwrap()),
-                    p * c.div_ceil(r),
-                )
-            }),
-            (1u64..=10, period.clone())
-                .prop_map(|(l, w)| (Limit::FixedWindow(FixedWindow::new(l, w).unwrap()), w)),
-            (1u64..=10, period)
-                .prop_map(|(l, w)| (Limit::SlidingWindow(SlidingWindow::new(l, w).unwrap()), w)),
-        ]
+        let slot_kinds: Vec<AlgorithmKind> = AlgorithmKind::ALL
+            .into_iter()
+            .filter(|kind| kind.spec().global_only.is_none())
+            .collect();
+        (
+            prop::sample::select(slot_kinds),
+            prop::array::uniform3(0u64..=12),
+            prop::array::uniform3(period),
+        )
+            .prop_filter_map(
+                "parameters the algorithm accepts",
+                |(kind, counts, periods)| {
+                    let (limit, scale) = drawn_limit(kind, &counts, &periods)?;
+                    Some((limit.as_slot()?.clone(), scale))
+                },
+            )
     }
 
     /// Steps as (time since the previous step as a fraction of the scale in 1/64ths,

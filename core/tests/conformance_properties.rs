@@ -14,7 +14,7 @@
 use crate::support::conformance as checked;
 
 use checked::*;
-use weir_core::algorithms::{gcra::Gcra, AlgorithmKind, GlobalLimit, Limit};
+use weir_core::algorithms::{AlgorithmKind, GlobalLimit, Limit};
 use weir_core::conformance::{check, Admission, Violation};
 use weir_testkit::scenarios::{S_US, T0};
 
@@ -25,27 +25,38 @@ mod properties {
     use super::*;
     use proptest::prelude::*;
 
+    /// Every algorithm is drawn: small counts and durations build a limit of each kind
+    /// through its spec (a new algorithm whose parameters these cannot build fails here,
+    /// not silently in the draws).
+    #[test]
+    fn every_algorithm_can_be_drawn() {
+        for kind in AlgorithmKind::ALL {
+            let drawn = drawn_limit(kind, &[3, 3, 3], &[1_000, 1_000, 1_000]);
+            let (limit, scale) = drawn.unwrap_or_else(|| panic!("{kind}: not drawn"));
+            assert_eq!(limit.kind(), kind);
+            assert!(scale >= 1, "{kind}: scale {scale}");
+        }
+    }
+
     /// A duration for small parameters: a few µs (so that instants collide with
     /// boundaries), ms, or a second.
     fn period() -> impl Strategy<Value = u64> {
         prop_oneof![2u64..=50, 1_000u64..=2_000_000, Just(S_US)]
     }
 
-    /// A limit of any algorithm with small parameters, and its natural time scale (µs):
-    /// how long an emptied key takes to be fresh again.
+    /// A limit of any algorithm with small parameters (counts up to 9, as an algorithm
+    /// accepts them), and its natural time scale (µs): how long an emptied key takes to be
+    /// fresh again.
     fn limits() -> impl Strategy<Value = (GlobalLimit, u64)> {
-        prop_oneof![
-            (0u64..=6, 1u64..=9, period()).prop_filter_map("valid gcra", |(b, r, p)| {
-                let g = Gcra::new(b, r, p).ok()?;
-                let scale = g.tolerance_ns().div_ceil(1_000);
-                Some((GlobalLimit::Slot(Limit::Gcra(g)), scale))
-            }),
-            (1u64..=8, 1u64..=10, period())
-                .prop_map(|(c, r, p)| (token_bucket(c, r, p), p * c.div_ceil(r))),
-            (1u64..=8, period()).prop_map(|(n, w)| (fixed_window(n, w), w)),
-            (1u64..=8, period()).prop_map(|(n, w)| (sliding_window(n, w), w)),
-            (1u64..=8, period()).prop_map(|(n, w)| (sliding_log(n, w), w)),
-        ]
+        (
+            prop::sample::select(AlgorithmKind::ALL.to_vec()),
+            prop::array::uniform3(0u64..=9),
+            prop::array::uniform3(period()),
+        )
+            .prop_filter_map(
+                "parameters the algorithm accepts",
+                |(kind, counts, periods)| drawn_limit(kind, &counts, &periods),
+            )
     }
 
     /// The gap before a step: the same instant, 1 µs, a fraction of the scale, or an idle

@@ -5,9 +5,35 @@
 
 use weir_core::algorithms::{
     fixed_window::FixedWindow, gcra::Gcra, sliding_log::SlidingLog, sliding_window::SlidingWindow,
-    token_bucket::TokenBucket, GlobalLimit, Limit, SlotState,
+    token_bucket::TokenBucket, AlgorithmKind, GlobalLimit, Limit, SlotState, Unit,
 };
 use weir_core::conformance::{check, Admission, Violation};
+
+/// A limit of `kind` built through its spec from drawn values, whatever the algorithm:
+/// its count parameters from `counts`, its durations (µs) from `durations`, in the order
+/// its spec lists them; with its natural time scale (µs), how long an emptied key takes
+/// to be fresh again (its policy's window). `None` when the algorithm refuses the values.
+/// The property tests draw limits of every kind through it, so a new algorithm is drawn
+/// without a generator of its own.
+pub fn drawn_limit(
+    kind: AlgorithmKind,
+    counts: &[u64],
+    durations: &[u64],
+) -> Option<(GlobalLimit, u64)> {
+    let (mut counts, mut durations) = (counts.iter(), durations.iter());
+    let values: Option<Vec<u64>> = kind
+        .spec()
+        .parameters
+        .iter()
+        .map(|p| match p.unit {
+            Unit::Count => counts.next().copied(),
+            Unit::Duration => durations.next().copied(),
+        })
+        .collect();
+    let limit = GlobalLimit::build(kind, &values?).ok()?;
+    let scale = limit.policy().window_ns.div_ceil(1_000).max(1);
+    Some((limit, scale))
+}
 
 pub fn gcra(burst: u64, rate: u64, period_us: u64) -> GlobalLimit {
     GlobalLimit::Slot(Limit::Gcra(Gcra::new(burst, rate, period_us).unwrap()))
