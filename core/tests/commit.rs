@@ -27,7 +27,7 @@ use support::{engine, evaluate, user, Rng, T0};
 use weir_core::algorithms::SlotState;
 use weir_core::conformance::{self, Admission};
 use weir_core::engine::{Engine, PendingCommit};
-use weir_core::rules::{Facts, RuleId};
+use weir_core::rules::RuleId;
 use weir_core::store::memory::MemoryStore;
 use weir_core::time::Micros;
 use weir_core::usage::RequestBody;
@@ -488,7 +488,7 @@ fn a_cost_estimated_from_the_body_reads_it_only_for_the_requests_it_matches() {
     e.prepare(&store).unwrap();
     let at = |path: &str| user("erin").header(":path", path);
     let wanted = |path: &str| {
-        let mut facts = Facts::new(&e.config.facts, at(path));
+        let mut facts = e.facts(at(path));
         e.request_body_wanted(&mut facts)
     };
     assert_eq!(wanted("/v1/chat/completions"), Some(4096));
@@ -499,11 +499,11 @@ fn a_cost_estimated_from_the_body_reads_it_only_for_the_requests_it_matches() {
     );
     assert_eq!(
         engine(r#"{"rules":[{"name":"a","limit":{"algorithm":"fixed_window","limit":1,"window":"1s"}}]}"#)
-            .request_body_wanted(&mut Facts::new(&e.config.facts, at("/v1/x"))),
+            .request_body_wanted(&mut e.facts(at("/v1/x"))),
         None
     );
     let cost = |body: RequestBody<'_>| {
-        let mut facts = Facts::new(&e.config.facts, WithBody(at("/v1/chat/completions"), body));
+        let mut facts = e.facts(WithBody(at("/v1/chat/completions"), body));
         let eval = e.evaluate(
             &store,
             &mut e.worker(),

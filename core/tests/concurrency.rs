@@ -555,7 +555,7 @@ fn a_claim_lost_to_another_worker_finds_the_key_controller_it_made() {
     };
     e.prepare(&store.inner).unwrap();
     let mut worker = e.worker();
-    let mut facts = weir_core::rules::Facts::new(&e.config.facts, user("ann"));
+    let mut facts = e.facts(user("ann"));
     let eval = e.evaluate(&store, &mut worker, &support::SEED, &mut facts, Micros(T0));
     assert!(!eval.denied());
     assert!(

@@ -23,7 +23,7 @@ use support::{engine, evaluate_on, user, FakeRequest, Rng, SEED, T0};
 use weir_core::conformance::{self, Admission};
 use weir_core::delay::RELEASE_SLACK_US;
 use weir_core::engine::{Engine, Evaluation, RuleOutcome};
-use weir_core::rules::{Facts, RuleId};
+use weir_core::rules::RuleId;
 use weir_core::store::memory::MemoryStore;
 use weir_core::time::{Micros, Span};
 use weir_core::worker::Worker;
@@ -101,7 +101,7 @@ fn run(
                 // The worker's tick takes the request out of its list when it is due.
                 let (mut eval, arrived_us) = held.remove(&context).unwrap();
                 assert!(worker_states[worker].waiting.forget(context).is_some());
-                let mut facts = Facts::new(&e.config.facts, request.clone());
+                let mut facts = e.facts(request.clone());
                 e.release(
                     &mut eval,
                     &store,
@@ -279,7 +279,7 @@ fn a_request_is_not_held_by_a_rule_after_one_that_counted_it() {
     assert_eq!(held.hold.due_us, T0 + 1_000 * MS);
     assert_eq!(second.reports.len(), 0, "no rule decided yet");
     // Released on time: the rule after it decides then.
-    let mut facts = Facts::new(&e.config.facts, user("a"));
+    let mut facts = e.facts(user("a"));
     e.release(
         &mut second,
         &store,
@@ -404,7 +404,7 @@ fn hold_then_release(
 ) -> Evaluation {
     let mut eval = evaluate_on(e, store, worker, &request, T0);
     assert_eq!(eval.held.expect("held").hold.due_us, due_us);
-    let mut facts = Facts::new(&e.config.facts, request);
+    let mut facts = e.facts(request);
     let at = Micros(due_us + late_us);
     e.release(&mut eval, store, worker, &SEED, &mut facts, at);
     eval

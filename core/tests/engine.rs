@@ -13,7 +13,7 @@ use crate::support;
 use support::{engine, run, user, FakeRequest, SEED, T0};
 use weir_core::config;
 use weir_core::engine::RuleOutcome;
-use weir_core::rules::{Facts, RuleId};
+use weir_core::rules::RuleId;
 use weir_core::store::memory::MemoryStore;
 use weir_core::store::{Placement, SharedStore, StoreError};
 use weir_core::time::Micros;
@@ -67,7 +67,7 @@ fn tables_stay_bounded_and_reuse_idle_slots() {
     );
 
     // One second later every bucket is full again: new keys take idle slots over.
-    let mut facts = Facts::new(&e.config.facts, user("late"));
+    let mut facts = e.facts(user("late"));
     let eval = e.evaluate(
         &store,
         &mut e.worker(),
@@ -94,7 +94,7 @@ fn a_live_key_is_never_charged_by_another() {
     assert!(!run(&e, &store, &user("victim"), T0).0);
     for i in 0..50 {
         run(&e, &store, &user(&format!("attacker-{i}")), T0);
-        let mut facts = Facts::new(&e.config.facts, user("victim"));
+        let mut facts = e.facts(user("victim"));
         let eval = e.evaluate(&store, &mut e.worker(), &SEED, &mut facts, Micros(T0));
         // Either still limited (its slot survived) or fresh (evicted): never "1 left".
         let remaining = eval.verdicts[0].decision.remaining;
@@ -145,7 +145,7 @@ fn cas_conflicts_are_retried_and_counted() {
     let mut retries = 0;
     let mut allowed = 0;
     for _ in 0..10 {
-        let mut facts = Facts::new(&e.config.facts, FakeRequest::default());
+        let mut facts = e.facts(FakeRequest::default());
         let eval = e.evaluate(&store, &mut e.worker(), &SEED, &mut facts, Micros(T0));
         retries += eval.reports[0].cas_retries;
         allowed += usize::from(!eval.denied());
@@ -234,7 +234,7 @@ fn cost_headers_fall_back_to_the_default_and_stay_within_min_and_max() {
         if let Some(value) = header {
             req = req.header("x-cost", value);
         }
-        let mut facts = Facts::new(&e.config.facts, req);
+        let mut facts = e.facts(req);
         let eval = e.evaluate(&store, &mut e.worker(), &SEED, &mut facts, Micros(T0));
         spent += charged;
         assert_eq!(
@@ -255,7 +255,7 @@ fn a_global_rule_never_asks_the_bridge_for_zero() {
     let store = MemoryStore::new();
     e.prepare(&store).unwrap();
     for zero in ["0", "00", " 0"] {
-        let mut facts = Facts::new(&e.config.facts, user("acme").header("x-cost", zero));
+        let mut facts = e.facts(user("acme").header("x-cost", zero));
         let eval = e.evaluate(&store, &mut e.worker(), &SEED, &mut facts, Micros(T0));
         assert_eq!((eval.pending[0].cost, eval.pending[0].want), (1, 1));
     }
@@ -302,7 +302,7 @@ fn the_largest_bridge_request_a_config_can_build_is_accepted() {
         .header("x-plain", "p".repeat(128))
         .header("x-long", "l".repeat(10_000))
         .header("x-cost", "999999999");
-    let mut facts = Facts::new(&e.config.facts, req);
+    let mut facts = e.facts(req);
     let eval = e.evaluate(&store, &mut e.worker(), &SEED, &mut facts, Micros(T0));
     assert_eq!(eval.pending.len(), MAX_RULES);
     let body = e.bridge_request(&eval.pending);
@@ -368,7 +368,7 @@ fn an_update_never_writes_a_set_that_is_missing() {
     );
     let store = MemoryStore::new();
     // Not prepared: the set is missing, so the rule fails open and writes nothing.
-    let mut facts = Facts::new(&e.config.facts, FakeRequest::default());
+    let mut facts = e.facts(FakeRequest::default());
     let eval = e.evaluate(&store, &mut e.worker(), &SEED, &mut facts, Micros(T0));
     assert!(!eval.denied());
     assert_eq!(

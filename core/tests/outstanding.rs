@@ -21,7 +21,7 @@ use std::collections::BTreeMap;
 use support::{engine, user, Rng, SEED, T0};
 use weir_core::engine::{Engine, Evaluation, LEASE_SETS_PER_SWEEP};
 use weir_core::flight::{Call as FlightCall, Flights, Join};
-use weir_core::rules::{Facts, RuleId};
+use weir_core::rules::RuleId;
 use weir_core::store::memory::MemoryStore;
 use weir_core::time::Micros;
 use weir_core::wire::ReplyError;
@@ -263,7 +263,7 @@ impl Run<'_> {
                 cost,
             } => {
                 let request = user(&format!("u{u}")).header("x-cost", cost.to_string());
-                let mut facts = Facts::new(&self.e.config.facts, request.clone());
+                let mut facts = self.e.facts(request.clone());
                 let eval = self.e.evaluate(
                     &self.store,
                     &mut self.workers[worker],
@@ -311,7 +311,7 @@ impl Run<'_> {
             Event::Release { context } => {
                 let (mut eval, worker, request, _) = self.held.remove(&context).unwrap();
                 assert!(self.workers[worker].waiting.forget(context).is_some());
-                let mut facts = Facts::new(&self.e.config.facts, request.clone());
+                let mut facts = self.e.facts(request.clone());
                 self.e.release(
                     &mut eval,
                     &self.store,

@@ -37,7 +37,7 @@ use support::{evaluate_on, Rng, SEED, T0};
 use weir_core::conformance::Admission;
 use weir_core::delay::RELEASE_SLACK_US;
 use weir_core::engine::{Engine, Evaluation, PendingCommit, RuleOutcome};
-use weir_core::rules::{Facts, RuleId};
+use weir_core::rules::RuleId;
 use weir_core::store::memory::MemoryStore;
 use weir_core::time::Micros;
 use weir_core::worker::Worker;
@@ -244,7 +244,7 @@ fn run_local(case: &LocalCase, e: &Engine, schedule: &[Request]) -> LocalRun {
             Event::Release { context } => {
                 let (mut eval, i, worker) = held.remove(&context).unwrap();
                 workers[worker].waiting.forget(context);
-                let mut facts = Facts::new(&e.config.facts, request_of(&schedule[i]));
+                let mut facts = e.facts(request_of(&schedule[i]));
                 e.release(
                     &mut eval,
                     &store,

@@ -20,7 +20,7 @@ use weir_core::conformance::Admission;
 use weir_core::engine::{Engine, Evaluation, RuleOutcome};
 use weir_core::flight::{Call as FlightCall, Flights, Join};
 use weir_core::key::Seed;
-use weir_core::rules::{FactSource, Facts, RuleId, Scope};
+use weir_core::rules::{FactSource, RuleId, Scope};
 use weir_core::store::memory::MemoryStore;
 use weir_core::time::Micros;
 use weir_core::wire::{v2, v3, CheckedItem, ReplyError};
@@ -176,7 +176,7 @@ impl SimEnvoy {
 
     /// Evaluates one request at `now_us`: decided, or `pending` for the bridge.
     pub fn evaluate<F: FactSource>(&self, request: F, now_us: u64) -> Evaluation {
-        let mut facts = Facts::new(&self.engine.config.facts, request);
+        let mut facts = self.engine.facts(request);
         let mut worker = self
             .worker
             .lock()

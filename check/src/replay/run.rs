@@ -10,7 +10,7 @@ use crate::log_hash::{self, Form, Read};
 use weir_core::config::{self, Config};
 use weir_core::engine::{Engine, Evaluation, PendingCommit, RuleOutcome};
 use weir_core::key::Seed;
-use weir_core::rules::{FactId, Facts, Rule, Scope};
+use weir_core::rules::{FactId, Rule, Scope};
 use weir_core::store::memory::MemoryStore;
 use weir_core::time::Micros;
 use weir_core::worker::Worker;
@@ -236,7 +236,7 @@ impl<'l> Run<'_, 'l> {
     fn decide(&mut self, context: u32, record: &'l Record, held: Option<Evaluation>, now_us: u64) {
         let (engine, store, seed) = (self.engine, self.store, self.seed);
         self.in_flight.end_until(engine, store, self.worker, now_us);
-        let mut facts = Facts::new(&engine.config.facts, record);
+        let mut facts = engine.facts(record);
         let now = Micros(now_us);
         let eval = match held {
             None => engine.evaluate(store, self.worker, seed, &mut facts, now),
@@ -260,7 +260,7 @@ impl<'l> Run<'_, 'l> {
             eval.deny_held(Micros(now_us));
         }
         self.in_flight.hold(self.engine, record, &eval.commits);
-        let mut facts = Facts::new(&self.engine.config.facts, record);
+        let mut facts = self.engine.facts(record);
         let mut decided = Vec::new();
         for report in &eval.reports {
             let replayed = match report.outcome {

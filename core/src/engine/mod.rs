@@ -89,6 +89,12 @@ use in_flight::worker_latency;
 use runtime::RuleRuntime;
 
 impl Engine {
+    /// A request's facts as this engine's rules read them: each fetched from `source` at
+    /// most once, when a rule first asks for it.
+    pub fn facts<F: FactSource>(&self, source: F) -> Facts<'_, F> {
+        Facts::new(&self.config.facts, source)
+    }
+
     /// Empty reservoirs and no held request, for one worker (see [`crate::reservoir`],
     /// [`crate::delay`]); each worker keeps its own and passes it to every
     /// [`Engine::evaluate`].

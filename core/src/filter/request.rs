@@ -24,7 +24,6 @@ use super::settling::Settlements;
 use crate::buffers::Buffered;
 use crate::engine::Evaluation;
 use crate::flight::Join;
-use crate::rules::Facts;
 use crate::time::Micros;
 use crate::usage::RequestBody;
 use std::rc::Rc;
@@ -186,7 +185,7 @@ impl Request {
             return Action::Continue;
         };
         let (read_response, body_wanted, may_clamp) = {
-            let mut facts = Facts::new(&plugin.engine.config.facts, self.facts(host));
+            let mut facts = plugin.engine.facts(self.facts(host));
             let read_response = plugin.engine.reads_response_body(&mut facts);
             let body_wanted = if end_of_stream {
                 None
@@ -350,7 +349,7 @@ impl Request {
             return Action::Continue;
         };
         let engine = &plugin.engine;
-        let mut facts = Facts::new(&engine.config.facts, self.facts(host));
+        let mut facts = engine.facts(self.facts(host));
         let eval = plugin.evaluate(host, &mut facts, now);
         self.go_on(host, plugin, eval, now)
     }
@@ -363,7 +362,7 @@ impl Request {
             return;
         };
         let engine = &plugin.engine;
-        let mut facts = Facts::new(&engine.config.facts, self.facts(host));
+        let mut facts = engine.facts(self.facts(host));
         plugin.release(&mut eval, host, &mut facts, now);
         if let Some(delayed) = &eval.delayed {
             plugin.metrics.delay_released(delayed);

@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use weir_core::config;
 use weir_core::engine::{Engine, Evaluation, RuleOutcome};
 use weir_core::key::Seed;
-use weir_core::rules::{Fact, FactSource, Facts};
+use weir_core::rules::{Fact, FactSource};
 use weir_core::store::memory::MemoryStore;
 use weir_core::time::Micros;
 use weir_core::worker::Worker;
@@ -58,7 +58,7 @@ pub fn evaluate_on(
     req: &FakeRequest,
     now: u64,
 ) -> Evaluation {
-    let mut facts = Facts::new(&engine.config.facts, req.clone());
+    let mut facts = engine.facts(req.clone());
     engine.evaluate(store, worker, &SEED, &mut facts, Micros(now))
 }
 
