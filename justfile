@@ -182,7 +182,7 @@ test-bench: build-tests
 build-bench:
     cargo build -p weir-empty-filter --target wasm32-wasip1 --profile wasm
 
-# The contributor's loop (79 s on a warm 2-core checkout after a one-line change to the core, measured 2026-11-29; the aim is 3 minutes): formatting and lints, then the core's tests, which hold the lifecycle on the scripted Envoy, the config fixtures and the searches.
+# The contributor's loop (26 s on a warm 2-core checkout after a one-line change to the core, 79–106 s on a slower host, measured 2026-11-29; the aim is 3 minutes): formatting and lints, then the core's tests, which hold the lifecycle on the scripted Envoy, the config fixtures and the searches.
 test-fast:
     python3 scripts/stages.py {{just_executable()}} lint test-core
 
