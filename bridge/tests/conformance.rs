@@ -558,10 +558,10 @@ async fn expired_keys_decide_like_their_state_would_have(backend: Backend) {
             .slot_state(limit.kind(), &inv.keys[0])
             .await
             .expect("written");
-        let gone = weir_e2e::wait_until(Duration::from_secs(3), Duration::from_millis(5), || {
-            futures_block(redis.int(&["EXISTS", &inv.keys[0]])) == 0
-        });
-        assert!(gone, "{limit:?}: the key expires");
+        assert!(
+            expired(&redis, &inv.keys[..1]),
+            "{limit:?}: the key expires"
+        );
         let again = redis.run(&invocation(&g, &descriptor, 0, 2, 2)).await;
         let (with_state, _) = limit.decide(Some(state), again.now_us, 2);
         assert!(
@@ -582,10 +582,10 @@ async fn expired_keys_decide_like_their_state_would_have(backend: Backend) {
     let inv = invocation(&GlobalLimit::SlidingLog(log), "expiry-log", 0, 2, 2);
     let first = redis.run(&inv).await;
     assert!(first.grant.decision.allowed);
-    let gone = weir_e2e::wait_until(Duration::from_secs(3), Duration::from_millis(5), || {
-        futures_block(redis.int(&["EXISTS", &inv.keys[0], &inv.keys[1]])) == 0
-    });
-    assert!(gone, "both keys of the log expire");
+    assert!(
+        expired(&redis, &inv.keys[..2]),
+        "both keys of the log expire"
+    );
     let again = redis.run(&inv).await;
     let (with_events, _) = log.acquire(&[first.now_us, first.now_us], again.now_us, 2, 2);
     assert_eq!(decision_of(&again), with_events);
@@ -594,4 +594,14 @@ async fn expired_keys_decide_like_their_state_would_have(backend: Backend) {
 /// Runs a future to completion from synchronous code inside the multi-thread runtime.
 fn futures_block<F: std::future::Future>(f: F) -> F::Output {
     tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(f))
+}
+
+/// Waits, by Redis's own clock (3 s at most), until none of `keys` exists any more;
+/// whether they are gone.
+fn expired(redis: &Redis, keys: &[String]) -> bool {
+    let mut exists = vec!["EXISTS"];
+    exists.extend(keys.iter().map(String::as_str));
+    weir_e2e::wait_until(Duration::from_secs(3), Duration::from_millis(5), || {
+        futures_block(redis.int(&exists)) == 0
+    })
 }

@@ -4,8 +4,7 @@
 //! `conformance.rs`, with the other checks.
 
 use super::common::{future_base, invocation, Backend, Redis, Rng};
-use super::{futures_block, random_limit, scale_of, SlotPair};
-use std::time::Duration;
+use super::{expired, random_limit, scale_of, SlotPair};
 use weir_bridge::scripts::{Invocation, Settle};
 use weir_protocol::algorithms::fixed_window::FixedWindow;
 use weir_protocol::algorithms::token_bucket::TokenBucket;
@@ -188,10 +187,10 @@ pub(super) async fn an_expired_key_is_charged_its_excess(backend: Backend) {
         let inv = invocation(&g, &descriptor, 0, 1, 1);
         let first = redis.run(&inv).await;
         assert!(first.grant.decision.allowed);
-        let gone = weir_e2e::wait_until(Duration::from_secs(3), Duration::from_millis(5), || {
-            futures_block(redis.int(&["EXISTS", &inv.keys[0]])) == 0
-        });
-        assert!(gone, "{limit:?}: the key expires");
+        assert!(
+            expired(&redis, &inv.keys[..1]),
+            "{limit:?}: the key expires"
+        );
         // Counted at 1, cost 8: 7 over a fresh key of 3.
         let settle = Invocation::settle(
             &g,
