@@ -112,6 +112,19 @@ fn run_all(scenarios: &[Scenario]) {
     }
 }
 
+/// Every table of an algorithm with slot state, whatever the algorithm, on the pure
+/// function and in a slot table: a new algorithm's rows run here without a test of its
+/// own (a throwaway algorithm's wrong row passed natively, and failed only against Lua,
+/// before this test).
+#[cfg_attr(not(target_arch = "wasm32"), test)]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+fn every_slot_table_runs() {
+    for scenario in scenarios::slot_tables() {
+        run(scenario);
+        run_in_slot_table(scenario);
+    }
+}
+
 #[cfg_attr(not(target_arch = "wasm32"), test)]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
 fn gcra_scenarios() {
