@@ -6,36 +6,67 @@ use std::fmt;
 
 use super::{Algorithm, AlgorithmSpec, ParamError, Parameter, Policy, SlotAlgorithm};
 
-/// The algorithms, as named in the config and on the wire. This enum and
-/// [`AlgorithmKind::spec`] are the one list of them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum AlgorithmKind {
-    TokenBucket,
-    Gcra,
-    FixedWindow,
-    SlidingWindow,
-    SlidingLog,
+/// The one list of algorithms, written once: each algorithm with slot state as
+/// `Kind(module::Type)`, then each that runs only in Redis. It declares [`AlgorithmKind`]
+/// with [`AlgorithmKind::ALL`] and [`AlgorithmKind::spec`], and [`Limit`] with
+/// [`Limit::algorithm`]; a global-only algorithm also needs a variant of [`GlobalLimit`].
+macro_rules! algorithms {
+    (
+        slot: $($slot:ident($slot_module:ident::$slot_type:ident)),+ ;
+        global_only: $($global:ident($global_module:ident::$global_type:ident)),+ $(;)?
+    ) => {
+        /// The algorithms, as named in the config and on the wire.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum AlgorithmKind {
+            $($slot,)+
+            $($global,)+
+        }
+
+        impl AlgorithmKind {
+            pub const ALL: [AlgorithmKind; [$(stringify!($slot),)+ $(stringify!($global),)+].len()] = [
+                $(AlgorithmKind::$slot,)+
+                $(AlgorithmKind::$global,)+
+            ];
+
+            pub fn spec(self) -> &'static AlgorithmSpec {
+                match self {
+                    $(AlgorithmKind::$slot => &super::$slot_module::SPEC,)+
+                    $(AlgorithmKind::$global => &super::$global_module::SPEC,)+
+                }
+            }
+        }
+
+        /// A compiled limit whose state fits a slot: local rules and fallbacks, and most
+        /// global rules. The sliding-window log keeps one entry per admitted event, so it
+        /// has no fixed-size state and runs only in Redis: it is a [`GlobalLimit`], never a
+        /// `Limit`.
+        #[derive(Debug, Clone, PartialEq, Eq)]
+        pub enum Limit {
+            $($slot(super::$slot_module::$slot_type),)+
+        }
+
+        impl Limit {
+            /// The algorithm behind the limit: every other method goes through it.
+            pub fn algorithm(&self) -> &dyn SlotAlgorithm {
+                match self {
+                    $(Limit::$slot(a) => a,)+
+                }
+            }
+        }
+    };
+}
+
+algorithms! {
+    slot:
+        TokenBucket(token_bucket::TokenBucket),
+        Gcra(gcra::Gcra),
+        FixedWindow(fixed_window::FixedWindow),
+        SlidingWindow(sliding_window::SlidingWindow);
+    global_only:
+        SlidingLog(sliding_log::SlidingLog);
 }
 
 impl AlgorithmKind {
-    pub const ALL: [AlgorithmKind; 5] = [
-        AlgorithmKind::TokenBucket,
-        AlgorithmKind::Gcra,
-        AlgorithmKind::FixedWindow,
-        AlgorithmKind::SlidingWindow,
-        AlgorithmKind::SlidingLog,
-    ];
-
-    pub fn spec(self) -> &'static AlgorithmSpec {
-        match self {
-            AlgorithmKind::TokenBucket => &super::token_bucket::SPEC,
-            AlgorithmKind::Gcra => &super::gcra::SPEC,
-            AlgorithmKind::FixedWindow => &super::fixed_window::SPEC,
-            AlgorithmKind::SlidingWindow => &super::sliding_window::SPEC,
-            AlgorithmKind::SlidingLog => &super::sliding_log::SPEC,
-        }
-    }
-
     pub fn name(self) -> &'static str {
         self.spec().name
     }
@@ -78,28 +109,7 @@ impl fmt::Display for AlgorithmKind {
     }
 }
 
-/// A compiled limit whose state fits a slot: local rules and fallbacks, and most global
-/// rules. The sliding-window log keeps one entry per admitted event, so it has no
-/// fixed-size state and runs only in Redis: it is a [`GlobalLimit`], never a `Limit`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Limit {
-    TokenBucket(super::token_bucket::TokenBucket),
-    Gcra(super::gcra::Gcra),
-    FixedWindow(super::fixed_window::FixedWindow),
-    SlidingWindow(super::sliding_window::SlidingWindow),
-}
-
 impl Limit {
-    /// The algorithm behind the limit: every other method goes through it.
-    pub fn algorithm(&self) -> &dyn SlotAlgorithm {
-        match self {
-            Limit::TokenBucket(a) => a,
-            Limit::Gcra(a) => a,
-            Limit::FixedWindow(a) => a,
-            Limit::SlidingWindow(a) => a,
-        }
-    }
-
     pub fn kind(&self) -> AlgorithmKind {
         self.algorithm().spec().kind
     }
