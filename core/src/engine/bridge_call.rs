@@ -38,7 +38,7 @@ pub const BRIDGE_DOWN_READ_US: u64 = 10_000;
 impl Engine {
     /// The bridge item settling a global rule's commit with its actual cost (capped at
     /// what one item may carry); `None` for a local rule's.
-    pub fn global_commit(&self, commit: &PendingCommit, actual: u64) -> Option<v3::CommitItem> {
+    pub(crate) fn global_commit(&self, commit: &PendingCommit, actual: u64) -> Option<v3::CommitItem> {
         let CommitKey::Global(descriptor) = &commit.key else {
             return None;
         };
@@ -49,7 +49,7 @@ impl Engine {
     }
 
     /// The body of a `/v3/commit` call.
-    pub fn commit_request(&self, items: Vec<v3::CommitItem>) -> Vec<u8> {
+    pub(crate) fn commit_request(&self, items: Vec<v3::CommitItem>) -> Vec<u8> {
         let domain = self
             .config
             .bridge
@@ -292,7 +292,7 @@ impl Engine {
     /// commit): the cluster had a host. Written to shared data for every worker (at most
     /// every [`BRIDGE_DOWN_READ_US`] per worker), where [`Engine::calls_in_flight`] reads
     /// it.
-    pub fn note_call_made<S: SharedStore>(&self, store: &S, now_us: u64) {
+    pub(crate) fn note_call_made<S: SharedStore>(&self, store: &S, now_us: u64) {
         let written = self.bridge_called_written_us.load(Ordering::Relaxed);
         if written > 0 && now_us >= written && now_us - written < BRIDGE_DOWN_READ_US {
             return;

@@ -411,7 +411,7 @@ impl Engine {
     }
 
     /// Whether `rule` is an adaptive concurrency rule (its latencies are wanted).
-    pub fn is_adaptive(&self, rule: RuleId) -> bool {
+    pub(crate) fn is_adaptive(&self, rule: RuleId) -> bool {
         matches!(self.rule(rule), Some((_, RuleRuntime::Concurrency(c))) if c.is_adaptive())
     }
 
@@ -478,7 +478,7 @@ impl Engine {
 
     /// Whether an enforcing rule with `commit.clamp` matches the request: its body may be
     /// rewritten, so the filter drops its `content-length` before the headers go on.
-    pub fn may_clamp<S: FactSource>(&self, facts: &mut Facts<'_, S>) -> bool {
+    pub(crate) fn may_clamp<S: FactSource>(&self, facts: &mut Facts<'_, S>) -> bool {
         self.config
             .rules
             .iter()
@@ -506,7 +506,7 @@ impl Engine {
     /// Whether a rule that reads its cost from the response body (`commit.body`) matches
     /// the request: the filter then asks the upstream for an uncompressed body, which is
     /// the only kind it can read.
-    pub fn reads_response_body<S: FactSource>(&self, facts: &mut Facts<'_, S>) -> bool {
+    pub(crate) fn reads_response_body<S: FactSource>(&self, facts: &mut Facts<'_, S>) -> bool {
         self.config.rules.iter().any(|rule| {
             matches!(
                 rule.commit,
