@@ -38,7 +38,11 @@ pub const BRIDGE_DOWN_READ_US: u64 = 10_000;
 impl Engine {
     /// The bridge item settling a global rule's commit with its actual cost (capped at
     /// what one item may carry); `None` for a local rule's.
-    pub(crate) fn global_commit(&self, commit: &PendingCommit, actual: u64) -> Option<v3::CommitItem> {
+    pub(crate) fn global_commit(
+        &self,
+        commit: &PendingCommit,
+        actual: u64,
+    ) -> Option<v3::CommitItem> {
         let CommitKey::Global(descriptor) = &commit.key else {
             return None;
         };
