@@ -12,7 +12,7 @@ weir_check := justfile_directory() / "target/debug/weir-check"
 # The native packages whose tests the suite builds together (`build-tests`): one cargo
 # invocation, so features unify and each crate compiles once. `weir` (the filter's ABI layer)
 # has no native tests; it is there to be linted (`build-tests` compiles through clippy).
-test_packages := "-p weir-protocol -p weir-core -p weir-testkit -p weir-check -p weir-bridge -p weir-e2e -p weir-bench -p weir-empty-filter -p weir"
+test_packages := "-p weir-protocol -p weir-core -p weir-testkit -p weir-scripted -p weir-check -p weir-bridge -p weir-e2e -p weir-bench -p weir-empty-filter -p weir"
 # clippy as the compiler of the workspace's own crates (dependencies stay with rustc), with
 # `-D warnings` as `cargo clippy -- -D warnings` passes it: `build-tests` lints what it
 # compiles, so the suite does not type-check every dependency a second time for clippy.

@@ -76,4 +76,5 @@ export CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER=wasm-bindgen-test-runner
 exec cargo test -p weir-protocol -p weir-core --target wasm32-unknown-unknown \
   --config 'profile.dev.package.weir-core.opt-level=0' \
   --config 'profile.dev.package.weir-protocol.opt-level=0' \
-  --config 'profile.dev.package.weir-testkit.opt-level=0' "$@"
+  --config 'profile.dev.package.weir-testkit.opt-level=0' \
+  --config 'profile.dev.package.weir-scripted.opt-level=0' "$@"

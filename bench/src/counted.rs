@@ -1,5 +1,5 @@
 //! Counted cost: each weir scenario's plugin configuration run on a scripted Envoy
-//! (`weir_testkit::scripted`) with the scenario's traffic, counting what crosses the
+//! (`weir_scripted::scripted_host`) with the scenario's traffic, counting what crosses the
 //! VM's boundary per request — callbacks Envoy makes into the VM, and calls the VM makes
 //! into Envoy, by kind. These counts come out the same on any machine (the scripted host
 //! makes the callbacks real Envoy makes for a request answered by the benchmark's direct
@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 
 use weir_core::filter::host::{BoundaryCounts, CallKind, Host};
 use weir_core::filter::Action;
-use weir_testkit::scripted_envoy::Envoy;
+use weir_scripted::scripted_envoy::Envoy;
 use weir_testkit::simulation::ModelBridge;
 
 use crate::scenario::Scenario;

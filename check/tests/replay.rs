@@ -377,13 +377,15 @@ fn a_delaying_rule_holds_requests_and_releases_them_when_due() {
     assert!(report.not_replayed.is_empty(), "{:?}", report.not_replayed);
     let held = &report.rules[0];
     // A held request is counted as if released `RELEASE_SLACK_US` (2 ms) late, so each
-    // next slot is 102 ms on: released at 1.1, 1.202, 1.304 s; the one of 1.15 s at
-    // 1.406 s.
+    // next slot is 102 ms on: due at 1.1, 1.202, 1.304 s; the one of 1.15 s at 1.406 s.
+    // The filter releases them on its tick, every `RELEASE_TICK_MS` (1 ms) from when it
+    // first held one (1.00001 s): 10 µs after each is due.
     assert_eq!(weir_core::delay::RELEASE_SLACK_US, 2_000);
+    assert_eq!(weir_core::delay::RELEASE_TICK_MS, 1);
     assert_eq!((held.allowed, held.delayed, held.limited), (5, 4, 0));
     assert_eq!(
         held.delayed_us,
-        (100_000 - 10) + (202_000 - 20) + (304_000 - 30) + 256_000
+        (100_010 - 10) + (202_010 - 20) + (304_010 - 30) + 256_010
     );
     // The rule after it decides at the release, in release order: 3 an hour.
     let mut by_line: Vec<(usize, &str)> = report
@@ -433,6 +435,39 @@ fn a_delaying_rule_holds_requests_and_releases_them_when_due() {
     assert_eq!(
         outcomes(&report, "held")[..3],
         ["allowed", "allowed", "limited"]
+    );
+}
+
+/// A request of `user` with a token estimate of 1, that lasted 10 ms and got `status`.
+fn answered(user: &str, start_us: u64, status: u16) -> String {
+    format!(
+        r#"{{"start_us":"{start_us}","duration_us":"10000","status":{status},"headers":{{"x-user":"{user}","x-estimate":"1"}}}}"#
+    )
+}
+
+#[test]
+fn a_commit_rule_charges_a_logged_5xx_its_on_error_as_the_filter_does() {
+    // The replay runs the filter's lifecycle: each request's response ends its stream
+    // with the logged status, and the filter settles what it reserved. An upstream 5xx
+    // costs `on_error` (10: the hour's whole limit); anything else keeps its estimate,
+    // the log holding no usage.
+    let candidate = r#"{"rules":[{"name":"tokens","key":[{"header":"x-user"}],
+        "limit":{"algorithm":"fixed_window","limit":10,"window":"1h"},
+        "cost":{"header":"x-estimate","max":10},
+        "commit":{"header":"x-tokens","on_error":10}}]}"#;
+    let log = [
+        answered("a", 1_000_000, 503),
+        answered("b", 1_000_001, 200),
+        answered("a", 1_100_000, 200),
+        answered("b", 1_100_001, 200),
+        answered("a", 1_200_000, 200),
+        answered("b", 1_200_001, 200),
+    ]
+    .join("\n");
+    let report = replay::replay(candidate.as_bytes(), &replay::parse_log(&log), &SEED).unwrap();
+    assert_eq!(
+        outcomes(&report, "tokens"),
+        ["allowed", "allowed", "limited", "allowed", "limited", "allowed"]
     );
 }
 

@@ -15,7 +15,7 @@ use std::collections::BTreeSet;
 
 use weir_core::filter::Action;
 use weir_core::wire::{v3, FILTER_METHOD, FILTER_PATHS};
-use weir_testkit::scripted_envoy::Envoy;
+use weir_scripted::scripted_envoy::Envoy;
 use weir_testkit::simulation::ModelBridge;
 
 #[cfg(target_arch = "wasm32")]

@@ -11,7 +11,7 @@
 )]
 
 use weir_core::filter::{Action, BodyAction};
-use weir_testkit::scripted_envoy::Envoy;
+use weir_scripted::scripted_envoy::Envoy;
 use weir_testkit::simulation::ModelBridge;
 
 #[cfg(target_arch = "wasm32")]

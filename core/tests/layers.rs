@@ -164,6 +164,15 @@ fn testkit_modules_only_use_lower_layers() {
 }
 
 #[test]
+fn scripted_modules_only_use_lower_layers() {
+    check_layers(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripted/src"),
+        &declared("../scripted/src/lib.rs"),
+        "scripted/src/lib.rs",
+    );
+}
+
+#[test]
 fn protocol_modules_only_use_lower_layers() {
     check_layers(
         &Path::new(env!("CARGO_MANIFEST_DIR")).join("../protocol/src"),

@@ -1,5 +1,5 @@
 //! A request's whole lifecycle through the filter, with a scripted host playing Envoy
-//! (`weir_testkit::scripted`) and weir-bridge's model answering calls: pausing for
+//! (`weir_scripted::scripted_host`) and weir-bridge's model answering calls: pausing for
 //! a call, the answer arriving after its request is gone, requests joined on one call,
 //! held requests released or abandoned, costs settled after a denial or the response,
 //! a reload while a call is out, and the tick's work. No Envoy: what these check is the
@@ -18,8 +18,8 @@ use weir_core::engine::{BRIDGE_BACKOFF_US, BRIDGE_FAILING_FOR_US, BRIDGE_FAILURE
 use weir_core::filter::host::LogLevel;
 use weir_core::filter::{Action, BodyAction, DELAY_HEADER};
 use weir_core::wire::{v2, v3};
-use weir_testkit::scripted::LocalReply;
-use weir_testkit::scripted_envoy::Envoy;
+use weir_scripted::scripted_envoy::Envoy;
+use weir_scripted::scripted_host::LocalReply;
 use weir_testkit::simulation::ModelBridge;
 
 #[cfg(target_arch = "wasm32")]

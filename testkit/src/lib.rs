@@ -5,16 +5,14 @@
 //! - [`scenarios`]: the behavioural tables of the algorithms, one key and the requests
 //!   at explicit instants, which every backend runs: the pure functions, the slot table
 //!   on the in-memory store, and the bridge's Lua scripts on real Redis.
-//! - [`scripted`]: a scripted host, Envoy's side of the proxy-wasm ABI played in process,
-//!   so a request's whole lifecycle runs natively.
-//! - [`scripted_envoy`]: Envoy's callbacks made over it, in the order Envoy makes them.
 //! - [`simulation`]: many Envoys without Envoy, each running the engine over its own
 //!   shared data, against a model of the bridge or the real one.
+//!
+//! The scripted Envoy the lifecycle's tests run on is its own crate, `weir-scripted`,
+//! since weir-check replays logs on it too.
 
 pub mod scenarios;
 
-pub mod scripted;
-
-pub mod scripted_envoy;
-
 pub mod simulation;
+
+pub use weir_scripted::{scripted_envoy, scripted_host as scripted};

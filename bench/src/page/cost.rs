@@ -167,7 +167,7 @@ pub(super) fn counted_section(r: &Results) -> String {
     format!(
         "## Counted cost per request\n\nWhat a request of each weir scenario costs in units no \
          machine changes: callbacks Envoy makes into the VM and calls the VM makes into Envoy, by \
-         kind. Counted on a scripted Envoy (`weir_testkit::scripted`: the callbacks Envoy \
+         kind. Counted on a scripted Envoy (`weir_scripted::scripted_host`: the callbacks Envoy \
          makes for a request answered by a direct response, bridge calls answered at once by \
          weir-bridge's model), {} requests per scenario after a warm-up, with the scenario's \
          configuration and traffic; `weir-bench counted` prints this table, and CI holds it to \

@@ -265,7 +265,7 @@ fn strings(value: Option<&Value>, field: &str) -> Result<BTreeMap<String, String
     Ok(out)
 }
 
-fn parse_decisions(text: &str) -> Result<Vec<LoggedDecision>, String> {
+pub(super) fn parse_decisions(text: &str) -> Result<Vec<LoggedDecision>, String> {
     if text.is_empty() || text == "-" {
         return Ok(Vec::new());
     }

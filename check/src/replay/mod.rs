@@ -13,8 +13,12 @@
 //! ([`crate::log_hash`]): a candidate that reads a hashed fact in a way the hash does
 //! not keep is refused.
 //!
-//! **The replay.** Every line in time order through one [`Engine`] over one
-//! [`MemoryStore`] and one worker: a single-worker Envoy. Several Envoys' logs are
+//! **The replay.** Every line in time order as a request on a scripted Envoy of one
+//! worker (`weir_scripted`), which runs the filter's own request lifecycle: the
+//! request's headers and the attributes its rules read, the filter's tick at the period
+//! it asks for, its response and the end of its stream; its decisions are read back
+//! from the filter state the filter writes (`response.filter_state` set to `all`).
+//! Several Envoys' logs are
 //! replayed as one stream ([`Log::merge`]): ordered by time, equal times by log, then
 //! line. A request's instant is the
 //! one weir decided at when it logged a decision (the first), otherwise its start; so a
@@ -57,11 +61,14 @@
 //! is not replayed.
 //!
 //! **Concurrency rules** with a fixed `max_in_flight` hold a place from the instant a
-//! request was decided until [`Record::end_us`] (its start + `duration_us`).
+//! request was decided until its response and stream end, at [`Record::end_us`] (its
+//! start + `duration_us`). The response has the logged status (200 when weir answered
+//! it or none is logged): a commit rule charges an upstream 5xx its `on_error`, and
+//! anything else its estimate, since the log holds no response body.
 //!
-//! **Delaying rules** (`on_limit.delay`) hold a request as the filter does (in the
-//! worker's queue of the rule, at most `queue`) and release it when it is due; the
-//! report counts the requests delayed and their waits. A request the served Envoy held
+//! **Delaying rules** (`on_limit.delay`) hold a request in the filter (in the worker's
+//! queue of the rule, at most `queue`), released by its tick once due; the report counts
+//! the requests delayed and their waits. A request the served Envoy held
 //! (`delay_ms` logged) is replayed from its start, not its decision (logged at its
 //! release): by some µs, close to a slot, it can come out the other way.
 //!

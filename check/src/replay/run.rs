@@ -1,20 +1,24 @@
-//! A replay's run: the candidate made replayable, every record through its engine in
-//! the order of the log, requests held and released as the filter does.
+//! A replay's run: the candidate made replayable, every record played in the order of
+//! the log as a request on a scripted Envoy of one worker (`weir_scripted`), so that the
+//! filter's own lifecycle decides, holds and releases, gives places back and ticks.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::num::NonZeroU64;
+use std::sync::Arc;
 
 use serde_json::Value;
 
 use crate::log_hash::{self, Form, Read};
 use weir_core::config::{self, Config};
-use weir_core::engine::{Engine, Evaluation, PendingCommit, RuleOutcome};
+use weir_core::filter::host::LogLevel;
 use weir_core::key::Seed;
-use weir_core::rules::{FactId, Rule, Scope};
+use weir_core::rules::{Fact, FactId, Facts, Rule, Scope};
 use weir_core::store::memory::MemoryStore;
-use weir_core::time::Micros;
-use weir_core::worker::Worker;
+use weir_core::store::seed::SEED_KEY;
+use weir_core::store::SharedStore;
+use weir_scripted::scripted_envoy::Envoy;
 
+use super::log::parse_decisions;
 use super::report::Tally;
 use super::*;
 
@@ -92,7 +96,6 @@ pub fn replay(candidate_json: &[u8], log: &Log, seed: &Seed) -> Result<Report, S
 
 /// Replays `log` through the candidate config (its JSON).
 pub fn replay_with(candidate_json: &[u8], log: &Log, options: &Options) -> Result<Report, String> {
-    let seed = &options.seed;
     let config = config::parse(candidate_json).map_err(|e| e.to_string())?;
     check_hashed(&config, log)?;
     let mut not_replayed = Vec::new();
@@ -113,66 +116,30 @@ pub fn replay_with(candidate_json: &[u8], log: &Log, options: &Options) -> Resul
             Treatment::NotReplayed(why) => not_replayed.push((rule.name.clone(), why.to_string())),
         }
     }
+    let bucket_us = options.bucket_us.get();
     if not_replayed.len() == config.rules.len() {
         // Nothing to replay: a config needs a rule.
         return Ok(Report {
             requests: log.records.len() as u64,
-            bucket_us: options.bucket_us.get(),
+            bucket_us,
             bad_lines: log.bad_lines.clone(),
             not_replayed,
             ..Report::default()
         });
     }
-    let config = if not_replayed.is_empty() && central.is_empty() {
-        config
-    } else {
-        replayable(candidate_json, &not_replayed, &central)?
-    };
-    let engine = Engine::new(config);
-    let store = MemoryStore::new();
-    engine.prepare(&store).map_err(|e| format!("{e:?}"))?;
-    let mut worker = engine.worker();
-
+    let json = replayable(candidate_json, &not_replayed, &central)?;
+    let config = config::parse(json.as_bytes())
+        .map_err(|e| format!("replaying global rules as local ones: {e}"))?;
     let mut order: Vec<&Record> = log.records.iter().collect();
     order.sort_by_key(|r| (r.at_us(), r.id));
-
-    let bucket_us = options.bucket_us.get();
-    let tallies: Vec<Tally> = (engine.config.rules.iter())
-        .map(|rule| Tally::new(rule, bucket_us))
-        .collect();
-    let mut run = Run {
-        engine: &engine,
-        store: &store,
-        worker: &mut worker,
-        seed,
-        tallies,
-        decisions: BTreeMap::new(),
-        in_flight: InFlight::default(),
-        held: BTreeMap::new(),
-    };
-    // Arrivals in time order, and held requests released when due (a release due at the
-    // instant of an arrival comes first, as the filter's tick runs before it).
-    let mut arrivals = order.into_iter().enumerate().peekable();
-    loop {
-        let due = run.held.keys().next().map(|&(due_us, _)| due_us);
-        match (arrivals.peek().map(|(_, r)| r.at_us()), due) {
-            (None, None) => break,
-            (Some(arrival), Some(due)) if due <= arrival => run.release(due),
-            (None, Some(due)) => run.release(due),
-            _ => {
-                if let Some((at, record)) = arrivals.next() {
-                    run.arrive(u32::try_from(at).unwrap_or(u32::MAX), record);
-                }
-            }
-        }
+    let first_us = order.first().map_or(0, |r| r.at_us());
+    let mut run = Run::new(&json, &config, &options.seed, bucket_us, first_us)?;
+    for record in order {
+        run.until(record.at_us());
+        run.arrive(record);
     }
-    let Run {
-        tallies,
-        decisions,
-        in_flight,
-        ..
-    } = run;
-    let without_duration = if in_flight.held {
+    run.until(u64::MAX);
+    let without_duration = if run.held_a_place {
         log.records
             .iter()
             .filter(|r| r.duration_us.is_none())
@@ -185,163 +152,227 @@ pub fn replay_with(candidate_json: &[u8], log: &Log, options: &Options) -> Resul
         without_duration,
         bucket_us,
         bad_lines: log.bad_lines.clone(),
-        rules: tallies
+        rules: run
+            .tallies
             .into_iter()
             .map(|t| t.finish(&log.records))
             .collect(),
         not_replayed,
         central,
-        decisions,
+        decisions: run.decisions,
     })
 }
 
-/// One replay under way: the engine's state, what each rule counted, and the requests
-/// a delaying rule holds.
-struct Run<'e, 'l> {
-    engine: &'e Engine,
-    store: &'e MemoryStore,
-    worker: &'e mut Worker,
-    seed: &'e Seed,
-    tallies: Vec<Tally<'e>>,
+/// One replay under way: a scripted Envoy of one worker running the candidate, what each
+/// rule counted, and the requests the filter holds or has let through.
+struct Run<'c, 'l> {
+    envoy: Envoy,
+    config: &'c Config,
+    tallies: Vec<Tally<'c>>,
     decisions: BTreeMap<RecordId, Vec<(String, Replayed)>>,
-    in_flight: InFlight,
-    /// Held requests by (due µs, context): the record and its evaluation.
-    held: BTreeMap<(u64, u32), (&'l Record, Evaluation)>,
+    /// Requests the filter holds (a delaying rule's), by context, and their arrival.
+    held: HashMap<u32, (&'l Record, u64)>,
+    /// Requests let through, by the instant their stream ends (µs), then record.
+    ends: BTreeMap<(u64, RecordId), (u32, &'l Record)>,
+    /// The tick period the filter asked for (µs), and the next tick.
+    period_us: u64,
+    next_tick_us: u64,
+    /// Whether a concurrency rule let a request through (it held a place).
+    held_a_place: bool,
+    /// The longest `delay.max` + a second, and the last arrival's instant + that.
+    longest_delay_us: u64,
+    drained_by_us: u64,
 }
 
-impl<'l> Run<'_, 'l> {
-    /// `record` arrives (`context`: its place in time order, as the filter's context id).
-    fn arrive(&mut self, context: u32, record: &'l Record) {
-        self.decide(context, record, None, record.at_us());
+impl<'c, 'l> Run<'c, 'l> {
+    fn new(
+        json: &str,
+        config: &'c Config,
+        seed: &Seed,
+        bucket_us: u64,
+        first_us: u64,
+    ) -> Result<Self, String> {
+        // The slot hash's seed, stored before the plugin starts: it adopts it.
+        let store = Arc::new(MemoryStore::new());
+        store
+            .create(SEED_KEY, &seed.0)
+            .map_err(|e| format!("{e:?}"))?;
+        let mut envoy = Envoy::worker(json, store)?;
+        // What it logs is not kept: a replay of millions of requests would pile it up.
+        envoy.host.state().log_level = LogLevel::Critical;
+        envoy.set_now_us(first_us);
+        let mut run = Run {
+            envoy,
+            config,
+            tallies: (config.rules.iter())
+                .map(|rule| Tally::new(rule, bucket_us))
+                .collect(),
+            decisions: BTreeMap::new(),
+            held: HashMap::new(),
+            ends: BTreeMap::new(),
+            period_us: 0,
+            next_tick_us: u64::MAX,
+            held_a_place: false,
+            longest_delay_us: (config.rules.iter())
+                .filter_map(|r| r.delay.as_ref().map(|d| d.max_us))
+                .max()
+                .unwrap_or(0)
+                .saturating_add(1_000_000),
+            drained_by_us: 0,
+        };
+        run.follow_tick();
+        Ok(run)
     }
 
-    /// Releases every held request due by `now_us`, at `now_us`.
-    fn release(&mut self, now_us: u64) {
-        // The worker's queue gives them up as the filter's tick takes them: in the order
-        // of `held`, (due, context). Every call releases at least one (the loop's next).
-        let _ = self.worker.waiting.take_due(now_us);
-        let due: Vec<(u64, u32)> = self
-            .held
-            .range(..=(now_us, u32::MAX))
-            .map(|(k, _)| *k)
-            .collect();
-        for key in due {
-            if let Some((record, eval)) = self.held.remove(&key) {
-                self.decide(key.1, record, Some(eval), now_us);
-            }
+    /// Envoy's timer: a new period starts from now, as `set_tick_period` re-arms it.
+    fn follow_tick(&mut self) {
+        let root = self.envoy.root;
+        let period_ms = self.envoy.host.state().tick_ms.get(&root).copied();
+        let period_us = u64::from(period_ms.unwrap_or(0)) * 1_000;
+        if period_us != self.period_us {
+            self.period_us = period_us;
+            self.next_tick_us = match period_us {
+                0 => u64::MAX,
+                us => self.envoy.now_us().saturating_add(us),
+            };
         }
     }
 
-    /// Decides `record` at `now_us`: evaluated on arrival, or released (`held`).
-    fn decide(&mut self, context: u32, record: &'l Record, held: Option<Evaluation>, now_us: u64) {
-        let (engine, store, seed) = (self.engine, self.store, self.seed);
-        self.in_flight.end_until(engine, store, self.worker, now_us);
-        let mut facts = engine.facts(record);
-        let now = Micros(now_us);
-        let eval = match held {
-            None => engine.evaluate(store, self.worker, seed, &mut facts, now),
-            Some(mut eval) => {
-                engine.release(&mut eval, store, self.worker, seed, &mut facts, now);
-                eval
-            }
-        };
-        self.decided(context, record, eval, now_us);
-    }
-
-    /// The engine decided `record` at `now_us`, or holds it.
-    fn decided(&mut self, context: u32, record: &'l Record, mut eval: Evaluation, now_us: u64) {
-        if let Some(held) = &eval.held {
-            let due_us = held.hold.due_us;
-            if self.worker.waiting.hold(context, held.rule, due_us) {
-                self.held.insert((due_us, context), (record, eval));
+    /// Everything due by `now_us`, in time order: streams that end (first, at an equal
+    /// instant, as a place given back before another is decided), then the tick.
+    /// Ticks while no request is open or held are skipped (they would decide nothing),
+    /// keeping their phase.
+    fn until(&mut self, now_us: u64) {
+        loop {
+            let end = self.ends.keys().next().map(|&(at, _)| at);
+            let idle = self.held.is_empty() && end.is_none();
+            if idle && (now_us == u64::MAX || self.period_us == 0) {
                 return;
             }
-            // As the filter: no room (never expected) denies it.
-            eval.deny_held(Micros(now_us));
+            // After the last arrival, a held request is released or limited within its
+            // rule's `delay.max`: a request paused past that (never expected) is left
+            // undecided rather than ticked for ever.
+            if now_us == u64::MAX && end.is_none() && self.next_tick_us > self.drained_by_us {
+                return;
+            }
+            if idle && self.next_tick_us <= now_us {
+                let behind = (now_us - self.next_tick_us) / self.period_us + 1;
+                self.next_tick_us += behind * self.period_us;
+            }
+            match end {
+                Some(end) if end <= now_us && end <= self.next_tick_us => self.end(),
+                _ if self.next_tick_us <= now_us && self.period_us > 0 => self.tick(),
+                _ => return,
+            }
         }
-        self.in_flight.hold(self.engine, record, &eval.commits);
-        let mut facts = self.engine.facts(record);
+    }
+
+    /// `record` arrives: its headers and the attributes its rules read, no body.
+    fn arrive(&mut self, record: &'l Record) {
+        let now_us = record.at_us();
+        self.drained_by_us = now_us.saturating_add(self.longest_delay_us);
+        self.envoy.set_now_us(now_us);
+        let headers: Vec<(&str, &str)> = (record.headers.iter())
+            .map(|(n, v)| (n.as_str(), v.as_str()))
+            .collect();
+        let mut attributes = HashMap::new();
+        for fact in self.config.facts.iter() {
+            if let Fact::Property(path) = fact {
+                if let Some(value) = record.attributes.get(&path.join(".")) {
+                    attributes.insert(path.clone(), value.clone().into_bytes());
+                }
+            }
+        }
+        let (context, _) = self.envoy.request_with_attributes(&headers, attributes);
+        self.envoy.take_changed();
+        self.follow_tick();
+        self.decided_or_held(context, record, now_us);
+    }
+
+    /// The filter's tick: held requests due are released (or limited).
+    fn tick(&mut self) {
+        let at = self.next_tick_us;
+        self.envoy.set_now_us(at);
+        let root = self.envoy.root;
+        self.envoy.tick(root);
+        self.next_tick_us = at.saturating_add(self.period_us);
+        self.follow_tick();
+        for context in self.envoy.take_changed() {
+            if let Some((record, arrived_us)) = self.held.remove(&context) {
+                self.decided_or_held(context, record, arrived_us);
+            }
+        }
+    }
+
+    /// The first stream due to end does: its response (the status the log says the
+    /// upstream gave, 200 when weir answered it or none is logged), then its end.
+    fn end(&mut self) {
+        let Some(((at, _), (context, record))) = self.ends.pop_first() else {
+            return;
+        };
+        self.envoy.set_now_us(at);
+        let served_denied = (record.decisions.iter()).any(|d| d.outcome == "limited");
+        let status = match record.status {
+            Some(s) if (200..=599).contains(&s) && !served_denied => s,
+            _ => 200,
+        };
+        self.envoy.respond(context, status, &[], b"");
+        self.envoy.close(context);
+        self.envoy.take_changed();
+        self.follow_tick();
+    }
+
+    /// Counts what the filter decided for `context` (its filter state), or keeps it
+    /// held. A request let through ends at [`Record::end_us`] (never before now); one
+    /// limited gets its reply and ends now.
+    fn decided_or_held(&mut self, context: u32, record: &'l Record, arrived_us: u64) {
+        let Some(stream) = self.envoy.stream(context) else {
+            return;
+        };
+        let answered = stream.local_reply.is_some();
+        if !answered && stream.resumed == 0 && !stream.upstream.headers {
+            self.held.insert(context, (record, arrived_us));
+            return;
+        }
+        let logged = stream.filter_state.get("weir.decisions");
+        let text = logged.map(|v| String::from_utf8_lossy(v).into_owned());
+        let decisions = parse_decisions(text.as_deref().unwrap_or("")).unwrap_or_default();
+        let mut facts = Facts::new(&self.config.facts, record);
         let mut decided = Vec::new();
-        for report in &eval.reports {
-            let replayed = match report.outcome {
-                RuleOutcome::Allowed => Replayed::Allowed,
-                RuleOutcome::Limited => Replayed::Limited,
-                RuleOutcome::ShadowLimited => Replayed::ShadowLimited,
+        let mut delayed = self.envoy.now_us() > arrived_us;
+        for d in decisions {
+            let replayed = match d.outcome.as_str() {
+                "allowed" => Replayed::Allowed,
+                "limited" => Replayed::Limited,
+                "shadow_limited" => Replayed::ShadowLimited,
                 _ => continue,
             };
-            if let Some(tally) = self.tallies.get_mut(report.rule.index()) {
-                let delayed = eval.delayed.as_ref().filter(|d| d.rule == report.rule);
-                tally.count(record, replayed, &mut facts, now_us);
-                if let Some(delayed) = delayed.filter(|_| replayed == Replayed::Allowed) {
+            let Some(tally) = self.tallies.iter_mut().find(|t| t.rule.name == d.rule) else {
+                continue;
+            };
+            tally.count(record, replayed, &mut facts, d.at_us);
+            // The rule that held it is the first decided after its arrival.
+            if delayed && d.at_us > arrived_us {
+                delayed = false;
+                if replayed == Replayed::Allowed {
                     tally.figures.delayed += 1;
-                    tally.figures.delayed_us += delayed.waited.us();
+                    tally.figures.delayed_us += d.at_us - arrived_us;
                 }
-                decided.push((tally.rule.name.clone(), replayed));
             }
+            let in_flight = matches!(tally.rule.scope, Scope::Concurrency(_));
+            self.held_a_place |= in_flight && replayed == Replayed::Allowed;
+            decided.push((tally.rule.name.clone(), replayed));
         }
         self.decisions.insert(record.id, decided);
-    }
-}
-
-/// The places of concurrency rules held by replayed requests, by the instant their
-/// stream ended.
-#[derive(Default)]
-struct InFlight {
-    /// (end µs, record, the place): given back in end order.
-    ends: std::collections::BinaryHeap<std::cmp::Reverse<(u64, RecordId, usize)>>,
-    places: Vec<Option<PendingCommit>>,
-    /// Whether any request held a place.
-    held: bool,
-    /// The last tick (µs): places are re-counted once per second of the log, as the
-    /// filter's tick does, so that a request longer than an epoch keeps its place.
-    ticked_us: u64,
-}
-
-impl InFlight {
-    /// The places `record`'s admission took (its concurrency rules' commits).
-    fn hold(&mut self, engine: &Engine, record: &Record, commits: &[PendingCommit]) {
-        for commit in commits {
-            let concurrency = engine
-                .config
-                .rule(commit.rule)
-                .is_some_and(|r| matches!(r.scope, Scope::Concurrency(_)));
-            if concurrency {
-                let at = self.places.len();
-                self.places.push(Some(commit.clone()));
-                self.ends
-                    .push(std::cmp::Reverse((record.end_us(), record.id, at)));
-                self.held = true;
-            }
-        }
-    }
-
-    /// Gives back every place whose stream ended by `now_us` (a request ending at the
-    /// instant another is decided ends first), at the instant it ended.
-    fn end_until(
-        &mut self,
-        engine: &Engine,
-        store: &MemoryStore,
-        worker: &mut Worker,
-        now_us: u64,
-    ) {
-        while let Some(std::cmp::Reverse((end_us, _, at))) = self.ends.peek().copied() {
-            if end_us > now_us {
-                break;
-            }
-            self.ends.pop();
-            self.tick(engine, store, worker, end_us);
-            if let Some(commit) = self.places.get_mut(at).and_then(Option::take) {
-                // The in-memory store does not fail.
-                let _ = engine.end_in_flight(store, worker, &commit, Micros(end_us));
-            }
-        }
-        self.tick(engine, store, worker, now_us);
-    }
-
-    fn tick(&mut self, engine: &Engine, store: &MemoryStore, worker: &mut Worker, now_us: u64) {
-        if self.held && now_us >= self.ticked_us.saturating_add(1_000_000) {
-            engine.tend_places(store, worker, Micros(now_us));
-            self.ticked_us = now_us;
+        let now_us = self.envoy.now_us();
+        if answered {
+            self.envoy.deliver_local_reply(context);
+            self.envoy.close(context);
+            self.envoy.take_changed();
+            self.follow_tick();
+        } else {
+            let end_us = record.end_us().max(now_us);
+            self.ends.insert((end_us, record.id), (context, record));
         }
     }
 }
@@ -397,13 +428,15 @@ fn check_hashed(config: &Config, log: &Log) -> Result<(), String> {
     Ok(())
 }
 
-/// The candidate without the rules not replayed, its global rules made local: the same
-/// limit, every request deciding in the store (`reservoir.max` 1).
+/// The candidate as the replay runs it: without the rules not replayed, its global rules
+/// made local (the same limit, every request deciding in the store: `reservoir.max` 1),
+/// and every decision written to filter state (`response.filter_state` `all`), which
+/// the replay reads them from as an access log does.
 fn replayable(
     json: &[u8],
     drop: &[(String, String)],
     central: &[String],
-) -> Result<Config, String> {
+) -> Result<String, String> {
     let mut value: Value = serde_json::from_slice(json).map_err(|e| e.to_string())?;
     if let Some(Value::Array(rules)) = value.get_mut("rules") {
         rules.retain(|rule| {
@@ -422,6 +455,13 @@ fn replayable(
             }
         }
     }
-    let json = serde_json::to_vec(&value).map_err(|e| e.to_string())?;
-    config::parse(&json).map_err(|e| format!("replaying global rules as local ones: {e}"))
+    if let Some(top) = value.as_object_mut() {
+        let response = top
+            .entry("response")
+            .or_insert_with(|| serde_json::json!({}));
+        if let Some(response) = response.as_object_mut() {
+            response.insert("filter_state".into(), "all".into());
+        }
+    }
+    serde_json::to_string(&value).map_err(|e| e.to_string())
 }

@@ -18,8 +18,10 @@
 //! - [`root`]: one plugin's root context: configure and tick.
 //! - [`vm`]: the contexts of one VM ([`Vm`]), and every callback routed to them.
 //!
-//! The scripted host that plays Envoy's part in tests, and Envoy's callbacks made over
-//! it, are the test kit's (`weir_testkit::scripted`, `weir_testkit::scripted_envoy`).
+//! The scripted host that plays Envoy's part in process, and Envoy's callbacks made over
+//! it, are the `weir-scripted` crate's (`weir_scripted::scripted_host`,
+//! `weir_scripted::scripted_envoy`): the tests and weir-check's replay run this
+//! lifecycle on them.
 
 // Lowest first: each file uses only those declared before it (core/tests/layers.rs
 // reads this order). Blank lines keep rustfmt from sorting them.

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use weir_core::store::memory::MemoryStore;
 
-use crate::scripted::{Dispatched, ScriptedHost, Stream};
+use crate::scripted_host::{Dispatched, ScriptedHost, Stream};
 use weir_core::filter::Vm;
 use weir_core::filter::{Action, BodyAction};
 
@@ -133,8 +133,30 @@ impl Envoy {
         self.headers(headers, false)
     }
 
+    /// A request with `headers`, the `attributes` Envoy gives the filter (by path:
+    /// `["source", "address"]`) and no body: its context and what the filter said.
+    pub fn request_with_attributes(
+        &mut self,
+        headers: &[(&str, &str)],
+        attributes: HashMap<Vec<String>, Vec<u8>>,
+    ) -> (u32, Action) {
+        self.headers_with(headers, attributes, true)
+    }
+
     fn headers(&mut self, headers: &[(&str, &str)], end_of_stream: bool) -> (u32, Action) {
+        self.headers_with(headers, HashMap::new(), end_of_stream)
+    }
+
+    fn headers_with(
+        &mut self,
+        headers: &[(&str, &str)],
+        attributes: HashMap<Vec<String>, Vec<u8>>,
+        end_of_stream: bool,
+    ) -> (u32, Action) {
         let context = self.open_stream(headers);
+        if let Some(stream) = self.host.state().streams.get_mut(&context) {
+            stream.attributes.extend(attributes);
+        }
         self.entering(1);
         let action = self
             .vm
@@ -238,7 +260,7 @@ impl Envoy {
         }
     }
 
-    fn with_upstream(&self, context: u32, f: impl FnOnce(&mut crate::scripted::Upstream)) {
+    fn with_upstream(&self, context: u32, f: impl FnOnce(&mut crate::scripted_host::Upstream)) {
         if let Some(stream) = self.host.state().streams.get_mut(&context) {
             f(&mut stream.upstream);
         }
