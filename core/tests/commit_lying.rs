@@ -17,10 +17,9 @@ use crate::support;
 use std::collections::BTreeMap;
 
 use support::commits::{committed_rule, local, log_uniform, settling_limit, SettlingLimit};
+use support::conformance::lying_bound;
 use support::{evaluate, user, Rng, T0};
-use weir_core::algorithms::fixed_window::FixedWindow;
-use weir_core::algorithms::token_bucket::TokenBucket;
-use weir_core::algorithms::{GlobalLimit, Limit, SlotState};
+use weir_core::algorithms::{Limit, SlotState};
 use weir_core::conformance::{self, Admission};
 use weir_core::engine::{Engine, PendingCommit};
 use weir_core::store::memory::MemoryStore;
@@ -244,27 +243,6 @@ fn run_lying<K: Key>(key: &mut K, case: &LyingCase) -> Lied {
         }
     }
     out
-}
-
-/// The bound docs/algorithms.md states for estimates below the usage, for `limit`: the
-/// placed admissions keep the algorithm's own bound with the limit grown by the excess in
-/// flight — and a fixed window, whose debt is carried, also the bound of the token bucket
-/// it is with debt (its limit refilled at every window), grown the same way.
-fn lying_bound(limit: &Limit, in_flight: u64) -> Vec<GlobalLimit> {
-    match limit {
-        Limit::TokenBucket(b) => vec![GlobalLimit::Slot(Limit::TokenBucket(
-            TokenBucket::new(b.capacity() + in_flight, b.refill(), b.period_us()).unwrap(),
-        ))],
-        Limit::FixedWindow(w) => vec![
-            GlobalLimit::Slot(Limit::FixedWindow(
-                FixedWindow::new(w.limit() + in_flight, w.window_us()).unwrap(),
-            )),
-            GlobalLimit::Slot(Limit::TokenBucket(
-                TokenBucket::new(w.limit() + in_flight, w.limit(), w.window_us()).unwrap(),
-            )),
-        ],
-        other => panic!("no commit for {other:?}"),
-    }
 }
 
 fn judge(limit: &Limit, lied: &Lied) -> Result<(), conformance::Violation> {

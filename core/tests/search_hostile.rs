@@ -15,7 +15,8 @@
 //!   Envoy records what went on), whatever the filter called it; it counts against the
 //!   rule's bound at the instant the filter wrote for its decision, which must lie
 //!   between its arrival and its admission (the harness's own bounds), with the cost the
-//!   client asked for;
+//!   client asked for (a token budget's settled cost: up to its reservation there, the
+//!   excess where its commit landed, as `search_hostile/budgets.rs` says);
 //! - an admission is excused only by a fault the harness injected at that Envoy (an
 //!   outage's 503, a timeout, a reset), within the bridge backoff after it: under
 //!   `allow` it is not judged, under `local` and `deny` it is judged against the looser
@@ -52,6 +53,7 @@ use crate::support;
 
 use std::collections::BTreeMap;
 
+use support::conformance::lying_bound;
 use support::fleet::{BridgeModel, Excuse, Fleet, Outcome, Plan, Respond, FLEET_T0};
 use support::hostile_json::{hostile_body, HostileBody};
 use support::python_json::{PythonReader, Read, Readings};
@@ -217,6 +219,13 @@ struct Judged {
     /// Token budgets: bodies a clamp rewrote, and requests with hostile bodies.
     rewritten: u64,
     tricks: u64,
+    /// Token budgets: the admissions are placed as settled costs (each at its admission
+    /// up to its reservation, its excess where its commit landed), and judged against
+    /// the bound grown by the excess in flight (docs/algorithms.md, "Estimates below the
+    /// usage"); per user, the most excess in flight at an admission, among the strict
+    /// admissions and among all.
+    settled: bool,
+    excess_in_flight: BTreeMap<usize, (u64, u64)>,
 }
 
 fn judge(case: &Case, schedule: &[Request], fleet: &Fleet) -> Judged {
@@ -320,14 +329,33 @@ fn fault(
     if let Some(broken) = j.broken.first() {
         return Some(broken.clone());
     }
-    if let Some((user, v)) = violation(limit, &j.strict) {
-        return Some(format!("key u{user}, with no fault to excuse it: {v}"));
+    let excess = |user: &usize| j.excess_in_flight.get(user).copied().unwrap_or_default();
+    if !j.settled {
+        if let Some((user, v)) = violation(limit, &j.strict) {
+            return Some(format!("key u{user}, with no fault to excuse it: {v}"));
+        }
+    }
+    for (user, a) in j.strict.iter().filter(|_| j.settled) {
+        let GlobalLimit::Slot(slot) = limit else {
+            panic!("no commit for {limit:?}");
+        };
+        let mut a = a.clone();
+        a.sort_by_key(|a| a.at_us);
+        let in_flight = excess(user).0;
+        for bound in lying_bound(slot, in_flight) {
+            if let Err(v) = conformance::check(&bound, &a) {
+                return Some(format!(
+                    "key u{user}, with no fault to excuse it, {in_flight} units of excess in \
+                     flight at most: {v}"
+                ));
+            }
+        }
     }
     if failure_mode == "allow" {
         return None;
     }
     j.all.iter().find_map(|(user, a)| {
-        let in_flight = j.in_flight_at_fault.get(user).copied().unwrap_or(0);
+        let in_flight = j.in_flight_at_fault.get(user).copied().unwrap_or(0) + excess(user).1;
         let loose = loose(limit, envoys as u64, in_flight);
         let mut a = a.clone();
         a.sort_by_key(|a| a.at_us);
@@ -437,7 +465,8 @@ fn hostile_clients_and_a_faulty_bridge_never_break_a_global_bound() {
 mod budgets;
 use budgets::{check_budget, draw_budget, BOUNDS};
 
-/// The cases the search found, on 20691aa (see the module's docs).
+/// The cases the search found, on 20691aa (see the module's docs), and budget cases an
+/// oracle that placed a settled cost whole at its decision failed (`budgets.rs`).
 #[test]
 fn hostile_cases_the_search_found_keep_their_bound() {
     for seed in [19, 28, 38, 64, 105, 124, 136, 146] {
@@ -446,7 +475,7 @@ fn hostile_cases_the_search_found_keep_their_bound() {
         }
     }
     let mut python = PythonReader::start(BOUNDS);
-    for seed in [1, 3, 4] {
+    for seed in [1, 3, 4, 7070, 7155, 7272, 7559] {
         if let Err(failure) = check_budget(&draw_budget(seed), &mut python) {
             panic!("{failure}");
         }

@@ -14,5 +14,3 @@
 pub mod scenarios;
 
 pub mod simulation;
-
-pub use weir_scripted::{scripted_envoy, scripted_host as scripted};

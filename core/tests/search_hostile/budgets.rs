@@ -1,6 +1,13 @@
 //! The commit and clamp arm of the hostile search: global token budgets, each request
 //! estimated from a hostile body, settled with the usage its response reports, clamped
-//! or not (the oracle as in the parent module).
+//! or not (the oracle as in the parent module). A settled cost is placed as
+//! docs/algorithms.md places it ("Estimates below the usage"): up to the reservation at
+//! the decision, the excess (an upstream 5xx's `on_error` above the reservation) where
+//! its commit landed, as the harness saw it land — a local rule's when the response
+//! ended, a global rule's when the model bridge ran the settle — and judged against the
+//! bound grown by the most excess in flight at an admission, per key. Judged at the
+//! decision instead, seeds 7070, 7155, 7234, 7272, 7370, 7445, 7476 and 7559 failed:
+//! each an `on_error` above a reservation counted before its response ended.
 
 use super::*;
 
@@ -401,7 +408,11 @@ fn run_budget(
             }
         }
     });
-    let mut j = Judged::default();
+    let mut j = Judged {
+        settled: true,
+        ..Judged::default()
+    };
+    let mut placed = Vec::new();
     let excuse_span = BRIDGE_BACKOFF_US + case.timeout_us + BRIDGE_DOWN_READ_US;
     let process = |worker: usize| worker / case.workers;
     for (i, (r, out)) in schedule.iter().zip(&fleet.outcomes).enumerate() {
@@ -469,16 +480,35 @@ fn run_budget(
             (Some(Respond::Upstream { .. }), _) => case.on_error,
             _ => reserved.min(*estimate),
         };
-        let admission = Admission {
-            at_us: written.at_us,
-            cost,
+        // Placed as docs/algorithms.md places a settled cost ("Estimates below the
+        // usage"): up to the reservation at the decision, the excess where its commit
+        // landed, as the harness saw it land. The reservation is the filter's own word;
+        // it may stand for the cost at the decision only because the check above holds
+        // it to cover a reader's estimate (a reservation the clamp bounded covers what
+        // the upstream read), so a filter that reserves too little fails there, not here.
+        let excess = cost.saturating_sub(reserved);
+        let lands_us = if excess == 0 {
+            None
+        } else {
+            match lands(case, &fleet, (i, r.user, r.at), out.ended_us, excused) {
+                Ok(lands_us) => lands_us,
+                Err(broken) => {
+                    j.broken.push(broken);
+                    continue;
+                }
+            }
         };
+        placed.push(Placed {
+            user: r.user,
+            excused,
+            at_us: written.at_us,
+            within: cost - excess,
+            excess,
+            lands_us,
+        });
         j.admitted += cost;
-        j.all.entry(r.user).or_default().push(admission);
         if excused {
             j.excused += 1;
-        } else {
-            j.strict.entry(r.user).or_default().push(admission);
         }
         let straddles = fleet.excuses.iter().any(|e| {
             e.envoy == process(r.at) && out.arrived_us < e.at_us && e.at_us <= admitted_us
@@ -487,7 +517,91 @@ fn run_budget(
             *j.in_flight_at_fault.entry(r.user).or_default() += cost;
         }
     }
+    place(&placed, &mut j);
     (fleet, j)
+}
+
+/// One admission of a token budget, placed as a settled cost.
+struct Placed {
+    user: usize,
+    excused: bool,
+    /// The decision's instant, and the cost up to the reservation counted then.
+    at_us: u64,
+    within: u64,
+    /// The cost beyond the reservation, and when its commit landed (`None`: never, the
+    /// harness failed the call that carried it).
+    excess: u64,
+    lands_us: Option<u64>,
+}
+
+/// When the excess of request `i` (of `user`, on `worker`) landed, as the harness saw
+/// it: a local rule's commit when its response ended; a global rule's when the model
+/// bridge ran the first commit call of that worker for that key made since its response
+/// ended (`None`: the harness reset or failed that call, and the estimate stands). A
+/// commit that never reaches the bridge is the filter's fault unless a fault the harness
+/// injected excused the admission (a fallback's commit lands locally, at the end).
+fn lands(
+    case: &BudgetCase,
+    fleet: &Fleet,
+    (i, user, worker): (usize, usize, usize),
+    ended_us: Option<u64>,
+    excused: bool,
+) -> Result<Option<u64>, String> {
+    let Some(ended_us) = ended_us else {
+        return Err(format!(
+            "request {i} was admitted and its response never ended"
+        ));
+    };
+    if case.local {
+        return Ok(Some(ended_us));
+    }
+    let key = [format!("=u{user}")];
+    let call = fleet.settles.iter().find(|c| {
+        c.worker == worker
+            && c.dispatched_us >= ended_us
+            && c.items.iter().any(|s| s.descriptor == key)
+    });
+    match call {
+        Some(call) => Ok(call.ran_us),
+        None if excused => Ok(Some(ended_us)),
+        None => Err(format!(
+            "request {i}: its response ended at {ended_us}, and no commit for u{user} reached \
+             the bridge from its worker since: its excess was never charged"
+        )),
+    }
+}
+
+/// Puts the placed admissions in `j`, strict and all, with the most excess in flight at
+/// an admission per user: the excesses of the requests decided up to it whose commits
+/// land at or after it (or never), itself included.
+fn place(placed: &[Placed], j: &mut Judged) {
+    let in_flight = |at_us: u64, strict: bool, user: usize| -> u64 {
+        placed
+            .iter()
+            .filter(|p| p.user == user && (!strict || !p.excused))
+            .filter(|p| p.at_us <= at_us && p.lands_us.is_none_or(|l| l >= at_us))
+            .map(|p| p.excess)
+            .sum()
+    };
+    for p in placed {
+        let mut admissions = vec![Admission {
+            at_us: p.at_us,
+            cost: p.within,
+        }];
+        if let (Some(lands_us), 1..) = (p.lands_us, p.excess) {
+            admissions.push(Admission {
+                at_us: lands_us,
+                cost: p.excess,
+            });
+        }
+        let most = j.excess_in_flight.entry(p.user).or_default();
+        most.1 = most.1.max(in_flight(p.at_us, false, p.user));
+        if !p.excused {
+            most.0 = most.0.max(in_flight(p.at_us, true, p.user));
+            j.strict.entry(p.user).or_default().extend(&admissions);
+        }
+        j.all.entry(p.user).or_default().extend(admissions);
+    }
 }
 
 /// What the upstream was told to do with request `i` (kept by the fleet once answered).

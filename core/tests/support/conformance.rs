@@ -317,3 +317,27 @@ impl Central {
         }
     }
 }
+
+/// The bound docs/algorithms.md states for estimates below the usage ("Estimates below
+/// the usage"), for `limit`: each request placed at its admission with its cost up to its
+/// estimate and its excess where its commit lands, the placements keep the algorithm's
+/// own bound with the limit grown by the excess in flight — and a fixed window, whose
+/// debt is carried, also the bound of the token bucket it is with debt (its limit
+/// refilled at every window), grown the same way. `commit_lying.rs` and the budget arm of
+/// `search_hostile.rs` judge by it.
+pub fn lying_bound(limit: &Limit, in_flight: u64) -> Vec<GlobalLimit> {
+    match limit {
+        Limit::TokenBucket(b) => vec![GlobalLimit::Slot(Limit::TokenBucket(
+            TokenBucket::new(b.capacity() + in_flight, b.refill(), b.period_us()).unwrap(),
+        ))],
+        Limit::FixedWindow(w) => vec![
+            GlobalLimit::Slot(Limit::FixedWindow(
+                FixedWindow::new(w.limit() + in_flight, w.window_us()).unwrap(),
+            )),
+            GlobalLimit::Slot(Limit::TokenBucket(
+                TokenBucket::new(w.limit() + in_flight, w.limit(), w.window_us()).unwrap(),
+            )),
+        ],
+        other => panic!("no commit for {other:?}"),
+    }
+}

@@ -17,8 +17,10 @@
 //!
 //! What comes out ([`Outcome`]) is, per request: when it reached the upstream (it was
 //! admitted), the body the upstream received, whether a denied request's body leaked,
-//! what the client was answered, and the instants the filter wrote for its decisions
-//! (checked against the harness's own bounds: arrival to admission).
+//! what the client was answered, the instants the filter wrote for its decisions
+//! (checked against the harness's own bounds: arrival to admission), when its response
+//! ended — and, per `/v3/commit` call, when the model bridge ran its settles
+//! ([`SettleCall`]): the instants a commit lands, for local rules and global ones.
 #![allow(dead_code, clippy::unwrap_used, clippy::indexing_slicing)]
 
 use std::collections::BTreeMap;
@@ -26,8 +28,8 @@ use std::sync::Arc;
 
 use weir_core::store::memory::MemoryStore;
 use weir_core::wire::{v2, v3};
-use weir_testkit::scripted::Dispatched;
-use weir_testkit::scripted_envoy::Envoy;
+use weir_scripted::scripted_envoy::Envoy;
+use weir_scripted::scripted_host::Dispatched;
 use weir_testkit::simulation::ModelBridge;
 
 /// One request, as its client plays it.
@@ -77,6 +79,27 @@ pub struct Written {
     pub at_us: u64,
 }
 
+/// A `/v3/commit` call, as the harness saw it: the worker that made it, when, and when
+/// the model bridge ran its settles in Redis (`None`: the harness reset the call, or the
+/// bridge failed it: an outage's 503; a call Envoy gave up on still runs, as Redis
+/// does). Its items are what the bridge settled: each a key, its reservation and the
+/// actual cost.
+#[derive(Clone, Debug)]
+pub struct SettleCall {
+    pub worker: usize,
+    pub dispatched_us: u64,
+    pub ran_us: Option<u64>,
+    pub items: Vec<SettledItem>,
+}
+
+/// One settle a `/v3/commit` call carried.
+#[derive(Clone, Debug)]
+pub struct SettledItem {
+    pub descriptor: Vec<String>,
+    pub reserved: u64,
+    pub actual: u64,
+}
+
 /// What became of one request.
 #[derive(Clone, Debug, Default)]
 pub struct Outcome {
@@ -94,6 +117,9 @@ pub struct Outcome {
     pub written: Vec<Written>,
     /// Still undecided when the run ended.
     pub stuck: bool,
+    /// When its response ended, once it was admitted: the upstream's answer, Envoy's
+    /// reply or the client leaving (a local rule's commit lands then).
+    pub ended_us: Option<u64>,
 }
 
 /// How the bridge and Envoy's side behave.
@@ -158,6 +184,10 @@ pub struct Fleet {
     calls: u64,
     pub excuses: Vec<Excuse>,
     pub outcomes: Vec<Outcome>,
+    /// Every `/v3/commit` call the workers made, in the order they made them.
+    pub settles: Vec<SettleCall>,
+    /// The index in `settles` of a commit call, by worker and token.
+    settle_calls: BTreeMap<(usize, u32), usize>,
     contexts: Vec<Option<(usize, u32)>>,
     /// Bridge calls the bridge refused (400): a request of a config the check
     /// accepted that the bridge will not decide.
@@ -216,6 +246,8 @@ impl Fleet {
             calls: 0,
             excuses: Vec::new(),
             outcomes: Vec::new(),
+            settles: Vec::new(),
+            settle_calls: BTreeMap::new(),
             contexts: Vec::new(),
             refused_by_bridge: Vec::new(),
             dangling_body: 0,
@@ -285,7 +317,7 @@ impl Fleet {
                         });
                     }
                 }
-                Event::Respond(i) => self.respond(i),
+                Event::Respond(i) => self.respond(i, now),
                 Event::Tick(worker) => {
                     let w = &mut self.workers[worker];
                     w.tick_at = None;
@@ -339,15 +371,31 @@ impl Fleet {
     /// were answered are recorded, ticks scheduled.
     fn after(&mut self, now: u64, upstream: &mut dyn FnMut(usize, &[u8]) -> Respond) {
         for worker in 0..self.workers.len() {
-            let calls: Vec<(u32, u64)> = {
+            let calls: Vec<(u32, u64, Option<Vec<SettledItem>>)> = {
                 let w = &mut self.workers[worker];
                 let state = w.envoy.host.state();
                 let new = state.dispatched.get(w.seen_calls..).unwrap_or_default();
-                let calls = new.iter().map(|d| (d.token, d.timeout_ms)).collect();
+                let calls = new
+                    .iter()
+                    .map(|d| {
+                        let settles = (d.path() == v3::COMMIT_PATH).then(|| settled_items(&d.body));
+                        (d.token, d.timeout_ms, settles)
+                    })
+                    .collect();
                 w.seen_calls = state.dispatched.len();
                 calls
             };
-            for (token, timeout_ms) in calls {
+            for (token, timeout_ms, settles) in calls {
+                if let Some(items) = settles {
+                    self.settle_calls
+                        .insert((worker, token), self.settles.len());
+                    self.settles.push(SettleCall {
+                        worker,
+                        dispatched_us: now,
+                        ran_us: None,
+                        items,
+                    });
+                }
                 self.calls += 1;
                 let half = self.half_latency(self.calls);
                 self.halves.insert((worker, token), half);
@@ -401,7 +449,8 @@ impl Fleet {
         };
         if answered {
             // Envoy gave up on it already: Redis decides all the same.
-            let _ = self.model_answer(&path, &body, now);
+            let (status, _) = self.model_answer(&path, &body, now);
+            self.settle_ran(worker, token, status, now);
             return;
         }
         let half = self
@@ -415,12 +464,23 @@ impl Fleet {
         } else {
             self.model_answer(&path, &body, now)
         };
+        self.settle_ran(worker, token, status, now);
         if status == 400 {
             self.refused_by_bridge
                 .push(String::from_utf8_lossy(&body).into_owned());
         }
         self.workers[worker].replies.insert(token, (status, body));
         self.at(now + half, Event::Land { worker, token });
+    }
+
+    /// Records that the model bridge ran the settles of a commit call at `now` (status
+    /// 200: it did; anything else, or a reset: it did not).
+    fn settle_ran(&mut self, worker: usize, token: u32, status: u16, now: u64) {
+        if let Some(&at) = self.settle_calls.get(&(worker, token)) {
+            if status == 200 {
+                self.settles[at].ran_us = Some(now);
+            }
+        }
     }
 
     fn model_answer(&mut self, path: &str, body: &[u8], now: u64) -> (u16, Vec<u8>) {
@@ -498,7 +558,7 @@ impl Fleet {
         self.responses.get(i).cloned().flatten()
     }
 
-    fn respond(&mut self, i: usize) {
+    fn respond(&mut self, i: usize, now: u64) {
         let (Some((worker, context)), Some(response)) =
             (self.contexts[i], self.responses[i].clone())
         else {
@@ -526,7 +586,24 @@ impl Fleet {
         }
         w.envoy.close(context);
         w.open.remove(&context);
+        self.outcomes[i].ended_us = Some(now);
     }
+}
+
+/// The settles a `/v3/commit` body carries (none when the bridge would refuse it).
+fn settled_items(body: &[u8]) -> Vec<SettledItem> {
+    serde_json::from_slice::<v3::CommitRequest>(body)
+        .map(|r| {
+            r.items
+                .into_iter()
+                .map(|item| SettledItem {
+                    descriptor: item.descriptor,
+                    reserved: item.reserved,
+                    actual: item.actual,
+                })
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// The call `token` of `envoy` (a clone).
