@@ -2,12 +2,6 @@
 //! follows the latency that workers observe and merge through shared data, per rule or
 //! per key, and stays clamped to `max_in_flight` across reloads.
 #![cfg(not(target_arch = "wasm32"))]
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
 
 use crate::support;
 

@@ -22,12 +22,6 @@
 //!   test or example that names every one as a variant of one enum (`AlgorithmKind::…`
 //!   or `Limit::…`: a match the compiler or a runner will make a new one join).
 #![cfg(not(target_arch = "wasm32"))]
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};

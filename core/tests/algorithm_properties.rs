@@ -2,7 +2,6 @@
 //! proptest does not run under wasm32). The scenario tables are in `algorithms.rs`.
 #![cfg(not(target_arch = "wasm32"))]
 // Test code: a failed expectation is meant to panic, helpers included.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use crate::support::conformance::drawn_limit;
 use weir_core::algorithms::{

@@ -3,7 +3,6 @@
 //! Their properties (natively, with proptest) are in `algorithm_properties.rs`.
 
 // Test code: a failed expectation is meant to panic, helpers included.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use weir_core::algorithms::{
     fixed_window::{self, FixedWindow},

@@ -3,7 +3,6 @@
 //! dependencies on one another (their `Cargo.toml`s, `[dependencies]` only), and the
 //! state picture names exactly the states of `Stage` (`core/src/filter/request.rs`).
 #![cfg(not(target_arch = "wasm32"))]
-#![allow(clippy::unwrap_used, clippy::panic, clippy::indexing_slicing)]
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};

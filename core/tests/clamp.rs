@@ -8,12 +8,6 @@
 //! at their actual costs keep the algorithm's own bound — on random token buckets and
 //! fixed windows over the range the config accepts.
 #![cfg(not(target_arch = "wasm32"))]
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
 
 use crate::support;
 

@@ -11,12 +11,6 @@
 //! (docs/algorithms.md, "Estimates below the usage"); a fixed window, which carries its
 //! debt, keeps that of a token bucket refilled with its limit at every window too.
 #![cfg(not(target_arch = "wasm32"))]
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
 
 use crate::support;
 

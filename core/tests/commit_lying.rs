@@ -5,12 +5,6 @@
 //! token bucket refilled with its limit at every window too. Deliberate mutants of the
 //! debt must break it. Estimates that are upper bounds: `commit.rs`.
 #![cfg(not(target_arch = "wasm32"))]
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
 
 use crate::support;
 

@@ -4,12 +4,6 @@
 //! every end: response complete, reset, denial by a later rule) — or, refused, on a
 //! later tick; a dead worker's places are reclaimed. Adaptive limits: `adaptive.rs`.
 #![cfg(not(target_arch = "wasm32"))]
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
 
 use crate::support;
 

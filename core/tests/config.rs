@@ -8,12 +8,6 @@
 // Reads fixtures from disk: native only (the e2e suite runs the same
 // parser inside Envoy). A test harness reports by panicking, helpers included.
 #![cfg(not(target_arch = "wasm32"))]
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
 
 use std::path::{Path, PathBuf};
 

@@ -7,12 +7,6 @@
 //! over `first..=last` of the sorted admissions really exceeds the bound there.
 
 // Test code: a failed expectation is meant to panic, helpers included.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
 
 #[cfg(target_arch = "wasm32")]
 use wasm_bindgen_test::wasm_bindgen_test as test;

@@ -4,12 +4,6 @@
 //! worked mutants are in `conformance.rs`.
 #![cfg(not(target_arch = "wasm32"))]
 // Test code: a failed expectation is meant to panic, helpers included.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
 
 use crate::support::conformance as checked;
 

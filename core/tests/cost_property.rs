@@ -23,12 +23,6 @@
 //!   labelled response within `max_bytes` settles at its last usage.
 
 // Test code: a failed expectation is meant to panic, helpers included.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
 #![cfg(not(target_arch = "wasm32"))]
 
 use proptest::prelude::*;

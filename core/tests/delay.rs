@@ -8,12 +8,6 @@
 //! what a central limiter would (burst, then the rate), and no request waits longer
 //! than the delay's `max`.
 #![cfg(not(target_arch = "wasm32"))]
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
 
 use crate::support;
 

@@ -1,13 +1,6 @@
 //! The whole local pipeline on the in-memory store: rules, keys, slot tables and the CAS
 //! loop, natively (threads racing) and under wasm32 (single-threaded parts).
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
-
 use crate::support;
 
 use support::{engine, run, user, FakeRequest, SEED, T0};

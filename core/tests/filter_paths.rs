@@ -4,13 +4,6 @@
 //! and weir-bridge's model answers, through both kinds of call: an acquire for a global
 //! rule, and a commit of a cost known after the response.
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
-
 use std::collections::BTreeSet;
 
 use weir_core::filter::Action;

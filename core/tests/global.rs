@@ -3,13 +3,6 @@
 //! rule asks for, what a reply leaves in the key's slot (units held, a reservation, a
 //! cached denial), failure modes and the backoff.
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
-
 use crate::support;
 
 use support::{engine, evaluate, user, T0};

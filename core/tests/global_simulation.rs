@@ -8,12 +8,6 @@
 //! costs. The same runs also bound under-admission and bridge calls per request, so a
 //! limiter that is conformant by refusing everything fails too.
 #![cfg(not(target_arch = "wasm32"))]
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
 
 use crate::support;
 

@@ -3,13 +3,6 @@
 //! requests, and what it must not win. Every test here failed on 20691aa, before the
 //! fixes of issue 32; the search (`search_hostile.rs`) plays the same tricks at random.
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
-
 use weir_core::filter::{Action, BodyAction};
 use weir_scripted::scripted_envoy::Envoy;
 use weir_testkit::simulation::ModelBridge;

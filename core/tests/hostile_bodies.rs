@@ -27,12 +27,6 @@
 //!
 //! `WEIR_SEARCH_CASES` bodies (default 3,000) from `WEIR_SEARCH_SEED` (default 1).
 #![cfg(not(target_arch = "wasm32"))]
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
 
 use crate::support;
 

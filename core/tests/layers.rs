@@ -7,7 +7,6 @@
 //! Uses are read from the sources (`crate::<module>` outside comments), so the test sees
 //! what the compiler resolves, without a dependency on a parser.
 #![cfg(not(target_arch = "wasm32"))]
-#![allow(clippy::unwrap_used, clippy::panic, clippy::indexing_slicing)]
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};

@@ -7,13 +7,6 @@
 //! outside. The configs ask for `"stats": "detailed"`: the tests read why requests went
 //! as they did (delays, commits, resent calls).
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
-
 use weir_core::engine::{BRIDGE_BACKOFF_US, BRIDGE_FAILING_FOR_US, BRIDGE_FAILURES_TO_SKIP};
 use weir_core::filter::host::LogLevel;
 use weir_core::filter::{Action, BodyAction, DELAY_HEADER};

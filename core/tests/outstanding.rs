@@ -7,12 +7,6 @@
 //! lease slots in shared data, units of the requests held now (by the test's own list).
 //! When the traffic stops and the units' time is over, the sweep brings both to 0.
 #![cfg(not(target_arch = "wasm32"))]
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
 
 use crate::support;
 

@@ -9,12 +9,6 @@
 //! shared-data call), so a limiter that is conformant by refusing, or cheap by never
 //! taking ahead, fails too.
 #![cfg(not(target_arch = "wasm32"))]
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
 
 use crate::support;
 

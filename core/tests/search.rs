@@ -18,12 +18,6 @@
 //! WEIR_SEARCH_CASES=1` replays it alone, and the schedule is cut to the shortest prefix
 //! that still fails. Found cases stay below as regression tests with their seeds.
 #![cfg(not(target_arch = "wasm32"))]
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
 
 use crate::support;
 

@@ -9,12 +9,6 @@
 //! outage the harness caused excuses an admission. `search_hostile.rs` plays the filter
 //! itself, with hostile clients, against the same model.
 #![cfg(not(target_arch = "wasm32"))]
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
 
 use crate::support;
 

@@ -42,12 +42,6 @@
 //! watermark (a clamp's rewrite then crashes Envoy). The seeds stay below as regression
 //! tests.
 #![cfg(not(target_arch = "wasm32"))]
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
 
 use crate::support;
 

@@ -2,7 +2,7 @@
 //! binary: the shared `support` module is compiled once, the binary is linked once (natively
 //! and for wasm32), and its tests run in parallel instead of one file after another.
 //! `cargo test -p weir-core --test suite search_global::` runs one file's tests.
-// Test code: a failed unwrap or index is a failed test (the files repeat what they use).
+// Test code: a failed unwrap or index is a failed test (for every module of the suite).
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,

@@ -1,6 +1,6 @@
 //! What the commit suites share: a rule whose cost is estimated from `x-estimate` and
 //! committed from the response's `x-tokens`, and its limit.
-#![allow(dead_code, clippy::unwrap_used)]
+#![allow(dead_code)]
 
 use super::{engine, FakeRequest, Rng};
 use weir_core::algorithms::{GlobalLimit, Limit};

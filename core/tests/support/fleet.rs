@@ -21,7 +21,7 @@
 //! (checked against the harness's own bounds: arrival to admission), when its response
 //! ended — and, per `/v3/commit` call, when the model bridge ran its settles
 //! ([`SettleCall`]): the instants a commit lands, for local rules and global ones.
-#![allow(dead_code, clippy::unwrap_used, clippy::indexing_slicing)]
+#![allow(dead_code)]
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

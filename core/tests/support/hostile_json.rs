@@ -9,7 +9,7 @@
 //!
 //! The generator knows nothing of what a parser reads from its bodies: judge them with
 //! a reference parser. Self-contained (it needs only [`Rng`]), so any test can use it.
-#![allow(dead_code, clippy::unwrap_used, clippy::indexing_slicing)]
+#![allow(dead_code)]
 
 use super::Rng;
 

@@ -1,6 +1,6 @@
 //! What the engine suites share: requests as maps of facts, an engine from JSON, the
 //! instant and the seed they run at.
-#![allow(dead_code, clippy::unwrap_used)]
+#![allow(dead_code)]
 
 pub mod commits;
 pub mod conformance;

@@ -1,6 +1,6 @@
 //! Places of concurrency rules in simulated time: admit a request on a worker, end its
 //! stream, end every stream due.
-#![allow(dead_code, clippy::unwrap_used, clippy::indexing_slicing)]
+#![allow(dead_code)]
 
 use super::{evaluate_on, FakeRequest};
 use std::collections::BTreeMap;

@@ -3,7 +3,7 @@
 //! an `object_pairs_hook` that keeps the first (RapidJSON's `FindMember`, several Go and
 //! C++ parsers). One `python3` process reads many bodies: in one batch ([`python`]), or
 //! one at a time while a test runs ([`PythonReader`]).
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(dead_code)]
 
 use std::fmt::Write as _;
 use std::io::{BufRead, BufReader, Write as _};

@@ -1,7 +1,7 @@
 //! What the two searches (`search.rs`, local; `search_global.rs`) share: how many cases
 //! from which seed, log-uniform draws, a random limit over the whole range the config
 //! accepts, and a schedule of bursts and idle gaps.
-#![allow(dead_code, clippy::unwrap_used, clippy::indexing_slicing)]
+#![allow(dead_code)]
 
 use super::{user, FakeRequest, Rng, T0};
 use std::collections::BTreeMap;
