@@ -374,7 +374,7 @@ macro_rules! plugin_stats {
                 errors_bad_body: Counter, Default,
                     "a reply that does not decode";
                 latency_us: Histogram, Default,
-                    "a call's round trip, µs (it appears after Envoy's 5-second stats flush)";
+                    "a call's round trip, µs, each worker's at most one a millisecond: every call below 1,000 calls a second per worker, a sample above (it appears after Envoy's 5-second stats flush)";
             }
             vm(Vm) {
                 buffer_full: Counter, Detailed,

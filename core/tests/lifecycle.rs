@@ -18,6 +18,7 @@ use weir_testkit::simulation::ModelBridge;
 #[cfg(target_arch = "wasm32")]
 use wasm_bindgen_test::wasm_bindgen_test as test;
 
+mod bridge_answers;
 mod bridge_failures;
 mod held;
 

@@ -224,12 +224,14 @@ impl Vm {
             None => plugin.on_owner_gone(host, &landed),
         }
         // Each looks again knowing how many still wait (itself included): the first to
-        // miss asks for them all.
+        // miss asks for them all. Its own call leaves from the root context whatever the
+        // effective context (Envoy's `http_call` acts on the effective context's root),
+        // and Envoy restores the effective context when this callback returns: nothing
+        // switches back to the root here.
         let waiters = landed.waiters.len();
         for (looked, waiter) in landed.waiters.into_iter().enumerate() {
             let waiting = (waiters - looked) as u64;
             self.in_request(host, waiter, |r| r.on_flight_landed(host, now, waiting));
         }
-        let _ = host.set_effective_context(root_id);
     }
 }

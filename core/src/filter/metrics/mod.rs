@@ -43,6 +43,12 @@ use std::cell::Cell;
 /// How often increments kept in the VM are sent to Envoy.
 pub const FLUSH_INTERVAL: Span = Span::from_millis(100);
 
+/// A worker records a bridge call's latency (`bridge.latency_us`) at most once in this
+/// span: every call below 1,000 calls a second per worker, a sample of one a
+/// millisecond above that (a host call saved on the others). Its quantiles are what the
+/// alerts and the dashboard read; its count is not the calls' (`bridge.calls` is).
+pub const LATENCY_RECORD_EVERY: Span = Span::from_millis(1);
+
 /// A stat's handle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Stat {
@@ -214,6 +220,9 @@ pub struct Metrics {
     /// Host metric id and the increment not yet sent, per stat defined.
     pending: Vec<(u32, Cell<i64>)>,
     last_flush: Cell<Micros>,
+    /// When this worker last recorded a bridge call's latency
+    /// ([`LATENCY_RECORD_EVERY`] apart at the least).
+    last_latency: Cell<Micros>,
     rules: Vec<RuleMetrics>,
     plugin: PluginStats,
     /// [`Host::counts`] at the last flush.
@@ -289,6 +298,7 @@ impl Metrics {
         Ok(Metrics {
             pending: r.pending,
             last_flush: Cell::new(Micros::ZERO),
+            last_latency: Cell::new(Micros::ZERO),
             rules: defined,
             plugin,
             counted: Cell::new(host.counts()),

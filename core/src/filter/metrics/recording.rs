@@ -39,7 +39,14 @@ impl Metrics {
         self.bump(self.plugin.bridge.resent, 1);
     }
 
-    pub fn bridge_latency<H: Host>(&self, host: &H, latency: Span) {
+    /// A bridge call answered at `now` after `latency`: recorded unless this worker
+    /// recorded one less than [`super::LATENCY_RECORD_EVERY`] ago.
+    pub fn bridge_latency<H: Host>(&self, host: &H, latency: Span, now: Micros) {
+        let last = self.last_latency.get();
+        if now >= last && now.saturating_sub(last) < super::LATENCY_RECORD_EVERY {
+            return;
+        }
+        self.last_latency.set(now);
         self.set(host, self.plugin.bridge.latency_us, latency.us());
     }
 

@@ -104,7 +104,7 @@ impl Plugin {
         };
         let call = self.flights.borrow_mut().land(token)?;
         self.metrics
-            .bridge_latency(host, now.saturating_sub(call.sent_at));
+            .bridge_latency(host, now.saturating_sub(call.sent_at), now);
         let mut eval = call.eval;
         self.engine
             .complete(&mut eval, host, call.sent_at, now, reply);
@@ -175,14 +175,28 @@ impl Plugin {
         }
     }
 
-    /// The answer of the call `call` made, read in the callback of its response: its
-    /// status (0: none, the connection failed) and body, decoded against what was sent.
+    /// The answer of the call `call` made, read in the callback of its response, decoded
+    /// against what was sent. The body is read first: one that is the reply to the items
+    /// sent is the bridge's answer, which it sends only with a 200, and is taken without
+    /// reading the status (a host call less on every answer). Anything else is judged by
+    /// its status (0: none, the connection failed) as well.
     fn read_bridge_reply<H: Host>(
         &self,
         host: &H,
         call: &Call,
         body_size: usize,
     ) -> Result<v2::Reply, ReplyError> {
+        let sent = self.engine.sent(&call.eval.pending);
+        let body = if body_size > MAX_BODY_BYTES {
+            None
+        } else {
+            let body = host.call_response_body(body_size).ok().flatten();
+            let body = body.unwrap_or_default();
+            if let Ok(reply) = v2::decode_reply(200, &body, &sent) {
+                return Ok(reply);
+            }
+            Some(body)
+        };
         let status = call_status(host);
         // Envoy's own 503 for a call its circuit breaker turned away once it was taken
         // (a stream over `max_pending_requests` while the connection opens): a full
@@ -197,15 +211,10 @@ impl Plugin {
             self.metrics.bridge_refused();
             return Err(ReplyError::Refused);
         }
-        if body_size > MAX_BODY_BYTES {
+        let Some(body) = body else {
             return Err(ReplyError::BadBody(format!("{body_size} bytes")));
-        }
-        let body = host
-            .call_response_body(body_size)
-            .ok()
-            .flatten()
-            .unwrap_or_default();
-        v2::decode_reply(status, &body, &self.engine.sent(&call.eval.pending))
+        };
+        v2::decode_reply(status, &body, &sent)
     }
 }
 

@@ -1,0 +1,94 @@
+//! What reading a bridge call's answer costs in host calls: the answer's body, and its
+//! status only when the body is not the reply; the latency stat at most once a
+//! millisecond per worker; no switch back to the root context.
+
+use super::*;
+use weir_core::filter::host::CallKind;
+
+#[cfg(target_arch = "wasm32")]
+use wasm_bindgen_test::wasm_bindgen_test as test;
+
+/// A global token bucket per `x-user` with no lease: every request asks Redis.
+const EXACT: &str = r#"{"bridge":{"cluster":"weir_bridge"},"rules":[
+    {"name":"tenant","scope":"global","key":[{"header":"x-user"}],
+     "limit":{"algorithm":"token_bucket","capacity":6000,"refill":6000,"period":"1m"}}]}"#;
+
+/// The host calls of each kind made while `f` ran.
+fn calls_during(envoy: &mut Envoy, f: impl FnOnce(&mut Envoy)) -> [u64; CallKind::ALL.len()] {
+    let before = envoy.host.state().counts.calls;
+    f(envoy);
+    let after = envoy.host.state().counts.calls;
+    std::array::from_fn(|i| after[i] - before[i])
+}
+
+fn of(calls: &[u64], kind: CallKind) -> u64 {
+    calls[kind.index()]
+}
+
+/// A request of `name` paused on its call, and the reply weir-bridge's model gives it.
+fn asked(envoy: &mut Envoy, bridge: &mut ModelBridge, name: &str) -> (u32, u32, Vec<u8>) {
+    let (context, action) = envoy.request(&user(name));
+    assert_eq!(action, Action::Pause);
+    let call = envoy.open_calls().pop().unwrap();
+    let reply = bridge.acquire(&call.body, envoy.now_us()).unwrap();
+    (context, call.token, serde_json::to_vec(&reply).unwrap())
+}
+
+#[test]
+fn an_answer_that_is_the_reply_is_read_from_its_body_alone_and_nothing_switches_back() {
+    let mut envoy = envoy(EXACT);
+    let mut bridge = ModelBridge::default();
+    let (context, token, reply) = asked(&mut envoy, &mut bridge, "acme");
+    envoy.advance_us(2 * MS);
+    let calls = calls_during(&mut envoy, |e| e.answer(token, 200, &reply));
+    assert_eq!(resumed(&envoy, context), 1);
+    assert_eq!(of(&calls, CallKind::Body), 1);
+    assert_eq!(of(&calls, CallKind::Header), 0, "the status is not read");
+    // Into the request, and its resume: Envoy restores the effective context when the
+    // callback returns.
+    assert_eq!(of(&calls, CallKind::Stream), 2);
+
+    // The bridge answers with a 200 alone; a reply under another status is taken all
+    // the same (documented in docs/global.md).
+    let (context, token, reply) = asked(&mut envoy, &mut bridge, "globex");
+    envoy.answer(token, 500, &reply);
+    assert_eq!(resumed(&envoy, context), 1);
+
+    // Anything else is read with its status: Envoy's own 503 is the bridge unavailable
+    // (sent once more, then the failure mode decides).
+    let (context, action) = envoy.request(&user("initech"));
+    assert_eq!(action, Action::Pause);
+    let envoys_503 = b"upstream connect error or disconnect/reset before headers";
+    let token = envoy.open_calls().pop().unwrap().token;
+    let calls = calls_during(&mut envoy, |e| e.answer(token, 503, envoys_503));
+    assert!(of(&calls, CallKind::Header) >= 1, "the status is read");
+    for call in envoy.open_calls() {
+        envoy.answer(call.token, 503, envoys_503);
+    }
+    assert_eq!(
+        resumed(&envoy, context),
+        1,
+        "failure_mode allow lets it through"
+    );
+    flush_stats(&mut envoy);
+    assert_eq!(stat_of(&envoy, "bridge.errors_unavailable"), 1);
+}
+
+#[test]
+fn a_worker_records_a_calls_latency_at_most_once_a_millisecond() {
+    let mut envoy = envoy(EXACT);
+    let mut bridge = ModelBridge::default();
+    // The first answer, and the stats it sends: what follows counts the records alone.
+    warm_up(&mut envoy, &mut bridge, "warm");
+    flush_stats(&mut envoy);
+    let mut recorded = Vec::new();
+    // Answers 400 µs apart: at 0.4, 0.8, 1.2, 1.6, 2.0, 2.4 ms after the first request.
+    for n in 0..6 {
+        let (_, token, reply) = asked(&mut envoy, &mut bridge, &format!("u{n}"));
+        envoy.advance_us(400);
+        let calls = calls_during(&mut envoy, |e| e.answer(token, 200, &reply));
+        recorded.push(of(&calls, CallKind::Stats));
+    }
+    // The first, then the first at least a millisecond after the last recorded.
+    assert_eq!(recorded, [1, 0, 0, 1, 0, 0]);
+}
