@@ -26,6 +26,13 @@ pub struct Sample {
     pub requests: u64,
     /// utime + stime of the Envoy process over the interval.
     pub envoy_cpu_us: u64,
+    /// utime + stime of weir-bridge over the interval (0 when the run has none).
+    #[serde(default)]
+    pub bridge_cpu_us: u64,
+    /// utime + stime of the Redis Cluster's nodes over the interval, summed (0 when the
+    /// run has none).
+    #[serde(default)]
+    pub redis_cpu_us: u64,
     pub interval_us: u64,
     pub cpu_us_per_request: f64,
     /// The same from the scheduler's ns run time (`schedstat`), as a cross-check.
@@ -71,6 +78,25 @@ impl Sample {
         } else {
             self.wrk.status_errors as f64 / self.wrk.requests as f64
         }
+    }
+}
+
+/// The processes a scenario's requests may cost CPU in beyond Envoy: weir-bridge and the
+/// Redis Cluster's nodes (none when the run starts no bridge). They serve every scenario,
+/// one scenario at a time: what they use over a sample's interval is that scenario's (and
+/// their idle work: the no-filter scenario shows it).
+#[derive(Clone, Debug, Default)]
+pub struct Services {
+    pub bridge: Option<u32>,
+    pub redis: Vec<u32>,
+}
+
+impl Services {
+    /// (weir-bridge, Redis) CPU time so far, µs.
+    fn cpu_us(&self) -> (u64, u64) {
+        let bridge = self.bridge.map_or(0, sys::process_cpu_us);
+        let redis = self.redis.iter().map(|&pid| sys::process_cpu_us(pid)).sum();
+        (bridge, redis)
     }
 }
 
@@ -183,7 +209,7 @@ pub fn measure(
     script: &std::path::Path,
     connections: u32,
     duration: Duration,
-    masters: &[u16],
+    (masters, services): (&[u16], &Services),
     round: usize,
     position: usize,
     attempt: usize,
@@ -193,6 +219,7 @@ pub fn measure(
     let (r0_all, r0_scripts) = redis_commands(masters);
     let c0 = envoy_counters(envoy);
     let core0 = sys::core_time(ENVOY_CORE);
+    let services0 = services.cpu_us();
     let cpu0 = sys::process_cpu_us(pid);
     let run0 = sys::process_runtime_us(pid);
     let t0 = Instant::now();
@@ -209,6 +236,7 @@ pub fn measure(
     );
     let run1 = sys::process_runtime_us(pid);
     let cpu1 = sys::process_cpu_us(pid);
+    let services1 = services.cpu_us();
     let interval_us = t0.elapsed().as_micros() as u64;
     let core1 = sys::core_time(ENVOY_CORE);
     // weir hands its counters to Envoy every 100 ms: wait for the last increments before
@@ -244,6 +272,8 @@ pub fn measure(
         wrk,
         requests,
         envoy_cpu_us,
+        bridge_cpu_us: services1.0.saturating_sub(services0.0),
+        redis_cpu_us: services1.1.saturating_sub(services0.1),
         interval_us,
         cpu_us_per_request: per_request(envoy_cpu_us),
         runtime_us_per_request: per_request(run1.saturating_sub(run0)),
@@ -295,7 +325,7 @@ pub(crate) fn run_cost(
     wasm: &Wasm,
     bridge: &Option<Bridge>,
     script: &Path,
-    masters: &[u16],
+    backends: (&[u16], &Services),
 ) -> (Samples, Vec<String>) {
     // The proxies outlive the samples: the slowed scenarios' Envoys reach the bridge
     // through them.
@@ -311,7 +341,7 @@ pub(crate) fn run_cost(
                 position,
                 scenario: s,
             };
-            let sample = measure_sample(opts, &fleet, script, masters, at, &mut retries_left);
+            let sample = measure_sample(opts, &fleet, script, backends, at, &mut retries_left);
             samples.entry(s).or_default().push(sample);
         }
     }
@@ -424,7 +454,7 @@ fn measure_sample(
     opts: &Opts,
     fleet: &Fleet,
     script: &Path,
-    masters: &[u16],
+    backends: (&[u16], &Services),
     at: SamplePlace,
     retries_left: &mut u32,
 ) -> Sample {
@@ -436,7 +466,7 @@ fn measure_sample(
             script,
             opts.connections,
             Duration::from_secs(opts.duration),
-            masters,
+            backends,
             at.round,
             at.position,
             attempt,

@@ -252,8 +252,21 @@ fn main() {
         (None, None, Vec::new())
     };
 
-    let (samples, envoy_cpus_allowed) =
-        run_cost(&opts, &scenarios, &wasm, &bridge, &script, &masters);
+    let services = match (&bridge, &redis) {
+        (Some(bridge), Some(redis)) => cost::Services {
+            bridge: Some(bridge.pid()),
+            redis: redis.pids(),
+        },
+        _ => cost::Services::default(),
+    };
+    let (samples, envoy_cpus_allowed) = run_cost(
+        &opts,
+        &scenarios,
+        &wasm,
+        &bridge,
+        &script,
+        (&masters, &services),
+    );
 
     let accuracy_runs = match (&bridge, &redis) {
         (Some(bridge), Some(redis)) if opts.accuracy => {

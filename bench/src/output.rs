@@ -225,6 +225,16 @@ pub(crate) fn check_smoke(opts: &Opts, out: &Path, r: &Results, scenarios: &[Sce
                 if s.calls_bridge() && !positive(x.redis_commands_per_request.median) {
                     problems.push(format!("{}: no Redis command counted", s.id()));
                 }
+                // Every call costs the bridge and Redis CPU: a run that counted none did
+                // not read their processes.
+                let services =
+                    x.bridge_cpu_us_per_request.median + x.redis_cpu_us_per_request.median;
+                if s.calls_bridge() && !positive(services) {
+                    problems.push(format!(
+                        "{}: no CPU counted in weir-bridge or Redis",
+                        s.id()
+                    ));
+                }
                 // The floor's filter reads nothing of the answer: calls the bridge
                 // refused or that timed out show only in Envoy's counts of the cluster.
                 let calls: u64 = r

@@ -83,6 +83,14 @@ pub struct Summary {
     pub p50_us: Stat,
     pub p99_us: Stat,
     pub cpu_us_per_request: Stat,
+    /// weir-bridge's and the Redis Cluster's CPU per request (µs), and the three with
+    /// Envoy's: the whole system's (each round's sum, then the median).
+    #[serde(default)]
+    pub bridge_cpu_us_per_request: Stat,
+    #[serde(default)]
+    pub redis_cpu_us_per_request: Stat,
+    #[serde(default)]
+    pub system_cpu_us_per_request: Stat,
     pub bridge_calls_per_request: Stat,
     /// weir's calls into Envoy per request (`vm.host_calls`), 0 for the other filters.
     #[serde(default)]
@@ -122,6 +130,11 @@ pub fn summarize(samples: &Samples) -> Vec<Summary> {
             p50_us: stat(v, &|x| x.wrk.p50_us),
             p99_us: stat(v, &|x| x.wrk.p99_us),
             cpu_us_per_request: stat(v, &|x| x.cpu_us_per_request),
+            bridge_cpu_us_per_request: stat(v, &|x| x.per_request(x.bridge_cpu_us)),
+            redis_cpu_us_per_request: stat(v, &|x| x.per_request(x.redis_cpu_us)),
+            system_cpu_us_per_request: stat(v, &|x| {
+                x.per_request(x.envoy_cpu_us + x.bridge_cpu_us + x.redis_cpu_us)
+            }),
             bridge_calls_per_request: stat(v, &|x| x.per_request(x.bridge_calls)),
             host_calls_per_request: stat(v, &|x| x.per_request(x.host_calls)),
             vm_entries_per_request: stat(v, &|x| x.per_request(x.vm_entries)),

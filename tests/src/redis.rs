@@ -458,6 +458,14 @@ impl RedisCluster {
         parse_cluster_nodes(&text)
     }
 
+    /// The process ids of the nodes still running (for their CPU time).
+    pub fn pids(&self) -> Vec<u32> {
+        (self.nodes.iter())
+            .filter(|n| !n.is_killed())
+            .map(RedisNode::pid)
+            .collect()
+    }
+
     /// Addresses of the masters that serve slots and are not failing, as a live node sees them.
     pub fn masters(&self) -> Vec<String> {
         self.cluster_nodes()

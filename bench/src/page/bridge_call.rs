@@ -165,28 +165,37 @@ the SDK's switch to the request when the answer comes, the resume) and its VM en
 (the request's callbacks and the answer's) are what any filter pays for a call; what \
 remains on top of the floor in **floor − empty-wasm** is Envoy's own HTTP client and \
 cannot be cut from the filter: only fewer calls (leases) or a cheaper client would lower \
-it. weir-global-exact makes 11 host calls per request (`cargo test -p weir-bench` checks \
-the count), 8 more than the floor:\n\n\
+it. weir-global-exact makes 8 host calls per request and a fraction (`cargo test -p weir-bench` \
+checks the count), 5 more than the floor:\n\n\
 - *on_request_headers*: the **clock** (time enters once); the **`x-tenant` header** (the \
 key); a **shared-data get of the rule's lease slot set** (a cached denial would answer \
 the request; an exact rule writes nothing there when it asks); the **dispatch**. A worker \
 also reads the bridge-down key (skip the bridge for a second after a failure), and writes \
 the instant Envoy last took a call of the plugin (a call Envoy then refuses is a full \
 circuit breaker, not a cluster without hosts), each at most every 10 ms, not per call.\n\
-- *on_http_call_response*: the **clock** (the call's latency, and the instants a grant \
-is anchored on); a **stats record** (the bridge latency histogram); the answer's \
-**`:status` header** and **body**; **set_effective_context** to the request, its \
-**resume**, and **set_effective_context** back to the root context. An allowed answer \
-that leaves nothing held writes nothing to shared data (a denial is cached; a rule with \
-leases or `failure_mode: local` records what Redis said).\n\n\
-Cut so far (issue 21): the CAS of the lease slot on every ask (the demand it wrote is \
+- *on_http_call_response*: the **clock** (the call's round trip, and the instants a \
+grant is anchored on); the answer's **body** (its `:status` header only when the body is \
+not the reply to what was sent: the bridge sends a reply with a 200 alone); \
+**set_effective_context** to the request and its **resume**; a **stats record** of the \
+call's latency at most once a millisecond per worker (every call below 1,000 calls a \
+second per worker, a sample above). An allowed answer that leaves nothing held writes \
+nothing to shared data (a denial is cached; a rule with leases or `failure_mode: local` \
+records what Redis said).\n\n\
+Cut so far: issue 21 took the CAS of the lease slot on every ask (the demand it wrote is \
 read only by leases), the get and CAS recording an allowed exact answer, and the \
 bridge-down get on every call: 15 host calls to 11, and 864 of the about 2,000 bytes \
 per request across the VM boundary (a lease slot set is 288 bytes, copied in by each \
-get and out by each set). Left: the **switch back to the root context** (Envoy's host \
-restores the effective context when the callback returns, but a waiter's own call must \
-leave from the root context, and that was not proven here), the **latency record** on \
-every call (sampling would cut most of it), and **bytes** of the wire (the body's \
+get and out by each set). Issue 35 took the `:status` read of an answer that is the \
+reply, the switch back to the root context at the callback's end (Envoy's host saves \
+and restores the effective context around every callback, and a call always leaves \
+from the effective context's root context, so a waiter's own call needs no switch \
+either), and the latency record on most calls above 1,000 a second: 11 to 8 and a \
+fraction, and one VM entry (the status handed in). Left beyond the floor's 6 (the \
+call's 3, the key, a clock read, the answer's body): the **second clock read** (the \
+round trip feeds the leases' timing and every grant is anchored on the answer's \
+instant: Redis's clock is another machine's), the **lease slot get** (a cached denial \
+shared by the Envoy's workers spares Redis a call per worker while a key is denied), \
+and the sampled **latency record**; and **bytes** of the wire (the body's \
 `\"reserve\":0,\"hold_us\":0,\"horizon_us\":0,\"shadow\":false`, 54 of 228 bytes, \
 are the bridge's defaults; the answer's zero `due_ns`, `spacing_ns`, `valid_ns` are \
 required by the filter's decoder). One more difference is not weir's: the empty \

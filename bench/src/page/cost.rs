@@ -38,6 +38,7 @@ pub(super) fn cost_section(r: &Results) -> String {
     );
     o.push_str(&cost_table(r).markdown());
     o.push_str(&ratio_table(r).markdown());
+    o.push_str(&system_section(r));
     o.push_str("The scenarios:\n\n");
     for x in &r.scenarios {
         o.push_str(&format!("- **{}**: {}.\n", x.id, x.description));
@@ -95,6 +96,56 @@ fn cost_table(r: &Results) -> Table {
         ]);
     }
     t
+}
+
+/// The whole system's CPU per request: Envoy, weir-bridge and the Redis Cluster, each
+/// process's utime + stime over the interval divided by the requests, and a limiter's own
+/// cost, that sum less no-filter's. Left out for a run that measured Envoy alone.
+fn system_section(r: &Results) -> String {
+    if !r
+        .scenarios
+        .iter()
+        .any(|x| x.system_cpu_us_per_request.median > 0.0)
+    {
+        return String::new();
+    }
+    let baseline = r
+        .scenarios
+        .iter()
+        .find(|x| x.id == Scenario::NoFilter.id())
+        .map(|x| x.system_cpu_us_per_request.median);
+    let mut t = Table::new(&[
+        "scenario",
+        "Envoy µs/request",
+        "weir-bridge µs/request",
+        "Redis µs/request",
+        "all µs/request",
+        "own cost µs/request (all − no-filter's)",
+    ]);
+    for x in &r.scenarios {
+        t.row(vec![
+            x.id.clone(),
+            x.cpu_us_per_request.show(2),
+            x.bridge_cpu_us_per_request.show(2),
+            x.redis_cpu_us_per_request.show(2),
+            x.system_cpu_us_per_request.show(2),
+            baseline.map_or_else(
+                || "–".into(),
+                |b| format!("{:+.2}", x.system_cpu_us_per_request.median - b),
+            ),
+        ]);
+    }
+    format!(
+        "**Whole-system CPU per request**: the processes a request can cost CPU in, each \
+         one's utime + stime (`/proc/PID/stat`) over the same interval divided by the \
+         requests Envoy counted: Envoy, weir-bridge, and the Redis Cluster's 6 nodes summed \
+         (replication included). The bridge and Redis serve one scenario at a time, so what \
+         they use in a scenario's interval is that scenario's, plus their idle work, which \
+         no-filter's row shows (it makes no call); **own cost** takes no-filter's whole \
+         system away. *all* is each round's sum, then the median, so it need not equal the \
+         sum of the medians.\n\n{}",
+        t.markdown()
+    )
 }
 
 fn ratio_table(r: &Results) -> Table {
