@@ -51,6 +51,7 @@ async fn run(settings: Settings) -> Result<(), String> {
     let mut signals = Signals::install();
     let draining = state.draining.clone();
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let listener = weir_bridge::app::nodelay_listener(listener);
     let server = axum::serve(listener, weir_bridge::app(state)).with_graceful_shutdown({
         let mut stop_rx = stop_rx.clone();
         async move {
