@@ -159,6 +159,12 @@ bench: build
     ENVOY_BIN={{envoy}} WEIR_WASM={{wasm}} cargo run --release -q -p weir-bench -- concurrency
 
 # Every part of the benchmark for a second or two, into a temp dir: checks that numbers come out, asserts no performance. Built as the tests are (debug, by `build-tests`), with the debug weir-bridge the bridge's tests start: no release build of their dependencies just to smoke them.
+# The peers weir is measured beside (issue 35), built apart from the suite: Envoy's rate limit service on Kuadrant's limitador engine (bench/peers/limitador-rls; limitador builds RocksDB from source: Debian's libclang-dev, 9 min 21 s on the 2-core machine), then checked behind Envoy's rate limit filter with both its Redis storages (bench/peers/smoke.py).
+bench-peers:
+    @dpkg -s libclang-dev >/dev/null 2>&1 || { echo "bench-peers: limitador builds RocksDB with bindgen: apt-get install -y libclang-dev"; exit 1; }
+    cargo build --release --manifest-path bench/peers/limitador-rls/Cargo.toml --target-dir target/peers
+    python3 bench/peers/smoke.py {{envoy}} target/peers/release/limitador-rls
+
 bench-smoke: build build-tests build-bench
     WEIR_BRIDGE_BIN={{bridge_debug}} ENVOY_BIN={{envoy}} WEIR_WASM={{wasm}} target/debug/weir-bench --smoke
     WEIR_BRIDGE_BIN={{bridge_debug}} target/debug/weir-bench simulate --smoke

@@ -1,0 +1,176 @@
+#!/usr/bin/env python3
+"""The benchmark's peers start and limit: fails loudly when one does not.
+
+    bench/peers/smoke.py ENVOY LIMITADOR_RLS
+
+For each of limitador's Redis storages (async, cached): a standalone redis-server, the
+limitador-rls adapter over it (3 hits a minute per `x-user`), and an Envoy whose global
+rate limit filter (`envoy.filters.http.ratelimit`) calls it; user a's five requests must
+get 200, 200, 200, 429, 429 and user b's two 200s. Everything listens on 127.0.0.1, in a
+temporary directory, and is stopped by PID at the end.
+
+Envoy's rate limit filter does nothing on a `direct_response` route (it rate-limits
+routes to a cluster), so the request goes to a second listener of the same Envoy that
+answers 200.
+"""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port, proc, what, seconds=20):
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            sys.exit(f"peers smoke: {what} exited with {proc.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.1)
+    sys.exit(f"peers smoke: {what} did not listen on {port} within {seconds} s")
+
+
+HCM = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
+ROUTER = '{ name: envoy.filters.http.router, typed_config: { "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router } }'
+
+
+def envoy_config(port, backend, rls, admin):
+    return f"""
+static_resources:
+  listeners:
+  - name: main
+    address: {{ socket_address: {{ address: 127.0.0.1, port_value: {port} }} }}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": {HCM}
+          stat_prefix: ingress
+          route_config:
+            virtual_hosts:
+            - name: all
+              domains: ["*"]
+              routes: [ {{ match: {{ prefix: "/" }}, route: {{ cluster: backend }} }} ]
+              rate_limits: [ {{ actions: [ {{ request_headers: {{ header_name: x-user, descriptor_key: x-user }} }} ] }} ]
+          http_filters:
+          - name: envoy.filters.http.ratelimit
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
+              domain: bench
+              failure_mode_deny: true
+              timeout: 1s
+              rate_limit_service:
+                transport_api_version: V3
+                grpc_service: {{ envoy_grpc: {{ cluster_name: rls }} }}
+          - {ROUTER}
+  - name: backend
+    address: {{ socket_address: {{ address: 127.0.0.1, port_value: {backend} }} }}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": {HCM}
+          stat_prefix: backend
+          route_config:
+            virtual_hosts:
+            - name: all
+              domains: ["*"]
+              routes: [ {{ match: {{ prefix: "/" }}, direct_response: {{ status: 200 }} }} ]
+          http_filters: [ {ROUTER} ]
+  clusters:
+  - name: backend
+    type: STATIC
+    load_assignment:
+      cluster_name: backend
+      endpoints: [ {{ lb_endpoints: [ {{ endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {backend} }} }} }} }} ] }} ]
+  - name: rls
+    type: STATIC
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config: {{ http2_protocol_options: {{}} }}
+    load_assignment:
+      cluster_name: rls
+      endpoints: [ {{ lb_endpoints: [ {{ endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {rls} }} }} }} }} ] }} ]
+admin:
+  address: {{ socket_address: {{ address: 127.0.0.1, port_value: {admin} }} }}
+"""
+
+
+def status(port, user):
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/", headers={"x-user": user})
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return response.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def run(envoy, rls_bin, storage, work):
+    ports = {name: free_port() for name in ("redis", "rls", "envoy", "backend", "admin")}
+    procs = []
+
+    def start(args, what):
+        log = open(os.path.join(work, f"{what}.log"), "w")
+        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=work)
+        procs.append(proc)
+        return proc
+
+    try:
+        redis = start(["redis-server", "--port", str(ports["redis"]), "--bind", "127.0.0.1",
+                       "--save", "", "--appendonly", "no"], "redis")
+        wait_port(ports["redis"], redis, "redis-server")
+        rls = start([rls_bin, "--listen", f"127.0.0.1:{ports['rls']}",
+                     "--redis", f"redis://127.0.0.1:{ports['redis']}", "--storage", storage,
+                     "--domain", "bench", "--key", "x-user", "--limit", "3", "--seconds", "60"],
+                    f"limitador-rls-{storage}")
+        wait_port(ports["rls"], rls, f"limitador-rls ({storage})")
+        config = os.path.join(work, f"envoy-{storage}.yaml")
+        with open(config, "w") as f:
+            f.write(envoy_config(ports["envoy"], ports["backend"], ports["rls"], ports["admin"]))
+        proxy = start([envoy, "-c", config, "--concurrency", "1", "-l", "warning",
+                       "--base-id", str(ports["admin"])], f"envoy-{storage}")
+        wait_port(ports["envoy"], proxy, "Envoy")
+        got = ([status(ports["envoy"], "a") for _ in range(5)],
+               [status(ports["envoy"], "b") for _ in range(2)])
+        want = ([200, 200, 200, 429, 429], [200, 200])
+        if got != want:
+            sys.exit(f"peers smoke: limitador-rls ({storage}): users a and b got {got}, "
+                     f"expected {want}; logs in {work}")
+        print(f"peers smoke: limitador-rls ({storage} storage) behind Envoy's rate limit "
+              f"filter: a {got[0]}, b {got[1]}")
+    finally:
+        for proc in reversed(procs):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def main():
+    if len(sys.argv) != 3:
+        sys.exit(__doc__)
+    envoy, rls_bin = sys.argv[1], os.path.abspath(sys.argv[2])
+    with tempfile.TemporaryDirectory(prefix="weir-peers-") as work:
+        for storage in ("async", "cached"):
+            run(envoy, rls_bin, storage, work)
+
+
+if __name__ == "__main__":
+    main()
