@@ -19,7 +19,7 @@ pub(super) fn bridge_call_section(r: &Results) -> String {
          answer's callback into the VM); **{exact} − {floor}** is weir's share (encoding \
          the body, decoding the answer, its bookkeeping, and the host calls it makes beyond \
          the floor's). weir-bridge and Redis run on the load core: their own CPU is not in \
-         these figures. Each figure is the difference of the two scenarios within each \
+         these figures (the cost section's whole-system table has it). Each figure is the difference of the two scenarios within each \
          round (they are measured interleaved), median (min–max) over the rounds.\n\n",
         exact = Scenario::WeirGlobalExact.id(),
         floor = Scenario::BridgeCallFloor.id(),

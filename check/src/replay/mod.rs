@@ -16,8 +16,11 @@
 //! **The replay.** Every line in time order as a request on a scripted Envoy of one
 //! worker (`weir_scripted`), which runs the filter's own request lifecycle: the
 //! request's headers and the attributes its rules read, the filter's tick at the period
-//! it asks for, its response and the end of its stream; its decisions are read back
-//! from the filter state the filter writes (`response.filter_state` set to `all`).
+//! it asks for, its response (the logged status; 200 when weir answered it or none is
+//! logged) and the end of its stream at [`Record::end_us`]; its decisions are read back
+//! from the filter state the filter writes (`response.filter_state` set to `all`). So a
+//! commit rule charges a logged upstream 5xx its `on_error`, and anything else its
+//! estimate: the log holds no response body.
 //! Several Envoys' logs are
 //! replayed as one stream ([`Log::merge`]): ordered by time, equal times by log, then
 //! line. A request's instant is the
@@ -61,10 +64,8 @@
 //! is not replayed.
 //!
 //! **Concurrency rules** with a fixed `max_in_flight` hold a place from the instant a
-//! request was decided until its response and stream end, at [`Record::end_us`] (its
-//! start + `duration_us`). The response has the logged status (200 when weir answered
-//! it or none is logged): a commit rule charges an upstream 5xx its `on_error`, and
-//! anything else its estimate, since the log holds no response body.
+//! request was decided until its stream ends, at [`Record::end_us`] (its start +
+//! `duration_us`).
 //!
 //! **Delaying rules** (`on_limit.delay`) hold a request in the filter (in the worker's
 //! queue of the rule, at most `queue`), released by its tick once due; the report counts
