@@ -420,6 +420,56 @@ fn a_hot_key_at_5x_and_20x_is_admitted_within_2_percent_of_its_bound() {
     }
 }
 
+/// The benchmark's hot key offered twice its rate, 90 % of it on one of two Envoys
+/// (issue 35), admits no less than the same load all on one Envoy. The light Envoy
+/// (200/s, a fifth of the rate) used to reserve its demand over the whole horizon (20
+/// slots of 1 ms), though its slots fall due at the key's rate and expire `ttl` after:
+/// it spent about 8 of every 20, the heavy Envoy was denied the rest, and over eight
+/// seeds the split load admitted 13,563 against 15,153 all on one Envoy (the committed
+/// benchmark run: 15.6 % under the bound). Now 15,973.
+///
+/// All on one Envoy, the simulation admits 9.8 % under the bound, where a real Envoy's
+/// run of the same load is within 0.5 % (docs/benchmarks.md): the simulated Envoy calls
+/// without single flight and asks again about 5 ms after its reservation runs out, a gap
+/// this test does not judge.
+#[test]
+fn a_hot_key_offered_unevenly_admits_no_less_than_all_on_one_envoy() {
+    let (limit, rate, burst) = HOT_KEYS[0];
+    let config = config(
+        limit,
+        r#"{"max":50,"ttl":"20ms","horizon":"100ms","round_trip":"2ms"}"#,
+    );
+    let secs = 2;
+    let admitted_with = |heavy_share: u64| -> u64 {
+        let mut admitted = 0;
+        for seed in 1..=8 {
+            let what = format!("{heavy_share} % on one Envoy, seed {seed}");
+            let mut rng = Rng(seed);
+            let arrivals: Vec<Arrival<FakeRequest>> = steady(T0, 2 * rate, secs, 1, &mut rng)
+                .into_iter()
+                .map(|mut a| {
+                    a.envoy = usize::from(rng.below(100) >= heavy_share);
+                    a
+                })
+                .collect();
+            let (sim, run) = play(&config, 2, &arrivals);
+            assert_conformant(&what, &sim, &run);
+            eprintln!(
+                "{what}: admitted {} of a bound of {}",
+                run.admitted(),
+                burst + 1 + rate * secs
+            );
+            admitted += run.admitted();
+        }
+        admitted
+    };
+    let (uneven, one) = (admitted_with(90), admitted_with(100));
+    assert!(
+        uneven >= one,
+        "90 % on one Envoy admitted {uneven} over eight seeds, all on one {one}"
+    );
+}
+
 /// A saturated key's run admitted within 2 % of `bound`, for at most 0.02 bridge calls
 /// per request.
 fn assert_close_and_cheap(what: &str, run: &Run, bound: u64) {
