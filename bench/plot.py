@@ -27,6 +27,14 @@ STYLES = {
     "global_idle_then_burst": {"color": "#9467bd", "marker": "v",
                                "label": "global, leases, 2x, idle, burst"},
     "local": {"color": "#2ca02c", "marker": "^", "label": "local, 4 workers, 5x"},
+    "global_exact_uneven": {"color": "#17becf", "marker": "o", "linestyle": "-.",
+                            "label": "global, exact, 2x, 90 % on one Envoy"},
+    "global_leased_uneven": {"color": "#8c564b", "marker": "s", "linestyle": "-.",
+                             "label": "global, leases, 2x, 90 % on one Envoy"},
+    "global_exact_one_envoy": {"color": "#bcbd22", "marker": "o", "linestyle": "-.",
+                               "label": "global, exact, 2x, all on one Envoy"},
+    "global_leased_one_envoy": {"color": "#e377c2", "marker": "s", "linestyle": "-.",
+                                "label": "global, leases, 2x, all on one Envoy"},
 }
 
 

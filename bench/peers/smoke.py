@@ -12,6 +12,15 @@ temporary directory, and is stopped by PID at the end.
 Envoy's rate limit filter does nothing on a `direct_response` route (it rate-limits
 routes to a cluster), so the request goes to a second listener of the same Envoy that
 answers 200.
+
+Then Envoy's own local rate limit filter (`envoy.filters.http.local_ratelimit`) splitting
+one fleet-wide bucket with `local_cluster_rate_limit`: two Envoys, each with a bucket of 10
+(refilled once a minute, so not during the check) and a bootstrap local cluster
+(`cluster_manager.local_cluster_name`) listing both, must each admit 5 and then answer 429;
+an Envoy alone in its local cluster admits all 10. Envoy computes the share as 1 / the
+local cluster's `membership_total` (every host, healthy or not, whether or not it is this
+Envoy) and charges each request 1 / share tokens from the full bucket. The local rate limit
+filter, unlike the rate limit filter, does act on a `direct_response` route.
 """
 import os
 import signal
@@ -119,6 +128,17 @@ def status(port, user):
         return e.code
 
 
+def stop(procs):
+    for proc in reversed(procs):
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
 def run(envoy, rls_bin, storage, work):
     ports = {name: free_port() for name in ("redis", "rls", "envoy", "backend", "admin")}
     procs = []
@@ -153,14 +173,82 @@ def run(envoy, rls_bin, storage, work):
         print(f"peers smoke: limitador-rls ({storage} storage) behind Envoy's rate limit "
               f"filter: a {got[0]}, b {got[1]}")
     finally:
-        for proc in reversed(procs):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop(procs)
+
+
+FLEET_BUCKET = 10
+
+
+def fleet_envoy_config(port, admin, members):
+    endpoints = ", ".join(
+        f"{{ endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {member} }} }} }} }}"
+        for member in members)
+    return f"""
+cluster_manager: {{ local_cluster_name: fleet }}
+static_resources:
+  listeners:
+  - name: main
+    address: {{ socket_address: {{ address: 127.0.0.1, port_value: {port} }} }}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": {HCM}
+          stat_prefix: ingress
+          route_config:
+            virtual_hosts:
+            - name: all
+              domains: ["*"]
+              routes: [ {{ match: {{ prefix: "/" }}, direct_response: {{ status: 200 }} }} ]
+          http_filters:
+          - name: envoy.filters.http.local_ratelimit
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.local_ratelimit.v3.LocalRateLimit
+              stat_prefix: fleet
+              token_bucket: {{ max_tokens: {FLEET_BUCKET}, tokens_per_fill: {FLEET_BUCKET}, fill_interval: 60s }}
+              filter_enabled: {{ default_value: {{ numerator: 100, denominator: HUNDRED }} }}
+              filter_enforced: {{ default_value: {{ numerator: 100, denominator: HUNDRED }} }}
+              local_cluster_rate_limit: {{}}
+          - {ROUTER}
+  clusters:
+  - name: fleet
+    type: STATIC
+    load_assignment:
+      cluster_name: fleet
+      endpoints: [ {{ lb_endpoints: [ {endpoints} ] }} ]
+admin:
+  address: {{ socket_address: {{ address: 127.0.0.1, port_value: {admin} }} }}
+"""
+
+
+def fleet(envoy, work, size):
+    """`size` Envoys whose local cluster lists all of them; each must admit its share."""
+    ports = [free_port() for _ in range(size)]
+    share = FLEET_BUCKET // size
+    procs = []
+    try:
+        for i, port in enumerate(ports):
+            admin = free_port()
+            config = os.path.join(work, f"envoy-fleet{size}-{i}.yaml")
+            with open(config, "w") as f:
+                f.write(fleet_envoy_config(port, admin, ports))
+            log = open(os.path.join(work, f"envoy-fleet{size}-{i}.log"), "w")
+            procs.append(subprocess.Popen(
+                [envoy, "-c", config, "--concurrency", "1", "-l", "warning", "--base-id", str(admin)],
+                stdout=log, stderr=subprocess.STDOUT, cwd=work))
+        for proc, port in zip(procs, ports):
+            wait_port(port, proc, f"Envoy {port} of a fleet of {size}")
+        want = [200] * share + [429] * 2
+        for port in ports:
+            got = [status(port, "fleet") for _ in range(share + 2)]
+            if got != want:
+                sys.exit(f"peers smoke: local_cluster_rate_limit: Envoy {port} of a fleet of {size} "
+                         f"sharing a bucket of {FLEET_BUCKET} got {got}, expected {want}; "
+                         f"logs in {work}")
+            print(f"peers smoke: Envoy's local rate limit filter, bucket of {FLEET_BUCKET} split "
+                  f"across a fleet of {size} by local_cluster_rate_limit: Envoy {port} {got}")
+    finally:
+        stop(procs)
 
 
 def main():
@@ -170,6 +258,8 @@ def main():
     with tempfile.TemporaryDirectory(prefix="weir-peers-") as work:
         for storage in ("async", "cached"):
             run(envoy, rls_bin, storage, work)
+        for size in (2, 1):
+            fleet(envoy, work, size)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,8 @@ use std::time::{Duration, Instant};
 
 use weir_e2e::{Client, Request};
 
+use crate::sys;
+
 /// The limit under test: GCRA, `RATE` per second, burst `BURST` (so `BURST + 1` at once).
 pub const RATE: u64 = 1000;
 pub const BURST: u64 = 99;
@@ -43,6 +45,8 @@ pub const LEASE_TTL_20X: &str = "20ms";
 pub const HORIZON: &str = "100ms";
 /// Units of the burst the 20 ms hold costs the 5× key: one per 1 ms emission interval.
 pub const HOLD_PAID: u64 = 20;
+/// The uneven runs' load, in multiples of [`RATE`] over all Envoys.
+pub const UNEVEN_MULTIPLE: f64 = 2.0;
 /// Client threads (= keep-alive connections) per run: enough that answers taking
 /// 16 ms (a saturated machine) still let 5,000 requests/s out.
 pub const THREADS: usize = 80;
@@ -114,6 +118,13 @@ pub enum Mode {
     GlobalLeased20x,
     GlobalIdleThenBurst,
     Local,
+    /// Twice the limit, 90 % of it on one of the two Envoys (issue 35): a membership split
+    /// of the limit under-admits there, a central count does not.
+    GlobalExactUneven,
+    GlobalLeasedUneven,
+    /// Twice the limit, all of it on one of the two Envoys.
+    GlobalExactOneEnvoy,
+    GlobalLeasedOneEnvoy,
 }
 
 /// A stretch of a run's schedule: `rps` requests per second (0: silence) for `secs`.
@@ -124,13 +135,47 @@ pub struct Phase {
 }
 
 impl Mode {
-    pub const ALL: [Mode; 5] = [
+    pub const ALL: [Mode; 9] = [
         Mode::GlobalExact,
         Mode::GlobalLeased,
         Mode::GlobalLeased20x,
         Mode::GlobalIdleThenBurst,
         Mode::Local,
+        Mode::GlobalExactUneven,
+        Mode::GlobalLeasedUneven,
+        Mode::GlobalExactOneEnvoy,
+        Mode::GlobalLeasedOneEnvoy,
     ];
+
+    /// The loads the peers are offered ([`crate::peer_accuracy`]): 5× and 20× spread
+    /// evenly, and 2× unevenly (their path and rule are weir's, and unused).
+    pub const PEERS: [Mode; 4] = [
+        Mode::GlobalExact,
+        Mode::GlobalLeased20x,
+        Mode::GlobalExactUneven,
+        Mode::GlobalExactOneEnvoy,
+    ];
+
+    /// How the load is dealt to the Envoys of the run: thread `g` goes to Envoy `i` in
+    /// proportion to these weights (an Envoy beyond the list gets none).
+    pub fn envoy_weights(self) -> &'static [usize] {
+        match self {
+            Mode::GlobalExactUneven | Mode::GlobalLeasedUneven => &[9, 1],
+            Mode::GlobalExactOneEnvoy | Mode::GlobalLeasedOneEnvoy => &[1],
+            _ => &[1, 1],
+        }
+    }
+
+    /// The load, without the limiter: what a peer's run is labelled by.
+    pub fn load_label(self) -> &'static str {
+        match self {
+            Mode::GlobalExactUneven | Mode::GlobalLeasedUneven => "2×, 90 % on one Envoy",
+            Mode::GlobalExactOneEnvoy | Mode::GlobalLeasedOneEnvoy => "2×, all on one Envoy",
+            Mode::GlobalLeased20x => "20×",
+            Mode::GlobalIdleThenBurst => "2×, idle, burst",
+            _ => "5×",
+        }
+    }
 
     pub fn is_global(self) -> bool {
         self != Mode::Local
@@ -138,8 +183,11 @@ impl Mode {
 
     pub fn path(self) -> &'static str {
         match self {
-            Mode::GlobalExact => "/exact",
-            Mode::GlobalLeased | Mode::GlobalIdleThenBurst => "/leased",
+            Mode::GlobalExact | Mode::GlobalExactUneven | Mode::GlobalExactOneEnvoy => "/exact",
+            Mode::GlobalLeased
+            | Mode::GlobalIdleThenBurst
+            | Mode::GlobalLeasedUneven
+            | Mode::GlobalLeasedOneEnvoy => "/leased",
             Mode::GlobalLeased20x => "/leased-20x",
             Mode::Local => "/local",
         }
@@ -147,8 +195,11 @@ impl Mode {
 
     pub fn rule(self) -> &'static str {
         match self {
-            Mode::GlobalExact => "acc-exact",
-            Mode::GlobalLeased | Mode::GlobalIdleThenBurst => "acc-leased",
+            Mode::GlobalExact | Mode::GlobalExactUneven | Mode::GlobalExactOneEnvoy => "acc-exact",
+            Mode::GlobalLeased
+            | Mode::GlobalIdleThenBurst
+            | Mode::GlobalLeasedUneven
+            | Mode::GlobalLeasedOneEnvoy => "acc-leased",
             Mode::GlobalLeased20x => "acc-leased-20x",
             Mode::Local => "acc-local",
         }
@@ -166,6 +217,7 @@ impl Mode {
     pub fn multiple(self) -> f64 {
         match self {
             Mode::GlobalIdleThenBurst => 2.0,
+            m if m.is_uneven() => UNEVEN_MULTIPLE,
             _ => OFFERED / self.limit().0 as f64,
         }
     }
@@ -194,6 +246,10 @@ impl Mode {
                     },
                 ]
             }
+            m if m.is_uneven() => vec![Phase {
+                rps: UNEVEN_MULTIPLE * RATE as f64,
+                secs: total,
+            }],
             _ => vec![Phase {
                 rps: OFFERED,
                 secs: total,
@@ -212,6 +268,14 @@ impl Mode {
                 "global, leases, 2× then 0.5 s idle then a burst on both Envoys"
             }
             Mode::Local => "local, 5×, 1 Envoy × 4 workers",
+            Mode::GlobalExactUneven => {
+                "global, exact, 2× with 90 % of it on one Envoy, 2 Envoys × 2 workers"
+            }
+            Mode::GlobalLeasedUneven => {
+                "global, leases, 2× with 90 % of it on one Envoy, 2 Envoys × 2 workers"
+            }
+            Mode::GlobalExactOneEnvoy => "global, exact, 2× all on one of 2 Envoys",
+            Mode::GlobalLeasedOneEnvoy => "global, leases, 2× all on one of 2 Envoys",
         }
     }
 
@@ -222,7 +286,16 @@ impl Mode {
             Mode::GlobalLeased20x => "global leased 20×",
             Mode::GlobalIdleThenBurst => "global idle then burst",
             Mode::Local => "local 5×, 4 workers",
+            Mode::GlobalExactUneven => "global exact 2×, 90 % on one Envoy",
+            Mode::GlobalLeasedUneven => "global leased 2×, 90 % on one Envoy",
+            Mode::GlobalExactOneEnvoy => "global exact 2×, all on one Envoy",
+            Mode::GlobalLeasedOneEnvoy => "global leased 2×, all on one Envoy",
         }
+    }
+
+    /// Offered twice the limit, not evenly over the two Envoys.
+    pub fn is_uneven(self) -> bool {
+        self.envoy_weights() != [1, 1]
     }
 }
 
@@ -239,6 +312,9 @@ struct Event {
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct PacedRun {
     pub mode: Mode,
+    /// The peer that served the run ([`crate::peer_accuracy`]); `None`: weir.
+    #[serde(default)]
+    pub limiter: Option<String>,
     /// What a delaying proxy between the Envoys and the bridge added to every bridge round
     /// trip, ms (0: the Envoys called the bridge directly). Filled in by the caller.
     #[serde(default)]
@@ -291,7 +367,10 @@ pub struct PacedRun {
 impl PacedRun {
     /// The mode's label, and the bridge's delay when there was one.
     pub fn label(&self) -> String {
-        with_bridge_delay(self.mode.label(), self.bridge_delay_ms)
+        match &self.limiter {
+            Some(peer) => format!("{peer}, {}", self.mode.load_label()),
+            None => with_bridge_delay(self.mode.label(), self.bridge_delay_ms),
+        }
     }
 
     /// The mode's title, and the bridge's delay when there was one.
@@ -323,8 +402,8 @@ pub fn with_bridge_delay(name: &str, ms: u64) -> String {
     }
 }
 
-/// Runs `mode`'s schedule for `seconds`, spread over `ports` (threads are dealt
-/// round-robin to the ports), each `GET path` with `x-key: key`.
+/// Runs `mode`'s schedule for `seconds`, spread over `ports` (threads are dealt to the
+/// ports by [`Mode::envoy_weights`]), each `GET path` with `x-key: key`.
 pub fn paced(mode: Mode, ports: &[u16], seconds: u64, key: &str) -> PacedRun {
     assert!(!ports.is_empty());
     let threads = THREADS;
@@ -333,7 +412,7 @@ pub fn paced(mode: Mode, ports: &[u16], seconds: u64, key: &str) -> PacedRun {
     // Connect everyone first; start together a little later.
     let clients: Vec<(usize, Client)> = (0..threads)
         .map(|g| {
-            let port = ports[g % ports.len()];
+            let port = thread_port(ports, mode.envoy_weights(), g);
             let c = Client::connect(port)
                 .unwrap_or_else(|e| panic!("cannot connect to 127.0.0.1:{port}: {e}"));
             (g, c)
@@ -399,6 +478,50 @@ pub fn paced(mode: Mode, ports: &[u16], seconds: u64, key: &str) -> PacedRun {
         max_lag_us = max_lag_us.max(lag);
     }
     summarize(mode, seconds, &events, max_lag_us)
+}
+
+/// [`paced`], with the CPU each group of processes used over the run (`groups`: a name
+/// and its pids, the Envoys first): `cpu_pct` in % of one core, and the Envoys' CPU per
+/// request sent.
+pub fn paced_with_cpu(
+    mode: Mode,
+    ports: &[u16],
+    seconds: u64,
+    key: &str,
+    groups: &[(&str, Vec<u32>)],
+) -> PacedRun {
+    let cpu = |pids: &[u32]| -> u64 { pids.iter().map(|&p| sys::process_cpu_us(p)).sum() };
+    let cpu0: Vec<u64> = groups.iter().map(|(_, p)| cpu(p)).collect();
+    let t0 = Instant::now();
+    let mut run = paced(mode, ports, seconds, key);
+    let wall_us = t0.elapsed().as_micros().max(1) as f64;
+    let used: Vec<u64> = groups
+        .iter()
+        .zip(&cpu0)
+        .map(|((_, pids), c0)| cpu(pids).saturating_sub(*c0))
+        .collect();
+    run.cpu_pct = groups
+        .iter()
+        .zip(&used)
+        .map(|((name, _), us)| (name.to_string(), *us as f64 * 100.0 / wall_us))
+        .collect();
+    run.envoy_cpu_us_per_request =
+        used.first().copied().unwrap_or(0) as f64 / run.sent.max(1) as f64;
+    run
+}
+
+/// The port thread `g` sends to: the threads dealt to `ports` in proportion to `weights`
+/// (cycling through them), all to the first when there is one port.
+fn thread_port(ports: &[u16], weights: &[usize], g: usize) -> u16 {
+    let cycle: usize = weights.iter().sum::<usize>().max(1);
+    let mut slot = g % cycle;
+    for (i, &w) in weights.iter().enumerate() {
+        if slot < w {
+            return ports[i % ports.len()];
+        }
+        slot -= w;
+    }
+    ports[0]
 }
 
 /// When each request of a run is due: the phases laid end to end, request `i` of a phase
@@ -476,6 +599,7 @@ fn summarize(mode: Mode, seconds: u64, events: &[Event], max_lag_us: u64) -> Pac
     };
     PacedRun {
         mode,
+        limiter: None,
         bridge_delay_ms: 0,
         seconds,
         sent: events.len() as u64,
@@ -540,6 +664,29 @@ mod tests {
         assert!((r.exact_bound - 2100.0).abs() < 1e-6);
         assert!((r.over_pct - 100.0 / 2100.0 * 100.0).abs() < 1e-6);
         assert_eq!(r.under_pct, 0.0);
+    }
+
+    /// The uneven runs send 90 % of the load to the first Envoy, or all of it; the others
+    /// split it evenly.
+    #[test]
+    fn threads_are_dealt_to_the_envoys_by_the_modes_weights() {
+        let share = |mode: Mode| -> Vec<usize> {
+            let mut n = vec![0; 2];
+            for g in 0..THREADS {
+                let port = thread_port(&[1, 2], mode.envoy_weights(), g);
+                n[port as usize - 1] += 1;
+            }
+            n
+        };
+        assert_eq!(share(Mode::GlobalExact), vec![THREADS / 2, THREADS / 2]);
+        assert_eq!(share(Mode::GlobalLeasedUneven), vec![72, 8]);
+        assert_eq!(share(Mode::GlobalExactOneEnvoy), vec![THREADS, 0]);
+        // One port (the local Envoy): every thread to it.
+        assert!((0..THREADS).all(|g| thread_port(&[7], Mode::Local.envoy_weights(), g) == 7));
+        for mode in Mode::ALL.into_iter().filter(|m| m.is_uneven()) {
+            assert_eq!(mode.multiple(), UNEVEN_MULTIPLE, "{mode:?}");
+            assert!(mode.is_global(), "{mode:?}");
+        }
     }
 
     /// Each mode's requests are decided by its own rule alone (a prefix `/leased` once also

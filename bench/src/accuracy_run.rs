@@ -4,7 +4,7 @@
 
 use std::path::Path;
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use weir_e2e::slow_proxy::SlowProxy;
 use weir_e2e::{
@@ -271,28 +271,13 @@ fn measure_mode(
         ),
         ("generator", vec![std::process::id()]),
     ];
-    let cpu = |pids: &[u32]| -> u64 { pids.iter().map(|&p| sys::process_cpu_us(p)).sum() };
-    let cpu0: Vec<u64> = groups.iter().map(|(_, p)| cpu(p)).collect();
     log(format!(
         "accuracy: {} for {} s",
         accuracy::with_bridge_delay(mode.title(), served.bridge_delay_ms),
         opts.accuracy_secs
     ));
-    let t0 = Instant::now();
-    let mut run = accuracy::paced(mode, &ports, opts.accuracy_secs, key);
+    let mut run = accuracy::paced_with_cpu(mode, &ports, opts.accuracy_secs, key, &groups);
     run.bridge_delay_ms = served.bridge_delay_ms;
-    let wall_us = t0.elapsed().as_micros().max(1) as f64;
-    let used: Vec<u64> = groups
-        .iter()
-        .zip(&cpu0)
-        .map(|((_, pids), c0)| cpu(pids).saturating_sub(*c0))
-        .collect();
-    run.cpu_pct = groups
-        .iter()
-        .zip(&used)
-        .map(|((name, _), us)| (name.to_string(), *us as f64 * 100.0 / wall_us))
-        .collect();
-    run.envoy_cpu_us_per_request = used[0] as f64 / run.sent.max(1) as f64;
     // Let leases expire and late answers land before reading the counters.
     thread::sleep(Duration::from_millis(300));
     run.rule_stats = rule_stats(envoys, rule)

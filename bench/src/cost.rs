@@ -10,6 +10,7 @@ use weir_core::filter::host::CallKind;
 use weir_e2e::slow_proxy::SlowProxy;
 use weir_e2e::{parse_stats, redis_cli_at, Bridge, Envoy};
 
+use crate::peers::RlsServices;
 use crate::scenario::{Scenario, Wasm};
 use crate::sys::{self, ENVOY_CORE, LOAD_CORE};
 use crate::wrk::{self, WrkReport};
@@ -29,10 +30,14 @@ pub struct Sample {
     /// utime + stime of weir-bridge over the interval (0 when the run has none).
     #[serde(default)]
     pub bridge_cpu_us: u64,
-    /// utime + stime of the Redis Cluster's nodes over the interval, summed (0 when the
-    /// run has none).
+    /// utime + stime of the Redis Cluster's nodes and the peers' standalone Redis over the
+    /// interval, summed (0 when the run has none).
     #[serde(default)]
     pub redis_cpu_us: u64,
+    /// utime + stime of the peers' rate limit services over the interval, summed (0 when
+    /// the run has none).
+    #[serde(default)]
+    pub rls_cpu_us: u64,
     pub interval_us: u64,
     pub cpu_us_per_request: f64,
     /// The same from the scheduler's ns run time (`schedstat`), as a cross-check.
@@ -81,22 +86,25 @@ impl Sample {
     }
 }
 
-/// The processes a scenario's requests may cost CPU in beyond Envoy: weir-bridge and the
-/// Redis Cluster's nodes (none when the run starts no bridge). They serve every scenario,
+/// The processes a scenario's requests may cost CPU in beyond Envoy: weir-bridge, the
+/// Redis Cluster's nodes (none when the run starts no bridge), the peers' rate limit
+/// services and their standalone Redis (none without the peers). They serve every scenario,
 /// one scenario at a time: what they use over a sample's interval is that scenario's (and
 /// their idle work: the no-filter scenario shows it).
 #[derive(Clone, Debug, Default)]
 pub struct Services {
     pub bridge: Option<u32>,
     pub redis: Vec<u32>,
+    /// The peers' rate limit services (limitador-rls).
+    pub rls: Vec<u32>,
 }
 
 impl Services {
-    /// (weir-bridge, Redis) CPU time so far, µs.
-    fn cpu_us(&self) -> (u64, u64) {
+    /// (weir-bridge, Redis, rate limit services) CPU time so far, µs.
+    fn cpu_us(&self) -> (u64, u64, u64) {
+        let sum = |pids: &[u32]| pids.iter().map(|&pid| sys::process_cpu_us(pid)).sum();
         let bridge = self.bridge.map_or(0, sys::process_cpu_us);
-        let redis = self.redis.iter().map(|&pid| sys::process_cpu_us(pid)).sum();
-        (bridge, redis)
+        (bridge, sum(&self.redis), sum(&self.rls))
     }
 }
 
@@ -274,6 +282,7 @@ pub fn measure(
         envoy_cpu_us,
         bridge_cpu_us: services1.0.saturating_sub(services0.0),
         redis_cpu_us: services1.1.saturating_sub(services0.1),
+        rls_cpu_us: services1.2.saturating_sub(services0.2),
         interval_us,
         cpu_us_per_request: per_request(envoy_cpu_us),
         runtime_us_per_request: per_request(run1.saturating_sub(run0)),
@@ -324,12 +333,13 @@ pub(crate) fn run_cost(
     scenarios: &[Scenario],
     wasm: &Wasm,
     bridge: &Option<Bridge>,
+    rls: Option<&RlsServices>,
     script: &Path,
     backends: (&[u16], &Services),
 ) -> (Samples, Vec<String>) {
     // The proxies outlive the samples: the slowed scenarios' Envoys reach the bridge
     // through them.
-    let (fleet, _proxies, allowed) = start_cost_fleet(scenarios, wasm, bridge);
+    let (fleet, _proxies, allowed) = start_cost_fleet(scenarios, wasm, bridge, rls);
     warm_up(opts, &fleet, scenarios, script);
     let mut samples = Samples::new();
     // A smoke run asserts no figure, so a disturbed sample is not measured again.
@@ -355,6 +365,7 @@ fn start_cost_fleet(
     scenarios: &[Scenario],
     wasm: &Wasm,
     bridge: &Option<Bridge>,
+    rls: Option<&RlsServices>,
 ) -> (Fleet, Vec<SlowProxy>, Vec<String>) {
     let bridge_port = bridge.as_ref().map(|b| b.port);
     let proxies = slow_proxies(scenarios.iter().filter_map(|s| s.slowed()), bridge);
@@ -370,7 +381,7 @@ fn start_cost_fleet(
     let envoys = start_envoys(
         scenarios
             .iter()
-            .map(|s| (s.bootstrap(wasm, port_of(s)), 1))
+            .map(|s| (s.bootstrap(wasm, port_of(s), rls), 1))
             .collect(),
     );
     let fleet = Fleet {

@@ -32,6 +32,8 @@ mod counted;
 mod features;
 mod output;
 mod page;
+mod peer_accuracy;
+mod peers;
 mod report;
 mod scenario;
 mod simulate;
@@ -126,6 +128,7 @@ impl Opts {
                                 Scenario::from_id(id.trim()).unwrap_or_else(|| {
                                     let known: Vec<&str> = Scenario::ALL
                                         .iter()
+                                        .chain(&Scenario::PEERS)
                                         .chain(&Scenario::DIAGNOSTIC)
                                         .map(|s| s.id())
                                         .collect();
@@ -151,8 +154,16 @@ impl Opts {
         o
     }
 
-    fn scenarios(&self) -> Vec<Scenario> {
-        self.only.clone().unwrap_or_else(|| Scenario::ALL.to_vec())
+    /// `--only`'s, else every scenario of the default run, the peers' when `peers` (the
+    /// peer is built).
+    fn scenarios(&self, peers: bool) -> Vec<Scenario> {
+        self.only.clone().unwrap_or_else(|| {
+            let mut all = Scenario::ALL.to_vec();
+            if peers {
+                all.extend(Scenario::PEERS);
+            }
+            all
+        })
     }
 
     /// The bridge delays of the slowed accuracy runs: the slowest alone for `--smoke`,
@@ -242,7 +253,20 @@ fn main() {
     sys::pin_self(&[LOAD_CORE]);
     let work = TestDir::new("bench");
     let script = wrk::write_script(work.path());
-    let scenarios = opts.scenarios();
+    let rls_bin = peers::limitador_rls_bin();
+    if rls_bin.is_none() {
+        log("the peers are not built (`just bench-peers`): no rls-limitador-* scenarios");
+    }
+    let scenarios = opts.scenarios(rls_bin.is_some());
+    let rls_limits: Vec<_> = scenarios.iter().filter_map(|s| s.rls()).collect();
+    let rls = match (&rls_bin, rls_limits.is_empty()) {
+        (Some(bin), false) => {
+            log("starting a standalone redis-server and the peers' rate limit services (limitador-rls)");
+            Some(peers::RlsServices::start(bin, &rls_limits))
+        }
+        (None, false) => fail("--only names a peer that is not built: run `just bench-peers`"),
+        _ => None,
+    };
     let needs_bridge = opts.accuracy || scenarios.iter().any(|s| s.calls_bridge());
 
     let (redis, bridge, masters) = if needs_bridge {
@@ -252,21 +276,32 @@ fn main() {
         (None, None, Vec::new())
     };
 
-    let services = match (&bridge, &redis) {
+    let mut services = match (&bridge, &redis) {
         (Some(bridge), Some(redis)) => cost::Services {
             bridge: Some(bridge.pid()),
             redis: redis.pids(),
+            rls: Vec::new(),
         },
         _ => cost::Services::default(),
     };
+    // Redis commands are counted on the cluster's masters and the peers' Redis.
+    let mut stores = masters.clone();
+    if let Some(rls) = &rls {
+        let (services_pids, redis_pid) = rls.pids();
+        services.rls = services_pids;
+        services.redis.push(redis_pid);
+        stores.push(rls.redis.port);
+    }
     let (samples, envoy_cpus_allowed) = run_cost(
         &opts,
         &scenarios,
         &wasm,
         &bridge,
+        rls.as_ref(),
         &script,
-        (&masters, &services),
+        (&stores, &services),
     );
+    drop(rls);
 
     let accuracy_runs = match (&bridge, &redis) {
         (Some(bridge), Some(redis)) if opts.accuracy => {
@@ -276,10 +311,16 @@ fn main() {
     };
     drop(bridge);
     drop(redis);
+    let peer_runs = if opts.accuracy {
+        peer_accuracy::run_peer_accuracy(&opts, rls_bin.as_deref())
+    } else {
+        Vec::new()
+    };
 
     let summaries = report::summarize(&samples);
     let bridge_call = report::call_split(&samples);
-    let targets = report::targets(&summaries, &accuracy_runs);
+    let mut targets = report::targets(&summaries, &accuracy_runs);
+    targets.extend(report::peer_accuracy_targets(&accuracy_runs, &peer_runs));
     let results = Results {
         generated_utc: report::utc_now(),
         command,
@@ -297,7 +338,7 @@ fn main() {
         },
         scenarios: summaries,
         targets,
-        accuracy: AccuracyResults::new(accuracy_runs),
+        accuracy: AccuracyResults::new(accuracy_runs, peer_runs),
         samples: samples
             .into_iter()
             .map(|(s, v)| (s.id().to_string(), v))

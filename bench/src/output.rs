@@ -27,7 +27,7 @@ pub(crate) fn render_main(json_path: &Path, plot_it: bool) {
         .and_then(Path::parent)
         .unwrap_or_else(|| fail("--render: expected OUT/bench/results.json"));
     let png = out.join(PNG);
-    let drew = plot_it && !results.accuracy.runs.is_empty() && plot(json_path, &png);
+    let drew = plot_it && !results.accuracy.runs.is_empty() && plot(&results, json_path, &png);
     // `--no-plot` keeps the picture already there (the page still shows it).
     let picture = drew || (!plot_it && png.is_file());
     let md_path = out.join("benchmarks.md");
@@ -46,7 +46,7 @@ pub(crate) fn write_outputs(opts: &Opts, out: &Path, results: &Results) {
     std::fs::write(&json_path, json + "\n")
         .unwrap_or_else(|e| panic!("cannot write {}: {e}", json_path.display()));
     let png = out.join(PNG);
-    let drew = opts.plot && !results.accuracy.runs.is_empty() && plot(&json_path, &png);
+    let drew = opts.plot && !results.accuracy.runs.is_empty() && plot(results, &json_path, &png);
     let md = page::markdown(results, drew.then_some(PNG));
     let md_path = out.join("benchmarks.md");
     std::fs::write(&md_path, md)
@@ -63,11 +63,18 @@ pub(crate) fn write_outputs(opts: &Opts, out: &Path, results: &Results) {
     ));
 }
 
-/// Draws the accuracy picture with `bench/plot.py`, installing matplotlib into
-/// `.tools/venv` first when it is missing. Returns whether the PNG was written.
-pub(crate) fn plot(json: &Path, png: &Path) -> bool {
+/// Draws the accuracy picture with `bench/plot.py`, and when the run had peers the
+/// picture beside them ([`PEERS_PNG`], `bench/plot_peers.py`) next to it, installing
+/// matplotlib into `.tools/venv` first when it is missing. Returns whether every picture
+/// was written.
+pub(crate) fn plot(results: &Results, json: &Path, png: &Path) -> bool {
+    let peers = png.with_file_name(PEERS_PNG);
     plot_with("bench/plot.py", json, png)
+        && (results.accuracy.peers.is_empty() || plot_with("bench/plot_peers.py", json, &peers))
 }
+
+/// The picture of weir beside its peers, next to the accuracy picture.
+pub const PEERS_PNG: &str = "benchmarks-peers.png";
 
 /// Runs the picture script `script` (relative to the repository) on `json` into `png`.
 pub(crate) fn plot_with(script: &str, json: &Path, png: &Path) -> bool {
@@ -264,6 +271,26 @@ pub(crate) fn check_smoke(opts: &Opts, out: &Path, r: &Results, scenarios: &[Sce
             Mode::ALL.len(),
             accuracy::SLOWED.len()
         ));
+    }
+    // The peers: Envoy's local cluster split always (it needs no build), the RLS peer
+    // when built; each run sent and admitted something.
+    if !r
+        .accuracy
+        .peers
+        .iter()
+        .any(|p| p.limiter.as_deref() == Some(crate::peer_accuracy::LOCAL_CLUSTER))
+    {
+        problems.push("accuracy beside the peers: no local_cluster_rate_limit run".into());
+    }
+    for p in &r.accuracy.peers {
+        if p.sent == 0 || p.admitted == 0 {
+            problems.push(format!(
+                "accuracy {}: sent {}, admitted {}",
+                p.label(),
+                p.sent,
+                p.admitted
+            ));
+        }
     }
     for a in &r.accuracy.runs {
         if let Some(v) = &a.violation {

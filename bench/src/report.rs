@@ -83,14 +83,22 @@ pub struct Summary {
     pub p50_us: Stat,
     pub p99_us: Stat,
     pub cpu_us_per_request: Stat,
-    /// weir-bridge's and the Redis Cluster's CPU per request (µs), and the three with
-    /// Envoy's: the whole system's (each round's sum, then the median).
+    /// weir-bridge's, Redis's (the cluster's nodes and the peers' standalone server) and
+    /// the peers' rate limit services' CPU per request (µs), and these with Envoy's: the
+    /// whole system's (each round's sum, then the median).
     #[serde(default)]
     pub bridge_cpu_us_per_request: Stat,
     #[serde(default)]
     pub redis_cpu_us_per_request: Stat,
     #[serde(default)]
+    pub rls_cpu_us_per_request: Stat,
+    #[serde(default)]
     pub system_cpu_us_per_request: Stat,
+    /// The whole system's median less its baseline's ([`Scenario::baseline`]: no filter,
+    /// the same route; for a peer, the upstream hop's cost only for the share of requests
+    /// let through, no filter's for its 429s): what the limiter itself costs, µs per request.
+    #[serde(default)]
+    pub own_cpu_us_per_request: Option<f64>,
     pub bridge_calls_per_request: Stat,
     /// weir's calls into Envoy per request (`vm.host_calls`), 0 for the other filters.
     #[serde(default)]
@@ -132,9 +140,11 @@ pub fn summarize(samples: &Samples) -> Vec<Summary> {
             cpu_us_per_request: stat(v, &|x| x.cpu_us_per_request),
             bridge_cpu_us_per_request: stat(v, &|x| x.per_request(x.bridge_cpu_us)),
             redis_cpu_us_per_request: stat(v, &|x| x.per_request(x.redis_cpu_us)),
+            rls_cpu_us_per_request: stat(v, &|x| x.per_request(x.rls_cpu_us)),
             system_cpu_us_per_request: stat(v, &|x| {
-                x.per_request(x.envoy_cpu_us + x.bridge_cpu_us + x.redis_cpu_us)
+                x.per_request(x.envoy_cpu_us + x.bridge_cpu_us + x.redis_cpu_us + x.rls_cpu_us)
             }),
+            own_cpu_us_per_request: None,
             bridge_calls_per_request: stat(v, &|x| x.per_request(x.bridge_calls)),
             host_calls_per_request: stat(v, &|x| x.per_request(x.host_calls)),
             vm_entries_per_request: stat(v, &|x| x.per_request(x.vm_entries)),
@@ -159,6 +169,32 @@ pub fn summarize(samples: &Samples) -> Vec<Summary> {
     };
     let native = find(&out, Scenario::Native);
     let empty = find(&out, Scenario::EmptyWasm);
+    let system = |out: &[Summary], s: Scenario| {
+        out.iter()
+            .find(|x| x.id == s.id())
+            .map(|x| x.system_cpu_us_per_request.median)
+    };
+    // A peer's 429s never reach the upstream: its baseline is the hop's cost for the
+    // requests that were let through, and no filter's for the others.
+    let baseline = |out: &[Summary], x: &Summary, s: Scenario| -> Option<f64> {
+        let hop = system(out, s.baseline())?;
+        if s.baseline() == Scenario::NoFilter {
+            return Some(hop);
+        }
+        let through = 1.0 - x.non_2xx_pct.median / 100.0;
+        Some(match system(out, Scenario::NoFilter) {
+            Some(none) => none + through * (hop - none),
+            None => hop,
+        })
+    };
+    let own: Vec<Option<f64>> = samples
+        .keys()
+        .zip(&out)
+        .map(|(s, x)| Some(system(&out, *s)? - baseline(&out, x, *s)?))
+        .collect();
+    for (x, own) in out.iter_mut().zip(own) {
+        x.own_cpu_us_per_request = own;
+    }
     let ratio = |a: f64, b: f64| (b > 0.0).then(|| a / b);
     for x in &mut out {
         let (cpu, rps) = (x.cpu_us_per_request.median, x.rps.median);
@@ -338,6 +374,106 @@ pub fn targets(summaries: &[Summary], accuracy: &[PacedRun]) -> Vec<Target> {
         });
     }
     t.extend(slow_bridge_targets(summaries, accuracy));
+    t.extend(peer_targets(summaries));
+    t
+}
+
+/// Issue 35, accuracy beside the peers (`peers`: their runs): under uneven load weir
+/// leased under-admits ≤ 3 % and never over, with the peers' figures beside; and no
+/// over-admission by weir leased wherever limitador's cached storage over-admits. No
+/// target when the run had no peer.
+pub fn peer_accuracy_targets(accuracy: &[PacedRun], peers: &[PacedRun]) -> Vec<Target> {
+    if peers.is_empty() {
+        return Vec::new();
+    }
+    let leased: Vec<&PacedRun> = accuracy
+        .iter()
+        .filter(|r| {
+            r.bridge_delay_ms == 0
+                && r.mode.is_global()
+                && r.mode.rule() != "acc-exact"
+                && Mode::PEERS
+                    .iter()
+                    .any(|p| p.load_label() == r.mode.load_label())
+                && r.mode != Mode::GlobalIdleThenBurst
+        })
+        .collect();
+    let uneven: Vec<&PacedRun> = leased
+        .iter()
+        .copied()
+        .filter(|r| r.mode.is_uneven())
+        .collect();
+    let peer_figures = |runs: &mut dyn Iterator<Item = &PacedRun>,
+                        f: &dyn Fn(&PacedRun) -> String| {
+        runs.map(|r| format!("{}: {}", r.label(), f(r)))
+            .collect::<Vec<_>>()
+            .join("; ")
+    };
+    let mut t = Vec::new();
+    t.push(Target {
+        target: "under uneven load (2×, 90 % on one Envoy, then all on one), weir leased under-admits ≤ 3 % and 0 over".into(),
+        measured: format!(
+            "{}; beside it {}",
+            listed(&uneven, PacedRun::label, |r| format!(
+                "under {:.2} %, over {:.2} %",
+                r.under_pct, r.over_pct
+            )),
+            peer_figures(
+                &mut peers.iter().filter(|r| r.mode.is_uneven()),
+                &|r| format!("under {:.2} %, over {:.2} %", r.under_pct, r.over_pct)
+            )
+        ),
+        met: all_met(&uneven, |r| r.under_pct <= 3.0 && r.over_pct == 0.0),
+    });
+    let cached = |r: &&PacedRun| r.limiter.as_deref() == Some("rls-limitador-cached");
+    t.push(Target {
+        target: "0 over-admission by weir leased on every load the peers ran, where limitador's cached storage over-admits".into(),
+        measured: format!(
+            "{}; limitador cached: {}",
+            listed(&leased, PacedRun::label, |r| format!("over {:.2} %", r.over_pct)),
+            peer_figures(&mut peers.iter().filter(cached), &|r| format!(
+                "over {:.2} %",
+                r.over_pct
+            ))
+        ),
+        met: all_met(&leased, |r| r.over_pct == 0.0),
+    });
+    t
+}
+
+/// Issue 35: weir-global-leases beside Envoy's global rate limit filter on limitador,
+/// with either storage, below the limit: its own whole-system cost ≤ ¼ of the peer's, and
+/// its p99 ≤ the peer's. No target when the peers were not run.
+fn peer_targets(summaries: &[Summary]) -> Vec<Target> {
+    let get = |s: Scenario| summaries.iter().find(|x| x.id == s.id());
+    let Some(leases) = get(Scenario::WeirGlobalLeases) else {
+        return Vec::new();
+    };
+    let mut t = Vec::new();
+    for peer in [Scenario::RlsAsync, Scenario::RlsCached] {
+        let Some(p) = get(peer) else { continue };
+        let (own, peer_own) = (leases.own_cpu_us_per_request, p.own_cpu_us_per_request);
+        t.push(Target {
+            target: format!(
+                "weir-global-leases' own cost (whole system less its baseline's) ≤ ¼ of {}'s",
+                peer.id()
+            ),
+            measured: match (own, peer_own) {
+                (Some(w), Some(r)) => format!(
+                    "{w:.1} µs against {r:.1} µs per request ({:.1} % of it)",
+                    w * 100.0 / r
+                ),
+                _ => "not measured".into(),
+            },
+            met: own.zip(peer_own).map(|(w, r)| w <= r / 4.0),
+        });
+        let (p99, peer_p99) = (leases.p99_us.median, p.p99_us.median);
+        t.push(Target {
+            target: format!("weir-global-leases' p99 ≤ {}'s", peer.id()),
+            measured: format!("{p99:.0} µs against {peer_p99:.0} µs"),
+            met: Some(p99 <= peer_p99),
+        });
+    }
     t
 }
 
@@ -562,10 +698,14 @@ pub struct AccuracyResults {
     pub lease_ttl: String,
     pub horizon: String,
     pub runs: Vec<PacedRun>,
+    /// The peers offered the same loads (issue 35; [`crate::peer_accuracy`]), beside
+    /// weir's runs of those loads; empty when the run had none.
+    #[serde(default)]
+    pub peers: Vec<PacedRun>,
 }
 
 impl AccuracyResults {
-    pub fn new(runs: Vec<PacedRun>) -> AccuracyResults {
+    pub fn new(runs: Vec<PacedRun>, peers: Vec<PacedRun>) -> AccuracyResults {
         AccuracyResults {
             algorithm: "gcra".into(),
             rate_per_s: accuracy::RATE,
@@ -576,6 +716,7 @@ impl AccuracyResults {
             lease_ttl: accuracy::LEASE_TTL.into(),
             horizon: accuracy::HORIZON.into(),
             runs,
+            peers,
         }
     }
 }

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use weir_e2e::{bridge_cluster_yaml_with, wasm_filter_yaml, with_stats, Bootstrap, BridgeProtocol};
 
+use crate::peers::{self, RlsLimit, RlsServices, Storage};
 use crate::wrk::Traffic;
 
 /// One way of serving the same requests.
@@ -39,6 +40,15 @@ pub enum Scenario {
     /// [`Scenario::slowed`]).
     WeirGlobalSaturatedSlow10,
     WeirGlobalSaturatedSlow30,
+    /// No filter, the route going to an upstream the same Envoy serves: the peers'
+    /// baseline ([`crate::peers`]).
+    NoFilterUpstream,
+    /// Peers: Envoy's global rate limit filter calling limitador (async or cached Redis
+    /// storage) on every request, below its limit or limited (~95 % 429).
+    RlsAsync,
+    RlsAsyncLimited,
+    RlsCached,
+    RlsCachedLimited,
     /// Diagnostic (`--only`): weir with one rule whose match never holds.
     WeirNoMatch,
     /// Diagnostic (`--only`): weir with one local rule without a key (one bucket).
@@ -54,8 +64,9 @@ const GLOBAL_LIMIT: &str =
     r#""limit": {"algorithm": "gcra", "rate": 1000000, "period": "1s", "burst": 999999}"#;
 
 impl Scenario {
-    pub const ALL: [Scenario; 17] = [
+    pub const ALL: [Scenario; 18] = [
         Scenario::NoFilter,
+        Scenario::NoFilterUpstream,
         Scenario::Native,
         Scenario::NativeLimited,
         Scenario::EmptyWasm,
@@ -73,6 +84,15 @@ impl Scenario {
         Scenario::BridgeCallFloorH2,
         Scenario::WeirGlobalSaturatedSlow10,
         Scenario::WeirGlobalSaturatedSlow30,
+    ];
+
+    /// In the default run when the peer is built (`just bench-peers`;
+    /// [`peers::limitador_rls_bin`]).
+    pub const PEERS: [Scenario; 4] = [
+        Scenario::RlsAsync,
+        Scenario::RlsAsyncLimited,
+        Scenario::RlsCached,
+        Scenario::RlsCachedLimited,
     ];
 
     /// Not in the default run: they split weir's cost for whoever profiles the filter.
@@ -97,6 +117,11 @@ impl Scenario {
             Scenario::BridgeCallFloorH2 => "bridge-call-floor-h2",
             Scenario::WeirGlobalSaturatedSlow10 => "weir-global-saturated-slow10",
             Scenario::WeirGlobalSaturatedSlow30 => "weir-global-saturated-slow30",
+            Scenario::NoFilterUpstream => "no-filter-upstream",
+            Scenario::RlsAsync => "rls-limitador-async",
+            Scenario::RlsAsyncLimited => "rls-limitador-async-limited",
+            Scenario::RlsCached => "rls-limitador-cached",
+            Scenario::RlsCachedLimited => "rls-limitador-cached-limited",
             Scenario::WeirNoMatch => "weir-no-match",
             Scenario::WeirUnkeyed => "weir-unkeyed",
         }
@@ -105,6 +130,7 @@ impl Scenario {
     pub fn from_id(id: &str) -> Option<Scenario> {
         Scenario::ALL
             .into_iter()
+            .chain(Scenario::PEERS)
             .chain(Scenario::DIAGNOSTIC)
             .find(|s| s.id() == id)
     }
@@ -161,6 +187,21 @@ impl Scenario {
             Scenario::WeirGlobalSaturatedSlow30 => {
                 "the same with 30 ms added to every bridge round trip (15 ms each way), longer than the rule's 20 ms lease hold"
             }
+            Scenario::NoFilterUpstream => {
+                "no HTTP filter but the router; the route goes to an upstream the same Envoy serves on a second listener (a `direct_response` 200): the hop the peers need, their baseline"
+            }
+            Scenario::RlsAsync => {
+                "Envoy's global rate limit filter (`envoy.filters.http.ratelimit`) calling, on every request, Envoy's rate limit service on Kuadrant's limitador engine (bench/peers/limitador-rls, limitador 0.14) with `AsyncRedisStorage` (Redis on every hit) over one standalone redis-server; one limit per `x-tenant` (10 tenants) far above the load; the route goes to the upstream of no-filter-upstream"
+            }
+            Scenario::RlsAsyncLimited => {
+                "the same with one key for all requests (`generic_key`) limited to 1,000 per 1 s window: most requests get 429"
+            }
+            Scenario::RlsCached => {
+                "rls-limitador-async with limitador's `CachedRedisStorage` (counters cached in the process, flushed to Redis in batches)"
+            }
+            Scenario::RlsCachedLimited => {
+                "rls-limitador-async-limited with the cached storage"
+            }
             Scenario::WeirNoMatch => {
                 "diagnostic: weir with one local rule whose `match` (path prefix `/never/`) never holds: the filter's fixed cost"
             }
@@ -177,6 +218,34 @@ impl Scenario {
         match self {
             Scenario::WeirLocalHalf => Traffic::HalfNew,
             _ => Traffic::Users,
+        }
+    }
+
+    /// The peer's rate limit service's limit, for the peers.
+    pub fn rls(self) -> Option<RlsLimit> {
+        let (storage, limited) = match self {
+            Scenario::RlsAsync => (Storage::Async, false),
+            Scenario::RlsAsyncLimited => (Storage::Async, true),
+            Scenario::RlsCached => (Storage::Cached, false),
+            Scenario::RlsCachedLimited => (Storage::Cached, true),
+            _ => return None,
+        };
+        Some(RlsLimit::cost(storage, limited))
+    }
+
+    /// Whether the route goes to an upstream (the peers and their baseline) rather than
+    /// answering `direct_response`.
+    pub fn upstream_hop(self) -> bool {
+        self == Scenario::NoFilterUpstream || self.rls().is_some()
+    }
+
+    /// The scenario whose whole-system cost is taken from this one's for its own cost:
+    /// no filter, with the same route.
+    pub fn baseline(self) -> Scenario {
+        if self.upstream_hop() {
+            Scenario::NoFilterUpstream
+        } else {
+            Scenario::NoFilter
         }
     }
 
@@ -272,9 +341,23 @@ impl Scenario {
     }
 
     /// The bootstrap of this scenario's Envoy; `bridge_port` is where its bridge cluster
-    /// points (a delaying proxy's port for a [`Scenario::slowed`] one).
-    pub fn bootstrap(self, wasm: &Wasm, bridge_port: Option<u16>) -> Bootstrap {
+    /// points (a delaying proxy's port for a [`Scenario::slowed`] one), `rls` the peers'
+    /// rate limit services.
+    pub fn bootstrap(
+        self,
+        wasm: &Wasm,
+        bridge_port: Option<u16>,
+        rls: Option<&RlsServices>,
+    ) -> Bootstrap {
         let mut b = Bootstrap::new();
+        if self.upstream_hop() {
+            let service = self.rls().map(|limit| {
+                let services =
+                    rls.unwrap_or_else(|| panic!("{} needs its rate limit service", self.id()));
+                (limit, services.port(limit))
+            });
+            return peers::upstream_hop(b, service);
+        }
         match self {
             Scenario::NoFilter => {}
             Scenario::Native => b = b.http_filter(NATIVE_LOCAL_RATELIMIT),

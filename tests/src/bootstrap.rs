@@ -23,6 +23,9 @@ pub struct Bootstrap {
     pub routes: Option<String>,
     /// Cluster list items (`- name: ...` at column 0) for `static_resources.clusters`.
     pub clusters: Vec<String>,
+    /// More listener list items (`- name: ...` at column 0) after the ingress listener: an
+    /// upstream served by the same Envoy, say.
+    pub listeners: Vec<String>,
     /// HCM `max_request_headers_kb`. Envoy's default is 60 (KiB for the whole header block), so a
     /// single 60 KB value gets 431; we default to 96 so tests can send 60 KB values.
     pub max_request_headers_kb: u32,
@@ -32,6 +35,8 @@ pub struct Bootstrap {
     /// A top-level `stats_config:` block (raw YAML at column 0), e.g. the tags of
     /// [`shipped_stats_config`].
     pub stats_config: Option<String>,
+    /// More top-level blocks (raw YAML at column 0), e.g. `cluster_manager:`.
+    pub top_level: Vec<String>,
     /// Clients whose requests Envoy counts as internal (`internal_address_config`), as
     /// `(prefix, length)`: Envoy keeps their `x-envoy-*` headers and strips them from
     /// every other request. None by default, as in Envoy.
@@ -61,9 +66,11 @@ impl Bootstrap {
             http_filters: Vec::new(),
             routes: None,
             clusters: Vec::new(),
+            listeners: Vec::new(),
             max_request_headers_kb: 96,
             access_log: None,
             stats_config: None,
+            top_level: Vec::new(),
             internal_cidrs: Vec::new(),
         }
     }
@@ -83,6 +90,18 @@ impl Bootstrap {
     /// Adds a cluster (raw YAML list item).
     pub fn cluster(mut self, yaml: impl Into<String>) -> Bootstrap {
         self.clusters.push(yaml.into());
+        self
+    }
+
+    /// Adds a top-level block (raw YAML at column 0), e.g. `cluster_manager:`.
+    pub fn top_level(mut self, yaml: impl Into<String>) -> Bootstrap {
+        self.top_level.push(yaml.into());
+        self
+    }
+
+    /// Adds a listener (raw YAML list item) after the ingress listener.
+    pub fn listener(mut self, yaml: impl Into<String>) -> Bootstrap {
+        self.listeners.push(yaml.into());
         self
     }
 
@@ -159,6 +178,7 @@ impl Bootstrap {
             }
             c
         };
+        let listeners: String = self.listeners.iter().map(|l| indent(l, 2)).collect();
         let clusters = if self.clusters.is_empty() {
             "  clusters: []\n".to_string()
         } else {
@@ -173,7 +193,7 @@ impl Bootstrap {
 admin:
   address:
     socket_address: {{ address: 127.0.0.1, port_value: {admin} }}
-{stats_config}static_resources:
+{stats_config}{top_level}static_resources:
   listeners:
   - name: ingress
     address:
@@ -197,10 +217,11 @@ admin:
 {filters}          - name: envoy.filters.http.router
             typed_config:
               "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
-{clusters}"#,
+{listeners}{clusters}"#,
             admin = self.admin_port,
             http = self.http_port,
             stats_config = self.stats_config.as_deref().unwrap_or(""),
+            top_level = self.top_level.concat(),
             kb = self.max_request_headers_kb,
         )
     }

@@ -94,6 +94,11 @@ impl RedisServer {
         self.child.is_some()
     }
 
+    /// The current process's id (0 while it is stopped), for its CPU time.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, Child::pid)
+    }
+
     /// The current process's output.
     pub fn log(&self) -> String {
         self.child.as_ref().map(Child::log).unwrap_or_default()

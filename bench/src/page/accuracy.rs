@@ -27,6 +27,7 @@ pub(super) fn accuracy_section(r: &Results, png_name: Option<&str>) -> String {
         r.machine.cores
     ));
     o.push_str(&accuracy_cpu_table(a).markdown());
+    o.push_str(&peers_section(a, png_name.is_some()));
     o
 }
 
@@ -39,7 +40,8 @@ fn accuracy_intro(a: &AccuracyResults) -> String {
          idle-then-burst run offers twice the rate, stops for 0.5 s (longer than the key's \
          tolerance, shorter than leases used to live) and then sends as fast as every thread \
          can for 0.2 s. Global modes: two Envoys with 2 workers each, weir-bridge and the Redis \
-         Cluster, the load split evenly over the two Envoys, `expected_instances` 2; leased \
+         Cluster, the load split evenly over the two Envoys (but in the uneven runs: twice the \
+         limit, 90 % of it on one Envoy, then all of it), `expected_instances` 2; leased \
          modes with `lease.max` {}, `lease.ttl` {} (the hold, paid with {} units of the burst) \
          and `lease.horizon` {}. Local mode: one Envoy with 4 workers. Nothing is pinned here.\n\n\
          **Conformance**: every Envoy logs every decision (`response.filter_state: all`), and \
@@ -251,4 +253,96 @@ fn accuracy_cpu_table(a: &AccuracyResults) -> Table {
         ]);
     }
     t
+}
+
+/// weir's global runs beside the peers' on the same loads (issue 35): one row per limiter
+/// and load. Nothing when the run had no peer.
+fn peers_section(a: &AccuracyResults, picture: bool) -> String {
+    if a.peers.is_empty() {
+        return String::new();
+    }
+    let mut t = Table::new(&[
+        "load",
+        "limiter",
+        "admitted",
+        "exact bound",
+        "over %",
+        "under %",
+        "p50 ms",
+        "p99 ms",
+        "Envoy CPU µs/request",
+        "conformance",
+    ]);
+    let weir_name = |m: Mode| {
+        if m.rule() == "acc-exact" {
+            "weir exact (lease 1)"
+        } else {
+            "weir leased"
+        }
+    };
+    for load in Mode::PEERS.map(Mode::load_label) {
+        let weir = a.runs.iter().filter(|x| {
+            x.bridge_delay_ms == 0
+                && x.mode.is_global()
+                && x.mode != Mode::GlobalIdleThenBurst
+                && x.mode.load_label() == load
+        });
+        let peers = a.peers.iter().filter(|x| x.mode.load_label() == load);
+        for x in weir.chain(peers) {
+            let limiter = x
+                .limiter
+                .clone()
+                .unwrap_or_else(|| weir_name(x.mode).to_string());
+            let conformance = match (&x.limiter, &x.violation) {
+                (Some(_), _) => "not judged (no decision log)".to_string(),
+                (None, None) => format!(
+                    "0 violations ({} checked)",
+                    num(x.checked_admissions as f64, 0)
+                ),
+                (None, Some(_)) => "**violated**".to_string(),
+            };
+            t.row(vec![
+                load.to_string(),
+                limiter,
+                num(x.admitted as f64, 0),
+                num(x.exact_bound, 0),
+                format!("{:.2}", x.over_pct),
+                format!("{:.2}", x.under_pct),
+                num(x.p50_ms, 1),
+                num(x.p99_ms, 1),
+                num(x.envoy_cpu_us_per_request, 1),
+                conformance,
+            ]);
+        }
+    }
+    format!(
+        "### Beside the peers\n\nThe same paced loads on two Envoys (2 workers each) for what \
+         an Envoy user runs instead of weir for one limit over a fleet: \
+         **envoy-local-cluster-rate-limit**, Envoy's `local_ratelimit` with \
+         `local_cluster_rate_limit` (each Envoy takes its share of one token bucket, {} tokens \
+         refilled at {}/s, from the membership of its local cluster, which lists both; no \
+         Redis); and **rls-limitador-async** / **rls-limitador-cached**, Envoy's global rate \
+         limit filter calling, on every request, Kuadrant's limitador engine \
+         (bench/peers/limitador-rls; not envoyproxy/ratelimit), each Envoy its own replica over \
+         one standalone redis-server, {} per fixed 1 s window (20×: {}). weir's rows are the \
+         global runs above. A peer's admissions are counted against the same exact bound; the \
+         conformance checker judges weir's from the decisions weir logs, and a peer logs \
+         none. The peers' Envoys route to an upstream they serve themselves (their rate limit \
+         filter does nothing on a `direct_response` route), so their Envoy CPU includes that \
+         hop.\n\n{}{}",
+        a.burst + 1,
+        num(a.rate_per_s as f64, 0),
+        num(a.rate_per_s as f64, 0),
+        num(accuracy::RATE_20X as f64, 0),
+        t.markdown(),
+        if picture {
+            format!(
+                "![Own CPU per request of each limiter (the cost run) and under-admission \
+                 on each load (this run)]({})\n\n",
+                crate::output::PEERS_PNG
+            )
+        } else {
+            String::new()
+        }
+    )
 }

@@ -98,9 +98,10 @@ fn cost_table(r: &Results) -> Table {
     t
 }
 
-/// The whole system's CPU per request: Envoy, weir-bridge and the Redis Cluster, each
-/// process's utime + stime over the interval divided by the requests, and a limiter's own
-/// cost, that sum less no-filter's. Left out for a run that measured Envoy alone.
+/// The whole system's CPU per request: Envoy, weir-bridge, the peers' rate limit service
+/// and Redis, each process's utime + stime over the interval divided by the requests, and
+/// a limiter's own cost, that sum less its baseline's (no filter, the same route). Left
+/// out for a run that measured Envoy alone.
 fn system_section(r: &Results) -> String {
     if !r
         .scenarios
@@ -109,41 +110,80 @@ fn system_section(r: &Results) -> String {
     {
         return String::new();
     }
-    let baseline = r
+    let peers = r
         .scenarios
         .iter()
-        .find(|x| x.id == Scenario::NoFilter.id())
-        .map(|x| x.system_cpu_us_per_request.median);
-    let mut t = Table::new(&[
-        "scenario",
-        "Envoy µs/request",
-        "weir-bridge µs/request",
+        .any(|x| x.rls_cpu_us_per_request.median > 0.0);
+    let mut head = vec!["scenario", "Envoy µs/request", "weir-bridge µs/request"];
+    if peers {
+        head.push("rate limit service µs/request");
+    }
+    head.extend([
         "Redis µs/request",
         "all µs/request",
-        "own cost µs/request (all − no-filter's)",
+        "own cost µs/request (all − its baseline's)",
+        "p50 µs",
+        "p99 µs",
+        "Redis commands/request",
     ]);
+    let mut t = Table::new(&head);
     for x in &r.scenarios {
-        t.row(vec![
+        let mut row = vec![
             x.id.clone(),
             x.cpu_us_per_request.show(2),
             x.bridge_cpu_us_per_request.show(2),
+        ];
+        if peers {
+            row.push(x.rls_cpu_us_per_request.show(2));
+        }
+        row.extend([
             x.redis_cpu_us_per_request.show(2),
             x.system_cpu_us_per_request.show(2),
-            baseline.map_or_else(
-                || "–".into(),
-                |b| format!("{:+.2}", x.system_cpu_us_per_request.median - b),
-            ),
+            x.own_cpu_us_per_request
+                .map_or_else(|| "–".into(), |d| format!("{d:+.2}")),
+            num(x.p50_us.median, 0),
+            num(x.p99_us.median, 0),
+            num(x.redis_commands_per_request.median, 3),
         ]);
+        t.row(row);
     }
+    let own = |s: Scenario| {
+        r.scenarios
+            .iter()
+            .find(|x| x.id == s.id())
+            .and_then(|x| x.own_cpu_us_per_request)
+    };
+    // Where weir loses, said plainly.
+    let loses = match (own(Scenario::WeirGlobalExact), own(Scenario::RlsAsync)) {
+        (Some(w), Some(p)) if w > p => format!(
+            " **Where weir loses**: its exact mode, a bridge call per request over HTTP/1.1 \
+             to weir-bridge and a Redis Cluster with replicas, costs {w:.1} µs of CPU per \
+             request of its own, more than Envoy's rate limit filter calling limitador \
+             with its exact storage on one Redis ({p:.1} µs); leases are what make weir's \
+             global limits cheap."
+        ),
+        _ => String::new(),
+    };
+    let peers_note = if peers {
+        " The peers (`rls-limitador-*`) are Envoy's global rate limit filter calling \
+         Kuadrant's limitador engine (bench/peers/limitador-rls; not envoyproxy/ratelimit) \
+         over one standalone redis-server; their route goes to an upstream the same Envoy \
+         serves, since Envoy's rate limit filter does nothing on a `direct_response` route, \
+         so their baseline is no-filter-upstream, that hop with no filter, for the requests \
+         let through, and no-filter for their 429s, which never reach the upstream."
+    } else {
+        ""
+    };
     format!(
         "**Whole-system CPU per request**: the processes a request can cost CPU in, each \
          one's utime + stime (`/proc/PID/stat`) over the same interval divided by the \
-         requests Envoy counted: Envoy, weir-bridge, and the Redis Cluster's 6 nodes summed \
-         (replication included). The bridge and Redis serve one scenario at a time, so what \
+         requests Envoy counted: Envoy, weir-bridge, the peers' rate limit services, and \
+         Redis (the Redis Cluster's 6 nodes, replication included, and the peers' \
+         standalone server) summed. These services serve one scenario at a time, so what \
          they use in a scenario's interval is that scenario's, plus their idle work, which \
-         no-filter's row shows (it makes no call); **own cost** takes no-filter's whole \
-         system away. *all* is each round's sum, then the median, so it need not equal the \
-         sum of the medians.\n\n{}",
+         no-filter's row shows (it makes no call); **own cost** takes the whole system of \
+         the scenario's baseline away (no filter, the same route).{peers_note} *all* is \
+         each round's sum, then the median, so it need not equal the sum of the medians.{loses}\n\n{}",
         t.markdown()
     )
 }

@@ -83,7 +83,7 @@ pub fn markdown(r: &Results, png_name: Option<&str>) -> String {
         bridge_call_section(r),
         accuracy_section(r, png_name),
         targets_section(&r.targets),
-        running_section(),
+        running_section(r),
         limits_section(r),
     ]
     .concat()
@@ -129,14 +129,20 @@ fn targets_section(targets: &[Target]) -> String {
             met(x.met).to_string(),
         ]);
     }
-    format!("## Targets (issues 4, 10 and 21)\n\n{}", t.markdown())
+    format!("## Targets (issues 4, 10, 21 and 35)\n\n{}", t.markdown())
 }
 
-fn running_section() -> String {
-    "## Running it\n\n`just bench` builds `weir.wasm`, the empty filter and `weir-bridge \
-     --release`, runs `weir-bench` (about 12 minutes) and rewrites this page, \
-     `docs/bench/results.json` and the picture (drawn by `bench/plot.py`; matplotlib is \
-     installed into `.tools/venv` when missing). `weir-bench --render docs/bench/results.json` \
+fn running_section(r: &Results) -> String {
+    format!("## Running it\n\n`just bench` builds `weir.wasm`, the empty filter, `weir-bridge \
+     --release` and the peers (`just bench-peers`: bench/peers/limitador-rls, which builds \
+     RocksDB from source and needs Debian's `libclang-dev`, 9 min 21 s cold on a 2-core \
+     machine, then checks each peer behind a real Envoy), runs `weir-bench` ({} minutes \
+     this run) and rewrites this page, \
+     `docs/bench/results.json` and the pictures (drawn by `bench/plot.py` and \
+     `bench/plot_peers.py`; matplotlib is installed into `.tools/venv` when missing). \
+     Without the peer's binary (`target/peers/release/limitador-rls`, or \
+     `$WEIR_PEER_LIMITADOR_RLS`) `weir-bench` says so and leaves the `rls-limitador-*` rows \
+     out; Envoy's `local_cluster_rate_limit` needs no build. `weir-bench --render docs/bench/results.json` \
      writes the page again from the JSON alone. `just bench-smoke` runs every part for a second \
      or two into a temp dir and only checks that numbers came out and that no admission broke \
      its bound (CI runs it; it asserts no performance). `weir-bench --help` lists the settings \
@@ -152,8 +158,9 @@ fn running_section() -> String {
      budgets (costs known after the response) and delay instead of reject, on real Envoys, \
      written to [benchmarks-features.md](benchmarks-features.md), and `weir-bench concurrency`: \
      concurrency limits next to Envoy's `adaptive_concurrency`, written to \
-     [benchmarks-concurrency.md](benchmarks-concurrency.md).\n\n"
-        .to_string()
+     [benchmarks-concurrency.md](benchmarks-concurrency.md).\n\n",
+        num(r.settings.wall_s / 60.0, 0)
+    )
 }
 
 fn limits_section(r: &Results) -> String {
