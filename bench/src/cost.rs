@@ -10,7 +10,7 @@ use weir_core::filter::host::CallKind;
 use weir_e2e::slow_proxy::SlowProxy;
 use weir_e2e::{parse_stats, redis_cli_at, Bridge, Envoy};
 
-use crate::peers::RlsServices;
+use crate::peers::PeerBackends;
 use crate::scenario::{Scenario, Wasm};
 use crate::sys::{self, ENVOY_CORE, LOAD_CORE};
 use crate::wrk::{self, WrkReport};
@@ -93,7 +93,8 @@ impl Sample {
 /// their idle work: the no-filter scenario shows it).
 #[derive(Clone, Debug, Default)]
 pub struct Services {
-    pub bridge: Option<u32>,
+    /// weir-bridge over the Redis Cluster, and the one over the standalone Redis.
+    pub bridges: Vec<u32>,
     pub redis: Vec<u32>,
     /// The peers' rate limit services (limitador-rls).
     pub rls: Vec<u32>,
@@ -103,8 +104,7 @@ impl Services {
     /// (weir-bridge, Redis, rate limit services) CPU time so far, µs.
     fn cpu_us(&self) -> (u64, u64, u64) {
         let sum = |pids: &[u32]| pids.iter().map(|&pid| sys::process_cpu_us(pid)).sum();
-        let bridge = self.bridge.map_or(0, sys::process_cpu_us);
-        (bridge, sum(&self.redis), sum(&self.rls))
+        (sum(&self.bridges), sum(&self.redis), sum(&self.rls))
     }
 }
 
@@ -333,13 +333,13 @@ pub(crate) fn run_cost(
     scenarios: &[Scenario],
     wasm: &Wasm,
     bridge: &Option<Bridge>,
-    rls: Option<&RlsServices>,
+    peers: PeerBackends<'_>,
     script: &Path,
     backends: (&[u16], &Services),
 ) -> (Samples, Vec<String>) {
     // The proxies outlive the samples: the slowed scenarios' Envoys reach the bridge
     // through them.
-    let (fleet, _proxies, allowed) = start_cost_fleet(scenarios, wasm, bridge, rls);
+    let (fleet, _proxies, allowed) = start_cost_fleet(scenarios, wasm, bridge, peers);
     warm_up(opts, &fleet, scenarios, script);
     let mut samples = Samples::new();
     // A smoke run asserts no figure, so a disturbed sample is not measured again.
@@ -365,14 +365,16 @@ fn start_cost_fleet(
     scenarios: &[Scenario],
     wasm: &Wasm,
     bridge: &Option<Bridge>,
-    rls: Option<&RlsServices>,
+    peers: PeerBackends<'_>,
 ) -> (Fleet, Vec<SlowProxy>, Vec<String>) {
     let bridge_port = bridge.as_ref().map(|b| b.port);
     let proxies = slow_proxies(scenarios.iter().filter_map(|s| s.slowed()), bridge);
     // A slowed scenario's Envoy reaches the bridge through the proxy of its delay.
-    let port_of = |s: &Scenario| match s.slowed() {
-        Some((_, delay)) => proxies.iter().find(|p| p.delay == delay).map(|p| p.port),
-        None => bridge_port,
+    // A single-Redis scenario's Envoy reaches the bridge over the standalone Redis.
+    let port_of = |s: &Scenario| match (s.slowed(), s.single_redis()) {
+        (Some((_, delay)), _) => proxies.iter().find(|p| p.delay == delay).map(|p| p.port),
+        (None, Some(_)) => peers.single_redis_bridge,
+        (None, None) => bridge_port,
     };
     log(format!(
         "starting {} Envoys (1 worker each)",
@@ -381,7 +383,7 @@ fn start_cost_fleet(
     let envoys = start_envoys(
         scenarios
             .iter()
-            .map(|s| (s.bootstrap(wasm, port_of(s), rls), 1))
+            .map(|s| (s.bootstrap(wasm, port_of(s), peers.rls), 1))
             .collect(),
     );
     let fleet = Fleet {

@@ -44,7 +44,8 @@ use std::path::{Path, PathBuf};
 use std::thread;
 use std::time::Instant;
 
-use weir_e2e::{envoy_bin, repo_root, Bootstrap, Bridge, Envoy, RedisCluster, TestDir};
+use weir_e2e::redis_single::RedisServer;
+use weir_e2e::{envoy_bin, free_port, repo_root, Bootstrap, Bridge, Envoy, RedisCluster, TestDir};
 
 use accuracy_run::run_accuracy;
 use cost::run_cost;
@@ -259,14 +260,34 @@ fn main() {
     }
     let scenarios = opts.scenarios(rls_bin.is_some());
     let rls_limits: Vec<_> = scenarios.iter().filter_map(|s| s.rls()).collect();
-    let rls = match (&rls_bin, rls_limits.is_empty()) {
-        (Some(bin), false) => {
-            log("starting a standalone redis-server and the peers' rate limit services (limitador-rls)");
-            Some(peers::RlsServices::start(bin, &rls_limits))
+    let single_redis_scenarios = scenarios.iter().any(|s| s.single_redis().is_some());
+    // One standalone redis-server for the peers and for weir over a single Redis.
+    let single = (!rls_limits.is_empty() || single_redis_scenarios).then(|| {
+        log("starting a standalone redis-server (the peers' and weir's single-Redis scenarios')");
+        RedisServer::start(&[])
+    });
+    let rls = match (&rls_bin, &single) {
+        (Some(bin), Some(single)) if !rls_limits.is_empty() => {
+            log("starting the peers' rate limit services (limitador-rls)");
+            Some(peers::RlsServices::start(bin, single.port, &rls_limits))
         }
-        (None, false) => fail("--only names a peer that is not built: run `just bench-peers`"),
+        (None, _) if !rls_limits.is_empty() => {
+            fail("--only names a peer that is not built: run `just bench-peers`")
+        }
         _ => None,
     };
+    let single_bridge = single
+        .as_ref()
+        .filter(|_| single_redis_scenarios)
+        .map(|single| {
+            log("starting a second weir-bridge (release) over the standalone redis-server");
+            let addr = single.addr();
+            Bridge::start_with_redis(
+                free_port(),
+                &["--redis-mode", "standalone", "--redis-nodes", &addr],
+                &[],
+            )
+        });
     let needs_bridge = opts.accuracy || scenarios.iter().any(|s| s.calls_bridge());
 
     let (redis, bridge, masters) = if needs_bridge {
@@ -278,30 +299,38 @@ fn main() {
 
     let mut services = match (&bridge, &redis) {
         (Some(bridge), Some(redis)) => cost::Services {
-            bridge: Some(bridge.pid()),
+            bridges: vec![bridge.pid()],
             redis: redis.pids(),
             rls: Vec::new(),
         },
         _ => cost::Services::default(),
     };
-    // Redis commands are counted on the cluster's masters and the peers' Redis.
+    // Redis commands are counted on the cluster's masters and the standalone Redis.
     let mut stores = masters.clone();
-    if let Some(rls) = &rls {
-        let (services_pids, redis_pid) = rls.pids();
-        services.rls = services_pids;
-        services.redis.push(redis_pid);
-        stores.push(rls.redis.port);
+    if let Some(single) = &single {
+        services.redis.push(single.pid());
+        stores.push(single.port);
     }
+    services.rls = rls.as_ref().map(|r| r.pids()).unwrap_or_default();
+    services
+        .bridges
+        .extend(single_bridge.as_ref().map(Bridge::pid));
+    let peer_backends = peers::PeerBackends {
+        rls: rls.as_ref(),
+        single_redis_bridge: single_bridge.as_ref().map(|b| b.port),
+    };
     let (samples, envoy_cpus_allowed) = run_cost(
         &opts,
         &scenarios,
         &wasm,
         &bridge,
-        rls.as_ref(),
+        peer_backends,
         &script,
         (&stores, &services),
     );
     drop(rls);
+    drop(single_bridge);
+    drop(single);
 
     let accuracy_runs = match (&bridge, &redis) {
         (Some(bridge), Some(redis)) if opts.accuracy => {

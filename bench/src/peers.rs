@@ -14,7 +14,6 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use weir_e2e::loopback::cluster_yaml;
-use weir_e2e::redis_single::RedisServer;
 use weir_e2e::{free_port, repo_root, wait_until, Bootstrap, Process};
 
 /// limitador's two Redis storages.
@@ -151,21 +150,19 @@ impl Rls {
     }
 }
 
-/// The standalone Redis and the rate limit services of a run, one per limit.
+/// The rate limit services of a run, one per limit.
 pub struct RlsServices {
-    pub redis: RedisServer,
     services: Vec<Rls>,
 }
 
 impl RlsServices {
-    /// One `redis-server` and a limitador-rls per limit in `limits`.
-    pub fn start(bin: &Path, limits: &[RlsLimit]) -> RlsServices {
-        let redis = RedisServer::start(&[]);
+    /// A limitador-rls per limit in `limits`, over the `redis-server` on `redis_port`.
+    pub fn start(bin: &Path, redis_port: u16, limits: &[RlsLimit]) -> RlsServices {
         let services = limits
             .iter()
-            .map(|&limit| Rls::start(bin, redis.port, limit))
+            .map(|&limit| Rls::start(bin, redis_port, limit))
             .collect();
-        RlsServices { redis, services }
+        RlsServices { services }
     }
 
     pub fn port(&self, limit: RlsLimit) -> u16 {
@@ -176,13 +173,19 @@ impl RlsServices {
             .unwrap_or_else(|| panic!("no limitador-rls for {limit:?}"))
     }
 
-    /// The services' and Redis's process ids, for their CPU time.
-    pub fn pids(&self) -> (Vec<u32>, u32) {
-        (
-            self.services.iter().map(Rls::pid).collect(),
-            self.redis.pid(),
-        )
+    /// The services' process ids, for their CPU time.
+    pub fn pids(&self) -> Vec<u32> {
+        self.services.iter().map(Rls::pid).collect()
     }
+}
+
+/// What the cost run's Envoys call besides the Redis Cluster's weir-bridge: the peers'
+/// rate limit services, and the weir-bridge over the peers' standalone Redis (the
+/// `*-single-redis` scenarios).
+#[derive(Clone, Copy, Default)]
+pub struct PeerBackends<'a> {
+    pub rls: Option<&'a RlsServices>,
+    pub single_redis_bridge: Option<u16>,
 }
 
 /// The upstream hop: the ingress route goes to cluster `upstream`, a second listener of

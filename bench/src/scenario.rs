@@ -40,6 +40,10 @@ pub enum Scenario {
     /// [`Scenario::slowed`]).
     WeirGlobalSaturatedSlow10,
     WeirGlobalSaturatedSlow30,
+    /// weir-global-exact and weir-global-leases with a second weir-bridge over the peers'
+    /// standalone redis-server instead of the Redis Cluster (see [`Scenario::single_redis`]).
+    WeirGlobalExactSingleRedis,
+    WeirGlobalLeasesSingleRedis,
     /// No filter, the route going to an upstream the same Envoy serves: the peers'
     /// baseline ([`crate::peers`]).
     NoFilterUpstream,
@@ -64,7 +68,7 @@ const GLOBAL_LIMIT: &str =
     r#""limit": {"algorithm": "gcra", "rate": 1000000, "period": "1s", "burst": 999999}"#;
 
 impl Scenario {
-    pub const ALL: [Scenario; 18] = [
+    pub const ALL: [Scenario; 20] = [
         Scenario::NoFilter,
         Scenario::NoFilterUpstream,
         Scenario::Native,
@@ -84,6 +88,8 @@ impl Scenario {
         Scenario::BridgeCallFloorH2,
         Scenario::WeirGlobalSaturatedSlow10,
         Scenario::WeirGlobalSaturatedSlow30,
+        Scenario::WeirGlobalExactSingleRedis,
+        Scenario::WeirGlobalLeasesSingleRedis,
     ];
 
     /// In the default run when the peer is built (`just bench-peers`;
@@ -117,6 +123,8 @@ impl Scenario {
             Scenario::BridgeCallFloorH2 => "bridge-call-floor-h2",
             Scenario::WeirGlobalSaturatedSlow10 => "weir-global-saturated-slow10",
             Scenario::WeirGlobalSaturatedSlow30 => "weir-global-saturated-slow30",
+            Scenario::WeirGlobalExactSingleRedis => "weir-global-exact-single-redis",
+            Scenario::WeirGlobalLeasesSingleRedis => "weir-global-leases-single-redis",
             Scenario::NoFilterUpstream => "no-filter-upstream",
             Scenario::RlsAsync => "rls-limitador-async",
             Scenario::RlsAsyncLimited => "rls-limitador-async-limited",
@@ -187,6 +195,12 @@ impl Scenario {
             Scenario::WeirGlobalSaturatedSlow30 => {
                 "the same with 30 ms added to every bridge round trip (15 ms each way), longer than the rule's 20 ms lease hold"
             }
+            Scenario::WeirGlobalExactSingleRedis => {
+                "weir-global-exact with its bridge cluster pointing at a second weir-bridge (`--redis-mode standalone`) over the one redis-server the peers use, instead of the 6-node Redis Cluster"
+            }
+            Scenario::WeirGlobalLeasesSingleRedis => {
+                "weir-global-leases over the same single redis-server"
+            }
             Scenario::NoFilterUpstream => {
                 "no HTTP filter but the router; the route goes to an upstream the same Envoy serves on a second listener (a `direct_response` 200): the hop the peers need, their baseline"
             }
@@ -212,7 +226,7 @@ impl Scenario {
     }
 
     pub fn traffic(self) -> Traffic {
-        if let Some((same, _)) = self.slowed() {
+        if let Some(same) = self.twin() {
             return same.traffic();
         }
         match self {
@@ -256,7 +270,22 @@ impl Scenario {
                 | Scenario::WeirGlobalExactH2
                 | Scenario::WeirGlobalLeases
                 | Scenario::WeirGlobalSaturated
-        ) || self.slowed().is_some()
+        ) || self.twin().is_some()
+    }
+
+    /// A scenario that is another one on a standalone Redis: that scenario. Its config
+    /// and traffic are the other's; its Envoy calls the bridge over the single Redis.
+    pub fn single_redis(self) -> Option<Scenario> {
+        match self {
+            Scenario::WeirGlobalExactSingleRedis => Some(Scenario::WeirGlobalExact),
+            Scenario::WeirGlobalLeasesSingleRedis => Some(Scenario::WeirGlobalLeases),
+            _ => None,
+        }
+    }
+
+    /// The scenario this one repeats with a slower bridge or another Redis, if any.
+    pub fn twin(self) -> Option<Scenario> {
+        self.slowed().map(|(same, _)| same).or(self.single_redis())
     }
 
     /// A scenario that is another one with a slower bridge: that scenario, and the time a
@@ -291,7 +320,7 @@ impl Scenario {
     /// weir's plugin configuration, for the weir scenarios, at `"stats": "all"`: the
     /// benchmark reads the VM's boundary counters (`vm.*`), which only that level defines.
     pub fn plugin_config(self) -> Option<String> {
-        if let Some((same, _)) = self.slowed() {
+        if let Some(same) = self.twin() {
             return same.plugin_config();
         }
         let json = match self {
@@ -461,6 +490,29 @@ mod tests {
 
     /// A slowed scenario is its twin with a slower bridge and nothing else: same plugin
     /// config, same traffic, global, in the default run, and its twin is not slowed.
+    /// A single-Redis scenario is its twin on another Redis and nothing else: same plugin
+    /// config and traffic, global, in the default run, calling a bridge.
+    #[test]
+    fn a_single_redis_scenario_is_its_twin_on_another_redis() {
+        let single: Vec<Scenario> = Scenario::ALL
+            .into_iter()
+            .filter(|s| s.single_redis().is_some())
+            .collect();
+        assert_eq!(single.len(), 2);
+        for s in single {
+            let twin = s.single_redis().unwrap();
+            assert_eq!(s.twin(), Some(twin));
+            assert!(
+                twin.twin().is_none() && s.is_global() && s.calls_bridge(),
+                "{s:?}"
+            );
+            assert_eq!(s.plugin_config(), twin.plugin_config(), "{s:?}");
+            assert_eq!(s.traffic(), twin.traffic(), "{s:?}");
+            assert!(s.id().starts_with(twin.id()) && s.id().ends_with("-single-redis"));
+            assert_eq!(Scenario::from_id(s.id()), Some(s));
+        }
+    }
+
     #[test]
     fn a_slowed_scenario_is_its_twin_behind_a_delay() {
         let slowed: Vec<Scenario> = Scenario::ALL

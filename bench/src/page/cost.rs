@@ -159,8 +159,11 @@ fn system_section(r: &Results) -> String {
             " **Where weir loses**: its exact mode, a bridge call per request over HTTP/1.1 \
              to weir-bridge and a Redis Cluster with replicas, costs {w:.1} µs of CPU per \
              request of its own, more than Envoy's rate limit filter calling limitador \
-             with its exact storage on one Redis ({p:.1} µs); leases are what make weir's \
-             global limits cheap."
+             with its exact storage on one Redis ({p:.1} µs){}; leases are what make \
+             weir's global limits cheap.",
+            own(Scenario::WeirGlobalExactSingleRedis)
+                .map(|x| format!(" (over that same one Redis, weir's exact mode costs {x:.1} µs)"))
+                .unwrap_or_default()
         ),
         _ => String::new(),
     };
@@ -179,7 +182,8 @@ fn system_section(r: &Results) -> String {
          one's utime + stime (`/proc/PID/stat`) over the same interval divided by the \
          requests Envoy counted: Envoy, weir-bridge, the peers' rate limit services, and \
          Redis (the Redis Cluster's 6 nodes, replication included, and the peers' \
-         standalone server) summed. These services serve one scenario at a time, so what \
+         standalone server) summed; the `*-single-redis` rows call a second weir-bridge \
+         over that standalone server, and both bridges are in the weir-bridge column. These services serve one scenario at a time, so what \
          they use in a scenario's interval is that scenario's, plus their idle work, which \
          no-filter's row shows (it makes no call); **own cost** takes the whole system of \
          the scenario's baseline away (no filter, the same route).{peers_note} *all* is \
