@@ -38,6 +38,7 @@ mod report;
 mod scenario;
 mod simulate;
 mod sys;
+mod targets;
 mod wrk;
 
 use std::path::{Path, PathBuf};
@@ -348,8 +349,8 @@ fn main() {
 
     let summaries = report::summarize(&samples);
     let bridge_call = report::call_split(&samples);
-    let mut targets = report::targets(&summaries, &accuracy_runs);
-    targets.extend(report::peer_accuracy_targets(&accuracy_runs, &peer_runs));
+    let mut targets = targets::targets(&summaries, &accuracy_runs);
+    targets.extend(targets::peer_accuracy_targets(&accuracy_runs, &peer_runs));
     let results = Results {
         generated_utc: report::utc_now(),
         command,

@@ -15,8 +15,9 @@ mod bridge_call;
 mod accuracy;
 
 use crate::accuracy::PacedRun;
-use crate::report::{num, Results, Target};
+use crate::report::{num, Results};
 use crate::scenario::Scenario;
+use crate::targets::Target;
 use accuracy::accuracy_section;
 use bridge_call::bridge_call_section;
 pub use bridge_call::call_trace_section;
