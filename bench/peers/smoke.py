@@ -56,26 +56,34 @@ HCM = "type.googleapis.com/envoy.extensions.filters.network.http_connection_mana
 ROUTER = '{ name: envoy.filters.http.router, typed_config: { "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router } }'
 
 
-def envoy_config(port, backend, rls, admin):
-    return f"""
-static_resources:
-  listeners:
-  - name: main
+def endpoint(port):
+    return f"{{ endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {port} }} }} }} }}"
+
+
+def listener(name, port, route, filters):
+    """A listener list item (under `listeners:`) with one HTTP connection manager whose
+    only route is `route`, and `filters` (YAML list items at the filters' indent) before
+    the router."""
+    return f"""  - name: {name}
     address: {{ socket_address: {{ address: 127.0.0.1, port_value: {port} }} }}
     filter_chains:
     - filters:
       - name: envoy.filters.network.http_connection_manager
         typed_config:
           "@type": {HCM}
-          stat_prefix: ingress
+          stat_prefix: {name}
           route_config:
             virtual_hosts:
             - name: all
               domains: ["*"]
-              routes: [ {{ match: {{ prefix: "/" }}, route: {{ cluster: backend }} }} ]
-              rate_limits: [ {{ actions: [ {{ request_headers: {{ header_name: x-user, descriptor_key: x-user }} }} ] }} ]
+              routes: [ {route} ]
           http_filters:
-          - name: envoy.filters.http.ratelimit
+{filters}          - {ROUTER}
+"""
+
+
+def envoy_config(port, backend, rls, admin):
+    ratelimit = """          - name: envoy.filters.http.ratelimit
             typed_config:
               "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
               domain: bench
@@ -83,28 +91,20 @@ static_resources:
               timeout: 1s
               rate_limit_service:
                 transport_api_version: V3
-                grpc_service: {{ envoy_grpc: {{ cluster_name: rls }} }}
-          - {ROUTER}
-  - name: backend
-    address: {{ socket_address: {{ address: 127.0.0.1, port_value: {backend} }} }}
-    filter_chains:
-    - filters:
-      - name: envoy.filters.network.http_connection_manager
-        typed_config:
-          "@type": {HCM}
-          stat_prefix: backend
-          route_config:
-            virtual_hosts:
-            - name: all
-              domains: ["*"]
-              routes: [ {{ match: {{ prefix: "/" }}, direct_response: {{ status: 200 }} }} ]
-          http_filters: [ {ROUTER} ]
-  clusters:
+                grpc_service: { envoy_grpc: { cluster_name: rls } }
+"""
+    limited = ('{ match: { prefix: "/" }, route: { cluster: backend, rate_limits: [ { actions: '
+               '[ { request_headers: { header_name: x-user, descriptor_key: x-user } } ] } ] } }')
+    answer = '{ match: { prefix: "/" }, direct_response: { status: 200 } }'
+    return f"""
+static_resources:
+  listeners:
+{listener("ingress", port, limited, ratelimit)}{listener("backend", backend, answer, "")}  clusters:
   - name: backend
     type: STATIC
     load_assignment:
       cluster_name: backend
-      endpoints: [ {{ lb_endpoints: [ {{ endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {backend} }} }} }} }} ] }} ]
+      endpoints: [ {{ lb_endpoints: [ {endpoint(backend)} ] }} ]
   - name: rls
     type: STATIC
     typed_extension_protocol_options:
@@ -113,7 +113,7 @@ static_resources:
         explicit_http_config: {{ http2_protocol_options: {{}} }}
     load_assignment:
       cluster_name: rls
-      endpoints: [ {{ lb_endpoints: [ {{ endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {rls} }} }} }} }} ] }} ]
+      endpoints: [ {{ lb_endpoints: [ {endpoint(rls)} ] }} ]
 admin:
   address: {{ socket_address: {{ address: 127.0.0.1, port_value: {admin} }} }}
 """
@@ -180,28 +180,7 @@ FLEET_BUCKET = 10
 
 
 def fleet_envoy_config(port, admin, members):
-    endpoints = ", ".join(
-        f"{{ endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {member} }} }} }} }}"
-        for member in members)
-    return f"""
-cluster_manager: {{ local_cluster_name: fleet }}
-static_resources:
-  listeners:
-  - name: main
-    address: {{ socket_address: {{ address: 127.0.0.1, port_value: {port} }} }}
-    filter_chains:
-    - filters:
-      - name: envoy.filters.network.http_connection_manager
-        typed_config:
-          "@type": {HCM}
-          stat_prefix: ingress
-          route_config:
-            virtual_hosts:
-            - name: all
-              domains: ["*"]
-              routes: [ {{ match: {{ prefix: "/" }}, direct_response: {{ status: 200 }} }} ]
-          http_filters:
-          - name: envoy.filters.http.local_ratelimit
+    local_ratelimit = f"""          - name: envoy.filters.http.local_ratelimit
             typed_config:
               "@type": type.googleapis.com/envoy.extensions.filters.http.local_ratelimit.v3.LocalRateLimit
               stat_prefix: fleet
@@ -209,8 +188,14 @@ static_resources:
               filter_enabled: {{ default_value: {{ numerator: 100, denominator: HUNDRED }} }}
               filter_enforced: {{ default_value: {{ numerator: 100, denominator: HUNDRED }} }}
               local_cluster_rate_limit: {{}}
-          - {ROUTER}
-  clusters:
+"""
+    answer = '{ match: { prefix: "/" }, direct_response: { status: 200 } }'
+    endpoints = ", ".join(endpoint(member) for member in members)
+    return f"""
+cluster_manager: {{ local_cluster_name: fleet }}
+static_resources:
+  listeners:
+{listener("ingress", port, answer, local_ratelimit)}  clusters:
   - name: fleet
     type: STATIC
     load_assignment:
