@@ -32,10 +32,8 @@ pub struct Bootstrap {
     /// An access log (file path, format): one line per request, written by
     /// Envoy when the request ends.
     pub access_log: Option<(std::path::PathBuf, AccessLogFormat)>,
-    /// A top-level `stats_config:` block (raw YAML at column 0), e.g. the tags of
-    /// [`shipped_stats_config`].
-    pub stats_config: Option<String>,
-    /// More top-level blocks (raw YAML at column 0), e.g. `cluster_manager:`.
+    /// Top-level blocks before `static_resources` (raw YAML at column 0): `stats_config:`
+    /// (e.g. the tags of [`shipped_stats_config`]), `cluster_manager:`…
     pub top_level: Vec<String>,
     /// Clients whose requests Envoy counts as internal (`internal_address_config`), as
     /// `(prefix, length)`: Envoy keeps their `x-envoy-*` headers and strips them from
@@ -69,7 +67,6 @@ impl Bootstrap {
             listeners: Vec::new(),
             max_request_headers_kb: 96,
             access_log: None,
-            stats_config: None,
             top_level: Vec::new(),
             internal_cidrs: Vec::new(),
         }
@@ -133,9 +130,8 @@ impl Bootstrap {
     }
 
     /// Adds a top-level `stats_config:` block (raw YAML at column 0).
-    pub fn stats_config(mut self, yaml: impl Into<String>) -> Bootstrap {
-        self.stats_config = Some(yaml.into());
-        self
+    pub fn stats_config(self, yaml: impl Into<String>) -> Bootstrap {
+        self.top_level(yaml)
     }
 
     /// The bootstrap YAML.
@@ -193,7 +189,7 @@ impl Bootstrap {
 admin:
   address:
     socket_address: {{ address: 127.0.0.1, port_value: {admin} }}
-{stats_config}{top_level}static_resources:
+{top_level}static_resources:
   listeners:
   - name: ingress
     address:
@@ -220,7 +216,6 @@ admin:
 {listeners}{clusters}"#,
             admin = self.admin_port,
             http = self.http_port,
-            stats_config = self.stats_config.as_deref().unwrap_or(""),
             top_level = self.top_level.concat(),
             kb = self.max_request_headers_kb,
         )

@@ -154,8 +154,9 @@ impl Envoy {
 
     fn leased(bootstrap: &Bootstrap, concurrency: u32, sharing: Sharing) -> Envoy {
         assert!(
-            bootstrap.stats_config.is_none(),
-            "a stats_config is the bootstrap's, not a listener's: use Envoy::start"
+            bootstrap.top_level.is_empty() && bootstrap.listeners.is_empty(),
+            "top-level blocks (stats_config, cluster_manager) and more listeners are the \
+             bootstrap's, not a listener's: use Envoy::start"
         );
         let started = Instant::now();
         let rendered: serde_json::Value = serde_yaml::from_str(&bootstrap.render())
