@@ -424,8 +424,8 @@ fn a_hot_key_at_5x_and_20x_is_admitted_within_2_percent_of_its_bound() {
 /// (issue 35), admits no less than the same load all on one Envoy. The light Envoy
 /// (200/s, a fifth of the rate) used to reserve its demand over the whole horizon (20
 /// slots of 1 ms), though its slots fall due at the key's rate and expire `ttl` after:
-/// it spent about 8 of every 20, the heavy Envoy was denied the rest, and over eight
-/// seeds the split load admitted 13,563 against 15,153 all on one Envoy (the committed
+/// it could spend about 8 of every 20 (200/s over 40 ms), the heavy Envoy was denied
+/// the rest, and over eight seeds the split load admitted 13,563 against 15,153 all on one Envoy (the committed
 /// benchmark run: 15.6 % under the bound). Now 15,973.
 ///
 /// All on one Envoy, the simulation admits 9.8 % under the bound, where a real Envoy's
