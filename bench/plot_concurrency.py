@@ -33,7 +33,7 @@ def main(argv):
     r = doc["results"]
     knee, phase = r["knee"], r["phase_seconds"]
     fig, (ax_limit, ax_flight, ax_p99) = plt.subplots(
-        3, 1, figsize=(9, 9), dpi=120, sharex=True
+        3, 1, figsize=(12, 9), dpi=120, sharex=True
     )
     for run in r["runs"]:
         name = run["limiter"]
@@ -48,10 +48,13 @@ def main(argv):
         windows = [w for w in run["windows"] if w["ok_per_s"] > 0]
         ax_p99.plot([w["t"] for w in windows], [w["p99_ms"] for w in windows],
                     color=color, label=name, linewidth=1.2, marker=".", markersize=3)
-    clients = [phase_clients * knee for phase_clients in (1, 2, 4)]
+    rounds = r.get("rounds", 1)
+    clients = [phase_clients * knee for phase_clients in (1, 2, 4)] * rounds
     for ax in (ax_limit, ax_flight, ax_p99):
         for i in range(1, len(clients)):
-            ax.axvline(i * phase, color="black", linewidth=0.8, linestyle=":")
+            # A round's end dashed, a phase's dotted.
+            style = "--" if i % 3 == 0 else ":"
+            ax.axvline(i * phase, color="black", linewidth=0.8, linestyle=style)
         ax.grid(True, alpha=0.3)
     for ax in (ax_limit, ax_flight):
         ax.axhline(knee, color="#2ca02c", linestyle="--", linewidth=1.0,
@@ -64,8 +67,8 @@ def main(argv):
     ax_p99.set_ylim(bottom=0)
     ax_p99.set_xlabel("seconds; clients: " + " → ".join(str(c) for c in clients))
     ax_limit.set_title(
-        "Concurrency limits, service of {} × {} ms, clients doubling past the knee "
-        "(weir-bench, {} UTC)".format(knee, r["service_ms"], doc["generated_utc"]),
+        "Concurrency limits, service of {} × {} ms, clients doubling past the knee, {} rounds "
+        "(weir-bench, {} UTC)".format(knee, r["service_ms"], rounds, doc["generated_utc"]),
         fontsize=10,
     )
     for ax in (ax_limit, ax_flight, ax_p99):

@@ -9,7 +9,9 @@
 //! **The load**: closed-loop clients, each sending its next request when the last one is
 //! answered (a rejected one — 429 from weir, 503 from Envoy's filter — waits 10 ms
 //! first), in three phases of equal length: `KNEE` clients, then twice, then four
-//! times as many.
+//! times as many; the three phases run `rounds` times over (three in `just bench`) on the
+//! same Envoy, so a limiter's start (its slow start, its first minRTT probe) is one
+//! round of several, and the figures of each load are summed over the rounds.
 //!
 //! **The limiters**, each on a fresh Envoy (2 workers):
 //! - `no limiter` — the router alone: every request queues at the service;
@@ -36,8 +38,10 @@ use weir_e2e::{wasm_filter_yaml, weir_wasm, Bootstrap, Client, Envoy, KneeUpstre
 pub const KNEE: u64 = 8;
 /// How long the service takes for one request, ms.
 pub const SERVICE_MS: u64 = 20;
-/// Clients in each phase, as multiples of the knee.
+/// Clients in each phase of a round, as multiples of the knee.
 pub const PHASES: [u64; 3] = [1, 2, 4];
+/// Rounds of the three phases in a full run.
+pub const ROUNDS: usize = 3;
 const SAMPLE_EVERY: Duration = Duration::from_millis(250);
 /// A rejected client's pause before its next request.
 const BACKOFF: Duration = Duration::from_millis(10);
@@ -129,6 +133,9 @@ pub struct Window {
 
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct PhaseResult {
+    /// The round, from 1; 0 for a load's figures summed over every round.
+    #[serde(default)]
+    pub round: usize,
     pub clients: u64,
     pub seconds: f64,
     pub ok: u64,
@@ -140,7 +147,8 @@ pub struct PhaseResult {
     /// Rejected / (answered + rejected), %.
     pub rejected_pct: f64,
     /// Seconds after the phase began until the limit stayed in [knee, 2 × knee]; `None`
-    /// for no limiter or the fixed one, or a limit that never settled there.
+    /// for no limiter or the fixed one, a limit that never settled there, or the sum of
+    /// several rounds.
     pub converged_after_s: Option<f64>,
     /// Lowest and highest limit sampled in the phase's second half.
     pub limit_range_late: Option<(u64, u64)>,
@@ -149,7 +157,11 @@ pub struct PhaseResult {
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct LimiterRun {
     pub limiter: String,
+    /// Every phase of every round, in the order they ran.
     pub phases: Vec<PhaseResult>,
+    /// Each load (clients) over every round.
+    #[serde(default)]
+    pub totals: Vec<PhaseResult>,
     pub samples: Vec<Sample>,
     pub windows: Vec<Window>,
 }
@@ -160,7 +172,18 @@ pub struct ConcurrencyResults {
     pub service_ms: u64,
     pub capacity_per_s: f64,
     pub phase_seconds: f64,
+    #[serde(default = "one_round")]
+    pub rounds: usize,
     pub runs: Vec<LimiterRun>,
+}
+
+fn one_round() -> usize {
+    1
+}
+
+/// The clients of phase `i` of a run (phases of every round, in order).
+fn clients_of(i: usize) -> u64 {
+    PHASES[i % PHASES.len()] * KNEE
 }
 
 /// One answered request: when it ended (s since the load began), its phase, latency
@@ -172,19 +195,19 @@ struct Answer {
     status: u16,
 }
 
-/// Every limiter, `phase_secs` per phase.
-pub fn run_all(phase_secs: f64) -> ConcurrencyResults {
+/// Every limiter, `rounds` rounds of `phase_secs` per phase.
+pub fn run_all(phase_secs: f64, rounds: usize) -> ConcurrencyResults {
     let runs = Limiter::ALL
         .iter()
         .map(|&limiter| {
-            let run = run_one(limiter, phase_secs);
+            let run = run_one(limiter, phase_secs, rounds);
             crate::log(format!(
                 "concurrency: {}: {}",
                 run.limiter,
-                run.phases
+                run.totals
                     .iter()
                     .map(|p| format!(
-                        "{} clients {:.0} ok/s p99 {:.0} ms rejected {:.0} %",
+                        "{} clients {:.0} ok/s p99 {:.0} ms rejected {:.1} %",
                         p.clients, p.goodput_per_s, p.p99_ms, p.rejected_pct
                     ))
                     .collect::<Vec<_>>()
@@ -198,11 +221,12 @@ pub fn run_all(phase_secs: f64) -> ConcurrencyResults {
         service_ms: SERVICE_MS,
         capacity_per_s: (KNEE * 1_000) as f64 / SERVICE_MS as f64,
         phase_seconds: phase_secs,
+        rounds,
         runs,
     }
 }
 
-fn run_one(limiter: Limiter, phase_secs: f64) -> LimiterRun {
+fn run_one(limiter: Limiter, phase_secs: f64, rounds: usize) -> LimiterRun {
     let upstream = KneeUpstream::start(KNEE as usize, Duration::from_millis(SERVICE_MS));
     let mut bootstrap = Bootstrap::new();
     let mut limit_stat = None;
@@ -216,7 +240,8 @@ fn run_one(limiter: Limiter, phase_secs: f64) -> LimiterRun {
     let envoy = Envoy::start(&bootstrap, 2);
     let port = envoy.http_port;
     let started = Instant::now();
-    let total = Duration::from_secs_f64(phase_secs * PHASES.len() as f64);
+    let phase_count = PHASES.len() * rounds.max(1);
+    let total = Duration::from_secs_f64(phase_secs * phase_count as f64);
     let answers = Mutex::new(Vec::<Answer>::new());
     let samples = Mutex::new(Vec::<Sample>::new());
     thread::scope(|s| {
@@ -239,19 +264,20 @@ fn run_one(limiter: Limiter, phase_secs: f64) -> LimiterRun {
         let most = PHASES.iter().max().copied().unwrap_or(1) * KNEE;
         for client in 0..most {
             s.spawn(move || {
-                // A client takes part from the first phase with enough clients to
-                // include it, to the end.
-                let first = PHASES
-                    .iter()
-                    .position(|m| m * KNEE > client)
-                    .unwrap_or(PHASES.len());
-                let from = started + Duration::from_secs_f64(phase_secs * first as f64);
-                if let Some(wait) = from.checked_duration_since(Instant::now()) {
-                    thread::sleep(wait);
-                }
+                // A client takes part in the phases with enough clients to include it.
                 let mut mine = Vec::new();
                 let mut conn = None;
                 while started.elapsed() < total {
+                    let now_s = started.elapsed().as_secs_f64();
+                    let phase = (now_s / phase_secs) as usize;
+                    if client >= clients_of(phase) {
+                        let next =
+                            started + Duration::from_secs_f64(phase_secs * (phase + 1) as f64);
+                        if let Some(wait) = next.checked_duration_since(Instant::now()) {
+                            thread::sleep(wait);
+                        }
+                        continue;
+                    }
                     let c = match conn.take() {
                         Some(c) => c,
                         None => match Client::connect(port) {
@@ -274,7 +300,7 @@ fn run_one(limiter: Limiter, phase_secs: f64) -> LimiterRun {
                     let ended_s = started.elapsed().as_secs_f64();
                     mine.push(Answer {
                         ended_s,
-                        phase: ((ended_s / phase_secs) as usize).min(PHASES.len() - 1),
+                        phase: ((ended_s / phase_secs) as usize).min(phase_count - 1),
                         latency_us: sent.elapsed().as_micros() as u64,
                         status,
                     });
@@ -289,16 +315,19 @@ fn run_one(limiter: Limiter, phase_secs: f64) -> LimiterRun {
     envoy.assert_no_panic();
     let answers = answers.into_inner().expect("answers");
     let samples = samples.into_inner().expect("samples");
-    let phases = PHASES
-        .iter()
-        .enumerate()
-        .map(|(i, multiple)| {
-            phase_result(i, multiple * KNEE, phase_secs, &answers, &samples, limiter)
+    let phases = (0..phase_count)
+        .map(|i| phase_result(&[i], phase_secs, &answers, &samples, limiter))
+        .collect();
+    let totals = (0..PHASES.len())
+        .map(|first| {
+            let same_load: Vec<usize> = (first..phase_count).step_by(PHASES.len()).collect();
+            phase_result(&same_load, phase_secs, &answers, &samples, limiter)
         })
         .collect();
     LimiterRun {
         limiter: limiter.label().to_string(),
         phases,
+        totals,
         windows: windows(&answers, total.as_secs_f64()),
         samples,
     }
@@ -312,15 +341,19 @@ fn percentile_ms(sorted_us: &[u64], p: f64) -> f64 {
     sorted_us[at.min(sorted_us.len() - 1)] as f64 / 1e3
 }
 
+/// The figures of the phases `which` (one, or one load's in every round) together.
 fn phase_result(
-    i: usize,
-    clients: u64,
+    which: &[usize],
     phase_secs: f64,
     answers: &[Answer],
     samples: &[Sample],
     limiter: Limiter,
 ) -> PhaseResult {
-    let mine: Vec<&Answer> = answers.iter().filter(|a| a.phase == i).collect();
+    let i = which[0];
+    let mine: Vec<&Answer> = answers
+        .iter()
+        .filter(|a| which.contains(&a.phase))
+        .collect();
     let mut ok_us: Vec<u64> = mine
         .iter()
         .filter(|a| a.status == 200)
@@ -337,7 +370,7 @@ fn phase_result(
     let in_phase: Vec<&Sample> = samples.iter().filter(|s| s.t >= from && s.t < to).collect();
     let adaptive = matches!(limiter, Limiter::EnvoyAdaptive | Limiter::WeirAdaptive);
     let settled = |l: u64| (KNEE..=2 * KNEE).contains(&l);
-    let converged_after_s = if adaptive && !in_phase.is_empty() {
+    let converged_after_s = if adaptive && !in_phase.is_empty() && which.len() == 1 {
         // The first sample from which every later one of the phase is settled.
         let unsettled = in_phase.iter().rposition(|s| !s.limit.is_some_and(settled));
         match unsettled {
@@ -348,9 +381,12 @@ fn phase_result(
     } else {
         None
     };
-    let late: Vec<u64> = in_phase
+    let late: Vec<u64> = samples
         .iter()
-        .filter(|s| s.t >= from + phase_secs / 2.0)
+        .filter(|s| {
+            let phase = (s.t / phase_secs) as usize;
+            which.contains(&phase) && s.t >= phase_secs * (phase as f64 + 0.5)
+        })
         .filter_map(|s| s.limit)
         .collect();
     let limit_range_late = late
@@ -358,13 +394,19 @@ fn phase_result(
         .min()
         .zip(late.iter().max())
         .map(|(lo, hi)| (*lo, *hi));
+    let seconds = phase_secs * which.len() as f64;
     PhaseResult {
-        clients,
-        seconds: phase_secs,
+        round: if which.len() == 1 {
+            i / PHASES.len() + 1
+        } else {
+            0
+        },
+        clients: clients_of(i),
+        seconds,
         ok,
         rejected,
         errors,
-        goodput_per_s: ok as f64 / phase_secs,
+        goodput_per_s: ok as f64 / seconds,
         p50_ms: percentile_ms(&ok_us, 0.5),
         p99_ms: percentile_ms(&ok_us, 0.99),
         rejected_pct: 100.0 * rejected as f64 / (ok + rejected).max(1) as f64,
@@ -434,8 +476,9 @@ pub fn markdown(
          **The service**: {knee} requests served at once, {ms} ms each, the rest queued — at \
          most {cap:.0} requests/s, and past the knee a latency of {ms} ms × in-flight / {knee}. \
          **The load**: closed-loop clients (a rejected one waits 10 ms), {secs} s each with \
-         {c1}, {c2} and {c3} clients. Every limiter runs on a fresh Envoy with 2 workers, on the \
-         same machine as the service and the clients.\n\n\
+         {c1}, {c2} and {c3} clients, {rounds} over on the same Envoy: the start of a limiter (a \
+         slow start, a first minRTT probe) is in the first round only. Every limiter runs on a \
+         fresh Envoy with 2 workers, on the same machine as the service and the clients.\n\n\
          - *no limiter*: the router alone.\n\
          - *Envoy adaptive_concurrency*: Envoy's gradient controller, p90 sampled every \
          500 ms, buffer 25 %, minRTT over 50 requests at concurrency 3 every 10 s (jitter \
@@ -445,13 +488,14 @@ pub fn markdown(
          default); it rejects with 429.\n\
          - *weir fixed at the knee*: `max_in_flight` {knee}, the best static limit — known \
          here because the benchmark built the service.\n\n\
-         Goodput counts answered (200) requests; latency is the client's, of answered \
-         requests; rejected is the share of all decisions. Convergence: seconds after the \
-         phase began until the limit entered [{knee}, {knee2}] for the rest of the phase \
+         Each row is one load over every round. Goodput counts answered (200) requests; \
+         latency is the client's, of answered requests; rejected is the share of all \
+         decisions, over every round and in each. Convergence, in each round: seconds after \
+         the phase began until the limit entered [{knee}, {knee2}] for the rest of the phase \
          (— when it never did); the limit range is the lowest and highest sampled in the \
-         phase's second half.\n\n\
-         | limiter | clients | goodput /s | P50 ms | P99 ms | rejected | converged after | limit (2nd half) |\n\
-         |---|---|---|---|---|---|---|---|\n",
+         phases' second halves.\n\n\
+         | limiter | clients | goodput /s | P50 ms | P99 ms | rejected | rejected, each round | converged after, each round | limit (2nd half) |\n\
+         |---|---|---|---|---|---|---|---|---|\n",
         knee = r.knee,
         knee2 = 2 * r.knee,
         ms = r.service_ms,
@@ -460,13 +504,28 @@ pub fn markdown(
         c1 = PHASES[0] * r.knee,
         c2 = PHASES[1] * r.knee,
         c3 = PHASES[2] * r.knee,
+        rounds = match r.rounds {
+            1 => "once".to_string(),
+            2 => "twice".to_string(),
+            n => format!("{n} times"),
+        },
     );
     for run in &r.runs {
-        for p in &run.phases {
-            let converged = match (&p.converged_after_s, run.limiter.contains("adaptive")) {
-                (Some(s), _) => format!("{} s", num(*s, 1)),
-                (None, true) => "—".to_string(),
-                (None, false) => "".to_string(),
+        let adaptive = run.limiter.contains("adaptive");
+        for p in &run.totals {
+            let rounds: Vec<&PhaseResult> = run
+                .phases
+                .iter()
+                .filter(|r| r.clients == p.clients)
+                .collect();
+            let each = |f: &dyn Fn(&PhaseResult) -> String| {
+                rounds.iter().map(|r| f(r)).collect::<Vec<_>>().join(" / ")
+            };
+            let rejected_each = each(&|r| num(r.rejected_pct, 1));
+            let converged = if adaptive {
+                each(&|r| r.converged_after_s.map_or("—".to_string(), |s| num(s, 1))) + " s"
+            } else {
+                String::new()
             };
             let range = match p.limit_range_late {
                 Some((lo, hi)) if lo == hi => lo.to_string(),
@@ -474,13 +533,14 @@ pub fn markdown(
                 None => "".to_string(),
             };
             o.push_str(&format!(
-                "| {} | {} | {} | {} | {} | {} % | {} | {} |\n",
+                "| {} | {} | {} | {} | {} | {} % | {} % | {} | {} |\n",
                 run.limiter,
                 p.clients,
                 num(p.goodput_per_s, 0),
                 num(p.p50_ms, 1),
                 num(p.p99_ms, 1),
                 num(p.rejected_pct, 1),
+                rejected_each,
                 converged,
                 range
             ));

@@ -76,7 +76,7 @@ const USAGE: &str = "usage: weir-bench [--rounds N] [--duration SECS] [--warmup 
        weir-bench --render OUT/bench/results.json [--no-plot]
        weir-bench simulate [--smoke] [--out DIR]
        weir-bench features [--smoke] [--secs N] [--out DIR]
-       weir-bench concurrency [--smoke] [--secs N] [--out DIR] [--no-plot]
+       weir-bench concurrency [--smoke] [--secs N] [--rounds N] [--out DIR] [--no-plot]
        weir-bench counted [--trace ID]";
 
 impl Opts {
@@ -544,15 +544,28 @@ fn features_main(args: &[String]) {
     run.finish("benchmarks-features.md", &page, &problems);
 }
 
-/// `weir-bench concurrency [--smoke] [--secs N] [--out DIR] [--no-plot]`: concurrency
-/// limits next to Envoy's adaptive_concurrency ([`concurrency`]), N seconds per load
-/// phase; writes `OUT/bench/concurrency.json`, `OUT/benchmarks-concurrency.md` and its
-/// picture `OUT/benchmarks-concurrency.png` (`bench/plot_concurrency.py`; none for
-/// `--smoke`, which runs 1.5 s phases and fails on any problem).
+/// `weir-bench concurrency [--smoke] [--secs N] [--rounds N] [--out DIR] [--no-plot]`:
+/// concurrency limits next to Envoy's adaptive_concurrency ([`concurrency`]), N seconds
+/// per load phase, the phases [`concurrency::ROUNDS`] times over; writes
+/// `OUT/bench/concurrency.json`, `OUT/benchmarks-concurrency.md` and its picture
+/// `OUT/benchmarks-concurrency.png` (`bench/plot_concurrency.py`; none for `--smoke`,
+/// which runs two rounds of 1 s phases and fails on any problem).
 fn concurrency_main(args: &[String]) {
-    let run = SubRun::parse("concurrency", args, 10.0, 1.5);
-    log(format!("concurrency runs, {} s per phase", run.secs));
-    let results = concurrency::run_all(run.secs);
+    let run = SubRun::parse("concurrency", args, 10.0, 1.0);
+    let rounds = args
+        .iter()
+        .position(|a| a == "--rounds")
+        .and_then(|i| args.get(i + 1))
+        .map(|v| {
+            v.parse()
+                .unwrap_or_else(|_| fail("--rounds takes a number"))
+        })
+        .unwrap_or(if run.smoke { 2 } else { concurrency::ROUNDS });
+    log(format!(
+        "concurrency runs, {} s per phase, {rounds} rounds",
+        run.secs
+    ));
+    let results = concurrency::run_all(run.secs, rounds);
     let generated = report::utc_now();
     let json = run.write_json(&generated, &results);
     const PNG: &str = "benchmarks-concurrency.png";

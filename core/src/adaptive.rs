@@ -18,7 +18,13 @@
 //! limit     = clamp(limit × (1 − smoothing) + target × smoothing, min, max_in_flight)
 //! ```
 //!
-//! While latency stays within `tolerance` × baseline the limit grows by about √limit
+//! From its start (and after falling to its floor) the limit doubles while latency
+//! stays within tolerance (**slow start**), and it does not wait for the interval to
+//! end: slow start steps once [`SLOW_START_SAMPLES`] latencies taken with the limit in
+//! use are merged, and a worker whose requests reach the limit meanwhile merges every
+//! [`LEARNING_TICK_MS`], since what the limit turns away while it learns is the price of
+//! learning slowly. After slow start,
+//! while latency stays within `tolerance` × baseline the limit grows by about √limit
 //! per interval; beyond it, it shrinks in proportion to the excess, with no headroom
 //! (Envoy and Gradient2 add it always, which holds the limit above the knee by √limit
 //! and keeps a slowed-down service from ever reaching the floor). Against a service
@@ -70,6 +76,14 @@ const STEPS_PER_DOUBLING: f64 = 8.0;
 
 /// Fewest latencies an interval needs before the controller acts on it.
 pub const MIN_SAMPLES: u64 = 10;
+/// Fewest latencies a slow-start step needs before its interval ends.
+pub const SLOW_START_SAMPLES: u64 = 4;
+/// How often a worker ticks, ms, while a controller it merged into is learning (in
+/// slow start, its limit reached by the worker's requests since its last merge): each step of slow
+/// start waits for the next merge, and what the limit turns away meanwhile is the
+/// price. It ticks at its usual pace again once the limit is past the demand or slow
+/// start is over.
+pub const LEARNING_TICK_MS: u32 = 10;
 
 /// A response as the filter sees it when its headers arrive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -149,7 +163,12 @@ impl Adaptive {
             interval_started_us: now_us,
             ..state
         };
-        if sketch.count() < MIN_SAMPLES {
+        let needed = if state.slow_start {
+            SLOW_START_SAMPLES
+        } else {
+            MIN_SAMPLES
+        };
+        if sketch.count() < needed {
             return next;
         }
         let sample = sketch.quantile_us(self.quantile_ppm).max(1);
@@ -367,6 +386,17 @@ impl SharedRecord {
         })
     }
 
+    /// Whether slow start may step before the interval ends: it has seen enough
+    /// latencies, and the limit was in use (the requests asked for all of it). Slow
+    /// start is the controller learning a service it has no measure of yet, from its
+    /// floor; its rejections are the price of each step, so it steps on evidence, not on
+    /// the clock: about once per tick, not once per interval.
+    pub fn slow_start_step_due(&self) -> bool {
+        self.controller.slow_start
+            && self.sketch.count() >= SLOW_START_SAMPLES
+            && self.peak_in_flight.saturating_add(1) >= self.controller.limit()
+    }
+
     /// A new controller for the key whose fingerprint is `owner`.
     pub fn claimed(owner: u64, adaptive: &Adaptive, now_us: u64) -> SharedRecord {
         SharedRecord {
@@ -405,7 +435,7 @@ impl SharedRecord {
             .controller
             .interval_started_us
             .saturating_add(adaptive.interval_us);
-        if now_us >= ends_at {
+        if now_us >= ends_at || record.slow_start_step_due() {
             record.controller = adaptive.step(
                 record.controller,
                 &record.sketch,
@@ -492,6 +522,12 @@ impl WorkerLatency {
             sketch: LatencySketch::default(),
             peak_in_flight: 0,
         }
+    }
+
+    /// Whether the requests in flight reached the limit since the last merge (a
+    /// request it turned away saw it full).
+    pub fn reached(&self) -> bool {
+        self.peak_in_flight >= self.limit.max(1)
     }
 
     /// Merged: start the next batch.

@@ -7,6 +7,7 @@
 //! outside. The configs ask for `"stats": "detailed"`: the tests read why requests went
 //! as they did (delays, commits, resent calls).
 
+use weir_core::adaptive::LEARNING_TICK_MS;
 use weir_core::engine::{BRIDGE_BACKOFF_US, BRIDGE_FAILING_FOR_US, BRIDGE_FAILURES_TO_SKIP};
 use weir_core::filter::host::LogLevel;
 use weir_core::filter::{Action, BodyAction, DELAY_HEADER};
@@ -21,6 +22,7 @@ use wasm_bindgen_test::wasm_bindgen_test as test;
 mod bridge_answers;
 mod bridge_failures;
 mod held;
+mod learning;
 
 const T0: u64 = 1_750_000_000_000_000;
 const MS: u64 = 1_000;

@@ -26,6 +26,10 @@ pub struct Adapted {
     pub limit: u64,
     /// With `per_key`: the fingerprint of the key whose controller this is.
     pub key: Option<u64>,
+    /// The controller is in slow start and this worker's requests in flight reached its
+    /// limit since its last merge: the worker should tick every
+    /// [`LEARNING_TICK_MS`](crate::adaptive::LEARNING_TICK_MS).
+    pub learning: bool,
 }
 
 /// What a worker's tick did to its places of concurrency rules, for metrics.
@@ -273,12 +277,14 @@ impl ConcurrencyRuntime {
                 );
                 match merged {
                     Merge::Done(controller, now_limit) => {
+                        let reached = entry.latency.reached();
                         entry.latency.merged(now_limit);
                         adapted.push(Adapted {
                             rule,
                             controller,
                             limit: now_limit,
                             key: Some(owner),
+                            learning: controller.slow_start && reached,
                         });
                     }
                     // Taken by another key while this one was idle: look again.
@@ -303,12 +309,14 @@ impl ConcurrencyRuntime {
             now_us,
         );
         if let Merge::Done(controller, now_limit) = merged {
+            let reached = latency.reached();
             latency.merged(now_limit);
             adapted.push(Adapted {
                 rule,
                 controller,
                 limit: now_limit,
                 key: None,
+                learning: controller.slow_start && reached,
             });
         }
     }

@@ -13,7 +13,7 @@
 
 use super::host::{self, Host, LogLevel};
 use super::metrics::{Metrics, RuleStats, FLUSH_INTERVAL};
-use crate::adaptive::Response;
+use crate::adaptive::{Response, LEARNING_TICK_MS};
 use crate::bounds::MAX_CONFIG_BYTES;
 use crate::buffers::{BufferBudget, Buffered};
 use crate::config;
@@ -63,12 +63,15 @@ pub struct Plugin {
     /// Bytes this VM keeps for its requests in flight, against `max_buffered_bytes`.
     buffers: RefCell<BufferBudget>,
     /// The tick period set last (ms): every [`crate::delay::RELEASE_TICK_MS`] while
-    /// requests are held, [`COMMIT_TICK_MS`] while commits or places wait, else every
-    /// metrics flush.
+    /// requests are held, [`COMMIT_TICK_MS`] while commits or places wait,
+    /// [`LEARNING_TICK_MS`] while an adaptive controller learns, else every metrics flush.
     tick_ms: Cell<u32>,
     /// Places of concurrency rules wait to be given back or re-counted (see
     /// [`Plugin::tend_places`]).
     places_due: Cell<bool>,
+    /// An adaptive controller this worker merged into on its last tick is learning
+    /// (see [`crate::adaptive::LEARNING_TICK_MS`]).
+    learning: Cell<bool>,
     /// When this worker last swept expired units (see [`Plugin::on_tick`]).
     last_sweep: Cell<Micros>,
 }
@@ -146,6 +149,7 @@ impl Plugin {
             commits: RefCell::new(CommitQueue::default()),
             tick_ms: Cell::new(SLOW_TICK_MS),
             places_due: Cell::new(false),
+            learning: Cell::new(false),
             last_sweep: Cell::new(Micros::ZERO),
             engine,
             seed: Cell::new(seed),
@@ -337,6 +341,7 @@ impl Plugin {
         for a in &adapted {
             self.metrics.adapted(host, a);
         }
+        self.learning.set(adapted.iter().any(|a| a.learning));
     }
 
     /// Concurrency rules, from the root context's tick: places whose give-back failed
@@ -359,7 +364,9 @@ impl Plugin {
 
     /// The tick this plugin needs: every [`RELEASE_TICK_MS`] while requests are held,
     /// every [`COMMIT_TICK_MS`] while commits wait for the bridge or places of
-    /// concurrency rules wait to be given back, else every metrics flush. Called after a
+    /// concurrency rules wait to be given back, every [`LEARNING_TICK_MS`] while an
+    /// adaptive controller learns (slow start, this worker's limit in use), else every
+    /// metrics flush. Called after a
     /// request is held, a commit queued or a give-back refused, and on every tick.
     pub fn adjust_tick<H: Host>(&self, host: &H) {
         let period = if self
@@ -373,6 +380,8 @@ impl Plugin {
             || self.worker.try_borrow().is_ok_and(|w| w.places.has_ended())
         {
             COMMIT_TICK_MS
+        } else if self.learning.get() {
+            LEARNING_TICK_MS
         } else {
             SLOW_TICK_MS
         };
