@@ -110,9 +110,9 @@ build-tests:
 build-timed-tests:
     {{clippy_build}} python3 scripts/test-binaries.py build {{tests_list}} -- {{timed_test_packages}}
 
-# The search, deep: 100,000 random configurations of each kind (local, global, hostile), judged by the conformance checker (CI runs 1,500, 500, 100 and 60 of them in test-core). SEED picks where to start; a failure prints its seed.
+# The search, deep: 100,000 random configurations of each kind (local, global, hostile, concurrency walks), judged by the conformance checker and the walks' own bound (CI runs 1,500, 500, 100, 60 and 300 of them in test-core). SEED picks where to start; a failure prints its seed.
 fuzz SEED="1" CASES="100000":
-    WEIR_SEARCH_SEED={{SEED}} WEIR_SEARCH_CASES={{CASES}} cargo test --release -p weir-core --test suite -- --nocapture search:: search_global:: search_hostile:: hostile_bodies::
+    WEIR_SEARCH_SEED={{SEED}} WEIR_SEARCH_CASES={{CASES}} WEIR_CONCURRENCY_SEED={{SEED}} WEIR_CONCURRENCY_WALKS={{CASES}} cargo test --release -p weir-core --test suite -- --nocapture search:: search_global:: search_hostile:: hostile_bodies:: concurrency::random_walks
 
 # The same core tests compiled to wasm32 and run with wasm-bindgen-test under Node.js.
 test-wasm:

@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 
 use support::places::{admit, end};
 use support::{engine, evaluate, evaluate_on, user, Rng, T0};
+use weir_core::adaptive::{Response, LEARNING_TICK_MS};
 use weir_core::concurrency::{place_epoch, PLACE_EPOCH_US};
 use weir_core::engine::{Engine, PendingCommit};
 use weir_core::store::memory::MemoryStore;
@@ -295,13 +296,35 @@ struct Walk {
 }
 
 /// The config of a random walk: `max` in flight per key, costs from a header, a fixed
-/// limit (`kind` 0), one adaptive controller (1) or one per key (2).
-fn walk_config(kind: u64, max: u64) -> String {
-    let adaptive = match kind {
-        0 => "",
-        1 => r#","adaptive":{"interval":"100ms"}"#,
-        _ => r#","adaptive":{"interval":"20ms","per_key":true,"keys":2}"#,
+/// limit (`kind` 0), one adaptive controller (1) or one per key (2), the controller's
+/// parameters drawn over the whole range the config accepts (intervals up to 2 s: a walk
+/// lasts seconds); its `min`, when adaptive.
+fn walk_config(rng: &mut Rng, kind: u64, max: u64) -> (String, Option<u64>) {
+    if kind == 0 {
+        return (limit_config(max, ""), None);
+    }
+    let min = 1 + rng.below(max);
+    let initial = min + rng.below(max - min + 1);
+    // Log-uniform from 10 ms to 2 s.
+    let interval_ms = (10.0 * 200f64.powf(rng.below(1_001) as f64 / 1_000.0)).round();
+    let latency = match rng.below(4) {
+        0 => "p99.9".to_string(),
+        _ => format!("p{}", 1 + rng.below(99)),
     };
+    let smoothing = (1 + rng.below(1_000)) as f64 / 1_000.0;
+    let tolerance = 1.0 + rng.below(9_001) as f64 / 1_000.0;
+    let per_key = match kind {
+        1 => String::new(),
+        _ => format!(r#","per_key":true,"keys":{}"#, 1 + rng.below(4)),
+    };
+    let adaptive = format!(
+        r#","adaptive":{{"latency":"{latency}","interval":"{interval_ms}ms","min":{min},
+        "initial":{initial},"smoothing":{smoothing},"tolerance":{tolerance}{per_key}}}"#
+    );
+    (limit_config(max, &adaptive), Some(min))
+}
+
+fn limit_config(max: u64, adaptive: &str) -> String {
     format!(
         r#"{{"rules":[{{"name":"walk","key":[{{"header":"x-user"}}],
         "cost":{{"header":"x-cost","default":1,"max":{max}}},
@@ -310,21 +333,34 @@ fn walk_config(kind: u64, max: u64) -> String {
 }
 
 /// Defects 5 and 6, searched: random configs (`max_in_flight` 1–8, costs 1–3, fixed or
-/// adaptive, one controller or one per key), 1–4 workers, 1–3 keys, requests of random
-/// lengths (a third aborted early), CAS mismatches and host errors injected at random
-/// into admissions and give-backs, workers that die with requests in flight, reloads
-/// that change `max_in_flight`, workers ticking every 10–500 ms. At every admission the
-/// units admitted with a place and still open (on live workers) stay within the
-/// current `max_in_flight` (an admission the store failed is let through without a
-/// place, as for every local rule, and is not counted); once every stream has ended,
-/// every key is free again within the documented bound: at once for places given back,
-/// by the next tick for give-backs shared data refused, and within 2 epochs
-/// (`2 × PLACE_EPOCH_US`) for the places of dead workers.
+/// adaptive, one controller or one per key, the controller's parameters over the whole
+/// range the config accepts), 1–4 workers, 1–3 keys, requests of random lengths (a
+/// third aborted early) or, half the walks, the lengths of a service that slows past a
+/// knee, answered by the upstream, with a 503 or by a local reply; CAS mismatches and
+/// host errors injected at random into admissions and give-backs, workers that die with
+/// requests in flight, reloads that change `max_in_flight` and the controller, workers
+/// ticking every 10–500 ms and every 10 ms while a controller they merged into learns
+/// (as the plugin does). At every admission the units admitted with a place and still
+/// open (on live workers) stay within the limit the request met (`RateLimit-Policy`'s
+/// quota), which is within [`min`, `max_in_flight`] (an admission the store failed is
+/// let through without a place, as for every local rule, and is not counted); once
+/// every stream has ended, every key is free again within the documented bound: at
+/// once for places given back, by the next tick for give-backs shared data refused,
+/// and within 2 epochs (`2 × PLACE_EPOCH_US`) for the places of dead workers.
+///
+/// `WEIR_CONCURRENCY_WALKS` walks (300 by default) from `WEIR_CONCURRENCY_SEED` (1).
 #[test]
 fn random_walks_never_exceed_the_limit_and_give_every_place_back() {
-    const WALKS: u64 = 300;
+    let env = |name: &str, default: u64| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
+    let walks = env("WEIR_CONCURRENCY_WALKS", 300);
+    let first = env("WEIR_CONCURRENCY_SEED", 1);
     let mut total = Walk::default();
-    for seed in 1..=WALKS {
+    for seed in first..first + walks {
         let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ seed.wrapping_mul(0x2545_f491));
         let walk = random_walk(&mut rng);
         let walk = walk.unwrap_or_else(|e| panic!("seed {seed}: {e}"));
@@ -334,7 +370,7 @@ fn random_walks_never_exceed_the_limit_and_give_every_place_back() {
         total.dead_workers += walk.dead_workers;
         total.reloads += walk.reloads;
     }
-    eprintln!("{WALKS} walks: {total:?}");
+    eprintln!("{walks} walks from seed {first}: {total:?}");
 }
 
 /// One time in `one_in`, the next 1 to 32 writes fail: CAS mismatches (as many races
@@ -355,7 +391,9 @@ fn random_walk(rng: &mut Rng) -> Result<Walk, String> {
     let mut walk = Walk::default();
     let store = MemoryStore::new();
     let mut max = 1 + rng.below(8);
-    let e = engine(&walk_config(rng.below(3), max));
+    let kind = rng.below(3);
+    let (config, mut min) = walk_config(rng, kind, max);
+    let e = engine(&config);
     e.prepare(&store).unwrap();
     let engines_made = 1 + rng.below(2);
     let workers_n = 1 + rng.below(4) as usize;
@@ -369,6 +407,9 @@ fn random_walk(rng: &mut Rng) -> Result<Walk, String> {
     // (ends, id) -> (worker, release, cost, key)
     let mut open: BTreeMap<(u64, u64), (usize, PendingCommit, u64, u64)> = BTreeMap::new();
     let tick_every = (10 + rng.below(490)) * MS;
+    // Half the walks: a service that serves `knee` units at once, each stream 5–25 ms,
+    // longer by the queue past the knee.
+    let knee = (rng.below(2) == 0).then(|| 1 + rng.below(8));
     let mut now = T0;
     let mut last_death = None;
     for i in 0..400u64 {
@@ -385,8 +426,22 @@ fn random_walk(rng: &mut Rng) -> Result<Walk, String> {
             let (w, pending, _, _) = open.remove(&(ends, id)).unwrap();
             maybe_fail_writes(rng, &store, 8);
             let (generation, worker, _, _) = &mut workers[w];
-            // Latencies as fast as they come: adaptive limits grow (slow start).
-            engines[*generation].observe_latency(worker, &pending, Span(10 * MS));
+            let response = match rng.below(10) {
+                0 => Response {
+                    status: 503,
+                    from_upstream: Some(true),
+                },
+                1 => Response {
+                    status: 429,
+                    from_upstream: Some(false),
+                },
+                _ => Response {
+                    status: 200,
+                    from_upstream: Some(true),
+                },
+            };
+            let latency = Span(ends.saturating_sub(pending.counted_at.us()));
+            engines[*generation].observe_response(worker, &pending, response, latency);
             if engines[*generation]
                 .end_in_flight(&store, worker, &pending, Micros(ends))
                 .is_err()
@@ -398,8 +453,13 @@ fn random_walk(rng: &mut Rng) -> Result<Walk, String> {
         for (generation, worker, next_tick, alive) in &mut workers {
             if *alive && now >= *next_tick {
                 engines[*generation].tend_places(&store, worker, Micros(now));
-                engines[*generation].adapt(&store, worker, Micros(now));
-                *next_tick = now + tick_every;
+                let adapted = engines[*generation].adapt(&store, worker, Micros(now));
+                *next_tick = now
+                    + if adapted.iter().any(|a| a.learning) {
+                        u64::from(LEARNING_TICK_MS) * MS
+                    } else {
+                        tick_every
+                    };
             }
         }
         match rng.below(100) {
@@ -419,7 +479,10 @@ fn random_walk(rng: &mut Rng) -> Result<Walk, String> {
             // A reload: a new max_in_flight, new workers; the old keep their requests.
             1 if (engines.len() as u64) <= engines_made => {
                 max = 1 + rng.below(8);
-                let next = engine(&walk_config(rng.below(3), max));
+                let kind = rng.below(3);
+                let (config, next_min) = walk_config(rng, kind, max);
+                min = next_min;
+                let next = engine(&config);
                 next.prepare(&store).unwrap();
                 engines.push(next);
                 let generation = engines.len() - 1;
@@ -450,17 +513,28 @@ fn random_walk(rng: &mut Rng) -> Result<Walk, String> {
         // What the request costs: its header, capped at the rule's `max`.
         let cost = pending.reserved;
         let open_of_key: u64 = open.values().filter(|o| o.3 == key).map(|o| o.2).sum();
-        if open_of_key + cost > max {
+        // The limit the request met: the adaptive one of the moment, or the fixed one.
+        let met = eval.verdicts[0].decision.limit;
+        let at = (now - T0) / MS;
+        if open_of_key + cost > met || met > max {
             return Err(format!(
-                "{} units open with max_in_flight {max} after admitting {cost} at {} ms: {walk:?}",
+                "{} units open after admitting {cost} at {at} ms, against a limit of {met} \
+                 (max_in_flight {max}): {walk:?}",
                 open_of_key + cost,
-                (now - T0) / MS
             ));
         }
-        let length = if rng.below(3) == 0 {
-            rng.below(5 * MS)
-        } else {
-            rng.below(2 * PLACE_EPOCH_US)
+        if min.is_some_and(|min| met < min) {
+            return Err(format!(
+                "a limit of {met} met at {at} ms, below adaptive.min {min:?}: {walk:?}"
+            ));
+        }
+        let length = match knee {
+            Some(knee) => {
+                let open_all: u64 = open.values().map(|o| o.2).sum::<u64>() + cost;
+                (5 + rng.below(21)) * MS * open_all.max(knee) / knee
+            }
+            None if rng.below(3) == 0 => rng.below(5 * MS),
+            None => rng.below(2 * PLACE_EPOCH_US),
         };
         open.insert((now + length, i), (w, pending, cost, key));
     }
@@ -490,7 +564,7 @@ fn random_walk(rng: &mut Rng) -> Result<Walk, String> {
         }
     }
     // A probe with a fixed limit of the same rule (the same table) counts what fits.
-    let fixed = engine(&walk_config(0, max));
+    let fixed = engine(&limit_config(max, ""));
     let mut probe = fixed.worker();
     for key in 0..keys {
         let fits = (0..=max)
