@@ -100,8 +100,15 @@ impl<'a> SlotPair<'a> {
             self.state = Some(next);
         }
         let stored = self.redis.slot_state(self.limit.kind(), &inv.keys[0]).await;
+        // Redis's GCRA state is the TAT alone, counted in the T of the call that wrote
+        // it; the core's slot keeps that T beside it (word b), to rescale the TAT when a
+        // local rule's rate changes. The script does not rescale yet (issue 36).
+        let kept = self.state.map(|s| match self.limit.kind() {
+            AlgorithmKind::Gcra => SlotState { b: 0, ..s },
+            _ => s,
+        });
         assert_eq!(
-            stored, self.state,
+            stored, kept,
             "{ctx}: Redis holds (left), the core stores (right)"
         );
         (decision, granted)

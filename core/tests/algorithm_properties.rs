@@ -220,7 +220,7 @@ mod properties {
             prev in any::<u32>(),
             curr in any::<u32>(),
         ) {
-            let g = gcra::State { tat_ns: a };
+            let g = gcra::State { tat_ns: a, emission_interval_ns: b };
             prop_assert_eq!(gcra::State::from_slot(g.to_slot()), g);
             let t = token_bucket::State { tokens: a, last_refill_us: b };
             prop_assert_eq!(token_bucket::State::from_slot(t.to_slot()), t);
@@ -283,7 +283,7 @@ mod properties {
                 }
                 let _ = limit.decide(Some(SlotState { a, b }), now, cost);
                 if let Limit::Gcra(g) = &limit {
-                    let _ = g.throttle(Some(gcra::State { tat_ns: a }), now, cost);
+                    let _ = g.throttle(Some(gcra::State::from_slot(SlotState { a, b })), now, cost);
                 }
             }
         }

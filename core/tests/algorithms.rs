@@ -319,21 +319,29 @@ fn gcra_emission_interval_and_policy() {
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
 fn gcra_idle_at_rounds_the_tat_up_to_the_microsecond() {
     let g = Gcra::new(2, 3, S_US).unwrap();
-    let s = |tat_ns| gcra::State { tat_ns };
+    let s = |tat_ns| gcra::State {
+        tat_ns,
+        emission_interval_ns: 0,
+    };
     assert_eq!(g.idle_at_us(&s(T0 * 1_000 + 333_333_333)), T0 + 333_334);
     assert_eq!(g.idle_at_us(&s(T0 * 1_000)), T0);
     assert_eq!(g.idle_at_us(&s(u64::MAX)), u64::MAX / 1_000 + 1);
-    // The TAT is stored in ns: three requests at 3 per second land on T0 + 999_999_999 ns.
+    // The TAT is stored in ns: three requests at 3 per second land on T0 + 999_999_999 ns,
+    // with the emission interval they were counted in beside it.
     let mut state = None;
     for _ in 0..3 {
         state = g.decide(state, T0, 1).1.or(state);
     }
-    assert_eq!(state, Some(s(T0 * 1_000 + 999_999_999)));
+    let counted = gcra::State {
+        tat_ns: T0 * 1_000 + 999_999_999,
+        emission_interval_ns: 333_333_333,
+    };
+    assert_eq!(state, Some(counted));
     assert_eq!(
         state.map(|st| st.to_slot()),
         Some(SlotState {
             a: T0 * 1_000 + 999_999_999,
-            b: 0
+            b: 333_333_333
         })
     );
 }

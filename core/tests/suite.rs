@@ -34,6 +34,7 @@ mod hostile;
 mod hostile_bodies;
 mod layers;
 mod lifecycle;
+mod limit_changes;
 mod outstanding;
 mod reservoirs;
 mod search;

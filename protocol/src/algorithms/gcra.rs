@@ -101,19 +101,26 @@ pub struct Gcra {
 pub struct State {
     /// Theoretical arrival time, ns since the Unix epoch (slot word `a`).
     pub tat_ns: u64,
+    /// The emission interval the TAT was counted in, ns (slot word `b`); 0 when unknown
+    /// (a state written before it was kept), read as the current one. A limit whose `T`
+    /// changed reads the TAT in its own `T` ([`Gcra::tat_in_own_interval`]).
+    pub emission_interval_ns: u64,
 }
 
 impl State {
     /// Any slot decodes: a TAT in the past is an idle key, one in the future a key that
     /// waits until then.
     pub fn from_slot(s: SlotState) -> Self {
-        State { tat_ns: s.a }
+        State {
+            tat_ns: s.a,
+            emission_interval_ns: s.b,
+        }
     }
 
     pub fn to_slot(self) -> SlotState {
         SlotState {
             a: self.tat_ns,
-            b: 0,
+            b: self.emission_interval_ns,
         }
     }
 }
@@ -269,6 +276,38 @@ impl Gcra {
         }
     }
 
+    /// The state that stores `tat_ns`, counted in this limit's emission interval.
+    fn state_at(&self, tat_ns: i128) -> State {
+        State {
+            tat_ns: clamp_u64(tat_ns),
+            emission_interval_ns: self.emission_interval_ns,
+        }
+    }
+
+    /// The TAT of `state` read in this limit's emission interval at `now_ns`. A TAT
+    /// counted in another `T` (the rule's rate changed: a reload, or a limit that comes
+    /// with the request) keeps the units the key owes: `(TAT − now) / T_old` of them,
+    /// each now `T` long, rounded up to the ns. Read as it was, a TAT counted at a
+    /// higher rate would let a key that just took its whole burst take most of another
+    /// one at once (rate 100/s → 10/s, burst 10: 9 more units at the same instant), past
+    /// either limit's bound; kept in units, the key's admissions across the change stay
+    /// within the bound of the larger limit. The new `T` applies from the key's first
+    /// admission after the change, which writes it; until then a denial reads the old
+    /// TAT again. A TAT behind now, or in a state that does not say its `T`, is as it is.
+    pub fn tat_in_own_interval(&self, state: State, now_ns: i128) -> i128 {
+        let tat = i128::from(state.tat_ns);
+        let (old, new) = (
+            i128::from(state.emission_interval_ns),
+            i128::from(self.emission_interval_ns),
+        );
+        if old == 0 || old == new || tat <= now_ns {
+            return tat;
+        }
+        let owed = tat - now_ns;
+        // owed < 2^64 and new < 2^53: no overflow in i128.
+        now_ns + (owed * new + old - 1) / old
+    }
+
     /// redis-cell's `RateLimiter::rate_limit`, in i128 so no input can overflow.
     fn evaluate(&self, state: Option<State>, now_us: u64, quantity: u64) -> Outcome {
         let t = i128::from(self.emission_interval_ns);
@@ -276,7 +315,7 @@ impl Gcra {
         let now = i128::from(now_us) * i128::from(NS_PER_US);
         // A TAT ahead of now is the normal case (a clock that went back just makes the
         // key wait longer); one behind now is an idle key.
-        let tat = state.map_or(now, |s| i128::from(s.tat_ns));
+        let tat = state.map_or(now, |s| self.tat_in_own_interval(s, now));
         let increment = t * i128::from(quantity);
         let new_tat = now.max(tat) + increment;
         let allow_at = new_tat - tau;
@@ -288,9 +327,7 @@ impl Gcra {
             (true, tat - now, retry, None)
         } else {
             // A peek would store max(now, TAT), which says the same as what is stored.
-            let new_state = (quantity > 0).then(|| State {
-                tat_ns: clamp_u64(new_tat),
-            });
+            let new_state = (quantity > 0).then(|| self.state_at(new_tat));
             (false, new_tat - now, None, new_state)
         };
 
@@ -428,7 +465,7 @@ impl SlotAlgorithm for Gcra {
         let t = i128::from(self.emission_interval_ns);
         let tau = i128::from(self.tolerance_ns);
         let now = i128::from(now_us) * i128::from(NS_PER_US);
-        let tat = state.map_or(now, |s| i128::from(State::from_slot(s).tat_ns));
+        let tat = state.map_or(now, |s| self.tat_in_own_interval(State::from_slot(s), now));
         let base = tat.max(now) - now;
         let reach = i128::from(horizon_us) * i128::from(NS_PER_US) + tau - base;
         let units = (reach / t).min(i128::from(max_units));
@@ -440,9 +477,7 @@ impl SlotAlgorithm for Gcra {
             due_ns: i64::try_from(base + t - tau).unwrap_or(i64::MAX),
             spacing_ns: self.emission_interval_ns,
         };
-        let next = State {
-            tat_ns: clamp_u64(now + base + units * t),
-        };
+        let next = self.state_at(now + base + units * t);
         Some((reservation, next.to_slot()))
     }
 
@@ -452,13 +487,12 @@ impl SlotAlgorithm for Gcra {
     /// schedule would have refilled meanwhile, so it stops at a sixteenth of `τ`.
     fn hold_ahead(&self, state: SlotState, now_us: u64, hold_ns: u64) -> (u64, SlotState) {
         let now = u128::from(now_us) * u128::from(NS_PER_US);
-        let tat = u128::from(State::from_slot(state).tat_ns);
+        let own = self.tat_in_own_interval(State::from_slot(state), now as i128);
+        let tat = u128::try_from(own).unwrap_or(0);
         let free = tat.saturating_sub(now);
         let bought = u128::from(self.tolerance_ns / 16);
         let valid = free.max(bought).min(u128::from(hold_ns));
-        let charged = State {
-            tat_ns: clamp_u64(tat.max(now + valid) as i128),
-        };
+        let charged = self.state_at(tat.max(now + valid) as i128);
         (u64::try_from(valid).unwrap_or(u64::MAX), charged.to_slot())
     }
 
@@ -468,10 +502,7 @@ impl SlotAlgorithm for Gcra {
         let at = i128::from(at_us) * i128::from(NS_PER_US);
         let tat =
             at + i128::from(self.tolerance_ns) - units * i128::from(self.emission_interval_ns);
-        State {
-            tat_ns: clamp_u64(tat.max(at)),
-        }
-        .to_slot()
+        self.state_at(tat.max(at)).to_slot()
     }
 }
 
