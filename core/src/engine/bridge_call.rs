@@ -157,6 +157,42 @@ impl Engine {
             .collect()
     }
 
+    /// Whether landing `reply` for `eval` needs the instant the answer came back: the
+    /// round trip that sizes leased calls' holds, a grant anchored on it, a denial or
+    /// what Redis said recorded, a failure's timing. Only an exact grant of what each
+    /// request costs, for rules that record nothing of it, needs none of these: the
+    /// filter then reads no clock for it ([`Engine::complete_unclocked`]).
+    pub fn answer_needs_instant(
+        &self,
+        eval: &Evaluation,
+        reply: &Result<v2::Reply, ReplyError>,
+    ) -> bool {
+        let Ok(reply) = reply else {
+            return true;
+        };
+        eval.pending.is_empty()
+            || eval.pending.iter().any(|item| {
+                let Some((rule, RuleRuntime::Global(global))) = self.rule(item.rule) else {
+                    return true;
+                };
+                let result = reply.items.iter().find(|r| r.id == item.rule.0);
+                global.needs_instant(rule, item, result)
+            })
+    }
+
+    /// [`Engine::complete`] for an answer that needs no instant
+    /// ([`Engine::answer_needs_instant`]): decided as at `sent_at`, and no round trip
+    /// measured.
+    pub fn complete_unclocked<S: SharedStore>(
+        &self,
+        eval: &mut Evaluation,
+        store: &S,
+        sent_at: Micros,
+        reply: Result<v2::Reply, ReplyError>,
+    ) {
+        self.land(eval, store, (sent_at, None), reply);
+    }
+
     /// Finishes an evaluation with the bridge's reply (or its failure), at `now`. The
     /// call left at `sent_at`: Redis decided between the two, and what it granted is
     /// anchored on both ([`crate::lease::Held::from_reply`]).
@@ -168,7 +204,20 @@ impl Engine {
         now: Micros,
         reply: Result<v2::Reply, ReplyError>,
     ) {
-        let (sent_at_us, now_us) = (sent_at.us(), now.us());
+        self.land(eval, store, (sent_at, Some(now)), reply);
+    }
+
+    /// The reply landed at `now` (`None`: not read, see
+    /// [`Engine::complete_unclocked`]).
+    fn land<S: SharedStore>(
+        &self,
+        eval: &mut Evaluation,
+        store: &S,
+        (sent_at, now): (Micros, Option<Micros>),
+        reply: Result<v2::Reply, ReplyError>,
+    ) {
+        let sent_at_us = sent_at.us();
+        let now_us = now.map_or(sent_at_us, |n| n.us());
         let reply = match reply {
             Ok(reply) => reply,
             // Envoy took calls of this plugin a moment ago, so the bridge cluster has
@@ -189,7 +238,9 @@ impl Engine {
             }
         };
         self.failed_in_a_row.store(0, Ordering::Relaxed);
-        self.note_round_trip(now_us.saturating_sub(sent_at_us));
+        if now.is_some() {
+            self.note_round_trip(now_us.saturating_sub(sent_at_us));
+        }
         let mut pending = std::mem::take(&mut eval.pending);
         // Each result names its item by rule id; items after the bridge stopped were not
         // decided, and are not charged.

@@ -105,6 +105,25 @@ impl GlobalRuntime {
             .map_or(0, |u| u.result)
     }
 
+    /// Whether landing `result` for `item` needs the instant the answer came back (see
+    /// [`Engine::answer_needs_instant`](super::Engine::answer_needs_instant)): anything
+    /// but an exact grant of what the request costs, for a rule that records nothing of
+    /// it (no lease, no local fallback, no commit, no reservation or denial in flight).
+    pub(super) fn needs_instant(
+        &self,
+        rule: &Rule,
+        item: &PendingItem,
+        result: Option<&Granted>,
+    ) -> bool {
+        let plain = self.global.lease.is_none()
+            && self.fallback().is_none()
+            && rule.commit.is_none()
+            && item.reserve == 0
+            && item.asking_until_us == 0
+            && result.is_some_and(|r| r.allowed && r.granted == item.cost);
+        !plain
+    }
+
     /// The local share's slots (`failure_mode: local`).
     pub(super) fn fallback(&self) -> Option<&LimitTable> {
         match &self.on_failure {

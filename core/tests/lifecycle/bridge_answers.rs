@@ -89,6 +89,44 @@ fn a_worker_records_a_calls_latency_at_most_once_a_millisecond() {
         let calls = calls_during(&mut envoy, |e| e.answer(token, 200, &reply));
         recorded.push(of(&calls, CallKind::Stats));
     }
-    // The first, then the first at least a millisecond after the last recorded.
-    assert_eq!(recorded, [1, 0, 0, 1, 0, 0]);
+    // The first, then the first sent at least a millisecond after the last recorded
+    // answer (its sending says whether the answer's clock is read for it): sent at 1.6 ms.
+    assert_eq!(recorded, [1, 0, 0, 0, 1, 0]);
+}
+
+/// A global token bucket of 1 an hour per `x-user`, exact: a key's second request is
+/// denied by Redis.
+const TIGHT: &str = r#"{"bridge":{"cluster":"weir_bridge"},"rules":[
+    {"name":"tenant","scope":"global","key":[{"header":"x-user"}],
+     "limit":{"algorithm":"token_bucket","capacity":1,"refill":1,"period":"1h"}}]}"#;
+
+/// Issue 35: an exact grant of what the request costs needs no instant (no round trip
+/// to measure, nothing held, nothing recorded), so its answer reads no clock but for
+/// the latency's sample, at most once a millisecond; a denial, cached for the key's
+/// other requests, reads it; so does every answer of a leased rule.
+#[test]
+fn an_exact_grant_reads_no_clock_and_a_denial_or_a_lease_does() {
+    let clocks = |envoy: &mut Envoy, bridge: &mut ModelBridge, name: &str| {
+        let (context, token, reply) = asked(envoy, bridge, name);
+        envoy.advance_us(100);
+        let calls = calls_during(envoy, |e| e.answer(token, 200, &reply));
+        (context, of(&calls, CallKind::Clock))
+    };
+    let mut envoy = super::envoy(TIGHT);
+    let mut bridge = ModelBridge::default();
+    let (first, read) = clocks(&mut envoy, &mut bridge, "acme");
+    assert_eq!(read, 1, "the latency's first sample");
+    assert_eq!(resumed(&envoy, first), 1);
+    let (second, read) = clocks(&mut envoy, &mut bridge, "initech");
+    assert_eq!(read, 0, "an exact grant within the millisecond");
+    assert_eq!(resumed(&envoy, second), 1);
+    let (denied, read) = clocks(&mut envoy, &mut bridge, "acme");
+    assert_eq!(read, 1, "a denial is recorded at its instant");
+    assert_eq!(reply_of(&envoy, denied).map(|r| r.status), Some(429));
+
+    let mut envoy = super::envoy(LEASED);
+    let mut bridge = ModelBridge::default();
+    warm_up(&mut envoy, &mut bridge, "acme");
+    let (_, read) = clocks(&mut envoy, &mut bridge, "initech");
+    assert_eq!(read, 1, "a leased rule's answer anchors its grant");
 }

@@ -39,11 +39,17 @@ impl Metrics {
         self.bump(self.plugin.bridge.resent, 1);
     }
 
+    /// Whether a bridge call's latency at `at` would be recorded: this worker recorded
+    /// none in the last [`super::LATENCY_RECORD_EVERY`].
+    pub fn bridge_latency_due(&self, at: Micros) -> bool {
+        let last = self.last_latency.get();
+        at < last || at.saturating_sub(last) >= super::LATENCY_RECORD_EVERY
+    }
+
     /// A bridge call answered at `now` after `latency`: recorded unless this worker
     /// recorded one less than [`super::LATENCY_RECORD_EVERY`] ago.
     pub fn bridge_latency<H: Host>(&self, host: &H, latency: Span, now: Micros) {
-        let last = self.last_latency.get();
-        if now >= last && now.saturating_sub(last) < super::LATENCY_RECORD_EVERY {
+        if !self.bridge_latency_due(now) {
             return;
         }
         self.last_latency.set(now);

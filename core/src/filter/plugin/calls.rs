@@ -90,12 +90,24 @@ impl Plugin {
             self.commits_answered(host, commits, body_size);
             return None;
         }
-        let (reply, sent_at) = {
+        let (reply, sent_at, clocked) = {
             let flights = self.flights.borrow();
             let call = flights.get(token)?;
-            (self.read_bridge_reply(host, call, body_size), call.sent_at)
+            let reply = self.read_bridge_reply(host, call, body_size);
+            // The answer's instant is read when something needs it: requests waiting on
+            // the call (they look again then), the latency's sample, or what the answer
+            // leaves behind (`Engine::answer_needs_instant`). An exact grant of what
+            // the request costs needs none: it is decided as at the call's sending.
+            let clocked = !call.waiters.is_empty()
+                || self.metrics.bridge_latency_due(call.sent_at)
+                || self.engine.answer_needs_instant(&call.eval, &reply);
+            (reply, call.sent_at, clocked)
         };
-        let now = host.now().unwrap_or(sent_at);
+        let now = if clocked {
+            host.now().unwrap_or(sent_at)
+        } else {
+            sent_at
+        };
         // Envoy could not deliver it: another host of the cluster may answer.
         let reply = match self.resend(host, token, &reply, now) {
             Ok(true) => return None,
@@ -103,11 +115,16 @@ impl Plugin {
             Err(refused) => Err(refused),
         };
         let call = self.flights.borrow_mut().land(token)?;
-        self.metrics
-            .bridge_latency(host, now.saturating_sub(call.sent_at), now);
         let mut eval = call.eval;
-        self.engine
-            .complete(&mut eval, host, call.sent_at, now, reply);
+        if clocked {
+            self.metrics
+                .bridge_latency(host, now.saturating_sub(call.sent_at), now);
+            self.engine
+                .complete(&mut eval, host, call.sent_at, now, reply);
+        } else {
+            self.engine
+                .complete_unclocked(&mut eval, host, call.sent_at, reply);
+        }
         Some(Landed {
             owner: call.owner,
             eval,
