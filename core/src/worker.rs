@@ -1,7 +1,8 @@
 //! What one worker (one Wasm VM serving requests) keeps for a plugin beside shared
 //! data: its reservoirs of local rules, its held requests, and the latencies and
 //! limits of its adaptive concurrency rules, the places it holds of concurrency
-//! rules, and the demand of global keys it has not written yet.
+//! rules, the demand of global keys it has not written yet, and what Redis last said
+//! of exact global keys.
 
 use crate::adaptive::{KeyedLatencies, WorkerLatency};
 use crate::concurrency::Places;
@@ -29,6 +30,46 @@ pub struct Worker {
     /// The next set of each lease table this worker's sweep of expired units reads
     /// (see `Engine::expire_outstanding`).
     pub lease_sweep_next: u32,
+    /// What Redis last had left of the exact global keys this worker asked about.
+    pub last_answers: LastAnswers,
+}
+
+/// Slots of [`LastAnswers`].
+const ANSWER_SLOTS: usize = 128;
+
+/// What Redis last said to this worker of the keys of exact global rules (no lease, no
+/// local fallback, no commit, no delay): the units it had left after answering. A key
+/// that had enough left for a request is asked about again without a look at the
+/// Envoy's cached denials first (a shared-data read per request): only another
+/// worker's denial could be there, and then Redis denies this worker's call too, and its
+/// answer (nothing left) sends this worker's next requests to the cache. Skipping the
+/// look costs at most one call per worker as a key becomes saturated, never an
+/// admission: Redis decides every unit. 128 slots, one key each by its hash: a key that
+/// takes another's slot drops it (that key's requests look at the cache again).
+#[derive(Debug, Clone, Default)]
+pub struct LastAnswers {
+    slots: Vec<(RuleId, u64, u64)>,
+}
+
+impl LastAnswers {
+    /// Redis had `remaining` units of the key left after its last answer to this worker.
+    pub fn note(&mut self, rule: RuleId, hash: &KeyHash, remaining: u64) {
+        if self.slots.is_empty() {
+            self.slots = vec![(RuleId(0), 0, 0); ANSWER_SLOTS];
+        }
+        let at = (hash.fingerprint % ANSWER_SLOTS as u64) as usize;
+        if let Some(slot) = self.slots.get_mut(at) {
+            *slot = (rule, hash.fingerprint, remaining);
+        }
+    }
+
+    /// Whether Redis last had at least `cost` units of the key left.
+    pub fn had_left(&self, rule: RuleId, hash: &KeyHash, cost: u64) -> bool {
+        let at = (hash.fingerprint % ANSWER_SLOTS as u64) as usize;
+        self.slots
+            .get(at)
+            .is_some_and(|slot| slot.0 == rule && slot.1 == hash.fingerprint && slot.2 >= cost)
+    }
 }
 
 /// Slots of [`UnwrittenDemand`].
@@ -99,6 +140,7 @@ impl Worker {
             places: Places::default(),
             unwritten_demand: UnwrittenDemand::default(),
             lease_sweep_next: 0,
+            last_answers: LastAnswers::default(),
         }
     }
 
@@ -127,6 +169,23 @@ mod tests {
             set_hash: 0,
             fingerprint,
         }
+    }
+
+    #[test]
+    fn last_answers_say_whether_a_key_had_enough_left() {
+        let mut a = LastAnswers::default();
+        assert!(!a.had_left(RuleId(1), &key(7), 1), "never answered");
+        a.note(RuleId(1), &key(7), 3);
+        assert!(a.had_left(RuleId(1), &key(7), 3));
+        assert!(!a.had_left(RuleId(1), &key(7), 4));
+        assert!(!a.had_left(RuleId(2), &key(7), 1), "another rule's key");
+        a.note(RuleId(1), &key(7 + ANSWER_SLOTS as u64), 9);
+        assert!(
+            !a.had_left(RuleId(1), &key(7), 1),
+            "its slot taken by another key"
+        );
+        a.note(RuleId(1), &key(7), 0);
+        assert!(!a.had_left(RuleId(1), &key(7), 1), "nothing left");
     }
 
     #[test]

@@ -213,6 +213,17 @@ impl SimEnvoy {
             Micros(now_us),
             reply,
         );
+        self.remember_answers(eval);
+    }
+
+    /// As the filter does after a call lands: the worker keeps what Redis had left of
+    /// the exact keys it answered.
+    fn remember_answers(&self, eval: &Evaluation) {
+        let mut worker = self
+            .worker
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        self.engine.remember_answers(&mut worker, eval);
     }
 
     /// Finishes an evaluation with a reply already decoded.
@@ -230,6 +241,7 @@ impl SimEnvoy {
             Micros(now_us),
             Ok(reply),
         );
+        self.remember_answers(eval);
     }
 }
 

@@ -187,7 +187,9 @@ fn leases_and_the_denial_cache_keep_redis_out_of_the_hot_path() {
     );
 
     // Sequential requests per Envoy: 5 admitted in total, then one bridge denial per Envoy,
-    // then only cached denials.
+    // then only cached denials; but a worker whose last answer from Redis had units left
+    // asks again without reading the cache (`LastAnswers`), so up to one more denial per
+    // worker (2 Envoys × 2 workers).
     let decisions_before = s.weir_stat("rule.tight.bridge_decisions");
     let mut statuses = Vec::new();
     for i in 0..60 {
@@ -202,8 +204,11 @@ fn leases_and_the_denial_cache_keep_redis_out_of_the_hot_path() {
     let decisions = s.weir_stat("rule.tight.bridge_decisions") - decisions_before;
     let cached = s.weir_stat("rule.tight.denial_cache_hits");
     eprintln!("tight: {decisions} bridge decisions, {cached} cached denials");
-    assert_eq!(decisions, 7, "5 grants + one denial per Envoy");
-    assert_eq!(cached, 53);
+    assert!(
+        (7..=9).contains(&decisions),
+        "5 grants + one denial per Envoy, and at most one more per worker: {decisions}"
+    );
+    assert_eq!(cached, 60 - decisions);
 }
 
 /// The bridge killed by PID: each failure mode does what it says, within the timeout;

@@ -165,22 +165,25 @@ the SDK's switch to the request when the answer comes, the resume) and its VM en
 (the request's callbacks and the answer's) are what any filter pays for a call; what \
 remains on top of the floor in **floor − empty-wasm** is Envoy's own HTTP client and \
 cannot be cut from the filter: only fewer calls (leases) or a cheaper client would lower \
-it. weir-global-exact makes 8 host calls per request and a fraction (`cargo test -p weir-bench` \
-checks the count), 5 more than the floor:\n\n\
+it. weir-global-exact makes 6 host calls per request and a fraction (`cargo test -p weir-bench` \
+checks the count), 3 more than the floor:\n\n\
 - *on_request_headers*: the **clock** (time enters once); the **`x-tenant` header** (the \
-key); a **shared-data get of the rule's lease slot set** (a cached denial would answer \
-the request; an exact rule writes nothing there when it asks); the **dispatch**. A worker \
-also reads the bridge-down key (skip the bridge for a second after a failure), and writes \
-the instant Envoy last took a call of the plugin (a call Envoy then refuses is a full \
-circuit breaker, not a cluster without hosts), each at most every 10 ms, not per call.\n\
-- *on_http_call_response*: the **clock** (the call's round trip, and the instants a \
-grant is anchored on); the answer's **body** (its `:status` header only when the body is \
-not the reply to what was sent: the bridge sends a reply with a 200 alone); \
-**set_effective_context** to the request and its **resume**; a **stats record** of the \
-call's latency at most once a millisecond per worker (every call below 1,000 calls a \
-second per worker, a sample above). An allowed answer that leaves nothing held writes \
-nothing to shared data (a denial is cached; a rule with leases or `failure_mode: local` \
-records what Redis said).\n\n\
+key); the **dispatch**. The key's lease slot set (where a cached denial would be) is not \
+read while Redis's last answer to the worker had units enough left for the request \
+(`LastAnswers`: only another worker's denial could be there, and Redis then denies this \
+worker's call too). A worker also reads the bridge-down key (skip the bridge for a second \
+after a failure), and writes the instant Envoy last took a call of the plugin (a call \
+Envoy then refuses is a full circuit breaker, not a cluster without hosts), each at most \
+every 10 ms, not per call.\n\
+- *on_http_call_response*: the answer's **body** (its `:status` header only when the \
+body is not the reply to what was sent: the bridge sends a reply with a 200 alone); \
+**set_effective_context** to the request and its **resume**; and, at most once a \
+millisecond per worker (every call below 1,000 calls a second per worker, a sample \
+above), the **clock** and a **stats record** of the call's latency. The answer's instant \
+is read for nothing else: an exact grant of what the request costs is decided as at the \
+call's sending; a lease, a reservation, a denial to cache, a local fallback's record, a \
+commit, waiting requests or a failure read it. An allowed answer that leaves nothing held \
+writes nothing to shared data.\n\n\
 Cut so far: issue 21 took the CAS of the lease slot on every ask (the demand it wrote is \
 read only by leases), the get and CAS recording an allowed exact answer, and the \
 bridge-down get on every call: 15 host calls to 11, and 864 of the about 2,000 bytes \
@@ -189,13 +192,11 @@ get and out by each set). Issue 35 took the `:status` read of an answer that is 
 reply, the switch back to the root context at the callback's end (Envoy's host saves \
 and restores the effective context around every callback, and a call always leaves \
 from the effective context's root context, so a waiter's own call needs no switch \
-either), and the latency record on most calls above 1,000 a second: 11 to 8 and a \
-fraction, and one VM entry (the status handed in). Left beyond the floor's 6 (the \
-call's 3, the key, a clock read, the answer's body): the **second clock read** (the \
-round trip feeds the leases' timing and every grant is anchored on the answer's \
-instant: Redis's clock is another machine's), the **lease slot get** (a cached denial \
-shared by the Envoy's workers spares Redis a call per worker while a key is denied), \
-and the sampled **latency record**; and **bytes** of the wire (the body's \
+either), the latency record on most calls above 1,000 a second, the answer's clock \
+when nothing needs it and the lease slot get of a key Redis had units left for: 11 to \
+6 and a fraction, two VM entries (the status handed in, the slot's bytes copied in). \
+Left beyond the floor's 6 (the call's 3, the key, a clock read, the answer's body): the \
+sampled **clock and latency record**; and **bytes** of the wire (the body's \
 `\"reserve\":0,\"hold_us\":0,\"horizon_us\":0,\"shadow\":false`, 54 of 228 bytes, \
 are the bridge's defaults; the answer's zero `due_ns`, `spacing_ns`, `valid_ns` are \
 required by the filter's decoder). One more difference is not weir's: the empty \

@@ -11,6 +11,7 @@ use crate::store::SharedStore;
 use crate::time::Micros;
 use crate::wire::v2::{self, Sent};
 use crate::wire::{v3, ReplyError};
+use crate::worker::Worker;
 
 use super::evaluation::{BridgeError, CommitKey, Evaluation, PendingCommit, PendingItem};
 use super::report::{RuleReport, Source};
@@ -90,7 +91,7 @@ impl Engine {
             let asking = self.asking_for(now_us, waiting.max(1).saturating_mul(item.cost));
             // What its first look changed stays counted, with this look's report.
             let carried = item.lookup.outstanding_units;
-            match global.spend_or_ask(eval, store, &applied, None, asking) {
+            match global.spend_or_ask(eval, store, &applied, (None, None), asking) {
                 Some(asked) => {
                     if item.clamp_prompt.is_none() {
                         item.want = asked.want;
@@ -178,6 +179,15 @@ impl Engine {
                 let result = reply.items.iter().find(|r| r.id == item.rule.0);
                 global.needs_instant(rule, item, result)
             })
+    }
+
+    /// Gives `worker` what Redis had left of the exact keys it answered for `eval` (see
+    /// [`crate::worker::LastAnswers`]): the worker that made the call, after
+    /// [`Engine::complete`].
+    pub fn remember_answers(&self, worker: &mut Worker, eval: &Evaluation) {
+        for (rule, hash, remaining) in &eval.answered {
+            worker.last_answers.note(*rule, hash, *remaining);
+        }
     }
 
     /// [`Engine::complete`] for an answer that needs no instant

@@ -85,6 +85,10 @@ pub struct Evaluation {
     /// that admitted the request: settle each with [`Engine::commit`](super::Engine::commit) (a concurrency
     /// rule's place: give it back with [`Engine::end_in_flight`](super::Engine::end_in_flight) on the same worker).
     pub commits: Vec<PendingCommit>,
+    /// Keys of exact global rules Redis answered for this evaluation, with the units it
+    /// had left: what [`Engine::remember_answers`](super::Engine::remember_answers)
+    /// gives the worker that asked.
+    pub answered: Vec<(RuleId, KeyHash, u64)>,
     /// Changes to rules' units outstanding whose report was replaced or dropped (a
     /// second look at a lease slot, a held request released too late).
     pub(super) carried: Vec<(RuleId, i64)>,

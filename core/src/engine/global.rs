@@ -18,7 +18,7 @@ use crate::wire::{v3, WireLimit};
 use super::evaluation::{Applied, CommitKey, Evaluation, PendingCommit, PendingItem, Served};
 use super::local::{decide_in_slot, LimitTable, SlotDecision};
 use super::report::{signed, FailureOutcome, RuleOutcome, RuleReport, Source};
-use crate::worker::UnwrittenDemand;
+use crate::worker::{LastAnswers, UnwrittenDemand};
 
 /// The longest a global rule with a commit trusts a denial from Redis: refunds of the
 /// requests in flight may free its units at any time, so a denial cached until the
@@ -115,13 +115,21 @@ impl GlobalRuntime {
         item: &PendingItem,
         result: Option<&Granted>,
     ) -> bool {
-        let plain = self.global.lease.is_none()
-            && self.fallback().is_none()
-            && rule.commit.is_none()
+        let plain = self.answers_plainly(rule)
             && item.reserve == 0
             && item.asking_until_us == 0
             && result.is_some_and(|r| r.allowed && r.granted == item.cost);
         !plain
+    }
+
+    /// Whether Redis's answer to a request of this rule is the request's alone, and the
+    /// Envoy keeps nothing of it but a denial: no lease, no local fallback, no commit, no
+    /// delay.
+    pub(super) fn answers_plainly(&self, rule: &Rule) -> bool {
+        self.global.lease.is_none()
+            && self.fallback().is_none()
+            && rule.commit.is_none()
+            && rule.delay.is_none()
     }
 
     /// The local share's slots (`failure_mode: local`).
@@ -140,7 +148,7 @@ impl GlobalRuntime {
         eval: &mut Evaluation,
         store: &S,
         applied: &Applied<'_>,
-        mut demand: Option<&mut UnwrittenDemand>,
+        (mut demand, last_answers): (Option<&mut UnwrittenDemand>, Option<&LastAnswers>),
         asking: AskingFor,
     ) -> Option<Asked> {
         let now_us = applied.now_us;
@@ -148,6 +156,18 @@ impl GlobalRuntime {
         // A clamping rule's request is denied, or asked about, for the least it may
         // be reserved.
         let (rule, cost) = (applied.rule.id, applied.least);
+        if self.answers_plainly(applied.rule)
+            && last_answers.is_some_and(|a| a.had_left(rule, &applied.hash, cost))
+        {
+            // Redis last had enough left for it: ask again, with no look at the cached
+            // denials (see `LastAnswers`).
+            return Some(Asked {
+                want: cost,
+                reserve: 0,
+                last_known: None,
+                lookup: report,
+            });
+        }
         let leased = self.global.lease.is_some();
         let unwritten = demand.as_mut().map_or(0, |d| d.take(rule, &applied.hash));
         // A request looking again after waiting on a call was counted when it first looked.
@@ -283,6 +303,9 @@ impl GlobalRuntime {
         (sent_at_us, now_us): (u64, u64),
     ) {
         let global = &self.global;
+        if self.answers_plainly(rule) {
+            eval.answered.push((rule.id, item.hash, result.remaining));
+        }
         let (reply, granted) = slot_reply(
             item,
             result,

@@ -261,14 +261,13 @@ impl Engine {
                     concurrency.decide(eval, store, &applied, worker);
                 }
                 RuleRuntime::Global(global) => {
-                    let demand = Some(&mut worker.unwritten_demand);
-                    if let Some(item) = global.spend_or_ask(
-                        eval,
-                        store,
-                        &applied,
-                        demand,
-                        self.asking_for(now_us, 0),
-                    ) {
+                    let seen = (
+                        Some(&mut worker.unwritten_demand),
+                        Some(&worker.last_answers),
+                    );
+                    if let Some(item) =
+                        global.spend_or_ask(eval, store, &applied, seen, self.asking_for(now_us, 0))
+                    {
                         eval.pending.push(pending_item(applied, facts, item));
                     }
                 }

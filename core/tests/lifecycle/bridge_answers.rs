@@ -130,3 +130,35 @@ fn an_exact_grant_reads_no_clock_and_a_denial_or_a_lease_does() {
     let (_, read) = clocks(&mut envoy, &mut bridge, "initech");
     assert_eq!(read, 1, "a leased rule's answer anchors its grant");
 }
+
+/// Issue 35: a key Redis last had units left for is asked about again with no read of
+/// the Envoy's cached denials (a shared-data get per request); a key it had nothing left
+/// for reads them, and once Redis denied it, the cached denial answers with no call.
+#[test]
+fn a_key_with_units_left_skips_the_cached_denials_and_one_without_reads_them() {
+    let ask = |envoy: &mut Envoy, name: &str| {
+        let mut context = 0;
+        let calls = calls_during(envoy, |e| context = e.request(&user(name)).0);
+        (
+            context,
+            of(&calls, CallKind::SharedGet),
+            of(&calls, CallKind::Dispatch),
+        )
+    };
+    let mut envoy = super::envoy(EXACT);
+    let mut bridge = ModelBridge::default();
+    warm_up(&mut envoy, &mut bridge, "acme");
+    let (_, gets, calls) = ask(&mut envoy, "acme");
+    assert_eq!((gets, calls), (0, 1), "5,999 left: straight to Redis");
+
+    let mut envoy = super::envoy(TIGHT);
+    let mut bridge = ModelBridge::default();
+    warm_up(&mut envoy, &mut bridge, "acme");
+    let (denied, gets, calls) = ask(&mut envoy, "acme");
+    assert_eq!((gets, calls), (1, 1), "nothing left: the cache, then Redis");
+    answer_calls(&mut envoy, &mut bridge);
+    assert_eq!(reply_of(&envoy, denied).map(|r| r.status), Some(429));
+    let (cached, gets, calls) = ask(&mut envoy, "acme");
+    assert_eq!((gets, calls), (1, 0), "the cached denial answers");
+    assert_eq!(reply_of(&envoy, cached).map(|r| r.status), Some(429));
+}

@@ -125,6 +125,9 @@ impl Plugin {
             self.engine
                 .complete_unclocked(&mut eval, host, call.sent_at, reply);
         }
+        if let Ok(mut worker) = self.worker.try_borrow_mut() {
+            self.engine.remember_answers(&mut worker, &eval);
+        }
         Some(Landed {
             owner: call.owner,
             eval,
