@@ -34,8 +34,49 @@ pub struct Worker {
     pub last_answers: LastAnswers,
 }
 
+/// A count per key of a few keys, by the key's hash: `N` slots, one key each (its rule
+/// and fingerprint), allocated at the first write; a key that takes another's slot drops
+/// that key's count.
+#[derive(Debug, Clone, Default)]
+struct KeyCounts<const N: usize> {
+    slots: Vec<(RuleId, u64, u64)>,
+}
+
+impl<const N: usize> KeyCounts<N> {
+    fn at(hash: &KeyHash) -> usize {
+        (hash.fingerprint % N as u64) as usize
+    }
+
+    /// The key's count, if its slot holds it.
+    fn get_mut(&mut self, rule: RuleId, hash: &KeyHash) -> Option<&mut u64> {
+        self.slots
+            .get_mut(Self::at(hash))
+            .filter(|slot| slot.0 == rule && slot.1 == hash.fingerprint)
+            .map(|slot| &mut slot.2)
+    }
+
+    fn get(&self, rule: RuleId, hash: &KeyHash) -> Option<u64> {
+        self.slots
+            .get(Self::at(hash))
+            .filter(|slot| slot.0 == rule && slot.1 == hash.fingerprint)
+            .map(|slot| slot.2)
+    }
+
+    /// Puts the key's count in its slot, dropping the key that held it.
+    fn set(&mut self, rule: RuleId, hash: &KeyHash, count: u64) {
+        if self.slots.is_empty() {
+            self.slots = vec![(RuleId(0), 0, 0); N];
+        }
+        if let Some(slot) = self.slots.get_mut(Self::at(hash)) {
+            *slot = (rule, hash.fingerprint, count);
+        }
+    }
+}
+
 /// Slots of [`LastAnswers`].
 const ANSWER_SLOTS: usize = 128;
+/// Slots of [`UnwrittenDemand`].
+const UNWRITTEN_SLOTS: usize = 64;
 
 /// What Redis last said to this worker of the keys of exact global rules (no lease, no
 /// local fallback, no commit, no delay): the units it had left after answering. A key
@@ -47,33 +88,19 @@ const ANSWER_SLOTS: usize = 128;
 /// admission: Redis decides every unit. 128 slots, one key each by its hash: a key that
 /// takes another's slot drops it (that key's requests look at the cache again).
 #[derive(Debug, Clone, Default)]
-pub struct LastAnswers {
-    slots: Vec<(RuleId, u64, u64)>,
-}
+pub struct LastAnswers(KeyCounts<ANSWER_SLOTS>);
 
 impl LastAnswers {
     /// Redis had `remaining` units of the key left after its last answer to this worker.
     pub fn note(&mut self, rule: RuleId, hash: &KeyHash, remaining: u64) {
-        if self.slots.is_empty() {
-            self.slots = vec![(RuleId(0), 0, 0); ANSWER_SLOTS];
-        }
-        let at = (hash.fingerprint % ANSWER_SLOTS as u64) as usize;
-        if let Some(slot) = self.slots.get_mut(at) {
-            *slot = (rule, hash.fingerprint, remaining);
-        }
+        self.0.set(rule, hash, remaining);
     }
 
     /// Whether Redis last had at least `cost` units of the key left.
     pub fn had_left(&self, rule: RuleId, hash: &KeyHash, cost: u64) -> bool {
-        let at = (hash.fingerprint % ANSWER_SLOTS as u64) as usize;
-        self.slots
-            .get(at)
-            .is_some_and(|slot| slot.0 == rule && slot.1 == hash.fingerprint && slot.2 >= cost)
+        self.0.get(rule, hash).is_some_and(|left| left >= cost)
     }
 }
-
-/// Slots of [`UnwrittenDemand`].
-const UNWRITTEN_SLOTS: usize = 64;
 
 /// The demand of requests a global key's lease slot denied (a cached denial, or a
 /// reservation not yet due), kept by the worker instead of written: a denial then reads
@@ -83,35 +110,20 @@ const UNWRITTEN_SLOTS: usize = 64;
 /// request. 64 slots, one key each by its hash: a key that takes another's slot drops
 /// that key's count (its demand then reads lower until its next requests).
 #[derive(Debug, Clone, Default)]
-pub struct UnwrittenDemand {
-    slots: Vec<(RuleId, u64, u64)>,
-}
+pub struct UnwrittenDemand(KeyCounts<UNWRITTEN_SLOTS>);
 
 impl UnwrittenDemand {
     /// Adds `cost` to the key's count.
     pub fn add(&mut self, rule: RuleId, hash: &KeyHash, cost: u64) {
-        if self.slots.is_empty() {
-            self.slots = vec![(RuleId(0), 0, 0); UNWRITTEN_SLOTS];
-        }
-        let at = (hash.fingerprint % UNWRITTEN_SLOTS as u64) as usize;
-        if let Some(slot) = self.slots.get_mut(at) {
-            if slot.0 == rule && slot.1 == hash.fingerprint {
-                slot.2 = slot.2.saturating_add(cost);
-            } else {
-                *slot = (rule, hash.fingerprint, cost);
-            }
+        match self.0.get_mut(rule, hash) {
+            Some(count) => *count = count.saturating_add(cost),
+            None => self.0.set(rule, hash, cost),
         }
     }
 
     /// The key's count, taken (0 when it has none).
     pub fn take(&mut self, rule: RuleId, hash: &KeyHash) -> u64 {
-        let at = (hash.fingerprint % UNWRITTEN_SLOTS as u64) as usize;
-        match self.slots.get_mut(at) {
-            Some(slot) if slot.0 == rule && slot.1 == hash.fingerprint => {
-                std::mem::take(&mut slot.2)
-            }
-            _ => 0,
-        }
+        self.0.get_mut(rule, hash).map_or(0, std::mem::take)
     }
 }
 
