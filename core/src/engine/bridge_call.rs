@@ -339,8 +339,8 @@ impl Engine {
 
     /// What a global rule's ask is sized by besides its demand rate, with `waiting` units
     /// of requests queued on its key.
-    pub(super) fn asking_for(&self, now_us: u64, waiting: u64) -> super::global::AskingFor {
-        super::global::AskingFor {
+    pub(super) fn asking_for(&self, now_us: u64, waiting: u64) -> super::asking::AskingFor {
+        super::asking::AskingFor {
             now_us,
             round_trip_us: self.round_trip_us(),
             waiting,

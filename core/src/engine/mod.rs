@@ -37,6 +37,7 @@
 //!   (and a global rule's local fallback).
 //! - `in_flight.rs`: concurrency rules (requests in flight per key), their places and
 //!   adaptive controllers.
+//! - `asking.rs`: how much a global rule's call asks the bridge for.
 //! - `global.rs`: global rules, their leases, the bridge's answers and failure modes.
 //! - `runtime.rs`: the per-rule runtime value, and the [`Engine`] that holds them.
 //! - `bridge_call.rs`: an evaluation's call to the bridge, and the backoff after a failure.
@@ -51,6 +52,8 @@ mod evaluation;
 mod local;
 
 mod in_flight;
+
+mod asking;
 
 mod global;
 
