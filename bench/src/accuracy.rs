@@ -532,7 +532,7 @@ mod tests {
                 .filter(|r| r.matches(&mut facts))
                 .map(|r| r.name.as_str())
                 .collect();
-            assert_eq!(matched, [mode.rule()], "{mode:?}");
+            assert_eq!(matched, [mode.rule().as_str()], "{mode:?}");
         }
     }
 

@@ -245,7 +245,7 @@ fn measure_mode(
     mode: Mode,
     key: &str,
 ) -> PacedRun {
-    let rule = mode.rule();
+    let rule = &mode.rule();
     let envoys = &served.envoys;
     let ports: Vec<u16> = envoys.iter().map(|e| e.http_port).collect();
     let rule0 = rule_stats(envoys, rule);

@@ -87,16 +87,9 @@ impl Mode {
         }
     }
 
-    pub fn rule(self) -> &'static str {
-        match self {
-            Mode::GlobalExact | Mode::GlobalExactUneven | Mode::GlobalExactOneEnvoy => "acc-exact",
-            Mode::GlobalLeased
-            | Mode::GlobalIdleThenBurst
-            | Mode::GlobalLeasedUneven
-            | Mode::GlobalLeasedOneEnvoy => "acc-leased",
-            Mode::GlobalLeased20x => "acc-leased-20x",
-            Mode::Local => "acc-local",
-        }
+    /// The rule the mode's path matches: `acc-` and the path's name.
+    pub fn rule(self) -> String {
+        format!("acc-{}", self.path().trim_start_matches('/'))
     }
 
     /// The limit's rate and burst.

@@ -108,19 +108,15 @@ impl GlobalRuntime {
 
     /// Whether landing `result` for `item` needs the instant the answer came back (see
     /// [`Engine::answer_needs_instant`](super::Engine::answer_needs_instant)): anything
-    /// but an exact grant of what the request costs, for a rule that records nothing of
-    /// it (no lease, no local fallback, no commit, no reservation or denial in flight).
+    /// but a grant of what the request costs for a rule that answers plainly (a rule
+    /// without a lease never reserves nor marks its key while asking).
     pub(super) fn needs_instant(
         &self,
         rule: &Rule,
         item: &PendingItem,
         result: Option<&Granted>,
     ) -> bool {
-        let plain = self.answers_plainly(rule)
-            && item.reserve == 0
-            && item.asking_until_us == 0
-            && result.is_some_and(|r| r.allowed && r.granted == item.cost);
-        !plain
+        !(self.answers_plainly(rule) && result.is_some_and(|r| r.allowed && r.granted == item.cost))
     }
 
     /// Whether Redis's answer to a request of this rule is the request's alone, and the

@@ -366,8 +366,8 @@ impl Plugin {
     /// every [`COMMIT_TICK_MS`] while commits wait for the bridge or places of
     /// concurrency rules wait to be given back, every [`LEARNING_TICK_MS`] while an
     /// adaptive controller learns (slow start, this worker's limit in use), else every
-    /// metrics flush. Called after a
-    /// request is held, a commit queued or a give-back refused, and on every tick.
+    /// metrics flush. Called after a request is held, a commit queued or a give-back
+    /// refused, and on every tick.
     pub fn adjust_tick<H: Host>(&self, host: &H) {
         let period = if self
             .worker
