@@ -488,8 +488,6 @@ fn sibling(path: &Path, name: &str) -> PathBuf {
 mod tests {
     use super::*;
 
-    /// A slowed scenario is its twin with a slower bridge and nothing else: same plugin
-    /// config, same traffic, global, in the default run, and its twin is not slowed.
     /// A single-Redis scenario is its twin on another Redis and nothing else: same plugin
     /// config and traffic, global, in the default run, calling a bridge.
     #[test]
@@ -513,6 +511,8 @@ mod tests {
         }
     }
 
+    /// A slowed scenario is its twin with a slower bridge and nothing else: same plugin
+    /// config, same traffic, global, in the default run, and its twin is not slowed.
     #[test]
     fn a_slowed_scenario_is_its_twin_behind_a_delay() {
         let slowed: Vec<Scenario> = Scenario::ALL
