@@ -36,8 +36,9 @@ use weir_protocol::algorithms::sliding_log::SlidingLog;
 use weir_protocol::algorithms::sliding_window::SlidingWindow;
 use weir_protocol::algorithms::token_bucket::TokenBucket;
 use weir_protocol::algorithms::GlobalLimit;
-use weir_protocol::algorithms::{AlgorithmKind, Ask, Decision, Limit, SlotState};
-use weir_testkit::scenarios::{self, expected, limit_of, log_of, Scenario, T0};
+use weir_protocol::algorithms::{AlgorithmKind, Ask, Decision, Limit, SlotState, Unit};
+use weir_testkit::oracles;
+use weir_testkit::scenarios::{expected, limit_of, log_of, Scenario, T0};
 
 on_every_backend!(
     scenario_tables_agree,
@@ -118,7 +119,7 @@ impl<'a> SlotPair<'a> {
 async fn scenario_tables_agree(backend: Backend) {
     let redis = Redis::start(backend).await;
     let base = future_base(T0);
-    let all: Vec<&Scenario> = scenarios::slot_tables().collect();
+    let all: Vec<&Scenario> = oracles::slot_tables().collect();
     assert!(all.len() >= 10, "the tables are all there");
     for (n, scenario) in all.iter().enumerate() {
         let mut pair = SlotPair::new(&redis, limit_of(scenario.algo), format!("scenario-{n}"));
@@ -133,13 +134,14 @@ async fn scenario_tables_agree(backend: Backend) {
     }
 }
 
-/// The sliding log's table ([`scenarios::SLIDING_LOG`]): it has no slot state, so the log
-/// is kept beside the script (see [`log_step`]) and each row is decided both ways.
+/// The sliding log's rows (its oracle's `SCENARIOS`): it has no slot state, so the log is
+/// kept beside the script (see [`log_step`]) and each row is decided both ways.
 async fn sliding_log_table_agrees(backend: Backend) {
     let redis = Redis::start(backend).await;
     let base = future_base(T0);
-    assert!(!scenarios::SLIDING_LOG.is_empty());
-    for (n, scenario) in scenarios::SLIDING_LOG.iter().enumerate() {
+    let rows = oracles::scenarios(AlgorithmKind::SlidingLog);
+    assert!(!rows.is_empty());
+    for (n, scenario) in rows.iter().enumerate() {
         let log = log_of(scenario.algo);
         let descriptor = format!("log-scenario-{n}");
         let mut events = Vec::new();
@@ -160,10 +162,6 @@ async fn sliding_log_table_agrees(backend: Backend) {
             assert_eq!(granted, if step.allowed { step.cost } else { 0 }, "{ctx}");
         }
     }
-}
-
-fn global(limit: Limit) -> GlobalLimit {
-    GlobalLimit::Slot(limit)
 }
 
 async fn lease_rows_agree(backend: Backend) {
@@ -294,46 +292,52 @@ async fn log_step_ask(
     (decision, granted)
 }
 
-/// Random limits within what the scripts accept, with small and large numbers.
+/// Durations (µs) a limit's duration parameters are drawn from, each times 1 to 3: from
+/// 1 µs, the shortest there is, to 90 days, whose products with a count can pass the
+/// 2^48 µs `check_script_exact` allows.
+const DURATIONS_US: [u64; 9] = [
+    1,
+    7,
+    1_000,
+    333_333,
+    1_000_000,
+    7_000_001,
+    60_000_000,
+    86_400_000_000,
+    30 * 86_400_000_000,
+];
+
+/// A count parameter: mostly 0 (refused where a count must be at least 1) or 1 to 40,
+/// numbers a walk fills and empties; sometimes 2^20 to `u32::MAX`, whose products with
+/// durations and with other counts (the sliding window's prev × (W − e)) go far past 2^53,
+/// beyond which Lua's doubles are not exact: the scripts must never form them whole.
+fn random_count(rng: &mut Rng) -> u64 {
+    if rng.chance(25) {
+        rng.range(1 << 20, u64::from(u32::MAX))
+    } else if rng.chance(5) {
+        0
+    } else {
+        rng.range(1, 40)
+    }
+}
+
+/// A random limit of `kind` within what the scripts accept, drawn through its spec: each
+/// parameter by its unit, until the algorithm's builder and its `check_script_exact`
+/// accept the values. Every algorithm gets the whole range: what its script cannot decide
+/// exactly (a bucket that takes more than 2^48 µs to refill from empty) its
+/// `check_script_exact` refuses, and a new algorithm is drawn with no line of its own.
 fn random_limit(rng: &mut Rng, kind: AlgorithmKind) -> GlobalLimit {
-    let durations = [
-        1,
-        7,
-        1_000,
-        333_333,
-        1_000_000,
-        7_000_001,
-        60_000_000,
-        86_400_000_000,
-        30 * 86_400_000_000,
-    ];
-    let duration = |rng: &mut Rng| rng.pick(&durations) * rng.range(1, 3);
     loop {
-        let limit = match kind {
-            AlgorithmKind::TokenBucket => TokenBucket::new(
-                rng.range(1, 40),
-                rng.range(1, 50),
-                rng.pick(&durations[..7]),
-            )
-            .map(|l| global(Limit::TokenBucket(l))),
-            AlgorithmKind::Gcra => Gcra::new(rng.range(0, 30), rng.range(1, 12), duration(rng))
-                .map(|l| global(Limit::Gcra(l))),
-            AlgorithmKind::FixedWindow => FixedWindow::new(rng.range(1, 40), duration(rng))
-                .map(|l| global(Limit::FixedWindow(l))),
-            AlgorithmKind::SlidingWindow => {
-                // Large limits and long windows push prev × (W − e) far past 2^53.
-                let limit = if rng.chance(30) {
-                    rng.range(1 << 20, u64::from(u32::MAX))
-                } else {
-                    rng.range(1, 40)
-                };
-                SlidingWindow::new(limit, duration(rng)).map(|l| global(Limit::SlidingWindow(l)))
-            }
-            AlgorithmKind::SlidingLog => {
-                SlidingLog::new(rng.range(1, 30), duration(rng)).map(GlobalLimit::SlidingLog)
-            }
-        };
-        if let Ok(limit) = limit {
+        let values: Vec<u64> = kind
+            .spec()
+            .parameters
+            .iter()
+            .map(|parameter| match parameter.unit {
+                Unit::Count => random_count(rng),
+                Unit::Duration => rng.pick(&DURATIONS_US) * rng.range(1, 3),
+            })
+            .collect();
+        if let Ok(limit) = GlobalLimit::build(kind, &values) {
             if limit.algorithm().check_script_exact().is_ok() {
                 return limit;
             }
@@ -341,14 +345,65 @@ fn random_limit(rng: &mut Rng, kind: AlgorithmKind) -> GlobalLimit {
     }
 }
 
-/// The scale of time steps for a limit: its period or window.
-fn scale_of(limit: &GlobalLimit) -> u64 {
-    match limit {
-        GlobalLimit::Slot(Limit::TokenBucket(p)) => p.period_us(),
-        GlobalLimit::Slot(Limit::Gcra(p)) => p.emission_interval_ns() / 1000,
-        GlobalLimit::Slot(Limit::FixedWindow(p)) => p.window_us(),
-        GlobalLimit::Slot(Limit::SlidingWindow(p)) => p.window_us(),
-        GlobalLimit::SlidingLog(p) => p.window_us(),
+/// The longest time scale of a walk, µs (about 6.4 days): a walk moves a key's clock by
+/// at most 3 + 400 × 5 scales (a settle walk less), so from a base near today (2^50.7
+/// µs in 2026) its instants stay below 2^52 µs, those the scripts are exact for (see
+/// `MAX_SCRIPT_EXACT`), until about 2077. Longer windows and periods are crossed in a
+/// few steps.
+const MAX_SCALE_US: u64 = 1 << 39;
+
+/// The time scale of a walk on `limit` (µs): the time an emptied key takes to be fresh
+/// again (its policy's window: a window, a bucket's refill from empty, a GCRA's
+/// tolerance) divided by a random power of two up to its quota (at most 64). Steps then
+/// range from about the time one unit takes to come back (a GCRA's emission interval, a
+/// bucket's refill period), where keys fill and deny, to whole windows, after which a key
+/// decides with little or no state.
+fn random_scale(rng: &mut Rng, limit: &GlobalLimit) -> u64 {
+    let policy = limit.policy();
+    let divisions = policy.quota.clamp(1, 64).ilog2();
+    let window_us = policy.window_ns.div_ceil(1_000);
+    (window_us >> rng.range(0, u64::from(divisions))).clamp(1, MAX_SCALE_US)
+}
+
+/// One key of a random walk, decided by Lua and by Rust side by side: a slot algorithm's
+/// key, or the sliding log's, which has no slot state (its events are kept beside it).
+enum WalkedKey<'a> {
+    Slot(SlotPair<'a>),
+    Log {
+        redis: &'a Redis,
+        log: SlidingLog,
+        descriptor: String,
+        events: Vec<u64>,
+    },
+}
+
+impl<'a> WalkedKey<'a> {
+    fn new(redis: &'a Redis, limit: &GlobalLimit, descriptor: String) -> Self {
+        match limit {
+            GlobalLimit::Slot(slot) => {
+                WalkedKey::Slot(SlotPair::new(redis, slot.clone(), descriptor))
+            }
+            GlobalLimit::SlidingLog(log) => WalkedKey::Log {
+                redis,
+                log: *log,
+                descriptor,
+                events: Vec::new(),
+            },
+        }
+    }
+
+    /// Decides `ask` both ways and asserts they agree (see [`SlotPair::step_ask`],
+    /// [`log_step_ask`]).
+    async fn step(&mut self, ctx: &str, now: u64, ask: Ask) -> (Decision, u64) {
+        match self {
+            WalkedKey::Slot(pair) => pair.step_ask(ctx, now, ask).await,
+            WalkedKey::Log {
+                redis,
+                log,
+                descriptor,
+                events,
+            } => log_step_ask(redis, log, descriptor, events, now, ask).await,
+        }
     }
 }
 
@@ -360,16 +415,12 @@ async fn random_walk(redis: &Redis, kind: AlgorithmKind, seed: u64, steps: usize
     while done < steps {
         // A fresh key and limit every few hundred steps.
         let limit = random_limit(&mut rng, kind);
-        let scale = scale_of(&limit).max(1);
+        let scale = random_scale(&mut rng, &limit);
         let max_cost = limit.max_cost();
         let descriptor = format!("random-{kind}-{seed}-{key_no}");
         key_no += 1;
         let mut now = base + rng.range(0, scale * 3);
-        let mut pair = match &limit {
-            GlobalLimit::Slot(l) => Some(SlotPair::new(redis, l.clone(), descriptor.clone())),
-            GlobalLimit::SlidingLog(_) => None,
-        };
-        let mut events = Vec::new();
+        let mut key = WalkedKey::new(redis, &limit, descriptor);
         for _ in 0..rng.range(50, 400) {
             // Mostly small steps (a few per period), sometimes none, sometimes long
             // idle spells, sometimes the clock goes back a little.
@@ -416,15 +467,7 @@ async fn random_walk(redis: &Redis, kind: AlgorithmKind, seed: u64, steps: usize
                 horizon_us,
             };
             let ctx = format!("{kind} seed {seed} step {done} limit {limit:?}");
-            match (&mut pair, &limit) {
-                (Some(pair), _) => {
-                    pair.step_ask(&ctx, now, ask).await;
-                }
-                (None, GlobalLimit::SlidingLog(log)) => {
-                    log_step_ask(redis, log, &descriptor, &mut events, now, ask).await;
-                }
-                _ => unreachable!(),
-            }
+            key.step(&ctx, now, ask).await;
             done += 1;
         }
     }

@@ -53,6 +53,7 @@ pub use weir_protocol::time;
 pub mod buffers;
 
 pub use weir_protocol::algorithms;
+pub use weir_protocol::with_every_algorithm;
 
 pub use weir_protocol::conformance;
 

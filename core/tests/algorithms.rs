@@ -11,11 +11,13 @@ use weir_core::algorithms::{
     token_bucket::{self, TokenBucket},
     AlgorithmKind, GlobalLimit, Limit, ParamError, Policy, SlotState,
 };
+use weir_core::conformance::Admission;
 use weir_core::key::KeyHash;
 use weir_core::store::memory::MemoryStore;
 use weir_core::store::{Placement, SlotTable, Vacancy};
+use weir_testkit::oracles;
 use weir_testkit::scenarios::{
-    self, expected, limit_of, log_of, Scenario, Throttle, MS_US, S_NS, S_US, T0,
+    expected, limit_of, log_of, Scenario, Throttle, MS_US, S_NS, S_US, T0,
 };
 
 fn reply(t: &Throttle) -> ThrottleReply {
@@ -103,57 +105,61 @@ fn run_in_slot_table(scenario: &Scenario) {
     assert_eq!(table.slots_in_use(&store).unwrap(), u64::from(placed));
 }
 
-fn run_all(scenarios: &[Scenario]) {
-    assert!(!scenarios.is_empty());
-    for scenario in scenarios {
-        run(scenario);
-        run_in_slot_table(scenario);
-    }
-}
-
 /// Every table of an algorithm with slot state, whatever the algorithm, on the pure
-/// function and in a slot table: a new algorithm's rows run here without a test of its
+/// function: a new algorithm's rows run here and in a slot table without a test of their
 /// own (a throwaway algorithm's wrong row passed natively, and failed only against Lua,
-/// before this test).
+/// before the tables ran whatever their algorithm).
 #[cfg_attr(not(target_arch = "wasm32"), test)]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
-fn every_slot_table_runs() {
-    for scenario in scenarios::slot_tables() {
-        run(scenario);
-        run_in_slot_table(scenario);
-    }
+fn every_slot_table_runs_on_the_pure_function() {
+    oracles::slot_tables().for_each(run);
 }
 
+/// The same rows in a slot table, as the filter keeps local rules.
 #[cfg_attr(not(target_arch = "wasm32"), test)]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
-fn gcra_scenarios() {
-    run_all(scenarios::GCRA);
+fn every_slot_table_runs_in_a_slot_table() {
+    oracles::slot_tables().for_each(run_in_slot_table);
 }
 
-#[cfg_attr(not(target_arch = "wasm32"), test)]
-#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
-fn token_bucket_scenarios() {
-    run_all(scenarios::TOKEN_BUCKET);
-}
-
-#[cfg_attr(not(target_arch = "wasm32"), test)]
-#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
-fn fixed_window_scenarios() {
-    run_all(scenarios::FIXED_WINDOW);
-}
-
-#[cfg_attr(not(target_arch = "wasm32"), test)]
-#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
-fn sliding_window_scenarios() {
-    run_all(scenarios::SLIDING_WINDOW);
-}
-
+/// The sliding log's rows, on its own runner (it has no slot state).
 #[cfg_attr(not(target_arch = "wasm32"), test)]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
 fn sliding_log_scenarios() {
-    assert!(!scenarios::SLIDING_LOG.is_empty());
-    for scenario in scenarios::SLIDING_LOG {
+    assert!(!oracles::sliding_log::SCENARIOS.is_empty());
+    for scenario in oracles::sliding_log::SCENARIOS {
         run_log(scenario);
+    }
+}
+
+/// The rows and the oracles agree: what each table admits (every allowed request with a
+/// cost, at its instant) keeps the bound its algorithm's oracle reads from the definition.
+/// A row that admits past the bound is a wrong row or a wrong oracle, and the tables and
+/// the oracles are written apart from the algorithms' code.
+#[cfg_attr(not(target_arch = "wasm32"), test)]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
+fn every_table_keeps_its_oracles_bound() {
+    for kind in AlgorithmKind::ALL {
+        for scenario in oracles::scenarios(kind) {
+            let limit = GlobalLimit::build(kind, scenario.algo.values()).unwrap();
+            let mut admitted: Vec<Admission> = scenario
+                .steps
+                .iter()
+                .filter(|step| step.allowed && step.cost > 0)
+                .map(|step| Admission {
+                    at_us: step.now_us,
+                    cost: step.cost,
+                })
+                .collect();
+            admitted.sort_by_key(|a| a.at_us);
+            for j in 0..admitted.len() {
+                assert!(
+                    !oracles::oracle(&limit).breaks_at(&admitted, j),
+                    "{}: admission {j} breaks the bound: {admitted:?}",
+                    scenario.name
+                );
+            }
+        }
     }
 }
 
@@ -175,30 +181,18 @@ fn run_log(scenario: &Scenario) {
     }
 }
 
-/// What the tables must cover, listed here by hand rather than taken from
-/// `scenarios::slot_tables()` (which is defined as the chain of the tables, so counting it
-/// proves nothing): every algorithm has a table of its own kind with at least two
-/// scenarios or [`MIN_STEPS`] rows, with an allowed request and a denial with a retry
-/// time; every table of an algorithm with slot state is in `slot_tables()`, which the
-/// bridge runs against Lua; and no scenario is named twice.
+/// What the tables must cover: every algorithm has a table of its own kind (its oracle's
+/// `SCENARIOS`, found through the one list of algorithms, so a kind without one does not
+/// compile) with at least two scenarios or [`MIN_STEPS`] rows, with an allowed request
+/// and a denial with a retry time; every table of an algorithm with slot state is in
+/// `slot_tables()`, which the bridge runs against Lua; and no scenario is named twice.
 #[cfg_attr(not(target_arch = "wasm32"), test)]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
 fn every_algorithm_has_a_scenario_table() {
     const MIN_STEPS: usize = 10;
-    let tables: [(AlgorithmKind, &[Scenario]); 5] = [
-        (AlgorithmKind::Gcra, scenarios::GCRA),
-        (AlgorithmKind::TokenBucket, scenarios::TOKEN_BUCKET),
-        (AlgorithmKind::FixedWindow, scenarios::FIXED_WINDOW),
-        (AlgorithmKind::SlidingWindow, scenarios::SLIDING_WINDOW),
-        (AlgorithmKind::SlidingLog, scenarios::SLIDING_LOG),
-    ];
     let mut names = std::collections::BTreeSet::new();
     for kind in AlgorithmKind::ALL {
-        let table = tables
-            .iter()
-            .find(|(k, _)| *k == kind)
-            .map(|(_, t)| *t)
-            .unwrap_or_else(|| panic!("{}: no scenario table", kind.name()));
+        let table = oracles::scenarios(kind);
         let steps: Vec<_> = table.iter().flat_map(|s| s.steps).collect();
         assert!(
             table.len() >= 2 || steps.len() >= MIN_STEPS,
@@ -237,7 +231,7 @@ fn every_algorithm_has_a_scenario_table() {
                 .as_slot()
                 .is_some();
             assert_eq!(
-                scenarios::slot_tables().any(|r| r.name == s.name),
+                oracles::slot_tables().any(|r| r.name == s.name),
                 has_slot,
                 "{}: in slot_tables() exactly when its state fits a slot",
                 s.name
@@ -245,7 +239,10 @@ fn every_algorithm_has_a_scenario_table() {
         }
     }
     assert_eq!(
-        scenarios::slot_tables().count() + scenarios::SLIDING_LOG.len(),
+        AlgorithmKind::ALL
+            .into_iter()
+            .map(|kind| oracles::scenarios(kind).len())
+            .sum::<usize>(),
         names.len()
     );
 }
@@ -513,7 +510,7 @@ fn sliding_window_params_policy_idle_and_packing() {
 #[cfg_attr(not(target_arch = "wasm32"), test)]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test::wasm_bindgen_test)]
 fn max_cost_is_the_limit() {
-    for s in scenarios::slot_tables() {
+    for s in oracles::slot_tables() {
         let limit = limit_of(s.algo);
         let max = limit.max_cost();
         let (d, _) = limit.decide(None, T0 + 123 * MS_US, max);

@@ -8,8 +8,9 @@
 use crate::support::conformance as checked;
 
 use checked::*;
-use weir_core::algorithms::{AlgorithmKind, GlobalLimit, Limit};
+use weir_core::algorithms::{AlgorithmKind, GlobalLimit};
 use weir_core::conformance::{check, Admission, Violation};
+use weir_testkit::oracles::oracle;
 use weir_testkit::scenarios::{S_US, T0};
 
 /// Properties over random limits and schedules (natively: proptest does not run under
@@ -114,14 +115,16 @@ mod properties {
         limit.max_cost()
     }
 
-    /// The same algorithm with one unit more of burst, capacity or limit.
+    /// The same algorithm with one unit more of burst, capacity or limit: its spec's
+    /// `limit_parameter` grown by one.
     fn plus_one(limit: &GlobalLimit) -> GlobalLimit {
+        let spec = limit.kind().spec();
         let mut values = limit.algorithm().parameters();
-        let at = if limit.kind() == AlgorithmKind::Gcra {
-            2
-        } else {
-            0
-        };
+        let at = spec
+            .parameters
+            .iter()
+            .position(|p| p.name == spec.limit_parameter.name)
+            .unwrap();
         values[at] += 1;
         GlobalLimit::build(limit.kind(), &values).unwrap()
     }
@@ -166,8 +169,8 @@ mod properties {
                 (Err(v), Some(j)) => {
                     prop_assert_eq!(v.last, j, "{}", v);
                     assert_real(&limit, &list, &v);
-                    if matches!(limit, GlobalLimit::Slot(Limit::Gcra(_) | Limit::TokenBucket(_))) {
-                        let excess = |i| stretch_excess(&limit, &s, i, j);
+                    let excess = |i| oracle(&limit).stretch_excess(&s, i, j);
+                    if excess(j).is_some() {
                         let best = (0..=j).map(excess).max().unwrap();
                         let latest = (0..=j).rev().find(|&i| excess(i) == best).unwrap();
                         prop_assert_eq!(v.first, latest, "{}", v);
@@ -217,34 +220,8 @@ mod properties {
             let t0 = T0 + start;
             let n = full(&limit);
             prop_assert_eq!(central.grant(t0, 1, n), Some(n));
-            let (fresh_at, saved_at) = match &limit {
-                GlobalLimit::Slot(Limit::Gcra(g)) => {
-                    // The saved units within τ of the fresh ones.
-                    let t1 = central.idle_at() + scale * extra / 64;
-                    let room = g.tolerance_ns().div_ceil(1_000) - 1;
-                    (t1, t1 + room * late / 64)
-                }
-                GlobalLimit::Slot(Limit::TokenBucket(b)) => {
-                    // Fewer refill instants between them than it takes R to make up C.
-                    let t1 = central.idle_at() + scale * extra / 64;
-                    let room = b.period_us() * ((b.capacity() - 1) / b.refill());
-                    (t1, t1 + room * late / 64)
-                }
-                GlobalLimit::Slot(Limit::FixedWindow(w)) => {
-                    let next = (t0 / w.window_us() + 1) * w.window_us();
-                    let t1 = next + (w.window_us() - 1) * extra / 64;
-                    (t1, t1 + (next + w.window_us() - 1 - t1) * late / 64)
-                }
-                GlobalLimit::Slot(Limit::SlidingWindow(w)) => {
-                    let next = (t0 / w.window_us() + 2) * w.window_us();
-                    let t1 = next + (w.window_us() - 1) * extra / 64;
-                    (t1, t1 + (next + w.window_us() - 1 - t1) * late / 64)
-                }
-                GlobalLimit::SlidingLog(l) => {
-                    let t1 = t0 + l.window_us() + (l.window_us() - 1) * extra / 64;
-                    (t1, t0 + 2 * l.window_us() - 1)
-                }
-            };
+            let (fresh_at, saved_at) =
+                oracle(&limit).spent_after_lease(t0, central.idle_at(), scale, extra, late);
             prop_assert_eq!(central.grant(fresh_at, 1, n), Some(n));
             let spent = [at(fresh_at, n), at(saved_at, n)];
             let v = expect_violation_real(&limit, &spent);

@@ -23,11 +23,12 @@ use crate::support;
 
 use support::search::*;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
 use support::{evaluate_on, Rng, SEED, T0};
 
+use weir_core::algorithms::AlgorithmKind;
 use weir_core::conformance::Admission;
 use weir_core::delay::RELEASE_SLACK_US;
 use weir_core::engine::{Engine, Evaluation, PendingCommit, RuleOutcome};
@@ -64,12 +65,24 @@ enum Commit {
     Lying,
 }
 
+/// The local case of `seed`, as the search draws it: its algorithm any of
+/// [`AlgorithmKind::ALL`] whose state fits a slot.
 fn draw_local(seed: u64) -> LocalCase {
+    // The algorithms added since the history take their share from a generator of their
+    // own (`draw_kind`), so that every other draw of the seed stays what it was.
+    let mut added = Rng(seed.wrapping_mul(0xbf58_476d_1ce4_e5b9) | 1);
+    draw_local_among(seed, Some(&mut added))
+}
+
+/// The local case of `seed` as it was found: its algorithm one of the history's alone, so
+/// that a kept seed replays its case whatever algorithm was added since.
+fn replay_local(seed: u64) -> LocalCase {
+    draw_local_among(seed, None)
+}
+
+fn draw_local_among(seed: u64, added: Option<&mut Rng>) -> LocalCase {
     let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
-    let limit = draw_limit(
-        &mut rng,
-        &["gcra", "token_bucket", "fixed_window", "sliding_window"],
-    );
+    let limit = draw_limit(&mut rng, added, Scope::Local);
     let workers = 1 + rng.below(4) as usize;
     let users = 1 + rng.below(3) as usize;
     let mut rule = format!(
@@ -424,17 +437,91 @@ fn random_local_configurations_keep_their_bound() {
 #[test]
 fn cases_the_search_found_keep_their_bound() {
     for seed in [51, 192] {
-        let case = draw_local(seed);
+        let case = replay_local(seed);
         assert!(case.config.contains("token_bucket") && case.config.contains("delay"));
         if let Err(failure) = check_local(&case) {
             panic!("{failure}");
         }
     }
     for seed in [437, 1020, 1443] {
-        let case = draw_local(seed);
+        let case = replay_local(seed);
         assert!(case.config.contains("fixed_window") && case.clock_lag_us > 0);
         if let Err(failure) = check_local(&case) {
             panic!("{failure}");
         }
+    }
+}
+
+/// Every algorithm is drawn: by the local search when its state fits a slot, by the
+/// global one in any case, whatever was added to [`AlgorithmKind::ALL`] since the history
+/// of the draw (`draw_kind`).
+#[test]
+fn the_search_draws_every_algorithm() {
+    let seeds = 1..=300u64;
+    let local: BTreeSet<&str> = seeds
+        .clone()
+        .map(|seed| draw_local(seed).algorithm)
+        .collect();
+    let global: BTreeSet<&str> = seeds
+        .map(|seed| {
+            // As `search_global.rs` seeds them.
+            let mut rng = Rng(seed.wrapping_mul(0xd1b5_4a32_d192_ed03) | 1);
+            let mut more = Rng(seed.wrapping_mul(0x94d0_49bb_1331_11eb) | 1);
+            DrawnGlobal::draw(&mut rng, &mut more).limit.name
+        })
+        .collect();
+    for kind in AlgorithmKind::ALL {
+        let slot = kind.spec().global_only.is_none();
+        assert_eq!(local.contains(kind.name()), slot, "local search: {kind}");
+        assert!(global.contains(kind.name()), "global search: {kind}");
+    }
+}
+
+/// An algorithm added since the history of the draw is written from its parameter table
+/// (`draw_from_spec`): for every algorithm there is, that must write limits the config
+/// check accepts as that algorithm, locally when it can run there and globally, with the
+/// largest cost the search assumes, and refuse few (as the search requires of its cases).
+#[test]
+fn limits_drawn_from_a_parameter_table_are_accepted() {
+    for kind in AlgorithmKind::ALL {
+        let mut rng = Rng(0x5eed ^ kind as u64);
+        let (mut configs, mut accepted_configs) = (0, 0);
+        for _ in 0..100 {
+            let scale_us = log_uniform(&mut rng, MS, 60 * S);
+            let limit = draw_from_spec(&mut rng, kind, scale_us);
+            let local = format!(
+                r#"{{"rules":[{{"name":"r","key":[{{"header":"x-user"}}],"limit":{}}}]}}"#,
+                limit.json
+            );
+            let global = DrawnGlobal {
+                limit,
+                timeout_us: 50 * MS,
+                envoys: 1,
+                users: 1,
+                cost_max: 1,
+                lease: String::new(),
+                failure_mode: "deny",
+                shadow: false,
+            };
+            let slot = kind.spec().global_only.is_none();
+            for config in [slot.then_some(local), Some(global.config(""))]
+                .into_iter()
+                .flatten()
+            {
+                configs += 1;
+                let Some(e) = accepted(&config) else {
+                    continue;
+                };
+                let configured = configured_limit(&e, RuleId(0)).unwrap();
+                assert_eq!(configured.kind(), kind, "{config}");
+                assert_eq!(configured.max_cost(), global.limit.max_cost, "{config}");
+                accepted_configs += 1;
+            }
+        }
+        assert!(
+            accepted_configs * 10 >= configs * 9,
+            "{kind}: the config check accepts {accepted_configs} of {configs} limits drawn from \
+             its parameter table"
+        );
     }
 }

@@ -12,6 +12,7 @@ use weir_bridge::{Metrics, RedisClient, RedisStore, Settings};
 use weir_e2e::{RedisCluster, RedisSentinel, RedisServer};
 use weir_protocol::algorithms::GlobalLimit;
 use weir_protocol::algorithms::{AlgorithmKind, Ask, SlotState};
+use weir_testkit::oracles;
 
 /// The Redis deployments the bridge supports (`--redis-mode`). A test body written once
 /// runs on each through [`on_every_backend!`].
@@ -258,23 +259,8 @@ impl Redis {
             .split(' ')
             .map(|w| w.parse().unwrap_or_else(|_| panic!("{key} = {text:?}")))
             .collect();
-        Some(match (kind, n.as_slice()) {
-            (AlgorithmKind::TokenBucket | AlgorithmKind::FixedWindow, [a, b]) => {
-                SlotState { a: *a, b: *b }
-            }
-            (AlgorithmKind::Gcra, [us, rem]) => {
-                assert!(*rem < 1000, "{key} = {text:?}");
-                SlotState {
-                    a: us * 1000 + rem,
-                    b: 0,
-                }
-            }
-            (AlgorithmKind::SlidingWindow, [prev, curr, start]) => SlotState {
-                a: (prev << 32) | curr,
-                b: *start,
-            },
-            _ => panic!("{key} = {text:?} is not a {kind} state"),
-        })
+        let state = oracles::redis_slot_state(kind, &n);
+        Some(state.unwrap_or_else(|| panic!("{key} = {text:?} is not a {kind} state")))
     }
 }
 

@@ -4,7 +4,7 @@
 //! `conformance.rs`, with the other checks.
 
 use super::common::{future_base, invocation, Backend, Redis, Rng};
-use super::{expired, random_limit, scale_of, SlotPair};
+use super::{expired, random_limit, random_scale, SlotPair};
 use weir_bridge::scripts::{Invocation, Settle};
 use weir_protocol::algorithms::fixed_window::FixedWindow;
 use weir_protocol::algorithms::token_bucket::TokenBucket;
@@ -83,14 +83,16 @@ pub(super) async fn settles_agree(backend: Backend) {
         Limit::FixedWindow(FixedWindow::new(100, 10_000_000).unwrap()),
         Limit::TokenBucket(TokenBucket::new(3, 1, 30 * 86_400_000_000).unwrap()),
     ];
-    let mut rng = Rng(0x005e_771e_0000);
+    // Random limits of every algorithm that settles, in turn.
+    let settling: Vec<AlgorithmKind> = AlgorithmKind::ALL
+        .into_iter()
+        .filter(|kind| kind.spec().settles())
+        .collect();
+    // Draws the random limits and each limit's time scale, apart from each walk's steps.
+    let mut drawing = Rng(0x005e_771e_0000);
     for i in 0..12 {
-        let kind = if i % 2 == 0 {
-            AlgorithmKind::TokenBucket
-        } else {
-            AlgorithmKind::FixedWindow
-        };
-        if let GlobalLimit::Slot(limit) = random_limit(&mut rng, kind) {
+        let kind = settling[i % settling.len()];
+        if let GlobalLimit::Slot(limit) = random_limit(&mut drawing, kind) {
             limits.push(limit);
         }
     }
@@ -100,7 +102,7 @@ pub(super) async fn settles_agree(backend: Backend) {
         let mut rng = Rng(0x5e771e + n as u64);
         let mut pair = SlotPair::new(&redis, limit.clone(), format!("settle-{n}"));
         let max = limit.max_cost();
-        let scale = scale_of(&GlobalLimit::Slot(limit.clone())).max(1);
+        let scale = random_scale(&mut drawing, &GlobalLimit::Slot(limit.clone()));
         let mut now = base;
         // Reservations not settled yet: (counted at, units).
         let mut open: Vec<(u64, u64)> = Vec::new();

@@ -1,13 +1,14 @@
 //! What the conformance tests share (`conformance.rs`, `conformance_properties.rs`):
-//! limits by algorithm, the bounds read straight from their definitions (brute force),
-//! the recomputation of a reported violation, and a central limiter to replay schedules
-//! on.
+//! limits by algorithm, the bounds read straight from their definitions (brute force, by
+//! each algorithm's oracle in weir-testkit), the recomputation of a reported violation,
+//! and a central limiter to replay schedules on.
 
 use weir_core::algorithms::{
     fixed_window::FixedWindow, gcra::Gcra, sliding_log::SlidingLog, sliding_window::SlidingWindow,
     token_bucket::TokenBucket, AlgorithmKind, GlobalLimit, Limit, SlotState, Unit,
 };
 use weir_core::conformance::{check, Admission, Violation};
+use weir_testkit::oracles::{self, oracle};
 
 /// A limit of `kind` built through its spec from drawn values, whatever the algorithm:
 /// its count parameters from `counts`, its durations (µs) from `durations`, in the order
@@ -73,77 +74,18 @@ pub fn sorted(admissions: &[Admission]) -> Vec<Admission> {
 }
 
 pub fn sum(admissions: &[Admission]) -> u128 {
-    admissions.iter().map(|a| u128::from(a.cost)).sum()
+    oracles::sum(admissions)
 }
 
-/// `(S_j − S_(i−1))` and the bound's own measure of how far it goes beyond the allowance
-/// for the stretch `i..=j` (GCRA in ns, the token bucket in units), for the algorithms
-/// whose violations are stretches.
-pub fn stretch_excess(limit: &GlobalLimit, s: &[Admission], i: usize, j: usize) -> i128 {
-    let admitted = sum(&s[i..=j]) as i128;
-    let (from, to) = (s[i].at_us, s[j].at_us);
-    match limit {
-        GlobalLimit::Slot(Limit::Gcra(g)) => {
-            let t = i128::from(g.emission_interval_ns());
-            admitted * t - i128::from(g.tolerance_ns()) - i128::from(to - from) * 1_000
-        }
-        GlobalLimit::Slot(Limit::TokenBucket(b)) => {
-            let instants = (to - from).div_ceil(b.period_us());
-            admitted - i128::from(b.capacity()) - i128::from(b.refill()) * i128::from(instants)
-        }
-        _ => unreachable!("windows are not stretches"),
-    }
-}
-
-/// Whether the admissions up to and including `j` (sorted) break the bound at `j`,
-/// straight from CONFORMANCE.md's table, in O(n) per `j`.
+/// Whether the admissions up to and including `j` (sorted) break the bound at `j`, read
+/// from the definition by the algorithm's oracle (weir-testkit's `oracles`).
 pub fn breaks_at(limit: &GlobalLimit, s: &[Admission], j: usize) -> bool {
-    let t = s[j].at_us;
-    match limit {
-        GlobalLimit::Slot(Limit::Gcra(_) | Limit::TokenBucket(_)) => {
-            (0..=j).any(|i| stretch_excess(limit, s, i, j) > 0)
-        }
-        GlobalLimit::Slot(Limit::FixedWindow(w)) => {
-            let k = t / w.window_us();
-            let inside: Vec<Admission> = s[..=j]
-                .iter()
-                .filter(|a| a.at_us / w.window_us() == k)
-                .copied()
-                .collect();
-            sum(&inside) > u128::from(w.limit())
-        }
-        GlobalLimit::SlidingLog(l) => {
-            let inside: Vec<Admission> = s[..=j]
-                .iter()
-                .filter(|a| u128::from(a.at_us) + u128::from(l.window_us()) > u128::from(t))
-                .copied()
-                .collect();
-            sum(&inside) > u128::from(l.limit())
-        }
-        GlobalLimit::Slot(Limit::SlidingWindow(w)) => {
-            let width = w.window_us();
-            let k = t / width;
-            let in_window = |a: &&Admission, n: u64| a.at_us / width == n;
-            let prev: Vec<Admission> = s
-                .iter()
-                .filter(|a| k > 0 && in_window(a, k - 1))
-                .copied()
-                .collect();
-            let cur: Vec<Admission> = s[..=j]
-                .iter()
-                .filter(|a| in_window(a, k))
-                .copied()
-                .collect();
-            let e = u128::from(t % width);
-            sum(&prev) * (u128::from(width) - e) + sum(&cur) * u128::from(width)
-                > u128::from(w.limit()) * u128::from(width)
-        }
-    }
+    oracle(limit).breaks_at(s, j)
 }
 
 /// Recomputes a reported violation from the definitions: its admissions really exceed
 /// the bound there, `admitted` and `allowed` say so, and `first` is the start the
-/// module docs promise.
+/// module docs promise (the algorithm's part asked of its oracle).
 pub fn assert_real(limit: &GlobalLimit, admissions: &[Admission], v: &Violation) {
     let s = sorted(admissions);
     let (first, last) = (v.first, v.last);
@@ -161,57 +103,7 @@ pub fn assert_real(limit: &GlobalLimit, admissions: &[Admission], v: &Violation)
         v.message.starts_with(limit.kind().name()),
         "the message names the algorithm: {v}"
     );
-    let (from, to) = (s[first].at_us, s[last].at_us);
-    match limit {
-        GlobalLimit::Slot(Limit::Gcra(g)) => {
-            let t = u128::from(g.emission_interval_ns());
-            let span_ns = u128::from(to - from) * 1_000;
-            assert_eq!(allowed, (u128::from(g.tolerance_ns()) + span_ns) / t, "{v}");
-            assert!(admitted * t > u128::from(g.tolerance_ns()) + span_ns, "{v}");
-        }
-        GlobalLimit::Slot(Limit::TokenBucket(b)) => {
-            let instants = u128::from((to - from).div_ceil(b.period_us()));
-            let bound = u128::from(b.capacity()) + u128::from(b.refill()) * instants;
-            assert_eq!(allowed, bound, "{v}");
-        }
-        GlobalLimit::Slot(Limit::FixedWindow(w)) => {
-            let k = to / w.window_us();
-            assert_eq!(from / w.window_us(), k, "one window: {v}");
-            assert!(first == 0 || s[first - 1].at_us / w.window_us() < k, "{v}");
-            assert_eq!(allowed, u128::from(w.limit()), "{v}");
-        }
-        GlobalLimit::SlidingLog(l) => {
-            let leaves = |a: &Admission| u128::from(a.at_us) + u128::from(l.window_us());
-            assert!(leaves(&s[first]) > u128::from(to), "one log window: {v}");
-            assert!(first == 0 || leaves(&s[first - 1]) <= u128::from(to), "{v}");
-            assert_eq!(allowed, u128::from(l.limit()), "{v}");
-        }
-        GlobalLimit::Slot(Limit::SlidingWindow(w)) => {
-            let width = w.window_us();
-            // Window numbers in u128: with 1 µs windows, u64::MAX + 1 is a window too.
-            let window = |a: &Admission| u128::from(a.at_us / width);
-            let k = window(&s[last]);
-            // All of window k − 1 (if it has admissions), then window k up to `last`.
-            assert!(s[first..=last].iter().all(|a| window(a) + 1 >= k), "{v}");
-            assert!(
-                first == 0 || window(&s[first - 1]) < window(&s[first]),
-                "{v}"
-            );
-            assert!(window(&s[first]) + 1 == k || first == 0 || window(&s[first - 1]) + 2 <= k);
-            let prev = sum(&s[first..=last]
-                .iter()
-                .filter(|a| window(a) + 1 == k)
-                .copied()
-                .collect::<Vec<_>>());
-            let cur = admitted - prev;
-            let (w128, e) = (u128::from(width), u128::from(to % width));
-            assert!(
-                prev * (w128 - e) + cur * w128 > u128::from(w.limit()) * w128,
-                "{v}"
-            );
-            assert_eq!(allowed, u128::from(w.limit()) + prev * e / w128, "{v}");
-        }
-    }
+    oracle(limit).check_violation(&s, v, admitted, allowed);
 }
 
 /// Checks, expecting a violation over `first..=last` with `admitted` and `allowed`.

@@ -5,7 +5,8 @@
 
 use super::{user, FakeRequest, Rng, T0};
 use std::collections::BTreeMap;
-use weir_core::algorithms::{AlgorithmKind, AlgorithmSpec, GlobalLimit};
+use std::fmt::Write as _;
+use weir_core::algorithms::{AlgorithmKind, AlgorithmSpec, GlobalLimit, Unit};
 use weir_core::config;
 use weir_core::conformance::{self, Admission, Violation};
 use weir_core::engine::{Engine, BRIDGE_BACKOFF_US};
@@ -57,12 +58,69 @@ pub fn spec_of(name: &str) -> &'static AlgorithmSpec {
     AlgorithmKind::from_name(name).unwrap().spec()
 }
 
-pub fn draw_limit(rng: &mut Rng, algorithms: &[&'static str]) -> DrawnLimit {
-    let name = algorithms[rng.below(algorithms.len() as u64) as usize];
+/// The algorithms the search drew from before it drew from [`AlgorithmKind::ALL`], by
+/// config name (names never change), in the order it drew them: the history of the draw.
+/// A seed's first draw picks one of these exactly as before, so every seed found before
+/// still draws its case. A new algorithm is never added here: [`draw_kind`] gives it its
+/// share from a generator of its own. Reordering or removing one changes every seed.
+const DRAWN_BEFORE: [&str; 5] = [
+    "gcra",
+    "token_bucket",
+    "fixed_window",
+    "sliding_window",
+    "sliding_log",
+];
+
+/// Where a drawn limit runs, so which algorithms it may be.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scope {
+    /// A local rule: only the algorithms whose state fits a slot.
+    Local,
+    /// A global rule: any algorithm.
+    Global,
+}
+
+/// The algorithm of a limit that runs in `scope`. `rng` picks one of [`DRAWN_BEFORE`]
+/// that runs there, as it always did. With `n` of those and `k` algorithms of
+/// [`AlgorithmKind::ALL`] added since, `added` replaces the pick by one of the added with
+/// probability `k/(n+k)`, so that each gets about an equal share and only the cases
+/// replaced change; `added` is not drawn from while nothing was added (`k = 0`), and
+/// `added: None` keeps the pick (a kept seed's case as it was found).
+fn draw_kind(rng: &mut Rng, added: Option<&mut Rng>, scope: Scope) -> AlgorithmKind {
+    let runs_here =
+        |kind: &AlgorithmKind| scope == Scope::Global || kind.spec().global_only.is_none();
+    let history: Vec<AlgorithmKind> = DRAWN_BEFORE
+        .iter()
+        .map(|name| AlgorithmKind::from_name(name).unwrap())
+        .filter(runs_here)
+        .collect();
+    let picked = history[rng.below(history.len() as u64) as usize];
+    let since: Vec<AlgorithmKind> = AlgorithmKind::ALL
+        .into_iter()
+        .filter(|kind| runs_here(kind) && !history.contains(kind))
+        .collect();
+    match added {
+        Some(added) if !since.is_empty() => {
+            let at = added.below((history.len() + since.len()) as u64) as usize;
+            since.get(at).copied().unwrap_or(picked)
+        }
+        _ => picked,
+    }
+}
+
+/// A limit that runs in `scope`, its algorithm drawn by [`draw_kind`]. The algorithms of
+/// the history keep the draws they had (seeds replay them); any other is drawn from its
+/// parameter table ([`draw_from_spec`]), with no arm of its own.
+pub fn draw_limit(rng: &mut Rng, added: Option<&mut Rng>, scope: Scope) -> DrawnLimit {
+    let kind = draw_kind(rng, added, scope);
+    let name = kind.name();
     // A period or window from 1 ms to 1 min, any µs count.
     let scale_us = log_uniform(rng, MS, 60 * S);
-    match name {
-        "gcra" => {
+    if !DRAWN_BEFORE.contains(&name) {
+        return draw_from_spec(rng, kind, scale_us);
+    }
+    match kind {
+        AlgorithmKind::Gcra => {
             let rate = log_uniform(rng, 1, 5_000);
             let burst = if chance(rng, 4) {
                 0
@@ -79,7 +137,7 @@ pub fn draw_limit(rng: &mut Rng, algorithms: &[&'static str]) -> DrawnLimit {
                 scale_us,
             }
         }
-        "token_bucket" => {
+        AlgorithmKind::TokenBucket => {
             let capacity = log_uniform(rng, 1, 2_000);
             let refill = if chance(rng, 3) {
                 capacity
@@ -96,6 +154,7 @@ pub fn draw_limit(rng: &mut Rng, algorithms: &[&'static str]) -> DrawnLimit {
                 scale_us,
             }
         }
+        // The rest of the history are windows: a `limit` per `window`.
         _ => {
             let limit = log_uniform(rng, 1, 2_000);
             DrawnLimit {
@@ -108,6 +167,50 @@ pub fn draw_limit(rng: &mut Rng, algorithms: &[&'static str]) -> DrawnLimit {
                 scale_us,
             }
         }
+    }
+}
+
+/// A limit of `kind` written from its parameter table alone, so that an algorithm added
+/// after the history is drawn with no arm of its own: every count log-uniform from 1 to
+/// 2,000 (the range of the history's limits and capacities), the first duration
+/// `scale_us`, any other from the same 1 ms .. 1 min. Its pace and largest cost are asked
+/// of the limit the values build; values it refuses are left for the config check to
+/// refuse (the search counts refusals and fails when they are many).
+pub fn draw_from_spec(rng: &mut Rng, kind: AlgorithmKind, scale_us: u64) -> DrawnLimit {
+    let spec = kind.spec();
+    let mut json = format!(r#"{{"algorithm":"{}""#, spec.name);
+    let mut values = Vec::new();
+    let mut scale = Some(scale_us);
+    for parameter in spec.parameters {
+        let value = match parameter.unit {
+            Unit::Count => {
+                let count = log_uniform(rng, 1, 2_000);
+                write!(json, r#","{}":{count}"#, parameter.name).unwrap();
+                count
+            }
+            Unit::Duration => {
+                let us = scale.take().unwrap_or_else(|| log_uniform(rng, MS, 60 * S));
+                write!(json, r#","{}":"{us}us""#, parameter.name).unwrap();
+                us
+            }
+        };
+        values.push(value);
+    }
+    json.push('}');
+    let (per_s, max_cost) = match GlobalLimit::build(kind, &values) {
+        Ok(limit) => {
+            let policy = limit.policy();
+            let per_s = policy.quota as f64 * 1e9 / policy.window_ns.max(1) as f64;
+            (per_s, limit.max_cost())
+        }
+        Err(_) => (S as f64 / scale_us as f64, 1),
+    };
+    DrawnLimit {
+        json,
+        name: spec.name,
+        per_s,
+        max_cost,
+        scale_us,
     }
 }
 
@@ -281,16 +384,11 @@ impl DrawnGlobal {
         } else {
             50 * MS
         };
-        let limit = draw_limit(
-            rng,
-            &[
-                "gcra",
-                "token_bucket",
-                "fixed_window",
-                "sliding_window",
-                "sliding_log",
-            ],
-        );
+        // The algorithms added since the history take their share from a generator
+        // derived from `more` as it stands, not drawn from it, so that `more`'s later
+        // draws stay what they were too.
+        let mut added = Rng(more.0.wrapping_mul(0xbf58_476d_1ce4_e5b9) | 1);
+        let limit = draw_limit(rng, Some(&mut added), Scope::Global);
         let envoys = 1 + rng.below(3) as usize;
         let users = 1 + rng.below(2) as usize;
         let cost_max = if limit.max_cost < 2 || chance(rng, 3) {
