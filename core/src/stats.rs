@@ -135,10 +135,12 @@ pub enum Applies {
     Adaptive,
     /// `adaptive` with `per_key`.
     PerKey,
+    /// A limit read from the request (a tenant's own).
+    FromRequest,
 }
 
 impl Applies {
-    pub const ALL: [Applies; 10] = [
+    pub const ALL: [Applies; 11] = [
         Applies::Every,
         Applies::Shadow,
         Applies::Global,
@@ -149,6 +151,7 @@ impl Applies {
         Applies::Concurrency,
         Applies::Adaptive,
         Applies::PerKey,
+        Applies::FromRequest,
     ];
 
     /// The rules it applies to, as the docs' tables say it.
@@ -164,6 +167,7 @@ impl Applies {
             Applies::Concurrency => "`concurrency`",
             Applies::Adaptive => "`adaptive`, one controller",
             Applies::PerKey => "`adaptive` with `per_key`",
+            Applies::FromRequest => "a limit from the request",
         }
     }
 }
@@ -244,6 +248,8 @@ macro_rules! rule_stats {
                 "requests a shadow rule would have denied (they were let through)";
             key_missing: Counter, Default, Every,
                 "requests the rule matched but could not key (a key source had no value and no default): the rule did not apply";
+            limit_invalid: Counter, Default, FromRequest,
+                "requests whose limit value (a tenant's own) was there but not a whole number: its `default` decided them";
             store_errors: Counter, Default, Every,
                 "shared data failed or the CAS loop gave up: a local rule let the request through; a global rule asked the bridge (or its failure mode decided)";
             slots_in_use: Gauge, Default, Every,

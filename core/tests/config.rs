@@ -161,7 +161,7 @@ fn serde_messages_do_not_depend_on_formatting() {
     assert_eq!(a, parse_str(spread).unwrap_err());
     assert_eq!(
         a.to_string(),
-        r#"rules[0].limit.rate: invalid type: string "1", expected u64"#
+        r#"rules[0].limit.rate: invalid type: string "1", expected a whole number or {"jwt_claim" | "attribute" | "header": ..., "default": ..., "max": ...}"#
     );
 }
 

@@ -36,6 +36,7 @@ mod layers;
 mod lifecycle;
 mod limit_changes;
 mod outstanding;
+mod request_limits;
 mod reservoirs;
 mod search;
 mod search_global;

@@ -39,6 +39,9 @@ pub struct Bootstrap {
     /// `(prefix, length)`: Envoy keeps their `x-envoy-*` headers and strips them from
     /// every other request. None by default, as in Envoy.
     pub internal_cidrs: Vec<(String, u32)>,
+    /// More fields of the HTTP connection manager (YAML at its indentation, column 0
+    /// here): `early_header_mutation_extensions:`, say.
+    pub connection_manager: Vec<String>,
 }
 
 /// How an access log writes its lines.
@@ -69,7 +72,14 @@ impl Bootstrap {
             access_log: None,
             top_level: Vec::new(),
             internal_cidrs: Vec::new(),
+            connection_manager: Vec::new(),
         }
+    }
+
+    /// Adds fields to the HTTP connection manager (YAML at column 0).
+    pub fn connection_manager(mut self, yaml: impl Into<String>) -> Bootstrap {
+        self.connection_manager.push(yaml.into());
+        self
     }
 
     /// Counts requests from `prefix/len` as internal: an Envoy in front of this one.
@@ -175,6 +185,11 @@ impl Bootstrap {
             c
         };
         let listeners: String = self.listeners.iter().map(|l| indent(l, 2)).collect();
+        let connection_manager: String = self
+            .connection_manager
+            .iter()
+            .map(|yaml| indent(yaml, 10))
+            .collect();
         let clusters = if self.clusters.is_empty() {
             "  clusters: []\n".to_string()
         } else {
@@ -202,7 +217,7 @@ admin:
           stat_prefix: ingress
           # The client address is the TCP peer, never X-Forwarded-For.
           use_remote_address: true
-{internal}          max_request_headers_kb: {kb}
+{internal}{connection_manager}          max_request_headers_kb: {kb}
 {access_log}          route_config:
             name: local
             virtual_hosts:

@@ -25,4 +25,5 @@ mod replay;
 mod rolling_update;
 mod shared_envoy;
 mod stats;
+mod tenant_limits;
 mod token_limits;

@@ -102,6 +102,7 @@ object_only!(RawClamp, "a clamp object");
 #[serde(remote = "Self", deny_unknown_fields)]
 pub(crate) struct RawConfig {
     pub rules: Vec<RawRule>,
+    pub trusted_headers: Option<Vec<String>>,
     pub response: Option<RawResponse>,
     pub bridge: Option<RawBridge>,
     pub max_buffered_bytes: Option<u64>,
@@ -401,10 +402,61 @@ impl RawConcurrency {
 /// The fields of a concurrency limit, beside `algorithm`.
 pub(crate) const CONCURRENCY_FIELDS: [&str; 3] = ["max_in_flight", "retry_after", "adaptive"];
 
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(crate) enum RawValue {
     Count(u64),
     Duration(RawDuration),
+    /// A count read from the request (a tenant's own limit).
+    FromRequest(RawLimitFrom),
+}
+
+/// `{"jwt_claim": "rate", "default": 100, "min": 1, "max": 10000}`: a limit parameter
+/// read from the request, with exactly one source.
+#[derive(Debug, Deserialize)]
+#[serde(remote = "Self", deny_unknown_fields)]
+pub(crate) struct RawLimitFrom {
+    pub header: Option<String>,
+    pub jwt_claim: Option<ClaimPath>,
+    pub jwt_metadata_key: Option<String>,
+    pub attribute: Option<Vec<String>>,
+    pub default: Option<u64>,
+    pub min: Option<u64>,
+    pub max: Option<u64>,
+}
+
+/// A count parameter: a whole number, or where the request gives it.
+struct RawCount;
+
+impl<'de> DeserializeSeed<'de> for RawCount {
+    type Value = RawValue;
+
+    #[inline(never)] // see `object_only!`
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<RawValue, D::Error> {
+        struct CountVisitor;
+        impl<'de> Visitor<'de> for CountVisitor {
+            type Value = RawValue;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(
+                    "a whole number or {\"jwt_claim\" | \"attribute\" | \"header\": ..., \"default\": ..., \"max\": ...}",
+                )
+            }
+            fn visit_u64<E: de::Error>(self, n: u64) -> Result<RawValue, E> {
+                Ok(RawValue::Count(n))
+            }
+            fn visit_i64<E: de::Error>(self, n: i64) -> Result<RawValue, E> {
+                match u64::try_from(n) {
+                    Ok(n) => Ok(RawValue::Count(n)),
+                    Err(_) => Err(E::invalid_value(de::Unexpected::Signed(n), &self)),
+                }
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<RawValue, A::Error> {
+                // The inherent (derived) function, through the tracked `MapAccess`.
+                RawLimitFrom::deserialize(de::value::MapAccessDeserializer::new(map))
+                    .map(RawValue::FromRequest)
+            }
+        }
+        deserializer.deserialize_any(CountVisitor)
+    }
 }
 
 impl RawLimit {
@@ -486,7 +538,7 @@ impl<'de> Visitor<'de> for RawLimitVisitor {
                 return Err(de::Error::duplicate_field(parameter.name));
             }
             let value = match parameter.unit {
-                Unit::Count => RawValue::Count(map.next_value()?),
+                Unit::Count => map.next_value_seed(RawCount)?,
                 Unit::Duration => RawValue::Duration(map.next_value()?),
             };
             values.push((parameter, value));

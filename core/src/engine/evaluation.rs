@@ -3,10 +3,10 @@
 //! ends — with the steps every scope shares (a rule that applies, a decision served from
 //! held units).
 
-use crate::algorithms::{Decision, Hold};
+use crate::algorithms::{Decision, Hold, Limit};
 use crate::key::{KeyHash, KeyHasher, Seed};
 use crate::lease::{LeaseSlot, Spend};
-use crate::rules::{FactSource, Facts, Rule, RuleId};
+use crate::rules::{FactSource, Facts, RequestLimit, Rule, RuleId};
 use crate::time::{Micros, Nanos, Span};
 use crate::wire::ReplyError;
 
@@ -41,6 +41,7 @@ impl PendingItem {
         Applied {
             rule,
             hash: self.hash,
+            limit: None,
             cost: if self.clamp_prompt.is_some() {
                 self.want
             } else {
@@ -105,6 +106,9 @@ pub struct PendingCommit {
     /// When they were counted: this Envoy's clock for a local rule, Redis's for a global
     /// one.
     pub counted_at: Micros,
+    /// The limit the request carried, when its rule reads it from the request: the
+    /// settlement runs by it.
+    pub(super) limit: Option<Limit>,
 }
 
 /// What a clamping rule reserved for an admitted request: its body is sent with at most
@@ -338,6 +342,9 @@ impl Evaluation {
 pub(super) struct Applied<'a> {
     pub(super) rule: &'a Rule,
     pub(super) hash: KeyHash,
+    /// The limit this request carries, when its rule reads it from the request
+    /// ([`Rule::request_limit`]); `None`: the rule's own.
+    pub(super) limit: Option<RequestLimit>,
     pub(super) cost: u64,
     /// `cost` unless the rule clamps the request ([`Rule::clamp_range`]).
     pub(super) least: u64,
@@ -367,9 +374,41 @@ impl Applied<'_> {
     pub(super) fn report(&self) -> RuleReport {
         RuleReport {
             cost: self.cost,
+            limit_invalid: self.limit.as_ref().is_some_and(|l| l.invalid),
             ..RuleReport::new(self.rule.id, self.now_us)
         }
     }
+
+    /// The limit this request is decided by: its own, or `configured`, the rule's.
+    pub(super) fn limit_or<'l>(&'l self, configured: &'l Limit) -> &'l Limit {
+        self.limit.as_ref().map_or(configured, |own| &own.limit)
+    }
+
+    /// Where this request's units taken ahead are kept: the key's, and the limit's when
+    /// the request carries its own, so that units taken (or a denial cached) under one
+    /// limit never serve a request carrying another.
+    pub(super) fn units_hash(&self) -> KeyHash {
+        match &self.limit {
+            None => self.hash,
+            Some(own) => KeyHash {
+                set_hash: self.hash.set_hash,
+                fingerprint: self.hash.fingerprint ^ limit_fingerprint(&own.limit),
+            },
+        }
+    }
+}
+
+/// A limit's parameters hashed (FNV-1a over their bytes), to tell the limits a key's
+/// requests carry apart where units are kept per key and limit.
+fn limit_fingerprint(limit: &Limit) -> u64 {
+    limit
+        .algorithm()
+        .parameters()
+        .iter()
+        .flat_map(|value| value.to_le_bytes())
+        .fold(0xcbf2_9ce4_8422_2325, |hash: u64, byte| {
+            (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
+        })
 }
 
 /// Where an evaluation starts: the first rule to look at, and when the request arrived.
@@ -401,11 +440,16 @@ pub(super) fn applies<'r, F: FactSource>(
     }
     let estimate = rule.cost(facts);
     let (least, cost, prompt) = rule.clamp_range(facts, estimate);
-    let quota = rule.policy().quota;
+    let limit = rule.request_limit(facts);
+    let quota = limit
+        .as_ref()
+        .map_or_else(|| rule.policy(), |own| own.limit.policy())
+        .quota;
     if least > quota {
         // A clamping rule's request whose prompt alone is more than the limit ever
         // holds: it can never be admitted.
         report.cost = least;
+        report.limit_invalid = limit.as_ref().is_some_and(|l| l.invalid);
         let never = Decision {
             allowed: false,
             limit: quota,
@@ -419,6 +463,7 @@ pub(super) fn applies<'r, F: FactSource>(
     Some(Applied {
         rule,
         hash: hasher.finish(),
+        limit,
         cost,
         least,
         prompt,

@@ -52,6 +52,7 @@ impl GlobalRuntime {
             FailureMode::Local(limit) => OnFailure::Local(LimitTable {
                 limit: limit.clone(),
                 table: SlotTable::new(owner, &format!("fallback-{}", limit.kind()), rule.max_keys),
+                other_limits: Vec::new(),
             }),
         };
         GlobalRuntime {
@@ -365,6 +366,7 @@ impl GlobalRuntime {
                 key: CommitKey::Global(item.descriptor.clone()),
                 reserved,
                 counted_at: Micros(result.now_us),
+                limit: None,
             });
         }
         eval.record(report, rule, decision);

@@ -186,6 +186,7 @@ impl ConcurrencyRuntime {
                         key: CommitKey::Local(applied.hash),
                         reserved: applied.cost,
                         counted_at: Micros(applied.now_us),
+                        limit: None,
                     });
                 }
                 eval.record(report, applied.rule, decision);

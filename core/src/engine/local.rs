@@ -22,6 +22,11 @@ use super::report::{signed, RuleOutcome, RuleReport, Source};
 pub(super) struct LimitTable {
     pub(super) limit: Limit,
     pub(super) table: SlotTable,
+    /// When requests carry limits of their own ([`Rule::limit_from`]): the limits at
+    /// the corners of their ranges. A key's state says nothing any more only once it
+    /// says nothing under every one of them, so a slot is not taken from a key whose
+    /// state still matters under another request's limit.
+    pub(super) other_limits: Vec<Limit>,
 }
 
 impl LimitTable {
@@ -34,7 +39,11 @@ impl LimitTable {
         decide: impl FnMut(Option<SlotState>) -> (R, Option<SlotState>),
     ) -> Result<Updated<R>, UpdateError> {
         let vacancy = |state: SlotState| Vacancy {
-            idle_at_us: self.limit.idle_at_us(state),
+            idle_at_us: self
+                .other_limits
+                .iter()
+                .map(|limit| limit.idle_at_us(state))
+                .fold(self.limit.idle_at_us(state), u64::max),
             in_use: self.limit.in_use(state, now_us),
         };
         self.table.update(store, hash, now_us, vacancy, decide)
@@ -53,8 +62,9 @@ impl LimitTable {
         // What one response may claim: as for a global rule's item (a response saying
         // 2^64 tokens would push the key's refills out of reach).
         let actual = actual.min(MAX_WANT);
+        let limit = commit.limit.as_ref().unwrap_or(&self.limit);
         self.update(store, hash, now_us, |state| {
-            let next = self.limit.settle(
+            let next = limit.settle(
                 state,
                 commit.counted_at.us(),
                 commit.reserved,
@@ -83,6 +93,7 @@ impl LocalRuntime {
             slots: LimitTable {
                 limit: limit.clone(),
                 table: SlotTable::new(owner, limit.kind().name(), rule.max_keys),
+                other_limits: rule.request_limit_corners(),
             },
             reservoir: rule.reservoir,
             delay: rule.delay,
@@ -158,25 +169,19 @@ pub(super) fn decide_in_slot<S: SharedStore>(
 ) {
     let now_us = applied.now_us;
     report.source = Some(slot.source);
+    let limit = applied.limit_or(&slot.slots.limit);
     let updated = slot.slots.update(store, &applied.hash, now_us, |state| {
         let state = state.or(seed);
         match offer.filter(|o| o.room) {
             Some(o) => {
-                let (decision, hold, next) = slot.slots.limit.hold(
-                    state,
-                    now_us,
-                    applied.cost,
-                    o.max_wait_us,
-                    RELEASE_SLACK_US,
-                );
+                let (decision, hold, next) =
+                    limit.hold(state, now_us, applied.cost, o.max_wait_us, RELEASE_SLACK_US);
                 ((decision, hold, applied.cost), next)
             }
             // A clamping rule takes what the key has left, down to the least.
             None => {
                 let (decision, granted, next) =
-                    slot.slots
-                        .limit
-                        .acquire(state, now_us, applied.least, applied.cost);
+                    limit.acquire(state, now_us, applied.least, applied.cost);
                 ((decision, None, granted), next)
             }
         }
@@ -193,6 +198,7 @@ pub(super) fn decide_in_slot<S: SharedStore>(
                     key: CommitKey::Local(applied.hash),
                     reserved,
                     counted_at: Micros(now_us),
+                    limit: applied.limit.as_ref().map(|own| own.limit.clone()),
                 });
             }
             record_or_hold(eval, report, applied.rule, decision, hold, offer);
@@ -247,7 +253,7 @@ fn decide_with_reservoir<S: SharedStore>(
     let now_us = applied.now_us;
     let cost = applied.cost;
     let mut report = applied.report();
-    let (entry, found) = reservoir.worker.entry(&applied.hash, now_us);
+    let (entry, found) = reservoir.worker.entry(&applied.units_hash(), now_us);
     report.reservoir_lost = match found {
         Found::Evicted { lost_units } => Some(lost_units),
         Found::Existing | Found::Empty => None,
@@ -268,7 +274,8 @@ fn decide_with_reservoir<S: SharedStore>(
         _ => 0,
     };
     report.reservoir_expired = held_before.saturating_sub(spent + next.held.count);
-    let quota = slot.slots.limit.policy().quota;
+    let limit = applied.limit_or(&slot.slots.limit);
+    let quota = limit.policy().quota;
     // A cached denial the rule's delay covers goes to shared data, to be held there.
     let demand_per_s = match spend {
         Spend::Miss { demand_per_s } => demand_per_s,
@@ -300,13 +307,11 @@ fn decide_with_reservoir<S: SharedStore>(
     };
     report.source = Some(Source::Slot);
     let updated = slot.slots.update(store, &applied.hash, now_us, |state| {
-        let (decision, taken, next) = slot.slots.limit.take_ahead(state, now_us, cost, ahead);
+        let (decision, taken, next) = limit.take_ahead(state, now_us, cost, ahead);
         match offer.filter(|o| o.room && !decision.allowed) {
             Some(o) => {
                 let (decision, hold, next) =
-                    slot.slots
-                        .limit
-                        .hold(state, now_us, cost, o.max_wait_us, RELEASE_SLACK_US);
+                    limit.hold(state, now_us, cost, o.max_wait_us, RELEASE_SLACK_US);
                 ((decision, TakenAhead::default(), hold), next)
             }
             None => ((decision, taken, None), next),

@@ -64,6 +64,9 @@ pub struct RuleReport {
     pub decided_at_us: u64,
     /// What the request costs under this rule (0 when it did not apply).
     pub cost: u64,
+    /// The rule reads its limit from the request, and this request's value was there but
+    /// not a whole number: the `default` decided it.
+    pub limit_invalid: bool,
     pub placement: Option<Placement>,
     /// CAS attempts lost, over every table update the rule made.
     pub cas_retries: u32,
@@ -116,6 +119,7 @@ impl RuleReport {
             source: None,
             decided_at_us: now_us,
             cost: 0,
+            limit_invalid: false,
             placement: None,
             cas_retries: 0,
             lease_store_error: None,

@@ -34,11 +34,15 @@ mod costs;
 /// A concurrency rule's limit (`algorithm: "concurrency"`, `adaptive`).
 mod concurrency_limit;
 
+/// The limit a request carries, when a rule reads it from the request.
+mod request_limit;
+
 pub use concurrency_limit::{Adaptive, Concurrency, MAX_IN_FLIGHT, MAX_KEY_CONTROLLERS};
 pub use costs::{parse_decimal, Cost};
 pub use facts::{DeadlineFacts, Fact, FactId, FactSource, FactTable, Facts};
 pub use keys::{KeyPart, KeySource};
 pub use matching::{HeaderMatch, HeaderTest, RequestMatch, StringMatch};
+pub use request_limit::{LimitFrom, RequestLimit};
 pub use request_text::{host_only, path_only, query_param, strip_port};
 
 use crate::algorithms::{GlobalLimit, Limit, Policy};
@@ -69,6 +73,9 @@ pub struct Rule {
     pub cost: Cost,
     /// Where the rule is decided, with its limit.
     pub scope: Scope,
+    /// The limit's parameters each request gives (a tenant's own limit): the limit in
+    /// `scope` is built with their defaults. Local rules only.
+    pub limit_from: Vec<LimitFrom>,
     /// Decide and count, but never deny.
     pub shadow: bool,
     /// How many distinct keys the rule tracks at once in this Envoy (its slot table;
@@ -269,6 +276,7 @@ impl Rule {
         let adaptive = self.adaptive();
         match applies {
             Applies::Every => true,
+            Applies::FromRequest => !self.limit_from.is_empty(),
             Applies::Shadow => self.shadow,
             Applies::Global => self.is_global(),
             Applies::DenialCache => self.is_global() || self.reservoir.is_some(),

@@ -32,6 +32,13 @@ impl FakeRequest {
             .insert(Fact::Header(name.to_string()), value.as_ref().to_vec());
         self
     }
+
+    /// An Envoy attribute at `path` (dynamic metadata included), as the host returns it.
+    pub fn attribute(mut self, path: &[&str], value: impl AsRef<[u8]>) -> Self {
+        let path = path.iter().map(|s| s.to_string()).collect();
+        self.0.insert(Fact::Property(path), value.as_ref().to_vec());
+        self
+    }
 }
 
 impl FactSource for FakeRequest {

@@ -2,15 +2,100 @@
 
 use super::{and_list, error, header_name, Interner, Result};
 use crate::bounds::{MAX_KEY_PARTS, MAX_KEY_VALUE_BYTES};
-use crate::config::raw::RawPart;
+use crate::config::raw::{ClaimPath, RawLimitFrom, RawPart};
 use crate::field_error::quoted;
-use crate::rules::{Fact, KeyPart, KeySource};
+use crate::rules::{Fact, FactId, KeyPart, KeySource};
 
 /// Segments of an `attribute` path, and of a `jwt_claim` path.
 pub const MAX_ATTRIBUTE_SEGMENTS: usize = 10;
 /// Where Envoy's `jwt_authn` filter puts verified payloads (`payload_in_metadata`).
 pub const JWT_AUTHN_FILTER: &str = "envoy.filters.http.jwt_authn";
 pub const DEFAULT_JWT_METADATA_KEY: &str = "jwt_payload";
+
+/// Where `jwt_authn` put a verified claim (`payload_in_metadata` under `metadata_key`,
+/// by default [`DEFAULT_JWT_METADATA_KEY`]), as an attribute path.
+fn jwt_claim_path(claim: &ClaimPath, metadata_key: Option<&str>, at: &str) -> Result<Vec<String>> {
+    let metadata_key = match metadata_key {
+        Some("") => return Err(error(format!("{at}.jwt_metadata_key"), "must not be empty")),
+        Some(key) => key,
+        None => DEFAULT_JWT_METADATA_KEY,
+    };
+    let claim = segments(claim.0.clone(), &format!("{at}.jwt_claim"), "claim path")?;
+    let mut path = vec![
+        "metadata".to_string(),
+        "filter_metadata".into(),
+        JWT_AUTHN_FILTER.into(),
+        metadata_key.to_string(),
+    ];
+    path.extend(claim);
+    Ok(path)
+}
+
+/// The one source of a value read from the request for a limit: a header listed in
+/// `trusted_headers` (clients cannot set it: Envoy removes it and an earlier filter
+/// writes it), a verified JWT claim, or an attribute (dynamic metadata). Returns the fact
+/// and whether it is an attribute (whose numbers Envoy hands over encoded).
+pub(super) fn value_source(
+    from: &RawLimitFrom,
+    at: &str,
+    facts: &mut Interner,
+) -> Result<(FactId, bool)> {
+    let (header, claim) = (from.header.as_deref(), from.jwt_claim.as_ref());
+    let (metadata_key, attribute) = (from.jwt_metadata_key.as_deref(), from.attribute.as_deref());
+    if metadata_key.is_some() && claim.is_none() {
+        return Err(error(
+            format!("{at}.jwt_metadata_key"),
+            "only goes with `jwt_claim`",
+        ));
+    }
+    let found: Vec<&str> = [
+        ("header", header.is_some()),
+        ("jwt_claim", claim.is_some()),
+        ("attribute", attribute.is_some()),
+    ]
+    .into_iter()
+    .filter(|(_, set)| *set)
+    .map(|(name, _)| name)
+    .collect();
+    if found.len() != 1 {
+        return Err(error(
+            at,
+            format!(
+                "a value read from the request needs exactly one source out of header, \
+                 jwt_claim, attribute; found {}",
+                if found.is_empty() {
+                    "none".to_string()
+                } else {
+                    and_list(&found)
+                }
+            ),
+        ));
+    }
+    if let Some(header) = header {
+        let at = format!("{at}.header");
+        let name = header_name(header, &at, "a limit is read from a regular header")?;
+        if !facts.trusts(&name) {
+            return Err(error(
+                at,
+                format!(
+                    "{} is not in `trusted_headers`: a client could set it and raise its own \
+                     limit. List it there only once Envoy removes it from requests and a filter \
+                     before weir writes it (docs/configuration.md, \"Limits from the request\")",
+                    quoted(&name)
+                ),
+            ));
+        }
+        return Ok((facts.intern(Fact::Header(name), &at)?, false));
+    }
+    let path = match (claim, attribute) {
+        (Some(claim), _) => jwt_claim_path(claim, metadata_key, at)?,
+        (None, Some(path)) => {
+            segments(path.to_vec(), &format!("{at}.attribute"), "attribute path")?
+        }
+        (None, None) => return Err(error(at, "internal error: no source")),
+    };
+    Ok((facts.intern(Fact::Property(path), at)?, true))
+}
 
 #[inline(never)] // a wasm function of its own: see `compile::compile`
 pub(super) fn compile(parts: Vec<RawPart>, at: &str, facts: &mut Interner) -> Result<Vec<KeyPart>> {
@@ -109,21 +194,7 @@ fn key_source(raw: RawPart, at: &str, facts: &mut Interner) -> Result<KeySource>
             name: name.into_bytes(),
         }
     } else if let Some(claim) = raw.jwt_claim {
-        let metadata_key = match raw.jwt_metadata_key {
-            Some(key) if key.is_empty() => {
-                return Err(error(format!("{at}.jwt_metadata_key"), "must not be empty"));
-            }
-            Some(key) => key,
-            None => DEFAULT_JWT_METADATA_KEY.to_string(),
-        };
-        let claim = segments(claim.0, &format!("{at}.jwt_claim"), "claim path")?;
-        let mut path = vec![
-            "metadata".to_string(),
-            "filter_metadata".into(),
-            JWT_AUTHN_FILTER.into(),
-            metadata_key,
-        ];
-        path.extend(claim);
+        let path = jwt_claim_path(&claim, raw.jwt_metadata_key.as_deref(), at)?;
         KeySource::Attribute {
             fact: facts.intern(Fact::Property(path), at)?,
         }

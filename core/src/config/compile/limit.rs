@@ -2,11 +2,11 @@
 //! own parameter table ([`crate::algorithms::AlgorithmSpec`]), so that nothing here
 //! names an algorithm or a parameter.
 
-use super::{and_list, error, Result};
+use super::{and_list, error, key, Interner, Result};
 use crate::algorithms::{AlgorithmKind, AlgorithmSpec, GlobalLimit, ParamError};
 use crate::config::raw::{RawAdaptive, RawLimit, RawValue};
 use crate::field_error::{quoted, FieldError};
-use crate::rules::{Adaptive, Concurrency};
+use crate::rules::{Adaptive, Concurrency, LimitFrom};
 
 /// The name of the concurrency limit, which is not a rate algorithm.
 pub(super) const CONCURRENCY: &str = "concurrency";
@@ -59,6 +59,13 @@ pub(super) fn compile(raw: &RawLimit, at: &str) -> Result<GlobalLimit> {
         let value = match (raw.value(p.name), p.default) {
             (Some(RawValue::Count(n)), _) => *n,
             (Some(RawValue::Duration(d)), _) => d.us,
+            // Built with its default; `from_request` checks the rest.
+            (Some(RawValue::FromRequest(from)), _) => from.default.ok_or_else(|| {
+                error(
+                    format!("{at}.{}", p.name),
+                    "missing field `default`: the value of a request that gives none",
+                )
+            })?,
             (None, Some(default)) => default,
             (None, None) => {
                 return Err(error(
@@ -199,6 +206,73 @@ fn parse_quantile(text: &str) -> Option<u32> {
     (value.is_finite() && (10_000.0..=999_000.0).contains(&ppm)).then_some(ppm as u32)
 }
 
+/// The parameters of `limit` (built with their defaults by [`compile`]) that `raw` reads
+/// from the request: each with one source (a header listed in `trusted_headers`, a JWT
+/// claim, an attribute), a `default` and a `max`, and `min ≤ default ≤ max` (`min` 1
+/// unless given), each of which builds a limit with the other parameters as configured.
+#[inline(never)] // a wasm function of its own: see `compile::compile`
+pub(super) fn from_request(
+    raw: &RawLimit,
+    limit: &GlobalLimit,
+    at: &str,
+    facts: &mut Interner,
+) -> Result<Vec<LimitFrom>> {
+    let spec = limit.kind().spec();
+    let configured = limit.algorithm().parameters();
+    let mut read = Vec::new();
+    for (parameter, value) in &raw.values {
+        let RawValue::FromRequest(from) = value else {
+            continue;
+        };
+        let at = format!("{at}.{}", parameter.name);
+        let Some(index) = spec
+            .parameters
+            .iter()
+            .position(|p| p.name == parameter.name)
+        else {
+            continue;
+        };
+        let (fact, attribute) = key::value_source(from, &at, facts)?;
+        let Some(max) = from.max else {
+            return Err(error(
+                &at,
+                "missing field `max`: the most a request's value may raise it to",
+            ));
+        };
+        let default = from.default.unwrap_or(max);
+        let min = from.min.unwrap_or(1);
+        if !(min <= default && default <= max) {
+            return Err(error(
+                &at,
+                format!(
+                    "expected min ≤ default ≤ max; found min {min}, default {default}, max {max}"
+                ),
+            ));
+        }
+        for (field, value) in [("min", min), ("max", max)] {
+            let mut values = configured.clone();
+            if let Some(slot) = values.get_mut(index) {
+                *slot = value;
+            }
+            (spec.build)(&values).map_err(|e| {
+                error(
+                    format!("{at}.{field}"),
+                    format!("invalid value {value}: {}", e.reason),
+                )
+            })?;
+        }
+        read.push(LimitFrom {
+            parameter: index,
+            fact,
+            attribute,
+            default,
+            min,
+            max,
+        });
+    }
+    Ok(read)
+}
+
 /// A global limit must also be decided exactly by its Lua script (the bridge refuses
 /// what would not be): the same check, with the config's path.
 pub(super) fn check_script_exact(limit: &GlobalLimit, at: &str) -> Result<()> {
@@ -233,6 +307,7 @@ fn describe_parameters(spec: &AlgorithmSpec) -> String {
 fn param_error(e: ParamError, raw: &RawLimit, spec: &AlgorithmSpec, at: &str) -> FieldError {
     let value = match raw.value(e.field) {
         Some(RawValue::Count(n)) => Some(n.to_string()),
+        Some(RawValue::FromRequest(from)) => from.default.map(|n| n.to_string()),
         Some(RawValue::Duration(d)) => Some(quoted(&d.text)),
         None => spec
             .parameter(e.field)

@@ -52,6 +52,7 @@ pub(super) fn compile(raw: RawConfig) -> Result<Config> {
     }
     let mut facts = Interner {
         table: FactTable::default(),
+        trusted_headers: trusted_headers(raw.trusted_headers)?,
     };
     // The bridge first: a leased global rule's hold pays for the bridge's timeout.
     let bridge = raw.bridge.map(bridge_settings::compile).transpose()?;
@@ -104,12 +105,46 @@ pub(super) fn compile(raw: RawConfig) -> Result<Config> {
     })
 }
 
-/// Assigns fact ids, turning the (theoretical) table overflow into an error.
+/// Assigns fact ids, turning the (theoretical) table overflow into an error; and knows
+/// which headers a rule may read a limit from.
 struct Interner {
     table: FactTable,
+    /// `trusted_headers`, lowercased.
+    trusted_headers: Vec<String>,
+}
+
+/// Most headers `trusted_headers` lists.
+pub const MAX_TRUSTED_HEADERS: usize = 16;
+
+/// `trusted_headers`: regular header names, at most [`MAX_TRUSTED_HEADERS`].
+fn trusted_headers(raw: Option<Vec<String>>) -> Result<Vec<String>> {
+    let raw = raw.unwrap_or_default();
+    if raw.len() > MAX_TRUSTED_HEADERS {
+        return Err(error(
+            "trusted_headers",
+            format!(
+                "{} headers; at most {MAX_TRUSTED_HEADERS} are allowed",
+                raw.len()
+            ),
+        ));
+    }
+    raw.iter()
+        .enumerate()
+        .map(|(i, name)| {
+            header_name(
+                name,
+                &format!("trusted_headers[{i}]"),
+                "a limit is read from a regular header",
+            )
+        })
+        .collect()
 }
 
 impl Interner {
+    fn trusts(&self, header: &str) -> bool {
+        self.trusted_headers.iter().any(|h| h == header)
+    }
+
     fn intern(&mut self, fact: Fact, at: &str) -> Result<FactId> {
         self.table
             .intern(fact)

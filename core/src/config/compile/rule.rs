@@ -3,7 +3,7 @@
 
 use super::bridge_settings::MAX_BRIDGE_TIMEOUT_US;
 use super::{cost, error, key, limit, matcher, Interner, Result, DEFAULT_MAX_KEYS, MAX_MAX_KEYS};
-use crate::algorithms::{AlgorithmKind, AlgorithmSpec, GlobalLimit, LeaseCost};
+use crate::algorithms::{AlgorithmKind, AlgorithmSpec, GlobalLimit, LeaseCost, Limit};
 use crate::bounds::{check_name, MAX_LEASE_HORIZON_US, MAX_LEASE_TTL_US, MAX_WANT};
 use crate::config::raw::{
     RawFailureMode, RawGlobal, RawLease, RawOnLimit, RawReservoir, RawRule, RawScope,
@@ -11,8 +11,8 @@ use crate::config::raw::{
 use crate::deadline;
 use crate::field_error::{quoted, FieldError};
 use crate::rules::{
-    DeadlineFacts, Delay, Fact, FailureMode, GlobalRule, Lease, RequestMatch, Reservoir, Rule,
-    RuleId, Scope,
+    DeadlineFacts, Delay, Fact, FailureMode, GlobalRule, Lease, LimitFrom, RequestMatch, Reservoir,
+    Rule, RuleId, Scope,
 };
 
 pub const DEFAULT_LEASE_TTL_US: u64 = 1_000_000;
@@ -59,6 +59,22 @@ pub(super) fn compile(
         return concurrency_rule(id, name, raw, matcher, key, at, facts);
     }
     let limit = limit::compile(&raw.limit, &format!("{at}.limit"))?;
+    let limit_from = limit::from_request(&raw.limit, &limit, &format!("{at}.limit"), facts)?;
+    if let (Some(from), true) = (
+        limit_from.first(),
+        matches!(raw.scope, Some(RawScope::Global)),
+    ) {
+        let parameter = limit
+            .kind()
+            .spec()
+            .parameters
+            .get(from.parameter)
+            .map_or("", |p| p.name);
+        return Err(error(
+            format!("{at}.limit.{parameter}"),
+            "a limit read from the request works on local rules; global rules take a fixed limit for now",
+        ));
+    }
     let scope = scope(
         limit,
         raw.scope.unwrap_or(RawScope::Local),
@@ -67,7 +83,8 @@ pub(super) fn compile(
         at,
     )?;
     let max_cost = match &scope {
-        Scope::Local(limit) => limit.max_cost(),
+        // A request may carry a larger limit than the configured one: up to every `max`.
+        Scope::Local(limit) => widest(limit, &limit_from).max_cost(),
         // A global request asks the bridge for at least its cost, and the wire caps that.
         // Redis decides with its own limit: a GCRA lease pays for its hold with burst, so
         // a cost the configured burst admits may never fit the one Redis runs (the bridge
@@ -168,6 +185,7 @@ pub(super) fn compile(
         key,
         cost,
         scope,
+        limit_from,
         shadow,
         max_keys,
         reservoir,
@@ -245,6 +263,7 @@ fn concurrency_rule(
         key,
         cost,
         scope: Scope::Concurrency(concurrency),
+        limit_from: Vec::new(),
         shadow: raw.shadow.unwrap_or(false),
         max_keys,
         reservoir: None,
@@ -252,6 +271,20 @@ fn concurrency_rule(
         commit: None,
         stats: raw.stats,
     })
+}
+
+/// `limit` with every parameter read from the request at its `max`.
+fn widest(limit: &Limit, limit_from: &[LimitFrom]) -> Limit {
+    let mut values = limit.algorithm().parameters();
+    for from in limit_from {
+        if let Some(value) = values.get_mut(from.parameter) {
+            *value = from.max;
+        }
+    }
+    match GlobalLimit::build(limit.kind(), &values) {
+        Ok(GlobalLimit::Slot(widest)) => widest,
+        _ => limit.clone(),
+    }
 }
 
 fn max_keys(raw: Option<u64>, at: &str) -> Result<u32> {

@@ -264,6 +264,9 @@ impl Metrics {
                     self.bump(if allowed { rule.allowed } else { rule.limited }, 1);
                 }
             }
+            if report.limit_invalid {
+                self.bump(rule.limit_invalid, 1);
+            }
             let store_error = match report.outcome {
                 RuleOutcome::StoreFailed(error) => Some(error),
                 _ => report.lease_store_error,

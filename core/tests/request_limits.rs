@@ -1,0 +1,190 @@
+//! Limits read from the request (a tenant's own, issue 36): each request is judged by
+//! the limit it carries, a key keeps its state when that limit changes, and what a worker
+//! keeps for a key (units taken ahead, a cached denial) serves only requests carrying
+//! the same limit.
+
+use crate::support;
+
+use support::{engine, evaluate, evaluate_on, FakeRequest, T0};
+use weir_core::engine::{RuleOutcome, Source};
+use weir_core::store::memory::MemoryStore;
+
+#[cfg(target_arch = "wasm32")]
+use wasm_bindgen_test::wasm_bindgen_test as test;
+
+/// A fixed window of a tenant's own size, from a header an earlier filter writes.
+const PER_TENANT: &str = r#"{"trusted_headers":["x-tenant-limit"],"rules":[{"name":"per-tenant",
+    "key":[{"header":"x-tenant"}],"reservoir":{"max":1},
+    "limit":{"algorithm":"fixed_window","window":"1h",
+             "limit":{"header":"x-tenant-limit","default":2,"min":1,"max":100}}}]}"#;
+
+fn tenant(name: &str, limit: Option<&str>) -> FakeRequest {
+    let request = FakeRequest::default().header("x-tenant", name);
+    match limit {
+        Some(limit) => request.header("x-tenant-limit", limit),
+        None => request,
+    }
+}
+
+/// How many of `n` requests at `T0` the engine admits.
+fn admitted(e: &weir_core::engine::Engine, store: &MemoryStore, req: &FakeRequest, n: u64) -> u64 {
+    (0..n)
+        .filter(|_| !evaluate(e, store, req, T0).denied())
+        .count() as u64
+}
+
+#[test]
+fn each_tenant_is_limited_by_its_own_limit() {
+    let e = engine(PER_TENANT);
+    let store = MemoryStore::new();
+    e.prepare(&store).unwrap();
+    assert_eq!(admitted(&e, &store, &tenant("a", Some("5")), 10), 5);
+    assert_eq!(
+        admitted(&e, &store, &tenant("b", None), 10),
+        2,
+        "no value: the default"
+    );
+    assert_eq!(
+        admitted(&e, &store, &tenant("c", Some("1000")), 200),
+        100,
+        "clamped to max"
+    );
+    assert_eq!(
+        admitted(&e, &store, &tenant("d", Some(" 7 ")), 10),
+        7,
+        "decimal text, spaces around it"
+    );
+    let eval = evaluate(&e, &store, &tenant("e", Some("lots")), T0);
+    assert!(!eval.denied());
+    assert!(eval.reports[0].limit_invalid, "not a number: counted");
+    assert_eq!(
+        admitted(&e, &store, &tenant("e", Some("-3")), 10),
+        1,
+        "the default, 2"
+    );
+    let eval = evaluate(&e, &store, &tenant("f", Some("3")), T0);
+    assert!(!eval.reports[0].limit_invalid);
+    // The RateLimit numbers are the request's own limit.
+    assert_eq!(eval.verdicts[0].decision.limit, 3);
+}
+
+#[test]
+fn a_claim_in_metadata_is_read_as_the_number_envoy_encodes() {
+    let e = engine(
+        r#"{"rules":[{"name":"per-sub","key":[{"jwt_claim":"sub"}],"reservoir":{"max":1},
+            "limit":{"algorithm":"fixed_window","window":"1h",
+                     "limit":{"jwt_claim":"quota","default":1,"max":50}}}]}"#,
+    );
+    let store = MemoryStore::new();
+    e.prepare(&store).unwrap();
+    let claims = |sub: &str, quota: &[u8]| {
+        let at = |claim: &'static str| {
+            [
+                "metadata",
+                "filter_metadata",
+                "envoy.filters.http.jwt_authn",
+                "jwt_payload",
+                claim,
+            ]
+        };
+        FakeRequest::default()
+            .attribute(&at("sub"), sub)
+            .attribute(&at("quota"), quota)
+    };
+    // A JSON number in dynamic metadata reaches the filter as a little-endian double.
+    assert_eq!(
+        admitted(&e, &store, &claims("a", &4.0f64.to_le_bytes()), 10),
+        4
+    );
+    assert_eq!(
+        admitted(&e, &store, &claims("b", &6.9f64.to_le_bytes()), 10),
+        6
+    );
+    assert_eq!(
+        admitted(&e, &store, &claims("c", b"3"), 10),
+        3,
+        "a string claim"
+    );
+    let eval = evaluate(&e, &store, &claims("d", &(-2.0f64).to_le_bytes()), T0);
+    assert!(eval.reports[0].limit_invalid);
+    let eval = evaluate(&e, &store, &claims("e", &f64::NAN.to_le_bytes()), T0);
+    assert!(eval.reports[0].limit_invalid);
+}
+
+#[test]
+fn eight_bytes_of_a_header_are_text_not_a_double() {
+    let e = engine(PER_TENANT);
+    let store = MemoryStore::new();
+    e.prepare(&store).unwrap();
+    // 8 bytes that would read as 50.0 from metadata: from a header, not a number.
+    let eval = evaluate(&e, &store, &tenant("a", Some("\0\0\0\0\0\0I@")), T0);
+    assert!(eval.reports[0].limit_invalid);
+}
+
+#[test]
+fn a_key_keeps_its_state_when_its_limit_changes() {
+    let e = engine(PER_TENANT);
+    let store = MemoryStore::new();
+    e.prepare(&store).unwrap();
+    assert_eq!(admitted(&e, &store, &tenant("a", Some("10")), 6), 6);
+    // Lowered to 4: the window already counted 6, nothing more.
+    assert_eq!(admitted(&e, &store, &tenant("a", Some("4")), 5), 0);
+    // Raised to 8: two more.
+    assert_eq!(admitted(&e, &store, &tenant("a", Some("8")), 5), 2);
+}
+
+/// A denial a worker cached for a key under one limit does not deny a request carrying
+/// another: units and denials are kept per key and limit (envoyproxy/ratelimit#1077 is
+/// this bug: a descriptor's cached over-limit answer denied requests with a higher limit).
+#[test]
+fn a_denial_cached_under_a_lower_limit_never_denies_a_higher_one() {
+    let e = engine(
+        r#"{"trusted_headers":["x-tenant-limit"],"rules":[{"name":"per-tenant",
+            "key":[{"header":"x-tenant"}],"reservoir":{"max":8},
+            "limit":{"algorithm":"fixed_window","window":"1h",
+                     "limit":{"header":"x-tenant-limit","default":2,"max":100}}}]}"#,
+    );
+    let store = MemoryStore::new();
+    e.prepare(&store).unwrap();
+    let mut worker = e.worker();
+    let low = tenant("a", Some("2"));
+    let mut sources = Vec::new();
+    for i in 0..20 {
+        let eval = evaluate_on(&e, &store, &mut worker, &low, T0 + i);
+        sources.push(eval.reports[0].source);
+    }
+    assert!(
+        sources.contains(&Some(Source::DenialCache)),
+        "the worker cached the low limit's denial: {sources:?}"
+    );
+    let high = tenant("a", Some("50"));
+    let eval = evaluate_on(&e, &store, &mut worker, &high, T0 + 20);
+    assert!(!eval.denied(), "{:?}", eval.reports[0]);
+    assert_eq!(eval.reports[0].outcome, RuleOutcome::Allowed);
+    assert_ne!(eval.reports[0].source, Some(Source::DenialCache));
+}
+
+/// Units a worker took ahead under one limit are spent only by requests carrying it:
+/// a request carrying another decides in shared data.
+#[test]
+fn units_taken_ahead_serve_only_requests_carrying_their_limit() {
+    let e = engine(
+        r#"{"trusted_headers":["x-tenant-limit"],"rules":[{"name":"per-tenant",
+            "key":[{"header":"x-tenant"}],"reservoir":{"max":8},
+            "limit":{"algorithm":"token_bucket","refill":1000,"period":"1s",
+                     "capacity":{"header":"x-tenant-limit","default":100,"max":1000}}}]}"#,
+    );
+    let store = MemoryStore::new();
+    e.prepare(&store).unwrap();
+    let mut worker = e.worker();
+    let first = tenant("a", Some("500"));
+    let mut from_reservoir = 0;
+    for i in 0..200 {
+        let eval = evaluate_on(&e, &store, &mut worker, &first, T0 + i * 100);
+        from_reservoir += u32::from(eval.reports[0].source == Some(Source::Reservoir));
+    }
+    assert!(from_reservoir > 0, "the worker took units ahead");
+    let other = tenant("a", Some("400"));
+    let eval = evaluate_on(&e, &store, &mut worker, &other, T0 + 20_000);
+    assert_eq!(eval.reports[0].source, Some(Source::Slot));
+}

@@ -1,0 +1,147 @@
+//! A tenant's own limit from a trusted fact, in a real Envoy (issue 36): a numeric JWT
+//! claim that `jwt_authn` verified and put in dynamic metadata, and a header that
+//! `jwt_authn` writes from the claim (`claim_to_headers`) once the connection manager has
+//! removed any a client sent (`early_header_mutation_extensions`), as
+//! docs/configuration.md ("Limits from the request") tells operators to set it up. A
+//! client that sends the header itself does not raise its limit; with nothing in front
+//! of weir it would, which the second Envoy here shows.
+
+use weir_e2e::jwt::{hs256, hs256_jwks};
+use weir_e2e::{send, wasm_filter_yaml, weir_wasm, Bootstrap, Envoy, Request};
+
+const SECRET: &[u8] = b"weir-test-secret-of-32-bytes!!!!";
+
+/// jwt_authn: tokens optional, verified claims in metadata (`jwt_payload`) and the
+/// `quota` claim written to `x-tenant-limit`.
+fn jwt_authn() -> String {
+    let jwks = hs256_jwks(SECRET);
+    format!(
+        r#"- name: envoy.filters.http.jwt_authn
+  typed_config:
+    "@type": type.googleapis.com/envoy.extensions.filters.http.jwt_authn.v3.JwtAuthentication
+    providers:
+      tenants:
+        issuer: weir-test
+        local_jwks: {{ inline_string: '{jwks}' }}
+        payload_in_metadata: jwt_payload
+        claim_to_headers:
+        - {{ header_name: x-tenant-limit, claim_name: quota }}
+    rules:
+    - match: {{ prefix: "/" }}
+      requires: {{ requires_any: {{ requirements: [ {{ provider_name: tenants }}, {{ allow_missing: {{}} }} ] }} }}
+"#
+    )
+}
+
+/// What docs/configuration.md tells operators to add to the connection manager: a header
+/// clients may send is removed before any filter runs.
+const REMOVE_CLIENTS_HEADER: &str = r#"early_header_mutation_extensions:
+- name: envoy.http.early_header_mutation.header_mutation
+  typed_config:
+    "@type": type.googleapis.com/envoy.extensions.http.early_header_mutation.header_mutation.v3.HeaderMutation
+    mutations:
+    - remove: x-tenant-limit
+"#;
+
+/// Two rules keyed by the token's subject (`anonymous` without one): `/claim` reads the
+/// limit from the claim in metadata, `/header` from the header jwt_authn writes.
+const CONFIG: &str = r#"{"trusted_headers":["x-tenant-limit"],"rules":[
+  {"name":"by-claim","match":{"path":{"prefix":"/claim"}},
+   "key":[{"jwt_claim":"sub","default":"anonymous"}],
+   "limit":{"algorithm":"fixed_window","window":"1h",
+            "limit":{"jwt_claim":"quota","default":1,"max":100}}},
+  {"name":"by-header","match":{"path":{"prefix":"/header"}},
+   "key":[{"jwt_claim":"sub","default":"anonymous"}],
+   "limit":{"algorithm":"fixed_window","window":"1h",
+            "limit":{"header":"x-tenant-limit","default":1,"max":100}}}]}"#;
+
+fn token(sub: &str, quota: impl std::fmt::Display) -> String {
+    let payload =
+        format!(r#"{{"iss":"weir-test","sub":"{sub}","quota":{quota},"exp":4102444800}}"#);
+    format!("Bearer {}", hs256(SECRET, &payload))
+}
+
+/// How many of `n` requests to `path` Envoy answers 200, with these headers.
+fn admitted(envoy: &Envoy, path: &str, headers: &[(&str, &str)], n: usize) -> usize {
+    (0..n)
+        .filter(|_| {
+            let mut request = Request::get(path);
+            for (name, value) in headers {
+                request = request.header(name, value);
+            }
+            let status = send(envoy.http_port, request).unwrap().status;
+            assert!(status == 200 || status == 429, "{path}: {status}");
+            status == 200
+        })
+        .count()
+}
+
+#[test]
+fn each_tenant_gets_the_limit_its_verified_claim_says() {
+    let bootstrap = Bootstrap::new()
+        .connection_manager(REMOVE_CLIENTS_HEADER)
+        .http_filter(jwt_authn())
+        .http_filter(wasm_filter_yaml(CONFIG, &weir_wasm()));
+    let envoy = Envoy::shared(&bootstrap, 1);
+    let (alice, bob) = (token("alice", 3), token("bob", 7));
+    // The claim from metadata: a JSON number, which Envoy hands the filter encoded.
+    assert_eq!(
+        admitted(&envoy, "/claim", &[("authorization", &alice)], 6),
+        3
+    );
+    assert_eq!(
+        admitted(&envoy, "/claim", &[("authorization", &bob)], 10),
+        7
+    );
+    assert_eq!(
+        admitted(&envoy, "/claim", &[], 3),
+        1,
+        "no token: the default"
+    );
+    // The header jwt_authn writes from the claim.
+    assert_eq!(
+        admitted(&envoy, "/header", &[("authorization", &alice)], 6),
+        3
+    );
+    assert_eq!(
+        admitted(&envoy, "/header", &[("authorization", &bob)], 10),
+        7
+    );
+    assert_eq!(envoy.weir_stat("rule.by-claim.limit_invalid"), 0);
+    assert_eq!(envoy.weir_stat("rule.by-header.limit_invalid"), 0);
+    envoy.assert_no_panic();
+}
+
+#[test]
+fn a_client_that_sets_the_trusted_header_itself_does_not_raise_its_limit() {
+    let forged = [("x-tenant-limit", "100")];
+    let bootstrap = Bootstrap::new()
+        .connection_manager(REMOVE_CLIENTS_HEADER)
+        .http_filter(jwt_authn())
+        .http_filter(wasm_filter_yaml(CONFIG, &weir_wasm()));
+    let envoy = Envoy::shared(&bootstrap, 1);
+    assert_eq!(
+        admitted(&envoy, "/header", &forged, 5),
+        1,
+        "no token, a forged header: removed, the default"
+    );
+    let carol = token("carol", 2);
+    assert_eq!(
+        admitted(
+            &envoy,
+            "/header",
+            &[("authorization", &carol), forged[0]],
+            5
+        ),
+        2,
+        "a token and a forged header: the claim's"
+    );
+    envoy.assert_no_panic();
+
+    // The witness: with nothing in front of weir that removes or writes the header, the
+    // header is the client's and raises its limit (weir trusts what `trusted_headers`
+    // lists): what keeps the limit is the Envoy config the docs ask for.
+    let unguarded = Bootstrap::new().http_filter(wasm_filter_yaml(CONFIG, &weir_wasm()));
+    let envoy = Envoy::shared(&unguarded, 1);
+    assert_eq!(admitted(&envoy, "/header", &forged, 5), 5);
+}
