@@ -15,7 +15,7 @@ use crate::support;
 use support::{Rng, T0};
 
 use weir_core::algorithms::{AlgorithmKind, AlgorithmSpec, GlobalLimit, Limit, SlotState, Unit};
-use weir_core::conformance::{check, Admission};
+use weir_core::conformance::{check, check_each_limit, Admission};
 
 /// The limit of `spec` with `values` (in its parameter order), if they are valid.
 fn build(spec: &AlgorithmSpec, values: &[u64]) -> Option<Limit> {
@@ -58,47 +58,38 @@ fn walk(rng: &mut Rng, spec: &AlgorithmSpec) -> Result<usize, String> {
     let Some((first, second)) = two_limits(rng, spec) else {
         return Ok(0);
     };
-    let larger: Vec<u64> = first.iter().zip(&second).map(|(a, b)| *a.max(b)).collect();
     let limits = [first, second];
-    let built: Vec<Limit> = limits.iter().filter_map(|v| build(spec, v)).collect();
-    let larger_limit = GlobalLimit::Slot(build(spec, &larger).ok_or("the larger limit")?);
+    let built: Vec<GlobalLimit> = limits
+        .iter()
+        .filter_map(|v| build(spec, v))
+        .map(GlobalLimit::Slot)
+        .collect();
     let mut state: Option<SlotState> = None;
     let mut now = T0;
     let mut in_force = 0;
-    // Per stretch of one limit: which, and its admissions.
-    let mut stretches: Vec<(usize, Vec<Admission>)> = vec![(0, Vec::new())];
+    // Each admission with the limit its request carried: the checker judges each stretch
+    // by its own limit and all of them by the larger.
     let mut all = Vec::new();
     let gap = 1 + rng.below(200_000);
     for _ in 0..300 {
         now += rng.below(gap);
         if rng.below(15) == 0 {
             in_force = 1 - in_force;
-            stretches.push((in_force, Vec::new()));
         }
         let cost = 1 + rng.below(3);
-        let (decision, next) = built[in_force].decide(state, now, cost);
+        let limit = built[in_force].as_slot().ok_or("a slot limit")?;
+        let (decision, next) = limit.decide(state, now, cost);
         if decision.allowed {
-            let admission = Admission { at_us: now, cost };
-            all.push(admission);
-            if let Some((_, admissions)) = stretches.last_mut() {
-                admissions.push(admission);
-            }
+            all.push((built[in_force].clone(), Admission { at_us: now, cost }));
         }
         state = next.or(state);
     }
-    for (which, admissions) in &stretches {
-        let own = GlobalLimit::Slot(built[*which].clone());
-        check(&own, admissions).map_err(|v| {
-            format!(
-                "a stretch under {:?} breaks its own bound: {v}",
-                limits[*which]
-            )
-        })?;
-    }
-    check(&larger_limit, &all).map_err(|v| {
+    check_each_limit(&all).map_err(|v| {
         format!(
-            "limits {:?} and {:?}: the admissions break the larger's ({larger:?}): {v}",
-            limits[0], limits[1]
+            "limits {:?} and {:?}: {}",
+            limits[0],
+            limits[1],
+            v.map_or("not one algorithm".to_string(), |v| v.to_string())
         )
     })?;
     Ok(all.len())

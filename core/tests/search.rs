@@ -26,10 +26,11 @@ use support::search::*;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
-use support::{evaluate_on, Rng, SEED, T0};
+use support::{evaluate_on, FakeRequest, Rng, SEED, T0};
 
 use weir_core::algorithms::AlgorithmKind;
-use weir_core::conformance::Admission;
+use weir_core::algorithms::{GlobalLimit, Unit};
+use weir_core::conformance::{check_each_limit, Admission};
 use weir_core::delay::RELEASE_SLACK_US;
 use weir_core::engine::{Engine, Evaluation, PendingCommit, RuleOutcome};
 use weir_core::rules::RuleId;
@@ -54,7 +55,125 @@ struct LocalCase {
     clock_lag_us: u64,
     /// The rule is in shadow mode.
     shadow: bool,
+    /// A tenant's own limit read from each request (issue 36), when drawn.
+    tenant: Option<TenantLimit>,
     schedule: Vec<Request>,
+}
+
+/// The trusted header a drawn tenant's limit is read from.
+const TENANT_HEADER: &str = "x-tenant-limit";
+
+/// A tenant's own limit (issue 36): one count parameter of the rule's limit read from
+/// [`TENANT_HEADER`], its value per user changing from one stretch of the run to the next
+/// (`min`, `default`, `max`, one in between, or 1 in 16 not a number).
+#[derive(Clone, Debug)]
+struct TenantLimit {
+    /// The parameter's index in the algorithm's table.
+    parameter: usize,
+    min: u64,
+    default: u64,
+    max: u64,
+    stretch_us: u64,
+    salt: u64,
+}
+
+impl TenantLimit {
+    /// Reads one count parameter of `limit` (drawn as `"name":value`) from the header,
+    /// around its drawn value: `None` when the limit has none to read.
+    fn draw(rng: &mut Rng, limit: &mut DrawnLimit, span_us: u64) -> Option<TenantLimit> {
+        let spec = spec_of(limit.name);
+        let counts: Vec<usize> = (0..spec.parameters.len())
+            .filter(|&i| spec.parameters[i].unit == Unit::Count)
+            .collect();
+        let parameter = counts[rng.below(counts.len() as u64) as usize];
+        let name = spec.parameters[parameter].name;
+        let field = format!(r#""{name}":"#);
+        let at = limit.json.find(&field)? + field.len();
+        let digits = limit.json[at..]
+            .bytes()
+            .take_while(u8::is_ascii_digit)
+            .count();
+        let default: u64 = limit.json[at..at + digits]
+            .parse()
+            .ok()
+            .filter(|&v| v > 0)?;
+        let min = log_uniform(rng, 1, default);
+        let max = log_uniform(rng, default, default.saturating_mul(8));
+        let from = format!(
+            r#"{{"header":"{TENANT_HEADER}","default":{default},"min":{min},"max":{max}}}"#
+        );
+        limit.json.replace_range(at..at + digits, &from);
+        Some(TenantLimit {
+            parameter,
+            min,
+            default,
+            max,
+            stretch_us: (span_us / (1 + rng.below(6))).max(1),
+            salt: rng.next(),
+        })
+    }
+
+    /// The header value request `r` sends.
+    fn value(&self, r: &Request) -> String {
+        let stretch = r.at_us.saturating_sub(T0) / self.stretch_us;
+        let mut z = Rng(self.salt ^ ((r.user as u64) << 40) ^ stretch.wrapping_mul(0x9e37_79b9));
+        match z.below(16) {
+            0 => "many".to_string(),
+            1..=4 => self.min.to_string(),
+            5..=8 => self.default.to_string(),
+            9..=12 => self.max.to_string(),
+            _ => (self.min + z.below(self.max - self.min + 1)).to_string(),
+        }
+    }
+
+    /// The limit request `r` carries under `configured` (the rule's limit with its
+    /// default), as docs/configuration.md says weir reads it: a whole number clamped to
+    /// `min..=max`, else the default; values that build no limit, the configured one.
+    fn carried(&self, configured: &GlobalLimit, r: &Request) -> GlobalLimit {
+        let value = self
+            .value(r)
+            .parse::<u64>()
+            .map_or(self.default, |v| v.clamp(self.min, self.max));
+        let mut values = configured.algorithm().parameters();
+        values[self.parameter] = value;
+        GlobalLimit::build(configured.kind(), &values).unwrap_or_else(|_| configured.clone())
+    }
+}
+
+impl LocalCase {
+    /// What request `r` sends: its user, cost and usage, and the tenant's limit if drawn.
+    fn request(&self, r: &Request) -> FakeRequest {
+        let request = request_of(r);
+        match &self.tenant {
+            Some(tenant) => request.header(TENANT_HEADER, tenant.value(r)),
+            None => request,
+        }
+    }
+
+    /// The first key whose admissions in `run` break their bound: the configured
+    /// limit's, or, with a tenant's own limit, each stretch's and the largest's
+    /// ([`check_each_limit`]).
+    fn violation(&self, limit: &GlobalLimit, run: &LocalRun) -> Option<(usize, String)> {
+        let Some(tenant) = &self.tenant else {
+            return violation(limit, &run.admissions).map(|(user, v)| (user, v.to_string()));
+        };
+        run.admissions.iter().find_map(|(user, admissions)| {
+            let carried: Vec<(GlobalLimit, Admission)> = run.admitted_requests[user]
+                .iter()
+                .zip(admissions)
+                .map(|(&i, a)| (tenant.carried(limit, &self.schedule[i]), *a))
+                .collect();
+            check_each_limit(&carried).err().map(|v| {
+                let why = v.map_or("limits of more than one algorithm".to_string(), |v| {
+                    v.to_string()
+                });
+                (
+                    *user,
+                    format!("{why} (limit per request from {TENANT_HEADER}: {tenant:?})"),
+                )
+            })
+        })
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -71,24 +190,27 @@ fn draw_local(seed: u64) -> LocalCase {
     // The algorithms added since the history take their share from a generator of their
     // own (`draw_kind`), so that every other draw of the seed stays what it was.
     let mut added = Rng(seed.wrapping_mul(0xbf58_476d_1ce4_e5b9) | 1);
-    draw_local_among(seed, Some(&mut added))
+    draw_local_among(seed, Some(&mut added), true)
 }
 
 /// The local case of `seed` as it was found: its algorithm one of the history's alone, so
 /// that a kept seed replays its case whatever algorithm was added since.
 fn replay_local(seed: u64) -> LocalCase {
-    draw_local_among(seed, None)
+    draw_local_among(seed, None, false)
 }
 
-fn draw_local_among(seed: u64, added: Option<&mut Rng>) -> LocalCase {
+/// The local case of `seed`, its algorithm one of the history's or, from `added`, one
+/// added since; `tenants`: a tenant's own limit may be drawn (not for a kept seed).
+fn draw_local_among(seed: u64, added: Option<&mut Rng>, tenants: bool) -> LocalCase {
     let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
-    let limit = draw_limit(&mut rng, added, Scope::Local);
+    let mut limit = draw_limit(&mut rng, added, Scope::Local);
+    // Drawn apart, so that the seeds found before keep their cases: a tenant's own limit
+    // (issue 36) in a third of the cases without a commit, changing over the run.
+    let mut tenant_rng = Rng(seed.wrapping_mul(0xd6e8_feb8_6659_fd93) | 1);
+    let tenant_drawn = tenants && chance(&mut tenant_rng, 3);
     let workers = 1 + rng.below(4) as usize;
     let users = 1 + rng.below(3) as usize;
-    let mut rule = format!(
-        r#""name":"r","key":[{{"header":"x-user"}}],"limit":{}"#,
-        limit.json
-    );
+    let mut rule = String::new();
     let commits = spec_of(limit.name).settles();
     let commit = (commits && chance(&mut rng, 3)).then(|| {
         if chance(&mut rng, 3) {
@@ -187,9 +309,18 @@ fn draw_local_among(seed: u64, added: Option<&mut Rng>) -> LocalCase {
         }
     }
     schedule.sort_by_key(|r| r.at_us);
+    let span_us = schedule.last().map_or(1, |r| r.at_us.saturating_sub(T0));
+    let tenant = (tenant_drawn && commit.is_none())
+        .then(|| TenantLimit::draw(&mut tenant_rng, &mut limit, span_us))
+        .flatten();
+    let rule = format!(
+        r#""name":"r","key":[{{"header":"x-user"}}],"limit":{}{rule}"#,
+        limit.json
+    );
     LocalCase {
         seed,
-        config: format!(r#"{{"rules":[{{{rule}}}]}}"#),
+        config: format!(r#"{{"trusted_headers":["{TENANT_HEADER}"],"rules":[{{{rule}}}]}}"#),
+        tenant,
         algorithm: limit.name,
         workers,
         commit,
@@ -206,6 +337,8 @@ fn draw_local_among(seed: u64, added: Option<&mut Rng>) -> LocalCase {
 #[derive(Default, Debug)]
 struct LocalRun {
     admissions: BTreeMap<usize, Vec<Admission>>,
+    /// The request each admission of `admissions` was (its index in the schedule).
+    admitted_requests: BTreeMap<usize, Vec<usize>>,
     requests: u64,
     admitted: u64,
     held: u64,
@@ -244,14 +377,14 @@ fn run_local(case: &LocalCase, e: &Engine, schedule: &[Request]) -> LocalRun {
                 let r = &schedule[i];
                 out.requests += 1;
                 let read_at = now.saturating_sub(rng.below(case.clock_lag_us + 1));
-                let eval = evaluate_on(e, &store, &mut workers[r.at], &request_of(r), read_at);
+                let eval = evaluate_on(e, &store, &mut workers[r.at], &case.request(r), read_at);
                 next_context += 1;
                 (eval, i, r.at, next_context)
             }
             Event::Release { context } => {
                 let (mut eval, i, worker) = held.remove(&context).unwrap();
                 workers[worker].waiting.forget(context);
-                let mut facts = e.facts(request_of(&schedule[i]));
+                let mut facts = e.facts(case.request(&schedule[i]));
                 e.release(
                     &mut eval,
                     &store,
@@ -311,6 +444,7 @@ fn run_local(case: &LocalCase, e: &Engine, schedule: &[Request]) -> LocalRun {
                 at_us: report.decided_at_us,
                 cost,
             });
+            out.admitted_requests.entry(r.user).or_default().push(index);
         }
         for commit in &eval.commits {
             let end = now + r.duration_us;
@@ -348,7 +482,7 @@ fn check_local(case: &LocalCase) -> Result<Option<LocalRun>, String> {
             case.seed, run.past_deadline, case.config
         ));
     }
-    let Some(_) = violation(&limit, &run.admissions) else {
+    let Some(_) = case.violation(&limit, &run) else {
         return Ok(Some(run));
     };
     // The shortest failing prefix, by bisection (a prefix's run is the same run, cut).
@@ -356,14 +490,14 @@ fn check_local(case: &LocalCase) -> Result<Option<LocalRun>, String> {
     while bad - good > 1 {
         let mid = (good + bad) / 2;
         let cut = run_local(case, &e, &case.schedule[..mid]);
-        if violation(&limit, &cut.admissions).is_some() {
+        if case.violation(&limit, &cut).is_some() {
             bad = mid;
         } else {
             good = mid;
         }
     }
     let cut = run_local(case, &e, &case.schedule[..bad]);
-    let (user, v) = violation(&limit, &cut.admissions).unwrap();
+    let (user, v) = case.violation(&limit, &cut).unwrap();
     Err(format!(
         "seed {}: {} ({} workers, commit {:?}, releases up to {} us late, clock lag up to \
          {} us) breaks its bound after {} of {} requests, key u{user}: {v}\nconfig: {}\n\
@@ -385,10 +519,11 @@ fn check_local(case: &LocalCase) -> Result<Option<LocalRun>, String> {
 fn random_local_configurations_keep_their_bound() {
     let mut failures = Vec::new();
     let (mut cases, mut requests, mut held, mut admitted) = (0u64, 0u64, 0u64, 0u64);
-    let mut refused = 0u64;
+    let (mut refused, mut tenants) = (0u64, 0u64);
     for seed in seeds(1_500) {
         let case = draw_local(seed);
         cases += 1;
+        tenants += u64::from(case.tenant.is_some());
         match check_local(&case) {
             Ok(None) => refused += 1,
             Ok(Some(run)) => {
@@ -406,8 +541,9 @@ fn random_local_configurations_keep_their_bound() {
         }
     }
     println!(
-        "local search: {cases} cases ({refused} configs refused by the check), {requests} \
-         requests, {held} held, {admitted} units admitted, {} violations",
+        "local search: {cases} cases ({refused} configs refused by the check, {tenants} with a \
+         tenant's own limit per request), {requests} requests, {held} held, {admitted} units \
+         admitted, {} violations",
         failures.len()
     );
     assert!(

@@ -101,6 +101,65 @@ pub fn check(limit: &GlobalLimit, admissions: &[Admission]) -> Result<(), Violat
     }
 }
 
+/// Checks the admissions of one key whose requests carried limits of their own (a
+/// tenant's limit read from the request; a reload between them), each with the limit its
+/// request carried: over every stretch in which the key's admissions (sorted stably by
+/// time) all carried one limit, that limit's bound; and over all of them, the bound of
+/// the largest, every count parameter at the most any of them had (the durations are
+/// the same in every limit a key carries). On failure, the first stretch's violation,
+/// its indices into the whole sorted list; `Err(None)` when the limits are not of one
+/// algorithm and durations (no larger limit to judge them by).
+pub fn check_each_limit(admissions: &[(GlobalLimit, Admission)]) -> Result<(), Option<Violation>> {
+    let mut sorted = admissions.to_vec();
+    sorted.sort_by_key(|(_, a)| a.at_us);
+    let mut start = 0;
+    while let Some((limit, _)) = sorted.get(start) {
+        let end = sorted
+            .iter()
+            .skip(start)
+            .position(|(other, _)| other != limit)
+            .map_or(sorted.len(), |len| start + len);
+        let stretch: Vec<Admission> = sorted
+            .get(start..end)
+            .unwrap_or_default()
+            .iter()
+            .map(|(_, a)| *a)
+            .collect();
+        check(limit, &stretch).map_err(|v| {
+            Some(Violation {
+                first: v.first + start,
+                last: v.last + start,
+                message: format!("in a stretch under one limit: {}", v.message),
+                ..v
+            })
+        })?;
+        start = end;
+    }
+    let Some((first, _)) = sorted.first() else {
+        return Ok(());
+    };
+    let mut largest = first.algorithm().parameters();
+    for (limit, _) in &sorted {
+        if limit.kind() != first.kind() {
+            return Err(None);
+        }
+        for ((most, value), parameter) in largest
+            .iter_mut()
+            .zip(limit.algorithm().parameters())
+            .zip(first.kind().spec().parameters)
+        {
+            match parameter.unit {
+                Unit::Count => *most = (*most).max(value),
+                Unit::Duration if *most != value => return Err(None),
+                Unit::Duration => {}
+            }
+        }
+    }
+    let largest = GlobalLimit::build(first.kind(), &largest).map_err(|_| None)?;
+    let all: Vec<Admission> = sorted.iter().map(|(_, a)| *a).collect();
+    check(&largest, &all).map_err(Some)
+}
+
 /// A breach put in words: the algorithm and its parameters, the admissions, their times
 /// and what they add up to against what is allowed.
 fn violation(breach: Breach, algorithm: &dyn Algorithm, sorted: &[Admission]) -> Violation {
