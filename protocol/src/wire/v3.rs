@@ -32,6 +32,7 @@ use super::{
     check_envelope, check_id, check_item, parse_body, status_error, Checked, CheckedItem,
     ReplyError, WireLimit,
 };
+use crate::algorithms::AlgorithmKind;
 use crate::bounds::{MAX_BODY_BYTES, MAX_WANT};
 use crate::field_error::strip_position;
 use crate::field_error::FieldError;
@@ -115,9 +116,9 @@ impl CommitRequest {
                 return Err(FieldError::new(
                     format!("{at}.limit.algorithm"),
                     format!(
-                        "{} cannot settle a cost after the response (fixed_window and \
-                         token_bucket can)",
-                        limit.kind()
+                        "{} cannot settle a cost after the response ({} can)",
+                        limit.kind(),
+                        settling_names()
                     ),
                 ));
             }
@@ -186,6 +187,15 @@ pub fn decode_reply<'a, T>(
                 .ok_or_else(|| ReplyError::BadBody(format!("no result for id {}", id(item))))
         })
         .collect()
+}
+
+/// The algorithms that settle costs, as a message lists them: `a, b and c`.
+fn settling_names() -> String {
+    let names = AlgorithmKind::names_where(|spec| spec.settle_script.is_some());
+    match names.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!("{} and {last}", rest.join(", ")),
+        _ => names.join(""),
+    }
 }
 
 #[cfg(test)]
