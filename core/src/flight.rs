@@ -191,6 +191,7 @@ mod tests {
             asking_until_us: 0,
             clamp_prompt: None,
             lookup: RuleReport::new(RuleId(rule), 0),
+            limit: None,
         }
     }
 

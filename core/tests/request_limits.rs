@@ -188,3 +188,78 @@ fn units_taken_ahead_serve_only_requests_carrying_their_limit() {
     let eval = evaluate_on(&e, &store, &mut worker, &other, T0 + 20_000);
     assert_eq!(eval.reports[0].source, Some(Source::Slot));
 }
+
+/// A global rule whose limit each request gives: the request asks Redis with its own,
+/// and what this Envoy keeps for the key (leased units, a cached denial) serves only
+/// requests carrying the same limit.
+mod global {
+    use super::*;
+    use weir_core::algorithms::GlobalLimit;
+    use weir_core::engine::Engine;
+    use weir_core::time::Micros;
+    use weir_core::wire::v2::{self, Granted};
+
+    fn engine_with(lease: &str) -> Engine {
+        engine(&format!(
+            r#"{{"bridge":{{"cluster":"weir_bridge"}},"trusted_headers":["x-tenant-limit"],
+                "rules":[{{"name":"per-tenant","scope":"global","key":[{{"header":"x-tenant"}}],
+                "global":{{{lease}}},
+                "limit":{{"algorithm":"fixed_window","window":"1h",
+                         "limit":{{"header":"x-tenant-limit","default":2,"max":100}}}}}}]}}"#
+        ))
+    }
+
+    fn denial(remaining: u64) -> Granted {
+        Granted {
+            id: 0,
+            allowed: false,
+            granted: 0,
+            limit: 2,
+            remaining,
+            retry_after_ns: Some(60_000_000_000),
+            reset_after_ns: 60_000_000_000,
+            now_us: T0,
+            due_ns: 0,
+            spacing_ns: 0,
+            valid_ns: 0,
+        }
+    }
+
+    #[test]
+    fn a_request_asks_redis_with_its_own_limit() {
+        let e = engine_with("");
+        let store = MemoryStore::new();
+        e.prepare(&store).unwrap();
+        let eval = evaluate(&e, &store, &tenant("a", Some("7")), T0);
+        let limit = eval.pending[0]
+            .limit
+            .as_ref()
+            .map(|l| l.algorithm().parameters());
+        assert_eq!(limit, Some(vec![7, 3_600_000_000]));
+        let eval = evaluate(&e, &store, &tenant("a", None), T0);
+        let limit: Option<&GlobalLimit> = eval.pending[0].limit.as_ref();
+        assert_eq!(
+            limit.map(|l| l.algorithm().parameters()),
+            Some(vec![2, 3_600_000_000])
+        );
+    }
+
+    #[test]
+    fn a_denial_cached_under_a_lower_limit_never_denies_a_higher_one() {
+        let e = engine_with(r#""lease":{"max":10}"#);
+        let store = MemoryStore::new();
+        e.prepare(&store).unwrap();
+        let low = tenant("a", Some("2"));
+        let mut eval = evaluate(&e, &store, &low, T0);
+        assert_eq!(eval.pending.len(), 1);
+        let answer = Ok(v2::Reply {
+            items: vec![denial(0)],
+        });
+        e.complete(&mut eval, &store, Micros(T0), Micros(T0), answer);
+        assert!(eval.denied());
+        let eval = evaluate(&e, &store, &low, T0 + 10);
+        assert_eq!(eval.reports[0].source, Some(Source::DenialCache));
+        let eval = evaluate(&e, &store, &tenant("a", Some("50")), T0 + 20);
+        assert_eq!(eval.pending.len(), 1, "the higher limit asks Redis");
+    }
+}

@@ -6,6 +6,10 @@
 //! client that sends the header itself does not raise its limit; with nothing in front
 //! of weir it would, which the second Envoy here shows.
 
+use weir_core::algorithms::GlobalLimit;
+use weir_core::conformance;
+use weir_e2e::decisions::{with_decisions, Judge, Logged};
+use weir_e2e::global::GlobalStack;
 use weir_e2e::jwt::{hs256, hs256_jwks};
 use weir_e2e::{send, wasm_filter_yaml, weir_wasm, Bootstrap, Envoy, Request};
 
@@ -144,4 +148,78 @@ fn a_client_that_sets_the_trusted_header_itself_does_not_raise_its_limit() {
     let unguarded = Bootstrap::new().http_filter(wasm_filter_yaml(CONFIG, &weir_wasm()));
     let envoy = Envoy::shared(&unguarded, 1);
     assert_eq!(admitted(&envoy, "/header", &forged, 5), 5);
+}
+
+/// The same claim on a global rule, through weir-bridge and a Redis Cluster, with two
+/// Envoys sharing each tenant's quota: every call carries the request's own limit, so
+/// each tenant gets exactly what its claim says across both Envoys (exactly, without
+/// leases; at most, with them). A sliding log and a token bucket, whose quotas have no
+/// window boundary a run could cross.
+#[test]
+fn a_global_rule_gives_each_tenant_its_claims_quota_across_two_envoys() {
+    let config = r#"{"bridge":{"cluster":"weir_bridge","timeout":"500ms"},"rules":[
+      {"name":"exact","match":{"path":{"prefix":"/exact"}},"scope":"global",
+       "key":[{"jwt_claim":"sub","default":"anonymous"}],
+       "limit":{"algorithm":"sliding_log","window":"1d",
+                "limit":{"jwt_claim":"quota","default":1,"max":1000}}},
+      {"name":"leased","match":{"path":{"prefix":"/leased"}},"scope":"global",
+       "global":{"lease":{"max":8,"ttl":"10s"},"expected_instances":2},
+       "key":[{"jwt_claim":"sub","default":"anonymous"}],
+       "limit":{"algorithm":"token_bucket","refill":1,"period":"1h",
+                "capacity":{"jwt_claim":"quota","default":1,"max":1000}}}]}"#;
+    // Decisions in the access log, keyed by `x-k` (the tenant, sent beside its token).
+    let config = with_decisions(config);
+    let filters = format!("{}{}", jwt_authn(), wasm_filter_yaml(&config, &weir_wasm()));
+    let stack = GlobalStack::start_filters(&[filters.clone(), filters], &[], "x-k");
+    let ports = stack.ports();
+    let tenants = [("alice", 30u64), ("bob", 5), ("carol", 120)];
+    for path in ["/exact", "/leased"] {
+        for (sub, quota) in tenants {
+            let auth = token(sub, quota);
+            // Twice the quota, alternating between the Envoys.
+            let admitted = (0..2 * quota as usize)
+                .filter(|i| {
+                    let request = Request::get(path)
+                        .header("authorization", &auth)
+                        .header("x-k", sub);
+                    let status = send(ports[i % 2], request).unwrap().status;
+                    assert!(status == 200 || status == 429, "{path} {sub}: {status}");
+                    status == 200
+                })
+                .count() as u64;
+            eprintln!("{path} {sub} (quota {quota}): {admitted} admitted");
+            if path == "/exact" {
+                assert_eq!(admitted, quota, "{path} {sub}");
+            } else {
+                // Leases strand at most what the two Envoys still hold.
+                assert!(
+                    admitted <= quota && admitted + 16 >= quota,
+                    "{path} {sub}: {admitted}"
+                );
+            }
+        }
+    }
+    // Every admission of both Envoys, tenant by tenant, keeps the bound of the limit its
+    // claim gave (the checker's rule: one limit per stretch, here one per tenant).
+    let logs = stack.logs.read(2 * 2 * 155);
+    let refs: Vec<&[Logged]> = logs.iter().map(Vec::as_slice).collect();
+    for rule in ["exact", "leased"] {
+        let judge = Judge::configured(&config, rule);
+        let admitted = judge.admissions(&refs);
+        for (sub, quota) in tenants {
+            let mut values = judge.limit.algorithm().parameters();
+            let spec = judge.limit.kind().spec();
+            let at = spec
+                .parameters
+                .iter()
+                .position(|p| p.name == spec.limit_parameter.name);
+            values[at.unwrap()] = quota;
+            let own = GlobalLimit::build(judge.limit.kind(), &values).unwrap();
+            let admissions = &admitted.per_key[sub];
+            assert!(admissions.len() as u64 <= quota, "{rule} {sub}");
+            conformance::check(&own, admissions).unwrap_or_else(|v| panic!("{rule} {sub}: {v}"));
+        }
+    }
+    assert_eq!(stack.weir_stat("rule.exact.limit_invalid"), 0);
+    stack.assert_no_panic();
 }

@@ -3,7 +3,7 @@
 //! ends — with the steps every scope shares (a rule that applies, a decision served from
 //! held units).
 
-use crate::algorithms::{Decision, Hold, Limit};
+use crate::algorithms::{Decision, GlobalLimit, Hold, Limit};
 use crate::key::{KeyHash, KeyHasher, Seed};
 use crate::lease::{LeaseSlot, Spend};
 use crate::rules::{FactSource, Facts, RequestLimit, Rule, RuleId};
@@ -33,6 +33,11 @@ pub struct PendingItem {
     /// What the lease lookup found (placement, CAS retries, a store error): the rule's
     /// final report starts from it.
     pub lookup: RuleReport,
+    /// The limit the request carries, when its rule reads it from the request: Redis
+    /// decides by it. `hash` is then the key's and this limit's (see
+    /// [`Applied::units_hash`]): units leased and denials cached under one limit serve
+    /// only requests carrying it.
+    pub limit: Option<GlobalLimit>,
 }
 
 impl PendingItem {
@@ -108,7 +113,7 @@ pub struct PendingCommit {
     pub counted_at: Micros,
     /// The limit the request carried, when its rule reads it from the request: the
     /// settlement runs by it.
-    pub(super) limit: Option<Limit>,
+    pub(super) limit: Option<GlobalLimit>,
 }
 
 /// What a clamping rule reserved for an admitted request: its body is sent with at most
@@ -379,9 +384,13 @@ impl Applied<'_> {
         }
     }
 
-    /// The limit this request is decided by: its own, or `configured`, the rule's.
+    /// The limit this request is decided by in a slot: its own, or `configured`, the
+    /// rule's.
     pub(super) fn limit_or<'l>(&'l self, configured: &'l Limit) -> &'l Limit {
-        self.limit.as_ref().map_or(configured, |own| &own.limit)
+        self.limit
+            .as_ref()
+            .and_then(|own| own.limit.as_slot())
+            .unwrap_or(configured)
     }
 
     /// Where this request's units taken ahead are kept: the key's, and the limit's when
@@ -400,7 +409,7 @@ impl Applied<'_> {
 
 /// A limit's parameters hashed (FNV-1a over their bytes), to tell the limits a key's
 /// requests carry apart where units are kept per key and limit.
-fn limit_fingerprint(limit: &Limit) -> u64 {
+fn limit_fingerprint(limit: &GlobalLimit) -> u64 {
     limit
         .algorithm()
         .parameters()

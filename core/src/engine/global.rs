@@ -3,7 +3,9 @@
 //! the bridge's answer is recorded in the rule's lease table, and when the bridge fails the
 //! rule's failure mode decides — with `failure_mode: local`, in a local share's slots.
 
-use crate::algorithms::Decision;
+use std::borrow::Cow;
+
+use crate::algorithms::{Decision, GlobalLimit};
 use crate::bounds::MAX_WANT;
 use crate::key::encode_part;
 use crate::key::KeyHash;
@@ -64,6 +66,21 @@ impl GlobalRuntime {
 
     pub(super) fn leases(&self) -> &SlotTable<LeaseSlot> {
         &self.leases
+    }
+
+    /// The rule as a request carrying `limit` (its own, read from the request) meets it:
+    /// that limit in Redis. Only algorithms without a schedule take a limit from the
+    /// request globally (the config refuses the others), and for them Redis runs the
+    /// configured limit as it is, so the request's is Redis's too.
+    fn carrying(&self, limit: Option<&GlobalLimit>) -> Cow<'_, GlobalRule> {
+        match limit {
+            None => Cow::Borrowed(&self.global),
+            Some(limit) => Cow::Owned(GlobalRule {
+                limit: limit.clone(),
+                redis_limit: limit.clone(),
+                ..self.global.clone()
+            }),
+        }
     }
 
     /// Updates the key's lease slot as [`SlotTable::update`] does, and adds to `report`
@@ -154,8 +171,12 @@ impl GlobalRuntime {
         // A clamping rule's request is denied, or asked about, for the least it may
         // be reserved.
         let (rule, cost) = (applied.rule.id, applied.least);
+        // What this Envoy keeps for the key (units, a cached denial, the demand) is the
+        // key's and the limit its request carries.
+        let hash = applied.units_hash();
+        let global = self.carrying(applied.limit.as_ref().map(|own| &own.limit));
         if self.answers_plainly(applied.rule)
-            && last_answers.is_some_and(|a| a.had_left(rule, &applied.hash, cost))
+            && last_answers.is_some_and(|a| a.had_left(rule, &hash, cost))
         {
             // Redis last had enough left for it: ask again, with no look at the cached
             // denials (see `LastAnswers`).
@@ -167,10 +188,10 @@ impl GlobalRuntime {
             });
         }
         let leased = self.global.lease.is_some();
-        let unwritten = demand.as_mut().map_or(0, |d| d.take(rule, &applied.hash));
+        let unwritten = demand.as_mut().map_or(0, |d| d.take(rule, &hash));
         // A request looking again after waiting on a call was counted when it first looked.
         let counted = if demand.is_some() { cost } else { 0 };
-        let spent = self.update_lease(store, (&applied.hash, &mut report), now_us, |state| {
+        let spent = self.update_lease(store, (&hash, &mut report), now_us, |state| {
             let before = state.unwrap_or_default();
             let (spend, next) =
                 before.spend_with_demand(now_us, cost, counted.saturating_add(unwritten));
@@ -202,7 +223,7 @@ impl GlobalRuntime {
                 updated.result.0,
                 Spend::Denied { .. } | Spend::NotYetDue { .. }
             ) {
-                demand.add(rule, &applied.hash, cost.saturating_add(unwritten));
+                demand.add(rule, &hash, cost.saturating_add(unwritten));
             }
         }
         report.add_update(&spent);
@@ -213,7 +234,7 @@ impl GlobalRuntime {
                 (Spend::Miss { demand_per_s: 0 }, LeaseSlot::default())
             }
         };
-        let quota = self.global.limit.policy().quota;
+        let quota = global.limit.policy().quota;
         if let Some(served) = Served::from_spend(spend, &slot, quota, now_us, Source::Lease) {
             served.record(eval, report, applied.rule);
             return None;
@@ -221,7 +242,7 @@ impl GlobalRuntime {
         let Spend::Miss { demand_per_s } = spend else {
             return None;
         };
-        let (want, reserve) = ask_for(&self.global, &slot, cost, demand_per_s, asking);
+        let (want, reserve) = ask_for(&global, &slot, cost, demand_per_s, asking);
         Some(Asked {
             want,
             reserve,
@@ -349,7 +370,7 @@ impl GlobalRuntime {
                 report.lease_store_error.get_or_insert(e);
             }
         }
-        let quota = global.limit.policy().quota;
+        let quota = item.limit.as_ref().unwrap_or(&global.limit).policy().quota;
         let decision = Decision {
             limit: quota,
             remaining: result.remaining.min(quota),
@@ -366,7 +387,7 @@ impl GlobalRuntime {
                 key: CommitKey::Global(item.descriptor.clone()),
                 reserved,
                 counted_at: Micros(result.now_us),
-                limit: None,
+                limit: item.limit.clone(),
             });
         }
         eval.record(report, rule, decision);
@@ -437,7 +458,7 @@ impl GlobalRuntime {
             id: rule.id.0,
             rule: rule.name.clone(),
             descriptor: item.descriptor.clone(),
-            limit: WireLimit::from(&global.redis_limit),
+            limit: WireLimit::from(item.limit.as_ref().unwrap_or(&global.redis_limit)),
             cost: item.cost,
             want: item.want,
             reserve: item.reserve,
@@ -460,7 +481,7 @@ impl GlobalRuntime {
             id: 0, // numbered when its batch is sent
             rule: rule.name.clone(),
             descriptor: descriptor.to_vec(),
-            limit: WireLimit::from(&self.global.redis_limit),
+            limit: WireLimit::from(commit.limit.as_ref().unwrap_or(&self.global.redis_limit)),
             counted_at_us: commit.counted_at.us(),
             reserved: commit.reserved,
             actual: actual.min(MAX_WANT),
@@ -494,7 +515,7 @@ pub(super) fn pending_item<F: FactSource>(
     });
     PendingItem {
         rule: applied.rule.id,
-        hash: applied.hash,
+        hash: applied.units_hash(),
         descriptor,
         cost: applied.least,
         // A clamping rule (exact: it has a commit) asks for up to its estimate.
@@ -508,6 +529,7 @@ pub(super) fn pending_item<F: FactSource>(
         asking_until_us: 0,
         clamp_prompt: applied.prompt,
         lookup: asked.lookup,
+        limit: applied.limit.map(|own| own.limit),
     }
 }
 

@@ -2,7 +2,7 @@
 //! what the worker took ahead for the key (a reservoir), or held instead of denied (a
 //! delay). A global rule's local fallback decides here too, in its own slots.
 
-use crate::algorithms::{Ahead, Decision, Hold, Limit, SlotState, TakenAhead};
+use crate::algorithms::{Ahead, Decision, GlobalLimit, Hold, Limit, SlotState, TakenAhead};
 use crate::bounds::MAX_WANT;
 use crate::delay::RELEASE_SLACK_US;
 use crate::key::KeyHash;
@@ -62,7 +62,11 @@ impl LimitTable {
         // What one response may claim: as for a global rule's item (a response saying
         // 2^64 tokens would push the key's refills out of reach).
         let actual = actual.min(MAX_WANT);
-        let limit = commit.limit.as_ref().unwrap_or(&self.limit);
+        let limit = commit
+            .limit
+            .as_ref()
+            .and_then(GlobalLimit::as_slot)
+            .unwrap_or(&self.limit);
         self.update(store, hash, now_us, |state| {
             let next = limit.settle(
                 state,

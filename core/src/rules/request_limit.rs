@@ -49,22 +49,24 @@ fn whole_number(value: f64) -> Option<u64> {
 /// The limit one request carries under a rule whose limit it gives.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RequestLimit {
-    pub limit: Limit,
+    pub limit: GlobalLimit,
     /// Some value was there but not a number: its `default` stood in.
     pub invalid: bool,
 }
 
 impl Rule {
-    /// The limit this request carries, for a local rule that reads its limit from the
-    /// request; `None` for a rule whose limit is fixed. Values that build no limit (the
-    /// config checks each parameter's range alone) fall back to the defaults, as invalid.
+    /// The limit this request carries, for a rule that reads its limit from the request;
+    /// `None` for a rule whose limit is fixed. Values that build no limit (the config
+    /// checks each parameter's range alone) fall back to the defaults, as invalid.
     pub fn request_limit<S: FactSource>(&self, facts: &mut Facts<'_, S>) -> Option<RequestLimit> {
-        let Scope::Local(configured) = &self.scope else {
-            return None;
-        };
         if self.limit_from.is_empty() {
             return None;
         }
+        let configured = match &self.scope {
+            Scope::Local(limit) => GlobalLimit::Slot(limit.clone()),
+            Scope::Global(global) => global.limit.clone(),
+            Scope::Concurrency(_) => return None,
+        };
         let mut values = configured.algorithm().parameters();
         let mut invalid = false;
         for from in &self.limit_from {
@@ -76,13 +78,13 @@ impl Rule {
                 *slot = value;
             }
         }
-        match GlobalLimit::build(configured.kind(), &values) {
-            Ok(GlobalLimit::Slot(limit)) => Some(RequestLimit { limit, invalid }),
-            _ => Some(RequestLimit {
-                limit: configured.clone(),
+        Some(match GlobalLimit::build(configured.kind(), &values) {
+            Ok(limit) => RequestLimit { limit, invalid },
+            Err(_) => RequestLimit {
+                limit: configured,
                 invalid: true,
-            }),
-        }
+            },
+        })
     }
 }
 

@@ -60,20 +60,34 @@ pub(super) fn compile(
     }
     let limit = limit::compile(&raw.limit, &format!("{at}.limit"))?;
     let limit_from = limit::from_request(&raw.limit, &limit, &format!("{at}.limit"), facts)?;
-    if let (Some(from), true) = (
-        limit_from.first(),
-        matches!(raw.scope, Some(RawScope::Global)),
-    ) {
-        let parameter = limit
-            .kind()
-            .spec()
-            .parameters
-            .get(from.parameter)
-            .map_or("", |p| p.name);
-        return Err(error(
-            format!("{at}.limit.{parameter}"),
-            "a limit read from the request works on local rules; global rules take a fixed limit for now",
-        ));
+    let limit_from_global = limit_from
+        .first()
+        .filter(|_| matches!(raw.scope, Some(RawScope::Global)));
+    if let Some(from) = limit_from_global {
+        let spec = limit.kind().spec();
+        let parameter = spec.parameters.get(from.parameter).map_or("", |p| p.name);
+        let at = format!("{at}.limit.{parameter}");
+        if spec.has_schedule {
+            return Err(error(
+                at,
+                format!(
+                    "a global {} rule takes a fixed limit for now: Redis keeps its schedule \
+                     without the rate it was counted at, which a changed rate needs",
+                    limit.kind()
+                ),
+            ));
+        }
+        let local_fallback = matches!(
+            raw.global.as_ref().and_then(|g| g.failure_mode.as_ref()),
+            Some(RawFailureMode::Local)
+        );
+        if local_fallback {
+            return Err(error(
+                at,
+                "a limit read from the request goes with `failure_mode` \"allow\" or \"deny\": \
+                 the local share is sized from the configured limit",
+            ));
+        }
     }
     let scope = scope(
         limit,
