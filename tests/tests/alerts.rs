@@ -115,7 +115,7 @@ fn alert_queries() -> Vec<(String, String)> {
             ));
         }
     }
-    assert_eq!(out.len(), 13, "the alerts of docs/operations.md");
+    assert_eq!(out.len(), 14, "the alerts of docs/operations.md");
     out
 }
 
@@ -392,7 +392,11 @@ fn a_made_up_metric_or_label_is_reported() {
 /// A generous bridge timeout: a slow CI machine must not turn a limited request into a
 /// failure-mode 200. Only the first call to the stopped bridge waits for it.
 const CONFIG: &str = r#"{"bridge": {"cluster": "weir_bridge", "timeout": "1s"},
+ "trusted_headers": ["x-user-limit"],
  "rules": [
+  {"name": "own", "match": {"path": {"prefix": "/own/"}}, "key": [{"header": "x-user"}],
+   "limit": {"algorithm": "fixed_window", "window": "1h",
+             "limit": {"header": "x-user-limit", "default": 2, "max": 10}}},
   {"name": "per-user", "match": {"path": {"prefix": "/local/"}}, "key": [{"header": "x-user"}],
    "limit": {"algorithm": "token_bucket", "capacity": 2, "refill": 1, "period": "1h"}},
   {"name": "tenant", "match": {"path": {"prefix": "/global/"}}, "scope": "global",
@@ -410,7 +414,8 @@ fn statuses(port: u16, path: &str, user: &str, n: usize) -> Vec<u16> {
 }
 
 /// A real stack (Redis Cluster, weir-bridge, Envoy with weir's shipped stats tags and a
-/// local, a global and an adaptive concurrency rule) driven through allowed, limited and
+/// local, a global and an adaptive concurrency rule, and one whose limit each request
+/// gives) driven through allowed, limited and
 /// failed requests, a failover's NOSCRIPT and a refused bridge call; then every metric the
 /// alerts and the dashboard read must be among the names Envoy's `/stats/prometheus` and
 /// the bridge's `/metrics` answered with samples.
