@@ -194,6 +194,8 @@ fn units_taken_ahead_serve_only_requests_carrying_their_limit() {
 /// requests carrying the same limit.
 mod global {
     use super::*;
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
     use weir_core::algorithms::GlobalLimit;
     use weir_core::engine::Engine;
     use weir_core::time::Micros;

@@ -29,8 +29,8 @@ use std::fmt::Write as _;
 use support::{evaluate_on, FakeRequest, Rng, SEED, T0};
 
 use weir_core::algorithms::AlgorithmKind;
-use weir_core::algorithms::{GlobalLimit, Unit};
-use weir_core::conformance::{check_each_limit, Admission};
+use weir_core::algorithms::GlobalLimit;
+use weir_core::conformance::Admission;
 use weir_core::delay::RELEASE_SLACK_US;
 use weir_core::engine::{Engine, Evaluation, PendingCommit, RuleOutcome};
 use weir_core::rules::RuleId;
@@ -60,119 +60,25 @@ struct LocalCase {
     schedule: Vec<Request>,
 }
 
-/// The trusted header a drawn tenant's limit is read from.
-const TENANT_HEADER: &str = "x-tenant-limit";
-
-/// A tenant's own limit (issue 36): one count parameter of the rule's limit read from
-/// [`TENANT_HEADER`], its value per user changing from one stretch of the run to the next
-/// (`min`, `default`, `max`, one in between, or 1 in 16 not a number).
-#[derive(Clone, Debug)]
-struct TenantLimit {
-    /// The parameter's index in the algorithm's table.
-    parameter: usize,
-    min: u64,
-    default: u64,
-    max: u64,
-    stretch_us: u64,
-    salt: u64,
-}
-
-impl TenantLimit {
-    /// Reads one count parameter of `limit` (drawn as `"name":value`) from the header,
-    /// around its drawn value: `None` when the limit has none to read.
-    fn draw(rng: &mut Rng, limit: &mut DrawnLimit, span_us: u64) -> Option<TenantLimit> {
-        let spec = spec_of(limit.name);
-        let counts: Vec<usize> = (0..spec.parameters.len())
-            .filter(|&i| spec.parameters[i].unit == Unit::Count)
-            .collect();
-        let parameter = counts[rng.below(counts.len() as u64) as usize];
-        let name = spec.parameters[parameter].name;
-        let field = format!(r#""{name}":"#);
-        let at = limit.json.find(&field)? + field.len();
-        let digits = limit.json[at..]
-            .bytes()
-            .take_while(u8::is_ascii_digit)
-            .count();
-        let default: u64 = limit.json[at..at + digits]
-            .parse()
-            .ok()
-            .filter(|&v| v > 0)?;
-        let min = log_uniform(rng, 1, default);
-        let max = log_uniform(rng, default, default.saturating_mul(8));
-        let from = format!(
-            r#"{{"header":"{TENANT_HEADER}","default":{default},"min":{min},"max":{max}}}"#
-        );
-        limit.json.replace_range(at..at + digits, &from);
-        Some(TenantLimit {
-            parameter,
-            min,
-            default,
-            max,
-            stretch_us: (span_us / (1 + rng.below(6))).max(1),
-            salt: rng.next(),
-        })
-    }
-
-    /// The header value request `r` sends.
-    fn value(&self, r: &Request) -> String {
-        let stretch = r.at_us.saturating_sub(T0) / self.stretch_us;
-        let mut z = Rng(self.salt ^ ((r.user as u64) << 40) ^ stretch.wrapping_mul(0x9e37_79b9));
-        match z.below(16) {
-            0 => "many".to_string(),
-            1..=4 => self.min.to_string(),
-            5..=8 => self.default.to_string(),
-            9..=12 => self.max.to_string(),
-            _ => (self.min + z.below(self.max - self.min + 1)).to_string(),
-        }
-    }
-
-    /// The limit request `r` carries under `configured` (the rule's limit with its
-    /// default), as docs/configuration.md says weir reads it: a whole number clamped to
-    /// `min..=max`, else the default; values that build no limit, the configured one.
-    fn carried(&self, configured: &GlobalLimit, r: &Request) -> GlobalLimit {
-        let value = self
-            .value(r)
-            .parse::<u64>()
-            .map_or(self.default, |v| v.clamp(self.min, self.max));
-        let mut values = configured.algorithm().parameters();
-        values[self.parameter] = value;
-        GlobalLimit::build(configured.kind(), &values).unwrap_or_else(|_| configured.clone())
-    }
-}
-
 impl LocalCase {
-    /// What request `r` sends: its user, cost and usage, and the tenant's limit if drawn.
+    /// What request `r` sends (see [`request_with`]).
     fn request(&self, r: &Request) -> FakeRequest {
-        let request = request_of(r);
-        match &self.tenant {
-            Some(tenant) => request.header(TENANT_HEADER, tenant.value(r)),
-            None => request,
-        }
+        request_with(self.tenant.as_ref(), r)
     }
 
     /// The first key whose admissions in `run` break their bound: the configured
     /// limit's, or, with a tenant's own limit, each stretch's and the largest's
-    /// ([`check_each_limit`]).
+    /// ([`TenantLimit::violation`]).
     fn violation(&self, limit: &GlobalLimit, run: &LocalRun) -> Option<(usize, String)> {
-        let Some(tenant) = &self.tenant else {
-            return violation(limit, &run.admissions).map(|(user, v)| (user, v.to_string()));
-        };
-        run.admissions.iter().find_map(|(user, admissions)| {
-            let carried: Vec<(GlobalLimit, Admission)> = run.admitted_requests[user]
-                .iter()
-                .zip(admissions)
-                .map(|(&i, a)| (tenant.carried(limit, &self.schedule[i]), *a))
-                .collect();
-            check_each_limit(&carried).err().map(|v| {
-                let why = v.map_or("limits of more than one algorithm".to_string(), |v| {
-                    v.to_string()
-                });
-                (
-                    *user,
-                    format!("{why} (limit per request from {TENANT_HEADER}: {tenant:?})"),
-                )
-            })
-        })
+        match &self.tenant {
+            None => violation(limit, &run.admissions).map(|(user, v)| (user, v.to_string())),
+            Some(tenant) => tenant.violation(
+                limit,
+                &self.schedule,
+                &run.admissions,
+                &run.admitted_requests,
+            ),
+        }
     }
 }
 

@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 
 use support::{FakeRequest, Rng, T0};
 use weir_core::algorithms::GlobalLimit;
-use weir_core::conformance::{self, Admission, Violation};
+use weir_core::conformance::{self, Admission};
 use weir_core::engine::{BridgeError, RuleOutcome, BRIDGE_BACKOFF_US};
 use weir_core::rules::RuleId;
 use weir_core::wire::ReplyError;
@@ -41,7 +41,16 @@ struct GlobalCase {
     jitter_us: u64,
     /// Envoys share calls per key, as one filter worker does.
     single_flight: bool,
+    /// A tenant's own limit read from each request (issue 36), when drawn.
+    tenant: Option<TenantLimit>,
     schedule: Vec<Request>,
+}
+
+impl GlobalCase {
+    /// What request `r` sends (see [`request_with`]).
+    fn request(&self, r: &Request) -> FakeRequest {
+        request_with(self.tenant.as_ref(), r)
+    }
 }
 
 fn draw_global(seed: u64) -> GlobalCase {
@@ -49,20 +58,38 @@ fn draw_global(seed: u64) -> GlobalCase {
     // Draws added later come from their own stream, so every earlier seed still draws
     // the case it drew (the kept seeds stay the cases they were).
     let mut more = Rng(seed.wrapping_mul(0x94d0_49bb_1331_11eb) | 1);
-    let rule = DrawnGlobal::draw(&mut rng, &mut more);
-    let config = rule.config("");
-    let DrawnGlobal {
-        limit,
+    let mut rule = DrawnGlobal::draw(&mut rng, &mut more);
+    let requests = (log_uniform(&mut rng, 20, 800) + 3 * rule.limit.max_cost.min(300)) as usize;
+    let (envoys, users, cost_max) = (rule.envoys, rule.users, rule.cost_max);
+    let schedule = draw_schedule(
+        &mut rng,
+        &rule.limit,
         envoys,
         users,
+        requests,
         cost_max,
+        false,
+    );
+    // Drawn apart, so that the seeds found before keep their cases: a tenant's own limit
+    // (issue 36) in a third of the cases whose algorithm and failure mode take one.
+    let mut tenant_rng = Rng(seed.wrapping_mul(0xd6e8_feb8_6659_fd93) | 1);
+    let takes_one = !spec_of(rule.limit.name).has_schedule && rule.failure_mode != "local";
+    let span_us = schedule.last().map_or(1, |r| r.at_us.saturating_sub(T0));
+    let tenant = (chance(&mut tenant_rng, 3) && takes_one)
+        .then(|| TenantLimit::draw(&mut tenant_rng, &mut rule.limit, span_us))
+        .flatten();
+    let config = rule.config(if tenant.is_some() {
+        r#","trusted_headers":["x-tenant-limit"]"#
+    } else {
+        ""
+    });
+    let DrawnGlobal {
+        limit,
         failure_mode,
         shadow,
         timeout_us,
         ..
     } = rule;
-    let requests = (log_uniform(&mut rng, 20, 800) + 3 * limit.max_cost.min(300)) as usize;
-    let schedule = draw_schedule(&mut rng, &limit, envoys, users, requests, cost_max, false);
     let span = schedule.last().map_or(0, |r| r.at_us - T0);
     let outage = chance(&mut rng, 3).then(|| {
         let from = T0 + rng.below(span + 1);
@@ -84,6 +111,7 @@ fn draw_global(seed: u64) -> GlobalCase {
             0
         },
         single_flight: chance(&mut more, 2),
+        tenant,
         schedule,
     }
 }
@@ -98,6 +126,8 @@ struct GlobalRun {
     /// Admissions nothing excuses, and all of them.
     strict: BTreeMap<usize, Vec<Admission>>,
     all: BTreeMap<usize, Vec<Admission>>,
+    /// The requests (indices into the schedule) of each user's admissions, in order.
+    strict_requests: BTreeMap<usize, Vec<usize>>,
     /// Units admitted by requests in flight across the outage's start.
     in_flight_at_failure: BTreeMap<usize, u64>,
     /// Decisions whose instant lies outside the request's arrival .. release.
@@ -122,7 +152,7 @@ fn run_global(case: &GlobalCase, schedule: &[Request]) -> GlobalRun {
         .map(|r| Arrival {
             at_us: r.at_us,
             envoy: r.at,
-            request: request_of(r),
+            request: case.request(r),
         })
         .collect();
     let decided = sim.play(&arrivals);
@@ -136,6 +166,7 @@ fn run_global(case: &GlobalCase, schedule: &[Request]) -> GlobalRun {
     let mut out = GlobalRun {
         strict: BTreeMap::new(),
         all: BTreeMap::new(),
+        strict_requests: BTreeMap::new(),
         in_flight_at_failure: BTreeMap::new(),
         outside: Vec::new(),
         refused: decided
@@ -173,6 +204,7 @@ fn run_global(case: &GlobalCase, schedule: &[Request]) -> GlobalRun {
         out.all.entry(r.user).or_default().push(admission);
         if !excused(d.decided_us) {
             out.strict.entry(r.user).or_default().push(admission);
+            out.strict_requests.entry(r.user).or_default().push(d.index);
         }
         let across = case
             .outage
@@ -187,21 +219,36 @@ fn run_global(case: &GlobalCase, schedule: &[Request]) -> GlobalRun {
 /// The bound a global case keeps: what nothing excuses keeps the configured bound; under
 /// `local` and `deny`, everything admitted keeps the bound docs/global.md states around
 /// an outage ([`loose`]); under `allow`, what the outage excuses is not the limit's.
+/// The bound a global case keeps: what nothing excuses keeps the configured bound (with
+/// a tenant's own limit, each stretch its own and all of them the largest); under
+/// `local` and `deny`, everything admitted keeps the bound docs/global.md states around
+/// an outage ([`loose`], of the largest limit a request carried); under `allow`, what the
+/// outage excuses is not the limit's.
 fn global_violation(
     case: &GlobalCase,
     limit: &GlobalLimit,
     run: &GlobalRun,
-) -> Option<(usize, Violation)> {
-    violation(limit, &run.strict).or_else(|| {
+) -> Option<(usize, String)> {
+    let strict = match &case.tenant {
+        None => violation(limit, &run.strict).map(|(user, v)| (user, v.to_string())),
+        Some(tenant) => tenant.violation(limit, &case.schedule, &run.strict, &run.strict_requests),
+    };
+    strict.or_else(|| {
         if case.failure_mode == "allow" {
             return None;
         }
+        let largest = case
+            .tenant
+            .as_ref()
+            .map_or_else(|| limit.clone(), |t| t.largest(limit));
         run.all.iter().find_map(|(user, a)| {
             let in_flight = run.in_flight_at_failure.get(user).copied().unwrap_or(0);
-            let loose = loose(limit, run.instances, in_flight);
+            let loose = loose(&largest, run.instances, in_flight);
             let mut a = a.clone();
             a.sort_by_key(|a| a.at_us);
-            conformance::check(&loose, &a).err().map(|v| (*user, v))
+            conformance::check(&loose, &a)
+                .err()
+                .map(|v| (*user, v.to_string()))
         })
     })
 }
@@ -265,9 +312,11 @@ fn check_global(case: &GlobalCase) -> Result<Option<GlobalRun>, String> {
 fn random_global_configurations_keep_their_bound() {
     let mut failures = Vec::new();
     let (mut cases, mut requests, mut calls, mut refused) = (0u64, 0u64, 0u64, 0u64);
+    let mut tenants = 0u64;
     for seed in seeds(500) {
         let case = draw_global(seed);
         cases += 1;
+        tenants += u64::from(case.tenant.is_some());
         match check_global(&case) {
             Ok(None) => refused += 1,
             Ok(Some(run)) => {
@@ -278,8 +327,9 @@ fn random_global_configurations_keep_their_bound() {
         }
     }
     println!(
-        "global search: {cases} cases ({refused} configs refused by the check), {requests} \
-         requests, {calls} bridge calls, {} violations",
+        "global search: {cases} cases ({refused} configs refused by the check, {tenants} with \
+         a tenant's own limit per request), {requests} requests, {calls} bridge calls, {} \
+         violations",
         failures.len()
     );
     assert!(

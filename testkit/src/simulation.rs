@@ -131,12 +131,14 @@ impl ModelBridge {
 
 /// The model's key of one descriptor of one rule, with the limit Redis runs (its
 /// parameters included, as the bridge's key tag has them).
+/// The key's state in the model, named as weir-bridge names it in Redis
+/// (`redis_key_tag`): domain, rule, algorithm and descriptor, not the limit's parameters.
+/// Requests carrying other limits (a tenant's own, a reload) meet the one state.
 fn model_key(domain: &str, rule: &str, descriptor: &[String], limit: &GlobalLimit) -> String {
     format!(
-        "{domain}\u{0}{rule}\u{0}{}\u{0}{:?}\u{0}{:?}",
+        "{domain}\u{0}{rule}\u{0}{}\u{0}{:?}",
         descriptor.join("\u{1}"),
         limit.kind(),
-        limit.algorithm().parameters()
     )
 }
 

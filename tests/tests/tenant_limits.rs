@@ -199,9 +199,23 @@ fn a_global_rule_gives_each_tenant_its_claims_quota_across_two_envoys() {
             }
         }
     }
+    // A tenant whose claim changes keeps its one state in Redis: 5 taken under a quota of
+    // 10, none more under 3, 3 more under 8 (the sliding log holds the 5).
+    let dave = |quota: u64, n: usize| {
+        let auth = token("dave", quota);
+        (0..n)
+            .filter(|i| {
+                let request = Request::get("/exact").header("authorization", &auth);
+                send(ports[i % 2], request).unwrap().status == 200
+            })
+            .count()
+    };
+    assert_eq!(dave(10, 5), 5);
+    assert_eq!(dave(3, 4), 0, "a lowered quota: the log already holds more");
+    assert_eq!(dave(8, 6), 3, "raised: what the log holds counts");
     // Every admission of both Envoys, tenant by tenant, keeps the bound of the limit its
     // claim gave (the checker's rule: one limit per stretch, here one per tenant).
-    let logs = stack.logs.read(2 * 2 * 155);
+    let logs = stack.logs.read(2 * 2 * 155 + 15);
     let refs: Vec<&[Logged]> = logs.iter().map(Vec::as_slice).collect();
     for rule in ["exact", "leased"] {
         let judge = Judge::configured(&config, rule);

@@ -360,6 +360,133 @@ pub fn violation(
     })
 }
 
+/// The trusted header a drawn tenant's limit is read from.
+pub const TENANT_HEADER: &str = "x-tenant-limit";
+
+/// A tenant's own limit (issue 36): one count parameter of the rule's limit read from
+/// [`TENANT_HEADER`], its value per user changing from one stretch of the run to the next
+/// (`min`, `default`, `max`, one in between, or 1 in 16 not a number).
+#[derive(Clone, Debug)]
+pub struct TenantLimit {
+    /// The parameter's index in the algorithm's table.
+    pub parameter: usize,
+    pub min: u64,
+    pub default: u64,
+    pub max: u64,
+    pub stretch_us: u64,
+    pub salt: u64,
+}
+
+impl TenantLimit {
+    /// Reads one count parameter of `limit` (drawn as `"name":value`) from the header,
+    /// around its drawn value: `None` when the limit has none to read.
+    pub fn draw(rng: &mut Rng, limit: &mut DrawnLimit, span_us: u64) -> Option<TenantLimit> {
+        let spec = spec_of(limit.name);
+        let counts: Vec<usize> = (0..spec.parameters.len())
+            .filter(|&i| spec.parameters[i].unit == Unit::Count)
+            .collect();
+        let parameter = counts[rng.below(counts.len() as u64) as usize];
+        let name = spec.parameters[parameter].name;
+        let field = format!(r#""{name}":"#);
+        let at = limit.json.find(&field)? + field.len();
+        let digits = limit.json[at..]
+            .bytes()
+            .take_while(u8::is_ascii_digit)
+            .count();
+        let default: u64 = limit.json[at..at + digits]
+            .parse()
+            .ok()
+            .filter(|&v| v > 0)?;
+        let min = log_uniform(rng, 1, default);
+        let max = log_uniform(rng, default, default.saturating_mul(8));
+        let from = format!(
+            r#"{{"header":"{TENANT_HEADER}","default":{default},"min":{min},"max":{max}}}"#
+        );
+        limit.json.replace_range(at..at + digits, &from);
+        Some(TenantLimit {
+            parameter,
+            min,
+            default,
+            max,
+            stretch_us: (span_us / (1 + rng.below(6))).max(1),
+            salt: rng.next(),
+        })
+    }
+
+    /// The header value request `r` sends.
+    pub fn value(&self, r: &Request) -> String {
+        let stretch = r.at_us.saturating_sub(T0) / self.stretch_us;
+        let mut z = Rng(self.salt ^ ((r.user as u64) << 40) ^ stretch.wrapping_mul(0x9e37_79b9));
+        match z.below(16) {
+            0 => "many".to_string(),
+            1..=4 => self.min.to_string(),
+            5..=8 => self.default.to_string(),
+            9..=12 => self.max.to_string(),
+            _ => (self.min + z.below(self.max - self.min + 1)).to_string(),
+        }
+    }
+
+    /// The limit request `r` carries under `configured` (the rule's limit with its
+    /// default), as docs/configuration.md says weir reads it: a whole number clamped to
+    /// `min..=max`, else the default; values that build no limit, the configured one.
+    pub fn carried(&self, configured: &GlobalLimit, r: &Request) -> GlobalLimit {
+        let value = self
+            .value(r)
+            .parse::<u64>()
+            .map_or(self.default, |v| v.clamp(self.min, self.max));
+        let mut values = configured.algorithm().parameters();
+        values[self.parameter] = value;
+        GlobalLimit::build(configured.kind(), &values).unwrap_or_else(|_| configured.clone())
+    }
+}
+
+/// What request `r` sends: its user, cost and usage ([`request_of`]), and its tenant's
+/// limit when the case draws one.
+pub fn request_with(tenant: Option<&TenantLimit>, r: &Request) -> FakeRequest {
+    let request = request_of(r);
+    match tenant {
+        Some(tenant) => request.header(TENANT_HEADER, tenant.value(r)),
+        None => request,
+    }
+}
+
+impl TenantLimit {
+    /// The limit at every request's most: `configured` with the parameter at `max`.
+    pub fn largest(&self, configured: &GlobalLimit) -> GlobalLimit {
+        let mut values = configured.algorithm().parameters();
+        values[self.parameter] = self.max;
+        GlobalLimit::build(configured.kind(), &values).unwrap_or_else(|_| configured.clone())
+    }
+
+    /// The first user whose admissions (`admitted[user]`, made by the requests
+    /// `requests[user]` of `schedule`), each with the limit its request carried, break
+    /// [`conformance::check_each_limit`].
+    pub fn violation(
+        &self,
+        configured: &GlobalLimit,
+        schedule: &[Request],
+        admitted: &BTreeMap<usize, Vec<Admission>>,
+        requests: &BTreeMap<usize, Vec<usize>>,
+    ) -> Option<(usize, String)> {
+        admitted.iter().find_map(|(user, admissions)| {
+            let carried: Vec<(GlobalLimit, Admission)> = requests[user]
+                .iter()
+                .zip(admissions)
+                .map(|(&i, a)| (self.carried(configured, &schedule[i]), *a))
+                .collect();
+            conformance::check_each_limit(&carried).err().map(|v| {
+                let why = v.map_or("limits of more than one algorithm".to_string(), |v| {
+                    v.to_string()
+                });
+                (
+                    *user,
+                    format!("{why} (limit per request from {TENANT_HEADER}: {self:?})"),
+                )
+            })
+        })
+    }
+}
+
 /// A global rule drawn over the whole range the config accepts, as `search_global.rs` and
 /// `search_hostile.rs` draw it: its limit, the bridge timeout, leases (`lease.max` 1 a
 /// quarter of the time), the failure mode, shadow mode, costs, Envoys and users.
