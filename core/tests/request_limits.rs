@@ -64,8 +64,9 @@ fn each_tenant_is_limited_by_its_own_limit() {
     );
     let eval = evaluate(&e, &store, &tenant("f", Some("3")), T0);
     assert!(!eval.reports[0].limit_invalid);
-    // The RateLimit numbers are the request's own limit.
+    // The RateLimit numbers and policy are the request's own limit's.
     assert_eq!(eval.verdicts[0].decision.limit, 3);
+    assert_eq!(e.rule_verdicts(&eval)[0].policy.quota, 3);
 }
 
 #[test]

@@ -412,7 +412,7 @@ impl Engine {
                 decided_at_us: now_us,
                 ..item.lookup
             };
-            let policy = global.global.limit.policy();
+            let policy = item.limit.as_ref().unwrap_or(&global.global.limit).policy();
             let decision = Decision {
                 allowed: false,
                 limit: policy.quota,

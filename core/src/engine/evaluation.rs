@@ -3,7 +3,7 @@
 //! ends — with the steps every scope shares (a rule that applies, a decision served from
 //! held units).
 
-use crate::algorithms::{Decision, GlobalLimit, Hold, Limit};
+use crate::algorithms::{Decision, GlobalLimit, Hold, Limit, Policy};
 use crate::key::{KeyHash, KeyHasher, Seed};
 use crate::lease::{LeaseSlot, Spend};
 use crate::rules::{FactSource, Facts, RequestLimit, Rule, RuleId};
@@ -98,6 +98,9 @@ pub struct Evaluation {
     /// Changes to rules' units outstanding whose report was replaced or dropped (a
     /// second look at a lease slot, a held request released too late).
     pub(super) carried: Vec<(RuleId, i64)>,
+    /// The policy of the limit the request carries under each rule that reads it from
+    /// the request: what its RateLimit headers advertise.
+    pub(super) own_policies: Vec<(RuleId, Policy)>,
 }
 
 /// What a rule with a commit counted for a request, to be settled with the response's
@@ -450,6 +453,9 @@ pub(super) fn applies<'r, F: FactSource>(
     let estimate = rule.cost(facts);
     let (least, cost, prompt) = rule.clamp_range(facts, estimate);
     let limit = rule.request_limit(facts);
+    if let Some(own) = &limit {
+        eval.own_policies.push((rule.id, own.limit.policy()));
+    }
     let quota = limit
         .as_ref()
         .map_or_else(|| rule.policy(), |own| own.limit.policy())

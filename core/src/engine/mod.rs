@@ -444,7 +444,8 @@ impl Engine {
             .iter()
             .filter_map(|v| {
                 let rule = self.config.rule(v.rule)?;
-                let mut policy = rule.policy();
+                let own = eval.own_policies.iter().find(|(id, _)| *id == v.rule);
+                let mut policy = own.map_or_else(|| rule.policy(), |(_, policy)| *policy);
                 if let Scope::Concurrency(_) = rule.scope {
                     // An adaptive rule's quota is the limit the request met, not its
                     // ceiling (the same for a fixed one).
