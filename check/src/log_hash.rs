@@ -187,6 +187,8 @@ pub enum Read {
     Match,
     /// As its cost.
     Cost,
+    /// As a parameter of its limit (a tenant's own).
+    Limit,
     /// As a request's deadline (a delaying rule).
     Deadline,
     Key(KeyRead),
@@ -197,6 +199,7 @@ impl Read {
         match self {
             Read::Match => "matches on it",
             Read::Cost => "reads its cost from it",
+            Read::Limit => "reads its limit from it",
             Read::Deadline => "reads a deadline from it",
             Read::Key(KeyRead::Whole) => "keys on it",
             Read::Key(KeyRead::ClientIp) => "keys on it as client_ip (without its port)",
@@ -221,6 +224,9 @@ pub fn reads(config: &Config, fact: FactId) -> Vec<(String, Read)> {
         }
         if matches!(rule.cost, Cost::FromRequest { fact: f, .. } if f == fact) {
             add(Read::Cost);
+        }
+        if rule.limit_from.iter().any(|from| from.fact == fact) {
+            add(Read::Limit);
         }
         if let Some(delay) = &rule.delay {
             if delay.deadline.grpc_timeout == fact || delay.deadline.expected_rq_timeout == fact {
@@ -256,8 +262,8 @@ pub enum Plan {
 }
 
 /// The plan for one fact of the config: hashed in the one form its keys read it, or
-/// kept in clear when a rule matches on it, costs or reads a deadline from it, a
-/// `query_param` key reads it, or keys read it in two forms.
+/// kept in clear when a rule matches on it, reads its cost, its limit or a deadline from
+/// it, a `query_param` key reads it, or keys read it in two forms.
 pub fn plan(config: &Config, fact: FactId) -> Plan {
     let reads = reads(config, fact);
     let mut form = None;

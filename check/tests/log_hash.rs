@@ -118,6 +118,22 @@ fn log_hash_hashes_what_keys_read_and_keeps_what_rules_match_on() {
         LogPlan::new(&query).fields[0].2,
         Plan::Clear("rule per-q keys on a query parameter of it".into())
     );
+    // A tenant's own limit is a number the rule reads: a hash would replay as no number
+    // (the default), so it stays in clear.
+    let tenant = config::parse(
+        br#"{"trusted_headers":["x-quota"],"rules":[{"name":"per-tenant","key":[{"header":"x-t"}],
+        "limit":{"algorithm":"fixed_window","window":"1s",
+                 "limit":{"header":"x-quota","default":3,"max":30}}}]}"#,
+    )
+    .unwrap();
+    assert_eq!(
+        LogPlan::new(&tenant).fields[1],
+        (
+            "headers",
+            "x-quota".to_string(),
+            Plan::Clear("rule per-tenant reads its limit from it".into())
+        )
+    );
     assert_eq!(
         plan.hash_line(&salt(), "[1]").unwrap_err(),
         "not a JSON object"

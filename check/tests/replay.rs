@@ -75,6 +75,38 @@ fn requests_are_replayed_in_time_order_not_line_order() {
     assert_eq!(report.rules[0].top_keys.len(), 1);
 }
 
+/// A tenant's limit from a numeric claim: the access log prints the metadata number as
+/// `4.5`, and the replay reads its whole part, as the filter does from the double Envoy
+/// hands it.
+#[test]
+fn a_limit_from_a_numeric_claim_replays_as_the_filter_reads_it() {
+    let candidate = r#"{"rules":[{"name":"per-sub","key":[{"jwt_claim":"sub"}],
+        "limit":{"algorithm":"fixed_window","window":"1h",
+                 "limit":{"jwt_claim":"quota","default":1,"max":100}}}]}"#;
+    let claim = "metadata.filter_metadata.envoy.filters.http.jwt_authn.jwt_payload";
+    let log: Vec<String> = (1..=6)
+        .map(|i| {
+            format!(
+                r#"{{"start_us":"{}","status":200,"decisions":null,"headers":{{}},"attributes":{{"{claim}.sub":"t","{claim}.quota":4.5}}}}"#,
+                i * 1_000_000
+            )
+        })
+        .collect();
+    let report = replay::replay(
+        candidate.as_bytes(),
+        &replay::parse_log(&log.join("\n")),
+        &SEED,
+    )
+    .unwrap();
+    assert_eq!(
+        outcomes(&report, "per-sub")
+            .iter()
+            .filter(|o| **o == "allowed")
+            .count(),
+        4
+    );
+}
+
 /// A request with an id the rules do not read (`x-id`), to follow it across logs.
 fn tagged(user: &str, id: &str, at_us: u64) -> String {
     format!(r#"{{"start_us":"{at_us}","headers":{{"x-user":"{user}","x-id":"{id}"}}}}"#)

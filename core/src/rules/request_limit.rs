@@ -2,9 +2,10 @@
 //! something Envoy trusts wrote (a JWT claim `jwt_authn` verified, metadata an
 //! `ext_authz` server returned, a header only an earlier filter sets).
 //!
-//! A value is a whole number: decimal text (a header, a string claim), or a number
-//! Envoy hands over as its 8-byte encoding (a JSON number in dynamic metadata is a
-//! double; its whole part counts). Absent, the parameter's `default`; present but not a
+//! A value is a whole number: decimal text (a header, a string claim), or, from an
+//! attribute, a number: the 8 bytes of the double Envoy hands over for a JSON number in
+//! dynamic metadata, or decimal text with a fraction (as an access log prints one, so a
+//! replay reads the same); its whole part counts. Absent, the parameter's `default`; present but not a
 //! number, the `default` too, and the request says so (counted as `limit_invalid`);
 //! outside `min..=max`, clamped.
 
@@ -32,12 +33,29 @@ impl LimitFrom {
         let Some(bytes) = facts.get(self.fact) else {
             return Some(self.default);
         };
-        let value = parse_decimal(bytes).or_else(|| {
-            let encoded: [u8; 8] = bytes.try_into().ok().filter(|_| self.attribute)?;
-            whole_number(f64::from_le_bytes(encoded))
-        })?;
+        let value = match parse_decimal(bytes) {
+            Some(value) => value,
+            None if self.attribute => attribute_number(bytes)?,
+            None => return None,
+        };
         Some(value.clamp(self.min, self.max))
     }
+}
+
+/// A number from an attribute that is not a whole decimal: its whole part, from decimal
+/// text with a fraction (`4.5`, as an access log prints a metadata number, so that a
+/// replay reads what Envoy handed over), else from the 8 bytes of a double (what Envoy
+/// hands the filter for a JSON number in metadata).
+fn attribute_number(bytes: &[u8]) -> Option<u64> {
+    let text = std::str::from_utf8(bytes)
+        .ok()
+        .map(str::trim)
+        .filter(|t| !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit() || b == b'.'));
+    if let Some(text) = text {
+        return whole_number(text.parse().ok()?);
+    }
+    let encoded: [u8; 8] = bytes.try_into().ok()?;
+    whole_number(f64::from_le_bytes(encoded))
 }
 
 /// The whole part of a finite, non-negative double (saturating at `u64::MAX`).
@@ -124,6 +142,17 @@ mod tests {
     use super::*;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    #[test]
+    fn numbers_of_attributes() {
+        assert_eq!(attribute_number(b"4.5"), Some(4));
+        assert_eq!(attribute_number(b" 7.0 "), Some(7));
+        assert_eq!(attribute_number(&6.9f64.to_le_bytes()), Some(6));
+        assert_eq!(attribute_number(b"1e3"), None);
+        assert_eq!(attribute_number(b"-2.5"), None);
+        assert_eq!(attribute_number(b"."), None);
+        assert_eq!(attribute_number(b"lots"), None);
+    }
 
     #[test]
     fn whole_numbers_of_doubles() {
