@@ -237,3 +237,90 @@ fn a_global_rule_gives_each_tenant_its_claims_quota_across_two_envoys() {
     assert_eq!(stack.weir_stat("rule.exact.limit_invalid"), 0);
     stack.assert_no_panic();
 }
+
+/// A tenant's limit from metadata an `ext_authz` server returned: the server (a listener
+/// of the same Envoy answering by tenant) sends `x-tenant-rate`, which `ext_authz` puts in
+/// its dynamic metadata (`dynamic_metadata_from_headers`), and the rule reads it as an
+/// attribute. A client cannot write dynamic metadata: the header it sends itself is not
+/// what the rule reads.
+#[test]
+fn a_limit_from_ext_authz_metadata() {
+    let authz_port = weir_e2e::free_port();
+    let authz_listener = format!(
+        r#"- name: authz
+  address:
+    socket_address: {{ address: 127.0.0.1, port_value: {authz_port} }}
+  filter_chains:
+  - filters:
+    - name: envoy.filters.network.http_connection_manager
+      typed_config:
+        "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+        stat_prefix: authz
+        route_config:
+          virtual_hosts:
+          - name: all
+            domains: ["*"]
+            routes:
+            - match: {{ prefix: "/", headers: [ {{ name: x-tenant, string_match: {{ exact: acme }} }} ] }}
+              direct_response: {{ status: 200 }}
+              response_headers_to_add: [ {{ header: {{ key: x-tenant-rate, value: "6" }} }} ]
+            - match: {{ prefix: "/", headers: [ {{ name: x-tenant, string_match: {{ exact: globex }} }} ] }}
+              direct_response: {{ status: 200 }}
+              response_headers_to_add: [ {{ header: {{ key: x-tenant-rate, value: "2" }} }} ]
+            - match: {{ prefix: "/" }}
+              direct_response: {{ status: 200 }}
+        http_filters:
+        - name: envoy.filters.http.router
+          typed_config:
+            "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+"#
+    );
+    let authz_cluster = format!(
+        r#"- name: authz
+  connect_timeout: 1s
+  type: STATIC
+  load_assignment:
+    cluster_name: authz
+    endpoints:
+    - lb_endpoints:
+      - endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {authz_port} }} }} }}
+"#
+    );
+    let ext_authz = format!(
+        r#"- name: envoy.filters.http.ext_authz
+  typed_config:
+    "@type": type.googleapis.com/envoy.extensions.filters.http.ext_authz.v3.ExtAuthz
+    transport_api_version: V3
+    http_service:
+      server_uri: {{ uri: "http://127.0.0.1:{authz_port}", cluster: authz, timeout: 1s }}
+      authorization_request:
+        allowed_headers: {{ patterns: [ {{ exact: x-tenant }} ] }}
+      authorization_response:
+        dynamic_metadata_from_headers: {{ patterns: [ {{ exact: x-tenant-rate }} ] }}
+"#
+    );
+    let config = r#"{"rules":[{"name":"by-authz","key":[{"header":"x-tenant"}],
+      "limit":{"algorithm":"fixed_window","window":"1h",
+               "limit":{"attribute":["metadata","filter_metadata","envoy.filters.http.ext_authz","x-tenant-rate"],
+                        "default":1,"max":50}}}]}"#;
+    let bootstrap = Bootstrap::new()
+        .listener(authz_listener)
+        .cluster(authz_cluster)
+        .http_filter(ext_authz)
+        .http_filter(wasm_filter_yaml(config, &weir_wasm()));
+    let envoy = Envoy::start(&bootstrap, 1);
+    assert_eq!(admitted(&envoy, "/", &[("x-tenant", "acme")], 9), 6);
+    assert_eq!(admitted(&envoy, "/", &[("x-tenant", "globex")], 5), 2);
+    assert_eq!(
+        admitted(
+            &envoy,
+            "/",
+            &[("x-tenant", "initech"), ("x-tenant-rate", "40")],
+            5
+        ),
+        1,
+        "no metadata from the server: the default, whatever the client sends"
+    );
+    assert_eq!(envoy.weir_stat("rule.by-authz.limit_invalid"), 0);
+    envoy.assert_no_panic();
+}
