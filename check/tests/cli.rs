@@ -43,6 +43,19 @@ fn cli_accepts_a_good_file() {
     );
 }
 
+/// A rule whose limit each request gives is named as such.
+#[test]
+fn cli_names_a_limit_from_the_request() {
+    let path = fixture("good", "limit_from_request");
+    let (code, stdout, stderr) = weir_check(&["check-config", path.to_str().unwrap()], None);
+    assert_eq!((code, stderr.as_str()), (0, ""));
+    assert_eq!(
+        stdout,
+        "ok: 2 rules: per-tenant (gcra, local, limit from the request), \
+         per-tenant-global (token_bucket, global, limit from the request)\n"
+    );
+}
+
 #[test]
 fn cli_rejects_a_bad_file_with_its_message() {
     let path = fixture("bad", "duration_unknown_unit");

@@ -266,3 +266,47 @@ mod global {
         assert_eq!(eval.pending.len(), 1, "the higher limit asks Redis");
     }
 }
+
+/// Whatever bytes a trusted header holds, the limit a request is decided by stays within
+/// `min..=max`, and the request says it got the default exactly when the value was there
+/// (not empty) but not a whole decimal number.
+#[cfg(not(target_arch = "wasm32"))]
+mod values {
+    use super::*;
+    use proptest::prelude::*;
+    use weir_core::rules::parse_decimal;
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+        #[test]
+        fn any_value_decides_within_min_and_max(
+            value in prop_oneof![
+                prop::collection::vec(any::<u8>(), 0..40),
+                "[0-9 ]{1,30}".prop_map(String::into_bytes),
+                any::<u64>().prop_map(|n| n.to_string().into_bytes()),
+            ],
+        ) {
+            let e = engine(
+                r#"{"trusted_headers":["x-tenant-limit"],"rules":[{"name":"per-tenant",
+                    "key":[{"header":"x-tenant"}],"reservoir":{"max":1},
+                    "limit":{"algorithm":"fixed_window","window":"1h",
+                             "limit":{"header":"x-tenant-limit","default":7,"min":3,"max":50}}}]}"#,
+            );
+            let store = MemoryStore::new();
+            e.prepare(&store).unwrap();
+            let request = FakeRequest::default()
+                .header("x-tenant", "t")
+                .header("x-tenant-limit", &value);
+            let eval = evaluate(&e, &store, &request, T0);
+            let limit = eval.verdicts[0].decision.limit;
+            prop_assert!((3..=50).contains(&limit), "limit {limit}");
+            // An empty value is no value, as for a key part.
+            let whole = value.is_empty() || parse_decimal(&value).is_some();
+            prop_assert_eq!(eval.reports[0].limit_invalid, !whole);
+            if !whole || value.is_empty() {
+                prop_assert_eq!(limit, 7);
+            }
+        }
+    }
+}

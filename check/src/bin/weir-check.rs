@@ -143,7 +143,8 @@ fn read(file: &str) -> std::io::Result<Vec<u8>> {
     }
 }
 
-/// `ok: 2 rules: per-user (gcra, local), login (fixed_window, local, shadow)`.
+/// `ok: 2 rules: per-user (gcra, local), login (fixed_window, local, shadow)`; a rule whose
+/// limit each request gives says so (`per-tenant (gcra, local, limit from the request)`).
 fn summary(config: &Config) -> String {
     let rules: Vec<String> = config
         .rules
@@ -151,7 +152,16 @@ fn summary(config: &Config) -> String {
         .map(|rule| {
             let scope = if rule.is_global() { "global" } else { "local" };
             let shadow = if rule.shadow { ", shadow" } else { "" };
-            format!("{} ({}, {scope}{shadow})", rule.name, rule.algorithm_name())
+            let own = if rule.limit_from.is_empty() {
+                ""
+            } else {
+                ", limit from the request"
+            };
+            format!(
+                "{} ({}, {scope}{shadow}{own})",
+                rule.name,
+                rule.algorithm_name()
+            )
         })
         .collect();
     let noun = if rules.len() == 1 { "rule" } else { "rules" };

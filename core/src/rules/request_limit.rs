@@ -5,9 +5,9 @@
 //! A value is a whole number: decimal text (a header, a string claim), or, from an
 //! attribute, a number: the 8 bytes of the double Envoy hands over for a JSON number in
 //! dynamic metadata, or decimal text with a fraction (as an access log prints one, so a
-//! replay reads the same); its whole part counts. Absent, the parameter's `default`; present but not a
-//! number, the `default` too, and the request says so (counted as `limit_invalid`);
-//! outside `min..=max`, clamped.
+//! replay reads the same); its whole part counts. Absent or empty, the parameter's
+//! `default`; present but not a number, the `default` too, and the request says so
+//! (counted as `limit_invalid`); outside `min..=max`, clamped.
 
 use super::{parse_decimal, FactId, FactSource, Facts, Rule, Scope};
 use crate::algorithms::{GlobalLimit, Limit};
@@ -30,7 +30,8 @@ impl LimitFrom {
     /// The value this request gives, clamped; `None` when it has one that is not a
     /// number.
     fn value<S: FactSource>(&self, facts: &mut Facts<'_, S>) -> Option<u64> {
-        let Some(bytes) = facts.get(self.fact) else {
+        // Absent or empty, as a key part's source: the default, not an invalid value.
+        let Some(bytes) = facts.get(self.fact).filter(|bytes| !bytes.is_empty()) else {
             return Some(self.default);
         };
         let value = match parse_decimal(bytes) {
