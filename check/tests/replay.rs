@@ -85,26 +85,20 @@ fn a_limit_from_a_numeric_claim_replays_as_the_filter_reads_it() {
                  "limit":{"jwt_claim":"quota","default":1,"max":100}}}]}"#;
     let claim = "metadata.filter_metadata.envoy.filters.http.jwt_authn.jwt_payload";
     let log: Vec<String> = (1..=6)
-        .map(|i| {
-            format!(
-                r#"{{"start_us":"{}","status":200,"decisions":null,"headers":{{}},"attributes":{{"{claim}.sub":"t","{claim}.quota":4.5}}}}"#,
-                i * 1_000_000
+        .map(|i| line("-", i * 1_000_000))
+        .map(|l| {
+            l.replace(
+                r#""attributes":{}"#,
+                &format!(r#""attributes":{{"{claim}.sub":"t","{claim}.quota":4.5}}"#),
             )
         })
         .collect();
-    let report = replay::replay(
-        candidate.as_bytes(),
-        &replay::parse_log(&log.join("\n")),
-        &SEED,
-    )
-    .unwrap();
-    assert_eq!(
-        outcomes(&report, "per-sub")
-            .iter()
-            .filter(|o| **o == "allowed")
-            .count(),
-        4
-    );
+    let log = replay::parse_log(&log.join("\n"));
+    let report = replay::replay(candidate.as_bytes(), &log, &SEED).unwrap();
+    let allowed = outcomes(&report, "per-sub")
+        .into_iter()
+        .filter(|o| *o == "allowed");
+    assert_eq!(allowed.count(), 4);
 }
 
 /// A request with an id the rules do not read (`x-id`), to follow it across logs.

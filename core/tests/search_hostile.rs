@@ -74,6 +74,8 @@ struct Case {
     model: BridgeModel,
     /// Crowds drawn: (instant, user, size).
     crowds: Vec<(u64, usize, usize)>,
+    /// A tenant's own limit read from each request (issue 36), when drawn.
+    tenant: Option<TenantLimit>,
     schedule: Vec<Request>,
 }
 
@@ -86,7 +88,20 @@ fn draw(seed: u64) -> Case {
     if chance(&mut hostile, 5) {
         rule.lease.clear();
     }
-    let config = rule.config(r#","response":{"filter_state":"all"}"#);
+    // Drawn apart, so that the seeds found before keep their cases: a tenant's own limit
+    // (issue 36), changing every few periods, in half the cases that take one.
+    let mut tenant_rng = Rng(seed.wrapping_mul(0xd6e8_feb8_6659_fd93) | 1);
+    let takes_one = !spec_of(rule.limit.name).has_schedule && rule.failure_mode != "local";
+    let every_us = rule.limit.scale_us.saturating_mul(8);
+    let tenant = (chance(&mut tenant_rng, 2) && takes_one)
+        .then(|| TenantLimit::draw(&mut tenant_rng, &mut rule.limit, every_us))
+        .flatten();
+    let trusted = if tenant.is_some() {
+        r#","trusted_headers":["x-tenant-limit"]"#
+    } else {
+        ""
+    };
+    let config = rule.config(&format!(r#","response":{{"filter_state":"all"}}{trusted}"#));
     let DrawnGlobal {
         limit,
         timeout_us,
@@ -159,6 +174,7 @@ fn draw(seed: u64) -> Case {
         timeout_us,
         model,
         crowds,
+        tenant,
         schedule,
     }
 }
@@ -169,11 +185,18 @@ fn plans(case: &Case, schedule: &[Request]) -> Vec<Plan> {
         .map(|r| Plan {
             at_us: r.at_us,
             worker: r.at,
-            headers: vec![
+            headers: [
                 (":path".into(), "/".into()),
                 ("x-user".into(), format!("u{}", r.user)),
                 ("x-cost".into(), r.cost.to_string()),
-            ],
+            ]
+            .into_iter()
+            .chain(
+                case.tenant
+                    .as_ref()
+                    .map(|t| (TENANT_HEADER.into(), t.value(r))),
+            )
+            .collect(),
             body: None,
             response: match r.duration_us % 5 {
                 // Envoy's own 504, and clients that leave: no excuse for anything.
@@ -201,6 +224,11 @@ struct Judged {
     /// Per user: admissions nothing excuses, and all admissions.
     strict: BTreeMap<usize, Vec<Admission>>,
     all: BTreeMap<usize, Vec<Admission>>,
+    /// With a tenant's own limit: it, the schedule judged, and per user the requests
+    /// (indices into it) of the strict admissions, to judge each by the limit it carried.
+    tenant: Option<TenantLimit>,
+    schedule: Vec<Request>,
+    strict_requests: BTreeMap<usize, Vec<usize>>,
     /// Per user: units admitted while a call of theirs straddled a fault.
     in_flight_at_fault: BTreeMap<usize, u64>,
     /// What no bound excuses: a leak, a request left undecided, a decision instant
@@ -223,7 +251,11 @@ struct Judged {
 }
 
 fn judge(case: &Case, schedule: &[Request], fleet: &Fleet) -> Judged {
-    let mut j = Judged::default();
+    let mut j = Judged {
+        tenant: case.tenant.clone(),
+        schedule: schedule.to_vec(),
+        ..Judged::default()
+    };
     let excuse_span = BRIDGE_BACKOFF_US + case.timeout_us + BRIDGE_DOWN_READ_US;
     let process = |worker: usize| worker / case.workers;
     let excused = |worker: usize, at_us: u64| {
@@ -290,6 +322,7 @@ fn judge(case: &Case, schedule: &[Request], fleet: &Fleet) -> Judged {
             j.excused += 1;
         } else {
             j.strict.entry(r.user).or_default().push(admission);
+            j.strict_requests.entry(r.user).or_default().push(i);
         }
         let straddles = fleet
             .excuses
@@ -325,7 +358,11 @@ fn fault(
     }
     let excess = |user: &usize| j.excess_in_flight.get(user).copied().unwrap_or_default();
     if !j.settled {
-        if let Some((user, v)) = violation(limit, &j.strict) {
+        let strict = match &j.tenant {
+            None => violation(limit, &j.strict).map(|(user, v)| (user, v.to_string())),
+            Some(t) => t.violation(limit, &j.schedule, &j.strict, &j.strict_requests),
+        };
+        if let Some((user, v)) = strict {
             return Some(format!("key u{user}, with no fault to excuse it: {v}"));
         }
     }
@@ -350,7 +387,11 @@ fn fault(
     }
     j.all.iter().find_map(|(user, a)| {
         let in_flight = j.in_flight_at_fault.get(user).copied().unwrap_or(0) + excess(user).1;
-        let loose = loose(limit, envoys as u64, in_flight);
+        let largest = j
+            .tenant
+            .as_ref()
+            .map_or_else(|| limit.clone(), |t| t.largest(limit));
+        let loose = loose(&largest, envoys as u64, in_flight);
         let mut a = a.clone();
         a.sort_by_key(|a| a.at_us);
         conformance::check(&loose, &a)
@@ -419,9 +460,11 @@ fn hostile_clients_and_a_faulty_bridge_never_break_a_global_bound() {
     let mut failures = Vec::new();
     let (mut cases, mut refused, mut requests, mut crowded, mut excused, mut limited) =
         (0u64, 0u64, 0u64, 0u64, 0u64, 0u64);
+    let mut tenants = 0u64;
     for seed in seeds(100) {
         let case = draw(seed);
         cases += 1;
+        tenants += u64::from(case.tenant.is_some());
         crowded += case.crowds.iter().map(|c| c.2 as u64).sum::<u64>();
         match check(&case) {
             Ok(None) => refused += 1,
@@ -434,8 +477,8 @@ fn hostile_clients_and_a_faulty_bridge_never_break_a_global_bound() {
         }
     }
     println!(
-        "hostile search: {cases} cases ({refused} configs refused by the check), {requests} \
-         requests ({crowded} in crowds), {limited} answered 429, {excused} admissions \
+        "hostile search: {cases} cases ({refused} configs refused by the check, {tenants} with \
+         a tenant's own limit per request), {requests} requests ({crowded} in crowds), {limited} answered 429, {excused} admissions \
          excused by a bridge fault, {} failing cases",
         failures.len()
     );

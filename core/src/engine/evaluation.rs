@@ -404,23 +404,10 @@ impl Applied<'_> {
             None => self.hash,
             Some(own) => KeyHash {
                 set_hash: self.hash.set_hash,
-                fingerprint: self.hash.fingerprint ^ limit_fingerprint(&own.limit),
+                fingerprint: self.hash.fingerprint ^ own.fingerprint,
             },
         }
     }
-}
-
-/// A limit's parameters hashed (FNV-1a over their bytes), to tell the limits a key's
-/// requests carry apart where units are kept per key and limit.
-fn limit_fingerprint(limit: &GlobalLimit) -> u64 {
-    limit
-        .algorithm()
-        .parameters()
-        .iter()
-        .flat_map(|value| value.to_le_bytes())
-        .fold(0xcbf2_9ce4_8422_2325, |hash: u64, byte| {
-            (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
-        })
 }
 
 /// Where an evaluation starts: the first rule to look at, and when the request arrived.

@@ -71,6 +71,9 @@ pub struct RequestLimit {
     pub limit: GlobalLimit,
     /// Some value was there but not a number: its `default` stood in.
     pub invalid: bool,
+    /// The limit's parameters hashed: what sets apart the units a worker or an Envoy keeps
+    /// for the key under this limit (see the engine's `Applied::units_hash`).
+    pub fingerprint: u64,
 }
 
 impl Rule {
@@ -82,11 +85,11 @@ impl Rule {
             return None;
         }
         let configured = match &self.scope {
-            Scope::Local(limit) => GlobalLimit::Slot(limit.clone()),
-            Scope::Global(global) => global.limit.clone(),
+            Scope::Local(limit) => limit.algorithm(),
+            Scope::Global(global) => global.limit.algorithm(),
             Scope::Concurrency(_) => return None,
         };
-        let mut values = configured.algorithm().parameters();
+        let mut values = configured.parameters();
         let mut invalid = false;
         for from in &self.limit_from {
             let value = from.value(facts).unwrap_or_else(|| {
@@ -97,14 +100,32 @@ impl Rule {
                 *slot = value;
             }
         }
-        Some(match GlobalLimit::build(configured.kind(), &values) {
-            Ok(limit) => RequestLimit { limit, invalid },
-            Err(_) => RequestLimit {
-                limit: configured,
-                invalid: true,
-            },
+        let kind = configured.spec().kind;
+        let (limit, values) = match GlobalLimit::build(kind, &values) {
+            Ok(limit) => (limit, values),
+            Err(_) => {
+                invalid = true;
+                let values = configured.parameters();
+                (GlobalLimit::build(kind, &values).ok()?, values)
+            }
+        };
+        Some(RequestLimit {
+            limit,
+            invalid,
+            fingerprint: fingerprint(&values),
         })
     }
+}
+
+/// A limit's parameters hashed (FNV-1a over their bytes): once per request, to tell the
+/// limits a key's requests carry apart where units are kept per key and limit.
+fn fingerprint(values: &[u64]) -> u64 {
+    values
+        .iter()
+        .flat_map(|value| value.to_le_bytes())
+        .fold(0xcbf2_9ce4_8422_2325, |hash: u64, byte| {
+            (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
+        })
 }
 
 impl Rule {
