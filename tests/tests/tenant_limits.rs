@@ -48,16 +48,17 @@ const REMOVE_CLIENTS_HEADER: &str = r#"early_header_mutation_extensions:
 "#;
 
 /// Two rules keyed by the token's subject (`anonymous` without one): `/claim` reads the
-/// limit from the claim in metadata, `/header` from the header jwt_authn writes.
+/// limit from the claim in metadata, `/header` from the header jwt_authn writes. Token
+/// buckets refilled hourly from their first request: no window boundary a run could cross.
 const CONFIG: &str = r#"{"trusted_headers":["x-tenant-limit"],"rules":[
   {"name":"by-claim","match":{"path":{"prefix":"/claim"}},
    "key":[{"jwt_claim":"sub","default":"anonymous"}],
-   "limit":{"algorithm":"fixed_window","window":"1h",
-            "limit":{"jwt_claim":"quota","default":1,"max":100}}},
+   "limit":{"algorithm":"token_bucket","refill":1,"period":"1h",
+            "capacity":{"jwt_claim":"quota","default":1,"max":100}}},
   {"name":"by-header","match":{"path":{"prefix":"/header"}},
    "key":[{"jwt_claim":"sub","default":"anonymous"}],
-   "limit":{"algorithm":"fixed_window","window":"1h",
-            "limit":{"header":"x-tenant-limit","default":1,"max":100}}}]}"#;
+   "limit":{"algorithm":"token_bucket","refill":1,"period":"1h",
+            "capacity":{"header":"x-tenant-limit","default":1,"max":100}}}]}"#;
 
 fn token(sub: &str, quota: impl std::fmt::Display) -> String {
     let payload =
@@ -300,8 +301,8 @@ fn a_limit_from_ext_authz_metadata() {
 "#
     );
     let config = r#"{"rules":[{"name":"by-authz","key":[{"header":"x-tenant"}],
-      "limit":{"algorithm":"fixed_window","window":"1h",
-               "limit":{"attribute":["metadata","filter_metadata","envoy.filters.http.ext_authz","x-tenant-rate"],
+      "limit":{"algorithm":"token_bucket","refill":1,"period":"1h",
+               "capacity":{"attribute":["metadata","filter_metadata","envoy.filters.http.ext_authz","x-tenant-rate"],
                         "default":1,"max":50}}}]}"#;
     let bootstrap = Bootstrap::new()
         .listener(authz_listener)
