@@ -19,6 +19,8 @@
 //!   `(params, state, now, cost)`, each with everything weir knows about it.
 //! - [`conformance`]: (`weir-protocol`) whether admissions of one key, from anywhere, keep their
 //!   algorithm's bound.
+//! - [`share`]: (`weir-protocol`) a fixed window's limit split fairly among the keys
+//!   under a parent.
 //! - [`key`]: (`weir-protocol`) key parts, their hashing to slots, their names on the wire and in Redis.
 //! - [`store`]: the shared-data contract, the seed, the bounded CAS loop and slot tables.
 //! - [`lease`]: leases and cached denials of global rules.
@@ -56,6 +58,8 @@ pub use weir_protocol::algorithms;
 pub use weir_protocol::with_every_algorithm;
 
 pub use weir_protocol::conformance;
+
+pub use weir_protocol::share;
 
 pub use weir_protocol::key;
 

@@ -41,3 +41,5 @@ mod reservoirs;
 mod search;
 mod search_global;
 mod search_hostile;
+mod search_shares;
+mod shares;

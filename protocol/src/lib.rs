@@ -13,6 +13,7 @@
 //!   `(params, state, now, cost)`, each with everything weir knows about it.
 //! - [`conformance`]: whether admissions of one key, from anywhere, keep their
 //!   algorithm's bound.
+//! - [`share`]: a fixed window's limit split fairly among the keys under a parent.
 //! - [`key`]: key parts, their hashing to slots, their names on the wire and in Redis.
 //! - [`wire`]: the filter ⇄ bridge format.
 
@@ -27,6 +28,8 @@ pub mod duration;
 pub mod algorithms;
 
 pub mod conformance;
+
+pub mod share;
 
 pub mod key;
 

@@ -97,6 +97,11 @@ object_only!(RawCommit, "a commit object");
 object_only!(RawBodyCost, "a body cost object");
 object_only!(RawCommitBody, "a commit body object");
 object_only!(RawClamp, "a clamp object");
+object_only!(RawShare, "a share object");
+object_only!(
+    RawLimitFrom,
+    "an object with one of \"jwt_claim\", \"attribute\", \"header\""
+);
 
 #[derive(Debug, Deserialize)]
 #[serde(remote = "Self", deny_unknown_fields)]
@@ -163,7 +168,17 @@ pub(crate) struct RawRule {
     pub reservoir: Option<RawReservoir>,
     pub on_limit: Option<RawOnLimit>,
     pub commit: Option<RawCommit>,
+    pub share: Option<RawShare>,
     pub stats: Option<StatsLevel>,
+}
+
+/// `share`: the rule's limit split among the keys under its key.
+#[derive(Debug, Deserialize)]
+#[serde(remote = "Self", deny_unknown_fields)]
+pub(crate) struct RawShare {
+    pub by: Vec<RawPart>,
+    pub max_keys: Option<u64>,
+    pub weight: Option<RawLimitFrom>,
 }
 
 /// A cost estimated from the request's JSON body.

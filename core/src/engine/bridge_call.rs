@@ -137,7 +137,10 @@ impl Engine {
                 (rule, RuleRuntime::Global(global)) => {
                     Some(global.wire_item(rule, item, self.round_trip_us()))
                 }
-                (_, RuleRuntime::Local(_) | RuleRuntime::Concurrency(_)) => None,
+                (
+                    _,
+                    RuleRuntime::Local(_) | RuleRuntime::Share(_) | RuleRuntime::Concurrency(_),
+                ) => None,
             })
             .collect();
         let request = v2::Request {

@@ -35,6 +35,7 @@
 //!   steps every scope shares.
 //! - `local.rs`: local rules, in a slot table, a worker's reservoir or a held request
 //!   (and a global rule's local fallback).
+//! - `fair_share.rs`: local rules whose limit their keys share fairly (`share`).
 //! - `in_flight.rs`: concurrency rules (requests in flight per key), their places and
 //!   adaptive controllers.
 //! - `asking.rs`: how much a global rule's call asks the bridge for.
@@ -50,6 +51,8 @@ mod report;
 mod evaluation;
 
 mod local;
+
+mod fair_share;
 
 mod in_flight;
 
@@ -260,6 +263,11 @@ impl Engine {
                         (from.arrived_us, deadline_us),
                     );
                 }
+                RuleRuntime::Share(share) => {
+                    if let Some(of) = rule.share_of(facts, seed) {
+                        share.decide(eval, store, &applied, of);
+                    }
+                }
                 RuleRuntime::Concurrency(concurrency) => {
                     concurrency.decide(eval, store, &applied, worker);
                 }
@@ -304,7 +312,10 @@ impl Engine {
                 Some(slots) => slots,
                 None => return Ok(false),
             },
-            Some((_, RuleRuntime::Concurrency(_))) | None => return Ok(false),
+            // A shared rule takes no commit.
+            Some((_, RuleRuntime::Share(_) | RuleRuntime::Concurrency(_))) | None => {
+                return Ok(false)
+            }
         };
         slots.settle(store, hash, commit, actual, now.us())
     }

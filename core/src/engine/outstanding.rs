@@ -67,6 +67,7 @@ impl Engine {
         match self.rule(rule) {
             Some((_, RuleRuntime::Local(local))) => local.slots.limit.policy().quota,
             Some((_, RuleRuntime::Global(global))) => global.global.limit.policy().quota,
+            Some((_, RuleRuntime::Share(share))) => share.limit().limit,
             Some((_, RuleRuntime::Concurrency(_))) | None => 0,
         }
     }

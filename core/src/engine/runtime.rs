@@ -7,6 +7,7 @@ use crate::config::Config;
 use crate::rules::{Rule, RuleId, Scope};
 use crate::store::{SharedStore, StoreError};
 
+use super::fair_share::ShareRuntime;
 use super::global::GlobalRuntime;
 use super::in_flight::ConcurrencyRuntime;
 use super::local::LocalRuntime;
@@ -16,6 +17,8 @@ use super::local::LocalRuntime;
 pub(super) enum RuleRuntime {
     /// Its slots in shared data (and the worker's reservoir and delay settings).
     Local(LocalRuntime),
+    /// Its table of parents, each with the keys sharing its limit.
+    Share(ShareRuntime),
     /// Its slots of requests in flight, and an adaptive rule's controllers.
     Concurrency(ConcurrencyRuntime),
     /// Its lease table, and the local share's slots with `failure_mode: local`.
@@ -25,12 +28,19 @@ pub(super) enum RuleRuntime {
 impl RuleRuntime {
     /// The runtime of `rule`, its tables named after `owner`.
     fn new(rule: &Rule, owner: &str) -> Self {
-        match &rule.scope {
-            Scope::Local(limit) => RuleRuntime::Local(LocalRuntime::new(rule, limit, owner)),
-            Scope::Concurrency(limit) => {
+        match (&rule.scope, &rule.share) {
+            (Scope::Local(_), Some(share)) => {
+                RuleRuntime::Share(ShareRuntime::new(rule, share, owner))
+            }
+            (Scope::Local(limit), None) => {
+                RuleRuntime::Local(LocalRuntime::new(rule, limit, owner))
+            }
+            (Scope::Concurrency(limit), _) => {
                 RuleRuntime::Concurrency(ConcurrencyRuntime::new(rule, limit, owner))
             }
-            Scope::Global(global) => RuleRuntime::Global(GlobalRuntime::new(rule, global, owner)),
+            (Scope::Global(global), _) => {
+                RuleRuntime::Global(GlobalRuntime::new(rule, global, owner))
+            }
         }
     }
 
@@ -38,6 +48,7 @@ impl RuleRuntime {
     pub(super) fn capacity(&self) -> u64 {
         match self {
             RuleRuntime::Local(local) => local.slots.table.capacity(),
+            RuleRuntime::Share(share) => share.table.capacity(),
             RuleRuntime::Concurrency(c) => c.slots().capacity(),
             RuleRuntime::Global(global) => global.leases().capacity(),
         }
@@ -54,6 +65,8 @@ impl RuleRuntime {
                 .slots
                 .table
                 .estimate_slots_in_use(store, max_sets_read),
+            // A parent's sets are read whole; their count is small (`max_keys / 4`).
+            RuleRuntime::Share(share) => share.table.parents_in_use(store),
             RuleRuntime::Concurrency(c) => c.slots().estimate_slots_in_use(store, max_sets_read),
             RuleRuntime::Global(global) => {
                 global.leases().estimate_slots_in_use(store, max_sets_read)
@@ -65,6 +78,7 @@ impl RuleRuntime {
     pub(super) fn create_missing<S: SharedStore>(&self, store: &S) -> Result<u32, StoreError> {
         let created = match self {
             RuleRuntime::Local(local) => local.slots.table.create_missing(store)?,
+            RuleRuntime::Share(share) => share.table.create_missing(store)?,
             RuleRuntime::Concurrency(c) => {
                 c.create_missing(store)? + c.slots().create_missing(store)?
             }

@@ -53,25 +53,31 @@ impl Rule {
     pub fn visit_key<S: FactSource>(
         &self,
         facts: &mut Facts<'_, S>,
-        mut sink: impl FnMut(PartOrigin, &[u8]),
+        sink: impl FnMut(PartOrigin, &[u8]),
     ) -> bool {
-        for part in &self.key {
-            let found = part_value(&part.source, facts);
-            match found {
-                Some(PartValue::Borrowed(origin, bytes)) if !bytes.is_empty() => {
-                    sink(origin, bytes)
-                }
-                Some(PartValue::Owned(bytes)) if !bytes.is_empty() => {
-                    sink(PartOrigin::Request, &bytes)
-                }
-                _ => match &part.default {
-                    Some(default) => sink(PartOrigin::Default, default),
-                    None => return false,
-                },
-            }
-        }
-        true
+        visit_parts(&self.key, facts, sink)
     }
+}
+
+/// Feeds `parts`, in order, to `sink`; false (and stops) at a part without a value and
+/// without a default.
+pub(super) fn visit_parts<S: FactSource>(
+    parts: &[KeyPart],
+    facts: &mut Facts<'_, S>,
+    mut sink: impl FnMut(PartOrigin, &[u8]),
+) -> bool {
+    for part in parts {
+        let found = part_value(&part.source, facts);
+        match found {
+            Some(PartValue::Borrowed(origin, bytes)) if !bytes.is_empty() => sink(origin, bytes),
+            Some(PartValue::Owned(bytes)) if !bytes.is_empty() => sink(PartOrigin::Request, &bytes),
+            _ => match &part.default {
+                Some(default) => sink(PartOrigin::Default, default),
+                None => return false,
+            },
+        }
+    }
+    true
 }
 
 enum PartValue<'a> {

@@ -37,6 +37,9 @@ mod concurrency_limit;
 /// The limit a request carries, when a rule reads it from the request.
 mod request_limit;
 
+/// A limit its keys share fairly (`share`).
+mod share;
+
 pub use concurrency_limit::{Adaptive, Concurrency, MAX_IN_FLIGHT, MAX_KEY_CONTROLLERS};
 pub use costs::{parse_decimal, Cost};
 pub use facts::{DeadlineFacts, Fact, FactId, FactSource, FactTable, Facts};
@@ -44,6 +47,7 @@ pub use keys::{KeyPart, KeySource};
 pub use matching::{HeaderMatch, HeaderTest, RequestMatch, StringMatch};
 pub use request_limit::{LimitFrom, RequestLimit};
 pub use request_text::{host_only, path_only, query_param, strip_port};
+pub use share::{Share, ShareOf};
 
 use crate::algorithms::{GlobalLimit, Limit, Policy};
 use crate::stats::{Applies, StatsLevel};
@@ -76,6 +80,9 @@ pub struct Rule {
     /// The limit's parameters each request gives (a tenant's own limit): the limit in
     /// `scope` is built with their defaults. Local rules only.
     pub limit_from: Vec<LimitFrom>,
+    /// The limit split fairly among the keys under the rule's key (a local
+    /// `fixed_window` rule only).
+    pub share: Option<Share>,
     /// Decide and count, but never deny.
     pub shadow: bool,
     /// How many distinct keys the rule tracks at once in this Envoy (its slot table;

@@ -29,7 +29,7 @@ pub struct LimitFrom {
 impl LimitFrom {
     /// The value this request gives, clamped; `None` when it has one that is not a
     /// number.
-    fn value<S: FactSource>(&self, facts: &mut Facts<'_, S>) -> Option<u64> {
+    pub(super) fn value<S: FactSource>(&self, facts: &mut Facts<'_, S>) -> Option<u64> {
         // Absent or empty, as a key part's source: the default, not an invalid value.
         let Some(bytes) = facts.get(self.fact).filter(|bytes| !bytes.is_empty()) else {
             return Some(self.default);

@@ -19,8 +19,10 @@
 
 pub mod memory;
 pub mod seed;
+pub mod share_table;
 pub mod slot_table;
 
+pub use share_table::ShareTable;
 pub use slot_table::{Placement, SlotTable, Updated, Vacancy};
 
 use std::fmt;
@@ -62,10 +64,81 @@ pub trait SharedStore {
     fn create(&self, key: &str, value: &[u8]) -> Result<(), StoreError>;
 }
 
+/// Creates each of the `sets` keys `<prefix><index>` that does not exist yet, holding
+/// `empty`, and marks the table ready (`<prefix>ready`, the set count) so that a later
+/// configure skips the scan; returns how many it created. Keys that exist (from an
+/// earlier config, another worker or a reload) keep their state.
+///
+/// A key is created only after a `get` found it missing, but two VMs creating the same
+/// table at once can still both find it missing, and the later creation then empties a
+/// set the other may already have written to: those keys restart fresh, once.
+pub(crate) fn create_sets<S: SharedStore>(
+    store: &S,
+    prefix: &str,
+    sets: u32,
+    empty: &[u8],
+) -> Result<u32, StoreError> {
+    let ready_key = format!("{prefix}ready");
+    let (ready, ready_version) = store.get(&ready_key)?;
+    if ready.as_deref() == Some(sets.to_le_bytes().as_slice()) {
+        return Ok(0);
+    }
+    let mut created = 0;
+    for index in 0..sets {
+        let key = format!("{prefix}{index}");
+        if let (_, None) = store.get(&key)? {
+            store.create(&key, empty)?;
+            created += 1;
+        }
+    }
+    let marker = sets.to_le_bytes();
+    match ready_version {
+        // Another VM may mark it first; either way the sets exist.
+        Some(version) => match store.compare_and_set(&ready_key, &marker, version) {
+            Ok(()) | Err(StoreError::CasMismatch) => {}
+            Err(e) => return Err(e),
+        },
+        None => store.create(&ready_key, &marker)?,
+    }
+    Ok(created)
+}
+
 /// How many times a contended update re-reads and re-decides before giving up.
 /// Each attempt loses only to a writer that succeeded, so giving up needs dozens of
 /// other workers to win in a row: it is counted, and the caller decides what to do.
 pub const MAX_CAS_ATTEMPTS: u32 = 32;
+
+/// Get → decide → CAS-set on `key`, re-run on contention: `attempt` reads the value
+/// (`None` if never written) and returns the bytes to write (`None`: write nothing) with
+/// the update's outcome, whose `cas_retries` this fills in. The key must exist: created
+/// at configure time and never deleted, a missing one is not ours to create here (a
+/// blind write could empty a set another worker just filled).
+pub(crate) fn update_with_cas<S: SharedStore, B: AsRef<[u8]>, R>(
+    store: &S,
+    key: &str,
+    mut attempt: impl FnMut(Option<&[u8]>) -> (Option<B>, Updated<R>),
+) -> Result<Updated<R>, UpdateError> {
+    for retries in 0..MAX_CAS_ATTEMPTS {
+        let (value, version) = store.get(key)?;
+        let version = version.ok_or(StoreError::Missing)?;
+        let (bytes, updated) = attempt(value.as_deref());
+        let done = Updated {
+            cas_retries: retries,
+            ..updated
+        };
+        let Some(bytes) = bytes else {
+            return Ok(done);
+        };
+        match store.compare_and_set(key, bytes.as_ref(), version) {
+            Ok(()) => return Ok(done),
+            Err(StoreError::CasMismatch) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(UpdateError::GaveUp {
+        attempts: MAX_CAS_ATTEMPTS,
+    })
+}
 
 /// Why an update of a slot did not happen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -158,39 +158,11 @@ impl<V: SlotValue> SlotTable<V> {
         (hash.set_hash % u64::from(self.sets)) as u32
     }
 
-    /// Creates every set that does not exist yet, so that every later write is a CAS.
-    /// Sets that exist (from an earlier config, another worker or a reload) keep their
-    /// state. Returns how many were created.
-    ///
-    /// A set is created only after a `get` found it missing, but two VMs creating the
-    /// same table at once can still both find it missing, and the later creation then
-    /// empties a set the other may already have written to: those keys restart fresh,
-    /// once. A `ready` marker, written last, lets every later configure skip the scan.
+    /// Creates every set that does not exist yet, so that every later write is a CAS
+    /// (see [`super::create_sets`]). Returns how many were created.
     pub fn create_missing<S: SharedStore>(&self, store: &S) -> Result<u32, StoreError> {
-        let ready_key = format!("{}ready", self.prefix);
-        let (ready, ready_version) = store.get(&ready_key)?;
-        if ready.as_deref() == Some(self.sets.to_le_bytes().as_slice()) {
-            return Ok(0);
-        }
         let empty = SlotSet::<V>::default().encode();
-        let mut created = 0;
-        for index in 0..self.sets {
-            let key = self.set_key(index);
-            if let (_, None) = store.get(&key)? {
-                store.create(&key, empty.as_slice())?;
-                created += 1;
-            }
-        }
-        let marker = self.sets.to_le_bytes();
-        match ready_version {
-            // Another VM may mark it first; either way the sets exist.
-            Some(version) => match store.compare_and_set(&ready_key, &marker, version) {
-                Ok(()) | Err(StoreError::CasMismatch) => {}
-                Err(e) => return Err(e),
-            },
-            None => store.create(&ready_key, &marker)?,
-        }
-        Ok(created)
+        super::create_sets(store, &self.prefix, self.sets, empty.as_slice())
     }
 
     /// Counts the slots in use (non-empty) in the whole table by reading every set: one
@@ -309,12 +281,8 @@ impl<V: SlotValue> SlotTable<V> {
         S: SharedStore,
     {
         let key = self.set_key(self.set_index(hash));
-        for attempt in 0..super::MAX_CAS_ATTEMPTS {
-            let (value, version) = store.get(&key)?;
-            // Created at configure time and never deleted: a missing set is not ours to
-            // create here (a blind write could empty a set another worker just filled).
-            let version = version.ok_or(StoreError::Missing)?;
-            let mut set = SlotSet::<V>::decode(value.as_deref());
+        super::update_with_cas(store, &key, |value| {
+            let mut set = SlotSet::<V>::decode(value);
             let (way, placement) = set.locate(hash.fingerprint, now_us, &vacancy);
             let current = match placement {
                 Placement::Existing => set.slots.get(way).map(|s| s.state),
@@ -328,12 +296,13 @@ impl<V: SlotValue> SlotTable<V> {
             };
             let (result, next) = decide(current);
             let Some(next) = next else {
-                return Ok(Updated {
+                let nothing = Updated {
                     result,
                     placement: None,
-                    cas_retries: attempt,
+                    cas_retries: 0,
                     replaced_in_use: 0,
-                });
+                };
+                return (None, nothing);
             };
             if let Some(slot) = set.slots.get_mut(way) {
                 *slot = Slot {
@@ -341,21 +310,13 @@ impl<V: SlotValue> SlotTable<V> {
                     state: next,
                 };
             }
-            match store.compare_and_set(&key, set.encode().as_slice(), version) {
-                Ok(()) => {
-                    return Ok(Updated {
-                        result,
-                        placement: Some(placement),
-                        cas_retries: attempt,
-                        replaced_in_use,
-                    })
-                }
-                Err(StoreError::CasMismatch) => continue,
-                Err(e) => return Err(e.into()),
-            }
-        }
-        Err(UpdateError::GaveUp {
-            attempts: super::MAX_CAS_ATTEMPTS,
+            let written = Updated {
+                result,
+                placement: Some(placement),
+                cas_retries: 0,
+                replaced_in_use,
+            };
+            (Some(set.encode()), written)
         })
     }
 }
@@ -375,6 +336,12 @@ struct SlotSet<V> {
 struct SetBytes {
     bytes: [u8; MAX_SET_BYTES],
     len: usize,
+}
+
+impl AsRef<[u8]> for SetBytes {
+    fn as_ref(&self) -> &[u8] {
+        self.as_slice()
+    }
 }
 
 impl SetBytes {

@@ -57,6 +57,7 @@ pub const SPEC: AlgorithmSpec = AlgorithmSpec {
     can_hold: false,
     has_schedule: false,
     frees_gradually: false,
+    resets_each_window: true,
 };
 
 /// Fixed-window parameters, validated.

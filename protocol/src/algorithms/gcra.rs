@@ -77,6 +77,7 @@ pub const SPEC: AlgorithmSpec = AlgorithmSpec {
     can_hold: true,
     has_schedule: true,
     frees_gradually: false,
+    resets_each_window: false,
 };
 
 /// The largest tolerance `τ = T × (burst + 1)` accepted, in ns: 2^52 ns, about 52 days.

@@ -47,6 +47,7 @@ pub const SPEC: AlgorithmSpec = AlgorithmSpec {
     can_hold: false,
     has_schedule: false,
     frees_gradually: false,
+    resets_each_window: false,
 };
 
 /// The log's second Redis key, `<state key>:seq`: a counter that keeps members unique

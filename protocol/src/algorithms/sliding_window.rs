@@ -52,6 +52,7 @@ pub const SPEC: AlgorithmSpec = AlgorithmSpec {
     can_hold: false,
     has_schedule: false,
     frees_gradually: true,
+    resets_each_window: false,
 };
 
 /// Sliding-window parameters, validated.

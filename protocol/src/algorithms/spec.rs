@@ -113,6 +113,10 @@ pub struct AlgorithmSpec {
     /// asks about such a key at most once per horizon (a choice of the engine, not a
     /// property a test can prove).
     pub frees_gradually: bool,
+    /// Whether the whole limit comes back at once at every epoch-aligned window boundary,
+    /// and only then (its [`Policy`](super::Policy) is exactly the limit per window): what
+    /// a shared limit (`share`, [`crate::share`]) splits among its keys window by window.
+    pub resets_each_window: bool,
 }
 
 /// The parameter a limit is made of: the most a key admits at once is its value plus

@@ -62,6 +62,7 @@ pub const SPEC: AlgorithmSpec = AlgorithmSpec {
     can_hold: true,
     has_schedule: false,
     frees_gradually: true,
+    resets_each_window: false,
 };
 
 /// Token-bucket parameters, validated.

@@ -14,6 +14,7 @@ mod limit;
 mod matcher;
 mod response;
 mod rule;
+mod share;
 
 use super::raw::RawConfig;
 use super::Config;

@@ -2,7 +2,9 @@
 //! it tracks; the other fields are compiled by their own modules.
 
 use super::bridge_settings::MAX_BRIDGE_TIMEOUT_US;
-use super::{cost, error, key, limit, matcher, Interner, Result, DEFAULT_MAX_KEYS, MAX_MAX_KEYS};
+use super::{
+    cost, error, key, limit, matcher, share, Interner, Result, DEFAULT_MAX_KEYS, MAX_MAX_KEYS,
+};
 use crate::algorithms::{AlgorithmKind, AlgorithmSpec, GlobalLimit, LeaseCost, Limit};
 use crate::bounds::{check_name, MAX_LEASE_HORIZON_US, MAX_LEASE_TTL_US, MAX_WANT};
 use crate::config::raw::{
@@ -56,6 +58,9 @@ pub(super) fn compile(
         facts,
     )?;
     if raw.limit.algorithm == limit::CONCURRENCY {
+        if let Some(share) = raw.share.take() {
+            share::compile(share, &raw, None, false, at, facts)?;
+        }
         return concurrency_rule(id, name, raw, matcher, key, at, facts);
     }
     let limit = limit::compile(&raw.limit, &format!("{at}.limit"))?;
@@ -89,6 +94,17 @@ pub(super) fn compile(
             ));
         }
     }
+    let share = match raw.share.take() {
+        Some(share) => Some(share::compile(
+            share,
+            &raw,
+            Some(&limit),
+            !limit_from.is_empty(),
+            at,
+            facts,
+        )?),
+        None => None,
+    };
     let scope = scope(
         limit,
         raw.scope.unwrap_or(RawScope::Local),
@@ -170,7 +186,7 @@ pub(super) fn compile(
         }
     };
     let reservoir = match (&scope, raw.reservoir) {
-        (_, None) if commit.is_some() => None,
+        (_, None) if commit.is_some() || share.is_some() => None,
         (_, None) if matches!(scope, Scope::Local(_)) => Some(Reservoir {
             max: DEFAULT_RESERVOIR_MAX,
             hold_us: DEFAULT_RESERVOIR_HOLD_US,
@@ -200,6 +216,7 @@ pub(super) fn compile(
         cost,
         scope,
         limit_from,
+        share,
         shadow,
         max_keys,
         reservoir,
@@ -278,6 +295,7 @@ fn concurrency_rule(
         cost,
         scope: Scope::Concurrency(concurrency),
         limit_from: Vec::new(),
+        share: None,
         shadow: raw.shadow.unwrap_or(false),
         max_keys,
         reservoir: None,
@@ -663,7 +681,7 @@ fn lease(
 }
 
 /// `"a" or "b"`, `"a", "b" or "c"`: the names a message offers.
-fn one_of(names: Vec<&str>) -> String {
+pub(super) fn one_of(names: Vec<&str>) -> String {
     let quoted: Vec<String> = names.into_iter().map(quoted).collect();
     match quoted.split_last() {
         Some((last, [])) => last.clone(),

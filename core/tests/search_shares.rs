@@ -1,0 +1,290 @@
+//! The search for shared limits (`share`, issue 36): random configurations over the range
+//! the config accepts (limits, windows, `max_keys` 1 to 1,024, costs from a header,
+//! weights from a header, some not numbers), demand skews (one key at 100× beside up to
+//! a thousand at 1×, a heavy key that stops and another that starts, uniform crowds),
+//! requests naming no key, keys past `max_keys`, and workers that read the clock before
+//! they decide. Every parent's admissions are judged by the fixed window's bound
+//! (`conformance::check`) and every key's by its floor (`share::check_floor`).
+//!
+//! `WEIR_SEARCH_CASES` cases (default 300) from `WEIR_SEARCH_SEED` (default 1); a failure
+//! prints its seed, and `WEIR_SEARCH_SEED=<seed> WEIR_SEARCH_CASES=1` replays it.
+#![cfg(not(target_arch = "wasm32"))]
+
+use crate::support;
+
+use support::search::{chance, log_uniform, seeds};
+use support::{evaluate_on, FakeRequest, Rng, T0};
+use weir_core::algorithms::{fixed_window::FixedWindow, GlobalLimit, Limit};
+use weir_core::config;
+use weir_core::conformance::{check, Admission};
+use weir_core::engine::Engine;
+use weir_core::share::{check_floor, ShareLimit, ShareRequest};
+use weir_core::store::memory::MemoryStore;
+
+/// The most requests one case evaluates.
+const MAX_REQUESTS: u64 = 3_000;
+
+#[derive(Debug)]
+struct Case {
+    config: String,
+    limit: ShareLimit,
+    parents: u64,
+    /// Each key's demand in units per window, per window (a key is `(parent, user)`).
+    demands: Vec<Vec<u64>>,
+    /// A weight header per key (`None`: sent without one), and what the rule reads.
+    weights: Vec<(Option<String>, u64)>,
+    /// The cost header's `max` (`None`: every request costs 1).
+    max_cost: Option<u64>,
+    /// Requests naming no key, per window per parent.
+    anonymous: u64,
+    workers: usize,
+    clock_lag_us: u64,
+}
+
+fn draw(seed: u64) -> Case {
+    let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+    let limit = log_uniform(&mut rng, 1, 100_000);
+    let window_us = log_uniform(&mut rng, 1, 100_000_000);
+    let max_keys = log_uniform(&mut rng, 1, 1024) as u32;
+    let parents = 1 + rng.below(3);
+    let windows = 2 + rng.below(5) as usize;
+    let keys = match rng.below(4) {
+        // A crowd: up to a thousand keys.
+        0 => log_uniform(&mut rng, 1, 1000),
+        _ => log_uniform(&mut rng, 1, 40),
+    };
+    let max_cost = chance(&mut rng, 3).then(|| log_uniform(&mut rng, 1, limit.min(1000)));
+    let unit = max_cost.map_or(1, |m| m.div_ceil(2));
+    let light = log_uniform(&mut rng, 1, (limit / (keys + 1)).max(1) * 2).max(unit);
+    let pattern = rng.below(3);
+    let switch_at = rng.below(windows as u64) as usize;
+    let mut demands: Vec<Vec<u64>> = (0..keys)
+        .map(|k| {
+            (0..windows)
+                .map(|w| match pattern {
+                    // One heavy key at 100×; from `switch_at` on it stops and key 1 is heavy.
+                    0 | 1 => {
+                        let heavy = if pattern == 1 && w >= switch_at { 1 } else { 0 };
+                        match k {
+                            _ if k == heavy => light * 100,
+                            0 => 0,
+                            _ => light,
+                        }
+                    }
+                    _ => log_uniform(&mut rng, 1, light * 4),
+                })
+                .collect()
+        })
+        .collect();
+    // Keep the case to its budget of requests.
+    let total: u64 = demands.iter().flatten().sum::<u64>() * parents / unit;
+    if total > MAX_REQUESTS {
+        let scale = total.div_ceil(MAX_REQUESTS);
+        for d in demands.iter_mut().flatten() {
+            *d = (*d / scale).max(u64::from(*d > 0));
+        }
+    }
+    let weight_max = (chance(&mut rng, 2)).then(|| log_uniform(&mut rng, 1, 100));
+    let weights = (0..keys)
+        .map(|_| match weight_max {
+            None => (None, 1),
+            Some(_) if chance(&mut rng, 16) => (Some("lots".to_string()), 1),
+            Some(max) => {
+                let w = 1 + rng.below(max * 2);
+                (Some(w.to_string()), w.clamp(1, max))
+            }
+        })
+        .collect();
+    let weight = weight_max.map_or(String::new(), |max| {
+        format!(r#","weight":{{"header":"x-weight","default":1,"max":{max}}}"#)
+    });
+    let cost = max_cost.map_or(String::new(), |max| {
+        format!(r#""cost":{{"header":"x-cost","default":1,"max":{max}}},"#)
+    });
+    let config = format!(
+        r#"{{"trusted_headers":["x-user","x-weight"],"rules":[{{"name":"shared",{cost}
+            "key":[{{"header":"x-org"}}],
+            "limit":{{"algorithm":"fixed_window","limit":{limit},"window":"{window_us}us"}},
+            "share":{{"by":[{{"header":"x-user"}}],"max_keys":{max_keys}{weight}}}}}]}}"#
+    );
+    let clock_lag_us = if chance(&mut rng, 3) {
+        log_uniform(&mut rng, 1, window_us)
+    } else {
+        0
+    };
+    Case {
+        config,
+        limit: ShareLimit {
+            limit,
+            window_us,
+            max_keys,
+        },
+        parents,
+        demands,
+        weights,
+        max_cost,
+        anonymous: if chance(&mut rng, 4) {
+            1 + rng.below(5)
+        } else {
+            0
+        },
+        workers: 1 + rng.below(4) as usize,
+        clock_lag_us,
+    }
+}
+
+/// One request of a case's schedule.
+#[derive(Clone, Copy)]
+struct Planned {
+    at_us: u64,
+    parent: u64,
+    /// `None`: it names no key.
+    key: Option<usize>,
+    cost: u64,
+}
+
+fn schedule(case: &Case, rng: &mut Rng) -> Vec<Planned> {
+    let window_us = case.limit.window_us;
+    let start = T0 - T0 % window_us + window_us;
+    let mut out = Vec::new();
+    let windows = case.demands.first().map_or(0, Vec::len) as u64;
+    for parent in 0..case.parents {
+        for w in 0..windows {
+            let from = start + w * window_us;
+            for (k, demands) in case.demands.iter().enumerate() {
+                let mut left = demands.get(w as usize).copied().unwrap_or(0);
+                while left > 0 {
+                    let cost = case
+                        .max_cost
+                        .map_or(1, |m| 1 + rng.below(m))
+                        .min(left.max(1));
+                    left = left.saturating_sub(cost);
+                    let at_us = from + rng.below(window_us);
+                    out.push(Planned {
+                        at_us,
+                        parent,
+                        key: Some(k),
+                        cost,
+                    });
+                }
+            }
+            for _ in 0..case.anonymous {
+                let at_us = from + rng.below(window_us);
+                out.push(Planned {
+                    at_us,
+                    parent,
+                    key: None,
+                    cost: 1,
+                });
+            }
+        }
+    }
+    out.sort_by_key(|p| p.at_us);
+    out
+}
+
+fn request(case: &Case, p: &Planned) -> FakeRequest {
+    let mut req = FakeRequest::default().header("x-org", format!("org{}", p.parent));
+    if let Some(k) = p.key {
+        req = req.header("x-user", format!("u{k}"));
+        if let Some((Some(weight), _)) = case.weights.get(k) {
+            req = req.header("x-weight", weight);
+        }
+    }
+    if case.max_cost.is_some() {
+        req = req.header("x-cost", p.cost.to_string());
+    }
+    req
+}
+
+/// Runs a case; the first parent whose admissions break the bound or a key's floor.
+fn run(seed: u64, case: &Case) -> Result<(), String> {
+    let engine = Engine::new(config::parse(case.config.as_bytes()).map_err(|e| e.to_string())?);
+    let store = MemoryStore::new();
+    engine.prepare(&store).map_err(|e| e.to_string())?;
+    let mut workers: Vec<_> = (0..case.workers).map(|_| engine.worker()).collect();
+    let mut rng = Rng(seed ^ 0x5eed);
+    let planned = schedule(case, &mut rng);
+    let window_us = case.limit.window_us;
+    let mut per_parent: Vec<(Vec<Admission>, Vec<ShareRequest>)> = (0..case.parents)
+        .map(|_| (Vec::new(), Vec::new()))
+        .collect();
+    let mut latest_start = vec![0u64; case.parents as usize];
+    for p in &planned {
+        // A worker reads the clock, then races: it decides up to `clock_lag_us` late.
+        let read_at = p.at_us.saturating_sub(rng.below(case.clock_lag_us + 1));
+        let worker = rng.below(case.workers as u64) as usize;
+        let Some(worker) = workers.get_mut(worker) else {
+            continue;
+        };
+        let eval = evaluate_on(&engine, &store, worker, &request(case, p), read_at);
+        let admitted = !eval.denied();
+        let Some((admissions, requests)) = per_parent.get_mut(p.parent as usize) else {
+            continue;
+        };
+        if admitted {
+            admissions.push(Admission {
+                at_us: read_at,
+                cost: p.cost,
+            });
+        }
+        // A request that read the clock in a window its parent has left is not an ask of
+        // that window: the harness's lag made it late, and the rule admits nothing then.
+        let start = read_at - read_at % window_us;
+        let Some(latest) = latest_start.get_mut(p.parent as usize) else {
+            continue;
+        };
+        if start < *latest {
+            if admitted {
+                return Err(format!(
+                    "admitted a request read in a window left: {read_at}us"
+                ));
+            }
+            continue;
+        }
+        *latest = start;
+        requests.push(ShareRequest {
+            at_us: read_at,
+            key: p.key.map(|k| k as u64 + 1),
+            weight: p.key.and_then(|k| case.weights.get(k)).map_or(1, |w| w.1),
+            cost: p.cost,
+            admitted,
+        });
+    }
+    let parent = GlobalLimit::Slot(Limit::FixedWindow(
+        FixedWindow::new(case.limit.limit, window_us).map_err(|e| e.reason)?,
+    ));
+    for (n, (admissions, requests)) in per_parent.iter().enumerate() {
+        check(&parent, admissions).map_err(|v| format!("parent org{n}: {v}"))?;
+        check_floor(&case.limit, requests).map_err(|s| format!("parent org{n}: {}", s.message))?;
+    }
+    Ok(())
+}
+
+#[test]
+fn every_drawn_share_keeps_the_parents_bound_and_every_keys_floor() {
+    let mut failed = Vec::new();
+    let mut skewed = 0;
+    let mut crowds = 0;
+    for seed in seeds(300) {
+        let case = draw(seed);
+        skewed += u64::from(case.demands.iter().any(|d| d.iter().any(|x| *x >= 100)));
+        crowds += u64::from(case.demands.len() >= 100);
+        if let Err(why) = run(seed, &case) {
+            failed.push(format!(
+                "seed {seed}: {why}\n  {} keys, limit {:?}, lag {}us, config {}",
+                case.demands.len(),
+                case.limit,
+                case.clock_lag_us,
+                case.config
+            ));
+        }
+    }
+    println!("search_shares: {skewed} cases with a key at 100 or more a window, {crowds} with 100 keys or more");
+    assert!(
+        failed.is_empty(),
+        "{} failing:\n{}",
+        failed.len(),
+        failed.join("\n")
+    );
+}

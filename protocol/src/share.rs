@@ -1,0 +1,592 @@
+//! Fair shares: one fixed window's limit split among the keys under a parent key (the
+//! users of an organisation), each active key entitled to its weighted share, and what
+//! one leaves unused free for the others.
+//!
+//! ## The rule
+//!
+//! The parent counts every unit its keys are admitted in its window (epoch-aligned, as
+//! [`crate::algorithms::fixed_window`]), at most `limit`. When a window starts, the keys
+//! that asked for units in the window just ended are *active*, and each is *entitled* to
+//! a part of the new window's limit by weighted max-min fairness (water-filling) over
+//! what it asked for then: a key that asked for less than its weighted share is entitled
+//! to what it asked, and what it leaves is split among the others by weight. So every
+//! active key is entitled to at least `min(asked, ⌊limit × wᵢ / Σ w(active)⌋)`, and the
+//! entitlements add up to at most `limit`.
+//!
+//! A request of key `i` costing `c` is admitted when, after it, the units counted plus
+//! what every key still has of its entitlement (its *reserve*) fit the limit:
+//!
+//! ```text
+//! used + c + Σⱼ max(0, entitledⱼ − usedⱼ)  ≤  limit     (usedᵢ counted with c)
+//! ```
+//!
+//! At a window's start `used` is 0 and the reserves add up to the entitlements, so this
+//! holds; an admission keeps it. So a request within its key's entitlement is always
+//! admitted (its reserve pays for it), and a request beyond it borrows only what nobody
+//! is entitled to. A key that was not active in the last window (new, or past
+//! [`ShareLimit::max_keys`]) is entitled to nothing in this one: it gets what is free,
+//! and from the next window on its share.
+//!
+//! ## The guarantees ([`check_floor`] judges the second)
+//!
+//! - The parent's bound: what every key is admitted in one window adds up to at most
+//!   `limit` (the fixed window's own bound, judged by [`crate::conformance::check`]).
+//! - The floor: a key active in window `W − 1` that asks for at least its share in `W`
+//!   gets, in `W`, at least `min(asked in W, asked in W − 1, ⌊limit × wᵢ / Σ w⌋)`, less
+//!   one request's cost (a request larger than what is left of the entitlement may be
+//!   denied), the weights and active set those of `W − 1`'s end. A key's entitlement
+//!   follows its demand a window late: one that starts asking more is entitled to more
+//!   from the next window on.
+//!
+//! Pure functions of `(state, now, request)`; the filter keeps the state in shared data
+//! (`weir_core::store::share_table`).
+
+use crate::algorithms::Decision;
+
+/// The most keys one parent shares its limit among at once.
+pub const MAX_SHARE_KEYS: u32 = 1024;
+/// The largest weight a key may have.
+pub const MAX_WEIGHT: u64 = 1_000_000;
+
+/// A parent's limit and how many keys it tracks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShareLimit {
+    /// Units per window, for every key together (the fixed window's `limit`, ≤ 2^48).
+    pub limit: u64,
+    /// µs, ≥ 1.
+    pub window_us: u64,
+    /// Keys tracked in one window (1 to [`MAX_SHARE_KEYS`]); a key past them is entitled
+    /// to nothing and gets only what is free.
+    pub max_keys: u32,
+}
+
+/// One key's part of its parent's window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ShareEntry {
+    /// The key's fingerprint under its parent (never 0 in a stored state).
+    pub fingerprint: u64,
+    /// Its weight, as its latest request gave it (1 to [`MAX_WEIGHT`]).
+    pub weight: u64,
+    /// What it is entitled to in this window.
+    pub entitled: u64,
+    /// Units it was admitted in this window.
+    pub used: u64,
+    /// Units it asked for in this window, admitted or not: its demand for the next.
+    pub asked: u64,
+}
+
+impl ShareEntry {
+    /// What is left of its entitlement: held back from the other keys.
+    pub fn reserve(&self) -> u64 {
+        self.entitled.saturating_sub(self.used)
+    }
+}
+
+/// A parent's state: its window and its keys (those active in the last window, and
+/// those that asked in this one).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ShareState {
+    /// Start of the window counted, µs since the epoch.
+    pub window_start_us: u64,
+    /// Units admitted in the window, every key together.
+    pub used: u64,
+    pub entries: Vec<ShareEntry>,
+}
+
+impl ShareState {
+    /// Every key's reserve, added up.
+    pub fn reserved(&self) -> u64 {
+        self.entries
+            .iter()
+            .fold(0u64, |sum, e| sum.saturating_add(e.reserve()))
+    }
+
+    /// From this instant on the state carries nothing a fresh one would not: no key
+    /// asked in its window, so the next has no active key (or the window after it starts).
+    pub fn idle_at_us(&self, window_us: u64) -> u64 {
+        let next = self.window_start_us.saturating_add(window_us);
+        if self.entries.iter().any(|e| e.asked > 0) {
+            next.saturating_add(window_us)
+        } else {
+            next
+        }
+    }
+}
+
+/// One request under a shared limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShareAsk {
+    /// The key's fingerprint under its parent (not 0); `None` when the request names no
+    /// key (a `share.by` part without a value): it gets only what is free.
+    pub key: Option<u64>,
+    /// 1 to [`MAX_WEIGHT`] (clamped).
+    pub weight: u64,
+    pub cost: u64,
+}
+
+/// A decision under a shared limit, and what the key's share is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShareDecision {
+    /// `limit` is the key's share, `remaining` the most it may be admitted now.
+    pub decision: Decision,
+    /// The key's weighted share of the limit among the keys tracked now (itself
+    /// included): `⌊limit × w / Σ w⌋`.
+    pub share: u64,
+    /// What it is entitled to in this window.
+    pub entitled: u64,
+    /// Keys tracked in the window (active in the last one, or asking in this one).
+    pub keys: u32,
+    /// The key is past [`ShareLimit::max_keys`] (or named none): entitled to nothing.
+    pub untracked: bool,
+}
+
+impl ShareLimit {
+    /// Decides a request at `now_us` on the parent's `state` (`None`: none yet), and
+    /// returns the state to store (asks are counted even when denied).
+    pub fn decide(
+        &self,
+        state: Option<ShareState>,
+        now_us: u64,
+        ask: ShareAsk,
+    ) -> (ShareDecision, ShareState) {
+        let window_us = self.window_us.max(1);
+        let start = now_us - now_us % window_us;
+        if let Some(later) = state.as_ref().filter(|s| is_later(s, start, window_us)) {
+            // This request read the clock before another counted in the next window (a
+            // worker that lost a CAS race): as a fixed window, it admits nothing until
+            // then, since a unit admitted now would count in a window it did not happen in.
+            let wait_ns = later
+                .window_start_us
+                .saturating_sub(now_us)
+                .saturating_mul(1000);
+            let decision = Decision {
+                allowed: false,
+                limit: 0,
+                remaining: 0,
+                retry_after_ns: Some(wait_ns),
+                reset_after_ns: wait_ns,
+            };
+            let keys = u32::try_from(later.entries.len()).unwrap_or(u32::MAX);
+            let decided = ShareDecision {
+                decision,
+                share: 0,
+                entitled: 0,
+                keys,
+                untracked: true,
+            };
+            return (decided, state.unwrap_or_default());
+        }
+        let mut state = self.rolled(state.unwrap_or_default(), now_us);
+        let weight = ask.weight.clamp(1, MAX_WEIGHT);
+        let index = ask.key.filter(|k| *k != 0).and_then(|key| {
+            match state.entries.iter().position(|e| e.fingerprint == key) {
+                Some(i) => Some(i),
+                None if state.entries.len() < self.max_keys as usize => {
+                    state.entries.push(ShareEntry {
+                        fingerprint: key,
+                        weight,
+                        ..ShareEntry::default()
+                    });
+                    Some(state.entries.len() - 1)
+                }
+                None => None,
+            }
+        });
+        let before = index.and_then(|i| state.entries.get(i)).copied();
+        let reserve_before = before.map_or(0, |e| e.reserve());
+        let reserve_after = before.map_or(0, |e| {
+            e.entitled.saturating_sub(e.used.saturating_add(ask.cost))
+        });
+        let others = state.reserved().saturating_sub(reserve_before);
+        let allowed = state
+            .used
+            .saturating_add(ask.cost)
+            .saturating_add(others)
+            .saturating_add(reserve_after)
+            <= self.limit;
+        if let Some(entry) = index.and_then(|i| state.entries.get_mut(i)) {
+            entry.weight = weight;
+            entry.asked = entry.asked.saturating_add(ask.cost);
+            if allowed {
+                entry.used = entry.used.saturating_add(ask.cost);
+            }
+        }
+        if allowed {
+            state.used = state.used.saturating_add(ask.cost);
+        }
+        let reserve_now = index
+            .and_then(|i| state.entries.get(i))
+            .map_or(0, |e| e.reserve());
+        let free = self
+            .limit
+            .saturating_sub(state.used)
+            .saturating_sub(state.reserved().saturating_sub(reserve_now));
+        let total_weight = state
+            .entries
+            .iter()
+            .fold(0u64, |sum, e| sum.saturating_add(e.weight))
+            .saturating_add(if index.is_some() { 0 } else { weight });
+        let share = share_of(self.limit, weight, total_weight);
+        let reset_after_ns = state
+            .window_start_us
+            .saturating_add(window_us)
+            .saturating_sub(now_us)
+            .saturating_mul(1000);
+        let decision = Decision {
+            allowed,
+            limit: share,
+            remaining: free,
+            retry_after_ns: (!allowed && ask.cost <= self.limit).then_some(reset_after_ns),
+            reset_after_ns,
+        };
+        let keys = u32::try_from(state.entries.len()).unwrap_or(u32::MAX);
+        (
+            ShareDecision {
+                decision,
+                share,
+                entitled: before.map_or(0, |e| e.entitled),
+                keys,
+                untracked: index.is_none(),
+            },
+            state,
+        )
+    }
+
+    /// `state` in the window of `now_us`: the same window; the next one, its keys
+    /// that asked entitled from what they asked; any later one (or a state from a
+    /// misaligned window), empty.
+    fn rolled(&self, state: ShareState, now_us: u64) -> ShareState {
+        let window_us = self.window_us.max(1);
+        let start = now_us - now_us % window_us;
+        let aligned = state.window_start_us.is_multiple_of(window_us);
+        if aligned && state.window_start_us == start {
+            return state;
+        }
+        if !aligned || state.window_start_us.saturating_add(window_us) != start {
+            return ShareState {
+                window_start_us: start,
+                ..ShareState::default()
+            };
+        }
+        let mut entries: Vec<ShareEntry> = state
+            .entries
+            .into_iter()
+            .filter(|e| e.asked > 0 && e.fingerprint != 0)
+            .take(self.max_keys as usize)
+            .map(|e| ShareEntry {
+                weight: e.weight.clamp(1, MAX_WEIGHT),
+                entitled: 0,
+                used: 0,
+                ..e
+            })
+            .collect();
+        let demands: Vec<(u64, u64)> = entries.iter().map(|e| (e.asked, e.weight)).collect();
+        for (entry, entitled) in entries.iter_mut().zip(water_fill(self.limit, &demands)) {
+            entry.entitled = entitled;
+            entry.asked = 0;
+        }
+        ShareState {
+            window_start_us: start,
+            used: 0,
+            entries,
+        }
+    }
+}
+
+/// The state counts a window after the one starting at `start`.
+fn is_later(state: &ShareState, start: u64, window_us: u64) -> bool {
+    state.window_start_us.is_multiple_of(window_us) && state.window_start_us > start
+}
+
+/// `⌊limit × weight / total⌋` (0 for a total of 0).
+pub fn share_of(limit: u64, weight: u64, total: u64) -> u64 {
+    if total == 0 {
+        return 0;
+    }
+    let share = u128::from(limit) * u128::from(weight) / u128::from(total);
+    u64::try_from(share).unwrap_or(u64::MAX)
+}
+
+/// Weighted max-min fair entitlements of `limit` among `(demand, weight)`s: keys are
+/// served in order of demand per weight; one whose demand fits its weighted part of what
+/// is left gets its demand, and once one does not, it and every key after it get their
+/// weighted part of what is left, rounded down. The result adds up to at most `limit`,
+/// and each key gets at least `min(demand, ⌊limit × w / Σ w⌋)`.
+pub fn water_fill(limit: u64, demands: &[(u64, u64)]) -> Vec<u64> {
+    let mut order: Vec<usize> = (0..demands.len()).collect();
+    let ratio = |i: usize| demands.get(i).copied().unwrap_or((0, 1));
+    // By demand per weight: d_a / w_a < d_b / w_b, exactly.
+    order.sort_by(|&a, &b| {
+        let ((da, wa), (db, wb)) = (ratio(a), ratio(b));
+        (u128::from(da) * u128::from(wb.max(1))).cmp(&(u128::from(db) * u128::from(wa.max(1))))
+    });
+    let mut out = vec![0u64; demands.len()];
+    let mut left = u128::from(limit);
+    let mut weight_left: u128 = demands.iter().map(|(_, w)| u128::from((*w).max(1))).sum();
+    let mut filling = false;
+    for i in order {
+        let (demand, weight) = ratio(i);
+        let weight = u128::from(weight.max(1));
+        let part = if filling || u128::from(demand) * weight_left > left * weight {
+            filling = true;
+            // Every later key's part of what is left is taken from the same `left`.
+            left * weight / weight_left.max(1)
+        } else {
+            let d = u128::from(demand);
+            left -= d;
+            weight_left -= weight;
+            d
+        };
+        if let Some(slot) = out.get_mut(i) {
+            *slot = u64::try_from(part).unwrap_or(u64::MAX);
+        }
+    }
+    out
+}
+
+/// One request a parent's keys made, as the checker reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShareRequest {
+    /// When it was decided (µs).
+    pub at_us: u64,
+    /// The key (`None`: it named none).
+    pub key: Option<u64>,
+    pub weight: u64,
+    pub cost: u64,
+    pub admitted: bool,
+}
+
+/// Where a key got less than its floor in one window.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShortShare {
+    pub key: u64,
+    pub window_start_us: u64,
+    pub admitted: u64,
+    pub floor: u64,
+    pub message: String,
+}
+
+/// Checks the floor of every key in every window (see the module docs): a key active in
+/// the window before gets at least `min(asked now, asked then, its share) − (its largest
+/// cost in the window − 1)`. The active set is rebuilt from the requests as the rule
+/// builds it: the keys active before, then new keys in the order they first asked, up to
+/// `max_keys`. The requests come in the order they were decided (which the active set
+/// depends on), their windows never going back: a request decided after its window was
+/// left (it read the clock before another was counted in the next) was not an ask of
+/// it, and the caller leaves it out.
+pub fn check_floor(limit: &ShareLimit, requests: &[ShareRequest]) -> Result<(), ShortShare> {
+    let window_us = limit.window_us.max(1);
+    let sorted = requests;
+    // Per tracked key of the window before: (asked, last weight).
+    let mut before: Vec<(u64, u64, u64)> = Vec::new();
+    let mut before_start: Option<u64> = None;
+    let mut i = 0;
+    while let Some(first) = sorted.get(i) {
+        let start = first.at_us - first.at_us % window_us;
+        let end = sorted
+            .iter()
+            .skip(i)
+            .position(|r| r.at_us - r.at_us % window_us != start)
+            .map_or(sorted.len(), |n| i + n);
+        let window = sorted.get(i..end).unwrap_or_default();
+        let consecutive = before_start.is_some_and(|b| b.saturating_add(window_us) == start);
+        if !consecutive {
+            before.clear();
+        }
+        let total_weight: u64 = before.iter().map(|(_, _, w)| *w).sum();
+        // Tracked now: the active ones, then new keys in order of their first ask.
+        let mut tracked: Vec<(u64, u64, u64)> = before
+            .iter()
+            .map(|(key, _, weight)| (*key, 0, *weight))
+            .collect();
+        for request in window {
+            let Some(key) = request.key.filter(|k| *k != 0) else {
+                continue;
+            };
+            let weight = request.weight.clamp(1, MAX_WEIGHT);
+            let room = tracked.len() < limit.max_keys as usize;
+            match tracked.iter_mut().find(|(k, _, _)| *k == key) {
+                Some(entry) => {
+                    entry.1 = entry.1.saturating_add(request.cost);
+                    entry.2 = weight;
+                }
+                None if room => tracked.push((key, request.cost, weight)),
+                None => {}
+            }
+        }
+        for (key, asked_before, weight) in &before {
+            let asked_now = tracked
+                .iter()
+                .find(|(k, _, _)| k == key)
+                .map_or(0, |(_, asked, _)| *asked);
+            let of_key = || window.iter().filter(|r| r.key == Some(*key));
+            let admitted = of_key()
+                .filter(|r| r.admitted)
+                .fold(0u64, |sum, r| sum.saturating_add(r.cost));
+            let largest = of_key().map(|r| r.cost).max().unwrap_or(0);
+            let share = share_of(limit.limit, *weight, total_weight);
+            let entitled = (*asked_before).min(share);
+            let floor = asked_now.min(entitled.saturating_sub(largest.saturating_sub(1)));
+            if admitted < floor {
+                return Err(ShortShare {
+                    key: *key,
+                    window_start_us: start,
+                    admitted,
+                    floor,
+                    message: format!(
+                        "key {key:#x} in the window from {start}us: admitted {admitted} where \
+                         its floor is {floor} (asked {asked_now} now and {asked_before} in the \
+                         window before; share {share} of {} at weight {weight} of {total_weight}; \
+                         largest cost {largest})",
+                        limit.limit
+                    ),
+                });
+            }
+        }
+        before = tracked
+            .into_iter()
+            .filter(|(_, asked, _)| *asked > 0)
+            .collect();
+        before_start = Some(start);
+        i = end;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    const SECOND: u64 = 1_000_000;
+    const T0: u64 = 1_700_000_000 * SECOND;
+
+    #[test]
+    fn water_filling_gives_the_light_keys_their_demand_and_the_heavy_the_rest() {
+        let mut demands = vec![(1000, 1)];
+        demands.extend([(5, 1); 9]);
+        let entitled = water_fill(100, &demands);
+        assert_eq!(entitled[0], 55);
+        assert!(entitled[1..].iter().all(|e| *e == 5));
+        // Weighted: 2:1:1 of 100, every demand above its part.
+        assert_eq!(
+            water_fill(100, &[(100, 2), (100, 1), (100, 1)]),
+            vec![50, 25, 25]
+        );
+        // Rounded down, never above the limit.
+        let three = water_fill(10, &[(10, 1), (10, 1), (10, 1)]);
+        assert_eq!(three, vec![3, 3, 3]);
+        assert_eq!(water_fill(10, &[]), Vec::<u64>::new());
+    }
+
+    fn ask(key: u64, cost: u64) -> ShareAsk {
+        ShareAsk {
+            key: Some(key),
+            weight: 1,
+            cost,
+        }
+    }
+
+    #[test]
+    fn a_heavy_key_gets_what_the_light_ones_leave_and_they_get_theirs() {
+        let limit = ShareLimit {
+            limit: 100,
+            window_us: SECOND,
+            max_keys: 64,
+        };
+        let mut state = None;
+        let mut admitted = [0u64; 10];
+        for window in 0..4u64 {
+            admitted = [0; 10];
+            let start = T0 + window * SECOND;
+            // The heavy key floods first; the nine light keys ask 5 each after it.
+            for step in 0..1000u64 {
+                let (d, next) = limit.decide(state.take(), start + step, ask(1, 1));
+                admitted[0] += u64::from(d.decision.allowed);
+                state = Some(next);
+            }
+            for key in 2..=10u64 {
+                for step in 0..5u64 {
+                    let at = start + 500_000 + key * 10 + step;
+                    let (d, next) = limit.decide(state.take(), at, ask(key, 1));
+                    admitted[key as usize - 1] += u64::from(d.decision.allowed);
+                    state = Some(next);
+                }
+            }
+            assert!(admitted.iter().sum::<u64>() <= 100);
+        }
+        // From the third window on the entitlements follow the demands of the one before.
+        assert_eq!(admitted[0], 55);
+        assert!(admitted[1..].iter().all(|a| *a == 5), "{admitted:?}");
+    }
+
+    #[test]
+    fn a_key_past_max_keys_gets_only_what_is_free() {
+        let limit = ShareLimit {
+            limit: 10,
+            window_us: SECOND,
+            max_keys: 1,
+        };
+        let (d, state) = limit.decide(None, T0, ask(1, 4));
+        assert!(d.decision.allowed && !d.untracked);
+        let (d, state) = limit.decide(Some(state), T0 + 1, ask(2, 6));
+        assert!(d.decision.allowed && d.untracked);
+        assert_eq!(state.entries.len(), 1);
+        // Next window: key 1 is entitled to what it asked (4), key 2 to nothing.
+        let (d, state) = limit.decide(Some(state), T0 + SECOND, ask(2, 7));
+        assert!(!d.decision.allowed, "7 would eat into key 1's reserve of 4");
+        assert_eq!(d.decision.remaining, 6);
+        assert_eq!(d.decision.retry_after_ns, Some(SECOND * 1000));
+        let (d, _) = limit.decide(Some(state), T0 + SECOND + 1, ask(1, 4));
+        assert!(d.decision.allowed);
+    }
+
+    #[test]
+    fn a_state_two_windows_old_or_misaligned_starts_afresh() {
+        let limit = ShareLimit {
+            limit: 10,
+            window_us: SECOND,
+            max_keys: 8,
+        };
+        let (_, state) = limit.decide(None, T0, ask(1, 10));
+        let (d, _) = limit.decide(Some(state.clone()), T0 + 2 * SECOND, ask(2, 10));
+        assert!(d.decision.allowed, "key 1 is no longer active");
+        let misaligned = ShareState {
+            window_start_us: T0 + 3,
+            ..state
+        };
+        let (d, _) = limit.decide(Some(misaligned), T0 + SECOND, ask(2, 10));
+        assert!(d.decision.allowed);
+    }
+
+    #[test]
+    fn the_floor_checker_catches_a_key_kept_from_its_share() {
+        let limit = ShareLimit {
+            limit: 10,
+            window_us: SECOND,
+            max_keys: 8,
+        };
+        let request = |at_us, key, admitted| ShareRequest {
+            at_us,
+            key: Some(key),
+            weight: 1,
+            cost: 1,
+            admitted,
+        };
+        // Window 0: both ask 10. Window 1: key 2 asks 5 and gets 4 of its share 5.
+        let mut requests = Vec::new();
+        for n in 0..10 {
+            requests.push(request(T0 + n, 1, n < 5));
+            requests.push(request(T0 + n, 2, n < 5));
+        }
+        for n in 0..5 {
+            requests.push(request(T0 + SECOND + n, 1, true));
+            requests.push(request(T0 + SECOND + n, 2, n < 4));
+        }
+        let short = check_floor(&limit, &requests).unwrap_err();
+        assert_eq!((short.key, short.admitted, short.floor), (2, 4, 5));
+        requests.last_mut().unwrap().admitted = true;
+        assert_eq!(check_floor(&limit, &requests), Ok(()));
+    }
+}
