@@ -24,6 +24,7 @@ mod release;
 mod replay;
 mod rolling_update;
 mod shared_envoy;
+mod shares;
 mod stats;
 mod tenant_limits;
 mod token_limits;
