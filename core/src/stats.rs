@@ -135,12 +135,14 @@ pub enum Applies {
     Adaptive,
     /// `adaptive` with `per_key`.
     PerKey,
-    /// A limit read from the request (a tenant's own).
+    /// A limit read from the request (a tenant's own), or a shared limit's weight.
     FromRequest,
+    /// `share`.
+    Share,
 }
 
 impl Applies {
-    pub const ALL: [Applies; 11] = [
+    pub const ALL: [Applies; 12] = [
         Applies::Every,
         Applies::Shadow,
         Applies::Global,
@@ -152,6 +154,7 @@ impl Applies {
         Applies::Adaptive,
         Applies::PerKey,
         Applies::FromRequest,
+        Applies::Share,
     ];
 
     /// The rules it applies to, as the docs' tables say it.
@@ -167,7 +170,8 @@ impl Applies {
             Applies::Concurrency => "`concurrency`",
             Applies::Adaptive => "`adaptive`, one controller",
             Applies::PerKey => "`adaptive` with `per_key`",
-            Applies::FromRequest => "a limit from the request",
+            Applies::FromRequest => "a limit or weight from the request",
+            Applies::Share => "`share`",
         }
     }
 }
@@ -249,7 +253,7 @@ macro_rules! rule_stats {
             key_missing: Counter, Default, Every,
                 "requests the rule matched but could not key (a key source had no value and no default): the rule did not apply";
             limit_invalid: Counter, Default, FromRequest,
-                "requests whose limit value (a tenant's own) was there but not a whole number: its `default` decided them";
+                "requests whose limit value (a tenant's own) or share weight was there but not a whole number: its `default` decided them";
             store_errors: Counter, Default, Every,
                 "shared data failed or the CAS loop gave up: a local rule let the request through; a global rule asked the bridge (or its failure mode decided)";
             slots_in_use: Gauge, Default, Every,
@@ -340,6 +344,12 @@ macro_rules! rule_stats {
                 "the last interval's latency quantile (`latency`, p90 by default), µs";
             latency_baseline_us: Gauge, Default, Adaptive,
                 "the latency the controller takes as the service's uncongested one, µs";
+            share_keys: Gauge, Detailed, Share,
+                "keys the parent decided last (on any worker of this Envoy) tracks in its window: those active in the window before and those asking in this one";
+            share_units: Gauge, Detailed, Share,
+                "the share of the parent's limit the key decided last is entitled to at least (`⌊limit × w / Σ w⌋` among the keys tracked), units";
+            share_untracked: Counter, Detailed, Share,
+                "requests of a key past `share.max_keys`, or naming no key: entitled to nothing, they got only what no key was entitled to";
             keys_without_controller: Counter, Detailed, PerKey,
                 "requests whose key found no controller of its own (every record it may use held by an active key): decided against `max_in_flight` (a `per_key` rule has no limit gauges: its limits are one per key)";
         }

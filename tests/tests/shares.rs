@@ -4,7 +4,7 @@
 //! nine get all they ask, the heavy one the rest, and when it stops another heavy user
 //! rises to the rest within one window. Judged from Envoy's access log (what reached the
 //! route, not what weir says of it): the parent's bound by `conformance::check`, every
-//! user's floor by `share::check_floor`.
+//! user's floor by `share::check_floor`. The rule's gauges give its keys and share.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -39,7 +39,7 @@ fn jwt_authn() -> String {
 }
 
 /// The organisation from its claim, each user from `sub`.
-const CONFIG: &str = r#"{"rules":[{"name":"per-org",
+const CONFIG: &str = r#"{"rules":[{"name":"per-org","stats":"detailed",
   "key":[{"jwt_claim":"org"}],
   "limit":{"algorithm":"fixed_window","limit":100,"window":"1s"},
   "share":{"by":[{"jwt_claim":"sub"}],"max_keys":64}}]}"#;
@@ -192,6 +192,11 @@ fn nine_light_users_get_all_they_ask_and_a_heavy_one_the_rest() {
     );
     assert!(rest >= 55, "{rest}");
     assert!(envoy.weir_stat("rule.per-org.limited") > 0);
+    // The gauges, from the last request: the nine users active in the second before it,
+    // each entitled to at least ⌊100 / 9⌋.
+    assert_eq!(envoy.weir_stat("rule.per-org.share_keys"), 9);
+    assert_eq!(envoy.weir_stat("rule.per-org.share_units"), 11);
+    assert_eq!(envoy.weir_stat("rule.per-org.share_untracked"), 0);
     envoy.assert_no_panic();
 }
 

@@ -8,7 +8,7 @@ use crate::share::{ShareAsk, ShareLimit};
 use crate::store::{ShareTable, SharedStore};
 
 use super::evaluation::{Applied, Evaluation};
-use super::report::{RuleOutcome, Source};
+use super::report::{RuleOutcome, ShareReport, Source};
 
 /// A shared rule as the engine runs it: its limit and table of parents.
 #[derive(Debug)]
@@ -58,6 +58,11 @@ impl ShareRuntime {
         match updated {
             Ok(updated) => {
                 let decided = updated.result;
+                report.share = Some(ShareReport {
+                    keys: decided.keys,
+                    share: decided.share,
+                    untracked: decided.untracked,
+                });
                 // The RateLimit headers describe the key's share, not the parent's.
                 let policy = Policy {
                     quota: decided.share,

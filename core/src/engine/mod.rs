@@ -76,7 +76,7 @@ pub use global::COMMIT_DENIAL_CACHE_US;
 pub use in_flight::{Adapted, TendedPlaces};
 pub use outstanding::{Expired, LEASE_SETS_PER_SWEEP};
 use report::signed;
-pub use report::{FailureOutcome, RuleOutcome, RuleReport, Source, Verdict};
+pub use report::{FailureOutcome, RuleOutcome, RuleReport, ShareReport, Source, Verdict};
 pub use runtime::Engine;
 
 use crate::adaptive::{measures_service, Response};

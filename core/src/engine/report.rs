@@ -100,6 +100,9 @@ pub struct RuleReport {
     /// A concurrency rule's write dropped this many units of the key's places that no
     /// live worker had re-counted for a whole epoch (see [`crate::concurrency`]).
     pub in_flight_reclaimed: u64,
+    /// A shared limit's decision: the keys its parent tracks, the key's share, and
+    /// whether the key was entitled to nothing (past `share.max_keys`, or naming none).
+    pub share: Option<ShareReport>,
     /// The change this request made to the rule's units outstanding: units counted in
     /// the store but not admitted yet, which the rule may still admit beyond what the
     /// store shows — held in this Envoy's lease slots (global rules) or in this worker's
@@ -133,6 +136,7 @@ impl RuleReport {
             delay_past_deadline: false,
             key_without_controller: false,
             in_flight_reclaimed: 0,
+            share: None,
             outstanding_units: 0,
         }
     }
@@ -147,6 +151,14 @@ impl RuleReport {
             Err(e) => self.cas_retries = self.cas_retries.saturating_add(e.lost_attempts()),
         }
     }
+}
+
+/// What a shared limit's decision says of its parent and key (for the rule's gauges).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShareReport {
+    pub keys: u32,
+    pub share: u64,
+    pub untracked: bool,
 }
 
 /// Units as a signed change (saturating: no count of units comes near `i64::MAX`).

@@ -283,7 +283,11 @@ impl Rule {
         let adaptive = self.adaptive();
         match applies {
             Applies::Every => true,
-            Applies::FromRequest => !self.limit_from.is_empty(),
+            Applies::FromRequest => {
+                !self.limit_from.is_empty()
+                    || self.share.as_ref().is_some_and(|s| s.weight.is_some())
+            }
+            Applies::Share => self.share.is_some(),
             Applies::Shadow => self.shadow,
             Applies::Global => self.is_global(),
             Applies::DenialCache => self.is_global() || self.reservoir.is_some(),

@@ -320,6 +320,13 @@ impl Metrics {
             if report.delay_queue_full {
                 self.bump(rule.delay_queue_full, 1);
             }
+            if let Some(share) = report.share {
+                self.set(host, rule.share_keys, u64::from(share.keys));
+                self.set(host, rule.share_units, share.share);
+                if share.untracked {
+                    self.bump(rule.share_untracked, 1);
+                }
+            }
             if report.key_without_controller {
                 self.bump(rule.keys_without_controller, 1);
             }
