@@ -17,7 +17,7 @@ use sha2::{Digest, Sha256};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use subtle::{Choice, ConstantTimeEq};
-use weir_protocol::algorithms::{Ask, GlobalLimit};
+use weir_protocol::algorithms::Ask;
 use weir_protocol::bounds::MAX_BODY_BYTES;
 use weir_protocol::wire::{v1, v2, v3, CheckedItem, SECRET_HEADER};
 
@@ -160,15 +160,14 @@ async fn decide_v2(
     let request = v2::Request::parse(&body).map_err(|e| ApiError::BadRequest(e.to_string()))?;
     let mut items = Vec::with_capacity(request.items.len());
     for CheckedItem { item, limit } in &request.items {
-        let reply = run_item(
-            state,
-            limit,
-            &request.domain,
-            &item.rule,
-            &item.descriptor,
-            item.ask(),
-        )
-        .await?;
+        let (domain, rule, descriptor) = (&request.domain, &item.rule, &item.descriptor);
+        let inv = match &item.share {
+            Some(share) => {
+                Invocation::for_share(limit, domain, rule, descriptor, 0, (share, item.cost))
+            }
+            None => Invocation::for_limit(limit, domain, rule, descriptor, 0, item.ask()),
+        };
+        let reply = run_item(state, rule, &inv).await?;
         items.push(v2::Granted::new(item.id, &reply.grant, reply.now_us));
         if !reply.grant.decision.allowed && !item.shadow {
             break;
@@ -245,15 +244,9 @@ async fn decide_v1(
     let mut items = Vec::with_capacity(request.items.len());
     for CheckedItem { item, limit } in &request.items {
         let ask = Ask::exact(item.cost).with_want(item.want);
-        let reply = run_item(
-            state,
-            limit,
-            &request.domain,
-            &item.rule,
-            &item.descriptor,
-            ask,
-        )
-        .await?;
+        let inv =
+            Invocation::for_limit(limit, &request.domain, &item.rule, &item.descriptor, 0, ask);
+        let reply = run_item(state, &item.rule, &inv).await?;
         now_us.get_or_insert(reply.now_us);
         let d = reply.grant.decision;
         items.push(v1::ItemResult {
@@ -311,16 +304,8 @@ fn authorized_body(
 
 /// Runs one item's script (validation already refused what Lua cannot compute exactly,
 /// as the config checker does), counts its decision, and maps a failure to the reply.
-async fn run_item(
-    state: &AppState,
-    limit: &GlobalLimit,
-    domain: &str,
-    rule: &str,
-    descriptor: &[String],
-    ask: Ask,
-) -> Result<ScriptReply, ApiError> {
-    let inv = Invocation::for_limit(limit, domain, rule, descriptor, 0, ask);
-    let reply = state.store.run(&inv).await.map_err(|err| {
+async fn run_item(state: &AppState, rule: &str, inv: &Invocation) -> Result<ScriptReply, ApiError> {
+    let reply = state.store.run(inv).await.map_err(|err| {
         let api = ApiError::from_call(&err);
         match &err {
             CallError::Timeout => {

@@ -22,7 +22,8 @@
 
 use redis::Value;
 use weir_protocol::algorithms::{AlgorithmKind, Ask, Decision, GlobalLimit, Grant};
-use weir_protocol::key::{redis_key_tag, redis_state_key};
+use weir_protocol::key::{redis_key_tag, redis_share_key, redis_share_key_id, redis_state_key};
+use weir_protocol::wire::v2::WireShare;
 
 include!(concat!(env!("OUT_DIR"), "/lua_scripts.rs"));
 
@@ -32,6 +33,9 @@ include!(concat!(env!("OUT_DIR"), "/lua_scripts.rs"));
 pub enum Purpose {
     Acquire,
     Settle,
+    /// Decide a request of a key within a shared limit's parent (`lua/share.lua`, for
+    /// the algorithms whose limit comes back whole each window).
+    Share,
 }
 
 /// A Lua script with its SHA-1 (what `EVALSHA` names it by).
@@ -71,6 +75,9 @@ impl Scripts {
                     named(kind, Purpose::Acquire, spec.script),
                     spec.settle_script
                         .and_then(|name| named(kind, Purpose::Settle, name)),
+                    spec.resets_each_window
+                        .then(|| named(kind, Purpose::Share, "share"))
+                        .flatten(),
                 ]
             })
             .flatten()
@@ -146,6 +153,42 @@ impl Invocation {
             purpose: Purpose::Acquire,
             keys,
             args,
+        }
+    }
+
+    /// The call deciding a request of the key `share` names within the descriptor's
+    /// parent, costing `cost`: KEYS the parent's shares; ARGV `now_us` (0: Redis `TIME`),
+    /// `cost`, the limit per window, the window, `max_keys`, the weight and the key's id
+    /// (`lua/share.lua`).
+    pub fn for_share(
+        limit: &GlobalLimit,
+        domain: &str,
+        rule: &str,
+        descriptor: &[String],
+        now_us: u64,
+        (share, cost): (&WireShare, u64),
+    ) -> Invocation {
+        let kind = limit.kind();
+        let tag = redis_key_tag(domain, rule, kind, descriptor);
+        let policy = limit.policy();
+        let key = if share.key.is_empty() {
+            0
+        } else {
+            redis_share_key_id(&share.key)
+        };
+        Invocation {
+            kind,
+            purpose: Purpose::Share,
+            keys: vec![redis_share_key(&tag, kind)],
+            args: vec![
+                now_us,
+                cost,
+                policy.quota,
+                policy.window_ns / 1000,
+                u64::from(share.max_keys),
+                share.weight,
+                key,
+            ],
         }
     }
 
@@ -364,9 +407,21 @@ mod tests {
             .filter(|k| k.spec().settle_script.is_some())
             .count();
         assert!(settling > 0, "some algorithm settles");
-        assert_eq!(scripts.all().len(), AlgorithmKind::ALL.len() + settling);
-        let shas: std::collections::HashSet<_> =
-            scripts.all().iter().map(|s| s.sha1.clone()).collect();
+        let shared = AlgorithmKind::ALL
+            .iter()
+            .filter(|k| k.spec().resets_each_window)
+            .count();
+        assert!(shared > 0, "some algorithm is shared");
+        assert_eq!(
+            scripts.all().len(),
+            AlgorithmKind::ALL.len() + settling + shared
+        );
+        // One share script serves every algorithm it is shipped for.
+        let shas: std::collections::HashSet<_> = scripts
+            .all()
+            .iter()
+            .map(|s| (s.kind, s.sha1.clone()))
+            .collect();
         assert_eq!(shas.len(), scripts.all().len());
         for s in scripts.all() {
             assert!(s.source.contains("KEYS[1]") && s.source.contains("ARGV[1]"));
@@ -381,6 +436,10 @@ mod tests {
             assert_eq!(
                 scripts.get(kind, Purpose::Settle).is_some(),
                 kind.spec().settle_script.is_some()
+            );
+            assert_eq!(
+                scripts.get(kind, Purpose::Share).is_some(),
+                kind.spec().resets_each_window
             );
             let s = scripts.get(kind, Purpose::Acquire).unwrap();
             assert_eq!(s.sha1.len(), 40);

@@ -26,6 +26,9 @@ mod common;
 /// Costs settled after the response: the settle scripts against the core.
 #[path = "conformance/settles.rs"]
 mod settles;
+/// Shared limits: the share script against the core.
+#[path = "conformance/shares.rs"]
+mod shares;
 
 use common::{future_base, invocation, invocation_for, Backend, Redis, Rng};
 use std::time::Duration;
@@ -50,9 +53,11 @@ on_every_backend!(
     expired_keys_decide_like_their_state_would_have,
     settles_agree,
     an_expired_key_is_charged_its_excess,
+    shares_agree,
 );
 
 use settles::{an_expired_key_is_charged_its_excess, settles_agree};
+use shares::shares_agree;
 
 fn decision_of(reply: &ScriptReply) -> Decision {
     reply.grant.decision

@@ -192,6 +192,7 @@ mod tests {
             clamp_prompt: None,
             lookup: RuleReport::new(RuleId(rule), 0),
             limit: None,
+            share: None,
         }
     }
 

@@ -20,6 +20,7 @@ use weir_core::conformance::{check, Admission};
 use weir_core::engine::Engine;
 use weir_core::share::{check_floor, ShareLimit, ShareRequest};
 use weir_core::store::memory::MemoryStore;
+use weir_testkit::simulation::{Arrival, Simulation};
 
 /// The most requests one case evaluates.
 const MAX_REQUESTS: u64 = 3_000;
@@ -251,14 +252,111 @@ fn run(seed: u64, case: &Case) -> Result<(), String> {
             admitted,
         });
     }
+    judge(case, &per_parent)
+}
+
+/// Every parent's admissions by the fixed window's bound, and its requests (in the order
+/// they were decided) by every key's floor.
+fn judge(case: &Case, per_parent: &[(Vec<Admission>, Vec<ShareRequest>)]) -> Result<(), String> {
     let parent = GlobalLimit::Slot(Limit::FixedWindow(
-        FixedWindow::new(case.limit.limit, window_us).map_err(|e| e.reason)?,
+        FixedWindow::new(case.limit.limit, case.limit.window_us).map_err(|e| e.reason)?,
     ));
     for (n, (admissions, requests)) in per_parent.iter().enumerate() {
         check(&parent, admissions).map_err(|v| format!("parent org{n}: {v}"))?;
         check_floor(&case.limit, requests).map_err(|s| format!("parent org{n}: {}", s.message))?;
     }
     Ok(())
+}
+
+/// The case's rule as a global one, through 1 to 3 Envoys and a model of the bridge and
+/// Redis ([`Simulation`]), each call taking `half_latency_us` there and back: every
+/// request asks Redis, whose clock decides.
+fn run_global(seed: u64, case: &Case, envoys: usize, half_latency_us: u64) -> Result<(), String> {
+    let config = case
+        .config
+        .replacen(
+            r#""name":"shared","#,
+            r#""name":"shared","scope":"global","#,
+            1,
+        )
+        .replacen(
+            r#"{"trusted_headers""#,
+            r#"{"bridge":{"cluster":"weir_bridge"},"trusted_headers""#,
+            1,
+        );
+    let mut sim = Simulation::new(&config, envoys, half_latency_us)?;
+    let mut rng = Rng(seed ^ 0x5eed);
+    let mut planned = schedule(case, &mut rng);
+    // One request per µs: Redis's clock then orders its decisions as it made them.
+    for (i, p) in planned.iter_mut().enumerate() {
+        p.at_us += i as u64;
+    }
+    let arrivals: Vec<Arrival<FakeRequest>> = planned
+        .iter()
+        .map(|p| Arrival {
+            at_us: p.at_us,
+            envoy: rng.below(envoys as u64) as usize,
+            request: request(case, p),
+        })
+        .collect();
+    let mut decided: Vec<(u64, usize, bool)> = sim
+        .play(&arrivals)
+        .into_iter()
+        .filter_map(|d| {
+            let report = d.eval.reports.first()?;
+            Some((report.decided_at_us, d.index, !d.eval.denied()))
+        })
+        .collect();
+    decided.sort();
+    let mut per_parent: Vec<(Vec<Admission>, Vec<ShareRequest>)> = (0..case.parents)
+        .map(|_| (Vec::new(), Vec::new()))
+        .collect();
+    for (at_us, index, admitted) in decided {
+        let Some(p) = planned.get(index) else {
+            continue;
+        };
+        let Some((admissions, requests)) = per_parent.get_mut(p.parent as usize) else {
+            continue;
+        };
+        if admitted {
+            admissions.push(Admission {
+                at_us,
+                cost: p.cost,
+            });
+        }
+        requests.push(ShareRequest {
+            at_us,
+            key: p.key.map(|k| k as u64 + 1),
+            weight: p.key.and_then(|k| case.weights.get(k)).map_or(1, |w| w.1),
+            cost: p.cost,
+            admitted,
+        });
+    }
+    judge(case, &per_parent)
+}
+
+#[test]
+fn every_drawn_global_share_keeps_the_parents_bound_and_every_keys_floor() {
+    let mut failed = Vec::new();
+    for seed in seeds(150) {
+        let case = draw(seed);
+        let mut rng = Rng(seed ^ 0x61_0ba1);
+        let envoys = 1 + rng.below(3) as usize;
+        let half_latency_us = log_uniform(&mut rng, 1, case.limit.window_us.max(2));
+        if let Err(why) = run_global(seed, &case, envoys, half_latency_us) {
+            failed.push(format!(
+                "seed {seed}: {why}\n  {envoys} Envoys, {half_latency_us}us each way, {} keys, {:?}",
+                case.demands.len(),
+                case.limit
+            ));
+        }
+    }
+    assert!(
+        failed.is_empty(),
+        "{} failing:\n{}",
+        failed.len(),
+        failed.join("\n")
+    );
 }
 
 #[test]

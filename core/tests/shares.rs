@@ -198,3 +198,48 @@ fn keys_past_max_keys_and_requests_naming_none_get_only_what_is_free() {
     assert_eq!(run.admitted_in(2, 2), 50);
     assert_eq!(run.admitted_in(3, 2), 0);
 }
+
+/// A global shared limit: every request of a key asks Redis, even one a denial would have
+/// answered (its asks are its demand, which entitles it in the next window), and the
+/// answer's numbers are the key's share.
+#[cfg(not(target_arch = "wasm32"))]
+#[test]
+fn a_global_shared_limit_asks_redis_for_every_request_and_answers_with_the_share() {
+    use weir_testkit::simulation::{Arrival, Simulation};
+    let config = PER_ORG
+        .replacen(
+            r#""name":"per-org","#,
+            r#""name":"per-org","scope":"global","#,
+            1,
+        )
+        .replacen("{", r#"{"bridge":{"cluster":"weir_bridge"},"#, 1);
+    let mut sim = Simulation::new(&config, 2, 50).unwrap();
+    // Two users, 200 requests each per second, for three seconds, over two Envoys.
+    let arrivals: Vec<Arrival<FakeRequest>> = (0..1200u64)
+        .map(|i| Arrival {
+            at_us: T0 + i * 2_500 + 1,
+            envoy: (i % 2) as usize,
+            request: user(if i % 3 == 0 { "a" } else { "b" }).header("x-weight", "1"),
+        })
+        .collect();
+    let decided = sim.play(&arrivals);
+    assert_eq!(sim.bridge.items, 1200, "every request asked Redis");
+    let mut admitted = [[0u64; 2]; 3];
+    for d in &decided {
+        let second = ((d.arrived_us - T0) / SECOND) as usize;
+        let who = usize::from(d.index % 3 != 0);
+        admitted[second][who] += u64::from(!d.eval.denied());
+    }
+    // a asks 133 a second and b 267: from the second second on, each is entitled to
+    // half (50), and the first second went to whoever asked first.
+    assert_eq!(admitted[0].iter().sum::<u64>(), 100);
+    assert_eq!(admitted[1], [50, 50]);
+    assert_eq!(admitted[2], [50, 50]);
+    let last = &decided.last().unwrap().eval;
+    let engine = &sim.envoys[0].engine;
+    assert_eq!(
+        engine.rule_verdicts(last)[0].policy.quota,
+        50,
+        "the key's share"
+    );
+}

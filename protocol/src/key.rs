@@ -130,6 +130,28 @@ pub fn redis_key_tag(
     hex(digest.get(..16).unwrap_or(&[]))
 }
 
+/// A key within a shared limit's parent, as Redis names it among the parent's keys:
+/// its descriptor parts (`share.by`) framed and hashed (SHA-256, 64 bits, never 0).
+pub fn redis_share_key_id(parts: &[String]) -> u64 {
+    let mut hasher = Sha256::new();
+    for part in parts {
+        hasher.update((part.len() as u64).to_le_bytes());
+        hasher.update(part.as_bytes());
+    }
+    let digest = hasher.finalize();
+    let first: [u8; 8] = digest
+        .get(..8)
+        .and_then(|b| b.try_into().ok())
+        .unwrap_or([0; 8]);
+    u64::from_le_bytes(first).max(1)
+}
+
+/// The state key of a shared limit's parent: `weir:{<tag>}:<algorithm>:share`, beside
+/// (never instead of) the plain state key of the same descriptor.
+pub fn redis_share_key(tag: &str, algorithm: AlgorithmKind) -> String {
+    format!("{}:share", redis_state_key(tag, algorithm))
+}
+
 /// The state key of a descriptor: `weir:{<tag>}:<algorithm>`.
 pub fn redis_state_key(tag: &str, algorithm: AlgorithmKind) -> String {
     format!("weir:{{{tag}}}:{algorithm}")

@@ -46,7 +46,11 @@ use crate::algorithms::Decision;
 /// The most keys one parent shares its limit among at once.
 pub const MAX_SHARE_KEYS: u32 = 1024;
 /// The largest weight a key may have.
-pub const MAX_WEIGHT: u64 = 1_000_000;
+pub const MAX_WEIGHT: u64 = 1_000;
+/// The largest limit a shared limit kept in Redis may have: with at most
+/// [`MAX_SHARE_KEYS`] keys of weight at most [`MAX_WEIGHT`] and demands capped at the
+/// limit, every product the script forms stays below 2^53, where Lua's doubles are exact.
+pub const MAX_GLOBAL_SHARE_LIMIT: u64 = u32::MAX as u64;
 
 /// A parent's limit and how many keys it tracks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,7 +75,8 @@ pub struct ShareEntry {
     pub entitled: u64,
     /// Units it was admitted in this window.
     pub used: u64,
-    /// Units it asked for in this window, admitted or not: its demand for the next.
+    /// Units it asked for in this window, admitted or not, up to the limit (a demand
+    /// above it is entitled to no more): its demand for the next.
     pub asked: u64,
 }
 
@@ -206,7 +211,7 @@ impl ShareLimit {
             <= self.limit;
         if let Some(entry) = index.and_then(|i| state.entries.get_mut(i)) {
             entry.weight = weight;
-            entry.asked = entry.asked.saturating_add(ask.cost);
+            entry.asked = entry.asked.saturating_add(ask.cost).min(self.limit);
             if allowed {
                 entry.used = entry.used.saturating_add(ask.cost);
             }

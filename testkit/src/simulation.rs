@@ -14,13 +14,15 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
 use std::sync::{Arc, Mutex};
 
-use weir_core::algorithms::{GlobalLimit, SlotState};
+use weir_core::algorithms::{GlobalLimit, Grant, SlotState};
 use weir_core::config;
 use weir_core::conformance::Admission;
 use weir_core::engine::{Engine, Evaluation, RuleOutcome};
 use weir_core::flight::{Call as FlightCall, Flights, Join};
+use weir_core::key::redis_share_key_id;
 use weir_core::key::Seed;
 use weir_core::rules::{FactSource, RuleId, Scope};
+use weir_core::share::{ShareAsk, ShareLimit, ShareState};
 use weir_core::store::memory::MemoryStore;
 use weir_core::time::Micros;
 use weir_core::wire::{v2, v3, CheckedItem, ReplyError};
@@ -31,6 +33,8 @@ use weir_core::worker::Worker;
 #[derive(Default)]
 pub struct ModelBridge {
     slots: BTreeMap<String, SlotState>,
+    /// Shared limits' parents (`lua/share.lua`'s hash, as [`ShareLimit::decide`] keeps it).
+    shares: BTreeMap<String, ShareState>,
     logs: BTreeMap<String, Vec<u64>>,
     /// Calls answered.
     pub calls: u64,
@@ -60,8 +64,11 @@ impl ModelBridge {
         for CheckedItem { item, limit } in &request.items {
             self.items += 1;
             let key = model_key(&request.domain, &item.rule, &item.descriptor, limit);
-            let grant = match limit {
-                GlobalLimit::Slot(limit) => {
+            let grant = match (limit, &item.share) {
+                (_, Some(share)) => {
+                    self.share(format!("{key}:share"), limit, share, item.cost, now_us)
+                }
+                (GlobalLimit::Slot(limit), None) => {
                     let state = self.slots.get(&key).copied();
                     let (grant, next) = limit.grant(state, now_us, item.ask());
                     if let Some(next) = next {
@@ -69,7 +76,7 @@ impl ModelBridge {
                     }
                     grant
                 }
-                GlobalLimit::SlidingLog(log) => {
+                (GlobalLimit::SlidingLog(log), None) => {
                     let events = self.logs.entry(key).or_default();
                     let window_us = log.window_us();
                     events.retain(|&t| t.saturating_add(window_us) > now_us);
@@ -88,6 +95,39 @@ impl ModelBridge {
             }
         }
         Ok(v2::Reply { items })
+    }
+
+    /// A shared limit's item on the model: `lua/share.lua` as the core's reference
+    /// decides it, the key within the parent named by the id the bridge gives it.
+    fn share(
+        &mut self,
+        key: String,
+        limit: &GlobalLimit,
+        share: &v2::WireShare,
+        cost: u64,
+        now_us: u64,
+    ) -> Grant {
+        let policy = limit.policy();
+        let shared = ShareLimit {
+            limit: policy.quota,
+            window_us: policy.window_ns / 1000,
+            max_keys: share.max_keys,
+        };
+        let ask = ShareAsk {
+            key: (!share.key.is_empty()).then(|| redis_share_key_id(&share.key)),
+            weight: share.weight,
+            cost,
+        };
+        let (decided, next) = shared.decide(self.shares.remove(&key), now_us, ask);
+        self.shares.insert(key, next);
+        let allowed = decided.decision.allowed;
+        Grant {
+            decision: decided.decision,
+            granted: if allowed { cost } else { 0 },
+            due_ns: 0,
+            spacing_ns: 0,
+            valid_ns: 0,
+        }
     }
 
     /// weir-bridge's `POST /v3/commit` on the model: each item's cost settled in the

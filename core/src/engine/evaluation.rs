@@ -6,8 +6,9 @@
 use crate::algorithms::{Decision, GlobalLimit, Hold, Limit, Policy};
 use crate::key::{KeyHash, KeyHasher, Seed};
 use crate::lease::{LeaseSlot, Spend};
-use crate::rules::{FactSource, Facts, RequestLimit, Rule, RuleId};
+use crate::rules::{FactSource, Facts, RequestLimit, Rule, RuleId, ShareOf};
 use crate::time::{Micros, Nanos, Span};
+use crate::wire::v2::WireShare;
 use crate::wire::ReplyError;
 
 use super::report::{signed, RuleOutcome, RuleReport, Source, Verdict};
@@ -38,6 +39,9 @@ pub struct PendingItem {
     /// [`Applied::units_hash`]): units leased and denials cached under one limit serve
     /// only requests carrying it.
     pub limit: Option<GlobalLimit>,
+    /// A shared limit's key within the parent, its weight and key count: Redis decides
+    /// the item by the parent's shares.
+    pub share: Option<WireShare>,
 }
 
 impl PendingItem {
@@ -54,6 +58,7 @@ impl PendingItem {
             },
             least: self.cost,
             prompt: self.clamp_prompt,
+            share: None,
             now_us,
         }
     }
@@ -358,6 +363,8 @@ pub(super) struct Applied<'a> {
     pub(super) least: u64,
     /// A clamping rule's prompt share of the estimate.
     pub(super) prompt: Option<u64>,
+    /// A shared limit's key within the parent, and its weight ([`Rule::share_of`]).
+    pub(super) share: Option<ShareOf>,
     pub(super) now_us: u64,
 }
 
@@ -399,13 +406,17 @@ impl Applied<'_> {
     /// Where this request's units taken ahead are kept: the key's, and the limit's when
     /// the request carries its own, so that units taken (or a denial cached) under one
     /// limit never serve a request carrying another.
+    /// Under a shared limit, the key's within the parent too: a denial Redis gave one
+    /// user never denies another.
     pub(super) fn units_hash(&self) -> KeyHash {
-        match &self.limit {
-            None => self.hash,
-            Some(own) => KeyHash {
-                set_hash: self.hash.set_hash,
-                fingerprint: self.hash.fingerprint ^ own.fingerprint,
-            },
+        let limit = self.limit.as_ref().map_or(0, |own| own.fingerprint);
+        let share = self
+            .share
+            .and_then(|s| s.key)
+            .map_or(0, |key| key.rotate_left(17));
+        KeyHash {
+            set_hash: self.hash.set_hash,
+            fingerprint: self.hash.fingerprint ^ limit ^ share,
         }
     }
 }
@@ -469,6 +480,7 @@ pub(super) fn applies<'r, F: FactSource>(
         cost,
         least,
         prompt,
+        share: rule.share_of(facts, seed),
         now_us,
     })
 }

@@ -3,7 +3,7 @@
 //! [`crate::share`] for the rule, [`crate::store::share_table`] for the layout).
 
 use crate::algorithms::Policy;
-use crate::rules::{Rule, Share, ShareOf};
+use crate::rules::{Rule, Share};
 use crate::share::{ShareAsk, ShareLimit};
 use crate::store::{ShareTable, SharedStore};
 
@@ -31,15 +31,16 @@ impl ShareRuntime {
         self.share.limit
     }
 
-    /// Decides the request of the key `of` names under the parent `applied` names. A
-    /// store failure lets the request through and is reported, as for any local rule.
+    /// Decides the request of the key within the parent `applied` names. A store failure lets the request through and is reported, as for any local rule.
     pub(super) fn decide<S: SharedStore>(
         &self,
         eval: &mut Evaluation,
         store: &S,
         applied: &Applied<'_>,
-        of: ShareOf,
     ) {
+        let Some(of) = applied.share else {
+            return;
+        };
         let limit = self.share.limit;
         let mut report = applied.report();
         report.source = Some(Source::Slot);

@@ -5,7 +5,7 @@
 
 use std::borrow::Cow;
 
-use crate::algorithms::{Decision, GlobalLimit};
+use crate::algorithms::{Decision, GlobalLimit, Policy};
 use crate::bounds::MAX_WANT;
 use crate::key::encode_part;
 use crate::key::KeyHash;
@@ -175,8 +175,12 @@ impl GlobalRuntime {
         // key's and the limit its request carries.
         let hash = applied.units_hash();
         let global = self.carrying(applied.limit.as_ref().map(|own| &own.limit));
-        if self.answers_plainly(applied.rule)
-            && last_answers.is_some_and(|a| a.had_left(rule, &hash, cost))
+        // A shared limit's every request asks Redis: its asks are its key's demand, which
+        // entitles the key in the next window, so none is answered from here.
+        let shared = applied.rule.share.is_some();
+        if shared
+            || self.answers_plainly(applied.rule)
+                && last_answers.is_some_and(|a| a.had_left(rule, &hash, cost))
         {
             // Redis last had enough left for it: ask again, with no look at the cached
             // denials (see `LastAnswers`).
@@ -340,7 +344,8 @@ impl GlobalRuntime {
         // What later requests read: units held and cached denials; what Redis said last,
         // for a lease's asks and headers and for the local fallback's start. An exact
         // rule's plain answer leaves none of these.
-        let read_later = !matches!(reply.outcome, SlotReplyOutcome::Nothing)
+        let read_later = item.share.is_none()
+            && !matches!(reply.outcome, SlotReplyOutcome::Nothing)
             || reply.exhausted_until_us > 0
             || global.lease.is_some()
             || self.fallback().is_some();
@@ -370,7 +375,14 @@ impl GlobalRuntime {
                 report.lease_store_error.get_or_insert(e);
             }
         }
-        let quota = item.limit.as_ref().unwrap_or(&global.limit).policy().quota;
+        let mut quota = item.limit.as_ref().unwrap_or(&global.limit).policy().quota;
+        if item.share.is_some() {
+            // A shared limit's answer and headers are the key's share, not the parent's.
+            quota = result.limit;
+            let window_ns = global.limit.policy().window_ns;
+            eval.own_policies
+                .push((rule.id, Policy { quota, window_ns }));
+        }
         let decision = Decision {
             limit: quota,
             remaining: result.remaining.min(quota),
@@ -465,6 +477,7 @@ impl GlobalRuntime {
             ttl_us: global.lease.map_or(0, |l| l.hold_for(round_trip_us)),
             horizon_us: global.lease.map_or(0, |l| l.horizon_us),
             shadow: rule.shadow,
+            share: item.share.clone(),
         }
     }
 
@@ -529,8 +542,27 @@ pub(super) fn pending_item<F: FactSource>(
         asking_until_us: 0,
         clamp_prompt: applied.prompt,
         lookup: asked.lookup,
+        share: wire_share(&applied, facts),
         limit: applied.limit.map(|own| own.limit),
     }
+}
+
+/// A shared limit's item: the key within the parent as descriptor parts, its weight and
+/// how many keys the parent tracks.
+fn wire_share<F: FactSource>(
+    applied: &Applied<'_>,
+    facts: &mut Facts<'_, F>,
+) -> Option<v2::WireShare> {
+    let share = applied.rule.share.as_ref()?;
+    let mut key = Vec::new();
+    applied
+        .rule
+        .visit_share_key(facts, |origin, bytes| key.push(encode_part(origin, bytes)));
+    Some(v2::WireShare {
+        key,
+        weight: applied.share.map_or(1, |s| s.weight),
+        max_keys: share.limit.max_keys,
+    })
 }
 
 /// What a result leaves in the key's slot: the units granted beyond the request's own

@@ -263,11 +263,7 @@ impl Engine {
                         (from.arrived_us, deadline_us),
                     );
                 }
-                RuleRuntime::Share(share) => {
-                    if let Some(of) = rule.share_of(facts, seed) {
-                        share.decide(eval, store, &applied, of);
-                    }
-                }
+                RuleRuntime::Share(share) => share.decide(eval, store, &applied),
                 RuleRuntime::Concurrency(concurrency) => {
                     concurrency.decide(eval, store, &applied, worker);
                 }

@@ -32,6 +32,19 @@ pub struct ShareOf {
 }
 
 impl Rule {
+    /// Feeds the parts of the request's key within its parent (`share.by`) to `sink`, as
+    /// [`Rule::visit_key`] does; false when a part has no value and no default (the
+    /// request then names no key), and when the rule has no `share`.
+    pub fn visit_share_key<S: FactSource>(
+        &self,
+        facts: &mut Facts<'_, S>,
+        sink: impl FnMut(PartOrigin, &[u8]),
+    ) -> bool {
+        self.share
+            .as_ref()
+            .is_some_and(|share| super::keys::visit_parts(&share.by, facts, sink))
+    }
+
     /// The request's key within its parent and its weight, for a rule with `share`.
     pub fn share_of<S: FactSource>(
         &self,
@@ -40,9 +53,7 @@ impl Rule {
     ) -> Option<ShareOf> {
         let share = self.share.as_ref()?;
         let mut hasher = KeyHasher::new(seed);
-        let named = super::keys::visit_parts(&share.by, facts, |origin: PartOrigin, bytes| {
-            hasher.part(origin, bytes)
-        });
+        let named = self.visit_share_key(facts, |origin, bytes| hasher.part(origin, bytes));
         let key = named.then(|| hasher.finish().fingerprint.max(1));
         let (weight, weight_invalid) = match &share.weight {
             None => (1, false),

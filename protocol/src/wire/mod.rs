@@ -234,21 +234,7 @@ pub(crate) fn check_item(
     want: u64,
 ) -> Result<GlobalLimit, FieldError> {
     check_name("rule name", rule).map_err(|e| FieldError::new(format!("{at}.rule"), e))?;
-    if descriptor.len() > MAX_KEY_PARTS {
-        return Err(FieldError::new(
-            format!("{at}.descriptor"),
-            format!("has more than {MAX_KEY_PARTS} parts"),
-        ));
-    }
-    for (j, part) in descriptor.iter().enumerate() {
-        let ok_prefix = matches!(part.as_bytes().first(), Some(b'=' | b'!' | b'~' | b'#'));
-        if !ok_prefix || part.len() > MAX_PART_BYTES {
-            return Err(FieldError::new(
-                format!("{at}.descriptor[{j}]"),
-                format!("must start with one of = ! ~ # and be at most {MAX_PART_BYTES} bytes"),
-            ));
-        }
-    }
+    check_parts(&format!("{at}.descriptor"), descriptor, 0)?;
     let param_error = |e: ParamError| {
         let field = limit
             .kind
@@ -278,6 +264,27 @@ pub(crate) fn check_item(
         ));
     }
     Ok(compiled)
+}
+
+/// Descriptor parts at `at`: `min` to [`MAX_KEY_PARTS`] of them, each with its origin
+/// prefix and at most [`MAX_PART_BYTES`] bytes.
+pub(crate) fn check_parts(at: &str, parts: &[String], min: usize) -> Result<(), FieldError> {
+    if parts.len() < min || parts.len() > MAX_KEY_PARTS {
+        return Err(FieldError::new(
+            at,
+            format!("must have {min} to {MAX_KEY_PARTS} parts"),
+        ));
+    }
+    for (j, part) in parts.iter().enumerate() {
+        let ok_prefix = matches!(part.as_bytes().first(), Some(b'=' | b'!' | b'~' | b'#'));
+        if !ok_prefix || part.len() > MAX_PART_BYTES {
+            return Err(FieldError::new(
+                format!("{at}[{j}]"),
+                format!("must start with one of = ! ~ # and be at most {MAX_PART_BYTES} bytes"),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// A request body, size-checked and deserialized; errors name the field.

@@ -28,12 +28,13 @@
 //! a GCRA rule with leases has the burst the hold costs taken off.
 
 use super::{
-    check_envelope, check_id, check_item, parse_body, status_error, Checked, CheckedItem,
-    ReplyError, WireLimit,
+    check_envelope, check_id, check_item, check_parts, parse_body, status_error, Checked,
+    CheckedItem, ReplyError, WireLimit,
 };
-use crate::algorithms::{Ask, Decision, Grant};
+use crate::algorithms::{Ask, Decision, GlobalLimit, Grant};
 use crate::bounds::{MAX_BODY_BYTES, MAX_LEASE_HORIZON_US, MAX_LEASE_TTL_US, MAX_WANT};
 use crate::field_error::{strip_position, FieldError};
+use crate::share::{MAX_GLOBAL_SHARE_LIMIT, MAX_SHARE_KEYS, MAX_WEIGHT};
 use serde::{Deserialize, Serialize};
 
 pub const ACQUIRE_PATH: &str = "/v2/acquire";
@@ -65,6 +66,22 @@ pub struct Item {
     /// A shadow rule's item: its denial does not stop the evaluation.
     #[serde(default)]
     pub shadow: bool,
+    /// A shared limit's item (`share`): the key within the descriptor's parent, its
+    /// weight and how many keys the parent tracks. Absent for every other rule, so an
+    /// item without it is what filters before shares sent; a bridge before shares
+    /// refuses one with it (400, an unknown field).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share: Option<WireShare>,
+}
+
+/// What a shared limit's item adds: `{"key":["=alice"],"weight":1,"max_keys":100}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WireShare {
+    /// The key within the parent, as descriptor parts (`share.by`).
+    pub key: Vec<String>,
+    pub weight: u64,
+    pub max_keys: u32,
 }
 
 impl Item {
@@ -177,6 +194,9 @@ impl Request {
             bounded("reserve", item.reserve, MAX_WANT)?;
             bounded("hold_us", item.ttl_us, MAX_LEASE_TTL_US)?;
             bounded("horizon_us", item.horizon_us, MAX_LEASE_HORIZON_US)?;
+            if let Some(share) = &item.share {
+                check_share(&at, share, &limit, &item)?;
+            }
             items.push(CheckedItem { item, limit });
         }
         Ok(Checked {
@@ -184,6 +204,60 @@ impl Request {
             items,
         })
     }
+}
+
+/// A shared limit's item: its key as a descriptor's parts, its weight and key count in
+/// range, a limit that comes back whole each window and that Lua counts exactly, and
+/// nothing asked ahead (a shared limit asks Redis for every request).
+fn check_share(
+    at: &str,
+    share: &WireShare,
+    limit: &GlobalLimit,
+    item: &Item,
+) -> Result<(), FieldError> {
+    let at = format!("{at}.share");
+    // No part: the request names no key within the parent (entitled to nothing).
+    check_parts(&format!("{at}.key"), &share.key, 0)?;
+    let out_of_range = |field: &str, value: u64, max: u64| {
+        FieldError::new(
+            format!("{at}.{field}"),
+            format!("{value} is out of range: expected 1 to {max}"),
+        )
+    };
+    if !(1..=MAX_WEIGHT).contains(&share.weight) {
+        return Err(out_of_range("weight", share.weight, MAX_WEIGHT));
+    }
+    if !(1..=MAX_SHARE_KEYS).contains(&share.max_keys) {
+        let max_keys = u64::from(share.max_keys);
+        return Err(out_of_range(
+            "max_keys",
+            max_keys,
+            u64::from(MAX_SHARE_KEYS),
+        ));
+    }
+    if !limit.kind().spec().resets_each_window {
+        return Err(FieldError::new(
+            format!("{}.limit", at.trim_end_matches(".share")),
+            format!(
+                "a shared limit needs a limit that comes back whole each window, not {}",
+                limit.kind()
+            ),
+        ));
+    }
+    let quota = limit.policy().quota;
+    if quota > MAX_GLOBAL_SHARE_LIMIT {
+        return Err(FieldError::new(
+            format!("{}.limit", at.trim_end_matches(".share")),
+            format!("a shared limit of {quota} is above {MAX_GLOBAL_SHARE_LIMIT}, the most Lua counts exactly"),
+        ));
+    }
+    if item.want != item.cost || item.reserve != 0 {
+        return Err(FieldError::new(
+            at,
+            "a shared limit's item asks for its cost alone (want = cost, no reserve)",
+        ));
+    }
+    Ok(())
 }
 
 /// What the filter sent for one item, to check a reply against.

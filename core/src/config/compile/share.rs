@@ -4,10 +4,10 @@
 use super::rule::one_of;
 use super::{error, header_name, key, Interner, Result};
 use crate::algorithms::{AlgorithmKind, GlobalLimit};
-use crate::config::raw::{RawRule, RawScope, RawShare};
+use crate::config::raw::{RawFailureMode, RawRule, RawScope, RawShare};
 use crate::field_error::quoted;
 use crate::rules::{LimitFrom, Share};
-use crate::share::{ShareLimit, MAX_SHARE_KEYS, MAX_WEIGHT};
+use crate::share::{ShareLimit, MAX_GLOBAL_SHARE_LIMIT, MAX_SHARE_KEYS, MAX_WEIGHT};
 
 /// Keys a parent tracks when `share.max_keys` is not set.
 pub const DEFAULT_SHARE_KEYS: u32 = 100;
@@ -37,10 +37,16 @@ pub(super) fn compile(
             ),
         ));
     };
+    let global = matches!(rule.scope, Some(RawScope::Global));
+    let settings = rule.global.as_ref();
     let conflict = [
         (
-            matches!(rule.scope, Some(RawScope::Global)),
-            "\"scope\": \"global\"",
+            settings.is_some_and(|g| g.lease.is_some()),
+            "\"global\": {\"lease\": …}",
+        ),
+        (
+            settings.is_some_and(|g| g.failure_mode == Some(RawFailureMode::Local)),
+            "\"failure_mode\": \"local\"",
         ),
         (rule.reservoir.is_some(), "\"reservoir\""),
         (rule.on_limit.is_some(), "\"on_limit\""),
@@ -51,8 +57,18 @@ pub(super) fn compile(
         return Err(error(
             at,
             format!(
-                "a shared limit is local, decides every request in shared data and has a fixed \
-                 limit in this version: remove {what}"
+                "a shared limit decides every request where its keys are counted (shared data, \
+                 or Redis through the bridge) and has a fixed limit in this version: remove {what}"
+            ),
+        ));
+    }
+    if global && policy.quota > MAX_GLOBAL_SHARE_LIMIT {
+        return Err(error(
+            at,
+            format!(
+                "a global shared limit counts in Redis's Lua, exactly up to a limit of \
+                 {MAX_GLOBAL_SHARE_LIMIT}; found {}",
+                policy.quota
             ),
         ));
     }

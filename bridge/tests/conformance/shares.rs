@@ -1,0 +1,151 @@
+//! Shared limits (`share`, issue 36): `lua/share.lua` on real Redis against the core's
+//! `ShareLimit::decide`, in seeded random walks — parents of 1 to 2^32 − 1 units a window,
+//! windows from 1 µs to 30 days, 1 to 1,024 keys tracked, crowds of keys past them,
+//! weights 1 to 1,000, requests naming no key, idle windows and a clock that goes back —
+//! every field of every decision compared, and the parent's count and every key's
+//! weight, entitlement, use and demand compared with the core's state after each step.
+
+use crate::common::{future_base, Redis, Rng};
+use redis::Value;
+use weir_bridge::scripts::Invocation;
+use weir_protocol::algorithms::{fixed_window::FixedWindow, GlobalLimit, Limit};
+use weir_protocol::key::redis_share_key_id;
+use weir_protocol::share::{ShareAsk, ShareLimit, ShareState, MAX_GLOBAL_SHARE_LIMIT};
+use weir_protocol::wire::v2::WireShare;
+use weir_testkit::scenarios::T0;
+
+const WINDOWS: [u64; 6] = [
+    1,
+    999,
+    1_000_000,
+    7_000_001,
+    3_600_000_000,
+    30 * 86_400_000_000,
+];
+
+/// One parent walked by both, for `steps` requests.
+async fn walk(redis: &Redis, seed: u64, steps: usize) {
+    let mut rng = Rng(seed);
+    let limit = if rng.chance(20) {
+        rng.range(1 << 20, MAX_GLOBAL_SHARE_LIMIT)
+    } else {
+        rng.range(1, 200)
+    };
+    let window_us = rng.pick(&WINDOWS);
+    let max_keys = if rng.chance(20) {
+        rng.range(100, 1024) as u32
+    } else {
+        rng.range(1, 12) as u32
+    };
+    let keys = rng.range(1, u64::from(max_keys) + 6);
+    let share = ShareLimit {
+        limit,
+        window_us,
+        max_keys,
+    };
+    let global = GlobalLimit::Slot(Limit::FixedWindow(
+        FixedWindow::new(limit, window_us).unwrap(),
+    ));
+    let descriptor = vec![format!("=parent-{seed}")];
+    let mut state: Option<ShareState> = None;
+    let mut now = future_base(T0) + rng.range(0, 86_400_000_000);
+    let weights: Vec<u64> = (0..keys).map(|_| rng.range(1, 1000)).collect();
+    for step in 0..steps {
+        let r = rng.range(0, 99);
+        if r < 60 {
+            now += rng.range(0, window_us / 8 + 1);
+        } else if r < 90 {
+            now += window_us * rng.range(0, 2) + rng.range(0, 2);
+        } else if r < 95 {
+            now += window_us * rng.range(2, 4);
+        } else {
+            now -= rng.range(0, window_us / 4 + 1);
+        }
+        let key = rng.range(0, keys + 1);
+        let parts: Vec<String> = if key == keys {
+            Vec::new()
+        } else {
+            vec![format!("=user-{key}")]
+        };
+        let weight = weights.get(key as usize).copied().unwrap_or(1);
+        let cost = if rng.chance(10) {
+            rng.range(1, limit)
+        } else {
+            rng.range(1, limit.min(12))
+        };
+        let wire = WireShare {
+            key: parts.clone(),
+            weight,
+            max_keys,
+        };
+        let ask = ShareAsk {
+            key: (!parts.is_empty()).then(|| redis_share_key_id(&parts)),
+            weight,
+            cost,
+        };
+        let (decided, next) = share.decide(state.take(), now, ask);
+        let inv = Invocation::for_share(&global, "weir", "r", &descriptor, now, (&wire, cost));
+        let reply = redis.run(&inv).await;
+        let ctx = format!("seed {seed} step {step} {share:?} at {now} asking {ask:?}");
+        assert_eq!(
+            reply.grant.decision, decided.decision,
+            "{ctx}: Lua (left), Rust (right)"
+        );
+        let granted = if decided.decision.allowed { cost } else { 0 };
+        assert_eq!(reply.grant.granted, granted, "{ctx}");
+        assert_eq!(reply.now_us, now, "{ctx}");
+        let stored = stored(redis, &inv.keys[0]).await;
+        assert_eq!(
+            stored,
+            written(&next),
+            "{ctx}: Redis holds (left), the core keeps (right)"
+        );
+        state = Some(next);
+    }
+}
+
+/// The parent's count and keys as Redis holds them: (window, used, sorted keys as
+/// `weight entitled used asked`).
+async fn stored(redis: &Redis, key: &str) -> (u64, u64, Vec<(u64, [u64; 4])>) {
+    let Value::Array(fields) = redis.cmd(&["HGETALL", key]).await else {
+        panic!("HGETALL {key}: not an array");
+    };
+    let text = |v: &Value| match v {
+        Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+        other => panic!("not a string: {other:?}"),
+    };
+    let (mut window, mut used, mut keys) = (0, 0, Vec::new());
+    for pair in fields.chunks(2) {
+        let (name, value) = (text(&pair[0]), text(&pair[1]));
+        match name.as_str() {
+            "w" => window = value.parse().unwrap(),
+            "u" => used = value.parse().unwrap(),
+            "r" | "s" | "n" => {}
+            id => {
+                let id: u64 = id.trim_start_matches('k').parse().unwrap();
+                let words: Vec<u64> = value.split(' ').map(|w| w.parse().unwrap()).collect();
+                keys.push((id, [words[0], words[1], words[2], words[3]]));
+            }
+        }
+    }
+    keys.sort();
+    (window, used, keys)
+}
+
+/// What the core's state says Redis should hold.
+fn written(state: &ShareState) -> (u64, u64, Vec<(u64, [u64; 4])>) {
+    let mut keys: Vec<(u64, [u64; 4])> = state
+        .entries
+        .iter()
+        .map(|e| (e.fingerprint, [e.weight, e.entitled, e.used, e.asked]))
+        .collect();
+    keys.sort();
+    (state.window_start_us, state.used, keys)
+}
+
+pub async fn shares_agree(backend: crate::common::Backend) {
+    let redis = Redis::start(backend).await;
+    for seed in 0..24u64 {
+        walk(&redis, 0x5_4a2e_0000 + seed, 250).await;
+    }
+}
