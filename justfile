@@ -150,7 +150,7 @@ test-envoy-compat: build oci-bridge
     cargo build -p weir-check
     ENVOY_BIN={{justfile_directory()}}/.tools/envoy-1.36/bin/envoy WEIR_WASM={{wasm}} WEIR_BRIDGE_BIN={{bridge_musl}} WEIR_CHECK_BIN={{weir_check}} cargo test -p weir-e2e --test e2e -- --test-threads 2 abi:: local_limits:: global_limits:: token_limits::
 
-# Benchmarks (docs/benchmarks.md says how long): weir vs no filter, native local_ratelimit, empty wasm, and the peers (Envoy's rate limit filter on limitador, built by bench-peers first); a saturated global key with the bridge 10 and 30 ms away; accuracy at 5x, 20x, after idle and under uneven load on two Envoys, with conformance, beside the peers (the same and Envoy's local_cluster_rate_limit), the leased runs again with the slow bridge; token budgets and delay; concurrency limits vs Envoy's adaptive_concurrency; rewrites docs/benchmarks.md, docs/benchmarks-features.md and docs/benchmarks-concurrency.md.
+# Benchmarks (docs/benchmarks.md says how long): weir vs no filter, native local_ratelimit, empty wasm, and the peers (Envoy's rate limit filter on limitador, built by bench-peers first); a saturated global key with the bridge 10 and 30 ms away; accuracy at 5x, 20x, after idle and under uneven load on two Envoys, with conformance, beside the peers (the same and Envoy's local_cluster_rate_limit), the leased runs again with the slow bridge; token budgets, delay and fair shares; concurrency limits vs Envoy's adaptive_concurrency; rewrites docs/benchmarks.md, docs/benchmarks-features.md and docs/benchmarks-concurrency.md.
 bench: build bench-peers
     cargo build -p weir-empty-filter --target wasm32-wasip1 --profile wasm
     cargo build -p weir-bridge --release

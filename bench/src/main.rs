@@ -5,7 +5,7 @@
 //! weir-bench [--rounds 8] [--duration 3] [--warmup 2] [--connections 16]
 //!            [--accuracy-secs 20] [--out docs] [--only ID,ID] [--no-accuracy] [--no-plot]
 //! weir-bench --smoke        # one short round into a temp dir; checks that numbers came out
-//! weir-bench features       # token budgets and delay instead of reject (see [`features`])
+//! weir-bench features       # token budgets, delay instead of reject, fair shares (see [`features`])
 //! weir-bench concurrency    # concurrency limits next to Envoy's adaptive_concurrency (see [`concurrency`])
 //! ```
 //!
@@ -36,6 +36,7 @@ mod peer_accuracy;
 mod peers;
 mod report;
 mod scenario;
+mod shares;
 mod simulate;
 mod sys;
 mod targets;
@@ -75,7 +76,7 @@ const USAGE: &str = "usage: weir-bench [--rounds N] [--duration SECS] [--warmup 
 [--connections N] [--accuracy-secs SECS] [--out DIR] [--only ID,ID] [--no-accuracy] [--no-plot] [--smoke]
        weir-bench --render OUT/bench/results.json [--no-plot]
        weir-bench simulate [--smoke] [--out DIR]
-       weir-bench features [--smoke] [--secs N] [--out DIR]
+       weir-bench features [--smoke] [--secs N] [--out DIR] [--no-plot]
        weir-bench concurrency [--smoke] [--secs N] [--rounds N] [--out DIR] [--no-plot]
        weir-bench counted [--trace ID]";
 
@@ -530,16 +531,22 @@ impl SubRun {
     }
 }
 
-/// `weir-bench features [--smoke] [--secs N] [--out DIR]`: token budgets and delay
-/// ([`features`]); writes `OUT/bench/features.json` and `OUT/benchmarks-features.md`
-/// (`--smoke` runs 2 s each and fails on any problem).
+/// `weir-bench features [--smoke] [--secs N] [--out DIR] [--no-plot]`: token budgets,
+/// delay and fair shares ([`features`], [`shares`]); writes `OUT/bench/features.json`,
+/// `OUT/benchmarks-features.md` and the shares' picture `OUT/benchmarks-shares.png`
+/// (`bench/plot_shares.py`; none for `--smoke`, which runs 2 s each, the shares 4, and
+/// fails on any problem).
 fn features_main(args: &[String]) {
     let run = SubRun::parse("features", args, 10.0, 2.0);
     log(format!("feature runs, {} s each", run.secs));
     let results = features::run_all(run.secs);
     let generated = report::utc_now();
-    run.write_json(&generated, &results);
-    let page = features::markdown(&results, &generated, &run.command);
+    let json = run.write_json(&generated, &results);
+    const PNG: &str = "benchmarks-shares.png";
+    let drew = !run.smoke
+        && !args.iter().any(|a| a == "--no-plot")
+        && plot_with("bench/plot_shares.py", &json, &run.out.join(PNG));
+    let page = features::markdown(&results, &generated, &run.command, drew.then_some(PNG));
     let problems = features::problems(&results);
     run.finish("benchmarks-features.md", &page, &problems);
 }
@@ -660,7 +667,13 @@ mod committed_pages {
 
     #[test]
     fn the_features_page_is_what_its_json_renders() {
-        assert_page_renders("features", "benchmarks-features.md", features::markdown);
+        assert_page_renders(
+            "features",
+            "benchmarks-features.md",
+            |r: &features::FeatureResults, generated, command| {
+                features::markdown(r, generated, command, Some("benchmarks-shares.png"))
+            },
+        );
     }
 
     #[test]

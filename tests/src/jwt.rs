@@ -48,6 +48,39 @@ pub fn hs256(secret: &[u8], payload: &str) -> String {
     format!("{signing_input}.{}", b64url(&mac))
 }
 
+/// Envoy's jwt_authn filter (a YAML list item) with one provider `provider` of issuer
+/// `weir-test`, verifying [`hs256`] tokens signed with `secret` and putting their claims in
+/// dynamic metadata (`jwt_payload`), plus `provider_extra` (YAML lines at the provider's
+/// indentation, e.g. `claim_to_headers`); a token is required on every path, or, with
+/// `optional`, checked when present.
+pub fn jwt_authn_filter(
+    secret: &[u8],
+    provider: &str,
+    provider_extra: &str,
+    optional: bool,
+) -> String {
+    let jwks = hs256_jwks(secret);
+    let requires = if optional {
+        format!("{{ requires_any: {{ requirements: [ {{ provider_name: {provider} }}, {{ allow_missing: {{}} }} ] }} }}")
+    } else {
+        format!("{{ provider_name: {provider} }}")
+    };
+    format!(
+        r#"- name: envoy.filters.http.jwt_authn
+  typed_config:
+    "@type": type.googleapis.com/envoy.extensions.filters.http.jwt_authn.v3.JwtAuthentication
+    providers:
+      {provider}:
+        issuer: weir-test
+        local_jwks: {{ inline_string: '{jwks}' }}
+        payload_in_metadata: jwt_payload
+{provider_extra}    rules:
+    - match: {{ prefix: "/" }}
+      requires: {requires}
+"#
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

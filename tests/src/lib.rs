@@ -55,6 +55,7 @@ pub mod redis;
 pub mod redis_single;
 pub mod registry;
 pub mod shared_envoy;
+pub mod shares;
 pub mod slow_proxy;
 pub mod wasm;
 

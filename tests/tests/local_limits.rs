@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::thread;
 use std::time::{Duration, Instant};
 use weir_e2e::decisions::{with_decisions, Judge, Logs};
-use weir_e2e::jwt::{hs256, hs256_jwks};
+use weir_e2e::jwt::{hs256, jwt_authn_filter};
 use weir_e2e::{
     get, run_clients, send, wasm_filter_yaml, weir_wasm, Bootstrap, Client, Envoy, Request,
 };
@@ -526,21 +526,7 @@ fn the_demo_config_limits_per_user_and_per_tenant() {
 #[test]
 fn keys_from_jwt_claims_and_attributes() {
     let secret = b"weir-test-secret-of-32-bytes!!!!";
-    let jwks = hs256_jwks(secret);
-    let jwt_authn = format!(
-        r#"- name: envoy.filters.http.jwt_authn
-  typed_config:
-    "@type": type.googleapis.com/envoy.extensions.filters.http.jwt_authn.v3.JwtAuthentication
-    providers:
-      test:
-        issuer: weir-test
-        local_jwks: {{ inline_string: '{jwks}' }}
-        payload_in_metadata: jwt_payload
-    rules:
-    - match: {{ prefix: "/" }}
-      requires: {{ requires_any: {{ requirements: [ {{ provider_name: test }}, {{ allow_missing: {{}} }} ] }} }}
-"#
-    );
+    let jwt_authn = jwt_authn_filter(secret, "test", "", true);
     let config = r#"{"rules":[
       {"name":"per-sub","match":{"path":{"prefix":"/sub"}},"key":[{"jwt_claim":"sub"}],
        "limit":{"algorithm":"fixed_window","limit":2,"window":"1h"}},

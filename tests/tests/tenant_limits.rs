@@ -10,7 +10,7 @@ use weir_core::algorithms::GlobalLimit;
 use weir_core::conformance;
 use weir_e2e::decisions::{with_decisions, Judge, Logged};
 use weir_e2e::global::GlobalStack;
-use weir_e2e::jwt::{hs256, hs256_jwks};
+use weir_e2e::jwt::{hs256, jwt_authn_filter};
 use weir_e2e::{send, wasm_filter_yaml, weir_wasm, Bootstrap, Envoy, Request};
 
 const SECRET: &[u8] = b"weir-test-secret-of-32-bytes!!!!";
@@ -18,23 +18,9 @@ const SECRET: &[u8] = b"weir-test-secret-of-32-bytes!!!!";
 /// jwt_authn: tokens optional, verified claims in metadata (`jwt_payload`) and the
 /// `quota` claim written to `x-tenant-limit`.
 fn jwt_authn() -> String {
-    let jwks = hs256_jwks(SECRET);
-    format!(
-        r#"- name: envoy.filters.http.jwt_authn
-  typed_config:
-    "@type": type.googleapis.com/envoy.extensions.filters.http.jwt_authn.v3.JwtAuthentication
-    providers:
-      tenants:
-        issuer: weir-test
-        local_jwks: {{ inline_string: '{jwks}' }}
-        payload_in_metadata: jwt_payload
-        claim_to_headers:
-        - {{ header_name: x-tenant-limit, claim_name: quota }}
-    rules:
-    - match: {{ prefix: "/" }}
-      requires: {{ requires_any: {{ requirements: [ {{ provider_name: tenants }}, {{ allow_missing: {{}} }} ] }} }}
-"#
-    )
+    let claim_to_headers =
+        "        claim_to_headers:\n        - { header_name: x-tenant-limit, claim_name: quota }\n";
+    jwt_authn_filter(SECRET, "tenants", claim_to_headers, true)
 }
 
 /// What docs/configuration.md tells operators to add to the connection manager: a header

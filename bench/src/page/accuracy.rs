@@ -15,6 +15,14 @@ pub(super) fn accuracy_section(r: &Results, png_name: Option<&str>) -> String {
         o.push_str(&format!(
             "![Admitted requests per second against the limit, one line per mode]({png})\n\n"
         ));
+        o.push_str(
+            "One limit shared by many keys, over time: an organisation's 100 a second with \
+             one user offering 1,000 a second and nine offering 5, without a share and with \
+             one (local, and global on two Envoys); drawn by `weir-bench features`, whose \
+             figures are in [benchmarks-features.md](benchmarks-features.md#fair-shares).\n\n\
+             ![Admitted per second: the heavy user, the new heavy user and each light user, \
+             per limiter](benchmarks-shares.png)\n\n",
+        );
     }
     o.push_str(
         "Admitted per second, by the second in which each request was sent (the first second \

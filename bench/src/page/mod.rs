@@ -156,7 +156,7 @@ fn running_section(r: &Results) -> String {
      (`tests/src/slow_proxy.rs`), to show what a slow bridge does to the global figures \
      (issue 21). `just bench-sim` simulates a fleet against the real \
      bridge and Redis (docs/capacity.md). `just bench` then runs `weir-bench features`: token \
-     budgets (costs known after the response) and delay instead of reject, on real Envoys, \
+     budgets (costs known after the response), delay instead of reject and fair shares, on real Envoys, \
      written to [benchmarks-features.md](benchmarks-features.md), and `weir-bench concurrency`: \
      concurrency limits next to Envoy's `adaptive_concurrency`, written to \
      [benchmarks-concurrency.md](benchmarks-concurrency.md).\n\n",

@@ -1,0 +1,232 @@
+//! A shared limit's run in real Envoys (issue 36), for the e2e tests and `weir-bench
+//! features`: an organisation's 100 a second shared by its users, each named by the `sub`
+//! claim of a token `jwt_authn` verified. One user (`heavy1`) offers 1,000 a second and
+//! nine (`u1`…`u9`) 5 each; at the switch `heavy1` stops and `u1` offers 1,000 a second.
+//! [`ShareRun`] reads what happened from the access logs — what reached the route, not
+//! what weir says of it — and judges it: the parent's bound (`conformance::check`) and
+//! every user's floor (`share::check_floor`).
+
+use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use weir_core::algorithms::{fixed_window::FixedWindow, GlobalLimit, Limit};
+use weir_core::conformance::{check, Admission};
+use weir_core::share::{check_floor, ShareLimit, ShareRequest};
+
+use crate::decisions::{Logged, Logs};
+use crate::jwt::{hs256, jwt_authn_filter};
+use crate::{Client, Request};
+
+const SECRET: &[u8] = b"weir-test-secret-of-32-bytes!!!!";
+pub const SECOND_US: u64 = 1_000_000;
+/// The parent's limit per second.
+pub const LIMIT: u64 = 100;
+/// The name of the rule, and the header each request names its user in for the log.
+pub const RULE: &str = "per-org";
+pub const WHO_HEADER: &str = "x-who";
+
+/// jwt_authn: a token required, its verified claims in metadata (`jwt_payload`).
+pub fn jwt_authn() -> String {
+    jwt_authn_filter(SECRET, "users", "", false)
+}
+
+/// The organisation's rule: keyed by its claim, shared by `sub` when `shared`, local or
+/// global (with the bridge's cluster).
+pub fn config(shared: bool, global: bool) -> String {
+    let share = if shared {
+        r#","share":{"by":[{"jwt_claim":"sub"}],"max_keys":64}"#
+    } else {
+        ""
+    };
+    let (scope, bridge) = if global {
+        (
+            r#""scope":"global","#,
+            r#""bridge":{"cluster":"weir_bridge","timeout":"500ms"},"#,
+        )
+    } else {
+        ("", "")
+    };
+    format!(
+        r#"{{{bridge}"rules":[{{"name":"{RULE}",{scope}"stats":"detailed",
+  "key":[{{"jwt_claim":"org"}}],
+  "limit":{{"algorithm":"fixed_window","limit":{LIMIT},"window":"1s"}}{share}}}]}}"#
+    )
+}
+
+fn token(sub: &str) -> String {
+    let payload = format!(r#"{{"iss":"weir-test","sub":"{sub}","org":"acme","exp":4102444800}}"#);
+    format!("Bearer {}", hs256(SECRET, &payload))
+}
+
+fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
+fn sleep_until(at_us: u64) {
+    let now = now_us();
+    if at_us > now {
+        std::thread::sleep(Duration::from_micros(at_us - now));
+    }
+}
+
+/// Sends as user `sub` at each instant of `times` (µs since the epoch) on one connection.
+fn offer(port: u16, sub: &str, times: Vec<u64>) {
+    let auth = token(sub);
+    let Ok(mut client) = Client::connect(port) else {
+        return;
+    };
+    for at in times {
+        sleep_until(at);
+        let request = Request::get("/")
+            .header("authorization", &auth)
+            .header(WHO_HEADER, sub);
+        let status = client.request(request).map(|r| r.status).unwrap_or(0);
+        assert!(status == 200 || status == 429, "{sub}: {status}");
+    }
+}
+
+/// The run's phases: whole seconds from the next one, `heavy1` heavy until `switch`, `u1`
+/// after it.
+#[derive(Debug, Clone, Copy)]
+pub struct Phases {
+    pub seconds: u64,
+    pub switch: u64,
+}
+
+/// Offers the run over `ports` (one lane each in turn): the heavy user in four lanes of
+/// 250 a second, each light user `n` at 20 ms × `n` past each 200 ms. Returns the run's
+/// first second (µs since the epoch).
+pub fn offer_heavy_and_light(ports: &[u16], phases: Phases) -> u64 {
+    let Phases { seconds, switch } = phases;
+    let start = (now_us() / SECOND_US + 1) * SECOND_US;
+    let port = |n: u64| {
+        ports
+            .get(n as usize % ports.len().max(1))
+            .copied()
+            .unwrap_or(0)
+    };
+    std::thread::scope(|s| {
+        for lane in 0..4u64 {
+            let heavy = move |from: u64, to: u64| -> Vec<u64> {
+                (from * 250..to * 250)
+                    .map(|n| start + n * 4_000 + lane * 1_000 + 500)
+                    .collect()
+            };
+            s.spawn(move || offer(port(lane), "heavy1", heavy(0, switch)));
+            s.spawn(move || offer(port(lane + 1), "u1", heavy(switch, seconds)));
+        }
+        for user in 1..=9u64 {
+            s.spawn(move || {
+                let times = (0..seconds * 5)
+                    .map(|n| start + n * 200_000 + user * 20_000)
+                    .collect();
+                offer(port(user), &format!("u{user}"), times)
+            });
+        }
+    });
+    start
+}
+
+/// What a run did, read from the access logs.
+pub struct ShareRun {
+    pub start_us: u64,
+    pub phases: Phases,
+    /// Every request the rule decided, by the time it was decided: (user, request).
+    pub requests: Vec<(String, ShareRequest)>,
+    /// (asked, admitted) per (second of the run, user).
+    pub per_second: BTreeMap<(u64, String), (u64, u64)>,
+}
+
+impl ShareRun {
+    /// Reads the run from `logs` once its requests are there (or after 5 s).
+    pub fn read(logs: &Logs, start_us: u64, phases: Phases) -> ShareRun {
+        let expected = (9 * 5 + 1000) * phases.seconds;
+        let lines = logs.read_until(|l| l.iter().map(Vec::len).sum::<usize>() as u64 >= expected);
+        let lines: Vec<&Logged> = lines.iter().flatten().collect();
+        let mut requests: Vec<(String, ShareRequest)> = lines
+            .iter()
+            .filter_map(|line| {
+                let decided = line.decision(RULE)?;
+                let request = ShareRequest {
+                    at_us: decided.at_us,
+                    key: Some(key_of(&line.key)),
+                    weight: 1,
+                    cost: decided.cost,
+                    admitted: line.forwarded(),
+                };
+                Some((line.key.clone(), request))
+            })
+            .collect();
+        requests.sort_by_key(|(_, r)| r.at_us);
+        let mut per_second: BTreeMap<(u64, String), (u64, u64)> = BTreeMap::new();
+        for (user, r) in &requests {
+            let second = r.at_us.saturating_sub(start_us) / SECOND_US;
+            let entry = per_second.entry((second, user.clone())).or_default();
+            entry.0 += 1;
+            entry.1 += u64::from(r.admitted);
+        }
+        ShareRun {
+            start_us,
+            phases,
+            requests,
+            per_second,
+        }
+    }
+
+    pub fn admitted(&self, second: u64, user: &str) -> u64 {
+        self.per_second
+            .get(&(second, user.to_string()))
+            .map_or(0, |c| c.1)
+    }
+
+    pub fn asked(&self, second: u64, user: &str) -> u64 {
+        self.per_second
+            .get(&(second, user.to_string()))
+            .map_or(0, |c| c.0)
+    }
+
+    /// What the eight light users u2…u9 were admitted in `second`.
+    pub fn light(&self, second: u64) -> u64 {
+        (2..=9)
+            .map(|u| self.admitted(second, &format!("u{u}")))
+            .sum()
+    }
+
+    /// The parent's bound over every admission: `Err` with the violation.
+    pub fn parent_bound(&self) -> Result<usize, String> {
+        let admissions: Vec<Admission> = self
+            .requests
+            .iter()
+            .filter(|(_, r)| r.admitted)
+            .map(|(_, r)| Admission {
+                at_us: r.at_us,
+                cost: r.cost,
+            })
+            .collect();
+        let parent = GlobalLimit::Slot(Limit::FixedWindow(
+            FixedWindow::new(LIMIT, SECOND_US).map_err(|e| e.reason)?,
+        ));
+        check(&parent, &admissions).map_err(|v| v.to_string())?;
+        Ok(admissions.len())
+    }
+
+    /// Every user's floor, in the order the requests were decided.
+    pub fn floor(&self) -> Result<(), String> {
+        let limit = ShareLimit {
+            limit: LIMIT,
+            window_us: SECOND_US,
+            max_keys: 64,
+        };
+        let ordered: Vec<ShareRequest> = self.requests.iter().map(|(_, r)| *r).collect();
+        check_floor(&limit, &ordered).map_err(|s| s.message)
+    }
+}
+
+/// A user's name as the checker's key.
+fn key_of(user: &str) -> u64 {
+    user.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
