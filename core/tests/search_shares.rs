@@ -2,8 +2,9 @@
 //! the config accepts (limits, windows, `max_keys` 1 to 1,024, costs from a header,
 //! weights from a header, some not numbers), demand skews (one key at 100× beside up to
 //! a thousand at 1×, a heavy key that stops and another that starts, uniform crowds),
-//! requests naming no key, keys past `max_keys`, and workers that read the clock before
-//! they decide. Every parent's admissions are judged by the fixed window's bound
+//! requests naming no key, keys past `max_keys`, workers that read the clock before
+//! they decide, and token budgets (`commit`: an estimate settled with what the response
+//! used, up to two windows later; judged at what was used). Every parent's admissions are judged by the fixed window's bound
 //! (`conformance::check`) and every key's by its floor (`share::check_floor`).
 //!
 //! `WEIR_SEARCH_CASES` cases (default 300) from `WEIR_SEARCH_SEED` (default 1); a failure
@@ -12,14 +13,16 @@
 
 use crate::support;
 
+use std::cmp::Reverse;
 use support::search::{chance, log_uniform, seeds};
 use support::{evaluate_on, FakeRequest, Rng, T0};
 use weir_core::algorithms::{fixed_window::FixedWindow, GlobalLimit, Limit};
 use weir_core::config;
 use weir_core::conformance::{check, Admission};
-use weir_core::engine::Engine;
+use weir_core::engine::{Engine, PendingCommit};
 use weir_core::share::{check_floor, ShareLimit, ShareRequest};
 use weir_core::store::memory::MemoryStore;
+use weir_core::time::Micros;
 use weir_testkit::simulation::{Arrival, Simulation};
 
 /// The most requests one case evaluates.
@@ -36,6 +39,9 @@ struct Case {
     weights: Vec<(Option<String>, u64)>,
     /// The cost header's `max` (`None`: every request costs 1).
     max_cost: Option<u64>,
+    /// Local runs: the cost is an estimate, settled with an actual cost of at most it
+    /// (`commit`, a token budget), up to two windows later.
+    commit: bool,
     /// Requests naming no key, per window per parent.
     anonymous: u64,
     workers: usize,
@@ -131,6 +137,7 @@ fn draw(seed: u64) -> Case {
         },
         workers: 1 + rng.below(4) as usize,
         clock_lag_us,
+        commit: max_cost.is_some() && chance(&mut rng, 2),
     }
 }
 
@@ -200,7 +207,15 @@ fn request(case: &Case, p: &Planned) -> FakeRequest {
 
 /// Runs a case; the first parent whose admissions break the bound or a key's floor.
 fn run(seed: u64, case: &Case) -> Result<(), String> {
-    let engine = Engine::new(config::parse(case.config.as_bytes()).map_err(|e| e.to_string())?);
+    let config = if case.commit {
+        case.config
+            .replacen(r#""cost":{"#, r#""commit":{"header":"x-used"},"cost":{"#, 1)
+    } else {
+        case.config.clone()
+    };
+    let engine = Engine::new(config::parse(config.as_bytes()).map_err(|e| e.to_string())?);
+    // Commits to settle: when, what, and the actual cost.
+    let mut unsettled: Vec<(u64, PendingCommit, u64)> = Vec::new();
     let store = MemoryStore::new();
     engine.prepare(&store).map_err(|e| e.to_string())?;
     let mut workers: Vec<_> = (0..case.workers).map(|_| engine.worker()).collect();
@@ -214,6 +229,14 @@ fn run(seed: u64, case: &Case) -> Result<(), String> {
     for p in &planned {
         // A worker reads the clock, then races: it decides up to `clock_lag_us` late.
         let read_at = p.at_us.saturating_sub(rng.below(case.clock_lag_us + 1));
+        unsettled.sort_by_key(|(at, _, _)| Reverse(*at));
+        while unsettled.last().is_some_and(|(at, _, _)| *at <= read_at) {
+            if let Some((at, commit, actual)) = unsettled.pop() {
+                engine
+                    .commit(&store, &commit, actual, Micros(at))
+                    .map_err(|e| e.to_string())?;
+            }
+        }
         let worker = rng.below(case.workers as u64) as usize;
         let Some(worker) = workers.get_mut(worker) else {
             continue;
@@ -223,10 +246,17 @@ fn run(seed: u64, case: &Case) -> Result<(), String> {
         let Some((admissions, requests)) = per_parent.get_mut(p.parent as usize) else {
             continue;
         };
+        // What the admission really cost: its estimate, or what its response used.
+        let mut used = p.cost;
+        if let (true, Some(commit)) = (admitted, eval.commits.first()) {
+            used = rng.below(p.cost + 1);
+            let settle_at = read_at + rng.below(2 * window_us + 1);
+            unsettled.push((settle_at, commit.clone(), used));
+        }
         if admitted {
             admissions.push(Admission {
                 at_us: read_at,
-                cost: p.cost,
+                cost: used,
             });
         }
         // A request that read the clock in a window its parent has left is not an ask of
@@ -364,8 +394,10 @@ fn every_drawn_share_keeps_the_parents_bound_and_every_keys_floor() {
     let mut failed = Vec::new();
     let mut skewed = 0;
     let mut crowds = 0;
+    let mut commits = 0;
     for seed in seeds(300) {
         let case = draw(seed);
+        commits += u64::from(case.commit);
         skewed += u64::from(case.demands.iter().any(|d| d.iter().any(|x| *x >= 100)));
         crowds += u64::from(case.demands.len() >= 100);
         if let Err(why) = run(seed, &case) {
@@ -378,7 +410,10 @@ fn every_drawn_share_keeps_the_parents_bound_and_every_keys_floor() {
             ));
         }
     }
-    println!("search_shares: {skewed} cases with a key at 100 or more a window, {crowds} with 100 keys or more");
+    println!(
+        "search_shares: {skewed} cases with a key at 100 or more a window, {crowds} with 100 \
+         keys or more, {commits} with a commit"
+    );
     assert!(
         failed.is_empty(),
         "{} failing:\n{}",

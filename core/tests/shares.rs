@@ -11,6 +11,7 @@ use weir_core::conformance::{check, Admission};
 use weir_core::engine::Engine;
 use weir_core::share::{check_floor, ShareLimit, ShareRequest};
 use weir_core::store::memory::MemoryStore;
+use weir_core::time::Micros;
 
 #[cfg(target_arch = "wasm32")]
 use wasm_bindgen_test::wasm_bindgen_test as test;
@@ -197,6 +198,57 @@ fn keys_past_max_keys_and_requests_naming_none_get_only_what_is_free() {
     assert_eq!(run.admitted_in(1, 2), 50);
     assert_eq!(run.admitted_in(2, 2), 50);
     assert_eq!(run.admitted_in(3, 2), 0);
+}
+
+/// A team's token budget shared by its members (`commit`): a request is counted at its
+/// estimate, and what its response did not use comes back to its member's entitlement
+/// first, then to everyone, in the window it was counted in.
+#[test]
+fn a_shared_token_budget_gives_back_what_a_response_did_not_use() {
+    let e = engine(
+        r#"{"trusted_headers":["x-user"],"rules":[{"name":"team","key":[{"header":"x-team"}],
+        "cost":{"header":"x-estimate","max":1000},"commit":{"header":"x-used"},
+        "limit":{"algorithm":"fixed_window","limit":1000,"window":"1h"},
+        "share":{"by":[{"header":"x-user"}]}}]}"#,
+    );
+    let store = MemoryStore::new();
+    e.prepare(&store).unwrap();
+    let member = |name: &str, estimate: u64| {
+        FakeRequest::default()
+            .header("x-team", "ml")
+            .header("x-user", name)
+            .header("x-estimate", estimate.to_string())
+    };
+    let hour = 3_600 * SECOND;
+    let t = T0 - T0 % hour + hour;
+    let a = evaluate(&e, &store, &member("a", 600), t);
+    assert!(!a.denied());
+    assert!(
+        evaluate(&e, &store, &member("b", 600), t + 1).denied(),
+        "400 left"
+    );
+    // a's answer used 100 tokens: 500 come back, and b's 600 fit.
+    assert!(e.commit(&store, &a.commits[0], 100, Micros(t + 2)).unwrap());
+    let b = evaluate(&e, &store, &member("b", 600), t + 3);
+    assert!(!b.denied());
+    assert!(e.commit(&store, &b.commits[0], 600, Micros(t + 4)).is_ok());
+    // The next hour: a asked 600 and b 1,200 (in estimates), so each is entitled to 500.
+    let next = t + hour;
+    let a = evaluate(&e, &store, &member("a", 500), next);
+    assert!(!a.denied());
+    assert!(evaluate(&e, &store, &member("b", 501), next + 1).denied());
+    let b = evaluate(&e, &store, &member("b", 500), next + 2);
+    assert!(!b.denied());
+    // A commit settled after its window ended changes nothing.
+    assert!(!e
+        .commit(&store, &a.commits[0], 1, Micros(next + hour))
+        .unwrap());
+    // a's 500 settled at 200 in its window: 300 free again, for a first.
+    assert!(e
+        .commit(&store, &a.commits[0], 200, Micros(next + 3))
+        .unwrap());
+    assert!(evaluate(&e, &store, &member("b", 301), next + 4).denied());
+    assert!(!evaluate(&e, &store, &member("a", 300), next + 5).denied());
 }
 
 /// A global shared limit: every request of a key asks Redis, even one a denial would have

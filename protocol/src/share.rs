@@ -257,6 +257,43 @@ impl ShareLimit {
         )
     }
 
+    /// Settles what a request of `key` was counted, `reserved` units at `counted_at_us`,
+    /// with its actual cost (a token budget's `commit`): in the window it was counted in,
+    /// the difference comes off (or is added to) the parent's count and the key's use, so
+    /// a refund is free again for the key first (its reserve grows back) and then for
+    /// everyone. Once that window has ended there is nothing to settle against: the state
+    /// is left as it is. Returns the state to store, `None` when nothing changes.
+    pub fn settle(
+        &self,
+        state: Option<ShareState>,
+        (counted_at_us, now_us): (u64, u64),
+        key: Option<u64>,
+        (reserved, actual): (u64, u64),
+    ) -> Option<ShareState> {
+        let window_us = self.window_us.max(1);
+        let mut state = state?;
+        let counted_in = counted_at_us - counted_at_us % window_us;
+        let now_in = now_us - now_us % window_us;
+        if state.window_start_us != counted_in || now_in != counted_in || reserved == actual {
+            return None;
+        }
+        let entry = key
+            .filter(|k| *k != 0)
+            .and_then(|k| state.entries.iter_mut().find(|e| e.fingerprint == k));
+        let apply = |count: u64| {
+            if actual < reserved {
+                count.saturating_sub(reserved - actual)
+            } else {
+                count.saturating_add(actual - reserved)
+            }
+        };
+        if let Some(entry) = entry {
+            entry.used = apply(entry.used);
+        }
+        state.used = apply(state.used);
+        Some(state)
+    }
+
     /// `state` in the window of `now_us`: the same window; the next one, its keys
     /// that asked entitled from what they asked; any later one (or a state from a
     /// misaligned window), empty.
@@ -563,6 +600,43 @@ mod tests {
         };
         let (d, _) = limit.decide(Some(misaligned), T0 + SECOND, ask(2, 10));
         assert!(d.decision.allowed);
+    }
+
+    #[test]
+    fn a_refund_frees_the_keys_units_in_the_window_it_was_counted_in() {
+        let limit = ShareLimit {
+            limit: 10,
+            window_us: SECOND,
+            max_keys: 8,
+        };
+        let (d, state) = limit.decide(None, T0, ask(1, 8));
+        assert!(d.decision.allowed);
+        let (d, state) = limit.decide(Some(state), T0 + 1, ask(2, 4));
+        assert!(!d.decision.allowed, "8 of 10 counted");
+        // Key 1 really used 3: 5 come back.
+        let now = (T0, T0 + 3);
+        let settled = limit
+            .settle(Some(state.clone()), now, Some(1), (8, 3))
+            .unwrap();
+        assert_eq!((settled.used, settled.entries[0].used), (3, 3));
+        let (d, _) = limit.decide(Some(settled), T0 + 2, ask(2, 4));
+        assert!(d.decision.allowed);
+        // A charge above the estimate is counted too; nothing once the window is gone.
+        let charged = limit
+            .settle(Some(state.clone()), now, Some(1), (8, 9))
+            .unwrap();
+        assert_eq!(charged.used, 9);
+        let late = (T0, T0 + SECOND);
+        assert_eq!(
+            limit.settle(Some(state.clone()), late, Some(1), (8, 3)),
+            None
+        );
+        let earlier = (T0 - SECOND, T0 + 3);
+        assert_eq!(
+            limit.settle(Some(state.clone()), earlier, Some(1), (8, 3)),
+            None
+        );
+        assert_eq!(limit.settle(Some(state), now, Some(1), (8, 8)), None);
     }
 
     #[test]

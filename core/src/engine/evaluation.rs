@@ -141,6 +141,8 @@ pub(super) enum CommitKey {
     Local(KeyHash),
     /// In Redis: the key's descriptor, to settle through the bridge (`/v3/commit`).
     Global(Vec<String>),
+    /// In a shared rule's parent in this Envoy's shared data, for its key within it.
+    Share { parent: KeyHash, key: Option<u64> },
 }
 
 impl PendingCommit {

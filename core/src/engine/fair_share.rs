@@ -3,11 +3,14 @@
 //! [`crate::share`] for the rule, [`crate::store::share_table`] for the layout).
 
 use crate::algorithms::Policy;
+use crate::bounds::MAX_WANT;
+use crate::key::KeyHash;
 use crate::rules::{Rule, Share};
 use crate::share::{ShareAsk, ShareLimit};
-use crate::store::{ShareTable, SharedStore};
+use crate::store::{ShareTable, SharedStore, UpdateError};
+use crate::time::Micros;
 
-use super::evaluation::{Applied, Evaluation};
+use super::evaluation::{Applied, CommitKey, Evaluation, PendingCommit};
 use super::report::{RuleOutcome, ShareReport, Source};
 
 /// A shared rule as the engine runs it: its limit and table of parents.
@@ -24,6 +27,27 @@ impl ShareRuntime {
             share: share.clone(),
             table: ShareTable::new(owner, rule.max_keys, share.limit.window_us),
         }
+    }
+
+    /// Settles what `commit` counted for the key `key` within `parent` with its actual
+    /// cost (see [`ShareLimit::settle`]); returns whether the parent's state changed.
+    pub(super) fn settle<S: SharedStore>(
+        &self,
+        store: &S,
+        (parent, key): (&KeyHash, Option<u64>),
+        commit: &PendingCommit,
+        actual: u64,
+        now_us: u64,
+    ) -> Result<bool, UpdateError> {
+        let limit = self.share.limit;
+        let amounts = (commit.reserved, actual.min(MAX_WANT));
+        self.table
+            .update(store, parent, now_us, |state| {
+                let at = (commit.counted_at.us(), now_us);
+                let next = limit.settle(state, at, key, amounts);
+                (next.is_some(), next)
+            })
+            .map(|updated| updated.result)
     }
 
     /// The parent's limit and window, and the keys it tracks.
@@ -53,7 +77,8 @@ impl ShareRuntime {
         let updated = self
             .table
             .update(store, &applied.hash, applied.now_us, |state| {
-                limit.decide(state, applied.now_us, ask)
+                let (decided, next) = limit.decide(state, applied.now_us, ask);
+                (decided, Some(next))
             });
         report.add_update(&updated);
         match updated {
@@ -70,6 +95,18 @@ impl ShareRuntime {
                     window_ns: limit.window_us.saturating_mul(1000),
                 };
                 eval.own_policies.push((applied.rule.id, policy));
+                if decided.decision.allowed && applied.rule.commit.is_some() && applied.cost > 0 {
+                    eval.commits.push(PendingCommit {
+                        rule: applied.rule.id,
+                        key: CommitKey::Share {
+                            parent: applied.hash,
+                            key: of.key,
+                        },
+                        reserved: applied.cost,
+                        counted_at: Micros(applied.now_us),
+                        limit: None,
+                    });
+                }
                 eval.record(report, applied.rule, decided.decision);
             }
             Err(error) => {

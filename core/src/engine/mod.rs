@@ -296,8 +296,17 @@ impl Engine {
         actual: u64,
         now: Micros,
     ) -> Result<bool, UpdateError> {
-        let CommitKey::Local(hash) = &commit.key else {
-            return Ok(false);
+        let hash = match &commit.key {
+            CommitKey::Local(hash) => hash,
+            CommitKey::Share { parent, key } => {
+                return match self.rule(commit.rule) {
+                    Some((_, RuleRuntime::Share(share))) => {
+                        share.settle(store, (parent, *key), commit, actual, now.us())
+                    }
+                    _ => Ok(false),
+                }
+            }
+            CommitKey::Global(_) => return Ok(false),
         };
         // Counted in this Envoy's shared data: by a local rule, or by a global rule's
         // local fallback while the bridge failed (its share's slots). A concurrency
@@ -308,7 +317,7 @@ impl Engine {
                 Some(slots) => slots,
                 None => return Ok(false),
             },
-            // A shared rule takes no commit.
+            // A shared rule's commits are settled above.
             Some((_, RuleRuntime::Share(_) | RuleRuntime::Concurrency(_))) | None => {
                 return Ok(false)
             }

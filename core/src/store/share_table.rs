@@ -74,13 +74,14 @@ impl ShareTable {
     }
 
     /// Runs `decide` on the parent's state (`None` for a parent without one) and stores
-    /// the state it returns, with CAS; `decide` runs again on every attempt.
+    /// the state it returns (`None`: write nothing), with CAS; `decide` runs again on
+    /// every attempt.
     pub fn update<S: SharedStore, R>(
         &self,
         store: &S,
         hash: &KeyHash,
         now_us: u64,
-        mut decide: impl FnMut(Option<ShareState>) -> (R, ShareState),
+        mut decide: impl FnMut(Option<ShareState>) -> (R, Option<ShareState>),
     ) -> Result<Updated<R>, UpdateError> {
         let key = self.set_key(self.set_index(hash));
         super::update_with_cas(store, &key, |value| {
@@ -95,6 +96,9 @@ impl ShareTable {
                 _ => 0,
             };
             let (result, next) = decide(current);
+            let Some(next) = next else {
+                return (None, Updated::nothing(result));
+            };
             match parents.get_mut(way) {
                 Some(place) if placement != Placement::Empty => *place = (hash.fingerprint, next),
                 _ => parents.push((hash.fingerprint, next)),
@@ -242,7 +246,7 @@ mod tests {
                         cost: 1,
                     },
                 );
-                (d.decision.allowed, next)
+                (d.decision.allowed, Some(next))
             }
         };
         let allowed: Vec<bool> = (1..=4)
@@ -289,7 +293,7 @@ mod tests {
                     cost,
                 };
                 let (d, next) = limit.decide(state, T0, ask);
-                (d.decision.allowed, next)
+                (d.decision.allowed, Some(next))
             }
         };
         for n in 1..=4 {

@@ -120,6 +120,18 @@ pub struct Updated<R> {
     pub replaced_in_use: u64,
 }
 
+impl<R> Updated<R> {
+    /// An update that wrote nothing (a denial or a peek).
+    pub fn nothing(result: R) -> Updated<R> {
+        Updated {
+            result,
+            placement: None,
+            cas_retries: 0,
+            replaced_in_use: 0,
+        }
+    }
+}
+
 /// One rule's table of `V`s (an algorithm's [`SlotState`] unless said otherwise).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SlotTable<V: SlotValue = SlotState> {
@@ -296,13 +308,7 @@ impl<V: SlotValue> SlotTable<V> {
             };
             let (result, next) = decide(current);
             let Some(next) = next else {
-                let nothing = Updated {
-                    result,
-                    placement: None,
-                    cas_retries: 0,
-                    replaced_in_use: 0,
-                };
-                return (None, nothing);
+                return (None, Updated::nothing(result));
             };
             if let Some(slot) = set.slots.get_mut(way) {
                 *slot = Slot {
