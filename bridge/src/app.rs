@@ -200,14 +200,24 @@ async fn settle_v3(
             reserved: item.reserved,
             actual: item.actual,
         };
-        let inv = Invocation::settle(
-            limit,
-            &request.domain,
-            &item.rule,
-            &item.descriptor,
-            0,
-            settle,
-        );
+        let inv = match &item.share_key {
+            Some(key) => {
+                let parent = (
+                    request.domain.as_str(),
+                    item.rule.as_str(),
+                    item.descriptor.as_slice(),
+                );
+                Invocation::settle_share(limit, parent, key, 0, settle)
+            }
+            None => Invocation::settle(
+                limit,
+                &request.domain,
+                &item.rule,
+                &item.descriptor,
+                0,
+                settle,
+            ),
+        };
         let (changed, _) = state.store.run_settle(&inv).await.map_err(|err| {
             let api = ApiError::from_call(&err);
             tracing::warn!(rule = %item.rule, algorithm = %inv.kind, error = ?err, "settle failed");

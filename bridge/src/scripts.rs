@@ -36,6 +36,8 @@ pub enum Purpose {
     /// Decide a request of a key within a shared limit's parent (`lua/share.lua`, for
     /// the algorithms whose limit comes back whole each window).
     Share,
+    /// Settle a shared limit's cost after the response (`lua/share_settle.lua`).
+    ShareSettle,
 }
 
 /// A Lua script with its SHA-1 (what `EVALSHA` names it by).
@@ -77,6 +79,9 @@ impl Scripts {
                         .and_then(|name| named(kind, Purpose::Settle, name)),
                     spec.resets_each_window
                         .then(|| named(kind, Purpose::Share, "share"))
+                        .flatten(),
+                    spec.resets_each_window
+                        .then(|| named(kind, Purpose::ShareSettle, "share_settle"))
                         .flatten(),
                 ]
             })
@@ -187,6 +192,39 @@ impl Invocation {
                 policy.window_ns / 1000,
                 u64::from(share.max_keys),
                 share.weight,
+                key,
+            ],
+        }
+    }
+
+    /// The call settling a shared limit's commit for the key `share_key` within the
+    /// descriptor's parent: KEYS the parent's shares; ARGV `now_us` (0: Redis `TIME`),
+    /// `counted_at_us`, `reserved`, `actual`, the window and the key's id
+    /// (`lua/share_settle.lua`).
+    pub fn settle_share(
+        limit: &GlobalLimit,
+        (domain, rule, descriptor): (&str, &str, &[String]),
+        share_key: &[String],
+        now_us: u64,
+        commit: Settle,
+    ) -> Invocation {
+        let kind = limit.kind();
+        let tag = redis_key_tag(domain, rule, kind, descriptor);
+        let key = if share_key.is_empty() {
+            0
+        } else {
+            redis_share_key_id(share_key)
+        };
+        Invocation {
+            kind,
+            purpose: Purpose::ShareSettle,
+            keys: vec![redis_share_key(&tag, kind)],
+            args: vec![
+                now_us,
+                commit.counted_at_us,
+                commit.reserved,
+                commit.actual,
+                limit.policy().window_ns / 1000,
                 key,
             ],
         }
@@ -414,7 +452,7 @@ mod tests {
         assert!(shared > 0, "some algorithm is shared");
         assert_eq!(
             scripts.all().len(),
-            AlgorithmKind::ALL.len() + settling + shared
+            AlgorithmKind::ALL.len() + settling + 2 * shared
         );
         // One share script serves every algorithm it is shipped for.
         let shas: std::collections::HashSet<_> = scripts
@@ -439,6 +477,10 @@ mod tests {
             );
             assert_eq!(
                 scripts.get(kind, Purpose::Share).is_some(),
+                kind.spec().resets_each_window
+            );
+            assert_eq!(
+                scripts.get(kind, Purpose::ShareSettle).is_some(),
                 kind.spec().resets_each_window
             );
             let s = scripts.get(kind, Purpose::Acquire).unwrap();

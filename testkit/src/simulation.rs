@@ -130,6 +130,34 @@ impl ModelBridge {
         }
     }
 
+    /// A shared limit's commit on the model: `lua/share_settle.lua` as the core's
+    /// reference settles it; whether the parent's state changed.
+    fn settle_share(
+        &mut self,
+        key: String,
+        limit: &GlobalLimit,
+        share_key: &[String],
+        item: &v3::CommitItem,
+        now_us: u64,
+    ) -> bool {
+        let policy = limit.policy();
+        let shared = ShareLimit {
+            limit: policy.quota,
+            window_us: policy.window_ns / 1000,
+            max_keys: weir_core::share::MAX_SHARE_KEYS,
+        };
+        let id = (!share_key.is_empty()).then(|| redis_share_key_id(share_key));
+        let state = self.shares.get(&key).cloned();
+        let at = (item.counted_at_us, now_us);
+        match shared.settle(state, at, id, (item.reserved, item.actual)) {
+            Some(next) => {
+                self.shares.insert(key, next);
+                true
+            }
+            None => false,
+        }
+    }
+
     /// weir-bridge's `POST /v3/commit` on the model: each item's cost settled in the
     /// key's state as the settle scripts do ([`weir_core::algorithms::Limit::settle`]), at
     /// `now_us`; or the status and body the bridge would answer instead.
@@ -149,6 +177,15 @@ impl ModelBridge {
                 return Err((400, format!("{} cannot settle", limit.kind())));
             };
             let key = model_key(&request.domain, &item.rule, &item.descriptor, limit);
+            if let Some(share_key) = &item.share_key {
+                let settled =
+                    self.settle_share(format!("{key}:share"), limit, share_key, item, now_us);
+                items.push(v3::Committed {
+                    id: item.id,
+                    settled,
+                });
+                continue;
+            }
             let state = self.slots.get(&key).copied();
             let next = slot_limit.settle(
                 state,

@@ -30,6 +30,18 @@ pub fn jwt_authn() -> String {
     jwt_authn_filter(SECRET, "users", "", false)
 }
 
+/// A rule's `scope` and the config's `bridge`, for a global rule; nothing for a local one.
+fn scoped(global: bool) -> (&'static str, &'static str) {
+    if global {
+        (
+            r#""scope":"global","#,
+            r#""bridge":{"cluster":"weir_bridge","timeout":"500ms"},"#,
+        )
+    } else {
+        ("", "")
+    }
+}
+
 /// The organisation's rule: keyed by its claim, shared by `sub` when `shared`, local or
 /// global (with the bridge's cluster).
 pub fn config(shared: bool, global: bool) -> String {
@@ -38,14 +50,7 @@ pub fn config(shared: bool, global: bool) -> String {
     } else {
         ""
     };
-    let (scope, bridge) = if global {
-        (
-            r#""scope":"global","#,
-            r#""bridge":{"cluster":"weir_bridge","timeout":"500ms"},"#,
-        )
-    } else {
-        ("", "")
-    };
+    let (scope, bridge) = scoped(global);
     format!(
         r#"{{{bridge}"rules":[{{"name":"{RULE}",{scope}"stats":"detailed",
   "key":[{{"jwt_claim":"org"}}],
@@ -71,20 +76,26 @@ fn sleep_until(at_us: u64) {
     }
 }
 
-/// Sends as user `sub` at each instant of `times` (µs since the epoch) on one connection.
-fn offer(port: u16, sub: &str, times: Vec<u64>) {
+/// Sends as user `sub` at each instant of `times` (µs since the epoch) on one connection,
+/// each request built by `request` and carrying `sub`'s token.
+fn offer(port: u16, sub: &str, times: Vec<u64>, request: impl Fn() -> Request) {
     let auth = token(sub);
     let Ok(mut client) = Client::connect(port) else {
         return;
     };
     for at in times {
         sleep_until(at);
-        let request = Request::get("/")
-            .header("authorization", &auth)
-            .header(WHO_HEADER, sub);
-        let status = client.request(request).map(|r| r.status).unwrap_or(0);
+        let status = client
+            .request(request().header("authorization", &auth))
+            .map(|r| r.status)
+            .unwrap_or(0);
         assert!(status == 200 || status == 429, "{sub}: {status}");
     }
+}
+
+/// A request of the heavy-and-light run, naming `sub` for the log.
+fn plain(sub: &str) -> impl Fn() -> Request + '_ {
+    move || Request::get("/").header(WHO_HEADER, sub)
 }
 
 /// The run's phases: whole seconds from the next one, `heavy1` heavy until `switch`, `u1`
@@ -114,15 +125,16 @@ pub fn offer_heavy_and_light(ports: &[u16], phases: Phases) -> u64 {
                     .map(|n| start + n * 4_000 + lane * 1_000 + 500)
                     .collect()
             };
-            s.spawn(move || offer(port(lane), "heavy1", heavy(0, switch)));
-            s.spawn(move || offer(port(lane + 1), "u1", heavy(switch, seconds)));
+            s.spawn(move || offer(port(lane), "heavy1", heavy(0, switch), plain("heavy1")));
+            s.spawn(move || offer(port(lane + 1), "u1", heavy(switch, seconds), plain("u1")));
         }
         for user in 1..=9u64 {
             s.spawn(move || {
                 let times = (0..seconds * 5)
                     .map(|n| start + n * 200_000 + user * 20_000)
                     .collect();
-                offer(port(user), &format!("u{user}"), times)
+                let sub = format!("u{user}");
+                offer(port(user), &sub, times, plain(&sub))
             });
         }
     });
@@ -229,4 +241,136 @@ fn key_of(user: &str) -> u64 {
     user.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
     })
+}
+
+/// A team's token budget of [`TOKENS`] a second shared by its members (`commit`): each
+/// request counted at its estimate (`x-estimate`) and settled with what the stand-in LLM
+/// says it used (`x-tokens-used`).
+pub fn token_config(global: bool) -> String {
+    let (scope, bridge) = scoped(global);
+    format!(
+        r#"{{{bridge}"rules":[{{"name":"{RULE}",{scope}"stats":"detailed",
+  "key":[{{"jwt_claim":"org"}}],
+  "cost":{{"header":"x-estimate","max":{TOKENS}}},"commit":{{"header":"x-tokens-used"}},
+  "limit":{{"algorithm":"fixed_window","limit":{TOKENS},"window":"1s"}},
+  "share":{{"by":[{{"jwt_claim":"sub"}}],"max_keys":64}}}}]}}"#
+    )
+}
+
+/// The team's tokens a second.
+pub const TOKENS: u64 = 1000;
+
+/// Offers the token run over `ports` for `seconds` whole seconds from the next one: the
+/// heavy member a request every 5 ms estimated at 50 tokens that uses 10, each of the nine
+/// others two a second estimated at 25 that use 12. Each request names its member and
+/// what it will use in [`WHO_HEADER`] (`member/used`). Returns the first second.
+pub fn offer_tokens(ports: &[u16], seconds: u64) -> u64 {
+    let start = (now_us() / SECOND_US + 1) * SECOND_US;
+    let port = |n: u64| {
+        ports
+            .get(n as usize % ports.len().max(1))
+            .copied()
+            .unwrap_or(0)
+    };
+    let send = move |port: u16, sub: String, times: Vec<u64>, estimate: u64, used: u64| {
+        let who = format!("{sub}/{used}");
+        let request = || {
+            Request::get("/v1/chat")
+                .header(WHO_HEADER, &who)
+                .header("x-estimate", estimate.to_string())
+                .header("x-llm-format", "header")
+                .header("x-llm-usage", used.to_string())
+        };
+        offer(port, &sub, times, request)
+    };
+    std::thread::scope(|s| {
+        for lane in 0..2u64 {
+            let times = (0..seconds * 100)
+                .map(|n| start + n * 10_000 + lane * 5_000 + 700)
+                .collect();
+            s.spawn(move || send(port(lane), "heavy1".into(), times, 50, 10));
+        }
+        for user in 1..=9u64 {
+            let times = (0..seconds * 2)
+                .map(|n| start + n * 500_000 + user * 20_000)
+                .collect();
+            s.spawn(move || send(port(user), format!("u{user}"), times, 25, 12));
+        }
+    });
+    start
+}
+
+/// What a token run did: per (second, member), (requests, admitted, tokens used); and
+/// the checker's verdicts — the budget's bound at what responses used, every member's
+/// floor in estimates.
+pub struct TokenRun {
+    pub per_second: BTreeMap<(u64, String), (u64, u64, u64)>,
+    pub parent_bound: Result<u64, String>,
+    pub floor: Result<(), String>,
+}
+
+impl TokenRun {
+    pub fn read(logs: &Logs, start_us: u64, seconds: u64) -> TokenRun {
+        let expected = (9 * 2 + 200) * seconds;
+        let lines = logs.read_until(|l| l.iter().map(Vec::len).sum::<usize>() as u64 >= expected);
+        let mut requests: Vec<(String, u64, ShareRequest)> = lines
+            .iter()
+            .flatten()
+            .filter_map(|line| {
+                let decided = line.decision(RULE)?;
+                let (who, used) = line.key.split_once('/')?;
+                let request = ShareRequest {
+                    at_us: decided.at_us,
+                    key: Some(key_of(who)),
+                    weight: 1,
+                    cost: decided.cost,
+                    admitted: line.forwarded(),
+                };
+                Some((who.to_string(), used.parse().ok()?, request))
+            })
+            .collect();
+        requests.sort_by_key(|(_, _, r)| r.at_us);
+        let mut per_second: BTreeMap<(u64, String), (u64, u64, u64)> = BTreeMap::new();
+        let mut admissions = Vec::new();
+        for (who, used, r) in &requests {
+            let second = r.at_us.saturating_sub(start_us) / SECOND_US;
+            let entry = per_second.entry((second, who.clone())).or_default();
+            entry.0 += 1;
+            if r.admitted {
+                entry.1 += 1;
+                entry.2 += used;
+                admissions.push(Admission {
+                    at_us: r.at_us,
+                    cost: *used,
+                });
+            }
+        }
+        let parent_bound = FixedWindow::new(TOKENS, SECOND_US)
+            .map_err(|e| e.reason)
+            .and_then(|w| {
+                check(&GlobalLimit::Slot(Limit::FixedWindow(w)), &admissions)
+                    .map_err(|v| v.to_string())
+            })
+            .map(|()| admissions.iter().map(|a| a.cost).sum());
+        let limit = ShareLimit {
+            limit: TOKENS,
+            window_us: SECOND_US,
+            max_keys: 64,
+        };
+        let ordered: Vec<ShareRequest> = requests.iter().map(|(_, _, r)| *r).collect();
+        let floor = check_floor(&limit, &ordered).map_err(|s| s.message);
+        TokenRun {
+            per_second,
+            parent_bound,
+            floor,
+        }
+    }
+
+    /// (requests, admitted, tokens used) of `who` in `second`.
+    pub fn of(&self, second: u64, who: &str) -> (u64, u64, u64) {
+        self.per_second
+            .get(&(second, who.to_string()))
+            .copied()
+            .unwrap_or_default()
+    }
 }

@@ -11,9 +11,10 @@
 use weir_e2e::decisions::{with_decisions, Logs};
 use weir_e2e::global::GlobalStack;
 use weir_e2e::shares::{
-    config, jwt_authn, offer_heavy_and_light, Phases, ShareRun, LIMIT, WHO_HEADER,
+    config, jwt_authn, offer_heavy_and_light, offer_tokens, token_config, Phases, ShareRun,
+    TokenRun, LIMIT, WHO_HEADER,
 };
-use weir_e2e::{wasm_filter_yaml, weir_wasm, Bootstrap, Envoy};
+use weir_e2e::{wasm_filter_yaml, weir_wasm, Bootstrap, Bridge, Envoy, LlmUpstream, RedisCluster};
 
 const PHASES: Phases = Phases {
     seconds: 7,
@@ -87,4 +88,76 @@ fn the_same_shares_across_two_envoys_through_the_bridge() {
     assert!(stack.weir_stat("rule.per-org.bridge_decisions") > 7000);
     assert_eq!(stack.weir_stat("rule.per-org.failure_allowed"), 0);
     stack.assert_no_panic();
+}
+
+/// Judges a token run: the budget's bound at what responses used, every member's floor in
+/// estimates, and that the nine light members got every request they sent while the
+/// heavy one used what they left.
+fn judge_tokens(run: &TokenRun, seconds: u64) {
+    let used = run
+        .parent_bound
+        .clone()
+        .unwrap_or_else(|v| panic!("the budget's bound: {v}"));
+    run.floor
+        .clone()
+        .unwrap_or_else(|s| panic!("a member's floor: {s}"));
+    for ((second, who), (sent, admitted, tokens)) in &run.per_second {
+        eprintln!("second {second} {who}: {admitted} of {sent}, {tokens} tokens");
+    }
+    eprintln!("{used} tokens used in all");
+    for second in 1..seconds {
+        for user in 1..=9 {
+            let (sent, admitted, _) = run.of(second, &format!("u{user}"));
+            assert_eq!(admitted, sent, "u{user} in second {second}");
+        }
+        // The heavy member is entitled to what the nine leave of the estimates (1,000 −
+        // 9 × 50) and gets back what its responses did not use: it uses most of it.
+        let (_, _, heavy) = run.of(second, "heavy1");
+        assert!(
+            heavy >= 400,
+            "heavy1 used {heavy} tokens in second {second}"
+        );
+    }
+}
+
+/// The same with a team's token budget (`commit`): one Envoy, then two through the
+/// bridge, in front of a stand-in LLM that reports what each request used.
+#[test]
+fn a_shared_token_budget_gives_each_member_its_share_and_the_heavy_one_the_rest() {
+    const SECONDS: u64 = 5;
+    let upstream = LlmUpstream::start();
+    let config = with_decisions(&token_config(false));
+    let dir = tempfile::tempdir().unwrap();
+    let logs = Logs::new(dir.path(), 1, WHO_HEADER);
+    let filter = format!("{}{}", jwt_authn(), wasm_filter_yaml(&config, &weir_wasm()));
+    let envoy = Envoy::start(&logs.add_to(0, upstream.bootstrap(filter, None)), 2);
+    let start = offer_tokens(&[envoy.http_port], SECONDS);
+    judge_tokens(&TokenRun::read(&logs, start, SECONDS), SECONDS);
+    assert!(envoy.weir_stat("rule.per-org.commit_units_refunded") > 0);
+    envoy.assert_no_panic();
+
+    let redis = RedisCluster::start(3, 1);
+    let bridge = Bridge::start(&redis, &[]);
+    let config = with_decisions(&token_config(true));
+    let dir = tempfile::tempdir().unwrap();
+    let logs = Logs::new(dir.path(), 2, WHO_HEADER);
+    let filter = format!("{}{}", jwt_authn(), wasm_filter_yaml(&config, &weir_wasm()));
+    let envoys: Vec<Envoy> = (0..2)
+        .map(|i| {
+            let bootstrap = upstream.bootstrap(filter.clone(), Some(bridge.port));
+            Envoy::start(&logs.add_to(i, bootstrap), 2)
+        })
+        .collect();
+    let ports: Vec<u16> = envoys.iter().map(|e| e.http_port).collect();
+    let start = offer_tokens(&ports, SECONDS);
+    judge_tokens(&TokenRun::read(&logs, start, SECONDS), SECONDS);
+    let settled: u64 = envoys
+        .iter()
+        .map(|e| e.weir_stat("rule.per-org.commit_usage_read"))
+        .sum();
+    assert!(settled > 0);
+    for envoy in &envoys {
+        assert_eq!(envoy.weir_stat("rule.per-org.commit_errors"), 0);
+        envoy.assert_no_panic();
+    }
 }

@@ -3,11 +3,13 @@
 //! windows from 1 µs to 30 days, 1 to 1,024 keys tracked, crowds of keys past them,
 //! weights 1 to 1,000, requests naming no key, idle windows and a clock that goes back —
 //! every field of every decision compared, and the parent's count and every key's
-//! weight, entitlement, use and demand compared with the core's state after each step.
+//! weight, entitlement, use and demand compared with the core's state after each step;
+//! and now and then an admitted request's cost settled (`lua/share_settle.lua` against
+//! `ShareLimit::settle`), refunds and charges, in its window and after it.
 
 use crate::common::{future_base, Redis, Rng};
 use redis::Value;
-use weir_bridge::scripts::Invocation;
+use weir_bridge::scripts::{Invocation, Settle};
 use weir_protocol::algorithms::{fixed_window::FixedWindow, GlobalLimit, Limit};
 use weir_protocol::key::redis_share_key_id;
 use weir_protocol::share::{ShareAsk, ShareLimit, ShareState, MAX_GLOBAL_SHARE_LIMIT};
@@ -50,6 +52,8 @@ async fn walk(redis: &Redis, seed: u64, steps: usize) {
     let mut state: Option<ShareState> = None;
     let mut now = future_base(T0) + rng.range(0, 86_400_000_000);
     let weights: Vec<u64> = (0..keys).map(|_| rng.range(1, 1000)).collect();
+    // Admitted requests whose responses have not ended: when, whose, how much.
+    let mut counted: Vec<(u64, Vec<String>, u64)> = Vec::new();
     for step in 0..steps {
         let r = rng.range(0, 99);
         if r < 60 {
@@ -94,13 +98,52 @@ async fn walk(redis: &Redis, seed: u64, steps: usize) {
         let granted = if decided.decision.allowed { cost } else { 0 };
         assert_eq!(reply.grant.granted, granted, "{ctx}");
         assert_eq!(reply.now_us, now, "{ctx}");
-        let stored = stored(redis, &inv.keys[0]).await;
+        let held = stored(redis, &inv.keys[0]).await;
         assert_eq!(
-            stored,
+            held,
             written(&next),
             "{ctx}: Redis holds (left), the core keeps (right)"
         );
         state = Some(next);
+        if decided.decision.allowed {
+            counted.push((now, parts, cost));
+        }
+        // Now and then a response ends: what one admitted request really cost, settled
+        // both ways (sometimes after its window).
+        if rng.chance(30) && !counted.is_empty() {
+            let (at, parts, reserved) =
+                counted.swap_remove(rng.range(0, counted.len() as u64 - 1) as usize);
+            let actual = if rng.chance(20) {
+                reserved + rng.range(0, 5)
+            } else {
+                rng.range(0, reserved)
+            };
+            let id = (!parts.is_empty()).then(|| redis_share_key_id(&parts));
+            let settled = share.settle(state.clone(), (at, now), id, (reserved, actual));
+            let settle = Settle {
+                counted_at_us: at,
+                reserved,
+                actual,
+            };
+            let parent = ("weir", "r", descriptor.as_slice());
+            let inv = Invocation::settle_share(&global, parent, &parts, now, settle);
+            let (changed, _) = redis.store.run_settle(&inv).await.unwrap();
+            let ctx = format!("{ctx}, settling {reserved} at {at} as {actual}");
+            assert_eq!(
+                changed,
+                settled.is_some(),
+                "{ctx}: Lua (left), Rust (right)"
+            );
+            if let Some(next) = settled {
+                state = Some(next);
+            }
+            let stored = stored(redis, &inv.keys[0]).await;
+            let kept = state.as_ref().map(written).unwrap_or_default();
+            assert_eq!(
+                stored, kept,
+                "{ctx}: Redis holds (left), the core keeps (right)"
+            );
+        }
     }
 }
 

@@ -44,13 +44,18 @@ impl Engine {
         commit: &PendingCommit,
         actual: u64,
     ) -> Option<v3::CommitItem> {
-        let CommitKey::Global(descriptor) = &commit.key else {
+        let CommitKey::Global {
+            descriptor,
+            share_key,
+        } = &commit.key
+        else {
             return None;
         };
         let (rule, RuleRuntime::Global(global)) = self.rule(commit.rule)? else {
             return None;
         };
-        Some(global.commit_item(rule, descriptor, commit, actual))
+        let key = (descriptor.as_slice(), share_key.as_ref());
+        Some(global.commit_item(rule, key, commit, actual))
     }
 
     /// The body of a `/v3/commit` call.

@@ -139,8 +139,12 @@ pub struct Clamped {
 pub(super) enum CommitKey {
     /// In this Envoy's shared data.
     Local(KeyHash),
-    /// In Redis: the key's descriptor, to settle through the bridge (`/v3/commit`).
-    Global(Vec<String>),
+    /// In Redis: the key's descriptor, to settle through the bridge (`/v3/commit`), and
+    /// for a shared limit the key within it (its descriptor parts).
+    Global {
+        descriptor: Vec<String>,
+        share_key: Option<Vec<String>>,
+    },
     /// In a shared rule's parent in this Envoy's shared data, for its key within it.
     Share { parent: KeyHash, key: Option<u64> },
 }
@@ -148,7 +152,7 @@ pub(super) enum CommitKey {
 impl PendingCommit {
     /// Whether it is settled in Redis (through the bridge), not in shared data.
     pub fn is_global(&self) -> bool {
-        matches!(self.key, CommitKey::Global(_))
+        matches!(self.key, CommitKey::Global { .. })
     }
 }
 

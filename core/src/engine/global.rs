@@ -396,7 +396,10 @@ impl GlobalRuntime {
             report.cost = reserved;
             eval.commits.push(PendingCommit {
                 rule: rule.id,
-                key: CommitKey::Global(item.descriptor.clone()),
+                key: CommitKey::Global {
+                    descriptor: item.descriptor.clone(),
+                    share_key: item.share.as_ref().map(|s| s.key.clone()),
+                },
                 reserved,
                 counted_at: Micros(result.now_us),
                 limit: item.limit.clone(),
@@ -486,7 +489,7 @@ impl GlobalRuntime {
     pub(super) fn commit_item(
         &self,
         rule: &Rule,
-        descriptor: &[String],
+        (descriptor, share_key): (&[String], Option<&Vec<String>>),
         commit: &PendingCommit,
         actual: u64,
     ) -> v3::CommitItem {
@@ -498,6 +501,7 @@ impl GlobalRuntime {
             counted_at_us: commit.counted_at.us(),
             reserved: commit.reserved,
             actual: actual.min(MAX_WANT),
+            share_key: share_key.cloned(),
         }
     }
 }

@@ -306,7 +306,7 @@ impl Engine {
                     _ => Ok(false),
                 }
             }
-            CommitKey::Global(_) => return Ok(false),
+            CommitKey::Global { .. } => return Ok(false),
         };
         // Counted in this Envoy's shared data: by a local rule, or by a global rule's
         // local fallback while the bridge failed (its share's slots). A concurrency

@@ -64,6 +64,11 @@ pub struct CommitItem {
     pub reserved: u64,
     /// What the request really cost.
     pub actual: u64,
+    /// A shared limit's commit: the key within the descriptor's parent it was counted
+    /// for (its descriptor parts; none: the request named no key), settled in the
+    /// parent's shares. Absent for every other rule, as before shares.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share_key: Option<Vec<String>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -121,6 +126,9 @@ impl CommitRequest {
                         settling_names()
                     ),
                 ));
+            }
+            if let Some(key) = &item.share_key {
+                super::check_parts(&format!("{at}.share_key"), key, 0)?;
             }
             if item.actual > MAX_WANT {
                 return Err(FieldError::new(
@@ -218,6 +226,7 @@ mod tests {
             counted_at_us: 1_700_000_000_000_000,
             reserved: 500,
             actual: 120,
+            share_key: None,
         }
     }
 

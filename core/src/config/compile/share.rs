@@ -51,10 +51,6 @@ pub(super) fn compile(
         (rule.reservoir.is_some(), "\"reservoir\""),
         (rule.on_limit.is_some(), "\"on_limit\""),
         (
-            global && rule.commit.is_some(),
-            "\"commit\" from a global rule",
-        ),
-        (
             rule.commit.as_ref().is_some_and(|c| c.clamp.is_some()),
             "\"commit.clamp\"",
         ),
@@ -65,8 +61,8 @@ pub(super) fn compile(
             at,
             format!(
                 "a shared limit decides every request where its keys are counted (shared data, \
-                 or Redis through the bridge), has a fixed limit and settles costs only locally \
-                 in this version: remove {what}"
+                 or Redis through the bridge) and has a fixed limit in this version: remove \
+                 {what}"
             ),
         ));
     }
