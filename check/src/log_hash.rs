@@ -189,6 +189,8 @@ pub enum Read {
     Cost,
     /// As a parameter of its limit (a tenant's own).
     Limit,
+    /// As a key's weight in a shared limit (`share.weight`).
+    Weight,
     /// As a request's deadline (a delaying rule).
     Deadline,
     Key(KeyRead),
@@ -200,6 +202,7 @@ impl Read {
             Read::Match => "matches on it",
             Read::Cost => "reads its cost from it",
             Read::Limit => "reads its limit from it",
+            Read::Weight => "reads a key's share weight from it",
             Read::Deadline => "reads a deadline from it",
             Read::Key(KeyRead::Whole) => "keys on it",
             Read::Key(KeyRead::ClientIp) => "keys on it as client_ip (without its port)",
@@ -228,12 +231,20 @@ pub fn reads(config: &Config, fact: FactId) -> Vec<(String, Read)> {
         if rule.limit_from.iter().any(|from| from.fact == fact) {
             add(Read::Limit);
         }
+        let share = rule.share.as_ref();
+        if share
+            .and_then(|s| s.weight.as_ref())
+            .is_some_and(|w| w.fact == fact)
+        {
+            add(Read::Weight);
+        }
         if let Some(delay) = &rule.delay {
             if delay.deadline.grpc_timeout == fact || delay.deadline.expected_rq_timeout == fact {
                 add(Read::Deadline);
             }
         }
-        for part in &rule.key {
+        // A shared limit's key within its parent is a key like the rule's own.
+        for part in rule.key.iter().chain(share.iter().flat_map(|s| &s.by)) {
             let read = match &part.source {
                 KeySource::Header { fact: f }
                 | KeySource::Method { fact: f }

@@ -56,6 +56,19 @@ fn cli_names_a_limit_from_the_request() {
     );
 }
 
+/// A rule whose keys share its limit is named as such.
+#[test]
+fn cli_names_a_shared_limit() {
+    let path = fixture("good", "share");
+    let (code, stdout, stderr) = weir_check(&["check-config", path.to_str().unwrap()], None);
+    assert_eq!((code, stderr.as_str()), (0, ""));
+    assert_eq!(
+        stdout,
+        "ok: 2 rules: per-org (fixed_window, local, shared by up to 200 keys), \
+         team-tokens (fixed_window, global, shared by up to 100 keys)\n"
+    );
+}
+
 #[test]
 fn cli_rejects_a_bad_file_with_its_message() {
     let path = fixture("bad", "duration_unknown_unit");

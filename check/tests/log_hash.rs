@@ -134,6 +134,26 @@ fn log_hash_hashes_what_keys_read_and_keeps_what_rules_match_on() {
             Plan::Clear("rule per-tenant reads its limit from it".into())
         )
     );
+    // A shared limit's key within its parent is hashed like a key; a weight, a number
+    // the rule reads, stays in clear.
+    let shared = config::parse(
+        br#"{"trusted_headers":["x-user","x-seats"],"rules":[{"name":"per-org","key":[{"header":"x-org"}],
+        "limit":{"algorithm":"fixed_window","window":"1s","limit":10},
+        "share":{"by":[{"header":"x-user"}],"weight":{"header":"x-seats","max":9}}}]}"#,
+    )
+    .unwrap();
+    let fields = LogPlan::new(&shared).fields;
+    let plan_of = |name: &str| fields.iter().find(|f| f.1 == name).map(|f| f.2.clone());
+    assert!(
+        matches!(plan_of("x-user"), Some(Plan::Hash(_))),
+        "{fields:?}"
+    );
+    assert_eq!(
+        plan_of("x-seats"),
+        Some(Plan::Clear(
+            "rule per-org reads a key's share weight from it".into()
+        ))
+    );
     assert_eq!(
         plan.hash_line(&salt(), "[1]").unwrap_err(),
         "not a JSON object"

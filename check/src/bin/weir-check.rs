@@ -144,7 +144,9 @@ fn read(file: &str) -> std::io::Result<Vec<u8>> {
 }
 
 /// `ok: 2 rules: per-user (gcra, local), login (fixed_window, local, shadow)`; a rule whose
-/// limit each request gives says so (`per-tenant (gcra, local, limit from the request)`).
+/// limit each request gives says so (`per-tenant (gcra, local, limit from the request)`),
+/// and so does one whose keys share its limit (`per-org (fixed_window, local, shared by up
+/// to 100 keys)`).
 fn summary(config: &Config) -> String {
     let rules: Vec<String> = config
         .rules
@@ -157,8 +159,11 @@ fn summary(config: &Config) -> String {
             } else {
                 ", limit from the request"
             };
+            let shared = rule.share.as_ref().map_or(String::new(), |s| {
+                format!(", shared by up to {} keys", s.limit.max_keys)
+            });
             format!(
-                "{} ({}, {scope}{shadow}{own})",
+                "{} ({}, {scope}{shadow}{own}{shared})",
                 rule.name,
                 rule.algorithm_name()
             )
