@@ -23,11 +23,14 @@
 -- ARGV[6]  weight     the key's weight (1 to 1000).
 -- ARGV[7]  key id     the key within the parent (decimal, not 0), or 0 when the request
 --                     names none: it is entitled to nothing.
+-- ARGV[8]  want       units to take now (>= cost, a lease): beyond the cost, only what
+--                     is left of the key's own entitlement, spendable to the window's end
+--                     (a unit dropped before it would be the key's loss).
 --
 -- Reply as every acquire script's {allowed 0/1, granted, limit, remaining,
 -- retry_after_ns, reset_after_ns, now_us, due_ns, spacing_ns, valid_ns}: granted is the
--- cost when allowed (nothing ahead), limit the key's share ⌊limit × w / Σ w⌋ among the
--- keys tracked (itself included), remaining the most it may be admitted now.
+-- cost and a lease's units when allowed, limit the key's share ⌊limit × w / Σ w⌋ among
+-- the keys tracked (itself included), remaining the most it may be admitted now.
 --
 -- Exactness: demands are kept at most `limit` (< 2^32), weights at most 1000 and keys at
 -- most 1024, so every product below (a demand times the weights left, what is left times
@@ -45,6 +48,7 @@ local window = tonumber(ARGV[4])
 local max_keys = tonumber(ARGV[5])
 local weight = tonumber(ARGV[6])
 local id = ARGV[7]
+local want = tonumber(ARGV[8])
 
 local start = idiv(now, window) * window
 local w = tonumber(redis.call('HGET', h, 'w') or '')
@@ -140,18 +144,25 @@ local others = reserved - reserve_before
 local allowed = 0
 if used + cost + others + reserve_after <= limit then allowed = 1 end
 
+-- Beyond its cost, a lease takes only what is left of the key's entitlement.
+local extra, granted = 0, 0
+if allowed == 1 then
+  extra = want - cost
+  if extra > reserve_after then extra = reserve_after end
+  granted = cost + extra
+end
 local reserve_now = reserve_before
 if entry then
   entry.w = weight
-  entry.a = entry.a + cost
+  entry.a = entry.a + cost + extra
   if entry.a > limit then entry.a = limit end
   if allowed == 1 then
-    entry.u = entry.u + cost
-    reserve_now = reserve_after
+    entry.u = entry.u + granted
+    reserve_now = reserve_after - extra
   end
   redis.call('HSET', h, field, int(entry.w) .. ' ' .. int(entry.e) .. ' ' .. int(entry.u) .. ' ' .. int(entry.a))
 end
-if allowed == 1 then used = used + cost end
+used = used + granted
 reserved = others + reserve_now
 redis.call('HSET', h, 'w', int(start), 'u', int(used), 'r', int(reserved), 's', int(weights),
   'n', int(tracked))
@@ -166,6 +177,6 @@ if free < 0 then free = 0 end
 local reset = ns_of_us(start + window - now)
 local retry = '-1'
 if allowed == 0 and cost <= limit then retry = reset end
-local granted = 0
-if allowed == 1 then granted = cost end
-return {allowed, granted, share, free, retry, reset, now, '0', '0', '0'}
+local valid = 0
+if extra > 0 then valid = start + window - now end
+return {allowed, granted, share, free, retry, reset, now, '0', '0', ns_of_us(valid)}

@@ -163,7 +163,7 @@ async fn decide_v2(
         let (domain, rule, descriptor) = (&request.domain, &item.rule, &item.descriptor);
         let inv = match &item.share {
             Some(share) => {
-                Invocation::for_share(limit, domain, rule, descriptor, 0, (share, item.cost))
+                Invocation::for_share(limit, domain, rule, descriptor, 0, (share, item.ask()))
             }
             None => Invocation::for_limit(limit, domain, rule, descriptor, 0, item.ask()),
         };

@@ -162,16 +162,16 @@ impl Invocation {
     }
 
     /// The call deciding a request of the key `share` names within the descriptor's
-    /// parent, costing `cost`: KEYS the parent's shares; ARGV `now_us` (0: Redis `TIME`),
-    /// `cost`, the limit per window, the window, `max_keys`, the weight and the key's id
-    /// (`lua/share.lua`).
+    /// parent, asking `ask` (its cost, and a lease's `want`): KEYS the parent's shares;
+    /// ARGV `now_us` (0: Redis `TIME`), `cost`, the limit per window, the window,
+    /// `max_keys`, the weight, the key's id and `want` (`lua/share.lua`).
     pub fn for_share(
         limit: &GlobalLimit,
         domain: &str,
         rule: &str,
         descriptor: &[String],
         now_us: u64,
-        (share, cost): (&WireShare, u64),
+        (share, ask): (&WireShare, Ask),
     ) -> Invocation {
         let kind = limit.kind();
         let tag = redis_key_tag(domain, rule, kind, descriptor);
@@ -187,12 +187,13 @@ impl Invocation {
             keys: vec![redis_share_key(&tag, kind)],
             args: vec![
                 now_us,
-                cost,
+                ask.cost,
                 policy.quota,
                 policy.window_ns / 1000,
                 u64::from(share.max_keys),
                 share.weight,
                 key,
+                ask.want,
             ],
         }
     }

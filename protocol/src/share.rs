@@ -41,7 +41,7 @@
 //! Pure functions of `(state, now, request)`; the filter keeps the state in shared data
 //! (`weir_core::store::share_table`).
 
-use crate::algorithms::Decision;
+use crate::algorithms::{Decision, Grant};
 
 /// The most keys one parent shares its limit among at once.
 pub const MAX_SHARE_KEYS: u32 = 1024;
@@ -127,6 +127,22 @@ pub struct ShareAsk {
     /// 1 to [`MAX_WEIGHT`] (clamped).
     pub weight: u64,
     pub cost: u64,
+    /// Units to take now (≥ `cost`; a global rule's lease): the request's cost, and
+    /// beyond it only what is left of the key's own entitlement, so units leased and
+    /// never spent are the key's loss alone.
+    pub want: u64,
+}
+
+impl ShareAsk {
+    /// A request taking its cost alone.
+    pub fn exact(key: Option<u64>, weight: u64, cost: u64) -> ShareAsk {
+        ShareAsk {
+            key,
+            weight,
+            cost,
+            want: cost,
+        }
+    }
 }
 
 /// A decision under a shared limit, and what the key's share is.
@@ -143,6 +159,9 @@ pub struct ShareDecision {
     pub keys: u32,
     /// The key is past [`ShareLimit::max_keys`] (or named none): entitled to nothing.
     pub untracked: bool,
+    /// Units taken: the cost when allowed, and up to `want` of the key's own
+    /// entitlement beyond it (a lease); 0 when denied.
+    pub granted: u64,
 }
 
 impl ShareLimit {
@@ -178,6 +197,7 @@ impl ShareLimit {
                 entitled: 0,
                 keys,
                 untracked: true,
+                granted: 0,
             };
             return (decided, state.unwrap_or_default());
         }
@@ -209,16 +229,24 @@ impl ShareLimit {
             .saturating_add(others)
             .saturating_add(reserve_after)
             <= self.limit;
+        // Beyond its cost, a lease takes only what is left of the key's entitlement.
+        let extra = if allowed {
+            ask.want.saturating_sub(ask.cost).min(reserve_after)
+        } else {
+            0
+        };
+        let granted = if allowed {
+            ask.cost.saturating_add(extra)
+        } else {
+            0
+        };
         if let Some(entry) = index.and_then(|i| state.entries.get_mut(i)) {
             entry.weight = weight;
-            entry.asked = entry.asked.saturating_add(ask.cost).min(self.limit);
-            if allowed {
-                entry.used = entry.used.saturating_add(ask.cost);
-            }
+            let asked = ask.cost.saturating_add(extra);
+            entry.asked = entry.asked.saturating_add(asked).min(self.limit);
+            entry.used = entry.used.saturating_add(granted);
         }
-        if allowed {
-            state.used = state.used.saturating_add(ask.cost);
-        }
+        state.used = state.used.saturating_add(granted);
         let reserve_now = index
             .and_then(|i| state.entries.get(i))
             .map_or(0, |e| e.reserve());
@@ -252,9 +280,31 @@ impl ShareLimit {
                 entitled: before.map_or(0, |e| e.entitled),
                 keys,
                 untracked: index.is_none(),
+                granted,
             },
             state,
         )
+    }
+
+    /// A decision as the bridge answers it: the units granted, due now, and those beyond
+    /// the cost (a lease) spendable to the window's end — whatever the lease's ttl, since
+    /// any instant of the window is the same to the parent's bound, and a unit leased
+    /// from the key's entitlement and dropped before the end would be the key's loss.
+    pub fn grant(&self, decided: &ShareDecision, cost: u64, now_us: u64) -> Grant {
+        let window_us = self.window_us.max(1);
+        let window_end = (now_us - now_us % window_us).saturating_add(window_us);
+        let valid_ns = if decided.granted > cost {
+            window_end.saturating_sub(now_us).saturating_mul(1000)
+        } else {
+            0
+        };
+        Grant {
+            decision: decided.decision,
+            granted: decided.granted,
+            due_ns: 0,
+            spacing_ns: 0,
+            valid_ns,
+        }
     }
 
     /// Settles what a request of `key` was counted, `reserved` units at `counted_at_us`,
@@ -417,6 +467,17 @@ pub struct ShortShare {
 /// left (it read the clock before another was counted in the next) was not an ask of
 /// it, and the caller leaves it out.
 pub fn check_floor(limit: &ShareLimit, requests: &[ShareRequest]) -> Result<(), ShortShare> {
+    check_floor_within(limit, requests, 0)
+}
+
+/// [`check_floor`], each floor less `tolerance` units: what a global rule's leases may
+/// hold of a key's entitlement in the other Envoys while its request asks this one
+/// (`lease.max − 1` per other Envoy).
+pub fn check_floor_within(
+    limit: &ShareLimit,
+    requests: &[ShareRequest],
+    tolerance: u64,
+) -> Result<(), ShortShare> {
     let window_us = limit.window_us.max(1);
     let sorted = requests;
     // Per tracked key of the window before: (asked, last weight).
@@ -468,7 +529,8 @@ pub fn check_floor(limit: &ShareLimit, requests: &[ShareRequest]) -> Result<(), 
             let largest = of_key().map(|r| r.cost).max().unwrap_or(0);
             let share = share_of(limit.limit, *weight, total_weight);
             let entitled = (*asked_before).min(share);
-            let floor = asked_now.min(entitled.saturating_sub(largest.saturating_sub(1)));
+            let slack = largest.saturating_sub(1).saturating_add(tolerance);
+            let floor = asked_now.min(entitled.saturating_sub(slack));
             if admitted < floor {
                 return Err(ShortShare {
                     key: *key,
@@ -523,11 +585,7 @@ mod tests {
     }
 
     fn ask(key: u64, cost: u64) -> ShareAsk {
-        ShareAsk {
-            key: Some(key),
-            weight: 1,
-            cost,
-        }
+        ShareAsk::exact(Some(key), 1, cost)
     }
 
     #[test]

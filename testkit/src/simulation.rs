@@ -66,7 +66,7 @@ impl ModelBridge {
             let key = model_key(&request.domain, &item.rule, &item.descriptor, limit);
             let grant = match (limit, &item.share) {
                 (_, Some(share)) => {
-                    self.share(format!("{key}:share"), limit, share, item.cost, now_us)
+                    self.share(format!("{key}:share"), limit, share, item.ask(), now_us)
                 }
                 (GlobalLimit::Slot(limit), None) => {
                     let state = self.slots.get(&key).copied();
@@ -104,7 +104,7 @@ impl ModelBridge {
         key: String,
         limit: &GlobalLimit,
         share: &v2::WireShare,
-        cost: u64,
+        ask: weir_core::algorithms::Ask,
         now_us: u64,
     ) -> Grant {
         let policy = limit.policy();
@@ -113,21 +113,15 @@ impl ModelBridge {
             window_us: policy.window_ns / 1000,
             max_keys: share.max_keys,
         };
-        let ask = ShareAsk {
+        let asking = ShareAsk {
             key: (!share.key.is_empty()).then(|| redis_share_key_id(&share.key)),
             weight: share.weight,
-            cost,
+            cost: ask.cost,
+            want: ask.want,
         };
-        let (decided, next) = shared.decide(self.shares.remove(&key), now_us, ask);
+        let (decided, next) = shared.decide(self.shares.remove(&key), now_us, asking);
         self.shares.insert(key, next);
-        let allowed = decided.decision.allowed;
-        Grant {
-            decision: decided.decision,
-            granted: if allowed { cost } else { 0 },
-            due_ns: 0,
-            spacing_ns: 0,
-            valid_ns: 0,
-        }
+        shared.grant(&decided, ask.cost, now_us)
     }
 
     /// A shared limit's commit on the model: `lua/share_settle.lua` as the core's

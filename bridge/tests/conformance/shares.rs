@@ -1,7 +1,8 @@
 //! Shared limits (`share`, issue 36): `lua/share.lua` on real Redis against the core's
 //! `ShareLimit::decide`, in seeded random walks — parents of 1 to 2^32 − 1 units a window,
 //! windows from 1 µs to 30 days, 1 to 1,024 keys tracked, crowds of keys past them,
-//! weights 1 to 1,000, requests naming no key, idle windows and a clock that goes back —
+//! weights 1 to 1,000, requests naming no key, leases (units beyond the cost, from the
+//! key's own entitlement), idle windows and a clock that goes back —
 //! every field of every decision compared, and the parent's count and every key's
 //! weight, entitlement, use and demand compared with the core's state after each step;
 //! and now and then an admitted request's cost settled (`lua/share_settle.lua` against
@@ -10,7 +11,7 @@
 use crate::common::{future_base, Redis, Rng};
 use redis::Value;
 use weir_bridge::scripts::{Invocation, Settle};
-use weir_protocol::algorithms::{fixed_window::FixedWindow, GlobalLimit, Limit};
+use weir_protocol::algorithms::{fixed_window::FixedWindow, Ask, GlobalLimit, Limit};
 use weir_protocol::key::redis_share_key_id;
 use weir_protocol::share::{ShareAsk, ShareLimit, ShareState, MAX_GLOBAL_SHARE_LIMIT};
 use weir_protocol::wire::v2::WireShare;
@@ -82,21 +83,31 @@ async fn walk(redis: &Redis, seed: u64, steps: usize) {
             weight,
             max_keys,
         };
+        // Sometimes a lease: up to 20 units more, held up to two windows.
+        let (want, ttl_us) = if rng.chance(30) {
+            (cost + rng.range(0, 20), rng.range(0, 2 * window_us))
+        } else {
+            (cost, 0)
+        };
         let ask = ShareAsk {
             key: (!parts.is_empty()).then(|| redis_share_key_id(&parts)),
             weight,
             cost,
+            want,
         };
         let (decided, next) = share.decide(state.take(), now, ask);
-        let inv = Invocation::for_share(&global, "weir", "r", &descriptor, now, (&wire, cost));
+        let asking = Ask {
+            cost,
+            want,
+            reserve: 0,
+            ttl_us,
+            horizon_us: 0,
+        };
+        let inv = Invocation::for_share(&global, "weir", "r", &descriptor, now, (&wire, asking));
         let reply = redis.run(&inv).await;
         let ctx = format!("seed {seed} step {step} {share:?} at {now} asking {ask:?}");
-        assert_eq!(
-            reply.grant.decision, decided.decision,
-            "{ctx}: Lua (left), Rust (right)"
-        );
-        let granted = if decided.decision.allowed { cost } else { 0 };
-        assert_eq!(reply.grant.granted, granted, "{ctx}");
+        let expected = share.grant(&decided, cost, now);
+        assert_eq!(reply.grant, expected, "{ctx}: Lua (left), Rust (right)");
         assert_eq!(reply.now_us, now, "{ctx}");
         let held = stored(redis, &inv.keys[0]).await;
         assert_eq!(
@@ -106,13 +117,13 @@ async fn walk(redis: &Redis, seed: u64, steps: usize) {
         );
         state = Some(next);
         if decided.decision.allowed {
-            counted.push((now, parts, cost));
+            counted.push((now, parts, decided.granted));
         }
         // Now and then a response ends: what one admitted request really cost, settled
         // both ways (sometimes after its window).
         if rng.chance(30) && !counted.is_empty() {
-            let (at, parts, reserved) =
-                counted.swap_remove(rng.range(0, counted.len() as u64 - 1) as usize);
+            let pick = rng.range(0, counted.len() as u64 - 1) as usize;
+            let (at, parts, reserved) = counted.swap_remove(pick);
             let actual = if rng.chance(20) {
                 reserved + rng.range(0, 5)
             } else {
@@ -137,10 +148,10 @@ async fn walk(redis: &Redis, seed: u64, steps: usize) {
             if let Some(next) = settled {
                 state = Some(next);
             }
-            let stored = stored(redis, &inv.keys[0]).await;
+            let held = stored(redis, &inv.keys[0]).await;
             let kept = state.as_ref().map(written).unwrap_or_default();
             assert_eq!(
-                stored, kept,
+                held, kept,
                 "{ctx}: Redis holds (left), the core keeps (right)"
             );
         }

@@ -69,11 +69,7 @@ impl ShareRuntime {
         let mut report = applied.report();
         report.source = Some(Source::Slot);
         report.limit_invalid = of.weight_invalid;
-        let ask = ShareAsk {
-            key: of.key,
-            weight: of.weight,
-            cost: applied.cost,
-        };
+        let ask = ShareAsk::exact(of.key, of.weight, applied.cost);
         let updated = self
             .table
             .update(store, &applied.hash, applied.now_us, |state| {

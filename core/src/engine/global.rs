@@ -175,9 +175,9 @@ impl GlobalRuntime {
         // key's and the limit its request carries.
         let hash = applied.units_hash();
         let global = self.carrying(applied.limit.as_ref().map(|own| &own.limit));
-        // A shared limit's every request asks Redis: its asks are its key's demand, which
-        // entitles the key in the next window, so none is answered from here.
-        let shared = applied.rule.share.is_some();
+        // A shared limit's every request asks Redis (its asks are its key's demand, which
+        // entitles the key in the next window), or spends what its key leased.
+        let shared = applied.rule.share.is_some() && self.global.lease.is_none();
         if shared
             || self.answers_plainly(applied.rule)
                 && last_answers.is_some_and(|a| a.had_left(rule, &hash, cost))
@@ -277,9 +277,11 @@ impl GlobalRuntime {
         let Some(lease) = self.global.lease else {
             return;
         };
-        let saturated = item
-            .last_known
-            .is_some_and(|(remaining, at_us)| lease.saturated(remaining, at_us, now_us))
+        // A shared limit's asks are its key's demand: none is denied here, unasked.
+        let saturated = item.share.is_none()
+            && item
+                .last_known
+                .is_some_and(|(remaining, at_us)| lease.saturated(remaining, at_us, now_us))
             && deadline_us > now_us;
         let cost = item.cost.max(1);
         let marked = self.update_lease(store, (&item.hash, &mut item.lookup), now_us, |state| {
@@ -329,7 +331,7 @@ impl GlobalRuntime {
         if self.answers_plainly(rule) {
             eval.answered.push((rule.id, item.hash, result.remaining));
         }
-        let (reply, granted) = slot_reply(
+        let (mut reply, granted) = slot_reply(
             item,
             result,
             sent_at_us,
@@ -337,6 +339,11 @@ impl GlobalRuntime {
             global,
             rule.commit.is_some(),
         );
+        if item.share.is_some() && matches!(reply.outcome, SlotReplyOutcome::Denied { .. }) {
+            // A shared limit's asks are its key's demand, which entitles it in the next
+            // window: no denial is kept here, every ask reaches Redis.
+            reply.outcome = SlotReplyOutcome::Nothing;
+        }
         let kept = match reply.outcome {
             SlotReplyOutcome::Held(held) => held.count,
             SlotReplyOutcome::Denied { .. } | SlotReplyOutcome::Nothing => 0,
@@ -344,8 +351,7 @@ impl GlobalRuntime {
         // What later requests read: units held and cached denials; what Redis said last,
         // for a lease's asks and headers and for the local fallback's start. An exact
         // rule's plain answer leaves none of these.
-        let read_later = item.share.is_none()
-            && !matches!(reply.outcome, SlotReplyOutcome::Nothing)
+        let read_later = !matches!(reply.outcome, SlotReplyOutcome::Nothing)
             || reply.exhausted_until_us > 0
             || global.lease.is_some()
             || self.fallback().is_some();

@@ -237,15 +237,7 @@ mod tests {
         };
         let decide = |key: u64| {
             move |state: Option<ShareState>| {
-                let (d, next) = limit.decide(
-                    state,
-                    T0,
-                    ShareAsk {
-                        key: Some(key),
-                        weight: 1,
-                        cost: 1,
-                    },
-                );
+                let (d, next) = limit.decide(state, T0, ShareAsk::exact(Some(key), 1, 1));
                 (d.decision.allowed, Some(next))
             }
         };
@@ -287,11 +279,7 @@ mod tests {
         };
         let take = |cost: u64| {
             move |state: Option<ShareState>| {
-                let ask = ShareAsk {
-                    key: Some(1),
-                    weight: 1,
-                    cost,
-                };
+                let ask = ShareAsk::exact(Some(1), 1, cost);
                 let (d, next) = limit.decide(state, T0, ask);
                 (d.decision.allowed, Some(next))
             }

@@ -207,8 +207,8 @@ impl Request {
 }
 
 /// A shared limit's item: its key as a descriptor's parts, its weight and key count in
-/// range, a limit that comes back whole each window and that Lua counts exactly, and
-/// nothing asked ahead (a shared limit asks Redis for every request).
+/// range, a limit that comes back whole each window and that Lua counts exactly, and no
+/// schedule reserved (a lease's `want` is taken from the key's own entitlement).
 fn check_share(
     at: &str,
     share: &WireShare,
@@ -251,10 +251,10 @@ fn check_share(
             format!("a shared limit of {quota} is above {MAX_GLOBAL_SHARE_LIMIT}, the most Lua counts exactly"),
         ));
     }
-    if item.want != item.cost || item.reserve != 0 {
+    if item.reserve != 0 {
         return Err(FieldError::new(
             at,
-            "a shared limit's item asks for its cost alone (want = cost, no reserve)",
+            "a shared limit's item reserves no schedule (reserve 0)",
         ));
     }
     Ok(())

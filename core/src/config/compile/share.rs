@@ -41,10 +41,6 @@ pub(super) fn compile(
     let settings = rule.global.as_ref();
     let conflict = [
         (
-            settings.is_some_and(|g| g.lease.is_some()),
-            "\"global\": {\"lease\": …}",
-        ),
-        (
             settings.is_some_and(|g| g.failure_mode == Some(RawFailureMode::Local)),
             "\"failure_mode\": \"local\"",
         ),
