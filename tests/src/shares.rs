@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use weir_core::algorithms::{fixed_window::FixedWindow, GlobalLimit, Limit};
 use weir_core::conformance::{check, Admission};
-use weir_core::share::{check_floor, ShareLimit, ShareRequest};
+use weir_core::share::{check_floor, check_floor_within, ShareLimit, ShareRequest};
 
 use crate::decisions::{Logged, Logs};
 use crate::jwt::{hs256, jwt_authn_filter};
@@ -226,13 +226,18 @@ impl ShareRun {
 
     /// Every user's floor, in the order the requests were decided.
     pub fn floor(&self) -> Result<(), String> {
+        self.floor_within(0)
+    }
+
+    /// [`ShareRun::floor`], each floor less `tolerance` units (leases held elsewhere).
+    pub fn floor_within(&self, tolerance: u64) -> Result<(), String> {
         let limit = ShareLimit {
             limit: LIMIT,
             window_us: SECOND_US,
             max_keys: 64,
         };
         let ordered: Vec<ShareRequest> = self.requests.iter().map(|(_, r)| *r).collect();
-        check_floor(&limit, &ordered).map_err(|s| s.message)
+        check_floor_within(&limit, &ordered, tolerance).map_err(|s| s.message)
     }
 }
 

@@ -24,9 +24,15 @@ const PHASES: Phases = Phases {
 /// Judges a run: the parent's bound and every user's floor, then the shares second by
 /// second.
 fn judge(run: &ShareRun) {
+    judge_within(run, 0);
+}
+
+/// [`judge`], with `tolerance` units of a key's entitlement possibly leased to another
+/// Envoy (and left there unspent at the window's end).
+fn judge_within(run: &ShareRun, tolerance: u64) {
     run.parent_bound()
         .unwrap_or_else(|v| panic!("the parent's bound: {v}"));
-    run.floor()
+    run.floor_within(tolerance)
         .unwrap_or_else(|s| panic!("a user's floor: {s}"));
     for ((second, user), (asked, admitted)) in &run.per_second {
         eprintln!("second {second} {user}: {admitted} of {asked}");
@@ -41,17 +47,20 @@ fn judge(run: &ShareRun) {
         }
         let light = run.light(second) + run.admitted(second, "u1");
         let heavy = run.admitted(second, "heavy1");
-        assert_eq!(heavy, LIMIT - light, "heavy1 in second {second}");
+        assert!(
+            heavy <= LIMIT - light && heavy + tolerance >= LIMIT - light,
+            "heavy1 in second {second}: {heavy}"
+        );
     }
     // heavy1 stops; u1 offers 1,000 a second. The second after that, u1 is entitled to
     // all the eight others leave: the rest within one window. (A request of heavy1's sent
     // just before the switch may be decided just after it, by the clock that decides:
     // heavy1 is then entitled to what it asked in that second, held for it.)
     let rest = LIMIT - run.light(switch + 1) - run.asked(switch, "heavy1");
-    assert_eq!(
-        run.admitted(switch + 1, "u1"),
-        rest,
-        "u1 rises to the rest in one window"
+    let risen = run.admitted(switch + 1, "u1");
+    assert!(
+        risen <= rest && risen + tolerance >= rest,
+        "u1 rises to the rest in one window: {risen} of {rest}"
     );
     assert!(rest >= 55, "{rest}");
 }
@@ -160,4 +169,30 @@ fn a_shared_token_budget_gives_each_member_its_share_and_the_heavy_one_the_rest(
         assert_eq!(envoy.weir_stat("rule.per-org.commit_errors"), 0);
         envoy.assert_no_panic();
     }
+}
+
+/// The same with leases (`global.lease.max` 8): a call takes beyond its request only what
+/// is left of its user's own entitlement, spent in that Envoy without a call. The shares
+/// hold to within what one user's leases may leave in the other Envoy's workers, and the
+/// bridge is asked far less.
+#[test]
+fn the_same_shares_with_leases_ask_the_bridge_less() {
+    let global = config(true, true).replacen(
+        r#""scope":"global","#,
+        r#""scope":"global","global":{"lease":{"max":8}},"#,
+        1,
+    );
+    let config = with_decisions(&global);
+    let filters = format!("{}{}", jwt_authn(), wasm_filter_yaml(&config, &weir_wasm()));
+    let stack = GlobalStack::start_filters(&[filters.clone(), filters], &[], WHO_HEADER);
+    let start = offer_heavy_and_light(&stack.ports(), PHASES);
+    let run = ShareRun::read(&stack.logs, start, PHASES);
+    // One lease (7 units beyond its request) per worker of the other Envoy.
+    judge_within(&run, 2 * 7);
+    let calls = stack.weir_stat("rule.per-org.bridge_decisions");
+    let leased = stack.weir_stat("rule.per-org.lease_hits");
+    eprintln!("{calls} bridge decisions, {leased} requests served from leases");
+    assert!(leased > 0);
+    assert_eq!(stack.weir_stat("rule.per-org.failure_allowed"), 0);
+    stack.assert_no_panic();
 }
