@@ -8,7 +8,7 @@
 
 use weir_core::algorithms::GlobalLimit;
 use weir_core::conformance;
-use weir_e2e::decisions::{with_decisions, Judge, Logged};
+use weir_e2e::decisions::{with_decisions, Judge, Logged, Logs};
 use weir_e2e::global::GlobalStack;
 use weir_e2e::jwt::{hs256, jwt_authn_filter};
 use weir_e2e::{send, wasm_filter_yaml, weir_wasm, Bootstrap, Envoy, Request};
@@ -69,37 +69,36 @@ fn admitted(envoy: &Envoy, path: &str, headers: &[(&str, &str)], n: usize) -> us
 
 #[test]
 fn each_tenant_gets_the_limit_its_verified_claim_says() {
+    // Decisions in the access log, keyed by `x-k` (the tenant, sent beside its token).
+    let config = with_decisions(CONFIG);
+    let dir = tempfile::tempdir().unwrap();
+    let logs = Logs::new(dir.path(), 1, "x-k");
     let bootstrap = Bootstrap::new()
         .connection_manager(REMOVE_CLIENTS_HEADER)
         .http_filter(jwt_authn())
-        .http_filter(wasm_filter_yaml(CONFIG, &weir_wasm()));
-    let envoy = Envoy::shared(&bootstrap, 1);
+        .http_filter(wasm_filter_yaml(&config, &weir_wasm()));
+    let envoy = Envoy::start(&logs.add_to(0, bootstrap), 1);
     let (alice, bob) = (token("alice", 3), token("bob", 7));
+    let as_alice = [("authorization", alice.as_str()), ("x-k", "alice")];
+    let as_bob = [("authorization", bob.as_str()), ("x-k", "bob")];
     // The claim from metadata: a JSON number, which Envoy hands the filter encoded.
+    assert_eq!(admitted(&envoy, "/claim", &as_alice, 6), 3);
+    assert_eq!(admitted(&envoy, "/claim", &as_bob, 10), 7);
     assert_eq!(
-        admitted(&envoy, "/claim", &[("authorization", &alice)], 6),
-        3
-    );
-    assert_eq!(
-        admitted(&envoy, "/claim", &[("authorization", &bob)], 10),
-        7
-    );
-    assert_eq!(
-        admitted(&envoy, "/claim", &[], 3),
+        admitted(&envoy, "/claim", &[("x-k", "anonymous")], 3),
         1,
         "no token: the default"
     );
     // The header jwt_authn writes from the claim.
-    assert_eq!(
-        admitted(&envoy, "/header", &[("authorization", &alice)], 6),
-        3
-    );
-    assert_eq!(
-        admitted(&envoy, "/header", &[("authorization", &bob)], 10),
-        7
-    );
+    assert_eq!(admitted(&envoy, "/header", &as_alice, 6), 3);
+    assert_eq!(admitted(&envoy, "/header", &as_bob, 10), 7);
     assert_eq!(envoy.weir_stat("rule.by-claim.limit_invalid"), 0);
     assert_eq!(envoy.weir_stat("rule.by-header.limit_invalid"), 0);
+    // Every admission, tenant by tenant, keeps the bound of the limit its claim gave.
+    let lines = logs.read(6 + 10 + 3 + 6 + 10);
+    let tenants = [("alice", 3), ("bob", 7)];
+    assert_each_tenant_keeps_its_bound(&config, &lines, "by-claim", &tenants);
+    assert_each_tenant_keeps_its_bound(&config, &lines, "by-header", &tenants);
     envoy.assert_no_panic();
 }
 
@@ -203,23 +202,8 @@ fn a_global_rule_gives_each_tenant_its_claims_quota_across_two_envoys() {
     // Every admission of both Envoys, tenant by tenant, keeps the bound of the limit its
     // claim gave (the checker's rule: one limit per stretch, here one per tenant).
     let logs = stack.logs.read(2 * 2 * 155 + 15);
-    let refs: Vec<&[Logged]> = logs.iter().map(Vec::as_slice).collect();
     for rule in ["exact", "leased"] {
-        let judge = Judge::configured(&config, rule);
-        let admitted = judge.admissions(&refs);
-        for (sub, quota) in tenants {
-            let mut values = judge.limit.algorithm().parameters();
-            let spec = judge.limit.kind().spec();
-            let at = spec
-                .parameters
-                .iter()
-                .position(|p| p.name == spec.limit_parameter.name);
-            values[at.unwrap()] = quota;
-            let own = GlobalLimit::build(judge.limit.kind(), &values).unwrap();
-            let admissions = &admitted.per_key[sub];
-            assert!(admissions.len() as u64 <= quota, "{rule} {sub}");
-            conformance::check(&own, admissions).unwrap_or_else(|v| panic!("{rule} {sub}: {v}"));
-        }
+        assert_each_tenant_keeps_its_bound(&config, &logs, rule, &tenants);
     }
     assert_eq!(stack.weir_stat("rule.exact.limit_invalid"), 0);
     stack.assert_no_panic();
@@ -310,4 +294,31 @@ fn a_limit_from_ext_authz_metadata() {
     );
     assert_eq!(envoy.weir_stat("rule.by-authz.limit_invalid"), 0);
     envoy.assert_no_panic();
+}
+
+/// Judges rule `rule`'s admissions in `logs`, tenant by tenant (the log's key), each by
+/// the bound of the limit its claim gave (the checker's rule: one limit per stretch, here
+/// one per tenant): the configured limit with its count parameter at the tenant's quota.
+fn assert_each_tenant_keeps_its_bound(
+    config: &str,
+    logs: &[Vec<Logged>],
+    rule: &str,
+    tenants: &[(&str, u64)],
+) {
+    let refs: Vec<&[Logged]> = logs.iter().map(Vec::as_slice).collect();
+    let judge = Judge::configured(config, rule);
+    let admitted = judge.admissions(&refs);
+    for (sub, quota) in tenants {
+        let mut values = judge.limit.algorithm().parameters();
+        let spec = judge.limit.kind().spec();
+        let at = spec
+            .parameters
+            .iter()
+            .position(|p| p.name == spec.limit_parameter.name);
+        values[at.unwrap()] = *quota;
+        let own = GlobalLimit::build(judge.limit.kind(), &values).unwrap();
+        let admissions = &admitted.per_key[*sub];
+        assert!(admissions.len() as u64 <= *quota, "{rule} {sub}");
+        conformance::check(&own, admissions).unwrap_or_else(|v| panic!("{rule} {sub}: {v}"));
+    }
 }
