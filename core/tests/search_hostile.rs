@@ -4,7 +4,9 @@
 //! against the model bridge — and judged by an oracle that trusts only what happened.
 //!
 //! **The clients**: the schedules of `search_global.rs` (bursts, steady stretches, idle
-//! gaps), plus crowds: 1 to 1,000 requests on one key at one instant, over 1 to 3 Envoys.
+//! gaps), plus crowds: 1 to 1,000 requests on one key at one instant, over 1 to 3 Envoys;
+//! a fixed-window key is shared by up to 300 members (`share`, issue 36: a trusted
+//! `x-member` header, one request in 8 naming none), and judged by its parent's bound.
 //! **The bridge**: calls of 0.1 to 40 ms, outages (its own 503), calls slower than the
 //! bridge's timeout (Envoy's 504), resets, and Envoy's circuit breaker refusing calls
 //! beyond a number in flight. **The upstream**: answers, its own 5xx, Envoy's local
@@ -76,6 +78,9 @@ struct Case {
     crowds: Vec<(u64, usize, usize)>,
     /// A tenant's own limit read from each request (issue 36), when drawn.
     tenant: Option<TenantLimit>,
+    /// A shared limit (issue 36), when drawn: its members, each request naming one in
+    /// `x-member` (a trusted header), one in 8 naming none.
+    members: Option<u64>,
     schedule: Vec<Request>,
 }
 
@@ -96,12 +101,29 @@ fn draw(seed: u64) -> Case {
     let tenant = (chance(&mut tenant_rng, 2) && takes_one)
         .then(|| TenantLimit::draw(&mut tenant_rng, &mut rule.limit, every_us))
         .flatten();
-    let trusted = if tenant.is_some() {
-        r#","trusted_headers":["x-tenant-limit"]"#
-    } else {
-        ""
+    // A shared limit in every fixed-window case that takes one (drawn apart too): the
+    // parent is the user's key, judged by its own bound; the members crowd and ask
+    // through the same faults.
+    let mut share_rng = Rng(seed.wrapping_mul(0x8cb9_2ba7_2f3d_8dd7) | 1);
+    let members =
+        (rule.limit.name == "fixed_window" && tenant.is_none() && rule.failure_mode != "local")
+            .then(|| log_uniform(&mut share_rng, 1, 300));
+    let trusted = match (tenant.is_some(), members.is_some()) {
+        (true, _) => r#","trusted_headers":["x-tenant-limit"]"#,
+        (false, true) => r#","trusted_headers":["x-member"]"#,
+        (false, false) => "",
     };
-    let config = rule.config(&format!(r#","response":{{"filter_state":"all"}}{trusted}"#));
+    let mut config = rule.config(&format!(r#","response":{{"filter_state":"all"}}{trusted}"#));
+    if let Some(members) = members {
+        let max_keys = log_uniform(&mut share_rng, 1, members.min(1024));
+        config = config.replacen(
+            r#""key":[{"header":"x-user"}],"#,
+            &format!(
+                r#""key":[{{"header":"x-user"}}],"share":{{"by":[{{"header":"x-member"}}],"max_keys":{max_keys}}},"#
+            ),
+            1,
+        );
+    }
     let DrawnGlobal {
         limit,
         timeout_us,
@@ -175,6 +197,7 @@ fn draw(seed: u64) -> Case {
         model,
         crowds,
         tenant,
+        members,
         schedule,
     }
 }
@@ -196,6 +219,7 @@ fn plans(case: &Case, schedule: &[Request]) -> Vec<Plan> {
                     .as_ref()
                     .map(|t| (TENANT_HEADER.into(), t.value(r))),
             )
+            .chain(case.members.and_then(|members| member_of(r, members)))
             .collect(),
             body: None,
             response: match r.duration_us % 5 {
@@ -455,16 +479,24 @@ fn check(case: &Case) -> Result<Option<Judged>, String> {
     ))
 }
 
+/// The member a request of a shared case names (`x-member`): drawn from its instant, its
+/// user and its cost, so a replay sends the same; one in 8 names none.
+fn member_of(r: &Request, members: u64) -> Option<(String, String)> {
+    let mut rng = Rng((r.at_us ^ (r.user as u64) << 40 ^ r.cost << 20) | 1);
+    (rng.below(8) != 0).then(|| ("x-member".into(), format!("m{}", rng.below(members))))
+}
+
 #[test]
 fn hostile_clients_and_a_faulty_bridge_never_break_a_global_bound() {
     let mut failures = Vec::new();
     let (mut cases, mut refused, mut requests, mut crowded, mut excused, mut limited) =
         (0u64, 0u64, 0u64, 0u64, 0u64, 0u64);
-    let mut tenants = 0u64;
+    let (mut tenants, mut shared) = (0u64, 0u64);
     for seed in seeds(100) {
         let case = draw(seed);
         cases += 1;
         tenants += u64::from(case.tenant.is_some());
+        shared += u64::from(case.members.is_some());
         crowded += case.crowds.iter().map(|c| c.2 as u64).sum::<u64>();
         match check(&case) {
             Ok(None) => refused += 1,
@@ -478,7 +510,7 @@ fn hostile_clients_and_a_faulty_bridge_never_break_a_global_bound() {
     }
     println!(
         "hostile search: {cases} cases ({refused} configs refused by the check, {tenants} with \
-         a tenant's own limit per request), {requests} requests ({crowded} in crowds), {limited} answered 429, {excused} admissions \
+         a tenant's own limit per request, {shared} shared by members), {requests} requests ({crowded} in crowds), {limited} answered 429, {excused} admissions \
          excused by a bridge fault, {} failing cases",
         failures.len()
     );

@@ -7,6 +7,8 @@
 //!   store, and the bridge's Lua scripts on real Redis.
 //! - [`oracles`]: what the tests know of each algorithm without asking its code: its
 //!   scenario rows, its bound read from the definition, how its Redis value reads back.
+//! - [`model_bridge`]: weir-bridge's semantics on a model of Redis, from the core's
+//!   references.
 //! - [`simulation`]: many Envoys without Envoy, each running the engine over its own
 //!   shared data, against a model of the bridge or the real one.
 //!
@@ -16,5 +18,7 @@
 pub mod scenarios;
 
 pub mod oracles;
+
+pub mod model_bridge;
 
 pub mod simulation;

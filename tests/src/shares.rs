@@ -112,12 +112,7 @@ pub struct Phases {
 pub fn offer_heavy_and_light(ports: &[u16], phases: Phases) -> u64 {
     let Phases { seconds, switch } = phases;
     let start = (now_us() / SECOND_US + 1) * SECOND_US;
-    let port = |n: u64| {
-        ports
-            .get(n as usize % ports.len().max(1))
-            .copied()
-            .unwrap_or(0)
-    };
+    let port = |n: u64| lane(ports, n);
     std::thread::scope(|s| {
         for lane in 0..4u64 {
             let heavy = move |from: u64, to: u64| -> Vec<u64> {
@@ -159,17 +154,7 @@ impl ShareRun {
         let lines: Vec<&Logged> = lines.iter().flatten().collect();
         let mut requests: Vec<(String, ShareRequest)> = lines
             .iter()
-            .filter_map(|line| {
-                let decided = line.decision(RULE)?;
-                let request = ShareRequest {
-                    at_us: decided.at_us,
-                    key: Some(key_of(&line.key)),
-                    weight: 1,
-                    cost: decided.cost,
-                    admitted: line.forwarded(),
-                };
-                Some((line.key.clone(), request))
-            })
+            .filter_map(|line| Some((line.key.clone(), decided(line, &line.key)?)))
             .collect();
         requests.sort_by_key(|(_, r)| r.at_us);
         let mut per_second: BTreeMap<(u64, String), (u64, u64)> = BTreeMap::new();
@@ -241,6 +226,27 @@ impl ShareRun {
     }
 }
 
+/// Lane `n`'s port: the ports in turn.
+fn lane(ports: &[u16], n: u64) -> u16 {
+    ports
+        .get(n as usize % ports.len().max(1))
+        .copied()
+        .unwrap_or(0)
+}
+
+/// A logged request as the checker reads it, by `who`: decided when weir (or Redis)
+/// says, admitted when it reached the route. `None` when the rule did not decide it.
+fn decided(line: &Logged, who: &str) -> Option<ShareRequest> {
+    let decided = line.decision(RULE)?;
+    Some(ShareRequest {
+        at_us: decided.at_us,
+        key: Some(key_of(who)),
+        weight: 1,
+        cost: decided.cost,
+        admitted: line.forwarded(),
+    })
+}
+
 /// A user's name as the checker's key.
 fn key_of(user: &str) -> u64 {
     user.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
@@ -271,12 +277,7 @@ pub const TOKENS: u64 = 1000;
 /// what it will use in [`WHO_HEADER`] (`member/used`). Returns the first second.
 pub fn offer_tokens(ports: &[u16], seconds: u64) -> u64 {
     let start = (now_us() / SECOND_US + 1) * SECOND_US;
-    let port = |n: u64| {
-        ports
-            .get(n as usize % ports.len().max(1))
-            .copied()
-            .unwrap_or(0)
-    };
+    let port = |n: u64| lane(ports, n);
     let send = move |port: u16, sub: String, times: Vec<u64>, estimate: u64, used: u64| {
         let who = format!("{sub}/{used}");
         let request = || {
@@ -322,16 +323,8 @@ impl TokenRun {
             .iter()
             .flatten()
             .filter_map(|line| {
-                let decided = line.decision(RULE)?;
                 let (who, used) = line.key.split_once('/')?;
-                let request = ShareRequest {
-                    at_us: decided.at_us,
-                    key: Some(key_of(who)),
-                    weight: 1,
-                    cost: decided.cost,
-                    admitted: line.forwarded(),
-                };
-                Some((who.to_string(), used.parse().ok()?, request))
+                Some((who.to_string(), used.parse().ok()?, decided(line, who)?))
             })
             .collect();
         requests.sort_by_key(|(_, _, r)| r.at_us);

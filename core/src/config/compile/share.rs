@@ -22,10 +22,7 @@ pub(super) fn compile(
     facts: &mut Interner,
 ) -> Result<Share> {
     let at = format!("{at}.share");
-    let Some(policy) = limit
-        .filter(|l| l.kind().spec().resets_each_window)
-        .map(GlobalLimit::policy)
-    else {
+    let Some(shared) = limit.and_then(|l| ShareLimit::of(l, DEFAULT_SHARE_KEYS)) else {
         let algorithm = limit.map_or("concurrency", |l| l.kind().name());
         return Err(error(
             at,
@@ -62,13 +59,13 @@ pub(super) fn compile(
             ),
         ));
     }
-    if global && policy.quota > MAX_GLOBAL_SHARE_LIMIT {
+    if global && shared.limit > MAX_GLOBAL_SHARE_LIMIT {
         return Err(error(
             at,
             format!(
                 "a global shared limit counts in Redis's Lua, exactly up to a limit of \
                  {MAX_GLOBAL_SHARE_LIMIT}; found {}",
-                policy.quota
+                shared.limit
             ),
         ));
     }
@@ -162,11 +159,7 @@ pub(super) fn compile(
     };
     Ok(Share {
         by,
-        limit: ShareLimit {
-            limit: policy.quota,
-            window_us: policy.window_ns / 1000,
-            max_keys,
-        },
+        limit: ShareLimit { max_keys, ..shared },
         weight,
     })
 }
