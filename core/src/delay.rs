@@ -13,7 +13,14 @@
 //! (see [`crate::algorithms::SlotAlgorithm::delay_window`]), so a release anywhere in
 //! that span keeps the algorithm's bound. A release later still has lost its slot: the
 //! request is decided again, as a new one would be, with what is left of its `max`.
+//!
+//! A shared rule (`share`, a fixed window split among keys) has no schedule to place a
+//! request in: it holds a request it would deny until its window ends, then decides
+//! it again. Such requests wait their key's [`Turn`]: the ones due together leave in
+//! weighted fair order, each key's units interleaved by its weight, not in the order
+//! they came, so the free units of a new window go round the keys that waited.
 
+use crate::key::KeyHash;
 use crate::rules::{Rule, RuleId};
 use std::collections::{BTreeSet, HashMap};
 
@@ -24,6 +31,18 @@ pub const RELEASE_TICK_MS: u32 = 1;
 /// was given: two release ticks.
 pub const RELEASE_SLACK_US: u64 = 2_000;
 
+/// The place in line of a request a shared rule holds: its key and what it asks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Turn {
+    /// The parent's key.
+    pub parent: KeyHash,
+    /// The key within the parent (`None`: the request named none; such requests take
+    /// turns as one key).
+    pub key: Option<u64>,
+    pub weight: u64,
+    pub cost: u64,
+}
+
 /// One worker's held requests.
 #[derive(Debug, Default)]
 pub struct Waiting {
@@ -33,8 +52,8 @@ pub struct Waiting {
     held: Vec<u32>,
     /// `(due_us, context)` of every held request.
     by_due: BTreeSet<(u64, u32)>,
-    /// Every held request's due time and rule, by its context.
-    by_context: HashMap<u32, (u64, RuleId)>,
+    /// Every held request's due time, rule and turn, by its context.
+    by_context: HashMap<u32, (u64, RuleId, Option<Turn>)>,
 }
 
 impl Waiting {
@@ -59,9 +78,10 @@ impl Waiting {
         )
     }
 
-    /// Holds the request `context` for `rule` until `due_us`. False (nothing held) when
-    /// the rule has no room or the request is already held.
-    pub fn hold(&mut self, context: u32, rule: RuleId, due_us: u64) -> bool {
+    /// Holds the request `context` for `rule` until `due_us`, waiting its `turn` when a
+    /// shared rule holds it. False (nothing held) when the rule has no room or the
+    /// request is already held.
+    pub fn hold(&mut self, context: u32, rule: RuleId, due_us: u64, turn: Option<Turn>) -> bool {
         if !self.has_room(rule) || self.by_context.contains_key(&context) {
             return false;
         }
@@ -69,21 +89,31 @@ impl Waiting {
             *held += 1;
         }
         self.by_due.insert((due_us, context));
-        self.by_context.insert(context, (due_us, rule));
+        self.by_context.insert(context, (due_us, rule, turn));
         true
     }
 
-    /// Takes the requests due at `now_us` out of the list, earliest first.
+    /// Takes the requests due at `now_us` out of the list: earliest first, then the ones
+    /// waiting a turn in fair order (see [`in_fair_order`]).
     pub fn take_due(&mut self, now_us: u64) -> Vec<u32> {
-        let mut due = Vec::new();
+        let mut placed = Vec::new();
+        let mut turns = Vec::new();
         while let Some(&(at_us, context)) = self.by_due.first() {
             if at_us > now_us {
                 break;
             }
+            let turn = self
+                .by_context
+                .get(&context)
+                .and_then(|&(_, rule, t)| Some((rule, t?)));
             self.forget(context);
-            due.push(context);
+            match turn {
+                Some((rule, turn)) => turns.push((context, rule, turn)),
+                None => placed.push(context),
+            }
         }
-        due
+        placed.extend(in_fair_order(turns));
+        placed
     }
 
     /// Takes every held request out of the list (the plugin is going away).
@@ -93,7 +123,7 @@ impl Waiting {
 
     /// Takes the request `context` out of the list; the rule it was held for, if it was.
     pub fn forget(&mut self, context: u32) -> Option<RuleId> {
-        let (due_us, rule) = self.by_context.remove(&context)?;
+        let (due_us, rule, _) = self.by_context.remove(&context)?;
         self.by_due.remove(&(due_us, context));
         if let Some(held) = self.held.get_mut(rule.index()) {
             *held = held.saturating_sub(1);
@@ -109,6 +139,32 @@ impl Waiting {
     pub fn is_empty(&self) -> bool {
         self.by_context.is_empty()
     }
+}
+
+/// Fixed-point scale of a turn's finish tag: a unit of a key of weight `w` advances its
+/// tag by `TAG_SCALE / w` (weights are at most 1,000, so the rounding never reorders
+/// keys whose exact tags differ by a unit of any weight).
+const TAG_SCALE: u128 = 1 << 40;
+
+/// Requests that waited a turn (context, rule, turn, in the order they were held), in
+/// weighted fair order: each request's finish tag is its key's units so far, itself
+/// included, over the key's weight (per rule and key); the least tag leaves first,
+/// ties by context (the order Envoy made the requests in). A key of weight 2 then has two units out for every one of
+/// a key of weight 1, and a key holding one request goes before another's tenth.
+pub fn in_fair_order(turns: Vec<(u32, RuleId, Turn)>) -> Vec<u32> {
+    let mut so_far: HashMap<(RuleId, KeyHash, Option<u64>), u128> = HashMap::new();
+    let mut tagged: Vec<(u128, usize, u32)> = turns
+        .into_iter()
+        .enumerate()
+        .map(|(order, (context, rule, turn))| {
+            let tag = so_far.entry((rule, turn.parent, turn.key)).or_insert(0);
+            let step = u128::from(turn.cost.max(1)) * TAG_SCALE / u128::from(turn.weight.max(1));
+            *tag = tag.saturating_add(step);
+            (*tag, order, context)
+        })
+        .collect();
+    tagged.sort_unstable();
+    tagged.into_iter().map(|(_, _, context)| context).collect()
 }
 
 #[cfg(test)]
@@ -135,9 +191,9 @@ mod tests {
     #[test]
     fn requests_leave_in_the_order_they_are_due_and_only_when_due() {
         let (mut w, rule, _) = waiting(10);
-        assert!(w.hold(7, rule, 300));
-        assert!(w.hold(5, rule, 100));
-        assert!(w.hold(6, rule, 200));
+        assert!(w.hold(7, rule, 300, None));
+        assert!(w.hold(5, rule, 100, None));
+        assert!(w.hold(6, rule, 200, None));
         assert_eq!(w.take_due(99), Vec::<u32>::new());
         assert_eq!(w.take_due(200), vec![5, 6]);
         assert_eq!(w.len(), 1);
@@ -148,19 +204,65 @@ mod tests {
     #[test]
     fn a_rule_holds_at_most_its_queue_and_a_forgotten_request_frees_its_place() {
         let (mut w, rule, plain) = waiting(2);
-        assert!(w.hold(1, rule, 10));
-        assert!(w.hold(2, rule, 10));
+        assert!(w.hold(1, rule, 10, None));
+        assert!(w.hold(2, rule, 10, None));
         assert!(!w.has_room(rule));
-        assert!(!w.hold(3, rule, 10), "the queue is full");
+        assert!(!w.hold(3, rule, 10, None), "the queue is full");
         assert!(
-            !w.hold(4, plain, 10),
+            !w.hold(4, plain, 10, None),
             "a rule without a delay holds nothing"
         );
         assert_eq!(w.forget(1), Some(rule));
         assert_eq!(w.forget(1), None, "forgotten once");
-        assert!(w.hold(3, rule, 10));
-        assert!(!w.hold(3, rule, 20), "a request is held once");
+        assert!(w.hold(3, rule, 10, None));
+        assert!(!w.hold(3, rule, 20, None), "a request is held once");
         assert_eq!(w.take_due(10), vec![2, 3]);
         assert!(w.has_room(rule));
+    }
+
+    fn turn(key: u64, weight: u64, cost: u64) -> Option<Turn> {
+        let parent = KeyHash {
+            set_hash: 1,
+            fingerprint: 2,
+        };
+        Some(Turn {
+            parent,
+            key: Some(key),
+            weight,
+            cost,
+        })
+    }
+
+    #[test]
+    fn requests_waiting_a_turn_leave_in_weighted_fair_order_not_the_order_they_came() {
+        let (mut w, rule, _) = waiting(20);
+        // Key 1 holds four requests before key 2 holds two and key 3 (weight 2) four.
+        for context in 1..=4 {
+            assert!(w.hold(context, rule, 100, turn(1, 1, 1)));
+        }
+        assert!(w.hold(5, rule, 100, turn(2, 1, 1)));
+        assert!(w.hold(6, rule, 100, turn(2, 1, 1)));
+        for context in 7..=10 {
+            assert!(w.hold(context, rule, 100, turn(3, 2, 1)));
+        }
+        // A request with a place in a schedule leaves first.
+        assert!(w.hold(11, rule, 100, None));
+        assert!(w.hold(12, rule, 101, turn(2, 1, 1)), "not due yet");
+        // Tags: key 1 at 1, 2, 3, 4; key 2 at 1, 2; key 3 at ½, 1, 1½, 2.
+        assert_eq!(w.take_due(100), vec![11, 7, 1, 5, 8, 9, 2, 6, 10, 3, 4]);
+        assert_eq!(w.take_due(101), vec![12]);
+    }
+
+    #[test]
+    fn a_costly_request_waits_its_cost_in_turns() {
+        let (mut w, rule, _) = waiting(20);
+        assert!(w.hold(1, rule, 100, turn(1, 1, 3)));
+        assert!(w.hold(2, rule, 100, turn(2, 1, 1)));
+        assert!(w.hold(3, rule, 100, turn(2, 1, 1)));
+        assert!(w.hold(4, rule, 100, turn(2, 1, 1)));
+        assert!(w.hold(5, rule, 100, turn(2, 1, 1)));
+        // Key 1's one request of 3 units ties with key 2's third unit: held first, it
+        // goes first.
+        assert_eq!(w.take_due(100), vec![2, 3, 1, 4, 5]);
     }
 }

@@ -113,7 +113,7 @@ fn run(
         if let Some(h) = eval.held {
             let w = &mut worker_states[worker].waiting;
             assert!(
-                w.hold(context, h.rule, h.hold.due_us),
+                w.hold(context, h.rule, h.hold.due_us, h.turn),
                 "the engine held with room"
             );
             out.held += 1;

@@ -185,7 +185,7 @@ impl Run<'_> {
             self.next_context += 1;
             assert!(self.workers[worker]
                 .waiting
-                .hold(context, h.rule, h.hold.due_us));
+                .hold(context, h.rule, h.hold.due_us, h.turn));
             let cost: u64 = std::str::from_utf8(&request_cost(&request))
                 .unwrap()
                 .parse()

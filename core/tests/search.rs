@@ -310,7 +310,9 @@ fn run_local(case: &LocalCase, e: &Engine, schedule: &[Request]) -> LocalRun {
             }
         };
         if let Some(h) = eval.held {
-            assert!(workers[worker].waiting.hold(context, h.rule, h.hold.due_us));
+            assert!(workers[worker]
+                .waiting
+                .hold(context, h.rule, h.hold.due_us, h.turn));
             out.held += 1;
             let late = rng.below(case.max_late_us + 1);
             events.insert((h.hold.due_us + late, seq), Event::Release { context });

@@ -3,9 +3,12 @@
 //! weights from a header, some not numbers), demand skews (one key at 100× beside up to
 //! a thousand at 1×, a heavy key that stops and another that starts, uniform crowds),
 //! requests naming no key, keys past `max_keys`, workers that read the clock before
-//! they decide, and token budgets (`commit`: an estimate settled with what the response
-//! used, up to two windows later; judged at what was used). Every parent's admissions are judged by the fixed window's bound
-//! (`conformance::check`) and every key's by its floor (`share::check_floor`).
+//! they decide, token budgets (`commit`: an estimate settled with what the response
+//! used, up to two windows later; judged at what was used), and delays (`on_limit.delay`:
+//! held requests released on the workers' ticks, up to 5 ms late, and decided again).
+//! Every parent's admissions are judged by the fixed window's bound
+//! (`conformance::check`), every key's by its floor (`share::check_floor`), and every
+//! held request's wait by its delay's `max`.
 //!
 //! `WEIR_SEARCH_CASES` cases (default 300) from `WEIR_SEARCH_SEED` (default 1); a failure
 //! prints its seed, and `WEIR_SEARCH_SEED=<seed> WEIR_SEARCH_CASES=1` replays it.
@@ -14,12 +17,13 @@
 use crate::support;
 
 use std::cmp::Reverse;
+use std::collections::{BTreeSet, HashMap};
 use support::search::{chance, log_uniform, seeds};
-use support::{evaluate_on, FakeRequest, Rng, T0};
+use support::{evaluate_on, FakeRequest, Rng, SEED, T0};
 use weir_core::algorithms::{fixed_window::FixedWindow, GlobalLimit, Limit};
 use weir_core::config;
 use weir_core::conformance::{check, Admission};
-use weir_core::engine::{Engine, PendingCommit};
+use weir_core::engine::{Engine, Evaluation, PendingCommit};
 use weir_core::share::{check_floor_within, ShareLimit, ShareRequest};
 use weir_core::store::memory::MemoryStore;
 use weir_core::time::Micros;
@@ -46,7 +50,23 @@ struct Case {
     anonymous: u64,
     workers: usize,
     clock_lag_us: u64,
+    /// Local runs without a commit, in half the cases: the rule holds what it would
+    /// deny (`on_limit.delay`) and the workers release what is due on their ticks.
+    delay: Option<Delay>,
 }
+
+/// A case's delay, and how its workers' ticks release held requests.
+#[derive(Debug, Clone, Copy)]
+struct Delay {
+    max_us: u64,
+    queue: u64,
+    /// A tick comes up to this late (a busy worker).
+    max_late_us: u64,
+}
+
+/// How often a worker with held requests looks for the due ones (the filter's
+/// `RELEASE_TICK_MS`).
+const TICK_US: u64 = 1_000;
 
 fn draw(seed: u64) -> Case {
     let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
@@ -119,6 +139,29 @@ fn draw(seed: u64) -> Case {
     } else {
         0
     };
+    // In the order the case's fields were drawn before delays came.
+    let anonymous = if chance(&mut rng, 4) {
+        1 + rng.below(5)
+    } else {
+        0
+    };
+    let workers = 1 + rng.below(4) as usize;
+    let commit = max_cost.is_some() && chance(&mut rng, 2);
+    // Drawn from a generator of its own, so the cases without it are what they were.
+    let mut rng_delay = Rng(seed.wrapping_mul(0xde1a_7ed5) | 1);
+    let delay = (!commit && chance(&mut rng_delay, 2)).then(|| Delay {
+        // From the least the config takes to a few windows (at most its 60 s).
+        max_us: log_uniform(
+            &mut rng_delay,
+            1_000,
+            (4 * window_us).clamp(1_000, 60_000_000),
+        ),
+        queue: log_uniform(&mut rng_delay, 1, 1_000),
+        max_late_us: match chance(&mut rng_delay, 2) {
+            true => 0,
+            false => log_uniform(&mut rng_delay, 1, 5 * TICK_US),
+        },
+    });
     Case {
         config,
         limit: ShareLimit {
@@ -130,14 +173,11 @@ fn draw(seed: u64) -> Case {
         demands,
         weights,
         max_cost,
-        anonymous: if chance(&mut rng, 4) {
-            1 + rng.below(5)
-        } else {
-            0
-        },
-        workers: 1 + rng.below(4) as usize,
+        anonymous,
+        workers,
         clock_lag_us,
-        commit: max_cost.is_some() && chance(&mut rng, 2),
+        commit,
+        delay,
     }
 }
 
@@ -205,13 +245,31 @@ fn request(case: &Case, p: &Planned) -> FakeRequest {
     req
 }
 
-/// Runs a case; the first parent whose admissions break the bound or a key's floor.
-fn run(seed: u64, case: &Case) -> Result<(), String> {
-    let config = if case.commit {
-        case.config
-            .replacen(r#""cost":{"#, r#""commit":{"header":"x-used"},"cost":{"#, 1)
-    } else {
-        case.config.clone()
+/// What a local run held: requests held (a request held twice counts twice), and held
+/// requests admitted when released.
+#[derive(Default)]
+struct Held {
+    holds: u64,
+    admitted: u64,
+}
+
+/// Runs a case; the first parent whose admissions break the bound or a key's floor, or
+/// a held request that waited past its delay's `max`.
+fn run(seed: u64, case: &Case) -> Result<Held, String> {
+    let config = match (case.commit, case.delay) {
+        (true, _) => {
+            case.config
+                .replacen(r#""cost":{"#, r#""commit":{"header":"x-used"},"cost":{"#, 1)
+        }
+        (false, Some(d)) => case.config.replacen(
+            r#""share":"#,
+            &format!(
+                r#""on_limit":{{"delay":{{"max":"{}us","queue":{}}}}},"share":"#,
+                d.max_us, d.queue
+            ),
+            1,
+        ),
+        (false, None) => case.config.clone(),
     };
     let engine = Engine::new(config::parse(config.as_bytes()).map_err(|e| e.to_string())?);
     // Commits to settle: when, what, and the actual cost.
@@ -226,63 +284,141 @@ fn run(seed: u64, case: &Case) -> Result<(), String> {
         .map(|_| (Vec::new(), Vec::new()))
         .collect();
     let mut latest_start = vec![0u64; case.parents as usize];
-    for p in &planned {
-        // A worker reads the clock, then races: it decides up to `clock_lag_us` late.
-        let read_at = p.at_us.saturating_sub(rng.below(case.clock_lag_us + 1));
-        unsettled.sort_by_key(|(at, _, _)| Reverse(*at));
-        while unsettled.last().is_some_and(|(at, _, _)| *at <= read_at) {
-            if let Some((at, commit, actual)) = unsettled.pop() {
-                engine
-                    .commit(&store, &commit, actual, Micros(at))
-                    .map_err(|e| e.to_string())?;
+    // Held requests by context (their planned request, worker and evaluation), and the
+    // workers' ticks to come; each worker ticks at its own phase of the tick.
+    let mut rng_ticks = Rng(seed ^ 0x71c4);
+    let phases: Vec<u64> = (0..case.workers)
+        .map(|_| rng_ticks.below(TICK_US))
+        .collect();
+    let mut held: HashMap<u32, (usize, usize, Evaluation)> = HashMap::new();
+    let mut ticks: BTreeSet<(u64, usize)> = BTreeSet::new();
+    let mut next_arrival = 0;
+    let mut next_context = 0u32;
+    let mut out = Held::default();
+    loop {
+        // What was decided now: (planned request, worker, context, evaluation, when).
+        let mut decided = Vec::new();
+        // The instant of this step (a decision reads the clock up to `clock_lag_us`
+        // before it): no tick is ever set before it.
+        let now;
+        let arrival_at = planned.get(next_arrival).map(|p| p.at_us);
+        let tick = ticks
+            .first()
+            .copied()
+            .filter(|(at, _)| arrival_at.is_none_or(|a| *at <= a));
+        if let Some((at, w)) = tick {
+            now = at;
+            ticks.remove(&(at, w));
+            let Some(worker) = workers.get_mut(w) else {
+                continue;
+            };
+            for context in worker.waiting.take_due(at) {
+                let Some((index, w, mut eval)) = held.remove(&context) else {
+                    return Err(format!("context {context} was due but not held"));
+                };
+                let mut facts = engine.facts(request(case, &planned[index]));
+                engine.release(&mut eval, &store, worker, &SEED, &mut facts, Micros(at));
+                decided.push((index, w, context, eval, at));
             }
+        } else if let Some(p) = planned.get(next_arrival) {
+            let index = next_arrival;
+            next_arrival += 1;
+            now = p.at_us;
+            // A worker reads the clock, then races: it decides up to `clock_lag_us` late.
+            let read_at = p.at_us.saturating_sub(rng.below(case.clock_lag_us + 1));
+            unsettled.sort_by_key(|(at, _, _)| Reverse(*at));
+            while unsettled.last().is_some_and(|(at, _, _)| *at <= read_at) {
+                if let Some((at, commit, actual)) = unsettled.pop() {
+                    engine
+                        .commit(&store, &commit, actual, Micros(at))
+                        .map_err(|e| e.to_string())?;
+                }
+            }
+            let w = rng.below(case.workers as u64) as usize;
+            let Some(worker) = workers.get_mut(w) else {
+                continue;
+            };
+            let eval = evaluate_on(&engine, &store, worker, &request(case, p), read_at);
+            next_context += 1;
+            decided.push((index, w, next_context, eval, read_at));
+        } else {
+            break;
         }
-        let worker = rng.below(case.workers as u64) as usize;
-        let Some(worker) = workers.get_mut(worker) else {
-            continue;
-        };
-        let eval = evaluate_on(&engine, &store, worker, &request(case, p), read_at);
-        let admitted = !eval.denied();
-        let Some((admissions, requests)) = per_parent.get_mut(p.parent as usize) else {
-            continue;
-        };
-        // What the admission really cost: its estimate, or what its response used.
-        let mut used = p.cost;
-        if let (true, Some(commit)) = (admitted, eval.commits.first()) {
-            used = rng.below(p.cost + 1);
-            let settle_at = read_at + rng.below(2 * window_us + 1);
-            unsettled.push((settle_at, commit.clone(), used));
-        }
-        if admitted {
-            admissions.push(Admission {
-                at_us: read_at,
-                cost: used,
+        for (index, w, context, eval, at) in decided {
+            let p = &planned[index];
+            let again = eval.delayed.is_some();
+            let admitted = !eval.denied() && eval.held.is_none();
+            let commit = eval.commits.first().filter(|_| admitted).cloned();
+            if let Some(h) = eval.held {
+                let (Some(delay), Some(worker)) = (case.delay, workers.get_mut(w)) else {
+                    return Err("held by a rule without a delay".to_string());
+                };
+                if !worker.waiting.hold(context, h.rule, h.hold.due_us, h.turn) {
+                    return Err("the engine held a request its worker had no room for".into());
+                }
+                // The worker's first tick at or after the due time, maybe late.
+                let phase = phases.get(w).copied().unwrap_or(0);
+                let due = h.hold.due_us;
+                let tick_at = due + (TICK_US - (due + TICK_US - phase) % TICK_US) % TICK_US;
+                let late = rng_ticks.below(delay.max_late_us + 1);
+                ticks.insert(((tick_at + late).max(now), w));
+                held.insert(context, (index, w, eval));
+                out.holds += 1;
+            }
+            if let (true, true, Some(delay)) = (admitted, again, case.delay) {
+                out.admitted += 1;
+                let waited = at.saturating_sub(p.at_us);
+                if waited > delay.max_us + TICK_US + delay.max_late_us {
+                    return Err(format!(
+                        "a request held {waited}us: past its max {}us, a tick and a late one",
+                        delay.max_us
+                    ));
+                }
+            }
+            let Some((admissions, requests)) = per_parent.get_mut(p.parent as usize) else {
+                continue;
+            };
+            // What the admission really cost: its estimate, or what its response used.
+            let mut used = p.cost;
+            if let Some(commit) = commit {
+                used = rng.below(p.cost + 1);
+                let settle_at = at + rng.below(2 * window_us + 1);
+                unsettled.push((settle_at, commit, used));
+            }
+            if admitted {
+                admissions.push(Admission {
+                    at_us: at,
+                    cost: used,
+                });
+            }
+            // A request that read the clock in a window its parent has left is not an ask
+            // of that window: the harness's lag made it late, and the rule admits nothing
+            // then.
+            let start = at - at % window_us;
+            let Some(latest) = latest_start.get_mut(p.parent as usize) else {
+                continue;
+            };
+            if start < *latest {
+                if admitted {
+                    return Err(format!("admitted a request read in a window left: {at}us"));
+                }
+                continue;
+            }
+            *latest = start;
+            requests.push(ShareRequest {
+                at_us: at,
+                key: p.key.map(|k| k as u64 + 1),
+                weight: p.key.and_then(|k| case.weights.get(k)).map_or(1, |w| w.1),
+                cost: p.cost,
+                admitted,
+                again,
             });
         }
-        // A request that read the clock in a window its parent has left is not an ask of
-        // that window: the harness's lag made it late, and the rule admits nothing then.
-        let start = read_at - read_at % window_us;
-        let Some(latest) = latest_start.get_mut(p.parent as usize) else {
-            continue;
-        };
-        if start < *latest {
-            if admitted {
-                return Err(format!(
-                    "admitted a request read in a window left: {read_at}us"
-                ));
-            }
-            continue;
-        }
-        *latest = start;
-        requests.push(ShareRequest {
-            at_us: read_at,
-            key: p.key.map(|k| k as u64 + 1),
-            weight: p.key.and_then(|k| case.weights.get(k)).map_or(1, |w| w.1),
-            cost: p.cost,
-            admitted,
-        });
     }
-    judge(case, &per_parent)
+    if !held.is_empty() {
+        return Err(format!("{} held requests never released", held.len()));
+    }
+    judge(case, &per_parent).map(|()| out)
 }
 
 /// Every parent's admissions by the fixed window's bound, and its requests (in the order
@@ -383,6 +519,7 @@ fn run_global(
             weight: p.key.and_then(|k| case.weights.get(k)).map_or(1, |w| w.1),
             cost: p.cost,
             admitted,
+            again: false,
         });
     }
     // A key's units leased to an Envoy, or on their way there, are out of reach of its
@@ -426,24 +563,32 @@ fn every_drawn_share_keeps_the_parents_bound_and_every_keys_floor() {
     let mut skewed = 0;
     let mut crowds = 0;
     let mut commits = 0;
+    let (mut delays, mut holds, mut released) = (0, 0, 0);
     for seed in seeds(300) {
         let case = draw(seed);
         commits += u64::from(case.commit);
         skewed += u64::from(case.demands.iter().any(|d| d.iter().any(|x| *x >= 100)));
         crowds += u64::from(case.demands.len() >= 100);
-        if let Err(why) = run(seed, &case) {
-            failed.push(format!(
-                "seed {seed}: {why}\n  {} keys, limit {:?}, lag {}us, config {}",
+        delays += u64::from(case.delay.is_some());
+        match run(seed, &case) {
+            Ok(held) => {
+                holds += held.holds;
+                released += held.admitted;
+            }
+            Err(why) => failed.push(format!(
+                "seed {seed}: {why}\n  {} keys, limit {:?}, lag {}us, delay {:?}, config {}",
                 case.demands.len(),
                 case.limit,
                 case.clock_lag_us,
+                case.delay,
                 case.config
-            ));
+            )),
         }
     }
     println!(
         "search_shares: {skewed} cases with a key at 100 or more a window, {crowds} with 100 \
-         keys or more, {commits} with a commit"
+         keys or more, {commits} with a commit, {delays} with a delay ({holds} holds, \
+         {released} held requests admitted)"
     );
     assert!(
         failed.is_empty(),

@@ -53,6 +53,7 @@ impl Run {
             weight: 1,
             cost: 1,
             admitted,
+            again: false,
         });
         admitted
     }

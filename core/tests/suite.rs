@@ -43,3 +43,4 @@ mod search_global;
 mod search_hostile;
 mod search_shares;
 mod shares;
+mod shares_delay;

@@ -4,12 +4,14 @@
 //! held units).
 
 use crate::algorithms::{Decision, GlobalLimit, Hold, Limit, Policy};
+use crate::delay::Turn;
 use crate::key::{KeyHash, KeyHasher, Seed};
 use crate::lease::{LeaseSlot, Spend};
-use crate::rules::{FactSource, Facts, RequestLimit, Rule, RuleId, ShareOf};
+use crate::rules::{Delay, FactSource, Facts, RequestLimit, Rule, RuleId, ShareOf};
 use crate::time::{Micros, Nanos, Span};
 use crate::wire::v2::WireShare;
 use crate::wire::ReplyError;
+use crate::worker::Worker;
 
 use super::report::{signed, RuleOutcome, RuleReport, Source, Verdict};
 
@@ -156,12 +158,16 @@ impl PendingCommit {
     }
 }
 
-/// A request a rule holds: its place in the key's schedule is taken; the rule's
-/// decision is recorded when the request is released.
+/// A request a rule holds: its place in the key's schedule is taken (a shared rule's
+/// waits its turn instead); the rule's decision is recorded when the request is
+/// released.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HeldRequest {
     pub rule: RuleId,
     pub hold: Hold,
+    /// A shared rule holds the request until its window ends, with no place taken: it
+    /// waits its key's turn ([`crate::delay::Turn`]) and is decided again when released.
+    pub turn: Option<Turn>,
     /// When the request arrived (µs): its delay's `max` counts from then.
     pub arrived_us: u64,
     /// The deadline the request stated (µs since the epoch), if any: released after
@@ -198,6 +204,30 @@ pub(super) struct HoldOffer {
 }
 
 impl HoldOffer {
+    /// What a rule with `delay` offers the request that arrived at `arrived_us` (and must
+    /// be answered by `deadline_us`, if it said so) when it would deny it at `now_us`.
+    /// None when the rule does not delay, or some rule counted the request before: it
+    /// would be admitted later than they counted it.
+    pub(super) fn of(
+        delay: Option<Delay>,
+        eval: &Evaluation,
+        worker: &Worker,
+        rule: &Rule,
+        now_us: u64,
+        (arrived_us, deadline_us): (u64, Option<u64>),
+    ) -> Option<HoldOffer> {
+        let delay = delay.filter(|_| !eval.counted())?;
+        let max_left_us = delay
+            .max_us
+            .saturating_sub(now_us.saturating_sub(arrived_us));
+        let deadline_left_us = deadline_us.map(|at| at.saturating_sub(now_us));
+        Some(HoldOffer {
+            max_wait_us: deadline_left_us.map_or(max_left_us, |d| d.min(max_left_us)),
+            max_left_us,
+            room: worker.waiting.has_room(rule.id),
+        })
+    }
+
     /// Whether a denial with `retry_after_ns` would be held (given room).
     pub(super) fn covers(&self, retry_after_ns: Option<u64>) -> bool {
         retry_after_ns.is_some_and(|ns| Nanos(ns).as_micros_ceil().us() <= self.max_wait_us)
@@ -221,8 +251,12 @@ pub enum BridgeError {
 impl HeldRequest {
     /// The units the request holds: counted in the key's state at its place in the
     /// schedule, outstanding until it is released (or denied, or its client leaves).
+    /// None for a request waiting a turn: it took no place.
     pub fn units(&self) -> u64 {
-        self.report.cost
+        match self.turn {
+            Some(_) => 0,
+            None => self.report.cost,
+        }
     }
 }
 
@@ -311,24 +345,54 @@ impl Evaluation {
         self.denied_by = Some(held.rule);
     }
 
-    /// Holds the request for `rule`; its decision is recorded on release.
+    /// Holds the request for `rule` (in its place, or waiting its `turn`); its decision
+    /// is recorded on release.
     pub(super) fn hold(
         &mut self,
         mut report: RuleReport,
         rule: &Rule,
         decision: Decision,
         hold: Hold,
+        turn: Option<Turn>,
     ) {
-        // Its units are in the key's schedule, not admitted until its release.
-        report.outstanding_units += signed(report.cost);
+        // Its units are in the key's schedule, not admitted until its release (a turn
+        // takes none).
+        if turn.is_none() {
+            report.outstanding_units += signed(report.cost);
+        }
         self.held = Some(HeldRequest {
             rule: rule.id,
             hold,
+            turn,
             arrived_us: report.decided_at_us,
             deadline_us: None,
             decision,
             report,
         });
+    }
+
+    /// Records a delaying rule's decision, or holds the request when the rule did (and
+    /// notes why a denial offered a hold was not held).
+    pub(super) fn record_or_hold(
+        &mut self,
+        mut report: RuleReport,
+        rule: &Rule,
+        decision: Decision,
+        hold: Option<Hold>,
+        offer: Option<HoldOffer>,
+    ) {
+        if let Some(hold) = hold {
+            self.hold(report, rule, decision, hold, None);
+            return;
+        }
+        let retry_after_ns = decision.retry_after_ns;
+        report.delay_queue_full =
+            !decision.allowed && offer.is_some_and(|o| !o.room && o.covers(retry_after_ns));
+        report.delay_past_deadline = !decision.allowed
+            && offer.is_some_and(|o| {
+                o.room && !o.covers(retry_after_ns) && o.max_covers(retry_after_ns)
+            });
+        self.record(report, rule, decision);
     }
 
     /// Records a decided rule: its report, and for enforcing rules the verdict (a

@@ -2,15 +2,17 @@
 //! parents, each parent's window and keys in one shared-data value (see
 //! [`crate::share`] for the rule, [`crate::store::share_table`] for the layout).
 
-use crate::algorithms::Policy;
+use crate::algorithms::{Hold, Policy};
 use crate::bounds::MAX_WANT;
+use crate::delay::Turn;
 use crate::key::KeyHash;
 use crate::rules::{Rule, Share};
 use crate::share::{ShareAsk, ShareLimit};
 use crate::store::{ShareTable, SharedStore, UpdateError};
-use crate::time::Micros;
+use crate::time::{Micros, Nanos};
+use crate::worker::Worker;
 
-use super::evaluation::{Applied, CommitKey, Evaluation, PendingCommit};
+use super::evaluation::{Applied, CommitKey, Evaluation, HoldOffer, PendingCommit};
 use super::report::{RuleOutcome, ShareReport, Source};
 
 /// A shared rule as the engine runs it: its limit and table of parents.
@@ -55,21 +57,34 @@ impl ShareRuntime {
         self.share.limit
     }
 
-    /// Decides the request of the key within the parent `applied` names. A store failure lets the request through and is reported, as for any local rule.
+    /// Decides the request of the key within the parent `applied` names, for a request
+    /// that arrived at `arrived_us` (and must be answered by `deadline_us`, if it said
+    /// so). A store failure lets the request through and is reported, as for any local
+    /// rule. A rule with a delay holds a request it denies until the window ends, when
+    /// the request waits its key's turn to be decided again ([`crate::delay`]).
     pub(super) fn decide<S: SharedStore>(
         &self,
         eval: &mut Evaluation,
         store: &S,
+        worker: &Worker,
         applied: &Applied<'_>,
+        (arrived_us, deadline_us): (u64, Option<u64>),
     ) {
         let Some(of) = applied.share else {
             return;
         };
+        let rule = applied.rule;
+        let arrival = (arrived_us, deadline_us);
+        let offer = HoldOffer::of(rule.delay, eval, worker, rule, applied.now_us, arrival);
         let limit = self.share.limit;
         let mut report = applied.report();
         report.source = Some(Source::Slot);
         report.limit_invalid = of.weight_invalid;
-        let ask = ShareAsk::exact(of.key, of.weight, applied.cost);
+        let ask = ShareAsk {
+            // Held by this rule and released: it asked in the window it was held in.
+            again: eval.delayed.is_some_and(|d| d.rule == rule.id),
+            ..ShareAsk::exact(of.key, of.weight, applied.cost)
+        };
         let updated = self
             .table
             .update(store, &applied.hash, applied.now_us, |state| {
@@ -103,7 +118,32 @@ impl ShareRuntime {
                         limit: None,
                     });
                 }
-                eval.record(report, applied.rule, decided.decision);
+                let decision = decided.decision;
+                let due_us = offer
+                    .filter(|o| !decision.allowed && o.room && o.covers(decision.retry_after_ns))
+                    .and(decision.retry_after_ns)
+                    .map(|ns| applied.now_us + Nanos(ns).as_micros_ceil().us());
+                match due_us {
+                    // Held to the window's end, with no unit taken: decided again then.
+                    Some(due_us) => {
+                        let hold = Hold {
+                            due_us,
+                            release_by_us: due_us,
+                        };
+                        let turn = Turn {
+                            parent: applied.hash,
+                            key: of.key,
+                            weight: of.weight,
+                            cost: applied.cost,
+                        };
+                        eval.hold(report, rule, decision, hold, Some(turn));
+                    }
+                    None => eval.record_or_hold(report, rule, decision, None, offer),
+                }
+                if let Some(held) = eval.held.as_mut() {
+                    held.arrived_us = arrived_us;
+                    held.deadline_us = deadline_us;
+                }
             }
             Err(error) => {
                 report.outcome = RuleOutcome::StoreFailed(error);

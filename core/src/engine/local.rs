@@ -2,7 +2,7 @@
 //! what the worker took ahead for the key (a reservoir), or held instead of denied (a
 //! delay). A global rule's local fallback decides here too, in its own slots.
 
-use crate::algorithms::{Ahead, Decision, GlobalLimit, Hold, Limit, SlotState, TakenAhead};
+use crate::algorithms::{Ahead, GlobalLimit, Limit, SlotState, TakenAhead};
 use crate::bounds::MAX_WANT;
 use crate::delay::RELEASE_SLACK_US;
 use crate::key::KeyHash;
@@ -121,17 +121,14 @@ impl LocalRuntime {
             slots: &self.slots,
             source: Source::Slot,
         };
-        // A rule holds a request only when no rule counted it before: it
-        // would be admitted later than they counted it.
-        let offer = self.delay.filter(|_| !eval.counted()).map(|d| {
-            let max_left_us = d.max_us.saturating_sub(now_us.saturating_sub(arrived_us));
-            let deadline_left_us = deadline_us.map(|at| at.saturating_sub(now_us));
-            HoldOffer {
-                max_wait_us: deadline_left_us.map_or(max_left_us, |d| d.min(max_left_us)),
-                max_left_us,
-                room: worker.waiting.has_room(rule.id),
-            }
-        });
+        let offer = HoldOffer::of(
+            self.delay,
+            eval,
+            worker,
+            rule,
+            now_us,
+            (arrived_us, deadline_us),
+        );
         match (self.reservoir, worker.reservoirs.table(rule.id)) {
             (Some(settings), Some(table)) => {
                 let reservoir = ReservoirDecision {
@@ -205,35 +202,13 @@ pub(super) fn decide_in_slot<S: SharedStore>(
                     limit: applied.limit.as_ref().map(|own| own.limit.clone()),
                 });
             }
-            record_or_hold(eval, report, applied.rule, decision, hold, offer);
+            eval.record_or_hold(report, applied.rule, decision, hold, offer);
         }
         Err(error) => {
             report.outcome = RuleOutcome::StoreFailed(error);
             eval.reports.push(report);
         }
     }
-}
-
-/// Records a local rule's decision, or holds the request when the rule did.
-fn record_or_hold(
-    eval: &mut Evaluation,
-    mut report: RuleReport,
-    rule: &Rule,
-    decision: Decision,
-    hold: Option<Hold>,
-    offer: Option<HoldOffer>,
-) {
-    if let Some(hold) = hold {
-        eval.hold(report, rule, decision, hold);
-        return;
-    }
-    report.delay_queue_full =
-        !decision.allowed && offer.is_some_and(|o| !o.room && o.covers(decision.retry_after_ns));
-    report.delay_past_deadline = !decision.allowed
-        && offer.is_some_and(|o| {
-            o.room && !o.covers(decision.retry_after_ns) && o.max_covers(decision.retry_after_ns)
-        });
-    eval.record(report, rule, decision);
 }
 
 /// A local rule's reservoir settings and this worker's table of them.
@@ -343,7 +318,7 @@ fn decide_with_reservoir<S: SharedStore>(
             now_us,
         );
         report.outstanding_units = outstanding(entry.held.count);
-        record_or_hold(eval, report, applied.rule, decision, hold, offer);
+        eval.record_or_hold(report, applied.rule, decision, hold, offer);
         return;
     }
     let outcome = if taken.units > 0 {
@@ -376,5 +351,5 @@ fn decide_with_reservoir<S: SharedStore>(
     *entry = entry.record(reply, now_us);
     report.outstanding_units = outstanding(entry.held.count);
     report.reservoir_taken = taken.units;
-    record_or_hold(eval, report, applied.rule, decision, None, offer);
+    eval.record_or_hold(report, applied.rule, decision, None, offer);
 }

@@ -169,7 +169,8 @@ impl Engine {
     /// Releases a held request at `now`. On time (by [`Hold::release_by_us`]), the
     /// holding rule admits it and the rules after it decide now; later, its slot is
     /// lost and the holding rule decides it again, with what is left of its delay's
-    /// `max` (it may hold the request once more).
+    /// `max` (it may hold the request once more). A request a shared rule held waited
+    /// its turn with no slot: its rule decides it again.
     pub fn release<F: FactSource, S: SharedStore>(
         &self,
         eval: &mut Evaluation,
@@ -186,12 +187,14 @@ impl Engine {
         let Some(rule) = self.config.rule(held.rule) else {
             return;
         };
-        let on_time = now_us <= held.hold.release_by_us;
+        // A request that waited its turn took no place: it is decided again, never late.
+        let placed = held.turn.is_none();
+        let on_time = placed && now_us <= held.hold.release_by_us;
         let past_deadline = held.deadline_us.is_some_and(|at| now_us > at);
         eval.delayed = Some(Delayed {
             rule: held.rule,
             waited: now.saturating_sub(Micros(held.arrived_us)),
-            late: !on_time,
+            late: placed && !on_time,
             past_deadline,
         });
         // Outstanding since it was held: admitted now, or counted and never admitted.
@@ -217,7 +220,8 @@ impl Engine {
             eval.record(report, rule, held.decision);
             held.rule.index() + 1
         } else {
-            // Its slot is lost (its report too): decided again, as a new request.
+            // Its slot is lost, or it waited a turn (its report too): decided again, as a
+            // new request.
             eval.carried.push((held.rule, released));
             held.rule.index()
         };
@@ -247,23 +251,16 @@ impl Engine {
             let Some(applied) = applies(rule, seed, facts, now_us, eval) else {
                 continue;
             };
+            // A delaying rule holds a request no later than its own deadline: read only
+            // when the rule could hold it.
+            let deadline_us = rule
+                .delay
+                .filter(|_| !eval.counted())
+                .and_then(|d| d.deadline.deadline_us(facts, from.arrived_us));
+            let arrival = (from.arrived_us, deadline_us);
             match runtime {
-                RuleRuntime::Local(local) => {
-                    // A delaying rule holds a request no later than its own deadline:
-                    // read only when the rule could hold it.
-                    let deadline_us = local
-                        .delay
-                        .filter(|_| !eval.counted())
-                        .and_then(|d| d.deadline.deadline_us(facts, from.arrived_us));
-                    local.decide(
-                        eval,
-                        store,
-                        worker,
-                        &applied,
-                        (from.arrived_us, deadline_us),
-                    );
-                }
-                RuleRuntime::Share(share) => share.decide(eval, store, &applied),
+                RuleRuntime::Local(local) => local.decide(eval, store, worker, &applied, arrival),
+                RuleRuntime::Share(share) => share.decide(eval, store, worker, &applied, arrival),
                 RuleRuntime::Concurrency(concurrency) => {
                     concurrency.decide(eval, store, &applied, worker);
                 }

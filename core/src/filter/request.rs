@@ -400,7 +400,7 @@ impl Request {
         let Some(held) = eval.held else {
             return Action::Continue;
         };
-        let queued = plugin.hold(self.context_id, held.rule, held.hold.due_us);
+        let queued = plugin.hold(self.context_id, &held);
         if !queued {
             // The engine holds only when the worker has room; should that ever not be
             // so, the request is denied (its slot is lost, never admitted early).

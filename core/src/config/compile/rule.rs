@@ -205,7 +205,14 @@ pub(super) fn compile(
     };
     let shadow = raw.shadow.unwrap_or(false);
     let delay = match raw.on_limit {
-        Some(on_limit) => delay(on_limit, &scope, shadow, facts, &format!("{at}.on_limit"))?,
+        Some(on_limit) => {
+            let holder = Holder {
+                scope: &scope,
+                shared: share.is_some(),
+                shadow,
+            };
+            delay(on_limit, holder, facts, &format!("{at}.on_limit"))?
+        }
         None => None,
     };
     Ok(Rule {
@@ -334,12 +341,20 @@ fn max_keys(raw: Option<u64>, at: &str) -> Result<u32> {
     }
 }
 
-/// `on_limit.delay`: for local rules whose algorithm has a schedule to hold requests on.
+/// What a rule that would hold requests is.
+struct Holder<'a> {
+    scope: &'a Scope,
+    /// Its limit is shared among keys (`share`).
+    shared: bool,
+    shadow: bool,
+}
+
+/// `on_limit.delay`: for local rules whose algorithm has a schedule to hold requests on,
+/// and shared ones (a held request waits for the next window, and its key's turn).
 #[inline(never)] // a wasm function of its own: see `compile::compile`
 fn delay(
     raw: RawOnLimit,
-    scope: &Scope,
-    shadow: bool,
+    holder: Holder<'_>,
     facts: &mut Interner,
     at: &str,
 ) -> Result<Option<Delay>> {
@@ -347,7 +362,8 @@ fn delay(
         return Ok(None);
     };
     let at = format!("{at}.delay");
-    let limit = match scope {
+    let shadow = holder.shadow;
+    let limit = match holder.scope {
         Scope::Local(limit) => limit,
         Scope::Global(_) | Scope::Concurrency(_) => {
             return Err(error(
@@ -356,11 +372,12 @@ fn delay(
             ))
         }
     };
-    if !limit.kind().spec().can_hold {
+    if !limit.kind().spec().can_hold && !holder.shared {
         return Err(error(
             at,
             format!(
-                "delay needs a schedule to hold requests on: algorithm {}, not {}",
+                "delay needs a schedule to hold requests on: algorithm {}, not {} (or a \
+                 `share`, whose held requests wait for the next window)",
                 one_of(AlgorithmKind::names_where(|spec| spec.can_hold)),
                 quoted(limit.kind().name())
             ),

@@ -42,7 +42,6 @@ pub(super) fn compile(
             "\"failure_mode\": \"local\"",
         ),
         (rule.reservoir.is_some(), "\"reservoir\""),
-        (rule.on_limit.is_some(), "\"on_limit\""),
         (
             rule.commit.as_ref().is_some_and(|c| c.clamp.is_some()),
             "\"commit.clamp\"",

@@ -18,7 +18,7 @@ use crate::bounds::MAX_CONFIG_BYTES;
 use crate::buffers::{BufferBudget, Buffered};
 use crate::config;
 use crate::delay::RELEASE_TICK_MS;
-use crate::engine::{Engine, Evaluation, PendingCommit, PendingItem};
+use crate::engine::{Engine, Evaluation, HeldRequest, PendingCommit, PendingItem};
 use crate::flight::{Flights, Join};
 use crate::key::Seed;
 use crate::rules::{FactSource, Facts, Rule, RuleId};
@@ -196,13 +196,13 @@ impl Plugin {
             .release(eval, host, &mut worker, &seed, facts, now);
     }
 
-    /// Holds request `context_id` for `rule` until `due_us`; false when the worker has
-    /// no room for it.
-    pub fn hold(&self, context_id: u32, rule: RuleId, due_us: u64) -> bool {
+    /// Holds request `context_id` as its rule says (until it is due, waiting its turn
+    /// when it has one); false when the worker has no room for it.
+    pub fn hold(&self, context_id: u32, held: &HeldRequest) -> bool {
         self.worker
             .borrow_mut()
             .waiting
-            .hold(context_id, rule, due_us)
+            .hold(context_id, held.rule, held.hold.due_us, held.turn)
     }
 
     /// A held request is gone: it leaves the queue. The rule that held it, if it was held.
