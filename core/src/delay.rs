@@ -43,6 +43,16 @@ pub struct Turn {
     pub cost: u64,
 }
 
+/// The requests of one key of a shared rule a worker holds: the rule, the parent and the
+/// key within it.
+type Flow = (RuleId, KeyHash, Option<u64>);
+
+impl Turn {
+    fn flow(&self, rule: RuleId) -> Flow {
+        (rule, self.parent, self.key)
+    }
+}
+
 /// One worker's held requests.
 #[derive(Debug, Default)]
 pub struct Waiting {
@@ -54,6 +64,11 @@ pub struct Waiting {
     by_due: BTreeSet<(u64, u32)>,
     /// Every held request's due time, rule and turn, by its context.
     by_context: HashMap<u32, (u64, RuleId, Option<Turn>)>,
+    /// The requests waiting a turn, per key, in the order they were held.
+    flows: HashMap<Flow, Vec<u32>>,
+    /// Requests pushed out of a full queue by another key's (see [`Waiting::hold`]):
+    /// to be answered as limited.
+    pushed_out: Vec<u32>,
 }
 
 impl Waiting {
@@ -78,19 +93,75 @@ impl Waiting {
         )
     }
 
+    /// Whether `rule` may hold one more request of the key `turn` names: when its queue
+    /// is full, so long as another key holds more than this one would, by weight (see
+    /// [`Waiting::hold`]).
+    pub fn has_room_for(&self, rule: RuleId, turn: &Turn) -> bool {
+        self.has_room(rule) || self.longest_other(rule, turn).is_some()
+    }
+
+    /// The key of `rule` that holds the most requests for its weight, if it holds more
+    /// than `turn`'s key would with one more: `held_j / w_j > (held_k + 1) / w_k`.
+    fn longest_other(&self, rule: RuleId, turn: &Turn) -> Option<Flow> {
+        let own = turn.flow(rule);
+        let mine = self.flows.get(&own).map_or(0, Vec::len) as u128 + 1;
+        let weight_of = |contexts: &Vec<u32>| {
+            let newest = contexts.last().and_then(|c| self.by_context.get(c));
+            u128::from(
+                newest
+                    .and_then(|(_, _, t)| *t)
+                    .map_or(1, |t| t.weight.max(1)),
+            )
+        };
+        let own_weight = u128::from(turn.weight.max(1));
+        self.flows
+            .iter()
+            .filter(|(flow, _)| flow.0 == rule && **flow != own)
+            .map(|(flow, contexts)| {
+                let newest = contexts.last().copied().unwrap_or(0);
+                (*flow, contexts.len() as u128, weight_of(contexts), newest)
+            })
+            .filter(|&(_, held, weight, _)| held * own_weight > mine * weight)
+            // The longest (held_a / w_a > held_b / w_b, compared without dividing); of
+            // two as long, the one holding the newer request.
+            .max_by(|a, b| (a.1 * b.2).cmp(&(b.1 * a.2)).then(a.3.cmp(&b.3)))
+            .map(|(flow, _, _, _)| flow)
+    }
+
     /// Holds the request `context` for `rule` until `due_us`, waiting its `turn` when a
     /// shared rule holds it. False (nothing held) when the rule has no room or the
-    /// request is already held.
+    /// request is already held. A shared rule's full queue makes room for a key that
+    /// holds fewer requests than another, by weight: the newest request of the key
+    /// holding the most for its weight is pushed out (see [`Waiting::take_pushed_out`]),
+    /// so one key cannot keep the others' requests out of the queue.
     pub fn hold(&mut self, context: u32, rule: RuleId, due_us: u64, turn: Option<Turn>) -> bool {
-        if !self.has_room(rule) || self.by_context.contains_key(&context) {
+        if self.by_context.contains_key(&context) {
             return false;
+        }
+        if !self.has_room(rule) {
+            let victim = turn.and_then(|t| self.longest_other(rule, &t));
+            let newest = victim.and_then(|flow| self.flows.get(&flow)?.last().copied());
+            let Some(newest) = newest else {
+                return false;
+            };
+            self.forget(newest);
+            self.pushed_out.push(newest);
         }
         if let Some(held) = self.held.get_mut(rule.index()) {
             *held += 1;
         }
         self.by_due.insert((due_us, context));
         self.by_context.insert(context, (due_us, rule, turn));
+        if let Some(turn) = turn {
+            self.flows.entry(turn.flow(rule)).or_default().push(context);
+        }
         true
+    }
+
+    /// The requests pushed out of a full queue since the last call: answer each as
+    /// limited.
+    pub fn take_pushed_out(&mut self) -> Vec<u32> {
+        std::mem::take(&mut self.pushed_out)
     }
 
     /// Takes the requests due at `now_us` out of the list: earliest first, then the ones
@@ -116,15 +187,27 @@ impl Waiting {
         placed
     }
 
-    /// Takes every held request out of the list (the plugin is going away).
+    /// Takes every held request out of the list, and those pushed out (the plugin is
+    /// going away).
     pub fn take_all(&mut self) -> Vec<u32> {
-        self.take_due(u64::MAX)
+        let mut all = self.take_pushed_out();
+        all.extend(self.take_due(u64::MAX));
+        all
     }
 
     /// Takes the request `context` out of the list; the rule it was held for, if it was.
     pub fn forget(&mut self, context: u32) -> Option<RuleId> {
-        let (due_us, rule, _) = self.by_context.remove(&context)?;
+        self.pushed_out.retain(|c| *c != context);
+        let (due_us, rule, turn) = self.by_context.remove(&context)?;
         self.by_due.remove(&(due_us, context));
+        if let Some(flow) = turn.map(|t| t.flow(rule)) {
+            if let Some(contexts) = self.flows.get_mut(&flow) {
+                contexts.retain(|c| *c != context);
+                if contexts.is_empty() {
+                    self.flows.remove(&flow);
+                }
+            }
+        }
         if let Some(held) = self.held.get_mut(rule.index()) {
             *held = held.saturating_sub(1);
         }
@@ -136,8 +219,9 @@ impl Waiting {
         self.by_context.len()
     }
 
+    /// No request is held, and none pushed out waits for its answer.
     pub fn is_empty(&self) -> bool {
-        self.by_context.is_empty()
+        self.by_context.is_empty() && self.pushed_out.is_empty()
     }
 }
 
@@ -264,5 +348,27 @@ mod tests {
         // Key 1's one request of 3 units ties with key 2's third unit: held first, it
         // goes first.
         assert_eq!(w.take_due(100), vec![2, 3, 1, 4, 5]);
+    }
+
+    #[test]
+    fn a_full_queue_pushes_out_the_newest_request_of_the_key_holding_the_most() {
+        let (mut w, rule, _) = waiting(4);
+        for context in 1..=3 {
+            assert!(w.hold(context, rule, 100, turn(1, 1, 1)));
+        }
+        assert!(w.hold(4, rule, 100, turn(2, 1, 1)));
+        // Full: key 2 would hold 2, key 1 holds 3: key 1's newest makes room.
+        assert!(w.has_room_for(rule, &turn(2, 1, 1).unwrap()));
+        assert!(w.hold(5, rule, 100, turn(2, 1, 1)));
+        assert_eq!(w.take_pushed_out(), vec![3]);
+        // Now 2 and 2: nobody holds more than key 2 would with a third.
+        assert!(!w.has_room_for(rule, &turn(2, 1, 1).unwrap()));
+        assert!(!w.hold(6, rule, 100, turn(2, 1, 1)));
+        // A key of weight 3 holding none takes a place from a key holding 2 of weight 1.
+        assert!(w.hold(7, rule, 100, turn(3, 3, 1)));
+        assert_eq!(w.take_pushed_out().len(), 1);
+        // A request with a place in a schedule never pushes one out.
+        assert!(!w.hold(8, rule, 100, None));
+        assert_eq!(w.len(), 4);
     }
 }

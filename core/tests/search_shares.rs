@@ -251,6 +251,8 @@ fn request(case: &Case, p: &Planned) -> FakeRequest {
 struct Held {
     holds: u64,
     admitted: u64,
+    /// Held requests another key's pushed out of a full queue.
+    pushed_out: u64,
 }
 
 /// Runs a case; the first parent whose admissions break the bound or a key's floor, or
@@ -346,7 +348,7 @@ fn run(seed: u64, case: &Case) -> Result<Held, String> {
         }
         for (index, w, context, eval, at) in decided {
             let p = &planned[index];
-            let again = eval.delayed.is_some();
+            let released = eval.delayed.is_some();
             let admitted = !eval.denied() && eval.held.is_none();
             let commit = eval.commits.first().filter(|_| admitted).cloned();
             if let Some(h) = eval.held {
@@ -364,8 +366,20 @@ fn run(seed: u64, case: &Case) -> Result<Held, String> {
                 ticks.insert(((tick_at + late).max(now), w));
                 held.insert(context, (index, w, eval));
                 out.holds += 1;
+                // Requests another key's pushed out of the full queue: denied now (their
+                // hold was their ask).
+                for pushed in worker.waiting.take_pushed_out() {
+                    let Some((_, _, mut eval)) = held.remove(&pushed) else {
+                        return Err(format!("context {pushed} pushed out but not held"));
+                    };
+                    eval.push_out(Micros(now));
+                    if !eval.denied() {
+                        return Err("a request pushed out was not denied".into());
+                    }
+                    out.pushed_out += 1;
+                }
             }
-            if let (true, true, Some(delay)) = (admitted, again, case.delay) {
+            if let (true, true, Some(delay)) = (admitted, released, case.delay) {
                 out.admitted += 1;
                 let waited = at.saturating_sub(p.at_us);
                 if waited > delay.max_us + TICK_US + delay.max_late_us {
@@ -411,7 +425,6 @@ fn run(seed: u64, case: &Case) -> Result<Held, String> {
                 weight: p.key.and_then(|k| case.weights.get(k)).map_or(1, |w| w.1),
                 cost: p.cost,
                 admitted,
-                again,
             });
         }
     }
@@ -519,7 +532,6 @@ fn run_global(
             weight: p.key.and_then(|k| case.weights.get(k)).map_or(1, |w| w.1),
             cost: p.cost,
             admitted,
-            again: false,
         });
     }
     // A key's units leased to an Envoy, or on their way there, are out of reach of its
@@ -563,7 +575,7 @@ fn every_drawn_share_keeps_the_parents_bound_and_every_keys_floor() {
     let mut skewed = 0;
     let mut crowds = 0;
     let mut commits = 0;
-    let (mut delays, mut holds, mut released) = (0, 0, 0);
+    let (mut delays, mut holds, mut released, mut pushed_out) = (0, 0, 0, 0);
     for seed in seeds(300) {
         let case = draw(seed);
         commits += u64::from(case.commit);
@@ -574,6 +586,7 @@ fn every_drawn_share_keeps_the_parents_bound_and_every_keys_floor() {
             Ok(held) => {
                 holds += held.holds;
                 released += held.admitted;
+                pushed_out += held.pushed_out;
             }
             Err(why) => failed.push(format!(
                 "seed {seed}: {why}\n  {} keys, limit {:?}, lag {}us, delay {:?}, config {}",
@@ -588,7 +601,7 @@ fn every_drawn_share_keeps_the_parents_bound_and_every_keys_floor() {
     println!(
         "search_shares: {skewed} cases with a key at 100 or more a window, {crowds} with 100 \
          keys or more, {commits} with a commit, {delays} with a delay ({holds} holds, \
-         {released} held requests admitted)"
+         {released} held requests admitted, {pushed_out} pushed out of a full queue)"
     );
     assert!(
         failed.is_empty(),

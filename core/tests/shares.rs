@@ -53,7 +53,6 @@ impl Run {
             weight: 1,
             cost: 1,
             admitted,
-            again: false,
         });
         admitted
     }

@@ -65,6 +65,7 @@ struct Line {
     /// is an ask its window did not admit; its release asks again).
     asks: Vec<ShareRequest>,
     held_count: u64,
+    pushed_out: u64,
 }
 
 impl Line {
@@ -81,6 +82,7 @@ impl Line {
             requests: Vec::new(),
             asks: Vec::new(),
             held_count: 0,
+            pushed_out: 0,
         }
     }
 
@@ -123,8 +125,6 @@ impl Line {
             weight: 1,
             cost: 1,
             admitted,
-            // A released request asked in the window it was held in.
-            again: eval.delayed.is_some(),
         });
         if let Some(h) = eval.held {
             assert!(h.turn.is_some(), "a shared rule holds without a place");
@@ -138,6 +138,14 @@ impl Line {
                 .hold(context, h.rule, h.hold.due_us, h.turn));
             self.held_count += 1;
             self.held.insert(context, (eval, name, arrived));
+            // A request another key's pushed out of the full queue is denied now.
+            for out in self.worker.waiting.take_pushed_out() {
+                let (mut eval, _, _) = self.held.remove(&out).unwrap();
+                eval.push_out(Micros(at));
+                assert!(eval.denied());
+                self.pushed_out += 1;
+                self.requests[(out - 1) as usize].2 = Some(Outcome::Denied(at));
+            }
             return;
         }
         let outcome = match admitted {
@@ -248,13 +256,17 @@ fn held_requests_leave_in_fair_order_not_first_come_first_served() {
     line.judge(4, 1);
 }
 
-/// The nine light keys and the heavy one, the heavy key's excess held: the shares are
-/// the same as without a delay (55 and 5 a second), what the heavy key is denied in one
-/// window waits for the next, and no request waits past the delay's `max`.
+/// The nine light keys and the heavy one, the heavy key's excess held (a queue of 100
+/// per worker): no light request is denied, since a light key holding fewer requests
+/// pushes the heavy key's newest out of the full queue; the light keys' requests held
+/// in the first second (when nobody was entitled) are admitted in the next, their
+/// backlog of the second after (asked there, so entitled to it) in the third, and from
+/// the fifth second the shares are those without a delay (55 and 5 a second) with no
+/// light request waiting. Nobody waits past the delay's `max`.
 #[test]
 fn with_a_delay_the_shares_stay_fair_and_the_heavy_keys_excess_waits() {
-    let mut line = Line::new(shared_with_delay(100, 64, r#"{"max":"1s","queue":20}"#));
-    for second in 0..4u64 {
+    let mut line = Line::new(shared_with_delay(100, 64, r#"{"max":"1s","queue":100}"#));
+    for second in 0..8u64 {
         for step in 0..1000u64 {
             let at = T0 + second * SECOND + step * 1000;
             // The worker's tick runs before the requests of its instant.
@@ -267,15 +279,36 @@ fn with_a_delay_the_shares_stay_fair_and_the_heavy_keys_excess_waits() {
             }
         }
     }
-    line.tick(T0 + 4 * SECOND);
+    line.tick(T0 + 8 * SECOND);
     line.judge(100, 64);
-    for second in 1..4 {
-        assert_eq!(line.admitted_in("u1", second), 55, "second {second}");
-        for key in 2..=10 {
-            assert_eq!(line.admitted_in(&format!("u{key}"), second), 5);
+    let light = |second: u64| -> Vec<u64> {
+        (2..=10)
+            .map(|key| line.admitted_in(&format!("u{key}"), second))
+            .collect()
+    };
+    assert_eq!((line.admitted_in("u1", 1), light(1)), (55, vec![5; 9]));
+    assert_eq!((line.admitted_in("u1", 2), light(2)), (10, vec![10; 9]));
+    assert_eq!((line.admitted_in("u1", 3), light(3)), (10, vec![5; 9]));
+    for second in 4..8 {
+        assert_eq!(
+            (line.admitted_in("u1", second), light(second)),
+            (55, vec![5; 9])
+        );
+    }
+    for (name, arrived, outcome) in &line.requests {
+        if name == "u1" {
+            continue;
+        }
+        assert!(
+            matches!(outcome, Some(Outcome::Admitted(_))),
+            "{name} at {arrived}"
+        );
+        if *arrived >= T0 + 3 * SECOND {
+            assert_eq!(*outcome, Some(Outcome::Admitted(*arrived)), "{name} waited");
         }
     }
-    let released_at_the_start = line
+    assert!(line.pushed_out > 0);
+    let released_at_a_start = line
         .requests
         .iter()
         .filter(|(n, arrived, o)| {
@@ -284,8 +317,8 @@ fn with_a_delay_the_shares_stay_fair_and_the_heavy_keys_excess_waits() {
         })
         .count();
     assert!(
-        released_at_the_start >= 3 * 10,
-        "the heavy key's held requests are admitted when a window starts: {released_at_the_start}"
+        released_at_a_start >= 4 * 55,
+        "the heavy key's held requests are admitted when a window starts: {released_at_a_start}"
     );
     assert!(line.longest_wait_us() <= SECOND);
 }

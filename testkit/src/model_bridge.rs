@@ -99,7 +99,6 @@ impl ModelBridge {
             weight: share.weight,
             cost: ask.cost,
             want: ask.want,
-            again: false,
         };
         let (decided, next) = shared.decide(self.shares.remove(&key), now_us, asking);
         self.shares.insert(key, next);

@@ -244,7 +244,6 @@ fn decided(line: &Logged, who: &str) -> Option<ShareRequest> {
         weight: 1,
         cost: decided.cost,
         admitted: line.forwarded(),
-        again: false,
     })
 }
 

@@ -94,7 +94,6 @@ async fn walk(redis: &Redis, seed: u64, steps: usize) {
             weight,
             cost,
             want,
-            again: false,
         };
         let (decided, next) = share.decide(state.take(), now, ask);
         let asking = Ask {

@@ -11,7 +11,6 @@ use crate::rules::{Delay, FactSource, Facts, RequestLimit, Rule, RuleId, ShareOf
 use crate::time::{Micros, Nanos, Span};
 use crate::wire::v2::WireShare;
 use crate::wire::ReplyError;
-use crate::worker::Worker;
 
 use super::report::{signed, RuleOutcome, RuleReport, Source, Verdict};
 
@@ -205,14 +204,14 @@ pub(super) struct HoldOffer {
 
 impl HoldOffer {
     /// What a rule with `delay` offers the request that arrived at `arrived_us` (and must
-    /// be answered by `deadline_us`, if it said so) when it would deny it at `now_us`.
-    /// None when the rule does not delay, or some rule counted the request before: it
-    /// would be admitted later than they counted it.
+    /// be answered by `deadline_us`, if it said so) when it would deny it at `now_us`,
+    /// its worker having `room` for it or not. None when the rule does not delay, or
+    /// some rule counted the request before: it would be admitted later than they
+    /// counted it.
     pub(super) fn of(
         delay: Option<Delay>,
         eval: &Evaluation,
-        worker: &Worker,
-        rule: &Rule,
+        room: bool,
         now_us: u64,
         (arrived_us, deadline_us): (u64, Option<u64>),
     ) -> Option<HoldOffer> {
@@ -224,7 +223,7 @@ impl HoldOffer {
         Some(HoldOffer {
             max_wait_us: deadline_left_us.map_or(max_left_us, |d| d.min(max_left_us)),
             max_left_us,
-            room: worker.waiting.has_room(rule.id),
+            room,
         })
     }
 
@@ -343,6 +342,16 @@ impl Evaluation {
             decision,
         });
         self.denied_by = Some(held.rule);
+    }
+
+    /// Turns a hold into a denial at `now` because another key's request took its place
+    /// in a full queue ([`crate::delay::Waiting::hold`]): denied as [`Evaluation::deny_held`]
+    /// does, counted as the queue being full.
+    pub fn push_out(&mut self, now: Micros) {
+        self.deny_held(now);
+        if let Some(report) = self.reports.last_mut() {
+            report.delay_queue_full = true;
+        }
     }
 
     /// Holds the request for `rule` (in its place, or waiting its `turn`); its decision

@@ -74,17 +74,20 @@ impl ShareRuntime {
             return;
         };
         let rule = applied.rule;
+        let turn = Turn {
+            parent: applied.hash,
+            key: of.key,
+            weight: of.weight,
+            cost: applied.cost,
+        };
+        let room = worker.waiting.has_room_for(rule.id, &turn);
         let arrival = (arrived_us, deadline_us);
-        let offer = HoldOffer::of(rule.delay, eval, worker, rule, applied.now_us, arrival);
+        let offer = HoldOffer::of(rule.delay, eval, room, applied.now_us, arrival);
         let limit = self.share.limit;
         let mut report = applied.report();
         report.source = Some(Source::Slot);
         report.limit_invalid = of.weight_invalid;
-        let ask = ShareAsk {
-            // Held by this rule and released: it asked in the window it was held in.
-            again: eval.delayed.is_some_and(|d| d.rule == rule.id),
-            ..ShareAsk::exact(of.key, of.weight, applied.cost)
-        };
+        let ask = ShareAsk::exact(of.key, of.weight, applied.cost);
         let updated = self
             .table
             .update(store, &applied.hash, applied.now_us, |state| {
@@ -129,12 +132,6 @@ impl ShareRuntime {
                         let hold = Hold {
                             due_us,
                             release_by_us: due_us,
-                        };
-                        let turn = Turn {
-                            parent: applied.hash,
-                            key: of.key,
-                            weight: of.weight,
-                            cost: applied.cost,
                         };
                         eval.hold(report, rule, decision, hold, Some(turn));
                     }

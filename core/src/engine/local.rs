@@ -121,14 +121,8 @@ impl LocalRuntime {
             slots: &self.slots,
             source: Source::Slot,
         };
-        let offer = HoldOffer::of(
-            self.delay,
-            eval,
-            worker,
-            rule,
-            now_us,
-            (arrived_us, deadline_us),
-        );
+        let room = worker.waiting.has_room(rule.id);
+        let offer = HoldOffer::of(self.delay, eval, room, now_us, (arrived_us, deadline_us));
         match (self.reservoir, worker.reservoirs.table(rule.id)) {
             (Some(settings), Some(table)) => {
                 let reservoir = ReservoirDecision {

@@ -374,6 +374,18 @@ impl Request {
         }
     }
 
+    /// Another key's request took this one's place in a full queue: it is answered as
+    /// limited, with the time it would have waited as its retry.
+    pub fn on_pushed_out<H: Host>(&mut self, host: &H, now: Micros) {
+        let (Some(plugin), Some(mut eval)) = (self.plugin.clone(), self.take_held()) else {
+            return;
+        };
+        eval.push_out(now);
+        if self.finish(host, &plugin, &eval, now) {
+            self.resume(host);
+        }
+    }
+
     /// The plugin goes away while this request is held: it is answered as limited, with
     /// the time it would have waited as its retry.
     pub fn on_plugin_done<H: Host>(&mut self, host: &H, now: Micros) {

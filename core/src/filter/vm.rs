@@ -74,6 +74,9 @@ impl Vm {
         let Ok(now) = host.now() else {
             return;
         };
+        for context in plugin.take_pushed_out() {
+            self.in_request(host, context, |request| request.on_pushed_out(host, now));
+        }
         let due = plugin.take_due(now);
         for context in due {
             self.in_request(host, context, |request| request.on_hold_due(host, now));

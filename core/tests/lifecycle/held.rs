@@ -192,3 +192,39 @@ fn reservoir_units_are_outstanding_until_spent_expired_or_their_plugin_goes() {
     assert_eq!(stat_of(&envoy, "rule.api.reservoir_units_evicted"), lost);
     envoy.tick(new_root);
 }
+
+/// A shared limit of 1 a second with a queue of 2 in Envoy: a member holding both places
+/// loses its newest to another member's request (answered 429 on the next tick, counted
+/// in `delay_queue_full`), and at the window's end the held requests leave in turns and
+/// are decided again.
+#[test]
+fn a_full_shared_queue_pushes_out_the_newest_request_of_the_member_holding_most() {
+    let mut envoy = envoy(
+        r#"{"stats":"detailed","trusted_headers":["x-member"],"rules":[{"name":"team",
+        "key":[{"header":"x-user"}],
+        "limit":{"algorithm":"fixed_window","limit":1,"window":"1s"},
+        "share":{"by":[{"header":"x-member"}]},
+        "on_limit":{"delay":{"max":"2s","queue":2}}}]}"#,
+    );
+    let root = envoy.root;
+    let member = |m: &'static str| [(":path", "/"), ("x-user", "acme"), ("x-member", m)];
+    let (_, first) = envoy.request(&member("a"));
+    assert_eq!(first, Action::Continue);
+    let (a2, held_a2) = envoy.request(&member("a"));
+    let (a3, held_a3) = envoy.request(&member("a"));
+    assert_eq!((held_a2, held_a3), (Action::Pause, Action::Pause));
+    let (b1, held_b1) = envoy.request(&member("b"));
+    assert_eq!(held_b1, Action::Pause, "b takes a's newest place");
+    envoy.advance_us(MS);
+    envoy.tick(root);
+    assert_eq!(reply_of(&envoy, a3).map(|r| r.status), Some(429));
+    assert!(reply_of(&envoy, a2).is_none() && reply_of(&envoy, b1).is_none());
+    // The window ends: a and b asked in it, so both are active; the unit goes to one of
+    // them and the other is held for the next window (its `max` covers it).
+    envoy.advance_us(1_000 * MS);
+    envoy.tick(root);
+    let released = resumed(&envoy, a2) + resumed(&envoy, b1);
+    assert_eq!(released, 1, "one unit in the window");
+    flush_stats(&mut envoy);
+    assert_eq!(stat_of(&envoy, "rule.team.delay_queue_full"), 1);
+}

@@ -13,9 +13,6 @@ pub struct ShareRequest {
     pub weight: u64,
     pub cost: u64,
     pub admitted: bool,
-    /// A held request decided again ([`super::ShareAsk::again`]): it asks only if
-    /// denied.
-    pub again: bool,
 }
 
 /// Where a key got less than its floor in one window.
@@ -78,16 +75,12 @@ pub fn check_floor_within(
             };
             let weight = request.weight.clamp(1, MAX_WEIGHT);
             let room = tracked.len() < limit.max_keys as usize;
-            let asked = match request.again && request.admitted {
-                true => 0,
-                false => request.cost,
-            };
             match tracked.iter_mut().find(|(k, _, _)| *k == key) {
                 Some(entry) => {
-                    entry.1 = entry.1.saturating_add(asked);
+                    entry.1 = entry.1.saturating_add(request.cost);
                     entry.2 = weight;
                 }
-                None if room => tracked.push((key, asked, weight)),
+                None if room => tracked.push((key, request.cost, weight)),
                 None => {}
             }
         }
@@ -153,7 +146,6 @@ mod tests {
             weight: 1,
             cost: 1,
             admitted,
-            again: false,
         };
         // Window 0: both ask 10. Window 1: key 2 asks 5 and gets 4 of its share 5.
         let mut requests = Vec::new();

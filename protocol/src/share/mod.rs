@@ -136,10 +136,6 @@ pub struct ShareAsk {
     /// beyond it only what is left of the key's own entitlement, so units leased and
     /// never spent are the key's loss alone.
     pub want: u64,
-    /// A request held since an earlier window and decided again (a local rule's
-    /// `on_limit.delay`): it asked in the window it was held in, which entitles its key
-    /// in this one, so here only a denial counts as its ask (it still waits).
-    pub again: bool,
 }
 
 impl ShareAsk {
@@ -150,7 +146,6 @@ impl ShareAsk {
             weight,
             cost,
             want: cost,
-            again: false,
         }
     }
 }
@@ -267,10 +262,7 @@ impl ShareLimit {
         };
         if let Some(entry) = index.and_then(|i| state.entries.get_mut(i)) {
             entry.weight = weight;
-            let asked = match ask.again && allowed {
-                true => 0,
-                false => ask.cost.saturating_add(extra),
-            };
+            let asked = ask.cost.saturating_add(extra);
             entry.asked = entry.asked.saturating_add(asked).min(self.limit);
             entry.used = entry.used.saturating_add(granted);
         }

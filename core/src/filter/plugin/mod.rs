@@ -220,6 +220,11 @@ impl Plugin {
         self.worker.borrow_mut().waiting.take_due(now.us())
     }
 
+    /// The held requests another key's pushed out of a full queue since the last tick.
+    pub fn take_pushed_out(&self) -> Vec<u32> {
+        self.worker.borrow_mut().waiting.take_pushed_out()
+    }
+
     /// Every held request, out of the queue (the plugin goes away).
     pub fn take_all_held(&self) -> Vec<u32> {
         self.worker.borrow_mut().waiting.take_all()
