@@ -182,7 +182,9 @@ impl Logs {
         Logs::keyed(dir, n, &format!("%RESP({header})%"))
     }
 
-    fn keyed(dir: &Path, n: usize, key: &str) -> Logs {
+    /// `n` log files in `dir`, lines keyed by `key`, any of Envoy's command operators
+    /// (the rest of the line).
+    pub fn keyed(dir: &Path, n: usize, key: &str) -> Logs {
         std::fs::create_dir_all(dir)
             .unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
         Logs {

@@ -11,6 +11,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use weir_core::algorithms::{fixed_window::FixedWindow, GlobalLimit, Limit};
 use weir_core::conformance::{check, Admission};
+use weir_core::filter::DELAY_HEADER;
 use weir_core::share::{check_floor, check_floor_within, ShareLimit, ShareRequest};
 
 use crate::decisions::{Logged, Logs};
@@ -77,20 +78,39 @@ fn sleep_until(at_us: u64) {
 }
 
 /// Sends as user `sub` at each instant of `times` (µs since the epoch) on one connection,
-/// each request built by `request` and carrying `sub`'s token.
-fn offer(port: u16, sub: &str, times: Vec<u64>, request: impl Fn() -> Request) {
+/// each request built by `request` and carrying `sub`'s token (one after another: a
+/// request held delays the next). Returns how many were answered.
+fn offer(port: u16, sub: &str, times: Vec<u64>, request: impl Fn() -> Request) -> u64 {
+    offer_until(port, sub, times, u64::MAX, request)
+}
+
+/// [`offer`], sending nothing once `end_us` has passed (a lane held back by held
+/// requests does not catch up after the run).
+fn offer_until(
+    port: u16,
+    sub: &str,
+    times: Vec<u64>,
+    end_us: u64,
+    request: impl Fn() -> Request,
+) -> u64 {
     let auth = token(sub);
     let Ok(mut client) = Client::connect(port) else {
-        return;
+        return 0;
     };
+    let mut answered = 0;
     for at in times {
         sleep_until(at);
+        if now_us() >= end_us {
+            break;
+        }
         let status = client
             .request(request().header("authorization", &auth))
             .map(|r| r.status)
             .unwrap_or(0);
         assert!(status == 200 || status == 429, "{sub}: {status}");
+        answered += 1;
     }
+    answered
 }
 
 /// A request of the heavy-and-light run, naming `sub` for the log.
@@ -136,6 +156,56 @@ pub fn offer_heavy_and_light(ports: &[u16], phases: Phases) -> u64 {
     start
 }
 
+/// The organisation's shared rule, local, holding what it would deny for up to a second
+/// (`on_limit.delay`, 100 requests a worker).
+pub fn delayed_config() -> String {
+    config(true, false).replacen(
+        r#","share":"#,
+        r#","on_limit":{"delay":{"max":"1s","queue":100}},"share":"#,
+        1,
+    )
+}
+
+/// Access logs keyed by the user and how long weir held the request (`-` when it did
+/// not), for [`ShareRun::read_delayed`].
+pub fn delayed_logs(dir: &std::path::Path) -> Logs {
+    Logs::keyed(
+        dir,
+        1,
+        &format!("%REQ({WHO_HEADER})% %RESP({DELAY_HEADER})%"),
+    )
+}
+
+/// Offers a run of `seconds` to `port`: the heavy user in four lanes of 250 a second,
+/// one request after another (a held request holds its lane), and each light user `n`
+/// at 20 ms × `n` past each 200 ms, each request on a connection of its own (a held
+/// request holds back none of its user's next). Returns the run's first second and how
+/// many requests were answered.
+pub fn offer_heavy_and_open_light(port: u16, seconds: u64) -> (u64, u64) {
+    let start = (now_us() / SECOND_US + 1) * SECOND_US;
+    let answered = std::thread::scope(|s| {
+        let mut sends = Vec::new();
+        for lane in 0..4u64 {
+            let times = (0..seconds * 250)
+                .map(|n| start + n * 4_000 + lane * 1_000 + 500)
+                .collect();
+            let end = start + seconds * SECOND_US;
+            sends.push(s.spawn(move || offer_until(port, "heavy1", times, end, plain("heavy1"))));
+        }
+        for user in 1..=9u64 {
+            for n in 0..seconds * 5 {
+                let at = start + n * 200_000 + user * 20_000;
+                sends.push(s.spawn(move || {
+                    let sub = format!("u{user}");
+                    offer(port, &sub, vec![at], plain(&sub))
+                }));
+            }
+        }
+        sends.into_iter().map(|send| send.join().unwrap_or(0)).sum()
+    });
+    (start, answered)
+}
+
 /// What a run did, read from the access logs.
 pub struct ShareRun {
     pub start_us: u64,
@@ -144,6 +214,8 @@ pub struct ShareRun {
     pub requests: Vec<(String, ShareRequest)>,
     /// (asked, admitted) per (second of the run, user).
     pub per_second: BTreeMap<(u64, String), (u64, u64)>,
+    /// Requests weir held, then released: (user, when released, ms waited).
+    pub held: Vec<(String, u64, u64)>,
 }
 
 impl ShareRun {
@@ -152,10 +224,54 @@ impl ShareRun {
         let expected = (9 * 5 + 1000) * phases.seconds;
         let lines = logs.read_until(|l| l.iter().map(Vec::len).sum::<usize>() as u64 >= expected);
         let lines: Vec<&Logged> = lines.iter().flatten().collect();
-        let mut requests: Vec<(String, ShareRequest)> = lines
+        let requests: Vec<(String, ShareRequest)> = lines
             .iter()
             .filter_map(|line| Some((line.key.clone(), decided(line, &line.key)?)))
             .collect();
+        ShareRun::of(requests, Vec::new(), start_us, phases)
+    }
+
+    /// Reads a run of a rule that holds what it would deny from [`delayed_logs`], once
+    /// `answered` requests are there. The log gives a held request's last decision, at
+    /// its release; its hold was an ask too, of the window before (a hold lasts to its
+    /// window's end, and a delay of at most a window holds a request once): it is put at
+    /// that window's end, not admitted.
+    pub fn read_delayed(logs: &Logs, start_us: u64, seconds: u64, answered: u64) -> ShareRun {
+        let lines = logs.read_until(|l| l.iter().map(Vec::len).sum::<usize>() as u64 >= answered);
+        let mut requests = Vec::new();
+        let mut held = Vec::new();
+        for line in lines.iter().flatten() {
+            let (who, waited) = line.key.split_once(' ').unwrap_or((&line.key, "-"));
+            let Some(request) = decided(line, who) else {
+                continue;
+            };
+            if let Ok(ms) = waited.parse::<u64>() {
+                held.push((who.to_string(), request.at_us, ms));
+                let window_start = request.at_us - request.at_us % SECOND_US;
+                requests.push((
+                    who.to_string(),
+                    ShareRequest {
+                        at_us: window_start - 1,
+                        admitted: false,
+                        ..request
+                    },
+                ));
+            }
+            requests.push((who.to_string(), request));
+        }
+        let phases = Phases {
+            seconds,
+            switch: seconds,
+        };
+        ShareRun::of(requests, held, start_us, phases)
+    }
+
+    fn of(
+        mut requests: Vec<(String, ShareRequest)>,
+        held: Vec<(String, u64, u64)>,
+        start_us: u64,
+        phases: Phases,
+    ) -> ShareRun {
         requests.sort_by_key(|(_, r)| r.at_us);
         let mut per_second: BTreeMap<(u64, String), (u64, u64)> = BTreeMap::new();
         for (user, r) in &requests {
@@ -169,6 +285,7 @@ impl ShareRun {
             phases,
             requests,
             per_second,
+            held,
         }
     }
 

@@ -11,8 +11,9 @@
 use weir_e2e::decisions::{with_decisions, Logs};
 use weir_e2e::global::GlobalStack;
 use weir_e2e::shares::{
-    config, jwt_authn, offer_heavy_and_light, offer_tokens, token_config, Phases, ShareRun,
-    TokenRun, LIMIT, WHO_HEADER,
+    config, delayed_config, delayed_logs, jwt_authn, offer_heavy_and_light,
+    offer_heavy_and_open_light, offer_tokens, token_config, Phases, ShareRun, TokenRun, LIMIT,
+    WHO_HEADER,
 };
 use weir_e2e::{wasm_filter_yaml, weir_wasm, Bootstrap, Bridge, Envoy, LlmUpstream, RedisCluster};
 
@@ -82,6 +83,72 @@ fn nine_light_users_get_all_they_ask_and_a_heavy_one_the_rest() {
     assert_eq!(envoy.weir_stat("rule.per-org.share_keys"), 9);
     assert_eq!(envoy.weir_stat("rule.per-org.share_units"), 11);
     assert_eq!(envoy.weir_stat("rule.per-org.share_untracked"), 0);
+    envoy.assert_no_panic();
+}
+
+/// The same rule holding what it would deny (`on_limit.delay`, up to 1 s, 100 requests a
+/// worker), each light user's requests on connections of their own: the users held in the
+/// first second (nobody entitled yet) are admitted in the next, the backlog drains, and
+/// from the fifth second on the shares are those without a delay — every light user its
+/// 5 a second with no request held, the heavy user the rest, its excess waiting for the
+/// next window instead of failing. Judged from the access log, each held request's hold
+/// an ask of the window before its release.
+#[test]
+fn a_delay_keeps_the_shares_and_holds_the_heavy_users_excess() {
+    const SECONDS: u64 = 7;
+    let config = with_decisions(&delayed_config());
+    let dir = tempfile::tempdir().unwrap();
+    let logs = delayed_logs(dir.path());
+    let bootstrap = Bootstrap::new()
+        .http_filter(jwt_authn())
+        .http_filter(wasm_filter_yaml(&config, &weir_wasm()));
+    let envoy = Envoy::start(&logs.add_to(0, bootstrap), 2);
+    let (start, answered) = offer_heavy_and_open_light(envoy.http_port, SECONDS);
+    let run = ShareRun::read_delayed(&logs, start, SECONDS, answered);
+    run.parent_bound()
+        .unwrap_or_else(|v| panic!("the parent's bound: {v}"));
+    run.floor()
+        .unwrap_or_else(|s| panic!("a user's floor: {s}"));
+    for ((second, user), (asked, admitted)) in &run.per_second {
+        eprintln!("second {second} {user}: {admitted} of {asked}");
+    }
+    let held_at = |user: &str, from_us: u64| {
+        run.held
+            .iter()
+            .filter(|(who, at, _)| who == user && *at >= from_us)
+            .count()
+    };
+    // Second 2: each light user's backlog (asked in second 1, so entitled to it) drains.
+    for u in 1..=9 {
+        let user = format!("u{u}");
+        assert_eq!(
+            run.admitted(2, &user),
+            run.asked(2, &user),
+            "{user} in second 2"
+        );
+    }
+    for second in 4..SECONDS {
+        let light: u64 = (1..=9)
+            .map(|u| {
+                let admitted = run.admitted(second, &format!("u{u}"));
+                assert_eq!(admitted, 5, "u{u} in second {second}");
+                admitted
+            })
+            .sum();
+        assert_eq!(
+            run.admitted(second, "heavy1"),
+            LIMIT - light,
+            "second {second}"
+        );
+    }
+    for u in 1..=9 {
+        let user = format!("u{u}");
+        assert_eq!(held_at(&user, start + 4 * 1_000_000), 0, "{user} held late");
+    }
+    assert!(held_at("heavy1", start + 4 * 1_000_000) > 0);
+    let longest = run.held.iter().map(|(_, _, ms)| *ms).max().unwrap_or(0);
+    assert!(longest <= 1_010, "held {longest} ms");
+    assert!(envoy.weir_stat("rule.per-org.delayed") > 0);
     envoy.assert_no_panic();
 }
 
