@@ -11,7 +11,8 @@
 -- KEYS[1]  state key weir:{<tag>}:gcra, a string "<tat_us> <tat_ns_rem>": the TAT in
 --          ns since the Unix epoch is tat_us × 1000 + tat_ns_rem (0..999). ns since the
 --          epoch (~1.7e18) do not fit a double exactly; µs do, so the TAT is kept split.
---          Absent = an idle key (TAT in the past).
+--          Absent = an idle key (TAT in the past). With ARGV[10] = 1, "<tat_us>
+--          <tat_ns_rem> <T_ns>": the emission interval the TAT was counted in too.
 -- ARGV[1]  now_us override: 0 = Redis TIME (production); > 0 pins the clock (tests).
 --          Key deadlines (PXAT) are absolute instants of this clock, so a pinned
 --          clock behind Redis's real one writes keys that are already expired.
@@ -24,6 +25,10 @@
 -- ARGV[7]  limit   burst + 1.
 -- ARGV[8]  T       emission interval, ns (>= 1000, <= 2^52).
 -- ARGV[9]  tau     tolerance, ns (<= 2^52).
+-- ARGV[10] keep_t  1: the rule's rate comes with each request. The key keeps the T it
+--                  is counted in, and a TAT counted in another T is read in this one:
+--                  what the key owes, (TAT − now) / T_old units, each T long, rounded up
+--                  to the ns (Gcra::tat_in_own_interval). Absent: the TAT as it is.
 --
 -- Reply {allowed 0/1, granted, limit, remaining, retry_after_ns, reset_after_ns, now_us,
 -- due_ns, spacing_ns, valid_ns}: the durations as decimal strings of ns ("-1" = no
@@ -50,16 +55,46 @@ local horizon = tonumber(ARGV[6])
 local limit = tonumber(ARGV[7])
 local t = tonumber(ARGV[8])
 local tau = tonumber(ARGV[9])
+local keep_t = tonumber(ARGV[10]) == 1
 local t_us = idiv(t, 1000)
+
+-- ceil(a × b / d) for integers 0 <= a < d <= 2^53 and 0 <= b < 2^53, exactly: a × b may
+-- pass 2^53, so it is built bit by bit from b's top, its remainder by d kept below d
+-- (each step compares before it adds, so no sum passes 2^53).
+local function mul_div_ceil(a, b, d)
+  local bits = {}
+  while b > 0 do
+    local half = math.floor(b / 2)
+    bits[#bits + 1] = b - 2 * half
+    b = half
+  end
+  local q, r = 0, 0
+  for i = #bits, 1, -1 do
+    q = q * 2
+    if r >= d - r then r = r - (d - r); q = q + 1 else r = r + r end
+    if bits[i] == 1 then
+      if r >= d - a then r = r - (d - a); q = q + 1 else r = r + a end
+    end
+  end
+  if r > 0 then q = q + 1 end
+  return q
+end
 
 -- base = max(TAT, now) − now, in ns.
 local base = 0
 local stored = redis.call('GET', key)
 if stored then
-  local us, rem = string.match(stored, '^(%d+) (%d+)$')
+  local us, rem, t_old = string.match(stored, '^(%d+) (%d+) (%d+)$')
+  if not us then us, rem = string.match(stored, '^(%d+) (%d+)$') end
   if us then
     us, rem = tonumber(us), tonumber(rem)
     if us >= now then base = (us - now) * 1000 + rem end
+    t_old = tonumber(t_old)
+    -- Counted in another T: what the key owes, in units of T_old, each T long.
+    if base > 0 and t_old and t_old > 0 and t_old ~= t then
+      local units = idiv(base, t_old)
+      base = units * t + mul_div_ceil(base - units * t_old, t, t_old)
+    end
   end
 end
 
@@ -79,7 +114,9 @@ local function write_tat(ttl)
   local rem = ttl - idiv(ttl, 1000) * 1000
   local idle_at = tat_us
   if rem > 0 then idle_at = tat_us + 1 end
-  redis.call('SET', key, int(tat_us) .. ' ' .. int(rem), 'PXAT', expire_at_ms(idle_at))
+  local value = int(tat_us) .. ' ' .. int(rem)
+  if keep_t then value = value .. ' ' .. int(t) end
+  redis.call('SET', key, value, 'PXAT', expire_at_ms(idle_at))
 end
 
 if cost * t > tau - base then

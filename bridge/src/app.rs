@@ -165,7 +165,8 @@ async fn decide_v2(
             Some(share) => {
                 Invocation::for_share(limit, domain, rule, descriptor, 0, (share, item.ask()))
             }
-            None => Invocation::for_limit(limit, domain, rule, descriptor, 0, item.ask()),
+            None => Invocation::for_limit(limit, domain, rule, descriptor, 0, item.ask())
+                .keeping_interval(item.limit_from_request),
         };
         let reply = run_item(state, rule, &inv).await?;
         items.push(v2::Granted::new(item.id, &reply.grant, reply.now_us));

@@ -161,6 +161,16 @@ impl Invocation {
         }
     }
 
+    /// This call's key keeps the emission interval it is counted in beside its TAT, and
+    /// reads a TAT counted in another in its own (a `gcra` rule whose limit each request
+    /// gives: `v2::Item::limit_from_request`). Other algorithms' calls are unchanged.
+    pub fn keeping_interval(mut self, keep: bool) -> Invocation {
+        if keep && self.kind.spec().has_schedule && self.purpose == Purpose::Acquire {
+            self.args.push(1);
+        }
+        self
+    }
+
     /// The call deciding a request of the key `share` names within the descriptor's
     /// parent, asking `ask` (its cost, and a lease's `want`): KEYS the parent's shares;
     /// ARGV `now_us` (0: Redis `TIME`), `cost`, the limit per window, the window,

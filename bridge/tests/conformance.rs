@@ -23,6 +23,9 @@
 )]
 
 mod common;
+/// A gcra rule's rate from each request: the script's rescaled TAT against the core's.
+#[path = "conformance/rates.rs"]
+mod rates;
 /// Costs settled after the response: the settle scripts against the core.
 #[path = "conformance/settles.rs"]
 mod settles;
@@ -54,8 +57,10 @@ on_every_backend!(
     settles_agree,
     an_expired_key_is_charged_its_excess,
     shares_agree,
+    changing_rates_agree,
 );
 
+use rates::changing_rates_agree;
 use settles::{an_expired_key_is_charged_its_excess, settles_agree};
 use shares::shares_agree;
 
@@ -70,6 +75,9 @@ struct SlotPair<'a> {
     global: GlobalLimit,
     descriptor: String,
     state: Option<SlotState>,
+    /// The key keeps the emission interval it is counted in (a gcra rule whose limit
+    /// each request gives).
+    keeps_interval: bool,
 }
 
 impl<'a> SlotPair<'a> {
@@ -80,7 +88,14 @@ impl<'a> SlotPair<'a> {
             limit,
             descriptor,
             state: None,
+            keeps_interval: false,
         }
+    }
+
+    /// The limit the next requests carry.
+    fn carry(&mut self, limit: Limit) {
+        self.global = GlobalLimit::Slot(limit.clone());
+        self.limit = limit;
     }
 
     /// Decides one request both ways, asserts they agree on every field and on the state
@@ -93,7 +108,8 @@ impl<'a> SlotPair<'a> {
     /// The same for any ask: leases with a hold, reservations.
     async fn step_ask(&mut self, ctx: &str, now: u64, ask: Ask) -> (Decision, u64) {
         let (grant, next) = self.limit.grant(self.state, now, ask);
-        let inv = invocation_for(&self.global, &self.descriptor, now, ask);
+        let inv = invocation_for(&self.global, &self.descriptor, now, ask)
+            .keeping_interval(self.keeps_interval);
         let reply = self.redis.run(&inv).await;
         assert_eq!(
             reply.grant, grant,
@@ -107,10 +123,10 @@ impl<'a> SlotPair<'a> {
         }
         let stored = self.redis.slot_state(self.limit.kind(), &inv.keys[0]).await;
         // Redis's GCRA state is the TAT alone, counted in the T of the call that wrote
-        // it; the core's slot keeps that T beside it (word b), to rescale the TAT when a
-        // local rule's rate changes. The script does not rescale yet (issue 36).
+        // it, unless the rule's rate comes with each request: then the T is kept beside
+        // it, as the core's slot keeps it (word b).
         let kept = self.state.map(|s| match self.limit.kind() {
-            AlgorithmKind::Gcra => SlotState { b: 0, ..s },
+            AlgorithmKind::Gcra if !self.keeps_interval => SlotState { b: 0, ..s },
             _ => s,
         });
         assert_eq!(
@@ -412,6 +428,18 @@ impl<'a> WalkedKey<'a> {
     }
 }
 
+/// A walk's next instant after `now` (never before `base`): mostly small steps (a few
+/// per period), sometimes none, sometimes long idle spells, sometimes the clock goes back
+/// a little.
+fn walk_clock(rng: &mut Rng, now: u64, base: u64, scale: u64) -> u64 {
+    match rng.range(0, 99) {
+        0..20 => now,
+        20..85 => now + scale * rng.range(0, 64) / 64 + rng.range(0, 3),
+        85..95 => now + scale * rng.range(1, 5),
+        _ => now - (scale * rng.range(0, 16) / 64).min(now - base),
+    }
+}
+
 async fn random_walk(redis: &Redis, kind: AlgorithmKind, seed: u64, steps: usize) {
     let mut rng = Rng(seed);
     let base = future_base(T0) + rng.range(0, 86_400_000_000);
@@ -427,17 +455,7 @@ async fn random_walk(redis: &Redis, kind: AlgorithmKind, seed: u64, steps: usize
         let mut now = base + rng.range(0, scale * 3);
         let mut key = WalkedKey::new(redis, &limit, descriptor);
         for _ in 0..rng.range(50, 400) {
-            // Mostly small steps (a few per period), sometimes none, sometimes long
-            // idle spells, sometimes the clock goes back a little.
-            let r = rng.range(0, 99);
-            if r < 20 {
-            } else if r < 85 {
-                now += scale * rng.range(0, 64) / 64 + rng.range(0, 3);
-            } else if r < 95 {
-                now += scale * rng.range(1, 5);
-            } else {
-                now -= (scale * rng.range(0, 16) / 64).min(now - base);
-            }
+            now = walk_clock(&mut rng, now, base, scale);
             let cost = if rng.chance(5) {
                 0
             } else if rng.chance(3) {

@@ -96,7 +96,7 @@ fn draw(seed: u64) -> Case {
     // Drawn apart, so that the seeds found before keep their cases: a tenant's own limit
     // (issue 36), changing every few periods, in half the cases that take one.
     let mut tenant_rng = Rng(seed.wrapping_mul(0xd6e8_feb8_6659_fd93) | 1);
-    let takes_one = !spec_of(rule.limit.name).has_schedule && rule.failure_mode != "local";
+    let takes_one = rule.failure_mode != "local";
     let every_us = rule.limit.scale_us.saturating_mul(8);
     let tenant = (chance(&mut tenant_rng, 2) && takes_one)
         .then(|| TenantLimit::draw(&mut tenant_rng, &mut rule.limit, every_us))

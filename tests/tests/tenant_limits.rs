@@ -209,6 +209,41 @@ fn a_global_rule_gives_each_tenant_its_claims_quota_across_two_envoys() {
     stack.assert_no_panic();
 }
 
+/// A global `gcra` rule whose rate a tenant's claim gives, across two Envoys: Redis
+/// keeps the interval each key's TAT was counted in, so a tenant whose rate drops after
+/// it took its burst owes the same units at the new rate, and takes no second burst at
+/// once (read as it was, the TAT of 5 units at 1 a second would leave 4 of the 5 units
+/// at 1 every 100 s free); raised again, what it owes is back to 5 s.
+#[test]
+fn a_global_gcra_keeps_what_a_tenant_owes_when_its_rate_changes() {
+    let config = r#"{"bridge":{"cluster":"weir_bridge","timeout":"500ms"},"rules":[
+      {"name":"paced","scope":"global","key":[{"jwt_claim":"sub","default":"anonymous"}],
+       "limit":{"algorithm":"gcra","period":"1h","burst":4,
+                "rate":{"jwt_claim":"quota","default":1,"max":3600}}}]}"#;
+    let config = with_decisions(config);
+    let filters = format!("{}{}", jwt_authn(), wasm_filter_yaml(&config, &weir_wasm()));
+    let stack = GlobalStack::start_filters(&[filters.clone(), filters], &[], "x-k");
+    let ports = stack.ports();
+    let erin = |rate: u64, n: usize| {
+        let auth = token("erin", rate);
+        (0..n)
+            .filter(|i| {
+                let request = Request::get("/").header("authorization", &auth);
+                send(ports[i % 2], request).unwrap().status == 200
+            })
+            .count()
+    };
+    assert_eq!(erin(3600, 8), 5, "a burst of 5 at 1 a second");
+    assert_eq!(
+        erin(36, 4),
+        0,
+        "at 1 every 100 s it owes 500 s: nothing more"
+    );
+    assert_eq!(erin(3600, 4), 0, "back at 1 a second it still owes its 5 s");
+    assert_eq!(stack.weir_stat("rule.paced.failure_allowed"), 0);
+    stack.assert_no_panic();
+}
+
 /// A tenant's limit from metadata an `ext_authz` server returned: the server (a listener
 /// of the same Envoy answering by tenant) sends `x-tenant-rate`, which `ext_authz` puts in
 /// its dynamic metadata (`dynamic_metadata_from_headers`), and the rule reads it as an

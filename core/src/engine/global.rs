@@ -487,6 +487,10 @@ impl GlobalRuntime {
             horizon_us: global.lease.map_or(0, |l| l.horizon_us),
             shadow: rule.shadow,
             share: item.share.clone(),
+            // Only where Redis keeps a schedule (gcra): every other algorithm's item is
+            // what bridges before this field decide.
+            limit_from_request: !rule.limit_from.is_empty()
+                && global.redis_limit.kind().spec().has_schedule,
         }
     }
 

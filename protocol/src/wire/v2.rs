@@ -72,6 +72,18 @@ pub struct Item {
     /// refuses one with it (400, an unknown field).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub share: Option<WireShare>,
+    /// A `gcra` rule whose limit each request gives (`rate` or `burst` from a fact): its
+    /// key's state keeps the emission interval it was counted in, so that a request
+    /// carrying another rate reads what the key owes in its own (see
+    /// `Gcra::tat_in_own_interval`). Absent (false) for every other rule, so an item
+    /// without it is what filters before it sent; a bridge before it refuses one with it
+    /// (400, an unknown field).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub limit_from_request: bool,
+}
+
+fn is_false(value: &bool) -> bool {
+    !*value
 }
 
 /// What a shared limit's item adds: `{"key":["=alice"],"weight":1,"max_keys":100}`.
@@ -379,5 +391,23 @@ mod tests {
                 .to_string(),
             "items[0].horizon_us: 10000001 is above the most allowed, 10000000"
         );
+    }
+
+    #[test]
+    fn an_item_says_its_limit_comes_from_the_request_only_when_it_does() {
+        let body = |extra: &str| {
+            format!(
+                r#"{{"domain":"weir","items":[{{"id":0,"rule":"r","descriptor":[],"limit":{{"algorithm":"gcra","rate":10,"period_us":1000000,"burst":2}},"cost":1,"want":1{extra}}}]}}"#
+            )
+        };
+        let plain = Request::parse(body("").as_bytes()).unwrap();
+        let rated = Request::parse(body(r#","limit_from_request":true"#).as_bytes()).unwrap();
+        assert!(!plain.items[0].item.limit_from_request);
+        assert!(rated.items[0].item.limit_from_request);
+        // Serialized, an item without it is byte for byte what filters before it sent.
+        let json = serde_json::to_string(&plain.items[0].item).unwrap();
+        assert!(!json.contains("limit_from_request"), "{json}");
+        let json = serde_json::to_string(&rated.items[0].item).unwrap();
+        assert!(json.ends_with(r#","limit_from_request":true}"#), "{json}");
     }
 }

@@ -48,12 +48,17 @@ impl Oracle for Gcra {
     }
 }
 
-/// The script stores the TAT as `µs ns-remainder`.
+/// The script stores the TAT as `µs ns-remainder`, and the emission interval it was
+/// counted in after them when the rule's rate comes with each request.
 pub fn redis_slot_state(words: &[u64]) -> Option<SlotState> {
     match *words {
         [us, rem] if rem < 1_000 => Some(SlotState {
             a: us * 1_000 + rem,
             b: 0,
+        }),
+        [us, rem, t] if rem < 1_000 => Some(SlotState {
+            a: us * 1_000 + rem,
+            b: t,
         }),
         _ => None,
     }

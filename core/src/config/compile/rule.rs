@@ -69,19 +69,13 @@ pub(super) fn compile(
         .first()
         .filter(|_| matches!(raw.scope, Some(RawScope::Global)));
     if let Some(from) = limit_from_global {
-        let spec = limit.kind().spec();
-        let parameter = spec.parameters.get(from.parameter).map_or("", |p| p.name);
+        let parameter = limit
+            .kind()
+            .spec()
+            .parameters
+            .get(from.parameter)
+            .map_or("", |p| p.name);
         let at = format!("{at}.limit.{parameter}");
-        if spec.has_schedule {
-            return Err(error(
-                at,
-                format!(
-                    "a global {} rule takes a fixed limit for now: Redis keeps its schedule \
-                     without the rate it was counted at, which a changed rate needs",
-                    limit.kind()
-                ),
-            ));
-        }
         let local_fallback = matches!(
             raw.global.as_ref().and_then(|g| g.failure_mode.as_ref()),
             Some(RawFailureMode::Local)
