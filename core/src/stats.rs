@@ -303,7 +303,7 @@ macro_rules! rule_stats {
             delay_past_deadline: Counter, Detailed, Delay,
                 "requests denied that `max` would have held, because the deadline they stated (`grpc-timeout`, `x-envoy-expected-rq-timeout-ms`) came before their slot, at once with `Retry-After`; or held requests whose release came after that deadline (not forwarded)";
             delay_queue_full: Counter, Detailed, Delay,
-                "requests denied that would have been held, because the worker already held `queue` of them";
+                "requests denied that would have been held, because the worker already held `queue` of them (a shared limit's: or pushed out of the full queue by a key holding fewer)";
             delay_abandoned: Counter, Detailed, Delay,
                 "held requests whose client left before the release (their slot stays counted)";
             committed: Counter, Detailed, Commit,
