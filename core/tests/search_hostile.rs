@@ -115,14 +115,7 @@ fn draw(seed: u64) -> Case {
     };
     let mut config = rule.config(&format!(r#","response":{{"filter_state":"all"}}{trusted}"#));
     if let Some(members) = members {
-        let max_keys = log_uniform(&mut share_rng, 1, members.min(1024));
-        config = config.replacen(
-            r#""key":[{"header":"x-user"}],"#,
-            &format!(
-                r#""key":[{{"header":"x-user"}}],"share":{{"by":[{{"header":"x-member"}}],"max_keys":{max_keys}}},"#
-            ),
-            1,
-        );
+        config = shared_by_members(&mut share_rng, &config, members);
     }
     let DrawnGlobal {
         limit,
@@ -479,6 +472,19 @@ fn check(case: &Case) -> Result<Option<Judged>, String> {
     ))
 }
 
+/// `config`'s rule (keyed by `x-user`) shared among `members` (`share`, issue 36), named by
+/// the `x-member` header, tracking up to a drawn `max_keys`.
+fn shared_by_members(rng: &mut Rng, config: &str, members: u64) -> String {
+    let max_keys = log_uniform(rng, 1, members.min(1024));
+    config.replacen(
+        r#""key":[{"header":"x-user"}],"#,
+        &format!(
+            r#""key":[{{"header":"x-user"}}],"share":{{"by":[{{"header":"x-member"}}],"max_keys":{max_keys}}},"#
+        ),
+        1,
+    )
+}
+
 /// The member a request of a shared case names (`x-member`): drawn from its instant, its
 /// user and its cost, so a replay sends the same; one in 8 names none.
 fn member_of(r: &Request, members: u64) -> Option<(String, String)> {
@@ -532,6 +538,7 @@ fn hostile_clients_and_a_faulty_bridge_never_break_a_global_bound() {
 }
 
 mod budgets;
+mod usage_replies;
 use budgets::{check_budget, draw_budget, BOUNDS};
 
 /// The cases the search found, on 20691aa (see the module's docs), and budget cases an

@@ -1,6 +1,8 @@
 //! The commit and clamp arm of the hostile search: global token budgets, each request
 //! estimated from a hostile body, settled with the usage its response reports, clamped
-//! or not (the oracle as in the parent module). A settled cost is placed as
+//! or not (the oracle as in the parent module); in fixed-window cases without a clamp, a
+//! budget may be shared by up to 300 members (`share`, issue 36), judged by its parent's
+//! bound as any budget. A settled cost is placed as
 //! docs/algorithms.md places it ("Estimates below the usage"): up to the reservation at
 //! the decision, the excess (an upstream 5xx's `on_error` above the reservation) where
 //! its commit landed, as the harness saw it land — a local rule's when the response
@@ -9,6 +11,7 @@
 //! decision instead, seeds 7070, 7155, 7234, 7272, 7370, 7445, 7476 and 7559 failed:
 //! each an `on_error` above a reservation counted before its response ended.
 
+use super::usage_replies::usage_response;
 use super::*;
 
 /// The max-token fields the budget rules read (the defaults).
@@ -29,6 +32,8 @@ pub(super) struct BudgetCase {
     clamp: bool,
     /// A local rule (in one Envoy), not a global one.
     local: bool,
+    /// A budget shared by members (`share`, issue 36), each request naming one.
+    members: Option<u64>,
     bytes_per_prompt_token: u64,
     max_bytes: usize,
     default: u64,
@@ -106,6 +111,23 @@ pub(super) fn draw_budget(seed: u64) -> BudgetCase {
                     "default":{default},"max":{max}}},
             "commit":{{"body":{{}},"on_error":{on_error}{clamp_json}}}{global}}}]}}"#
     );
+    // A budget shared by its members in the fixed-window cases a share takes (no clamp,
+    // no local fallback), drawn apart: judged by the parent's bound as any budget.
+    let mut share_rng = Rng(seed.wrapping_mul(0x8cb9_2ba7_2f3d_8dd7) | 1);
+    let shares = algorithm == "fixed_window" && !clamp && (local || failure_mode != "local");
+    let members =
+        (shares && chance(&mut share_rng, 2)).then(|| log_uniform(&mut share_rng, 1, 300));
+    let config = match members {
+        Some(members) => {
+            let trusted = config.replacen(
+                r#""rules":"#,
+                r#""trusted_headers":["x-member"],"rules":"#,
+                1,
+            );
+            shared_by_members(&mut share_rng, &trusted, members)
+        }
+        None => config,
+    };
     let drawn = DrawnLimit {
         json: limit_json,
         name: algorithm,
@@ -179,6 +201,7 @@ pub(super) fn draw_budget(seed: u64) -> BudgetCase {
         model,
         clamp,
         local,
+        members,
         bytes_per_prompt_token,
         max_bytes,
         default,
@@ -278,68 +301,6 @@ impl BudgetCase {
     }
 }
 
-/// A response reporting `usage` in one of the providers' shapes, sometimes with fields
-/// duplicated (the smaller first or last) or written so that they are no usage (a
-/// negative count, one beyond 2^64, none at all): then the estimate stands.
-fn usage_response(r: &mut Rng, usage: u64) -> (Vec<(String, String)>, Vec<u8>) {
-    let json = || vec![("content-type".to_string(), "application/json".to_string())];
-    let sse = || vec![("content-type".to_string(), "text/event-stream".to_string())];
-    let split = |n: u64, r: &mut Rng| {
-        let a = r.below(n + 1);
-        let b = r.below(n - a + 1);
-        (a, b, n - a - b)
-    };
-    match r.below(9) {
-        0 => (json(), format!(r#"{{"id":"x","usage":{{"total_tokens":{usage}}}}}"#).into_bytes()),
-        1 => {
-            let (input, created, read) = split(usage, r);
-            let output = 0;
-            (
-                json(),
-                format!(
-                    r#"{{"usage":{{"input_tokens":{input},"cache_creation_input_tokens":{created},"cache_read_input_tokens":{read},"output_tokens":{output}}}}}"#
-                )
-                .into_bytes(),
-            )
-        }
-        2 => {
-            let (input, created, output) = split(usage, r);
-            (
-                sse(),
-                format!(
-                    "event: message_start\ndata: {{\"type\":\"message_start\",\"message\":{{\"usage\":{{\"input_tokens\":{input},\"cache_creation_input_tokens\":{created},\"output_tokens\":1}}}}}}\n\nevent: message_delta\ndata: {{\"type\":\"message_delta\",\"usage\":{{\"output_tokens\":{output}}}}}\n\n"
-                )
-                .into_bytes(),
-            )
-        }
-        3 => (
-            sse(),
-            format!("data: {{\"choices\":[]}}\n\ndata: {{\"choices\":[],\"usage\":{{\"total_tokens\":{usage}}}}}\n\ndata: [DONE]\n\n").into_bytes(),
-        ),
-        4 => (
-            sse(),
-            format!("event: response.completed\ndata: {{\"type\":\"response.completed\",\"response\":{{\"usage\":{{\"total_tokens\":{usage}}}}}}}\n\n").into_bytes(),
-        ),
-        5 => (json(), format!(r#"{{"usageMetadata":{{"totalTokenCount":{usage}}}}}"#).into_bytes()),
-        6 => {
-            // The usage named twice, the smaller either way round: the largest is read.
-            let smaller = r.below(usage + 1);
-            let body = if chance(r, 2) {
-                format!(r#"{{"usage":{{"total_tokens":{smaller},"total_tokens":{usage}}}}}"#)
-            } else {
-                format!(r#"{{"usage":{{"total_tokens":{usage},"total_tokens":{smaller}}}}}"#)
-            };
-            (json(), body.into_bytes())
-        }
-        7 => {
-            // No usage a reader can take: the estimate stands.
-            let odd = ["-5", "1e400", "18446744073709551616", "\"12\"", "null", "1.5"][r.below(6) as usize];
-            (json(), format!(r#"{{"usage":{{"total_tokens":{odd}}}}}"#).into_bytes())
-        }
-        _ => (json(), br#"{"id":"x","choices":[]}"#.to_vec()),
-    }
-}
-
 fn run_budget(
     case: &BudgetCase,
     schedule_len: usize,
@@ -356,12 +317,15 @@ fn run_budget(
             Plan {
                 at_us: r.at_us,
                 worker: r.at,
-                headers: vec![
+                headers: [
                     (":path".into(), "/v1/chat/completions".into()),
                     (":method".into(), "POST".into()),
                     ("x-user".into(), format!("u{}", r.user)),
                     ("content-type".into(), "application/json".into()),
-                ],
+                ]
+                .into_iter()
+                .chain(case.members.and_then(|members| member_of(r, members)))
+                .collect(),
                 body: Some(body.chunks(size).map(<[u8]>::to_vec).collect()),
                 response: Respond::Leaves { after_us: 0 },
             }
@@ -636,7 +600,7 @@ pub(super) fn check_budget(
     Err(format!(
         "seed {}: token budget {} ({} Envoys × {} workers, clamp {}, local {}, failure_mode {}, \
          bytes_per_prompt_token {}, max_bytes {}, default {}, max {}, on_error {}, \
-         circuit breaker {:?}) fails after {} of {} requests: {found}\nconfig: {}",
+         circuit breaker {:?}, members {:?}) fails after {} of {} requests: {found}\nconfig: {}",
         case.seed,
         case.algorithm,
         case.envoys,
@@ -650,6 +614,7 @@ pub(super) fn check_budget(
         case.max,
         case.on_error,
         case.model.circuit_breaker,
+        case.members,
         bad,
         case.schedule.len(),
         case.config,
@@ -662,9 +627,11 @@ fn hostile_bodies_never_make_a_token_budget_cheaper_than_it_is() {
     let mut failures = Vec::new();
     let (mut cases, mut refused, mut requests, mut tricks, mut rewritten) =
         (0u64, 0u64, 0u64, 0u64, 0u64);
+    let mut shared = 0u64;
     for seed in seeds(60) {
         let case = draw_budget(seed);
         cases += 1;
+        shared += u64::from(case.members.is_some());
         match check_budget(&case, &mut python) {
             Ok(None) => refused += 1,
             Ok(Some(j)) => {
@@ -676,9 +643,9 @@ fn hostile_bodies_never_make_a_token_budget_cheaper_than_it_is() {
         }
     }
     println!(
-        "hostile budget search: {cases} cases ({refused} configs refused by the check), \
-         {requests} requests ({tricks} with hostile bodies), {rewritten} bodies clamped, {} \
-         failing cases",
+        "hostile budget search: {cases} cases ({refused} configs refused by the check, \
+         {shared} shared by members), {requests} requests ({tricks} with hostile bodies), \
+         {rewritten} bodies clamped, {} failing cases",
         failures.len()
     );
     assert!(
