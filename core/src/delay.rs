@@ -22,7 +22,7 @@
 
 use crate::key::KeyHash;
 use crate::rules::{Rule, RuleId};
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 
 /// How often (ms) a worker with held requests looks for the ones due.
 pub const RELEASE_TICK_MS: u32 = 1;
@@ -64,8 +64,10 @@ pub struct Waiting {
     by_due: BTreeSet<(u64, u32)>,
     /// Every held request's due time, rule and turn, by its context.
     by_context: HashMap<u32, (u64, RuleId, Option<Turn>)>,
-    /// The requests waiting a turn, per key, in the order they were held.
-    flows: HashMap<Flow, Vec<u32>>,
+    /// The requests waiting a turn, per key, in the order they were held (released
+    /// from the front, pushed out from the back: a request leaves in O(1) but when its
+    /// client leaves mid-line).
+    flows: HashMap<Flow, VecDeque<u32>>,
     /// Requests pushed out of a full queue by another key's (see [`Waiting::hold`]):
     /// to be answered as limited.
     pushed_out: Vec<u32>,
@@ -104,9 +106,9 @@ impl Waiting {
     /// than `turn`'s key would with one more: `held_j / w_j > (held_k + 1) / w_k`.
     fn longest_other(&self, rule: RuleId, turn: &Turn) -> Option<Flow> {
         let own = turn.flow(rule);
-        let mine = self.flows.get(&own).map_or(0, Vec::len) as u128 + 1;
-        let weight_of = |contexts: &Vec<u32>| {
-            let newest = contexts.last().and_then(|c| self.by_context.get(c));
+        let mine = self.flows.get(&own).map_or(0, VecDeque::len) as u128 + 1;
+        let weight_of = |contexts: &VecDeque<u32>| {
+            let newest = contexts.back().and_then(|c| self.by_context.get(c));
             u128::from(
                 newest
                     .and_then(|(_, _, t)| *t)
@@ -118,7 +120,7 @@ impl Waiting {
             .iter()
             .filter(|(flow, _)| flow.0 == rule && **flow != own)
             .map(|(flow, contexts)| {
-                let newest = contexts.last().copied().unwrap_or(0);
+                let newest = contexts.back().copied().unwrap_or(0);
                 (*flow, contexts.len() as u128, weight_of(contexts), newest)
             })
             .filter(|&(_, held, weight, _)| held * own_weight > mine * weight)
@@ -140,7 +142,7 @@ impl Waiting {
         }
         if !self.has_room(rule) {
             let victim = turn.and_then(|t| self.longest_other(rule, &t));
-            let newest = victim.and_then(|flow| self.flows.get(&flow)?.last().copied());
+            let newest = victim.and_then(|flow| self.flows.get(&flow)?.back().copied());
             let Some(newest) = newest else {
                 return false;
             };
@@ -153,7 +155,10 @@ impl Waiting {
         self.by_due.insert((due_us, context));
         self.by_context.insert(context, (due_us, rule, turn));
         if let Some(turn) = turn {
-            self.flows.entry(turn.flow(rule)).or_default().push(context);
+            self.flows
+                .entry(turn.flow(rule))
+                .or_default()
+                .push_back(context);
         }
         true
     }
@@ -202,7 +207,13 @@ impl Waiting {
         self.by_due.remove(&(due_us, context));
         if let Some(flow) = turn.map(|t| t.flow(rule)) {
             if let Some(contexts) = self.flows.get_mut(&flow) {
-                contexts.retain(|c| *c != context);
+                if contexts.front() == Some(&context) {
+                    contexts.pop_front();
+                } else if contexts.back() == Some(&context) {
+                    contexts.pop_back();
+                } else {
+                    contexts.retain(|c| *c != context);
+                }
                 if contexts.is_empty() {
                     self.flows.remove(&flow);
                 }
@@ -370,5 +381,21 @@ mod tests {
         // A request with a place in a schedule never pushes one out.
         assert!(!w.hold(8, rule, 100, None));
         assert_eq!(w.len(), 4);
+    }
+
+    #[test]
+    fn a_request_that_leaves_mid_line_leaves_its_keys_line_in_order() {
+        let (mut w, rule, _) = waiting(10);
+        for context in 1..=4 {
+            assert!(w.hold(context, rule, 100, turn(1, 1, 1)));
+        }
+        assert_eq!(w.forget(2), Some(rule), "its client left");
+        assert_eq!(w.forget(4), Some(rule));
+        assert!(w.hold(5, rule, 100, turn(2, 1, 1)));
+        assert_eq!(w.take_due(100), vec![1, 5, 3]);
+        assert!(w.is_empty());
+        // The key's line is gone with its last request: a new one starts afresh.
+        assert!(w.hold(6, rule, 100, turn(1, 1, 1)));
+        assert_eq!(w.take_due(100), vec![6]);
     }
 }
