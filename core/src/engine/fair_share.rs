@@ -80,7 +80,8 @@ impl ShareRuntime {
             weight: of.weight,
             cost: applied.cost,
         };
-        let room = worker.waiting.has_room_for(rule.id, &turn);
+        // Looked for only when the rule delays: a full queue's search is over its keys.
+        let room = rule.delay.is_some() && worker.waiting.has_room_for(rule.id, &turn);
         let arrival = (arrived_us, deadline_us);
         let offer = HoldOffer::of(rule.delay, eval, room, applied.now_us, arrival);
         let limit = self.share.limit;
