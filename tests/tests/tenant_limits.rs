@@ -8,7 +8,7 @@
 
 use weir_core::algorithms::GlobalLimit;
 use weir_core::conformance;
-use weir_e2e::decisions::{with_decisions, Judge, Logged, Logs};
+use weir_e2e::decisions::{now_us, with_decisions, Judge, Logged, Logs};
 use weir_e2e::global::GlobalStack;
 use weir_e2e::jwt::{hs256, jwt_authn_filter};
 use weir_e2e::{send, wasm_filter_yaml, weir_wasm, Bootstrap, Envoy, Request};
@@ -224,22 +224,42 @@ fn a_global_gcra_keeps_what_a_tenant_owes_when_its_rate_changes() {
     let filters = format!("{}{}", jwt_authn(), wasm_filter_yaml(&config, &weir_wasm()));
     let stack = GlobalStack::start_filters(&[filters.clone(), filters], &[], "x-k");
     let ports = stack.ports();
-    let erin = |rate: u64, n: usize| {
+    // When each rate started to be carried, and the rate.
+    let mut carried = Vec::new();
+    let mut erin = |rate: u64, n: usize| {
+        carried.push((now_us(), rate));
         let auth = token("erin", rate);
         (0..n)
             .filter(|i| {
-                let request = Request::get("/").header("authorization", &auth);
+                let request = Request::get("/")
+                    .header("authorization", &auth)
+                    .header("x-k", "erin");
                 send(ports[i % 2], request).unwrap().status == 200
             })
             .count()
     };
     assert_eq!(erin(3600, 8), 5, "a burst of 5 at 1 a second");
-    assert_eq!(
-        erin(36, 4),
-        0,
-        "at 1 every 100 s it owes 500 s: nothing more"
-    );
+    let lowered = erin(36, 4);
+    assert_eq!(lowered, 0, "at 1 every 100 s it owes 500 s: nothing more");
     assert_eq!(erin(3600, 4), 0, "back at 1 a second it still owes its 5 s");
+    // What reached the route, each admission by the limit its request carried (the
+    // checker's rule for changing limits).
+    let logs = stack.logs.read(16);
+    let refs: Vec<&[Logged]> = logs.iter().map(Vec::as_slice).collect();
+    let judge = Judge::configured(&config, "paced");
+    let mut admitted = judge.admissions(&refs).per_key;
+    let admitted = admitted.remove("erin").unwrap_or_default();
+    assert_eq!(admitted.len(), 5);
+    let with_limits: Vec<_> = admitted
+        .into_iter()
+        .map(|a| {
+            let rate = carried.iter().rev().find(|(from, _)| *from <= a.at_us);
+            let rate = rate.map_or(3600, |(_, rate)| *rate);
+            let limit = GlobalLimit::build(judge.limit.kind(), &[rate, 3_600_000_000, 4]);
+            (limit.unwrap(), a)
+        })
+        .collect();
+    conformance::check_each_limit(&with_limits).unwrap_or_else(|v| panic!("erin: {v:?}"));
     assert_eq!(stack.weir_stat("rule.paced.failure_allowed"), 0);
     stack.assert_no_panic();
 }
