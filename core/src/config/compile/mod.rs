@@ -5,10 +5,12 @@
 //! is the error, so fixing errors one at a time converges. Each error names the JSON
 //! path of the field and quotes the value. One module per concern: [`rule`] (names,
 //! scope, global settings, `max_keys`), [`limit`] (an algorithm and its parameters),
-//! [`matcher`] (`match`), [`key`] (key parts), [`cost`], [`bridge`], [`response`].
+//! [`matcher`] (`match`), [`key`] (key parts), [`cost`], [`delay`] (`on_limit.delay`),
+//! [`share`], [`bridge`], [`response`].
 
 mod bridge_settings;
 mod cost;
+mod delay;
 mod key;
 mod limit;
 mod matcher;

@@ -3,18 +3,15 @@
 
 use super::bridge_settings::MAX_BRIDGE_TIMEOUT_US;
 use super::{
-    cost, error, key, limit, matcher, share, Interner, Result, DEFAULT_MAX_KEYS, MAX_MAX_KEYS,
+    cost, delay, error, key, limit, matcher, share, Interner, Result, DEFAULT_MAX_KEYS,
+    MAX_MAX_KEYS,
 };
 use crate::algorithms::{AlgorithmKind, AlgorithmSpec, GlobalLimit, LeaseCost, Limit};
 use crate::bounds::{check_name, MAX_LEASE_HORIZON_US, MAX_LEASE_TTL_US, MAX_WANT};
-use crate::config::raw::{
-    RawFailureMode, RawGlobal, RawLease, RawOnLimit, RawReservoir, RawRule, RawScope,
-};
-use crate::deadline;
+use crate::config::raw::{RawFailureMode, RawGlobal, RawLease, RawReservoir, RawRule, RawScope};
 use crate::field_error::{quoted, FieldError};
 use crate::rules::{
-    DeadlineFacts, Delay, Fact, FailureMode, GlobalRule, Lease, LimitFrom, RequestMatch, Reservoir,
-    Rule, RuleId, Scope,
+    FailureMode, GlobalRule, Lease, LimitFrom, RequestMatch, Reservoir, Rule, RuleId, Scope,
 };
 
 pub const DEFAULT_LEASE_TTL_US: u64 = 1_000_000;
@@ -28,10 +25,6 @@ pub const DEFAULT_RESERVOIR_KEYS: u32 = 1_024;
 pub const MAX_RESERVOIR_MAX: u64 = 1_000_000;
 pub const MAX_RESERVOIR_HOLD_US: u64 = 60_000_000;
 pub const MAX_RESERVOIR_KEYS: u32 = 65_536;
-/// `on_limit.delay`: the longest hold allowed, and requests held per rule and worker.
-pub const MAX_DELAY_US: u64 = 60_000_000;
-pub const DEFAULT_DELAY_QUEUE: u32 = 100;
-pub const MAX_DELAY_QUEUE: u32 = 10_000;
 
 /// A name that goes into stat names and keys (see [`crate::bounds::check_name`]).
 pub(super) fn name(name: &str, at: &str) -> Result<String> {
@@ -200,12 +193,12 @@ pub(super) fn compile(
     let shadow = raw.shadow.unwrap_or(false);
     let delay = match raw.on_limit {
         Some(on_limit) => {
-            let holder = Holder {
+            let holder = delay::Holder {
                 scope: &scope,
                 shared: share.is_some(),
                 shadow,
             };
-            delay(on_limit, holder, facts, &format!("{at}.on_limit"))?
+            delay::compile(on_limit, holder, facts, &format!("{at}.on_limit"))?
         }
         None => None,
     };
@@ -333,88 +326,6 @@ fn max_keys(raw: Option<u64>, at: &str) -> Result<u32> {
                 )
             }),
     }
-}
-
-/// What a rule that would hold requests is.
-struct Holder<'a> {
-    scope: &'a Scope,
-    /// Its limit is shared among keys (`share`).
-    shared: bool,
-    shadow: bool,
-}
-
-/// `on_limit.delay`: for local rules whose algorithm has a schedule to hold requests on,
-/// and shared ones (a held request waits for the next window, and its key's turn).
-#[inline(never)] // a wasm function of its own: see `compile::compile`
-fn delay(
-    raw: RawOnLimit,
-    holder: Holder<'_>,
-    facts: &mut Interner,
-    at: &str,
-) -> Result<Option<Delay>> {
-    let Some(raw) = raw.delay else {
-        return Ok(None);
-    };
-    let at = format!("{at}.delay");
-    let shadow = holder.shadow;
-    let limit = match holder.scope {
-        Scope::Local(limit) => limit,
-        Scope::Global(_) | Scope::Concurrency(_) => {
-            return Err(error(
-                at,
-                "delay is for local rules: a global rule answers at once",
-            ))
-        }
-    };
-    if !limit.kind().spec().can_hold && !holder.shared {
-        return Err(error(
-            at,
-            format!(
-                "delay needs a schedule to hold requests on: algorithm {}, not {} (or a \
-                 `share`, whose held requests wait for the next window)",
-                one_of(AlgorithmKind::names_where(|spec| spec.can_hold)),
-                quoted(limit.kind().name())
-            ),
-        ));
-    }
-    if shadow {
-        return Err(error(
-            at,
-            "a shadow rule never limits, so it has nothing to delay",
-        ));
-    }
-    let max_us = match raw.max {
-        None => return Err(error(format!("{at}.max"), "is required (e.g. \"500ms\")")),
-        Some(max) if (1_000..=MAX_DELAY_US).contains(&max.us) => max.us,
-        Some(max) => {
-            return Err(error(
-                format!("{at}.max"),
-                format!("{} is out of range: expected 1ms to 60s", quoted(&max.text)),
-            ))
-        }
-    };
-    let queue = match raw.queue {
-        None => DEFAULT_DELAY_QUEUE,
-        Some(n) => u32::try_from(n)
-            .ok()
-            .filter(|n| (1..=MAX_DELAY_QUEUE).contains(n))
-            .ok_or_else(|| {
-                error(
-                    format!("{at}.queue"),
-                    format!("{n} is out of range: expected 1 to {MAX_DELAY_QUEUE}"),
-                )
-            })?,
-    };
-    let mut header = |name: &str| facts.intern(Fact::Header(name.to_string()), &at);
-    let deadline = DeadlineFacts {
-        grpc_timeout: header(deadline::GRPC_TIMEOUT)?,
-        expected_rq_timeout: header(deadline::EXPECTED_RQ_TIMEOUT)?,
-    };
-    Ok(Some(Delay {
-        max_us,
-        queue,
-        deadline,
-    }))
 }
 
 /// A local rule's reservoir settings; `max` 1 turns them off (exact).
