@@ -146,7 +146,7 @@ impl Waiting {
             let Some(newest) = newest else {
                 return false;
             };
-            self.forget(newest);
+            self.remove(newest);
             self.pushed_out.push(newest);
         }
         if let Some(held) = self.held.get_mut(rule.index()) {
@@ -178,14 +178,9 @@ impl Waiting {
             if at_us > now_us {
                 break;
             }
-            let turn = self
-                .by_context
-                .get(&context)
-                .and_then(|&(_, rule, t)| Some((rule, t?)));
-            self.forget(context);
-            match turn {
-                Some((rule, turn)) => turns.push((context, rule, turn)),
-                None => placed.push(context),
+            match self.remove(context) {
+                Some((rule, Some(turn))) => turns.push((context, rule, turn)),
+                _ => placed.push(context),
             }
         }
         placed.extend(in_fair_order(turns));
@@ -203,6 +198,11 @@ impl Waiting {
     /// Takes the request `context` out of the list; the rule it was held for, if it was.
     pub fn forget(&mut self, context: u32) -> Option<RuleId> {
         self.pushed_out.retain(|c| *c != context);
+        self.remove(context).map(|(rule, _)| rule)
+    }
+
+    /// Takes the held request `context` out of the list: its rule and turn.
+    fn remove(&mut self, context: u32) -> Option<(RuleId, Option<Turn>)> {
         let (due_us, rule, turn) = self.by_context.remove(&context)?;
         self.by_due.remove(&(due_us, context));
         if let Some(flow) = turn.map(|t| t.flow(rule)) {
@@ -222,7 +222,7 @@ impl Waiting {
         if let Some(held) = self.held.get_mut(rule.index()) {
             *held = held.saturating_sub(1);
         }
-        Some(rule)
+        Some((rule, turn))
     }
 
     /// Requests held now.

@@ -377,25 +377,32 @@ impl Request {
     /// Another key's request took this one's place in a full queue: it is answered as
     /// limited, with the time it would have waited as its retry.
     pub fn on_pushed_out<H: Host>(&mut self, host: &H, now: Micros) {
-        let (Some(plugin), Some(mut eval)) = (self.plugin.clone(), self.take_held()) else {
-            return;
-        };
-        eval.push_out(now);
-        if self.finish(host, &plugin, &eval, now) {
-            self.resume(host);
-        }
+        self.deny_held(host, now, |eval, _| eval.push_out(now));
     }
 
     /// The plugin goes away while this request is held: it is answered as limited, with
     /// the time it would have waited as its retry.
     pub fn on_plugin_done<H: Host>(&mut self, host: &H, now: Micros) {
+        self.deny_held(host, now, |eval, plugin| {
+            if let Some(held) = &eval.held {
+                plugin.metrics.delay_abandoned(held.rule);
+            }
+            eval.deny_held(now);
+        });
+    }
+
+    /// Answers this held request as limited, its evaluation turned into a denial by
+    /// `deny`.
+    fn deny_held<H: Host>(
+        &mut self,
+        host: &H,
+        now: Micros,
+        deny: impl FnOnce(&mut Evaluation, &Plugin),
+    ) {
         let (Some(plugin), Some(mut eval)) = (self.plugin.clone(), self.take_held()) else {
             return;
         };
-        if let Some(held) = &eval.held {
-            plugin.metrics.delay_abandoned(held.rule);
-        }
-        eval.deny_held(now);
+        deny(&mut eval, &plugin);
         if self.finish(host, &plugin, &eval, now) {
             self.resume(host);
         }
